@@ -1,0 +1,68 @@
+"""The one error hierarchy of mlckpt.
+
+Every error a user can cause is an ``MlckptError`` subclass carrying the exit status the CLI uses
+(SPEC §7: 2 = usage / bad input, 3 = integrity, 4 = internal) and a one-line message that names
+the rule or key and says what was expected.  The CLI prints ``str(err)`` and exits; no traceback.
+"""
+
+from __future__ import annotations
+
+
+class MlckptError(Exception):
+    """Base class.  ``exit_status`` is what the command-line tools return for it."""
+
+    exit_status: int = 1
+
+    def __init__(self, message: str, *, key: str | None = None) -> None:
+        super().__init__(message)
+        self.message = message
+        self.key = key
+
+    def __str__(self) -> str:
+        return self.message
+
+
+class UsageError(MlckptError):
+    """Bad command-line input: unknown key, wrong type, out-of-range value."""
+
+    exit_status = 2
+
+
+class ConfigError(UsageError):
+    """A configuration that cannot describe a valid workload (e.g. ranks not a multiple of TP·PP)."""
+
+
+class RuleError(UsageError):
+    """A rule that can be checked before I/O failed; ``rule`` is the rule ID (e.g. ``RANKS-MULTIPLE``)."""
+
+    def __init__(self, rule: str, message: str) -> None:
+        super().__init__(f"[{rule}] {message}")
+        self.rule = rule
+
+
+class IntegrityError(MlckptError):
+    """A bundle whose signature, digests or paths do not hold."""
+
+    exit_status = 3
+
+
+class RunFailure(MlckptError):
+    """The benchmark itself failed (I/O error, verification mismatch, timeout, a rank died)."""
+
+    exit_status = 1
+
+
+class VerificationError(RunFailure):
+    """Data read back differs from what was written; carries where."""
+
+    def __init__(self, message: str, *, rank: int, file: str, offset: int) -> None:
+        super().__init__(message)
+        self.rank = rank
+        self.file = file
+        self.offset = offset
+
+
+class InternalError(MlckptError):
+    """A defect in mlckpt itself; never blamed on the user or a submitter."""
+
+    exit_status = 4
