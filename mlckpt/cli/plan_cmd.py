@@ -1,0 +1,36 @@
+"""`mlckpt plan OVERRIDES [--json]`: what a workload writes, where, and whether it is closed."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+
+from mlckpt.config import setup
+from mlckpt.report import plan_document, plan_text
+
+
+def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
+    p = sub.add_parser("plan", help="size a workload and judge it against the rules",
+                       description="Size a workload (per-rank files and bytes, totals, memory, "
+                       "disk) and give its verdict: closed, open or invalid.")
+    p.add_argument("overrides", nargs="*", metavar="KEY=VALUE",
+                   help="Hydra overrides, e.g. workload=llama3_70b ranks=64 hosts=16 accelerator=h100")
+    p.add_argument("--json", action="store_true", help="print the plan as one JSON object")
+    p.add_argument("--files", action=argparse.BooleanOptionalAction, default=None,
+                   help="list each layout's files (default: when there are at most 8 layouts)")
+    p.set_defaults(func=handle)
+
+
+def handle(args: argparse.Namespace) -> int:
+    s = setup(args.overrides)
+    ctx = s.context()
+    ev = s.rules.evaluate(ctx, ["config"])
+    doc = plan_document(s.plan, dict(s.config), ev, ctx.hosts)
+    if args.json:
+        json.dump(doc, sys.stdout, separators=(",", ":"))
+        sys.stdout.write("\n")
+    else:
+        print(plan_text(doc, s.plan, files=args.files))
+    # A plan that can never be valid is a rule failure (exit 1); closed and open are answers.
+    return 1 if doc["verdict"] == "invalid" else 0

@@ -1,0 +1,127 @@
+"""From command-line overrides to a validated setup (Hydra compose → JSON Schema → workload →
+structural rules → plan).  The only module that talks to Hydra.
+"""
+
+from __future__ import annotations
+
+import logging
+import re
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from mlckpt.errors import ConfigError, UsageError
+from mlckpt.resources import workloads_dir
+from mlckpt.rules import Context, HostSpec, RuleSet, host_blocks, load_rules
+from mlckpt.schemas import first_error
+from mlckpt.sizing import Plan, make_plan
+from mlckpt.units import GiB
+from mlckpt.workload import Workload, workload_from_config
+
+
+@dataclass(frozen=True)
+class Setup:
+    """A validated configuration: resolved config, the overrides that produced it, the rules it
+    is judged by, its workload and its plan."""
+
+    config: Mapping[str, Any]
+    overrides: tuple[str, ...]
+    rules: RuleSet
+    workload: Workload
+    plan: Plan
+
+    def context(self, hosts: tuple[HostSpec, ...] | None = None, *, complete: bool = False) -> Context:
+        return Context(self.config, self.workload, self.overrides, self.plan,
+                       hosts if hosts is not None else declared_hosts(self.config, self.plan.ranks),
+                       complete)
+
+
+def known_workloads() -> list[str]:
+    return sorted(p.stem for p in (workloads_dir() / "workload").glob("*.yaml"))
+
+
+def compose(overrides: Sequence[str]) -> dict[str, Any]:
+    """Hydra compose of ``workloads/config.yaml`` with ``overrides``; returns a plain dict."""
+    # Hydra logs composition details at import; keep the CLI quiet.
+    logging.getLogger("hydra").setLevel(logging.ERROR)
+    from hydra import compose as hydra_compose
+    from hydra import initialize_config_dir
+    from hydra.errors import HydraException, MissingConfigException, OverrideParseException
+    from omegaconf import OmegaConf
+    from omegaconf.errors import OmegaConfBaseException
+
+    for ov in overrides:
+        if ("=" not in ov and not ov.startswith("~")) or ov.lstrip("+~").startswith("="):
+            raise UsageError(f"override {ov!r}: expected KEY=VALUE (e.g. ranks=64)", key=ov)
+        choice = re.fullmatch(r"workload=(.*)", ov)
+        if choice and choice.group(1) not in known_workloads():
+            raise ConfigError(f"workload: unknown workload {choice.group(1)!r}; known: "
+                              f"{', '.join(known_workloads())}", key="workload")
+    try:
+        with initialize_config_dir(config_dir=str(workloads_dir()), version_base="1.3",
+                                   job_name="mlckpt"):
+            cfg = hydra_compose(config_name="config", overrides=list(overrides))
+            resolved = OmegaConf.to_container(cfg, resolve=True)
+    except OverrideParseException as exc:
+        raise UsageError(f"cannot parse override: {_first_line(exc)}") from None
+    except MissingConfigException as exc:
+        raise ConfigError(f"unknown configuration: {_first_line(exc)}") from None
+    except (HydraException, OmegaConfBaseException) as exc:
+        raise UsageError(_hydra_message(exc)) from None
+    assert isinstance(resolved, dict)
+    resolved.pop("hydra", None)
+    return resolved
+
+
+def _first_line(exc: BaseException) -> str:
+    return str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+
+
+def _hydra_message(exc: BaseException) -> str:
+    text = str(exc)
+    m = re.search(r"Key '([^']+)' is not in struct", text) or re.search(
+        r"Could not override '([^']+)'", text)
+    if m:
+        key = m.group(1)
+        full = re.search(r"full_key: (\S+)", text)
+        return f"{full.group(1) if full else key}: unknown key (run `mlckpt config` for the keys)"
+    m = re.search(r"Could not append to config. An item is already at '([^']+)'", text)
+    if m:
+        return f"{m.group(1)}: key already exists; override it without '+'"
+    return _first_line(exc)
+
+
+def validate(config: Mapping[str, Any]) -> None:
+    """JSON Schema of the resolved configuration (types, ranges, unknown keys) → exit 2."""
+    version = str(config.get("rules_version", "1.0"))
+    load_rules(version)  # unknown version → ConfigError naming the known ones
+    problem = first_error(config, "config", version)
+    if problem:
+        raise ConfigError(problem)
+
+
+def declared_hosts(config: Mapping[str, Any], ranks: int) -> tuple[HostSpec, ...] | None:
+    """Hosts as declared for planning (hosts=, ranks_per_host=, host_memory_gib=)."""
+    blocks = host_blocks(ranks, config.get("hosts"), config.get("ranks_per_host"))
+    if blocks is None:
+        return None
+    mem = config.get("host_memory_gib")
+    return tuple(HostSpec(f"{i}", tuple(b), None if mem is None else int(mem * GiB))
+                 for i, b in enumerate(blocks))
+
+
+def setup(overrides: Sequence[str]) -> Setup:
+    config = compose(overrides)
+    validate(config)
+    rules = load_rules(str(config["rules_version"]))
+    workload = workload_from_config(config["workload"])
+    ctx = Context(config, workload, tuple(overrides))
+    rules.require_structure(ctx)  # RANKS-MULTIPLE, ZERO3-PIPELINE, ... → RuleError, exit 2
+    plan = make_plan(workload, int(config["ranks"]), float(config["scale"]))
+    return Setup(config, tuple(overrides), rules, workload, plan)
+
+
+def resolved_yaml(overrides: Sequence[str]) -> str:
+    import yaml
+
+    return yaml.safe_dump(compose(overrides), sort_keys=False)

@@ -1,0 +1,48 @@
+"""JSON Schema validation (draft 2020-12) with one-line, path-naming errors.  Pure.
+
+Schemas live in ``rules/<version>/schemas/``; every file type the runner writes and the checker
+reads has one there.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterator
+from functools import cache
+from typing import Any
+
+from jsonschema import Draft202012Validator
+from jsonschema.exceptions import ValidationError, best_match
+
+from mlckpt.resources import rules_dir
+
+
+@cache
+def validator(name: str, rules_version: str = "1.0") -> Draft202012Validator:
+    path = rules_dir() / rules_version / "schemas" / f"{name}.schema.json"
+    schema = json.loads(path.read_text(encoding="utf-8"))
+    Draft202012Validator.check_schema(schema)
+    return Draft202012Validator(schema)
+
+
+def dotted(err: ValidationError) -> str:
+    return ".".join(str(p) for p in err.absolute_path) or "(top level)"
+
+
+def describe(err: ValidationError) -> str:
+    """'checkpoint.num_writes: 'abc' is not of type 'integer'' — the path first, then why."""
+    if err.validator == "additionalProperties":
+        extra = sorted(set(err.instance) - set(err.schema.get("properties", {})))
+        where = dotted(err)
+        keys = ", ".join(f"{where}.{k}" if where != "(top level)" else k for k in extra)
+        return f"{keys}: unknown key"
+    return f"{dotted(err)}: {err.message}"
+
+
+def errors(doc: Any, name: str, rules_version: str = "1.0") -> Iterator[ValidationError]:
+    yield from validator(name, rules_version).iter_errors(doc)
+
+
+def first_error(doc: Any, name: str, rules_version: str = "1.0") -> str | None:
+    err = best_match(validator(name, rules_version).iter_errors(doc))
+    return None if err is None else describe(err)

@@ -1,0 +1,255 @@
+"""Checkpoint sizing: which rank writes which files, and how many bytes.  Pure functions.
+
+The formulas are DLIO's (SPEC §3), reproduced exactly so that full-scale totals match the
+published MLPerf Storage sizes (llama3_8b = 112,425,623,552 B):
+
+* Rank mapping, TP innermost: ``tp = r % TP``, ``pp = (r // TP) % PP``, ``dp = r // (TP*PP)``.
+* Stage ``pp`` holds ``L // PP`` blocks, the first ``L % PP`` stages one more; stage 0 also holds
+  layer 0 (embedding), the last stage layers L+1 (lm_head) and L+2 (final norm).
+* Under ZeRO 3 model tensors are sharded ``s = DP`` ways; the optimizer (3 fp32 copies) is always
+  sharded over every rank when ZeRO > 0.
+* File names follow DeepSpeed.  ZeRO 1/2: model states only on dp == 0 ranks (one file per layer
+  when PP > 1).  ZeRO 3: one sharded model file per rank.  ZeRO 0: only dp == 0 ranks write
+  (replicas are identical), as DLIO does.
+
+``scale`` (open division) shrinks every file proportionally, rounded to whole 4 KiB pages (at
+least one page), keeping the layout and file count.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from dataclasses import dataclass
+from functools import cached_property
+from typing import Literal
+
+from mlckpt.workload import Workload
+
+PAGE = 4096
+RestorePattern = Literal["own", "repopulate"]
+RESTORE_PATTERNS: tuple[str, ...] = ("own", "repopulate")
+
+
+@dataclass(frozen=True)
+class FileSpec:
+    name: str
+    bytes: int
+    kind: Literal["model", "optimizer"]
+
+
+@dataclass(frozen=True)
+class RankPlan:
+    rank: int
+    tp: int
+    pp: int
+    dp: int
+    mp_rank: int
+    files: tuple[FileSpec, ...]
+
+    @property
+    def bytes(self) -> int:
+        return sum(f.bytes for f in self.files)
+
+    @property
+    def model_bytes(self) -> int:
+        return sum(f.bytes for f in self.files if f.kind == "model")
+
+    @property
+    def optimizer_bytes(self) -> int:
+        return sum(f.bytes for f in self.files if f.kind == "optimizer")
+
+    def layout_key(self) -> tuple[tuple[str, int], ...]:
+        """Files with the rank-specific parts of their names masked: equal keys = same layout."""
+        return tuple((_mask(f.name, self), f.bytes) for f in self.files)
+
+
+def _mask(name: str, rp: RankPlan) -> str:
+    return (name.replace(f"zero_pp_rank_{rp.dp}_", "zero_pp_rank_{dp}_")
+                .replace(f"mp_rank_{rp.mp_rank}_", "mp_rank_{mp}_")
+                .replace(f"model_{rp.mp_rank}_", "model_{mp}_"))
+
+
+@dataclass(frozen=True)
+class RestoreRead:
+    """One file a rank reads on restore: ``file`` as written by ``writer``."""
+
+    writer: int
+    file: FileSpec
+
+
+@dataclass(frozen=True)
+class Plan:
+    workload: Workload
+    ranks: int
+    scale: float
+    rank_plans: tuple[RankPlan, ...]
+
+    @property
+    def tp(self) -> int:
+        return self.workload.parallelism.tensor
+
+    @property
+    def pp(self) -> int:
+        return self.workload.parallelism.pipeline
+
+    @property
+    def mp(self) -> int:
+        return self.tp * self.pp
+
+    @property
+    def dp(self) -> int:
+        return self.ranks // self.mp
+
+    @property
+    def zero_stage(self) -> int:
+        return self.workload.parallelism.zero_stage
+
+    @cached_property
+    def model_bytes(self) -> int:
+        return sum(r.model_bytes for r in self.rank_plans)
+
+    @cached_property
+    def optimizer_bytes(self) -> int:
+        return sum(r.optimizer_bytes for r in self.rank_plans)
+
+    @property
+    def total_bytes(self) -> int:
+        return self.model_bytes + self.optimizer_bytes
+
+    @property
+    def num_files(self) -> int:
+        return sum(len(r.files) for r in self.rank_plans)
+
+    @property
+    def max_rank_bytes(self) -> int:
+        return max(r.bytes for r in self.rank_plans)
+
+    @property
+    def imbalance(self) -> float:
+        """max / mean bytes per rank: 1.0 is perfectly balanced."""
+        return self.max_rank_bytes * self.ranks / self.total_bytes
+
+    def restore_reads(self, rank: int, pattern: RestorePattern) -> tuple[RestoreRead, ...]:
+        """What ``rank`` reads on restore.
+
+        ``own``: exactly what it wrote.  ``repopulate``: a rank with no model-state files of its
+        own (dp != 0 under ZeRO 0/1/2) also reads the model-state files of the dp == 0 rank with
+        the same (tp, pp) coordinates, because restore must refill every replica.
+        """
+        rp = self.rank_plans[rank]
+        reads = [RestoreRead(rank, f) for f in rp.files]
+        if pattern == "repopulate" and rp.dp != 0 and self.zero_stage < 3:
+            source = self.rank_plans[rp.mp_rank]  # dp == 0, same mp_rank
+            reads = [RestoreRead(source.rank, f) for f in source.files if f.kind == "model"] + (
+                reads if self.zero_stage != 0 else
+                [RestoreRead(source.rank, f) for f in source.files if f.kind == "optimizer"])
+        return tuple(reads)
+
+    def restore_bytes(self, pattern: RestorePattern) -> int:
+        return sum(rd.file.bytes for r in range(self.ranks) for rd in self.restore_reads(r, pattern))
+
+    def resident_bytes(self, rank: int, pattern: RestorePattern = "own") -> int:
+        """State a rank holds in memory under full residency: its shard, or what it restores if
+        that is larger (buffers are reused between the phases)."""
+        own = self.rank_plans[rank].bytes
+        reads = sum(rd.file.bytes for rd in self.restore_reads(rank, pattern))
+        return max(own, reads)
+
+    def layout_groups(self) -> list[tuple[list[int], RankPlan]]:
+        """Ranks with identical layouts grouped (for readable reports at 1024 ranks)."""
+        groups: dict[tuple[tuple[str, int], ...], tuple[list[int], RankPlan]] = {}
+        for rp in self.rank_plans:
+            groups.setdefault(rp.layout_key(), ([], rp))[0].append(rp.rank)
+        return list(groups.values())
+
+
+def rank_coords(rank: int, tp: int, pp: int) -> tuple[int, int, int, int]:
+    """(tp, pp, dp, mp_rank) of ``rank``, TP innermost (SPEC §3)."""
+    mp = tp * pp
+    return rank % tp, (rank // tp) % pp, rank // mp, rank % mp
+
+
+def stage_layers(num_layers: int, pp: int, stage: int) -> range:
+    """Layer indices (0..L+2) held by pipeline ``stage``."""
+    per, rem = divmod(num_layers, pp)
+    if stage < rem:
+        start = stage * (per + 1) + 1
+        end = start + per + 1
+    else:
+        start = rem * (per + 1) + (stage - rem) * per + 1
+        end = start + per
+    if stage == pp - 1:
+        end = num_layers + 3  # lm_head (L+1) and final norm (L+2)
+    if stage == 0:
+        start = 0
+    return range(start, end)
+
+
+def layer_elements(w: Workload, layer: int, dp: int) -> int:
+    m, tp = w.model, w.parallelism.tensor
+    h, V, L, f = m.hidden_size, m.vocab_size, m.num_layers, m.ffn_hidden_size
+    s = dp if w.parallelism.zero_stage >= 3 else 1
+    if layer in (0, L + 1):
+        return h * V // tp // s
+    if layer == L + 2:
+        return h // s
+    return (h // s + h * (h + 2 * m.kv_dim) // tp // s + h * h // tp // s + h // s
+            + h * 2 * f // tp // s + h * f // tp // s)
+
+
+def optimizer_bytes_per_rank(w: Workload, dp: int) -> int:
+    m, mp = w.model, w.parallelism.model_parallel
+    n = m.num_parameters // (dp * mp) if w.parallelism.zero_stage > 0 else m.num_parameters // mp
+    return (3 * n + 15 * m.hidden_size) * m.optimizer_dtype_bytes
+
+
+def scale_bytes(nbytes: int, scale: float) -> int:
+    if scale == 1.0:
+        return nbytes
+    return max(PAGE, round(nbytes * scale / PAGE) * PAGE)
+
+
+def _rank_files(w: Workload, rank: int, dp_size: int, stage_cache: dict[int, list[tuple[int, int]]],
+                optim: int, scale: float) -> Iterator[FileSpec]:
+    tp, pp = w.parallelism.tensor, w.parallelism.pipeline
+    zero = w.parallelism.zero_stage
+    _, stage, dp, mp_rank = rank_coords(rank, tp, pp)
+    if zero == 0 and dp != 0:
+        return
+    layers = stage_cache[stage]
+    dtype = w.model.model_dtype_bytes
+    if zero in (1, 2):
+        if dp == 0:
+            if pp > 1:
+                for layer, elems in layers:
+                    yield FileSpec(f"layer_{layer}-model_{mp_rank}_model_states.pt",
+                                   scale_bytes(elems * dtype, scale), "model")
+            else:
+                yield FileSpec(f"model_{mp_rank}_model_states.pt",
+                               scale_bytes(sum(e for _, e in layers) * dtype, scale), "model")
+    else:
+        yield FileSpec(f"zero_pp_rank_{dp}_mp_rank_{mp_rank}_model_states.pt",
+                       scale_bytes(sum(e for _, e in layers) * dtype, scale), "model")
+    yield FileSpec(f"zero_pp_rank_{dp}_mp_rank_{mp_rank}_optim_states.pt",
+                   scale_bytes(optim, scale), "optimizer")
+
+
+def make_plan(w: Workload, ranks: int, scale: float = 1.0) -> Plan:
+    """Plan every rank's files.  Preconditions (the structural rules RANKS-MULTIPLE,
+    ZERO3-PIPELINE, LAYERS-PIPELINE, SCALE-RANGE) are checked by :mod:`mlckpt.rules` first."""
+    tp, pp = w.parallelism.tensor, w.parallelism.pipeline
+    mp = tp * pp
+    if ranks <= 0 or ranks % mp or not 0 < scale <= 1 or w.model.num_layers < pp:
+        raise ValueError("make_plan called with a structurally invalid configuration")
+    dp = ranks // mp
+    stage_cache = {
+        s: [(layer, layer_elements(w, layer, dp)) for layer in stage_layers(w.model.num_layers, pp, s)]
+        for s in range(pp)
+    }
+    optim = optimizer_bytes_per_rank(w, dp)
+    plans = []
+    for r in range(ranks):
+        rtp, rpp, rdp, mp_rank = rank_coords(r, tp, pp)
+        files = tuple(_rank_files(w, r, dp, stage_cache, optim, scale))
+        plans.append(RankPlan(r, rtp, rpp, rdp, mp_rank, files))
+    return Plan(w, ranks, scale, tuple(plans))

@@ -1,0 +1,88 @@
+"""Units: binary and decimal byte multiples, durations, bandwidths.  Pure.
+
+Field names always carry their unit (``_bytes``, ``_s``, ``_gib_s``); GiB = 2**30 B (what MLPerf
+publishes, labelled correctly), GB = 1e9 B.
+"""
+
+from __future__ import annotations
+
+import math
+import re
+
+KiB, MiB, GiB, TiB = 1 << 10, 1 << 20, 1 << 30, 1 << 40
+KB, MB, GB, TB = 10**3, 10**6, 10**9, 10**12
+
+_SIZE_UNITS = {
+    "": 1, "b": 1, "k": KiB, "kib": KiB, "kb": KB, "m": MiB, "mib": MiB, "mb": MB,
+    "g": GiB, "gib": GiB, "gb": GB, "t": TiB, "tib": TiB, "tb": TB,
+}
+_TIME_UNITS = {"": 1.0, "s": 1.0, "sec": 1.0, "m": 60.0, "min": 60.0, "h": 3600.0, "d": 86400.0}
+_NUM = r"\s*([0-9]*\.?[0-9]+(?:[eE][-+]?[0-9]+)?)\s*"
+
+
+def fmt_bytes(n: float) -> str:
+    """Human binary size, e.g. '104.70 GiB'."""
+    for unit, mult in (("TiB", TiB), ("GiB", GiB), ("MiB", MiB), ("KiB", KiB)):
+        if abs(n) >= mult:
+            return f"{n / mult:.2f} {unit}"
+    return f"{int(n)} B"
+
+
+def fmt_bytes_both(n: float) -> str:
+    """'104.70 GiB / 112.43 GB' — both conventions, since vendors and MLPerf differ."""
+    dec = next(((u, m) for u, m in (("TB", TB), ("GB", GB), ("MB", MB), ("KB", KB)) if n >= m),
+               ("B", 1))
+    return f"{fmt_bytes(n)} / {n / dec[1]:.2f} {dec[0]}"
+
+
+def fmt_duration(s: float) -> str:
+    if s >= 3600:
+        return f"{s / 3600:.2f} h"
+    if s >= 60:
+        return f"{s / 60:.2f} min"
+    return f"{s:.2f} s"
+
+
+def parse_size(text: str) -> int:
+    """'4MiB' → 4194304; '1.5GB' → 1500000000; a bare number is bytes."""
+    m = re.fullmatch(_NUM + r"([A-Za-z]*)\s*", str(text))
+    if not m or m.group(2).lower() not in _SIZE_UNITS:
+        raise ValueError(f"not a size: {text!r} (examples: 4096, 4MiB, 1.5GB)")
+    value = float(m.group(1)) * _SIZE_UNITS[m.group(2).lower()]
+    if not math.isfinite(value):
+        raise ValueError(f"not a size: {text!r}")
+    return round(value)
+
+
+def parse_duration(text: str) -> float:
+    """'30m' → 1800.0; '2h' → 7200.0; a bare number is seconds."""
+    m = re.fullmatch(_NUM + r"([A-Za-z]*)\s*", str(text))
+    if not m or m.group(2).lower() not in _TIME_UNITS:
+        raise ValueError(f"not a duration: {text!r} (examples: 90, 30m, 1.5h)")
+    value = float(m.group(1)) * _TIME_UNITS[m.group(2).lower()]
+    if not math.isfinite(value) or value <= 0:
+        raise ValueError(f"not a positive duration: {text!r}")
+    return value
+
+
+def parse_bandwidth(text: str) -> float:
+    """'100GiB/s' or '100 GB/s' → bytes per second."""
+    m = re.fullmatch(_NUM + r"([A-Za-z]*)\s*/\s*s\s*", str(text))
+    if not m or m.group(2).lower() not in _SIZE_UNITS:
+        raise ValueError(f"not a bandwidth: {text!r} (examples: 100GiB/s, 25GB/s)")
+    value = float(m.group(1)) * _SIZE_UNITS[m.group(2).lower()]
+    if not math.isfinite(value) or value <= 0:
+        raise ValueError(f"not a positive bandwidth: {text!r}")
+    return value
+
+
+def parse_fraction(text: str) -> float:
+    """'5%' → 0.05; '0.05' → 0.05; must lie in (0, 1)."""
+    s = str(text).strip()
+    try:
+        value = float(s[:-1]) / 100 if s.endswith("%") else float(s)
+    except ValueError:
+        raise ValueError(f"not a fraction: {text!r} (examples: 5%, 0.05)") from None
+    if not 0 < value < 1:
+        raise ValueError(f"fraction must be in (0, 1): {text!r}")
+    return value
