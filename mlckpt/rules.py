@@ -22,7 +22,7 @@ import yaml
 
 from mlckpt.errors import ConfigError, RuleError
 from mlckpt.resources import rules_dir
-from mlckpt.sizing import Plan
+from mlckpt.sizing import Plan, auto_rank_shift
 from mlckpt.units import GiB, fmt_bytes
 from mlckpt.workload import Workload
 
@@ -401,12 +401,13 @@ def host_memory(ctx: Context, rs: RuleSet, rule: Rule) -> Iterator[Outcome | Not
     restore = str(ctx.get("checkpoint.restore") or "own")
     stream = ctx.get("residency") == "stream"
     cap = int(ctx.get("stream_buffer_bytes") or 0)
+    shift = rank_shift(ctx)
     for h in ctx.hosts:
         if h.mem_available_bytes is None:
             yield NotChecked("host memory unknown (give host_memory_gib=)")
             continue
-        need = sum(min(cap, plan.resident_bytes(r, restore)) if stream  # type: ignore[arg-type]
-                   else plan.resident_bytes(r, restore) for r in h.ranks)  # type: ignore[arg-type]
+        need = sum(min(cap, plan.resident_bytes(r, restore, shift)) if stream  # type: ignore[arg-type]
+                   else plan.resident_bytes(r, restore, shift) for r in h.ranks)  # type: ignore[arg-type]
         yield Outcome(h.mem_available_bytes >= need, fmt_bytes(need),
                       f"{fmt_bytes(h.mem_available_bytes)} available", where=f"host {h.name}")
 
@@ -433,6 +434,15 @@ def folder_usable(ctx: Context, rs: RuleSet, rule: Rule) -> Iterator[Outcome | N
     for h in ctx.hosts:
         yield Outcome(h.folder_problem is None, "writable, no foreign files", h.folder_problem,
                       where=f"host {h.name}")
+
+
+def rank_shift(ctx: Context) -> int:
+    """The effective restore rank shift: ``checkpoint.rank_shift``, with ``auto`` resolved from
+    the host mapping (no hosts known: 0)."""
+    value = ctx.get("checkpoint.rank_shift")
+    if isinstance(value, int) and not isinstance(value, bool):
+        return value
+    return auto_rank_shift([len(h.ranks) for h in ctx.hosts]) if ctx.hosts else 0
 
 
 def _flatten(d: Mapping[str, Any], prefix: str = "") -> dict[str, Any]:

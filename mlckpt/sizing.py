@@ -71,9 +71,10 @@ def _mask(name: str, rp: RankPlan) -> str:
 
 @dataclass(frozen=True)
 class RestoreRead:
-    """One file a rank reads on restore: ``file`` as written by ``writer``."""
+    """One file a rank reads on restore: the ``index``-th file of ``writer``'s plan."""
 
     writer: int
+    index: int
     file: FileSpec
 
 
@@ -129,31 +130,34 @@ class Plan:
         """max / mean bytes per rank: 1.0 is perfectly balanced."""
         return self.max_rank_bytes * self.ranks / self.total_bytes
 
-    def restore_reads(self, rank: int, pattern: RestorePattern) -> tuple[RestoreRead, ...]:
+    def restore_reads(self, rank: int, pattern: RestorePattern, shift: int = 0) -> tuple[RestoreRead, ...]:
         """What ``rank`` reads on restore.
 
         ``own``: exactly what it wrote.  ``repopulate``: a rank with no model-state files of its
         own (dp != 0 under ZeRO 0/1/2) also reads the model-state files of the dp == 0 rank with
         the same (tp, pp) coordinates, because restore must refill every replica.
+        ``shift`` (IOR's -C): rank r restores what rank (r + shift) mod ranks would restore, so
+        that with shift >= ranks per host no host reads data it wrote itself.
         """
-        rp = self.rank_plans[rank]
-        reads = [RestoreRead(rank, f) for f in rp.files]
+        role = (rank + shift) % self.ranks
+        rp = self.rank_plans[role]
+        reads = [RestoreRead(role, i, f) for i, f in enumerate(rp.files)]
         if pattern == "repopulate" and rp.dp != 0 and self.zero_stage < 3:
-            source = self.rank_plans[rp.mp_rank]  # dp == 0, same mp_rank
-            reads = [RestoreRead(source.rank, f) for f in source.files if f.kind == "model"] + (
-                reads if self.zero_stage != 0 else
-                [RestoreRead(source.rank, f) for f in source.files if f.kind == "optimizer"])
+            src = self.rank_plans[rp.mp_rank]  # dp == 0, same mp_rank
+            model = [RestoreRead(src.rank, i, f) for i, f in enumerate(src.files) if f.kind == "model"]
+            optim = [RestoreRead(src.rank, i, f) for i, f in enumerate(src.files) if f.kind == "optimizer"]
+            reads = model + (reads if self.zero_stage != 0 else optim)
         return tuple(reads)
 
     def restore_bytes(self, pattern: RestorePattern) -> int:
         return sum(rd.file.bytes for r in range(self.ranks) for rd in self.restore_reads(r, pattern))
 
-    def resident_bytes(self, rank: int, pattern: RestorePattern = "own") -> int:
-        """State a rank holds in memory under full residency: its shard, or what it restores if
-        that is larger (buffers are reused between the phases)."""
-        own = self.rank_plans[rank].bytes
-        reads = sum(rd.file.bytes for rd in self.restore_reads(rank, pattern))
-        return max(own, reads)
+    def resident_bytes(self, rank: int, pattern: RestorePattern = "own", shift: int = 0) -> int:
+        """State a rank holds in memory under full residency: page-rounded buffers for its shard,
+        or for what it restores if that is larger (one arena serves both phases)."""
+        own = sum(pages(f.bytes) for f in self.rank_plans[rank].files)
+        reads = sum(pages(rd.file.bytes) for rd in self.restore_reads(rank, pattern, shift))
+        return max(own, reads) * PAGE
 
     def layout_groups(self) -> list[tuple[list[int], RankPlan]]:
         """Ranks with identical layouts grouped (for readable reports at 1024 ranks)."""
@@ -161,6 +165,16 @@ class Plan:
         for rp in self.rank_plans:
             groups.setdefault(rp.layout_key(), ([], rp))[0].append(rp.rank)
         return list(groups.values())
+
+
+def pages(nbytes: int) -> int:
+    """Whole 4 KiB pages needed to hold ``nbytes``."""
+    return -(-nbytes // PAGE)
+
+
+def auto_rank_shift(ranks_per_host: list[int]) -> int:
+    """IOR -C style shift: the largest host's rank count when there are several hosts, else 0."""
+    return max(ranks_per_host) if len(ranks_per_host) > 1 else 0
 
 
 def rank_coords(rank: int, tp: int, pp: int) -> tuple[int, int, int, int]:
