@@ -66,3 +66,29 @@ class InternalError(MlckptError):
     """A defect in mlckpt itself; never blamed on the user or a submitter."""
 
     exit_status = 4
+
+
+class IOFailure(RunFailure):
+    """A system call on a checkpoint file or folder failed.
+
+    ``op`` is the operation (``open``, ``write``, ``read``, ``fsync``, ``size``, ...), ``path`` the
+    file or folder, ``errno`` the OS error number (``None`` for failures the OS did not report,
+    e.g. a file of the wrong size or a short read at end of file), ``offset`` the byte offset when
+    the failure concerns one request.
+    """
+
+    def __init__(
+        self,
+        message: str,
+        *,
+        op: str,
+        path: str,
+        errno: int | None = None,
+        offset: int | None = None,
+    ) -> None:
+        super().__init__(message)
+        self.op = op
+        self.path = path
+        self.errno = errno
+        self.offset = offset
+
