@@ -97,6 +97,7 @@ class Context:
     plan: Plan | None = None
     hosts: tuple[HostSpec, ...] | None = None
     complete: bool = False
+    run: Any = None  # mlckpt.result_checks.RunData for the result stage
 
     @property
     def division(self) -> str:
@@ -211,6 +212,8 @@ def verdict(findings: Iterable[Finding], division: str | None) -> str:
 
 @cache
 def load_rules(version: str = DEFAULT_RULES_VERSION) -> RuleSet:
+    import mlckpt.result_checks  # noqa: F401 - registers the result-stage checks
+
     folder = rules_dir() / version
     path = folder / "rules.yaml"
     if not path.is_file():

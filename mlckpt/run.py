@@ -17,7 +17,7 @@ import threading
 import time
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any
@@ -28,8 +28,10 @@ from mlckpt import __version__, engine
 from mlckpt.config import Setup, setup
 from mlckpt.errors import InternalError, MlckptError, UsageError, VerificationError
 from mlckpt.metrics import RECORDS_FORMAT, dlio_compat, summarize
+from mlckpt.result_checks import DATA_SCHEME, RunData
 from mlckpt.rules import HostSpec, rank_shift, verdict
 from mlckpt.sizing import PAGE, pages
+from mlckpt.sysdesc import load_system_description
 from mlckpt.sysinfo import disk_free_bytes, existing_ancestor, host_facts, mem_available_bytes
 from mlckpt.units import GiB, fmt_bytes
 
@@ -56,7 +58,8 @@ class CollectiveFailure(MlckptError):
     def __init__(self, failures: list[Failure]) -> None:
         first = failures[0]
         more = f" (and {len(failures) - 1} more ranks)" if len(failures) > 1 else ""
-        where = "" if first.kind == "UsageError" else f"rank {first.rank} on {first.host}: "
+        # Bad input is the same on every rank: name the problem, not a rank.
+        where = "" if first.status == 2 else f"rank {first.rank} on {first.host}: "
         super().__init__(f"{where}{first.message}{more}")
         self.exit_status = first.status
         self.failures = failures
@@ -132,6 +135,9 @@ class Runner:
         if not given:
             ovs.append(f"ranks={self.size}")
         s = setup(ovs)
+        self.description = None
+        if s.config.get("system") and self.rank == 0:
+            self.description = load_system_description(s.config["system"], s.rules.version)
         if s.plan.ranks != self.size:
             raise UsageError(f"ranks={s.plan.ranks} but the MPI world has {self.size} ranks "
                              "(drop ranks= under mpiexec, or match -n)", key="ranks")
@@ -249,6 +255,7 @@ class Runner:
                 engine.evict(path)
             if cfg["cache"]["drop_system"] and leader:
                 engine.drop_caches()
+            _test_flip(self.rank, root / "ckpt-0001", [f.name for f in mine])
         scratch = engine.alloc(engine.VERIFY_SCRATCH_BYTES)
         for k in range(1, nr + 1):
             c = (k - 1) % nw + 1
@@ -369,6 +376,9 @@ class Runner:
         tmp = out_root / f".{self.run_name}.partial"
         tmp.mkdir(parents=True)
         ended = _now()
+        system = {"hosts": facts}
+        if self.description is not None:
+            system["description"] = self.description
         manifest = {
             "run_format": RUN_FORMAT, "run_id": f"{self.run_id:016x}", "name": self.run_name,
             "status": "complete", "mlckpt_version": __version__, "rules_version": rules.version,
@@ -378,16 +388,25 @@ class Runner:
             "rank_shift": self.shift, "verdict": self.verdict,
             "findings": [f.to_dict() for f in self.findings],
             "overrides": self.overrides, "started": started, "ended": ended,
-            "records_format": RECORDS_FORMAT,
+            "records_format": RECORDS_FORMAT, "data_scheme": DATA_SCHEME,
+            "system_name": (self.description or {}).get("system_name"),
         }
+        # Judge our own result with the checker's result-stage rules before publishing it.
+        data = RunData(manifest, cfg, summary, records, system)
+        ctx = replace(s.context(hosts, complete=True), run=data)
+        result = rules.evaluate(ctx, ["result"])
+        manifest["findings"] = [f.to_dict() for f in (*self.findings, *result.findings)]
+        manifest["verdict"] = verdict([*self.findings, *result.findings], str(cfg["division"]))
+        for f in result.findings:
+            self.say(f"finding: [{f.rule}] ({f.severity}) {f.message}")
         _write_json(tmp / "run.json", manifest)
         (tmp / "config.yaml").write_text(yaml.safe_dump(dict(cfg), sort_keys=False))
         with open(tmp / "records.jsonl", "w") as fh:
             for r in records:
                 fh.write(json.dumps(r, sort_keys=True) + "\n")
         _write_json(tmp / "summary.json", summary)
-        _write_json(tmp / "system.json", {"hosts": facts})
-        self.say(_headline(summary))
+        _write_json(tmp / "system.json", system)
+        self.say(_headline(summary) + f"; verdict {manifest['verdict']}")
         (tmp / "run.log").write_text("\n".join(self.log_lines) + "\n")
         tmp.rename(final)
         return final
@@ -434,6 +453,30 @@ def _offsets(sizes: Sequence[int]) -> list[int]:
     for n in sizes:
         out.append(out[-1] + pages(n) * PAGE)
     return out
+
+
+TEST_FLIP_ENV = "MLCKPT_TEST_FLIP"
+
+
+def _test_flip(rank: int, cdir: Path, names: Sequence[str]) -> None:
+    """TEST-ONLY fault hook (never set it in a real run): with ``MLCKPT_TEST_FLIP=R:I:OFF``, rank R
+    flips one bit of byte OFF of its plan file I in the first checkpoint, between the write and read
+    phases, so tests can check that verification reports the corruption and fails the run."""
+    spec = os.environ.get(TEST_FLIP_ENV)
+    if not spec:
+        return
+    flip_rank, index, offset = (int(x) for x in spec.split(":"))
+    if flip_rank != rank:
+        return
+    path = str(cdir / names[index])
+    fd = os.open(path, os.O_RDWR | os.O_CLOEXEC)
+    try:
+        old = os.pread(fd, 1, offset)
+        os.pwrite(fd, bytes([old[0] ^ 0x01]), offset)
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+    engine.evict(path)
 
 
 def folder_problem(folder: Path) -> str | None:

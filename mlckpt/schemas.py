@@ -13,16 +13,30 @@ from typing import Any
 
 from jsonschema import Draft202012Validator
 from jsonschema.exceptions import ValidationError, best_match
+from referencing import Registry, Resource
 
 from mlckpt.resources import rules_dir
 
 
 @cache
+def _registry(rules_version: str) -> tuple[Registry, dict[str, Any]]:
+    """Every schema of a rules version, by file stem, in one registry so that relative ``$ref``s
+    resolve locally (never over the network)."""
+    schemas: dict[str, Any] = {}
+    registry: Registry = Registry()
+    for path in sorted((rules_dir() / rules_version / "schemas").glob("*.schema.json")):
+        schema = json.loads(path.read_text(encoding="utf-8"))
+        Draft202012Validator.check_schema(schema)
+        schemas[path.name.removesuffix(".schema.json")] = schema
+        registry = registry.with_resource(schema["$id"], Resource.from_contents(schema))
+    return registry, schemas
+
+
+@cache
 def validator(name: str, rules_version: str = "1.0") -> Draft202012Validator:
-    path = rules_dir() / rules_version / "schemas" / f"{name}.schema.json"
-    schema = json.loads(path.read_text(encoding="utf-8"))
-    Draft202012Validator.check_schema(schema)
-    return Draft202012Validator(schema)
+    registry, schemas = _registry(rules_version)
+    return Draft202012Validator(schemas[name], registry=registry,
+                                format_checker=Draft202012Validator.FORMAT_CHECKER)
 
 
 def dotted(err: ValidationError) -> str:

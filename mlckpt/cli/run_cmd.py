@@ -101,10 +101,11 @@ def handle(args: argparse.Namespace) -> int:
 def launch(mpiexec: str, overrides: list[str]) -> int:
     """Validate here (fail fast, nothing spawned), then run under mpiexec."""
     from mlckpt.config import setup
+    from mlckpt.sysdesc import load_system_description
 
     s = setup(overrides)
-    ctx = s.context(complete=False)
-    s.rules.require_structure(ctx)
+    if s.config.get("system"):
+        load_system_description(s.config["system"], s.rules.version)
     cmd = [mpiexec, "-n", str(s.plan.ranks), sys.executable, "-m", "mlckpt", "run", *overrides]
     env = dict(os.environ, MLCKPT_LAUNCHED="1")
     try:

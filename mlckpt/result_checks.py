@@ -1,0 +1,259 @@
+"""Check functions for the ``result`` stage: a finished run judged from its own files.  Pure.
+
+They see a :class:`RunData` (the parsed run.json, config.yaml, summary.json, system.json and
+records.jsonl of one run folder) through ``Context.run``, and register in the same ``CHECKS``
+table as the pre-I/O checks, so runner and checker share one rule engine.
+"""
+
+from __future__ import annotations
+
+import itertools
+import math
+from collections import Counter
+from collections.abc import Iterator, Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+from mlckpt.metrics import summarize
+from mlckpt.rules import Context, NotChecked, Outcome, Rule, RuleSet, check, rank_shift
+
+# The data scheme the runner declares in run.json; see mlckpt/engine.py (AES-128-CTR keystream per
+# run/rank/checkpoint/file, 32-byte tag on every 4 KiB page).
+DATA_SCHEME = "aes128ctr-pagetag-v1"
+REL_TOL = 1e-9
+
+
+@dataclass(frozen=True)
+class RunData:
+    run: Mapping[str, Any]
+    config: Mapping[str, Any]
+    summary: Mapping[str, Any]
+    records: Sequence[Mapping[str, Any]]
+    system: Mapping[str, Any] = field(default_factory=dict)
+
+    def ops(self, op: str) -> dict[int, list[Mapping[str, Any]]]:
+        out: dict[int, list[Mapping[str, Any]]] = {}
+        for r in self.records:
+            if r.get("op") == op:
+                out.setdefault(int(r["index"]), []).append(r)
+        return out
+
+
+def _run(ctx: Context) -> RunData | None:
+    return getattr(ctx, "run", None)
+
+
+@check
+def result_consistent(ctx: Context, rs: RuleSet, rule: Rule) -> Iterator[Outcome | NotChecked]:
+    d = _run(ctx)
+    if d is None:
+        yield NotChecked("no run data")
+        return
+    cfg = d.config
+    pairs = (("workload", cfg.get("workload", {}).get("name")), ("division", cfg.get("division")),
+             ("ranks", cfg.get("ranks")), ("scale", cfg.get("scale")),
+             ("rules_version", cfg.get("rules_version")))
+    for key, want in pairs:
+        yield Outcome(d.run.get(key) == want, f"run.json {key}={want!r}", f"{d.run.get(key)!r}")
+    hosts_ranks = sorted(r for h in d.run.get("hosts", []) for r in h.get("ranks", []))
+    yield Outcome(hosts_ranks == list(range(int(cfg.get("ranks", 0)))),
+                  f"every rank 0..{int(cfg.get('ranks', 0)) - 1} on exactly one host",
+                  f"{len(hosts_ranks)} rank placements")
+
+
+@check
+def result_counts(ctx: Context, rs: RuleSet, rule: Rule) -> Iterator[Outcome | NotChecked]:
+    d = _run(ctx)
+    if d is None:
+        yield NotChecked("no run data")
+        return
+    ranks = int(d.config["ranks"])
+    for op, key in (("write", "num_writes"), ("read", "num_reads")):
+        want = int(d.config["checkpoint"][key])
+        ops = d.ops(op)
+        yield Outcome(sorted(ops) == list(range(1, want + 1)), f"{want} {op} ops",
+                      f"{op} ops {sorted(ops)[:10]}")
+        for idx, recs in sorted(ops.items()):
+            got = Counter(int(r["rank"]) for r in recs)
+            ok = sorted(got) == list(range(ranks)) and all(c == 1 for c in got.values())
+            yield Outcome(ok, f"one record per rank 0..{ranks - 1}",
+                          f"{len(recs)} records for {len(got)} ranks", where=f"{op} {idx}")
+    nw = int(d.config["checkpoint"]["num_writes"])
+    for idx, recs in d.ops("read").items():
+        want_ckpt = (idx - 1) % nw + 1
+        ok = all(int(r["checkpoint"]) == want_ckpt for r in recs)
+        yield Outcome(ok, f"restore {idx} reads checkpoint {want_ckpt}", "another checkpoint",
+                      where=f"read {idx}")
+
+
+@check
+def result_times(ctx: Context, rs: RuleSet, rule: Rule) -> Iterator[Outcome | NotChecked]:
+    d = _run(ctx)
+    if d is None:
+        yield NotChecked("no run data")
+        return
+    bad = [r for r in d.records if not int(r["t1_ns"]) > int(r["t0_ns"])]
+    yield Outcome(not bad, "t1_ns > t0_ns in every record",
+                  f"{len(bad)} records out of order" + (
+                      f" (first: {bad[0]['op']} {bad[0]['index']} rank {bad[0]['rank']})" if bad else ""))
+    # Ops run one after another on each rank: op k+1 starts after op k ended (same host clock).
+    by_rank: dict[int, list[Mapping[str, Any]]] = {}
+    for r in d.records:
+        by_rank.setdefault(int(r["rank"]), []).append(r)
+    order = {"write": 0, "read": 1}
+    for rank, recs in by_rank.items():
+        recs = sorted(recs, key=lambda r: (order.get(str(r["op"]), 2), int(r["index"])))
+        for a, b in itertools.pairwise(recs):
+            if int(b["t0_ns"]) < int(a["t1_ns"]):
+                yield Outcome(False, "each op of a rank starts after its previous op ended",
+                              f"{b['op']} {b['index']} starts before {a['op']} {a['index']} ended",
+                              where=f"rank {rank}")
+                break
+    started, ended = str(d.run.get("started", "")), str(d.run.get("ended", ""))
+    yield Outcome(started <= ended, "started <= ended", f"started {started}, ended {ended}")
+
+
+@check
+def bytes_match_plan(ctx: Context, rs: RuleSet, rule: Rule) -> Iterator[Outcome | NotChecked]:
+    d, plan = _run(ctx), ctx.plan
+    if d is None or plan is None:
+        yield NotChecked("no run data or plan")
+        return
+    shift = int(d.run.get("rank_shift", rank_shift(ctx)))
+    restore = str(d.config["checkpoint"]["restore"])
+    for r in d.records:
+        rank = int(r["rank"])
+        if not 0 <= rank < plan.ranks:
+            yield Outcome(False, f"rank in 0..{plan.ranks - 1}", f"rank {rank}")
+            continue
+        if r["op"] == "write":
+            files = plan.rank_plans[rank].files
+        else:
+            files = tuple(rd.file for rd in plan.restore_reads(rank, restore, shift))  # type: ignore[arg-type]
+        want_b, want_f = sum(f.bytes for f in files), len(files)
+        ok = int(r["bytes"]) == want_b and int(r["files"]) == want_f
+        if not ok:
+            yield Outcome(False, f"{want_b} B in {want_f} files", f"{r['bytes']} B in {r['files']} files",
+                          where=f"{r['op']} {r['index']} rank {rank}")
+
+
+def _num_equal(a: Any, b: Any) -> bool:
+    if isinstance(a, bool) or isinstance(b, bool):
+        return a is b
+    if isinstance(a, int | float) and isinstance(b, int | float):
+        if (isinstance(a, float) and math.isinf(a)) or (isinstance(b, float) and math.isinf(b)):
+            return a == b
+        return math.isclose(a, b, rel_tol=REL_TOL, abs_tol=1e-12)
+    return a == b
+
+
+def _compare(path: str, want: Any, have: Any) -> Iterator[tuple[str, Any, Any]]:
+    if isinstance(want, Mapping):
+        if not isinstance(have, Mapping):
+            yield path, "an object", have
+            return
+        for k, v in want.items():
+            yield from _compare(f"{path}.{k}" if path else k, v, have.get(k, "<missing>"))
+    elif isinstance(want, list):
+        if not isinstance(have, list) or len(have) != len(want):
+            yield path, f"{len(want)} items", f"{len(have) if isinstance(have, list) else have!r}"
+            return
+        for i, (w, h) in enumerate(zip(want, have, strict=True)):
+            yield from _compare(f"{path}[{i}]", w, h)
+    elif not _num_equal(want, have):
+        yield path, want, have
+
+
+@check
+def metrics_recompute(ctx: Context, rs: RuleSet, rule: Rule) -> Iterator[Outcome | NotChecked]:
+    d = _run(ctx)
+    if d is None:
+        yield NotChecked("no run data")
+        return
+    want = summarize(d.records, max_resident_fraction=rs.data["cold_read"]["max_resident_fraction"])
+    diffs = list(_compare("", want, d.summary))
+    for path, exp, got in diffs[:5]:
+        yield Outcome(False, f"summary.{path} = {exp}", got)
+    if not diffs:
+        yield Outcome(True)
+
+
+@check
+def fsync_every_write(ctx: Context, rs: RuleSet, rule: Rule) -> Outcome | NotChecked:
+    d = _run(ctx)
+    if d is None:
+        return NotChecked("no run data")
+    writes = [r for r in d.records if r["op"] == "write"]
+    bad = [r for r in writes if r.get("fsync") is not True]
+    return Outcome(not bad and bool(d.config["checkpoint"].get("fsync")),
+                   "fsync on every write record", f"{len(bad)} of {len(writes)} write records without fsync")
+
+
+@check
+def cold_reads(ctx: Context, rs: RuleSet, rule: Rule) -> Iterator[Outcome | NotChecked]:
+    d = _run(ctx)
+    if d is None:
+        yield NotChecked("no run data")
+        return
+    bound = float(rs.data["cold_read"]["max_resident_fraction"])
+    multiple = float(rs.data["cold_read"]["memory_multiple"])
+    # Alternative from the rules: per-host data at least `multiple` × host memory.
+    mem = {h.get("hostname"): h.get("memory_total_bytes") or 0 for h in d.system.get("hosts", [])}
+    for idx, recs in sorted(d.ops("read").items()):
+        checked = sum(int(r.get("cached_check_bytes", 0)) for r in recs)
+        resident = sum(int(r.get("resident_bytes", 0)) for r in recs)
+        frac = resident / checked if checked else (0.0 if not any(int(r["bytes"]) for r in recs) else 1.0)
+        if frac <= bound:
+            continue
+        per_host: dict[str, int] = {}
+        for r in recs:
+            per_host[str(r["host"])] = per_host.get(str(r["host"]), 0) + int(r["bytes"])
+        big = all(mem.get(h) and b >= multiple * mem[h] for h, b in per_host.items())
+        yield Outcome(big, f"at most {bound:.0%} resident before a restore",
+                      f"{frac:.1%} resident", where=f"read {idx}")
+
+
+@check
+def data_verified(ctx: Context, rs: RuleSet, rule: Rule) -> Iterator[Outcome | NotChecked]:
+    d = _run(ctx)
+    if d is None:
+        yield NotChecked("no run data")
+        return
+    for r in d.records:
+        if r["op"] != "read":
+            continue
+        ok = int(r.get("mismatches", 1)) == 0 and int(r.get("verified_bytes", -1)) == int(r["bytes"])
+        if not ok:
+            yield Outcome(False, f"{r['bytes']} B verified, 0 mismatches",
+                          f"{r.get('verified_bytes')} B verified, {r.get('mismatches')} mismatches",
+                          where=f"read {r['index']} rank {r['rank']}")
+
+
+@check
+def data_unique(ctx: Context, rs: RuleSet, rule: Rule) -> Outcome | NotChecked:
+    d = _run(ctx)
+    if d is None:
+        return NotChecked("no run data")
+    scheme = d.run.get("data_scheme")
+    return Outcome(scheme == DATA_SCHEME, f"data_scheme {DATA_SCHEME}", f"data_scheme {scheme!r}")
+
+
+@check
+def bandwidth_plausible(ctx: Context, rs: RuleSet, rule: Rule) -> Iterator[Outcome | NotChecked]:
+    d = _run(ctx)
+    if d is None:
+        yield NotChecked("no run data")
+        return
+    storage = (d.system.get("description") or {}).get("storage") or {}
+    declared = False
+    for op, key in (("write", "max_write_gib_s"), ("read", "max_read_gib_s")):
+        limit = storage.get(key)
+        if not isinstance(limit, int | float):
+            continue
+        declared = True
+        for o in d.summary.get("ops", []):
+            if o.get("op") == op and float(o.get("bandwidth_gib_s", 0)) > float(limit) * 1.05:
+                yield Outcome(False, f"{op} at most {limit} GiB/s (declared, +5%)",
+                              f"{o['bandwidth_gib_s']:.2f} GiB/s", where=f"{op} {o.get('index')}")
+    if not declared:
+        yield NotChecked("the system description declares no maximum bandwidth")
