@@ -11,6 +11,7 @@ from __future__ import annotations
 import json
 import os
 import secrets
+import shutil
 import socket
 import sys
 import threading
@@ -24,7 +25,7 @@ from typing import Any
 
 import yaml
 
-from mlckpt import __version__, engine
+from mlckpt import __version__, bundle, engine
 from mlckpt.config import Setup, setup
 from mlckpt.errors import InternalError, MlckptError, UsageError, VerificationError
 from mlckpt.metrics import RECORDS_FORMAT, dlio_compat, summarize
@@ -136,8 +137,12 @@ class Runner:
             ovs.append(f"ranks={self.size}")
         s = setup(ovs)
         self.description = None
-        if s.config.get("system") and self.rank == 0:
-            self.description = load_system_description(s.config["system"], s.rules.version)
+        self.signing_key = None
+        if self.rank == 0:
+            # Both before any I/O: a bad description or key must not cost a whole run.
+            if s.config.get("system"):
+                self.description = load_system_description(s.config["system"], s.rules.version)
+            self.signing_key = resolve_signing_key(str(s.config["signing"]["key"]), self.say)
         if s.plan.ranks != self.size:
             raise UsageError(f"ranks={s.plan.ranks} but the MPI world has {self.size} ranks "
                              "(drop ranks= under mpiexec, or match -n)", key="ranks")
@@ -408,7 +413,22 @@ class Runner:
         _write_json(tmp / "system.json", system)
         self.say(_headline(summary) + f"; verdict {manifest['verdict']}")
         (tmp / "run.log").write_text("\n".join(self.log_lines) + "\n")
-        tmp.rename(final)
+        try:
+            if self.signing_key is not None:
+                bundle.sign_bundle(tmp, self.signing_key, bundle.Predicate(
+                    run_id=manifest["run_id"], mlckpt_version=__version__,
+                    runner_code_sha256=bundle.code_digest(), rules_version=rules.version,
+                    workload=str(cfg["workload"]["name"]), division=str(cfg["division"]),
+                    started=started, ended=ended,
+                    extra={"ranks": self.size, "scaled": manifest["scaled"],
+                           "verdict": manifest["verdict"]}))
+            tmp.rename(final)
+        except BaseException:
+            shutil.rmtree(tmp, ignore_errors=True)  # no half-made folder that could pass for a bundle
+            raise
+        if self.signing_key is None:
+            print("mlckpt: warning: signing.key=none: the bundle is NOT signed and no checker "
+                  "will accept it", file=sys.stderr)
         return final
 
 
@@ -502,6 +522,23 @@ def folder_problem(folder: Path) -> str | None:
     if not os.access(parent, os.W_OK | os.X_OK):
         return f"{parent} is not writable (needed to create {folder})"
     return None
+
+
+def resolve_signing_key(setting: str, say: Any) -> Any:
+    """``auto``: the user's key (``mlckpt keygen``'s default path), created once; ``none``: no
+    signature; anything else: a PEM key path (passphrase from $MLCKPT_KEY_PASSPHRASE)."""
+    from mlckpt.cli.bundle_cmd import default_key_path
+
+    if setting == "none":
+        return None
+    if setting == "auto":
+        path = default_key_path()
+        if not path.exists():
+            info = bundle.generate_key(path)
+            say(f"created signing key {path} (keyid {info.keyid[:16]}…); give {info.public_path} "
+                "to the committee that checks your results")
+        return bundle.load_private_key(path)
+    return bundle.load_private_key(Path(setting))
 
 
 def _mpi_library() -> str:
