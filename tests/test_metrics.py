@@ -1,0 +1,332 @@
+"""Unit tests of mlckpt.metrics: hand-built per-rank records with known numbers, and hypothesis
+invariants of ``summarize`` (SPEC §5)."""
+
+from __future__ import annotations
+
+import math
+import random
+import statistics
+from typing import Any
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from mlckpt.metrics import (
+    GIB,
+    RECORDS_FORMAT,
+    SUMMARY_FORMAT,
+    dlio_compat,
+    group_ops,
+    op_stats,
+    summarize,
+)
+
+S = 1_000_000_000  # ns per second
+GiB = 1 << 30
+COLD = 0.01
+
+
+def rec(op: str, index: int, rank: int, t0_s: float, dur_s: float, nbytes: int, *,
+        checkpoint: int | None = None, resident: int = 0, checked: int | None = None,
+        mismatches: int = 0) -> dict[str, Any]:
+    """One raw record in the runner's format (records format 1)."""
+    t0 = round(t0_s * S)
+    r: dict[str, Any] = {
+        "op": op, "index": index, "checkpoint": index if checkpoint is None else checkpoint,
+        "rank": rank, "host": "h0", "t0_ns": t0, "t1_ns": t0 + round(dur_s * S), "bytes": nbytes,
+        "files": 2, "fsync": op == "write", "direct": True, "dontcache": False,
+    }
+    if op == "read":
+        r["resident_bytes"] = resident
+        r["cached_check_bytes"] = nbytes if checked is None else checked
+        r["verified_bytes"] = nbytes
+        r["mismatches"] = mismatches
+    return r
+
+
+# ---------------------------------------------------------------------------------------------
+# one op, known numbers
+
+
+def test_op_stats_known_numbers() -> None:
+    # rank 0: 4 GiB in 2 s (2 GiB/s); rank 1: 3 GiB in 1 s (3 GiB/s); rank 2: 1 GiB in 0.25 s.
+    recs = [rec("write", 1, 0, 10.0, 2.0, 4 * GiB), rec("write", 1, 1, 10.5, 1.0, 3 * GiB),
+            rec("write", 1, 2, 11.0, 0.25, GiB)]
+    o = op_stats(recs)
+    assert (o.op, o.index, o.checkpoint, o.ranks) == ("write", 1, 1, 3)
+    assert o.bytes == 8 * GiB
+    assert o.duration_s == 2.0  # max over ranks, not rank 0's and not wall span (10.0 → 12.0)
+    assert o.bandwidth_gib_s == 4.0  # 8 GiB / 2 s
+    assert (o.slowest_rank, o.slowest_rank_bandwidth_gib_s) == (0, 2.0)
+    assert o.straggler_ratio == 2.0  # max 2 s / median 1 s
+    assert o.resident_fraction is None and o.mismatches is None
+
+
+def test_op_duration_is_max_rank_duration_not_wall_span() -> None:
+    # Clocks of different hosts are not comparable: only per-rank t1 - t0 counts.
+    recs = [rec("write", 1, 0, 0.0, 1.0, GiB), rec("write", 1, 1, 1000.0, 3.0, GiB)]
+    o = op_stats(recs)
+    assert o.duration_s == 3.0
+    assert math.isclose(o.bandwidth_gib_s, 2 / 3, rel_tol=1e-15)
+    assert o.slowest_rank == 1 and math.isclose(o.slowest_rank_bandwidth_gib_s, 1 / 3, rel_tol=1e-15)
+
+
+def test_ranks_without_bytes_are_not_the_slowest_rank() -> None:
+    # ZeRO-0 replicas (dp != 0) write nothing: they cannot be the slowest rank by bandwidth,
+    # but their time still counts in the op duration.
+    recs = [rec("write", 1, 0, 0.0, 1.0, 2 * GiB), rec("write", 1, 1, 0.0, 4.0, 0)]
+    o = op_stats(recs)
+    assert o.duration_s == 4.0
+    assert o.bandwidth_gib_s == 0.5
+    assert (o.slowest_rank, o.slowest_rank_bandwidth_gib_s) == (0, 2.0)
+
+
+def test_op_with_no_bytes_at_all() -> None:
+    o = op_stats([rec("write", 1, 0, 0.0, 1.0, 0), rec("write", 1, 1, 0.0, 2.0, 0)])
+    assert o.bytes == 0 and o.bandwidth_gib_s == 0.0
+    assert (o.slowest_rank, o.slowest_rank_bandwidth_gib_s) == (-1, 0.0)
+
+
+def test_read_op_residency_and_mismatches() -> None:
+    recs = [rec("read", 2, 0, 0.0, 1.0, GiB, checkpoint=1, resident=GiB // 4, checked=GiB),
+            rec("read", 2, 1, 0.0, 1.0, GiB, checkpoint=1, resident=0, checked=GiB, mismatches=3)]
+    o = op_stats(recs)
+    assert (o.op, o.index, o.checkpoint) == ("read", 2, 1)
+    assert o.resident_fraction == 0.125  # (GiB/4) / (2 GiB): pooled over ranks
+    assert o.mismatches == 3
+
+
+def test_read_op_without_checked_bytes_has_zero_residency() -> None:
+    o = op_stats([rec("read", 1, 0, 0.0, 1.0, 0, checked=0)])
+    assert o.resident_fraction == 0.0 and o.mismatches == 0
+
+
+# ---------------------------------------------------------------------------------------------
+# summary, known numbers
+
+
+def three_writes_two_reads() -> list[dict[str, Any]]:
+    """Writes of 6 GiB over two ranks taking 6, 3, 2 s (bandwidths 1, 2, 3 GiB/s); reads of 6 GiB
+    taking 2 and 3 s (3 and 2 GiB/s)."""
+    out = []
+    for k, dur in enumerate((6.0, 3.0, 2.0), 1):
+        out += [rec("write", k, 0, 100.0 * k, dur, 4 * GiB), rec("write", k, 1, 100.0 * k, dur / 2, 2 * GiB)]
+    for k, dur in enumerate((2.0, 3.0), 1):
+        out += [rec("read", k, 0, 1000.0 * k, dur, 3 * GiB, resident=GiB // 1024),
+                rec("read", k, 1, 1000.0 * k, dur, 3 * GiB)]
+    return out
+
+
+def test_summary_known_numbers() -> None:
+    s = summarize(three_writes_two_reads(), max_resident_fraction=COLD)
+    assert s["summary_format"] == SUMMARY_FORMAT and s["records_format"] == RECORDS_FORMAT
+    assert (s["num_writes"], s["num_reads"]) == (3, 2)
+    # write bandwidths 1, 2, 3 GiB/s
+    assert s["write_bandwidth_mean_gib_s"] == 2.0
+    assert s["write_bandwidth_median_gib_s"] == 2.0
+    assert math.isclose(s["write_bandwidth_stdev_gib_s"], math.sqrt(2 / 3), rel_tol=1e-15)
+    assert (s["write_bandwidth_min_gib_s"], s["write_bandwidth_max_gib_s"]) == (1.0, 3.0)
+    assert math.isclose(s["write_duration_mean_s"], 11 / 3, rel_tol=1e-15)
+    assert s["write_duration_median_s"] == 3.0
+    assert (s["write_duration_min_s"], s["write_duration_max_s"]) == (2.0, 6.0)
+    # slowest rank of each write: rank 0, 4 GiB in dur (rank 1 ties: 2 GiB in dur/2; lower rank wins)
+    assert s["write_slowest_rank_bandwidth_min_gib_s"] == 4 / 6
+    assert s["write_slowest_rank_bandwidth_max_gib_s"] == 2.0
+    assert math.isclose(s["write_straggler_ratio_max"], 4 / 3, rel_tol=1e-15)  # max / median(d, d/2)
+    assert s["write_bytes_per_op"] == 6 * GiB
+    # reads: 3 and 2 GiB/s
+    assert s["read_bandwidth_mean_gib_s"] == 2.5
+    assert s["read_bandwidth_median_gib_s"] == 2.5
+    assert s["read_bandwidth_stdev_gib_s"] == 0.5
+    assert s["read_duration_mean_s"] == 2.5
+    assert s["read_straggler_ratio_max"] == 1.0
+    assert s["read_bytes_per_op"] == 6 * GiB
+    assert s["read_resident_fraction_max"] == (GiB // 1024) / (6 * GiB)
+    assert s["read_cold"] is True
+    assert s["read_mismatches"] == 0 and s["read_verified"] is True
+    assert [(o["op"], o["index"]) for o in s["ops"]] == [
+        ("write", 1), ("write", 2), ("write", 3), ("read", 1), ("read", 2)]
+    assert [o["duration_s"] for o in s["ops"]] == [6.0, 3.0, 2.0, 2.0, 3.0]
+    assert [o["bytes"] for o in s["ops"]] == [6 * GiB] * 5
+
+
+def test_summary_does_not_depend_on_record_order() -> None:
+    recs = three_writes_two_reads()
+    want = summarize(recs, max_resident_fraction=COLD)
+    for seed in range(5):
+        shuffled = recs[:]
+        random.Random(seed).shuffle(shuffled)
+        assert summarize(shuffled, max_resident_fraction=COLD) == want
+
+
+def test_group_ops_orders_writes_then_reads_and_ranks() -> None:
+    recs = [rec("read", 2, 1, 0, 1, 1), rec("write", 10, 0, 0, 1, 1), rec("read", 2, 0, 0, 1, 1),
+            rec("write", 2, 1, 0, 1, 1), rec("read", 1, 0, 0, 1, 1), rec("write", 2, 0, 0, 1, 1)]
+    groups = group_ops(recs)
+    assert list(groups) == [("write", 2), ("write", 10), ("read", 1), ("read", 2)]
+    assert [r["rank"] for r in groups[("write", 2)]] == [0, 1]
+    assert [r["rank"] for r in groups[("read", 2)]] == [0, 1]
+
+
+@pytest.mark.parametrize(("resident", "cold"), [(0, True), (60, True), (61, False), (6000, False)])
+def test_cold_read_bound_is_inclusive(resident: int, cold: bool) -> None:
+    # 6000 bytes checked over the op; the bound is 1 %: 60 bytes resident is still cold.
+    recs = [rec("write", 1, 0, 0, 1, 6000),
+            rec("read", 1, 0, 0, 1, 6000, resident=resident, checked=6000)]
+    s = summarize(recs, max_resident_fraction=COLD)
+    assert s["read_resident_fraction_max"] == resident / 6000
+    assert s["read_cold"] is cold
+
+
+def test_worst_read_decides_cold_and_mismatches_add_up() -> None:
+    recs = [rec("write", 1, 0, 0, 1, 1000)]
+    recs += [rec("read", 1, 0, 0, 1, 1000, resident=0), rec("read", 2, 0, 0, 1, 1000, resident=500,
+                                                             mismatches=2),
+             rec("read", 3, 0, 0, 1, 1000, mismatches=1)]
+    s = summarize(recs, max_resident_fraction=COLD)
+    assert s["read_resident_fraction_max"] == 0.5 and s["read_cold"] is False
+    assert s["read_mismatches"] == 3 and s["read_verified"] is False
+
+
+def test_writes_only_summary_has_no_read_fields() -> None:
+    s = summarize([rec("write", 1, 0, 0, 2, 2 * GiB)], max_resident_fraction=COLD)
+    assert (s["num_writes"], s["num_reads"]) == (1, 0)
+    assert s["write_bandwidth_mean_gib_s"] == 1.0 and s["write_bandwidth_stdev_gib_s"] == 0.0
+    assert not [k for k in s if k.startswith("read_")]
+
+
+def test_dlio_compat_uses_dlio_names_with_gib_values() -> None:
+    s = summarize(three_writes_two_reads(), max_resident_fraction=COLD)
+    d = dlio_compat(s, 3 * GiB)
+    assert d == {
+        "checkpoint_size_GB": 3.0,
+        "save_checkpoint_io_mean_GB_per_second": 2.0,
+        "save_checkpoint_io_stdev_GB_per_second": s["write_bandwidth_stdev_gib_s"],
+        "save_checkpoint_duration_mean_seconds": s["write_duration_mean_s"],
+        "save_checkpoint_duration_stdev_seconds": s["write_duration_stdev_s"],
+        "load_checkpoint_io_mean_GB_per_second": 2.5,
+        "load_checkpoint_io_stdev_GB_per_second": 0.5,
+        "load_checkpoint_duration_mean_seconds": 2.5,
+        "load_checkpoint_duration_stdev_seconds": 0.5,
+    }
+    only_writes = summarize([rec("write", 1, 0, 0, 1, GiB)], max_resident_fraction=COLD)
+    assert set(dlio_compat(only_writes, GiB)) == {
+        "checkpoint_size_GB", "save_checkpoint_io_mean_GB_per_second",
+        "save_checkpoint_io_stdev_GB_per_second", "save_checkpoint_duration_mean_seconds",
+        "save_checkpoint_duration_stdev_seconds"}
+
+
+# ---------------------------------------------------------------------------------------------
+# invariants
+
+
+@st.composite
+def runs(draw: st.DrawFn) -> list[dict[str, Any]]:
+    """Records of a run: R ranks, W writes, N reads; per rank start times on unrelated clocks,
+    durations from 1 ns to 100 s, bytes from 0 to 1 TiB (at least one rank moves bytes)."""
+    ranks = draw(st.integers(1, 10))
+    nops = [("write", k) for k in range(1, draw(st.integers(1, 4)) + 1)]
+    nops += [("read", k) for k in range(1, draw(st.integers(0, 3)) + 1)]
+    out = []
+    for op, k in nops:
+        sizes = draw(st.lists(st.integers(0, 1 << 40), min_size=ranks, max_size=ranks)
+                     .filter(lambda xs: any(xs)))
+        for r in range(ranks):
+            t0 = draw(st.integers(0, 1 << 62))
+            d = draw(st.integers(1, 100 * S))
+            checked = sizes[r]
+            x = {"op": op, "index": k, "checkpoint": k, "rank": r, "host": f"h{r % 3}",
+                 "t0_ns": t0, "t1_ns": t0 + d, "bytes": sizes[r], "files": 1, "fsync": True,
+                 "direct": True, "dontcache": False}
+            if op == "read":
+                x.update(resident_bytes=draw(st.integers(0, checked)), cached_check_bytes=checked,
+                         verified_bytes=sizes[r], mismatches=draw(st.sampled_from([0, 0, 0, 1])))
+            out.append(x)
+    return out
+
+
+def close(a: float, b: float) -> bool:
+    return math.isclose(a, b, rel_tol=1e-12, abs_tol=0.0)
+
+
+@settings(max_examples=100, deadline=None)
+@given(runs())
+def test_op_invariants(records: list[dict[str, Any]]) -> None:
+    s = summarize(records, max_resident_fraction=COLD)
+    by_op: dict[tuple[str, int], list[dict[str, Any]]] = {}
+    for r in records:
+        by_op.setdefault((r["op"], r["index"]), []).append(r)
+    assert len(s["ops"]) == len(by_op)
+    for o in s["ops"]:
+        recs = by_op[(o["op"], o["index"])]
+        durs = [(r["t1_ns"] - r["t0_ns"]) / 1e9 for r in recs]
+        total = sum(r["bytes"] for r in recs)
+        assert o["ranks"] == len(recs)
+        assert o["duration_s"] == max(durs)  # duration is the max rank duration
+        assert o["bytes"] == total
+        assert close(o["bandwidth_gib_s"], total / max(durs) / GIB)
+        own = [r["bytes"] / d / GIB for r, d in zip(recs, durs, strict=True) if r["bytes"]]
+        # the slowest rank's bandwidth is ≤ every (byte-moving) rank's own bandwidth, and is one of them
+        assert all(o["slowest_rank_bandwidth_gib_s"] <= b for b in own)
+        assert o["slowest_rank_bandwidth_gib_s"] in own
+        slow = recs[o["slowest_rank"]]
+        assert slow["rank"] == o["slowest_rank"] and slow["bytes"] > 0
+        if all(r["bytes"] for r in recs):
+            # the rank that takes longest moves at most the aggregate
+            assert o["slowest_rank_bandwidth_gib_s"] <= o["bandwidth_gib_s"] * (1 + 1e-12)
+        assert o["straggler_ratio"] >= 1.0
+        assert close(o["straggler_ratio"], max(durs) / statistics.median(durs))
+        if o["op"] == "read":
+            checked = sum(r["cached_check_bytes"] for r in recs)
+            assert 0.0 <= o["resident_fraction"] <= 1.0
+            assert close(o["resident_fraction"], sum(r["resident_bytes"] for r in recs) / checked)
+            assert o["mismatches"] == sum(r["mismatches"] for r in recs)
+        else:
+            assert o["resident_fraction"] is None and o["mismatches"] is None
+
+
+@settings(max_examples=100, deadline=None)
+@given(runs())
+def test_distribution_invariants(records: list[dict[str, Any]]) -> None:
+    s = summarize(records, max_resident_fraction=COLD)
+    for name in ("write", "read"):
+        group = [o for o in s["ops"] if o["op"] == name]
+        assert s[f"num_{name}s"] == len(group)
+        if not group:
+            assert f"{name}_bandwidth_mean_gib_s" not in s
+            continue
+        for metric, field, unit in (("bandwidth", "bandwidth_gib_s", "gib_s"),
+                                    ("duration", "duration_s", "s"),
+                                    ("slowest_rank_bandwidth", "slowest_rank_bandwidth_gib_s", "gib_s")):
+            values = [o[field] for o in group]
+            get = {stat: s[f"{name}_{metric}_{stat}_{unit}"]
+                   for stat in ("mean", "median", "stdev", "min", "max")}
+            assert get["min"] == min(values) and get["max"] == max(values)
+            assert close(get["mean"], statistics.fmean(values))
+            assert close(get["median"], statistics.median(values))
+            slack = 1e-12 * get["max"]
+            assert get["min"] - slack <= get["mean"] <= get["max"] + slack
+            assert get["min"] <= get["median"] <= get["max"]
+            assert get["stdev"] >= 0.0
+            assert get["stdev"] <= (get["max"] - get["min"]) / 2 + slack  # population stdev bound
+            if len(set(values)) == 1:
+                assert get["stdev"] <= slack
+        assert s[f"{name}_straggler_ratio_max"] == max(o["straggler_ratio"] for o in group)
+        assert s[f"{name}_bytes_per_op"] == group[0]["bytes"]
+    reads = [o for o in s["ops"] if o["op"] == "read"]
+    if reads:
+        worst = max(o["resident_fraction"] for o in reads)
+        assert s["read_resident_fraction_max"] == worst
+        assert s["read_cold"] is (worst <= COLD)
+        assert s["read_verified"] is (s["read_mismatches"] == 0)
+    else:
+        assert "read_cold" not in s and "read_verified" not in s
+
+
+@settings(max_examples=50, deadline=None)
+@given(runs(), st.randoms(use_true_random=False))
+def test_summary_is_order_independent(records: list[dict[str, Any]], rnd: random.Random) -> None:
+    shuffled = records[:]
+    rnd.shuffle(shuffled)
+    assert summarize(shuffled, max_resident_fraction=COLD) == summarize(records, max_resident_fraction=COLD)
