@@ -92,3 +92,16 @@ class IOFailure(RunFailure):
         self.errno = errno
         self.offset = offset
 
+
+class BundleIntegrityError(IntegrityError):
+    """Every integrity problem found in one bundle or archive.
+
+    ``problems`` is a list of ``(path, message)`` pairs (path relative to the bundle, or
+    ``bundle.dsse.json`` for envelope and statement problems, or the member name in an archive);
+    ``summary`` is the first line of the message: the count and the first problem.
+    """
+
+    def __init__(self, message: str, problems: list[tuple[str, str]] | None = None) -> None:
+        super().__init__(message)
+        self.problems: list[tuple[str, str]] = list(problems or [])
+        self.summary = message.splitlines()[0] if message else ""

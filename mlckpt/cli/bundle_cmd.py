@@ -1,0 +1,189 @@
+"""`mlckpt keygen | sign | verify | pack`: signing keys and signed result bundles.
+
+Thin wrappers over :mod:`mlckpt.bundle`.  Failures are raised as ``mlckpt.errors`` exceptions;
+the dispatcher prints one line and exits with their status (2 usage, 3 integrity).  ``verify``
+also lists every integrity problem on stdout before that one line.
+"""
+
+from __future__ import annotations
+
+import argparse
+import hashlib
+import json
+import os
+import tempfile
+from pathlib import Path
+from typing import Any
+
+from mlckpt import bundle
+from mlckpt.errors import BundleIntegrityError, IntegrityError, UsageError
+
+
+def default_key_path() -> Path:
+    """``$XDG_CONFIG_HOME/mlckpt/signing-key.pem``, else ``~/.config/mlckpt/signing-key.pem``."""
+    xdg = os.environ.get("XDG_CONFIG_HOME", "")
+    base = Path(xdg) if xdg and os.path.isabs(xdg) else Path.home() / ".config"
+    return base / "mlckpt" / "signing-key.pem"
+
+
+def register(subparsers: Any) -> None:
+    p = subparsers.add_parser(
+        "keygen",
+        help="create an Ed25519 signing key for result bundles",
+        description="Create an Ed25519 signing key (PKCS8 PEM, mode 0600; never overwrites) and "
+        "its one-line public key PATH.pub to register with the committee.",
+    )
+    p.add_argument("--out", type=Path, default=None, help=f"key path (default {default_key_path()})")
+    p.add_argument(
+        "--passphrase-env",
+        metavar="NAME",
+        default=None,
+        help="encrypt the key with the passphrase held in environment variable NAME",
+    )
+    p.set_defaults(func=cmd_keygen)
+
+    p = subparsers.add_parser(
+        "sign",
+        help="(re-)sign a result bundle folder",
+        description="Hash every file of BUNDLE and write its signed envelope "
+        f"{bundle.SIGNATURE_FILE}, replacing any existing one.",
+    )
+    p.add_argument("bundle", type=Path, metavar="BUNDLE")
+    p.add_argument("--key", type=Path, default=None, help="private key (default: keygen's path)")
+    p.add_argument(
+        "--passphrase-env",
+        metavar="NAME",
+        default=bundle.DEFAULT_PASSPHRASE_ENV,
+        help="environment variable holding the key's passphrase (default %(default)s)",
+    )
+    p.add_argument(
+        "--predicate",
+        type=Path,
+        default=None,
+        metavar="FILE",
+        help="JSON object to sign as the predicate (default: the existing envelope's)",
+    )
+    p.set_defaults(func=cmd_sign)
+
+    p = subparsers.add_parser(
+        "verify",
+        help="verify a result bundle folder or .tar.gz",
+        description="Check the bundle's signature, paths and every file's digest.",
+    )
+    p.add_argument("bundle", type=Path, metavar="BUNDLE", help="bundle folder or .tar.gz")
+    p.add_argument(
+        "--trusted-keys",
+        type=Path,
+        default=None,
+        metavar="FILE",
+        help="organisation -> public keys (YAML, or JSON by suffix); without it only integrity "
+        "is checked, not who signed",
+    )
+    p.add_argument("--org", default=None, help="require a key registered for this organisation")
+    p.set_defaults(func=cmd_verify)
+
+    p = subparsers.add_parser(
+        "pack",
+        help="verify a bundle and pack it into a deterministic .tar.gz",
+        description="Verify BUNDLE (signature and digests) and write it as a .tar.gz.",
+    )
+    p.add_argument("bundle", type=Path, metavar="BUNDLE")
+    p.add_argument("--out", type=Path, default=None, help="archive path (default BUNDLE.tar.gz)")
+    p.set_defaults(func=cmd_pack)
+
+
+def cmd_keygen(args: argparse.Namespace) -> int:
+    path = args.out or default_key_path()
+    passphrase = None
+    if args.passphrase_env:
+        value = os.environ.get(args.passphrase_env)
+        if not value:
+            raise UsageError(
+                f"--passphrase-env: environment variable {args.passphrase_env} is unset or empty"
+            )
+        passphrase = os.fsencode(value)
+    info = bundle.generate_key(path, passphrase)
+    print(f"private key: {info.path}" + (" (encrypted)" if passphrase else ""))
+    print(f"public key: {info.public_path}: {info.public_key}")
+    print(f"keyid: {info.keyid}")
+    return 0
+
+
+def _load_predicate(path: Path) -> dict[str, Any]:
+    try:
+        data = path.read_bytes()
+    except OSError as exc:
+        raise UsageError(f"--predicate {path}: {exc.strerror or exc}") from None
+    try:
+        pred = json.loads(data)
+    except ValueError as exc:
+        raise UsageError(f"--predicate {path}: not valid JSON: {exc}") from None
+    if not isinstance(pred, dict):
+        raise UsageError(f"--predicate {path}: must be a JSON object")
+    return pred
+
+
+def cmd_sign(args: argparse.Namespace) -> int:
+    folder: Path = args.bundle
+    if not folder.is_dir():
+        raise UsageError(f"{folder}: not a bundle folder")
+    if args.predicate is not None:
+        pred = _load_predicate(args.predicate)
+    elif (folder / bundle.SIGNATURE_FILE).exists():
+        pred = bundle.read_envelope_predicate(folder)
+    else:
+        raise UsageError(f"{folder}: not signed yet; give the predicate with --predicate FILE (JSON object)")
+    key = bundle.load_private_key(args.key or default_key_path(), args.passphrase_env)
+    out = bundle.sign_bundle(folder, key, pred)
+    v = bundle.verify_bundle(folder)
+    print(f"signed: {out} ({len(v.files)} files, keyid {v.keyid})")
+    return 0
+
+
+def _verify_any(path: Path, trusted: bundle.TrustedKeys | None, org: str | None) -> Any:
+    if path.is_dir():
+        return bundle.verify_bundle(path, trusted, org=org)
+    if not path.is_file():
+        raise UsageError(f"{path}: no such bundle folder or archive")
+    with tempfile.TemporaryDirectory(prefix="mlckpt-verify-") as tmp:
+        root = bundle.safe_unpack(path, Path(tmp) / "bundle")
+        return bundle.verify_bundle(bundle.find_bundle_root(root), trusted, org=org)
+
+
+def _report(err: BundleIntegrityError) -> IntegrityError:
+    for where, message in err.problems:
+        print(f"problem: {bundle.display_name(where)}: {message}")
+    return IntegrityError(err.summary)
+
+
+def cmd_verify(args: argparse.Namespace) -> int:
+    trusted = bundle.TrustedKeys.load(args.trusted_keys) if args.trusted_keys else None
+    if args.org and trusted is None:
+        raise UsageError("--org needs --trusted-keys")
+    try:
+        v = _verify_any(args.bundle, trusted, args.org)
+    except BundleIntegrityError as err:
+        raise _report(err) from None
+    org = v.org if v.org is not None else "unknown (no --trusted-keys: integrity only)"
+    print(f"verified: {len(v.files)} files, keyid {v.keyid}, org {org}")
+    return 0
+
+
+def cmd_pack(args: argparse.Namespace) -> int:
+    folder: Path = args.bundle
+    if not folder.is_dir():
+        raise UsageError(f"{folder}: not a bundle folder")
+    out: Path = args.out or folder.parent / (folder.resolve().name + ".tar.gz")
+    if os.path.lexists(out):
+        raise UsageError(f"{out}: already exists; choose another --out or remove it")
+    try:
+        v = bundle.verify_bundle(folder)
+    except BundleIntegrityError as err:
+        raise _report(err) from None
+    bundle.pack(folder, out)
+    h = hashlib.sha256()
+    with open(out, "rb") as f:
+        while chunk := f.read(1 << 20):
+            h.update(chunk)
+    print(f"packed: {out} ({len(v.files) + 1} members, sha256 {h.hexdigest()})")
+    return 0
