@@ -122,6 +122,10 @@ class Runner:
                  f"{fmt_bytes(self.setup.plan.total_bytes)} per checkpoint, "
                  f"{cfg['checkpoint']['num_writes']} writes, {cfg['checkpoint']['num_reads']} reads")
         hosts, facts = self._gates()
+        with self.step("signing key"):
+            # After the gates (a refused run writes nothing, not even a new key), before any I/O.
+            if self.rank == 0:
+                self.signing_key = resolve_signing_key(str(cfg["signing"]["key"]), self.say)
         try:
             records = self._phases(hosts)
         finally:
@@ -138,11 +142,9 @@ class Runner:
         s = setup(ovs)
         self.description = None
         self.signing_key = None
-        if self.rank == 0:
-            # Both before any I/O: a bad description or key must not cost a whole run.
-            if s.config.get("system"):
-                self.description = load_system_description(s.config["system"], s.rules.version)
-            self.signing_key = resolve_signing_key(str(s.config["signing"]["key"]), self.say)
+        if self.rank == 0 and s.config.get("system"):
+            # Before any I/O: a bad description must not cost a whole run.
+            self.description = load_system_description(s.config["system"], s.rules.version)
         if s.plan.ranks != self.size:
             raise UsageError(f"ranks={s.plan.ranks} but the MPI world has {self.size} ranks "
                              "(drop ranks= under mpiexec, or match -n)", key="ranks")
@@ -191,13 +193,9 @@ class Runner:
         ev = s.rules.evaluate(ctx, ["config", "host"])
         self.findings = ev.findings
         self.verdict = verdict(ev.findings, str(s.config["division"]))
-        blocking = [f for f in ev.findings if f.severity == "invalid"
-                    or (f.severity == "open" and s.config["division"] == "closed")]
-        if blocking:
-            f = blocking[0]
-            hint = " (closed division: fix it, or run with division=open)" if f.severity == "open" else ""
-            more = f" [+{len(blocking) - 1} more]" if len(blocking) > 1 else ""
-            raise UsageError(f"[{f.rule}] {f.message}{hint}{more}", key=f.rule)
+        refusal = blocking_message(ev.findings, str(s.config["division"]))
+        if refusal:
+            raise UsageError(refusal)
         for m in measured:
             if m["direct_ok"] is False:
                 raise UsageError(
@@ -497,6 +495,25 @@ def _test_flip(rank: int, cdir: Path, names: Sequence[str]) -> None:
     finally:
         os.close(fd)
     engine.evict(path)
+
+
+def blocking_message(findings: Sequence[Any], division: str) -> str | None:
+    """The one-line refusal for findings that forbid running: any ``invalid`` one, and in the
+    closed division any ``open`` one (the run could never be a closed result)."""
+    blocking = [f for f in findings
+                if f.severity == "invalid" or (f.severity == "open" and division == "closed")]
+    if not blocking:
+        return None
+    f = blocking[0]
+    hint = " (closed division: fix it, or run with division=open)" if f.severity == "open" else ""
+    more = f" [+{len(blocking) - 1} more]" if len(blocking) > 1 else ""
+    return f"[{f.rule}] {f.message}{hint}{more}"
+
+
+def local_host(folder: Path, ranks: Sequence[int]) -> HostSpec:
+    """This host as the gates measure it (used by the self-launcher before spawning ranks)."""
+    return HostSpec(socket.gethostname(), tuple(ranks), mem_available_bytes(), disk_free_bytes(folder),
+                    folder_problem(folder))
 
 
 def folder_problem(folder: Path) -> str | None:

@@ -101,11 +101,18 @@ def handle(args: argparse.Namespace) -> int:
 def launch(mpiexec: str, overrides: list[str]) -> int:
     """Validate here (fail fast, nothing spawned), then run under mpiexec."""
     from mlckpt.config import setup
+    from mlckpt.run import blocking_message, local_host
     from mlckpt.sysdesc import load_system_description
 
     s = setup(overrides)
     if s.config.get("system"):
         load_system_description(s.config["system"], s.rules.version)
+    # Every rank will be local: apply the same gates the ranks apply, before spawning any.
+    folder = Path(s.config["checkpoint"]["folder"]).absolute()
+    ctx = s.context((local_host(folder, range(s.plan.ranks)),), complete=True)
+    refusal = blocking_message(s.rules.evaluate(ctx, ["config", "host"]).findings, str(s.config["division"]))
+    if refusal:
+        raise UsageError(refusal)
     cmd = [mpiexec, "-n", str(s.plan.ranks), sys.executable, "-m", "mlckpt", "run", *overrides]
     env = dict(os.environ, MLCKPT_LAUNCHED="1")
     try:
