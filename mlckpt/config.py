@@ -98,6 +98,12 @@ def validate(config: Mapping[str, Any]) -> None:
     problem = first_error(config, "config", version)
     if problem:
         raise ConfigError(problem)
+    io = config["io"]
+    ring = 2 * io["threads"] * io["block_size"]  # engine.stream_ring_bytes for reads
+    if config["residency"] == "stream" and config.get("stream_buffer_bytes", 0) < ring:
+        raise ConfigError(f"stream_buffer_bytes: must hold 2 × io.threads × io.block_size = {ring} bytes "
+                          f"for residency=stream; got {config.get('stream_buffer_bytes')}",
+                          key="stream_buffer_bytes")
 
 
 def declared_hosts(config: Mapping[str, Any], ranks: int) -> tuple[HostSpec, ...] | None:

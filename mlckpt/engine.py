@@ -53,7 +53,7 @@ import tempfile
 import threading
 from collections.abc import Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import numpy as np
 from cryptography.hazmat.primitives.ciphers import Cipher, algorithms, modes
@@ -170,11 +170,14 @@ def _check_key(key: bytes) -> None:
 class _Content:
     """Expected bytes of one file, produced front to back in page-aligned pieces."""
 
-    def __init__(self, key: bytes, pid: PageId) -> None:
+    def __init__(self, key: bytes, pid: PageId, start: int = 0) -> None:
         _check_key(key)
-        counter0 = struct.pack(">IHHQ", pid.rank, pid.checkpoint, pid.file_index, 0)
+        if start % PAGE:
+            raise InternalError("content must start on a page boundary")
+        # CTR counts 16-byte blocks, so content can start anywhere page-aligned (stream mode).
+        counter0 = struct.pack(">IHHQ", pid.rank, pid.checkpoint, pid.file_index, start // 16)
         self._enc = Cipher(algorithms.AES(key), modes.CTR(counter0)).encryptor()
-        self._pos = 0
+        self._pos = start
         # Tag template for one piece; only page_index changes from piece to piece.
         tags = np.zeros(len(_PAGE_NUMBERS), dtype=_TAG_DTYPE)
         tags["magic"] = MAGIC
@@ -635,6 +638,159 @@ def read_files(files: Sequence[FileIO], opts: IOOptions) -> list[FileResult]:
         FileResult(f.path, f.nbytes, False, plan.counts[k], lengths[k])
         for k, f in enumerate(files)
     ]
+
+
+# --------------------------------------------------------------------------------------------
+# Stream residency: content made per request inside the timed region, through a bounded ring
+
+
+@dataclass(frozen=True, eq=False)
+class StreamFile:
+    path: str
+    nbytes: int
+    pid: PageId  # whose content the file holds (the writer's identity, also when reading)
+
+
+class _Slots:
+    """Per-thread slices of the ring: each worker thread gets its own ``width``-byte slots."""
+
+    def __init__(self, ring: np.ndarray, width: int, per_thread: int, threads: int) -> None:
+        need = width * per_thread * threads
+        if len(ring) < need or ring.ctypes.data % PAGE:
+            raise InternalError(f"stream ring of {len(ring)} B cannot hold {threads} threads × "
+                                f"{per_thread} × {width} B (page-aligned)")
+        self.ring, self.width, self.per = ring, width, per_thread
+        self.assigned: dict[int, int] = {}
+        self.lock = threading.Lock()
+
+    def mine(self, j: int) -> np.ndarray:
+        tid = threading.get_ident()
+        with self.lock:
+            t = self.assigned.setdefault(tid, len(self.assigned))
+        base = (t * self.per + j) * self.width
+        return self.ring[base : base + self.width]
+
+
+def stream_ring_bytes(opts: IOOptions, *, reading: bool) -> int:
+    """Ring bytes a stream op needs: one block per thread (two when verifying reads)."""
+    return opts.block_size * opts.threads * (2 if reading else 1)
+
+
+def write_stream(files: Sequence[StreamFile], key: bytes, opts: IOOptions, ring: np.ndarray,
+                 *, dir_fsync: Sequence[str] = ()) -> list[FileResult]:
+    """``residency=stream`` write: every request's content is generated into the worker's ring slot
+    and written from there, so memory stays at the ring while the file can be any size.  The
+    generation (AES-CTR + tags) is inside the caller's timed region: stream results are labelled."""
+    paths = [f.path for f in files]
+    lengths = [_round_up(f.nbytes) if opts.direct else f.nbytes for f in files]
+    plan = _Plan(lengths, opts.block_size)
+    slots = _Slots(ring, opts.block_size, 1, min(opts.threads, max(plan.total, 1)))
+    flags = RWF_DONTCACHE if opts.dontcache else 0
+    fds: list[int] = []
+    try:
+        for f in files:
+            fds.append(_create(f.path, opts.direct))
+
+        def write_one(i: int) -> None:
+            k, pos, end = plan.request(i)
+            f = files[k]
+            buf = slots.mine(0)[: end - pos]
+            real = max(0, min(end, f.nbytes) - pos)
+            _Content(key, f.pid, pos).produce(buf[:real], pos)
+            buf[real:] = 0  # O_DIRECT tail padding, truncated below
+            mv = memoryview(buf)
+            done = 0
+            while done < len(buf):
+                try:
+                    n = os.pwritev(fds[k], [mv[done:]], pos + done, flags)
+                except OSError as exc:
+                    raise _fail("write", paths[k], exc, pos + done) from exc
+                if n <= 0:
+                    raise IOFailure(f"write failed on {paths[k]} at offset {pos + done}: wrote 0 bytes",
+                                    op="write", path=paths[k], offset=pos + done)
+                done += n
+
+        def finish_one(k: int) -> None:
+            f = files[k]
+            if lengths[k] != f.nbytes:
+                try:
+                    os.ftruncate(fds[k], f.nbytes)
+                except OSError as exc:
+                    raise _fail("truncate", f.path, exc, f.nbytes) from exc
+            if opts.fsync:
+                try:
+                    os.fsync(fds[k])
+                except OSError as exc:
+                    raise _fail("fsync", f.path, exc) from exc
+
+        _run(plan.total, write_one, opts.threads)
+        _run(len(files), finish_one, opts.threads)
+        for d in dir_fsync:
+            _fsync_dir(d)
+        _close_all(fds, paths, report=True)
+    finally:
+        _close_all(fds, paths, report=False)
+    return [FileResult(f.path, f.nbytes, opts.fsync, plan.counts[k], lengths[k])
+            for k, f in enumerate(files)]
+
+
+class StreamMismatch(Exception):
+    """A block read in stream mode differs from its expected content."""
+
+    def __init__(self, path: str, mismatch: Mismatch) -> None:
+        super().__init__(f"{path}: {mismatch.describe()}")
+        self.path = path
+        self.mismatch = mismatch
+
+
+def read_stream(files: Sequence[StreamFile], key: bytes, opts: IOOptions,
+                ring: np.ndarray) -> list[FileResult]:
+    """``residency=stream`` restore: each block is read into the worker's ring slot and verified
+    there against regenerated content (inside the timed region: there is nowhere else to keep it).
+    The first difference raises StreamMismatch with its exact file offset."""
+    paths = [f.path for f in files]
+    lengths = [_round_up(f.nbytes) if opts.direct else f.nbytes for f in files]
+    plan = _Plan(lengths, opts.block_size)
+    slots = _Slots(ring, opts.block_size, 2, min(opts.threads, max(plan.total, 1)))
+    flags = RWF_DONTCACHE if opts.dontcache else 0
+    fds: list[int] = []
+    try:
+        for f in files:
+            fds.append(_open_read(f.path, opts.direct))
+            size = os.fstat(fds[-1]).st_size
+            if size != f.nbytes:
+                how = "truncated" if size < f.nbytes else "extended"
+                raise IOFailure(f"size check failed on {f.path}: expected {f.nbytes} bytes, found {size} "
+                                f"({how} checkpoint file)", op="size", path=f.path)
+
+        def read_one(i: int) -> None:
+            k, pos, end = plan.request(i)
+            f = files[k]
+            got, want = slots.mine(0)[: end - pos], slots.mine(1)[: end - pos]
+            need = min(end, f.nbytes)
+            mv, done = memoryview(got), pos
+            while done < need:
+                try:
+                    n = os.preadv(fds[k], [mv[done - pos :]], done, flags)
+                except OSError as exc:
+                    raise _fail("read", paths[k], exc, done) from exc
+                if n <= 0:
+                    raise IOFailure(f"read failed on {paths[k]} at offset {done}: unexpected end of file "
+                                    f"(expected {f.nbytes} bytes)", op="read", path=paths[k], offset=done)
+                done += n
+            real = need - pos
+            _Content(key, f.pid, pos).produce(want[:real], pos)
+            if not _equal(want[:real], got[:real]):
+                at = int(np.flatnonzero(want[:real] != got[:real])[0])
+                page0 = at // PAGE * PAGE
+                m = _mismatch(got[page0 : page0 + PAGE], min(PAGE, real - page0), f.pid, at - page0)
+                m = replace(m, offset=pos + at, expected_page=(pos + at) // PAGE)
+                raise StreamMismatch(paths[k], m)
+
+        _run(plan.total, read_one, opts.threads)
+    finally:
+        _close_all(fds, paths, report=False)
+    return [FileResult(f.path, f.nbytes, False, plan.counts[k], lengths[k]) for k, f in enumerate(files)]
 
 
 # --------------------------------------------------------------------------------------------

@@ -16,10 +16,11 @@ import socket
 import sys
 import threading
 import time
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass, field, replace
 from datetime import datetime, timezone
+from functools import partial
 from pathlib import Path
 from typing import Any
 
@@ -233,25 +234,43 @@ class Runner:
                 self.created_dirs.append(root)
         mine = plan.rank_plans[self.rank].files
         reads = plan.restore_reads(self.rank, ck["restore"], self.shift)
+        stream = cfg["residency"] == "stream"
         with self.step("memory allocation"):
             own_offsets = _offsets([f.bytes for f in mine])
             read_offsets = _offsets([rd.file.bytes for rd in reads])
-            arena = engine.alloc(max(own_offsets[-1], read_offsets[-1], PAGE))
+            if stream:  # a bounded ring instead of the whole state (open division)
+                arena = engine.alloc(int(cfg["stream_buffer_bytes"]))
+            else:
+                arena = engine.alloc(max(own_offsets[-1], read_offsets[-1], PAGE))
+        if stream:
+            self.say("residency=stream: content generation (writes) and verification (reads) run "
+                     "inside the timed region; results are labelled stream")
         records: list[dict[str, Any]] = []
         nw, nr = int(ck["num_writes"]), int(ck["num_reads"])
+        dir_fsync = opts.fsync
         for k in range(1, nw + 1):
             cdir = root / f"ckpt-{k:04d}"
             with self.step(f"prepare checkpoint {k}"):
-                for i, f in enumerate(mine):
-                    view = arena[own_offsets[i]:own_offsets[i + 1]]
-                    engine.fill(view, f.bytes, key, engine.PageId(self.run_id, self.rank, k, i))
+                if not stream:
+                    for i, f in enumerate(mine):
+                        view = arena[own_offsets[i]:own_offsets[i + 1]]
+                        engine.fill(view, f.bytes, key, engine.PageId(self.run_id, self.rank, k, i))
                 if leader:
                     cdir.mkdir(exist_ok=True)
                     self.created_dirs.append(cdir)
-            files = [engine.FileIO(str(cdir / f.name), arena[own_offsets[i]:own_offsets[i + 1]], f.bytes)
-                     for i, f in enumerate(mine)]
-            self.created_files += [fio.path for fio in files]
-            rec = self._timed("write", k, k, files, opts, cdir)
+            paths = [str(cdir / f.name) for f in mine]
+            self.created_files += paths
+            if stream:
+                sfiles = [engine.StreamFile(p, f.bytes, engine.PageId(self.run_id, self.rank, k, i))
+                          for i, (p, f) in enumerate(zip(paths, mine, strict=True))]
+                action = partial(engine.write_stream, sfiles, key, opts, arena,
+                                 dir_fsync=[str(cdir)] if dir_fsync else ())
+            else:
+                files = [engine.FileIO(p, arena[own_offsets[i]:own_offsets[i + 1]], f.bytes)
+                         for i, (p, f) in enumerate(zip(paths, mine, strict=True))]
+                action = partial(engine.write_files, files, opts,
+                                 dir_fsync=[str(cdir)] if dir_fsync else ())
+            rec = self._timed("write", k, k, action, sum(f.bytes for f in mine), len(mine), opts)
             records += self._collect(rec, "write", k, nw, plan.total_bytes)
         with self.step("cache eviction after writes"):
             for path in self.created_files:
@@ -263,17 +282,29 @@ class Runner:
         for k in range(1, nr + 1):
             c = (k - 1) % nw + 1
             cdir = root / f"ckpt-{c:04d}"
-            files = [engine.FileIO(str(cdir / rd.file.name), arena[read_offsets[i]:read_offsets[i + 1]],
-                                   rd.file.bytes) for i, rd in enumerate(reads)]
+            paths = [str(cdir / rd.file.name) for rd in reads]
+            nbytes = sum(rd.file.bytes for rd in reads)
             with self.step(f"evict before restore {k}"):
                 resident = 0
-                for fio in files:
-                    engine.evict(fio.path)
-                for fio in files:
-                    resident += engine.resident_bytes(fio.path)[0]
-            rec = self._timed("read", k, c, files, opts, None)
+                for path in paths:
+                    engine.evict(path)
+                for path in paths:
+                    resident += engine.resident_bytes(path)[0]
+            if stream:
+                sfiles = [engine.StreamFile(p, rd.file.bytes,
+                                            engine.PageId(self.run_id, rd.writer, c, rd.index))
+                          for p, rd in zip(paths, reads, strict=True)]
+                rec = self._timed("read", k, c, partial(engine.read_stream, sfiles, key, opts, arena),
+                                  nbytes, len(reads), opts)
+                rec.update(resident_bytes=resident, cached_check_bytes=nbytes, verified_bytes=nbytes,
+                           mismatches=0)
+                records += self._collect(rec, "read", k, nr, plan.restore_bytes(ck["restore"]))
+                continue
+            files = [engine.FileIO(p, arena[read_offsets[i]:read_offsets[i + 1]], rd.file.bytes)
+                     for i, (p, rd) in enumerate(zip(paths, reads, strict=True))]
+            rec = self._timed("read", k, c, partial(engine.read_files, files, opts), nbytes, len(reads), opts)
             rec["resident_bytes"] = resident
-            rec["cached_check_bytes"] = sum(f.nbytes for f in files)
+            rec["cached_check_bytes"] = nbytes
             with self.step(f"verify restore {k}"):
                 rec["verified_bytes"] = 0
                 rec["mismatches"] = 0
@@ -290,19 +321,19 @@ class Runner:
         del arena
         return records
 
-    def _timed(self, op: str, index: int, ckpt: int, files: list[engine.FileIO],
-               opts: engine.IOOptions, cdir: Path | None) -> dict[str, Any]:
-        """One timed op on this rank, bracketed by barriers."""
+    def _timed(self, op: str, index: int, ckpt: int, action: Callable[[], Any], nbytes: int,
+               nfiles: int, opts: engine.IOOptions) -> dict[str, Any]:
+        """One timed op on this rank (``action``), after a barrier; every rank agrees on failure."""
         self.comm.Barrier()
         wall = time.time()
-        bar = _ProgressBar(self, op, index, sum(f.nbytes for f in files)) if self.rank == 0 else None
+        bar = _ProgressBar(self, op, index, nbytes) if self.rank == 0 else None
         t0 = time.perf_counter_ns()
         err: BaseException | None = None
         try:
-            if op == "write":
-                engine.write_files(files, opts, dir_fsync=[str(cdir)] if opts.fsync else ())
-            else:
-                engine.read_files(files, opts)
+            action()
+        except engine.StreamMismatch as exc:
+            err = VerificationError(f"verification failed reading {exc.path}: {exc.mismatch.describe()}",
+                                    rank=self.rank, file=exc.path, offset=exc.mismatch.offset)
         except MlckptError as exc:
             err = exc
         except Exception as exc:
@@ -312,8 +343,8 @@ class Runner:
             bar.stop()
         self._agree(err)
         return {"op": op, "index": index, "checkpoint": ckpt, "rank": self.rank, "host": self.host,
-                "t0_ns": t0, "t1_ns": t1, "wall_start": wall, "bytes": sum(f.nbytes for f in files),
-                "files": len(files), "fsync": bool(op == "write" and opts.fsync),
+                "t0_ns": t0, "t1_ns": t1, "wall_start": wall, "bytes": nbytes,
+                "files": nfiles, "fsync": bool(op == "write" and opts.fsync),
                 "direct": opts.direct, "dontcache": opts.dontcache}
 
     def _collect(self, rec: dict[str, Any], op: str, k: int, n: int, total: int) -> list[dict[str, Any]]:
