@@ -98,6 +98,7 @@ class Context:
     hosts: tuple[HostSpec, ...] | None = None
     complete: bool = False
     run: Any = None  # mlckpt.result_checks.RunData for the result stage
+    submission: Any = None  # mlckpt.submission_checks.SubmissionFacts for the submission stage
 
     @property
     def division(self) -> str:
@@ -213,6 +214,7 @@ def verdict(findings: Iterable[Finding], division: str | None) -> str:
 @cache
 def load_rules(version: str = DEFAULT_RULES_VERSION) -> RuleSet:
     import mlckpt.result_checks  # noqa: F401 - registers the result-stage checks
+    from mlckpt import submission_checks  # noqa: F401 - registers the submission-stage checks
 
     folder = rules_dir() / version
     path = folder / "rules.yaml"

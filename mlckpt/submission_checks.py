@@ -1,0 +1,162 @@
+"""Check functions for the ``submission`` stage: a bundle judged in its place in a submission tree.
+Pure.
+
+The checker (``checker/``) walks the tree, verifies each bundle, parses and schema-validates its
+files, runs the config/host/result rules, and records what it found as :class:`SubmissionFacts`
+in ``Context.submission``.  The functions below only read those facts: each rule reports every
+:class:`Problem` collected for it, passes when the list is empty, and is *not checked* when the
+checker never got that far (``None``: an earlier stage stopped the bundle's pipeline).
+
+They register in the same ``CHECKS`` table as every other rule, so rule text in ``rules.yaml``
+names them and is never evaluated.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from mlckpt.rules import Context, NotChecked, Outcome, Rule, RuleSet, check
+
+# Rules whose failure means the bytes cannot be trusted at all (exit status 3 in mlckpt-check).
+INTEGRITY_RULES = ("BUNDLE-SIGNATURE", "BUNDLE-KEY", "BUNDLE-FILES", "BUNDLE-PATHS")
+
+
+@dataclass(frozen=True)
+class Problem:
+    """One thing wrong, and where: ``where`` is a path (relative to the bundle for its files,
+    relative to the tree root otherwise); it prefixes the rule's message."""
+
+    where: str
+    expected: Any
+    actual: Any
+
+
+Problems = tuple[Problem, ...]
+
+
+@dataclass(frozen=True)
+class Verdicts:
+    """What the rules concluded about a bundle, next to what it claims and where it sits."""
+
+    tree_division: str  # the closed/ or open/ folder the bundle sits under
+    recomputed: str  # verdict of the config/host/result rules over the bundle's own data
+    recorded: str | None  # run.json's verdict
+    reasons: tuple[str, ...] = ()  # rule IDs behind a verdict other than closed
+    where: str = "run.json"
+
+
+@dataclass(frozen=True)
+class SubmissionFacts:
+    """Facts the checker collected about one bundle (or the tree).  ``None`` = not collected."""
+
+    layout: Problems | None = None
+    signature: Problems | None = None
+    key: Problems | None = None
+    files: Problems | None = None
+    paths: Problems | None = None
+    schema: Problems | None = None
+    rules_version: Problems | None = None
+    predicate: Problems | None = None
+    system_description: Problems | None = None
+    verdicts: Verdicts | None = None
+    duplicates: Problems | None = None
+
+
+def _facts(ctx: Context) -> SubmissionFacts | None:
+    facts = getattr(ctx, "submission", None)
+    return facts if isinstance(facts, SubmissionFacts) else None
+
+
+def _report(ctx: Context, name: str) -> Iterator[Outcome | NotChecked]:
+    facts = _facts(ctx)
+    problems: Sequence[Problem] | None = getattr(facts, name) if facts is not None else None
+    if problems is None:
+        yield NotChecked("not reached: an earlier stage stopped this bundle" if facts is not None
+                         else "no submission facts (not run by the checker)")
+        return
+    if not problems:
+        yield Outcome(True)
+        return
+    for p in problems:
+        yield Outcome(False, p.expected, p.actual, where=p.where)
+
+
+@check
+def bundle_layout(ctx: Context, rs: RuleSet, rule: Rule) -> Iterator[Outcome | NotChecked]:
+    yield from _report(ctx, "layout")
+
+
+@check
+def bundle_signature(ctx: Context, rs: RuleSet, rule: Rule) -> Iterator[Outcome | NotChecked]:
+    yield from _report(ctx, "signature")
+
+
+@check
+def bundle_key(ctx: Context, rs: RuleSet, rule: Rule) -> Iterator[Outcome | NotChecked]:
+    yield from _report(ctx, "key")
+
+
+@check
+def bundle_files(ctx: Context, rs: RuleSet, rule: Rule) -> Iterator[Outcome | NotChecked]:
+    yield from _report(ctx, "files")
+
+
+@check
+def bundle_paths(ctx: Context, rs: RuleSet, rule: Rule) -> Iterator[Outcome | NotChecked]:
+    yield from _report(ctx, "paths")
+
+
+@check
+def bundle_schema(ctx: Context, rs: RuleSet, rule: Rule) -> Iterator[Outcome | NotChecked]:
+    yield from _report(ctx, "schema")
+
+
+@check
+def rules_version_known(ctx: Context, rs: RuleSet, rule: Rule) -> Iterator[Outcome | NotChecked]:
+    yield from _report(ctx, "rules_version")
+
+
+@check
+def bundle_predicate(ctx: Context, rs: RuleSet, rule: Rule) -> Iterator[Outcome | NotChecked]:
+    yield from _report(ctx, "predicate")
+
+
+@check
+def system_description(ctx: Context, rs: RuleSet, rule: Rule) -> Iterator[Outcome | NotChecked]:
+    yield from _report(ctx, "system_description")
+
+
+@check
+def duplicate_run(ctx: Context, rs: RuleSet, rule: Rule) -> Iterator[Outcome | NotChecked]:
+    yield from _report(ctx, "duplicates")
+
+
+def _because(v: Verdicts) -> str:
+    return f" ({', '.join(v.reasons)})" if v.reasons else ""
+
+
+@check
+def division_placement(ctx: Context, rs: RuleSet, rule: Rule) -> Outcome | NotChecked:
+    """A bundle under closed/ must earn the closed verdict.  Under open/ any valid verdict is
+    fine: a closed-eligible run may always be published in the open division."""
+    facts = _facts(ctx)
+    v = facts.verdicts if facts is not None else None
+    if v is None:
+        return NotChecked("rules not evaluated")
+    if v.tree_division != "closed":
+        return Outcome(True)
+    return Outcome(v.recomputed == "closed", "verdict closed (the bundle sits under closed/)",
+                   f"verdict {v.recomputed}{_because(v)}")
+
+
+@check
+def result_verdict(ctx: Context, rs: RuleSet, rule: Rule) -> Outcome | NotChecked:
+    """The verdict run.json records must be the one the same rules give on the same data."""
+    facts = _facts(ctx)
+    v = facts.verdicts if facts is not None else None
+    if v is None:
+        return NotChecked("rules not evaluated")
+    return Outcome(v.recorded == v.recomputed, f"{v.recomputed}{_because(v)}", v.recorded,
+                   where=v.where)
