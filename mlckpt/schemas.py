@@ -11,11 +11,23 @@ from collections.abc import Iterator
 from functools import cache
 from typing import Any
 
-from jsonschema import Draft202012Validator
+from jsonschema import Draft202012Validator, validators
 from jsonschema.exceptions import ValidationError, best_match
 from referencing import Registry, Resource
 
 from mlckpt.resources import rules_dir
+
+
+def _strict_integer(checker: object, instance: object) -> bool:
+    # JSON Schema's "integer" accepts 2.0; our integers are counts and byte sizes used as Python
+    # ints, so a float there is a type error (hosts=2.0 must be refused, not crash later).
+    return isinstance(instance, int) and not isinstance(instance, bool)
+
+
+StrictValidator = validators.extend(
+    Draft202012Validator,
+    type_checker=Draft202012Validator.TYPE_CHECKER.redefine("integer", _strict_integer),
+)
 
 
 @cache
@@ -35,8 +47,8 @@ def _registry(rules_version: str) -> tuple[Registry, dict[str, Any]]:
 @cache
 def validator(name: str, rules_version: str = "1.0") -> Draft202012Validator:
     registry, schemas = _registry(rules_version)
-    return Draft202012Validator(schemas[name], registry=registry,
-                                format_checker=Draft202012Validator.FORMAT_CHECKER)
+    return StrictValidator(schemas[name], registry=registry,  # type: ignore[no-any-return]
+                           format_checker=Draft202012Validator.FORMAT_CHECKER)
 
 
 def dotted(err: ValidationError) -> str:
