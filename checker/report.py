@@ -1,0 +1,123 @@
+"""Findings → the JSON report, the human report and the exit status.
+
+JSON report (``report_format`` 1, schema ``rules/<version>/schemas/report.schema.json``)::
+
+    {"report_format": 1, "checker": {...}, "root": "...",
+     "verdict": "valid" | "invalid" | "integrity-failure" | "internal-error",
+     "exit_status": 0 | 1 | 3 | 4, "rules_versions": ["1.0"],
+     "bundles": [{"path", "org", "system", "workload", "division", "run_id", "rules_version",
+                  "verdict": "closed" | "open" | "invalid" | "internal-error",
+                  "integrity": "ok" | "failed" | "not checked",
+                  "findings": [...], "not_checked": [{"rule", "reason"}], "metrics": {...} | null,
+                  "keyid", "statement_sha256"}],
+     "tree_findings": [...],        # findings about the tree itself (misplaced entries, ...)
+     "findings": [...],             # every finding, each with its path
+     "summary": {"bundles", "valid", "invalid", "integrity_failures", "internal_errors",
+                 "findings", "by_rule": {...}, "by_verdict": {...}}}
+
+A finding is ``{"rule", "severity", "path", "message", "expected", "actual"}``; ``severity`` is a
+rule's (``invalid``, ``open``, ``warning``) or ``internal`` for a checker fault.
+
+Exit status (SPEC §7), most serious first: 4 if any bundle met a checker fault (its result is
+unknown); 3 if any bundle failed integrity (signature, key, files, paths); 1 if any bundle is
+invalid or the tree breaks a rule; 0 when every bundle is valid (closed or open).
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+from collections.abc import Sequence
+from typing import Any
+
+from checker.stages import INTERNAL, BundleResult
+from mlckpt import __version__
+from mlckpt.submission_checks import INTEGRITY_RULES
+
+REPORT_FORMAT = 1
+EXIT_VALID, EXIT_INVALID, EXIT_USAGE, EXIT_INTEGRITY, EXIT_INTERNAL = 0, 1, 2, 3, 4
+VERDICT_OF_EXIT = {EXIT_VALID: "valid", EXIT_INVALID: "invalid", EXIT_INTEGRITY: "integrity-failure",
+                   EXIT_INTERNAL: "internal-error"}
+
+
+def exit_status(bundles: Sequence[BundleResult], tree_findings: Sequence[dict[str, Any]]) -> int:
+    findings = [f for b in bundles for f in b.findings]
+    if any(f["rule"] == INTERNAL for f in findings) or any(b.verdict == "internal-error" for b in bundles):
+        return EXIT_INTERNAL
+    if any(f["rule"] in INTEGRITY_RULES for f in findings):
+        return EXIT_INTEGRITY
+    if any(not b.valid for b in bundles) or any(f["severity"] == "invalid" for f in tree_findings):
+        return EXIT_INVALID
+    return EXIT_VALID
+
+
+def build(root: str, bundles: Sequence[BundleResult],
+          tree_findings: Sequence[dict[str, Any]]) -> dict[str, Any]:
+    status = exit_status(bundles, tree_findings)
+    everything = [*tree_findings, *(f for b in bundles for f in b.findings)]
+    by_verdict = Counter(b.verdict for b in bundles)
+    return {
+        "report_format": REPORT_FORMAT,
+        "checker": {"name": "mlckpt-check", "version": __version__},
+        "root": root,
+        "verdict": VERDICT_OF_EXIT[status],
+        "exit_status": status,
+        "rules_versions": sorted({b.rules_version for b in bundles if b.rules_version}),
+        "bundles": [b.to_dict() for b in bundles],
+        "tree_findings": list(tree_findings),
+        "findings": everything,
+        "summary": {
+            "bundles": len(bundles),
+            "valid": sum(b.valid for b in bundles),
+            "invalid": sum(b.verdict == "invalid" for b in bundles),
+            "integrity_failures": sum(b.integrity == "failed" for b in bundles),
+            "internal_errors": by_verdict.get("internal-error", 0),
+            "findings": len(everything),
+            "by_rule": dict(sorted(Counter(f["rule"] for f in everything).items())),
+            "by_verdict": dict(sorted(by_verdict.items())),
+        },
+    }
+
+
+def _line(f: dict[str, Any]) -> str:
+    return f"  {f['rule']} [{f['severity']}] {f['message']}"
+
+
+def _metrics(b: dict[str, Any]) -> str:
+    m = b.get("metrics") or {}
+    parts = []
+    for op in ("write", "read"):
+        v = m.get(f"{op}_bandwidth_mean_gib_s")
+        if isinstance(v, int | float):
+            parts.append(f"{op} {v:.2f} GiB/s")
+    return f": {', '.join(parts)}" if parts else ""
+
+
+def render_text(report: dict[str, Any], *, quiet: bool = False) -> str:
+    """PASS/FAIL/ERROR per bundle with its findings indented, then the tree's, then one summary."""
+    out: list[str] = []
+    for b in report["bundles"]:
+        if b["verdict"] == "internal-error":
+            head = f"ERROR {b['path']} (checker fault)"
+        elif b["verdict"] in ("closed", "open"):
+            if quiet and not b["findings"]:
+                continue
+            head = f"PASS {b['path']} ({b['verdict']}{_metrics(b)})"
+        else:
+            head = f"FAIL {b['path']}"
+        out.append(head)
+        out += [_line(f) for f in b["findings"]]
+    if report["tree_findings"]:
+        out.append("TREE (outside any bundle)")
+        out += [_line(f) for f in report["tree_findings"]]
+    s = report["summary"]
+    n = s["bundles"]
+    text = f"checked {n} bundle{'s' if n != 1 else ''}: {s['valid']} valid, {s['invalid']} invalid"
+    if s["internal_errors"]:
+        text += f", {s['internal_errors']} checker fault{'s' if s['internal_errors'] != 1 else ''}"
+    extras = [f"{s['findings']} finding{'s' if s['findings'] != 1 else ''}"]
+    if s["integrity_failures"]:
+        extras.append(f"{s['integrity_failures']} failed integrity")
+    if report["tree_findings"]:
+        extras.append(f"{len(report['tree_findings'])} outside bundles")
+    out.append(f"{text} ({', '.join(extras)})")
+    return "\n".join(out) + "\n"

@@ -1,0 +1,81 @@
+"""Shared, generic test helpers.  Keep this file small: only fixtures several test files use."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from collections.abc import Callable
+from pathlib import Path
+
+import pytest
+
+# The console script installed into the same environment as the interpreter running the tests.
+MLCKPT = Path(sys.executable).parent / "mlckpt"
+CLI_TIMEOUT_S = 60
+
+
+def _cli_env() -> dict[str, str]:
+    env = dict(os.environ)
+    env.pop("MLCKPT_DEBUG", None)  # with it set, internal errors re-raise with a traceback
+    return env
+
+
+@pytest.fixture
+def run_cli(tmp_path: Path) -> Callable[..., subprocess.CompletedProcess[str]]:
+    """``run_cli("plan", "workload=llama3_8b", "--json")`` runs the installed ``mlckpt`` console
+    script in a fresh temporary directory and returns the CompletedProcess (text mode)."""
+    if not MLCKPT.is_file():
+        pytest.fail(f"console script not installed next to the interpreter: {MLCKPT}")
+
+    def run(*args: str, timeout: float = CLI_TIMEOUT_S) -> subprocess.CompletedProcess[str]:
+        return subprocess.run([str(MLCKPT), *args], cwd=tmp_path, env=_cli_env(), text=True,
+                              capture_output=True, timeout=timeout, check=False)
+
+    return run
+
+
+
+# --- mlckpt-check (tests/test_checker*.py): honest bundles made once by the real runner --------
+
+CHECKER_ORG = "example-org"
+CHECKER_SYSTEM = "laptop-ext4"
+CHECKER_DESCRIPTION = """\
+description_format: 1
+system_name: laptop-ext4
+submitter: Example Org
+availability: available
+storage: {product: ext4 test disk, type: local-nvme, usable_capacity_tib: 0.5,
+          max_write_gib_s: 100, max_read_gib_s: 100}
+clients: {count: 1, model: test VM, memory_gib: 24}
+network: {type: none}
+"""
+
+
+@pytest.fixture(scope="session")
+def honest_bundles(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
+    """Two real bundles (llama3_8b, llama_7b; open, scale 0.0005, 4 ranks, 1 write + 1 read) signed
+    with ``keys/org.pem``; also ``keys/other.pem`` (trusted for other-org), ``keys/rogue.pem``
+    (untrusted), ``trusted-keys.yaml`` and ``laptop-ext4.yaml``.  Keys: ``"dir"`` → that folder."""
+    from mlckpt import bundle
+
+    d = tmp_path_factory.mktemp("honest")
+    infos = {n: bundle.generate_key(d / "keys" / f"{n}.pem") for n in ("org", "other", "rogue")}
+    (d / "laptop-ext4.yaml").write_text(CHECKER_DESCRIPTION)
+    (d / "trusted-keys.yaml").write_text(
+        f'mlckpt_trusted_keys: "1.0"\norganizations:\n  {CHECKER_ORG}: ["{infos["org"].public_key}"]\n'
+        f'  other-org: ["{infos["other"].public_key}"]\n')
+    env = {**_cli_env(), "XDG_CONFIG_HOME": str(d / "xdg")}
+    proc = subprocess.run(
+        [str(MLCKPT), "run", "-m", "workload=llama3_8b,llama_7b", "division=open", "scale=0.0005",
+         "ranks=4", "checkpoint.num_writes=1", "checkpoint.num_reads=1", "io.direct=false",
+         "system=laptop-ext4.yaml", f"signing.key={d / 'keys' / 'org.pem'}", "output.root=results"],
+        cwd=d, env=env, text=True, capture_output=True, timeout=300, check=False)
+    assert proc.returncode == 0, proc.stderr
+    out = {"dir": d}
+    for line in proc.stdout.splitlines():
+        if line.startswith("bundle: "):
+            path = Path(line[len("bundle: "):])
+            out["llama3_8b" if "-llama3_8b-" in path.name else "llama_7b"] = path
+    assert {"llama3_8b", "llama_7b"} <= set(out), proc.stdout
+    return out

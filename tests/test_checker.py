@@ -1,0 +1,641 @@
+"""mlckpt-check: honest bundles from the real runner pass; every rule ID catches a mutated copy.
+
+The honest bundles come from one real ``mlckpt run`` (conftest ``honest_bundles``).  Each case in
+``NEGATIVE_CASES`` copies one, gives it its own run id, edits it and re-signs it with the
+organisation's trusted key (so the edit reaches the layer the rule lives in), or tampers with it
+after signing (integrity rules).  All cases sit in one tree checked once; each asserts that its
+rule fired on its bundle with the expected message fragment.
+"""
+
+from __future__ import annotations
+
+import io
+import json
+import os
+import re
+import shutil
+import subprocess
+import sys
+import tarfile
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+
+import checker.stages
+from checker.cli import check_tree, run
+from mlckpt import bundle
+from mlckpt.rules import load_rules
+from mlckpt.schemas import validator
+
+ORG = "example-org"
+SYSTEM = "laptop-ext4"
+CHECK = Path(sys.executable).parent / "mlckpt-check"
+REPO = Path(__file__).resolve().parent.parent
+INTEGRITY = {"BUNDLE-SIGNATURE", "BUNDLE-KEY", "BUNDLE-FILES", "BUNDLE-PATHS"}
+
+
+# ----------------------------------------------------------------------------------------------
+# Editing and re-signing bundles
+
+
+def edit_json(folder: Path, name: str, fn: Callable[[Any], Any]) -> None:
+    p = folder / name
+    doc = json.loads(p.read_text())
+    new = fn(doc)
+    p.write_text(json.dumps(doc if new is None else new, indent=1, sort_keys=True) + "\n")
+
+
+def edit_yaml(folder: Path, name: str, fn: Callable[[Any], Any]) -> None:
+    p = folder / name
+    doc = yaml.safe_load(p.read_text())
+    new = fn(doc)
+    p.write_text(yaml.safe_dump(doc if new is None else new, sort_keys=False))
+
+
+def edit_records(folder: Path, fn: Callable[[list[dict[str, Any]]], Any]) -> None:
+    p = folder / "records.jsonl"
+    recs = [json.loads(line) for line in p.read_text().splitlines()]
+    new = fn(recs)
+    p.write_text("".join(json.dumps(r, sort_keys=True) + "\n" for r in (recs if new is None else new)))
+
+
+def key(h: Mapping[str, Path], name: str) -> Any:
+    return bundle.load_private_key(h["dir"] / "keys" / f"{name}.pem")
+
+
+def resign(folder: Path, k: Any, **predicate: Any) -> None:
+    pred = bundle.read_envelope_predicate(folder)
+    pred.update(predicate)
+    bundle.sign_bundle(folder, k, pred)
+
+
+def setitem(path: str, value: Any) -> Callable[[Any], None]:
+    """An editor setting dotted ``path`` (list indexes as numbers) to ``value``."""
+    def edit(doc: Any) -> None:
+        *parents, last = path.split(".")
+        node = doc
+        for part in parents:
+            node = node[int(part)] if isinstance(node, list) else node[part]
+        node[int(last) if isinstance(node, list) else last] = value
+    return edit
+
+
+def write_system(root: Path, h: Mapping[str, Path], division: str = "open", system: str = SYSTEM,
+                 text: str | None = None, org: str = ORG) -> Path:
+    p = root / division / org / "systems" / f"{system}.yaml"
+    p.parent.mkdir(parents=True, exist_ok=True)
+    p.write_text(text if text is not None else (h["dir"] / "laptop-ext4.yaml").read_text())
+    return p
+
+
+def honest_tree(root: Path, h: Mapping[str, Path], *, pack_7b: bool = True) -> Path:
+    """The two honest bundles in place, llama_7b packed as <run-id>.tar.gz."""
+    write_system(root, h)
+    for w in ("llama3_8b", "llama_7b"):
+        dest = root / "open" / ORG / "results" / SYSTEM / w
+        dest.mkdir(parents=True, exist_ok=True)
+        if w == "llama_7b" and pack_7b:
+            bundle.pack(h[w], dest / f"{h[w].name}.tar.gz")
+        else:
+            shutil.copytree(h[w], dest / h[w].name)
+    shutil.copy(h["dir"] / "trusted-keys.yaml", root / "trusted-keys.yaml")
+    return root
+
+
+def check(root: Path, h: Mapping[str, Path], **kw: Any) -> dict[str, Any]:
+    report = check_tree(root, bundle.TrustedKeys.load(h["dir"] / "trusted-keys.yaml"), **kw)
+    assert_report_valid(report)
+    return report
+
+
+def assert_report_valid(report: Mapping[str, Any]) -> None:
+    errors = [f"{'.'.join(map(str, e.absolute_path))}: {e.message}"
+              for e in validator("report").iter_errors(report)]
+    assert not errors, errors[:5]
+    json.dumps(report, allow_nan=False)  # strict JSON
+
+
+def findings(report: Mapping[str, Any], path_part: str) -> list[dict[str, Any]]:
+    bundles = [b for b in report["bundles"] if path_part in b["path"]]
+    assert len(bundles) == 1, [b["path"] for b in report["bundles"]]
+    return bundles[0]["findings"]
+
+
+# ----------------------------------------------------------------------------------------------
+# The cases
+
+
+def make_closed(folder: Path) -> None:
+    """The run as if submitted in the closed division (what a closed run's files say)."""
+    edit_yaml(folder, "config.yaml", setitem("division", "closed"))
+    edit_json(folder, "run.json", setitem("division", "closed"))
+
+
+def add_host(folder: Path) -> None:
+    """Ranks 2 and 3 on a second host (with its facts in system.json)."""
+    edit_json(folder, "run.json", setitem("hosts", [{"host": "vm", "ranks": [0, 1]},
+                                                    {"host": "vm2", "ranks": [2, 3]}]))
+
+    def second(doc: Any) -> None:
+        doc["hosts"][0]["hostname"] = "vm"
+        doc["hosts"].append({**doc["hosts"][0], "hostname": "vm2"})
+    edit_json(folder, "system.json", second)
+
+    def hostnames(recs: list[dict[str, Any]]) -> None:
+        for r in recs:
+            r["host"] = "vm" if r["rank"] < 2 else "vm2"
+    edit_records(folder, hostnames)
+    edit_json(folder, "run.json", setitem("hosts.0.host", "vm"))
+
+
+def first(op: str, fn: Callable[[dict[str, Any]], None]) -> Callable[[Path], None]:
+    def edit(folder: Path) -> None:
+        def apply(recs: list[dict[str, Any]]) -> None:
+            fn(next(r for r in recs if r["op"] == op))
+        edit_records(folder, apply)
+    return edit
+
+
+def both(*fns: Callable[[Path], None]) -> Callable[[Path], None]:
+    def edit(folder: Path) -> None:
+        for fn in fns:
+            fn(folder)
+    return edit
+
+
+def flip_byte(name: str) -> Callable[[Path], None]:
+    def edit(folder: Path) -> None:
+        p = folder / name
+        data = bytearray(p.read_bytes())
+        data[len(data) // 2] ^= 0x20
+        p.write_bytes(bytes(data))
+    return edit
+
+
+def truncate_envelope(folder: Path) -> None:
+    p = folder / bundle.SIGNATURE_FILE
+    p.write_bytes(p.read_bytes()[:200])
+
+
+def alter_payload(folder: Path) -> None:
+    """Re-encode the statement with one digest changed, keeping the old signature."""
+    import base64
+    p = folder / bundle.SIGNATURE_FILE
+    env = json.loads(p.read_text())
+    stmt = json.loads(base64.b64decode(env["payload"]))
+    stmt["predicate"]["verdict"] = "closed"
+    payload = json.dumps(stmt, sort_keys=True, separators=(",", ":")).encode()
+    env["payload"] = base64.b64encode(payload).decode()
+    p.write_text(json.dumps(env))
+
+
+def symlink_inside(folder: Path) -> None:
+    (folder / "run.log").unlink()
+    os.symlink("/etc/hostname", folder / "run.log")
+
+
+def rename_file(folder: Path) -> None:
+    (folder / "run.log").rename(folder / "run.txt")
+
+
+def evil_archive(folder: Path, out: Path) -> None:
+    """A .tar.gz whose members are the bundle plus one named ../escape."""
+    with tarfile.open(out, "w:gz") as tar:
+        for p in sorted(folder.iterdir()):
+            tar.add(p, arcname=p.name)
+        info = tarfile.TarInfo("../escape")
+        data = b"outside\n"
+        info.size = len(data)
+        tar.addfile(info, io.BytesIO(data))
+
+
+@dataclass(frozen=True)
+class Case:
+    fragment: str  # must appear in the message of one finding of the rule
+    mutate: Callable[[Path], None] | None = None  # edit before re-signing: reaches parse/rules
+    tamper: Callable[[Path], None] | None = None  # edit after signing: integrity
+    division: str = "open"  # the tree folder it is placed under
+    closed: bool = False  # make_closed first
+    source: str = "llama3_8b"
+    system: str = SYSTEM
+    workload_dir: str | None = None
+    sign: str = "org"  # org | other | rogue
+    predicate: Mapping[str, Any] = field(default_factory=dict)
+    archive: Callable[[Path, Path], None] | None = None  # write the leaf as this archive
+
+
+C = Case
+NEGATIVE_CASES: dict[str, list[Case]] = {
+    # --- structural (config stage): no plan, plan-dependent rules not checked
+    "RANKS-MULTIPLE": [C("ranks must be a positive multiple of TP·PP = 8; got 4", mutate=lambda f: edit_yaml(
+        f, "config.yaml", setitem("workload.parallelism.tensor", 8)))],
+    "ZERO3-PIPELINE": [C("ZeRO stage 3 requires pipeline parallelism 1; got PP = 2",
+                         mutate=lambda f: edit_yaml(f, "config.yaml",
+                                                    setitem("workload.parallelism.pipeline", 2)))],
+    "LAYERS-PIPELINE": [C("num_layers must be at least PP = 4; got 2", mutate=lambda f: edit_yaml(
+        f, "config.yaml", lambda c: c["workload"].update(
+            model={**c["workload"]["model"], "num_layers": 2},
+            parallelism={"tensor": 1, "pipeline": 4, "zero_stage": 1})))],
+    "SCALE-RANGE": [C("scale must be in (0, 1]; got 1.5",
+                      mutate=lambda f: edit_yaml(f, "config.yaml", setitem("scale", 1.5)))],
+    "COUNTS-POSITIVE": [C("got num_writes=0, num_reads=1",
+                          mutate=lambda f: edit_yaml(f, "config.yaml", setitem("checkpoint.num_writes", 0)))],
+    # --- closed-division eligibility: closed-shaped copies of a tiny open run
+    "CLOSED-WORKLOAD": [C("expected one of llama3_8b, llama3_70b, llama3_405b, llama3_1t, got llama_7b",
+                          closed=True, division="closed", source="llama_7b")],
+    "CLOSED-RANKS": [C("closed runs of this workload use exactly 8 ranks; got 4", closed=True,
+                       division="closed")],
+    "CLOSED-COUNTS": [C("closed runs use 10 writes and 10 reads; got 1 writes and 1 reads", closed=True)],
+    "CLOSED-PARAMS": [C("closed runs keep this parameter at scale=1.0; got scale=0.0005", closed=True)],
+    "CLOSED-OVERRIDES": [C("'stream_buffer_bytes' is not allowed", closed=True, mutate=lambda f: edit_json(
+        f, "run.json", lambda r: r["overrides"].append("stream_buffer_bytes=268435456")))],
+    "CLOSED-RANKS-PER-HOST": [C("closed runs place at least 4 ranks on every host; host vm has 2",
+                                closed=True, mutate=add_host)],
+    "CLOSED-ACCELERATOR-MEMORY": [C("(declare accelerator=NAME), got no accelerator", closed=True)],
+    # --- resources measured by the runner and recorded in system.json
+    "HOST-MEMORY": [C("host vm: host memory must hold the resident state of its ranks",
+                      mutate=lambda f: edit_json(f, "system.json",
+                                                 setitem("hosts.0.memory_available_bytes", 4096)))],
+    # --- result stage (the runner's own result checks, recomputed from the raw records)
+    "RESULT-CONSISTENT": [C("expected run.json ranks=4, got 8", mutate=lambda f: edit_json(
+        f, "run.json", setitem("ranks", 8)), predicate={"ranks": 8})],
+    "RESULT-COUNTS": [C("one record per rank 0..3", mutate=lambda f: edit_records(f, lambda rs: rs[1:]))],
+    "RESULT-TIMES": [C("t1_ns > t0_ns in every record",
+                       mutate=first("write", lambda r: r.update(t1_ns=r["t0_ns"] - 5)))],
+    "BYTES-PLAN": [C("write 1 rank 0: bytes per rank must equal the plan",
+                     mutate=first("write", lambda r: r.update(bytes=r["bytes"] + 4096)))],
+    "METRICS-RECOMPUTE": [C("summary.write_bandwidth_mean_gib_s", mutate=lambda f: edit_json(
+        f, "summary.json",
+        lambda s: s.update(write_bandwidth_mean_gib_s=2 * s["write_bandwidth_mean_gib_s"])))],
+    "FSYNC-EVERY-WRITE": [C("1 of 4 write records without fsync", closed=True,
+                            mutate=first("write", lambda r: r.update(fsync=False)))],
+    "COLD-READ": [C("read 1: restores must start from a cold page cache", mutate=first(
+        "read", lambda r: r.update(resident_bytes=r["cached_check_bytes"] * 2)))],
+    "DATA-VERIFIED": [C("0 mismatches", mutate=first("read", lambda r: r.update(mismatches=3)))],
+    "DATA-UNIQUE": [C("data_scheme 'zeros'",
+                      mutate=lambda f: edit_json(f, "run.json", setitem("data_scheme", "zeros")))],
+    "BANDWIDTH-PLAUSIBLE": [C("(declared, +5%)", system="slow-ext4", mutate=lambda f: (
+        edit_json(f, "system.json", lambda s: s["description"].update(
+            system_name="slow-ext4", storage={**s["description"]["storage"], "max_write_gib_s": 0.001})),
+        edit_json(f, "run.json", setitem("system_name", "slow-ext4"))))],
+    # --- submission stage
+    "BUNDLE-LAYOUT": [
+        C("summary.json: bundles sit at", mutate=lambda f: (f / "summary.json").unlink()),
+        C("expected workload 'llama_7b' (the folder it sits in), got workload 'llama3_8b'",
+          workload_dir="llama_7b"),
+    ],
+    "BUNDLE-SIGNATURE": [
+        C("not valid JSON", tamper=truncate_envelope),
+        C("bad signature by key", tamper=alter_payload),
+    ],
+    "BUNDLE-KEY": [
+        C("signed by untrusted key", sign="rogue"),
+        C("registered for 'other-org'", sign="other"),
+    ],
+    "BUNDLE-FILES": [
+        C("run.json: every file must be listed", tamper=flip_byte("run.json")),
+        C("digest mismatch", tamper=flip_byte("records.jsonl")),
+        C("extra file (not listed in the statement)", tamper=lambda f: (f / "notes.txt").write_text("hi\n")),
+        C("missing (listed in the statement, not in the folder)", tamper=lambda f: (f / "run.log").unlink()),
+        C("run.txt", tamper=rename_file),
+    ],
+    "BUNDLE-PATHS": [
+        C("is a symlink", tamper=symlink_inside),
+        C("contains a '..' component", archive=evil_archive),
+    ],
+    "BUNDLE-SCHEMA": [
+        C("summary.json: every bundle file must parse strictly", mutate=lambda f: (
+            f / "summary.json").write_text((f / "summary.json").read_text().replace(
+                '"read_cold": true', '"read_cold": NaN'))),
+        C("duplicate key", mutate=lambda f: (f / "run.json").write_text(
+            '{"ranks": 4, ' + (f / "run.json").read_text().lstrip()[1:])),
+        C("records.jsonl: every bundle file", mutate=first("write", lambda r: r.update(rank="0"))),
+        C("config.yaml", mutate=lambda f: (f / "config.yaml").write_text(
+            "anchor: &a [1, 2]\n" + (f / "config.yaml").read_text() + "again: *a\n")),
+    ],
+    "RULES-VERSION": [C("expected one of 1.0, got '9.9'", predicate={"rules_version": "9.9"})],
+    "BUNDLE-PREDICATE": [C("expected workload='llama3_70b' as signed in the statement, "
+                           "got workload='llama3_8b'", predicate={"workload": "llama3_70b"})],
+    "SYSTEM-DESCRIPTION": [
+        C("a different embedded description (notes", mutate=lambda f: edit_json(
+            f, "system.json", lambda s: s["description"].update(notes="faster than it is"))),
+        C("got missing", system="no-such-system", mutate=lambda f: (
+            edit_json(f, "system.json", lambda s: s.pop("description") and None),
+            edit_json(f, "run.json", setitem("system_name", None)))),
+    ],
+    "DIVISION-PLACEMENT": [
+        C("a bundle under closed/ must earn the closed verdict: expected verdict closed (the bundle sits "
+          "under closed/), got verdict open (division=open)", division="closed"),
+        C("got verdict open (CLOSED-ACCELERATOR-MEMORY, CLOSED-COUNTS", closed=True, division="closed"),
+    ],
+    "RESULT-VERDICT": [C("expected open (division=open), got closed", mutate=lambda f: edit_json(
+        f, "run.json", setitem("verdict", "closed")), predicate={"verdict": "closed"})],
+    "DUPLICATE-RUN": [C("each run may be submitted once")],  # placed twice, see build_case
+}
+
+
+def build_case(root: Path, h: Mapping[str, Path], i: int, case: Case) -> str:
+    """Place the case's bundle; its tree-relative path (the first copy for DUPLICATE-RUN)."""
+    src = h[case.source]
+    run_id = f"{0xc0ffee00 + i:016x}"
+    work = root.parent / "work" / run_id
+    shutil.copytree(src, work)
+    edit_json(work, "run.json", setitem("run_id", run_id))
+    pred: dict[str, Any] = {"run_id": run_id}
+    if case.closed:
+        make_closed(work)
+        pred["division"] = "closed"
+    if case.mutate:
+        case.mutate(work)
+    workload = case.workload_dir or json.loads((src / "run.json").read_text())["workload"]
+    resign(work, key(h, case.sign), **{**pred, **case.predicate})
+    if case.tamper:
+        case.tamper(work)
+    dest_dir = root / case.division / ORG / "results" / case.system / workload
+    dest_dir.mkdir(parents=True, exist_ok=True)
+    if not (root / case.division / ORG / "systems" / f"{case.system}.yaml").exists():
+        if case.system == "slow-ext4":
+            text = (h["dir"] / "laptop-ext4.yaml").read_text().replace(
+                "laptop-ext4", "slow-ext4").replace("max_write_gib_s: 100", "max_write_gib_s: 0.001")
+            write_system(root, h, case.division, case.system, text)
+        elif case.system == SYSTEM:
+            write_system(root, h, case.division)
+    if case.archive:
+        case.archive(work, dest_dir / f"{run_id}.tar.gz")
+        return f"{case.division}/{ORG}/results/{case.system}/{workload}/{run_id}.tar.gz"
+    shutil.copytree(work, dest_dir / run_id, symlinks=True)
+    if case.fragment == "each run may be submitted once":  # the same signed run, twice
+        name = json.loads((work / "run.json").read_text())["name"]
+        shutil.copytree(work, dest_dir / name, symlinks=True)
+    return f"{case.division}/{ORG}/results/{case.system}/{workload}/{run_id}"
+
+
+CASE_IDS = [(rule, i) for rule, cases in NEGATIVE_CASES.items() for i in range(len(cases))]
+
+
+@pytest.fixture(scope="module")
+def mutated(honest_bundles: dict[str, Path], tmp_path_factory: pytest.TempPathFactory
+            ) -> tuple[dict[str, Any], dict[tuple[str, int], str]]:
+    root = tmp_path_factory.mktemp("mutated") / "tree"
+    root.mkdir()
+    paths = {}
+    for n, (rule, i) in enumerate(CASE_IDS):
+        paths[(rule, i)] = build_case(root, honest_bundles, n, NEGATIVE_CASES[rule][i])
+    return check(root, honest_bundles, jobs=2), paths
+
+
+@pytest.mark.parametrize(("rule", "index"), CASE_IDS, ids=[f"{r}-{i}" for r, i in CASE_IDS])
+def test_negative_case_is_caught_under_its_rule(rule: str, index: int, mutated: Any) -> None:
+    report, paths = mutated
+    case = NEGATIVE_CASES[rule][index]
+    [b] = [b for b in report["bundles"] if b["path"] == paths[(rule, index)]]
+    hits = [f for f in b["findings"] if f["rule"] == rule]
+    assert hits, f"{rule} did not fire; findings: {[(f['rule'], f['message']) for f in b['findings']]}"
+    assert any(case.fragment in f["message"] for f in hits), [f["message"] for f in hits]
+    severity = load_rules().rule(rule).severity
+    assert {f["severity"] for f in hits} == {severity}
+    # an open-severity finding only costs closed eligibility: valid in open/, invalid in closed/
+    assert b["verdict"] == ("open" if severity == "open" and case.division == "open" else "invalid")
+    # integrity failures are flagged as such; everything else has its signature intact
+    assert (b["integrity"] == "failed") == (rule in INTEGRITY)
+    assert all(f["path"].startswith(paths[(rule, index)]) for f in b["findings"]
+               if not f["path"].startswith(f"{b['division']}/{ORG}/systems/")), b["findings"]
+
+
+def test_every_rule_a_bundle_can_break_has_a_case() -> None:
+    no_bundle_data = {"DISK-SPACE", "FOLDER-USABLE"}  # see test_host_rules_without_bundle_data
+    assert {r.id for r in load_rules().rules} - no_bundle_data == set(NEGATIVE_CASES)
+
+
+def test_mutated_tree_exit_status_and_counts(mutated: Any) -> None:
+    report, paths = mutated
+    assert report["exit_status"] == 3 and report["verdict"] == "integrity-failure"
+    open_only = sum(load_rules().rule(r).severity == "open" and NEGATIVE_CASES[r][i].division == "open"
+                    for r, i in CASE_IDS)
+    assert report["summary"]["valid"] == open_only > 0  # closed-shaped runs are fine in open/
+    assert report["summary"]["bundles"] == len(CASE_IDS) + 1  # the duplicate is placed twice
+    assert report["summary"]["internal_errors"] == 0
+    by_path = {f["path"] for f in report["findings"]}
+    assert by_path  # every finding carries a path
+    [dup] = [p for k, p in paths.items() if k[0] == "DUPLICATE-RUN"]
+    twins = [b for b in report["bundles"] if b["path"].rsplit("/", 1)[0] == dup.rsplit("/", 1)[0]
+             and any(f["rule"] == "DUPLICATE-RUN" for f in b["findings"])]
+    assert len(twins) == 2
+
+
+def test_structural_failure_skips_plan_dependent_rules(mutated: Any) -> None:
+    report, paths = mutated
+    [b] = [b for b in report["bundles"] if b["path"] == paths[("RANKS-MULTIPLE", 0)]]
+    reasons = {n["rule"]: n["reason"] for n in b["not_checked"]}
+    assert reasons.get("BYTES-PLAN") == "no run data or plan"
+    assert reasons.get("HOST-MEMORY") == "no plan"
+    assert not [f for f in b["findings"] if f["rule"] == "BUNDLE-SCHEMA"]
+
+
+def test_bad_durations_skip_recomputation(mutated: Any) -> None:
+    report, paths = mutated
+    [b] = [b for b in report["bundles"] if b["path"] == paths[("RESULT-TIMES", 0)]]
+    assert {"rule": "METRICS-RECOMPUTE", "reason": "records with non-positive durations (see RESULT-TIMES)"} \
+        in b["not_checked"]
+
+
+# ----------------------------------------------------------------------------------------------
+# Honest trees, exit statuses, CLI contract
+
+
+def run_cli(*args: str, timeout: float = 120) -> subprocess.CompletedProcess[str]:
+    env = {k: v for k, v in os.environ.items() if k != "MLCKPT_DEBUG"}
+    return subprocess.run([str(CHECK), *args], text=True, capture_output=True, timeout=timeout,
+                          env=env, check=False)
+
+
+def test_honest_tree_passes(honest_bundles: dict[str, Path], tmp_path: Path) -> None:
+    root = honest_tree(tmp_path / "tree", honest_bundles)
+    proc = run_cli(str(root), "--json", str(tmp_path / "r.json"))
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    report = json.loads((tmp_path / "r.json").read_text())
+    assert_report_valid(report)
+    assert report["verdict"] == "valid" and report["findings"] == []
+    assert [b["verdict"] for b in report["bundles"]] == ["open", "open"]
+    assert {b["workload"] for b in report["bundles"]} == {"llama3_8b", "llama_7b"}
+    assert any(b["path"].endswith(".tar.gz") for b in report["bundles"])
+    for b in report["bundles"]:
+        assert b["integrity"] == "ok" and b["org"] == ORG and b["system"] == SYSTEM
+        assert b["metrics"]["write_bandwidth_mean_gib_s"] > 0 and b["metrics"]["num_writes"] == 1
+        assert b["run_id"] and re.fullmatch(r"[0-9a-f]{64}", b["keyid"])
+    lines = proc.stdout.splitlines()
+    assert [ln.split()[0] for ln in lines[:-1]] == ["PASS", "PASS"]
+    assert lines[-1] == "checked 2 bundles: 2 valid, 0 invalid (0 findings)"
+    assert proc.stderr == ""
+
+
+def test_sample_tree_passes() -> None:
+    """The committed sample tree (submissions/, made by submissions/make_sample.py) is valid."""
+    proc = run_cli(str(REPO / "submissions"))
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    assert proc.stdout.splitlines()[-1] == "checked 2 bundles: 2 valid, 0 invalid (0 findings)"
+    assert not list((REPO / "submissions").rglob("*.pem")), "no private key in the sample tree"
+
+
+def test_host_rules_without_bundle_data(honest_bundles: dict[str, Path], tmp_path: Path) -> None:
+    report = check(honest_tree(tmp_path / "t", honest_bundles), honest_bundles)
+    for b in report["bundles"]:
+        skipped = {n["rule"] for n in b["not_checked"]}
+        assert {"DISK-SPACE", "FOLDER-USABLE"} <= skipped
+        assert "METRICS-RECOMPUTE" not in skipped and "BYTES-PLAN" not in skipped
+        assert "BANDWIDTH-PLAUSIBLE" not in skipped  # the description declares maxima
+
+
+def test_exit_1_for_rule_errors_only(honest_bundles: dict[str, Path], tmp_path: Path) -> None:
+    root = honest_tree(tmp_path / "t", honest_bundles, pack_7b=False)
+    folder = root / "open" / ORG / "results" / SYSTEM / "llama3_8b" / honest_bundles["llama3_8b"].name
+    edit_json(folder, "summary.json", setitem("write_bandwidth_mean_gib_s", 1e6))
+    resign(folder, key(honest_bundles, "org"))
+    out = tmp_path / "r.json"
+    proc = run_cli(str(root), "--json", str(out))
+    assert proc.returncode == 1, proc.stdout
+    report = json.loads(out.read_text())
+    assert report["verdict"] == "invalid"
+    assert {f["rule"] for f in report["findings"]} == {"METRICS-RECOMPUTE", "RESULT-VERDICT"}
+    assert all({"rule", "severity", "path", "message"} <= set(f) for f in report["findings"])
+    fail = [ln for ln in proc.stdout.splitlines() if ln.startswith("FAIL ")]
+    assert fail == [f"FAIL open/{ORG}/results/{SYSTEM}/llama3_8b/{folder.name}"]
+    assert "  METRICS-RECOMPUTE [invalid] every reported metric must equal its recomputation" in proc.stdout
+    assert proc.stdout.splitlines()[-1] == "checked 2 bundles: 1 valid, 1 invalid (2 findings)"
+
+
+def test_exit_3_for_untrusted_signer(honest_bundles: dict[str, Path], tmp_path: Path) -> None:
+    root = honest_tree(tmp_path / "t", honest_bundles, pack_7b=False)
+    folder = root / "open" / ORG / "results" / SYSTEM / "llama_7b" / honest_bundles["llama_7b"].name
+    resign(folder, key(honest_bundles, "rogue"))
+    proc = run_cli(str(root), "--jobs", "1")
+    assert proc.returncode == 3, proc.stdout
+    assert ("BUNDLE-KEY [invalid] bundle.dsse.json: the bundle must be signed by a key registered"
+            in proc.stdout)
+    assert "signed by untrusted key" in proc.stdout
+    assert proc.stdout.splitlines()[-1] == ("checked 2 bundles: 1 valid, 1 invalid "
+                                            "(1 finding, 1 failed integrity)")
+
+
+def test_exit_4_for_a_checker_fault_other_bundles_still_checked(
+        honest_bundles: dict[str, Path], tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+        capsys: pytest.CaptureFixture[str]) -> None:
+    root = honest_tree(tmp_path / "t", honest_bundles)
+    real = checker.stages.stage_schema
+
+    def broken(st: checker.stages.State) -> None:
+        if st.leaf.workload == "llama_7b":
+            raise KeyError("deliberate fault")
+        real(st)
+    monkeypatch.setattr(checker.stages, "stage_schema", broken)
+    status = run([str(root), "--jobs", "1", "--json", str(tmp_path / "r.json")])
+    out, err = capsys.readouterr()
+    assert status == 4
+    assert "Traceback" not in out + err
+    report = json.loads((tmp_path / "r.json").read_text())
+    assert_report_valid(report)
+    assert report["verdict"] == "internal-error"
+    by_workload = {b["workload"]: b for b in report["bundles"]}
+    assert by_workload["llama3_8b"]["verdict"] == "open"
+    bad = by_workload["llama_7b"]
+    assert bad["verdict"] == "internal-error"
+    [f] = bad["findings"]
+    assert (f["rule"], f["severity"]) == ("INTERNAL", "internal")
+    assert "checker fault in stage schema: KeyError" in f["message"]
+    assert "not of this submission" in f["message"]
+    assert any(line.startswith("ERROR ") for line in out.splitlines())
+    assert out.splitlines()[-1].startswith("checked 2 bundles: 1 valid, 0 invalid, 1 checker fault")
+
+
+def test_exit_4_in_worker_processes_too(honest_bundles: dict[str, Path], tmp_path: Path,
+                                        monkeypatch: pytest.MonkeyPatch) -> None:
+    root = honest_tree(tmp_path / "t", honest_bundles)
+    monkeypatch.setattr(checker.stages, "stage_rules", lambda st: 1 / 0)
+    report = check(root, honest_bundles, jobs=2)
+    assert report["exit_status"] == 4
+    assert [b["verdict"] for b in report["bundles"]] == ["internal-error"] * 2
+
+
+@pytest.mark.parametrize(("args", "fragment"), [
+    (["/no/such/tree"], "/no/such/tree: not a folder"),
+    (["{root}", "--rules", "9.9"], "--rules: unknown rules version '9.9'; known: 1.0"),
+    (["{root}", "--jobs", "0"], "--jobs: must be at least 1"),
+    (["{root}", "--jobs", "many"], "invalid int value: 'many'"),
+    (["{root}", "--trusted-keys", "/no/such/keys.yaml"], "cannot read trusted keys"),
+    (["{root}", "--frobnicate"], "unrecognized arguments: --frobnicate"),
+    ([], "the following arguments are required: ROOT"),
+])
+def test_usage_errors_exit_2_with_one_line(args: list[str], fragment: str, tmp_path: Path) -> None:
+    root = tmp_path / "tree"
+    (root / "open").mkdir(parents=True)
+    proc = run_cli(*[a.format(root=root) for a in args])
+    assert proc.returncode == 2, proc.stdout + proc.stderr
+    assert proc.stdout == ""
+    assert len(proc.stderr.splitlines()) == 1 and fragment in proc.stderr, proc.stderr
+    assert proc.stderr.startswith("mlckpt-check: error: ")
+
+
+def test_missing_trusted_keys_is_a_usage_error(honest_bundles: dict[str, Path], tmp_path: Path) -> None:
+    root = honest_tree(tmp_path / "t", honest_bundles)
+    (root / "trusted-keys.yaml").unlink()
+    proc = run_cli(str(root))
+    assert proc.returncode == 2 and "no trusted keys: give --trusted-keys FILE" in proc.stderr
+    proc = run_cli("check", str(root), "--trusted-keys", str(honest_bundles["dir"] / "trusted-keys.yaml"))
+    assert proc.returncode == 0, proc.stdout  # explicit subcommand, explicit keys
+
+
+def test_forced_rules_version_and_jobs_agree(honest_bundles: dict[str, Path], tmp_path: Path) -> None:
+    root = honest_tree(tmp_path / "t", honest_bundles)
+    a = check(root, honest_bundles, jobs=1)
+    b = check(root, honest_bundles, jobs=2, forced_rules="1.0")
+    assert a["bundles"] == b["bundles"] and a["exit_status"] == b["exit_status"] == 0
+    assert b["rules_versions"] == ["1.0"]
+
+
+def test_tree_layout_findings(honest_bundles: dict[str, Path], tmp_path: Path) -> None:
+    root = honest_tree(tmp_path / "t", honest_bundles)
+    (root / "open" / ORG / "notes.txt").write_text("x")
+    (root / "drafts").mkdir()
+    os.symlink(root / "open" / ORG / "results", root / "open" / ORG / "results-link")
+    (root / "open" / ORG / "systems" / "unused.yaml").write_text("system_name: [")
+    report = check(root, honest_bundles)
+    assert report["exit_status"] == 1
+    assert all(b["verdict"] == "open" for b in report["bundles"])
+    got = {(f["rule"], f["path"]) for f in report["tree_findings"]}
+    assert got == {("BUNDLE-LAYOUT", "drafts"), ("BUNDLE-LAYOUT", f"open/{ORG}/notes.txt"),
+                   ("BUNDLE-LAYOUT", f"open/{ORG}/results-link"),
+                   ("SYSTEM-DESCRIPTION", f"open/{ORG}/systems/unused.yaml")}
+    assert any("a symlink" in f["message"] for f in report["tree_findings"])
+
+
+def test_empty_tree_is_invalid(honest_bundles: dict[str, Path], tmp_path: Path) -> None:
+    (tmp_path / "t" / "open").mkdir(parents=True)
+    report = check(tmp_path / "t", honest_bundles)
+    assert report["exit_status"] == 1
+    assert [f["actual"] for f in report["tree_findings"]] == ["no bundles found"]
+
+
+def test_symlinked_bundle_is_not_followed(honest_bundles: dict[str, Path], tmp_path: Path) -> None:
+    root = honest_tree(tmp_path / "t", honest_bundles)
+    wdir = root / "open" / ORG / "results" / SYSTEM / "llama3_8b"
+    os.symlink(honest_bundles["llama3_8b"], wdir / "0000000000000abc")
+    report = check(root, honest_bundles)
+    [b] = [b for b in report["bundles"] if b["path"].endswith("0000000000000abc")]
+    assert [f["rule"] for f in b["findings"]] == ["BUNDLE-PATHS"]
+    assert report["exit_status"] == 3
+
+
+def test_human_output_escapes_control_characters(honest_bundles: dict[str, Path], tmp_path: Path,
+                                                 capsys: pytest.CaptureFixture[str]) -> None:
+    root = honest_tree(tmp_path / "t", honest_bundles, pack_7b=False)
+    folder = root / "open" / ORG / "results" / SYSTEM / "llama3_8b" / honest_bundles["llama3_8b"].name
+    edit_json(folder, "run.json", setitem("hosts.0.host", "evil\x1b[2J\r\nhost"))
+    resign(folder, key(honest_bundles, "org"))
+    assert run([str(root), "--jobs", "1"]) == 1
+    out = capsys.readouterr().out
+    assert "\x1b" not in out and "\r" not in out
+    assert "evil\\x1b[2J\\r\\nhost" in out
