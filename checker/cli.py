@@ -81,13 +81,17 @@ def register(subparsers: Any) -> None:
     p.set_defaults(func=cmd_check)
 
 
-def build_parser() -> argparse.ArgumentParser:
+def build_parser(command: str | None = None) -> argparse.ArgumentParser:
+    """The parser; with ``command``, only that subcommand's module is imported besides ``check``
+    (some pull in heavy libraries: checking a tree should not pay for pandas)."""
     parser = OneLineParser(prog=PROG, description="Validate mlckpt result bundles in a submission tree.")
     parser.add_argument("--version", action="version", version=f"{PROG} {__version__}")
     sub = parser.add_subparsers(dest="command", metavar="COMMAND", parser_class=OneLineParser)
     for name, module_name in SUBCOMMAND_MODULES.items():
         if name == DEFAULT_COMMAND:
             register(sub)
+            continue
+        if command is not None and name != command:
             continue
         try:
             module = importlib.import_module(module_name)
@@ -108,7 +112,9 @@ def normalize_argv(argv: Sequence[str]) -> list[str]:
 
 
 def _dispatch(argv: Sequence[str] | None) -> int:
-    args = build_parser().parse_args(normalize_argv(sys.argv[1:] if argv is None else argv))
+    args_list = normalize_argv(sys.argv[1:] if argv is None else argv)
+    command = args_list[0] if args_list[0] in SUBCOMMAND_MODULES else None
+    args = build_parser(command).parse_args(args_list)
     return int(args.func(args) or 0)
 
 

@@ -199,8 +199,10 @@ def parse_json(data: bytes) -> Any:
     return loads_json(decode_utf8(data))
 
 
-def iter_jsonl(data: bytes, *, max_lines: int = MAX_RECORD_LINES) -> Iterator[tuple[int, Any]]:
+def iter_jsonl(data: bytes, *, max_lines: int | None = None) -> Iterator[tuple[int, Any]]:
     """(line number, object) of every line; ParseError naming the line on the first bad one."""
+    if max_lines is None:
+        max_lines = MAX_RECORD_LINES
     if data and not data.endswith(b"\n"):
         data += b"\n"  # a missing final newline is harmless
     start = 0

@@ -49,7 +49,7 @@ from mlckpt.rules import (
     load_rules,
     verdict,
 )
-from mlckpt.schemas import describe, validator
+from mlckpt.schemas import describe, dotted, validator
 from mlckpt.sizing import Plan, make_plan
 from mlckpt.submission_checks import INTEGRITY_RULES, Problem, SubmissionFacts, Verdicts
 from mlckpt.workload import Workload, workload_from_config
@@ -221,11 +221,22 @@ def load_system_file(root: Path, sf: SystemFile | None, path: str, rules_version
     errors = sorted(validator("system-description", rules_version).iter_errors(doc), key=_err_key)
     if errors:
         more = f" (and {len(errors) - 1} more)" if len(errors) > 1 else ""
-        return SystemInfo(sf.path, None, f"{describe(errors[0])}{more}")
+        return SystemInfo(sf.path, None, f"{schema_message(errors[0])}{more}")
     if doc.get("system_name") != sf.system:
         return SystemInfo(sf.path, None, f"system_name {doc.get('system_name')!r} differs from the "
                                          f"file name {sf.system!r}")
     return SystemInfo(sf.path, doc, None)
+
+
+def schema_message(err: Any) -> str:
+    """mlckpt.schemas.describe(err) with a long offending value shortened ("[0, 0, ...] is too long")."""
+    if err.validator == "additionalProperties":
+        return clean_text(describe(err), 300)
+    msg = err.message
+    shown = repr(err.instance)
+    if len(shown) > 60 and msg.startswith(shown):
+        msg = f"{shown[:40]}...{shown[-10:]}{msg[len(shown):]}"
+    return clean_text(f"{dotted(err)}: {msg}", 300)
 
 
 def _err_key(err: Any) -> tuple[str, str]:
@@ -455,7 +466,7 @@ def stage_schema(st: State) -> None:
             bad = True
             continue
         errors = sorted(validator(schema, version).iter_errors(doc), key=_err_key)
-        _schema_problems(st, name, schema, [describe(e) for e in errors])
+        _schema_problems(st, name, schema, [schema_message(e) for e in errors])
         bad = bad or bool(errors)
         st.docs[name] = doc
     bad = _records(st, version) or bad
@@ -488,7 +499,7 @@ def _records(st: State, version: str) -> bool:
         for lineno, rec in loading.iter_jsonl(data):
             errs = list(v.iter_errors(rec)) if not v.is_valid(rec) else []
             if errs:
-                messages += [f"line {lineno}: {describe(e)}" for e in sorted(errs, key=_err_key)]
+                messages += [f"line {lineno}: {schema_message(e)}" for e in sorted(errs, key=_err_key)]
                 if len(messages) > MAX_SCHEMA_PROBLEMS:
                     break
                 continue
