@@ -32,8 +32,11 @@ class Setup:
 
     def context(self, hosts: tuple[HostSpec, ...] | None = None, *, complete: bool = False) -> Context:
         return Context(self.config, self.workload, self.overrides, self.plan,
-                       hosts if hosts is not None else declared_hosts(self.config, self.plan.ranks),
-                       complete)
+                       hosts if hosts is not None else self.declared, complete)
+
+    @property
+    def declared(self) -> tuple[HostSpec, ...] | None:
+        return declared_hosts(self.config, self.plan.ranks)
 
 
 def known_workloads() -> list[str]:
@@ -70,6 +73,12 @@ def compose(overrides: Sequence[str]) -> dict[str, Any]:
         raise UsageError(_hydra_message(exc)) from None
     assert isinstance(resolved, dict)
     resolved.pop("hydra", None)
+    # `rules_version=1.0` arrives as a float from the command line; versions are strings.
+    version = resolved.get("rules_version")
+    if isinstance(version, int | float) and not isinstance(version, bool):
+        resolved["rules_version"] = str(version)
+    if resolved.get("ranks") is None:  # ranks=null: the workload's canonical count
+        resolved["ranks"] = resolved["workload"]["closed_ranks"]
     return resolved
 
 
@@ -111,6 +120,13 @@ def declared_hosts(config: Mapping[str, Any], ranks: int) -> tuple[HostSpec, ...
     blocks = host_blocks(ranks, config.get("hosts"), config.get("ranks_per_host"))
     if blocks is None:
         return None
+    placed = sum(len(b) for b in blocks)
+    if placed != ranks or not all(blocks):
+        # A mapping that drops ranks or leaves hosts empty would let the rules judge a subset.
+        raise ConfigError(f"hosts={config.get('hosts')}, ranks_per_host={config.get('ranks_per_host')}: "
+                          f"must place all {ranks} ranks with at least one rank on every host "
+                          f"(placed {placed} on {sum(1 for b in blocks if b)} of {len(blocks)} hosts)",
+                          key="hosts")
     mem = config.get("host_memory_gib")
     return tuple(HostSpec(f"{i}", tuple(b), None if mem is None else int(mem * GiB))
                  for i, b in enumerate(blocks))
@@ -124,6 +140,7 @@ def setup(overrides: Sequence[str]) -> Setup:
     ctx = Context(config, workload, tuple(overrides))
     rules.require_structure(ctx)  # RANKS-MULTIPLE, ZERO3-PIPELINE, ... → RuleError, exit 2
     plan = make_plan(workload, int(config["ranks"]), float(config["scale"]))
+    declared_hosts(config, plan.ranks)  # a bad host mapping is bad input: refuse it now
     return Setup(config, tuple(overrides), rules, workload, plan)
 
 

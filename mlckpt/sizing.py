@@ -218,9 +218,11 @@ def optimizer_bytes_per_rank(w: Workload, dp: int) -> int:
 
 
 def scale_bytes(nbytes: int, scale: float) -> int:
+    """Nearest whole 4 KiB pages (at least one), never more than the full size: monotone in
+    ``scale`` and a file never grows (a full-size file need not be a page multiple)."""
     if scale == 1.0:
         return nbytes
-    return max(PAGE, round(nbytes * scale / PAGE) * PAGE)
+    return min(nbytes, max(PAGE, round(nbytes * scale / PAGE) * PAGE))
 
 
 def _rank_files(w: Workload, rank: int, dp_size: int, stage_cache: dict[int, list[tuple[int, int]]],

@@ -486,9 +486,6 @@ def test_load_rules_unknown_version() -> None:
     assert exc.value.exit_status == 2
 
 
-@pytest.mark.xfail(strict=True, reason="BUG: a declared host mapping that does not place every rank "
-                   "(hosts × ranks_per_host < ranks, or more hosts than ranks) is accepted: "
-                   "host_blocks drops ranks or makes empty hosts, so HOST-MEMORY judges a subset")
 @pytest.mark.parametrize("overrides", [("division=open", "hosts=2", "ranks_per_host=2"),
                                        ("division=open", "hosts=16")])
 def test_declared_host_mapping_places_every_rank_once(overrides: tuple[str, ...]) -> None:

@@ -59,6 +59,10 @@ def run_guarded(func, *args, prog: str = "mlckpt") -> int:  # type: ignore[no-un
     except MlckptError as err:
         print(f"{prog}: error: {err}", file=sys.stderr)
         return err.exit_status
+    except BrokenPipeError:
+        # `mlckpt plan | head`: the reader left; not an error of ours.  Silence the final flush.
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        return 141
     except KeyboardInterrupt:
         print(f"{prog}: interrupted", file=sys.stderr)
         return 130
