@@ -1,0 +1,136 @@
+#!/usr/bin/env python3
+"""How long does ``mlckpt-check`` take over a tree of 500 small bundles?  (Target: < 60 s on a
+2-core machine.)
+
+    .venv/bin/python benchmarks/check_500.py [--bundles 500] [--jobs N] [--keep DIR]
+
+Builds the tree once in a temporary folder: the real runner makes two bundles (llama3_8b and
+llama_7b, open division, scale 0.0005, 4 ranks, one write and one verified restore each); they are
+copied 500 times under 5 organisations, each copy with its own run id and folder name, re-signed
+with its organisation's key (all registered in the tree's trusted-keys.yaml), every fifth one
+packed as ``<run-id>.tar.gz``.  Then it times the installed ``mlckpt-check ROOT --json FILE``
+end to end (interpreter start included) and checks that every bundle passed.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import re
+import shutil
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+from mlckpt import bundle
+
+BIN = Path(sys.executable).parent
+DESCRIPTION = """\
+description_format: 1
+system_name: bench-ext4
+submitter: Benchmark Org
+availability: available
+storage: {product: ext4, type: local-nvme, usable_capacity_tib: 1, max_write_gib_s: 100, max_read_gib_s: 100}
+clients: {count: 1, model: VM, memory_gib: 24}
+network: {type: none}
+"""
+ORGS = 5
+
+
+def make_sources(work: Path) -> dict[str, Path]:
+    """Two real bundles from the runner."""
+    (work / "bench-ext4.yaml").write_text(DESCRIPTION)
+    bundle.generate_key(work / "runner-key.pem")
+    env = {**os.environ, "XDG_CONFIG_HOME": str(work / "xdg")}
+    env.pop("MLCKPT_DEBUG", None)
+    proc = subprocess.run(
+        [str(BIN / "mlckpt"), "run", "-m", "workload=llama3_8b,llama_7b", "division=open", "scale=0.0005",
+         "ranks=4", "checkpoint.num_writes=1", "checkpoint.num_reads=1", "io.direct=false",
+         "system=bench-ext4.yaml", "signing.key=runner-key.pem", "output.root=sources"],
+        cwd=work, env=env, text=True, capture_output=True, check=False)
+    if proc.returncode != 0:
+        sys.exit(f"check_500: the runner failed:\n{proc.stderr}")
+    paths = [Path(p) for p in re.findall(r"^bundle: (.+)$", proc.stdout, re.M)]
+    return {("llama3_8b" if "-llama3_8b-" in p.name else "llama_7b"): p for p in paths}
+
+
+def build_tree(root: Path, work: Path, sources: dict[str, Path], count: int) -> None:
+    keys = {}
+    for i in range(ORGS):
+        org = f"org-{i}"
+        info = bundle.generate_key(work / "keys" / f"{org}.pem")
+        keys[org] = (bundle.load_private_key(info.path), info.public_key)
+        systems = root / "open" / org / "systems"
+        systems.mkdir(parents=True)
+        (systems / "bench-ext4.yaml").write_text(DESCRIPTION)
+    (root / "trusted-keys.yaml").write_text(
+        'mlckpt_trusted_keys: "1.0"\norganizations:\n'
+        + "".join(f'  {org}: ["{pub}"]\n' for org, (_, pub) in keys.items()))
+    scratch = work / "scratch"
+    for i in range(count):
+        workload = ("llama3_8b", "llama_7b")[i % 2]
+        org = f"org-{i % ORGS}"
+        run_id = f"{0xbe000000 + i:016x}"
+        shutil.rmtree(scratch, ignore_errors=True)
+        shutil.copytree(sources[workload], scratch)
+        run = json.loads((scratch / "run.json").read_text())
+        name = re.sub(r"[0-9a-f]{16}$", run_id, run["name"])
+        run.update(run_id=run_id, name=name)
+        (scratch / "run.json").write_text(json.dumps(run, indent=1, sort_keys=True) + "\n")
+        pred = bundle.read_envelope_predicate(scratch)
+        pred["run_id"] = run_id
+        bundle.sign_bundle(scratch, keys[org][0], pred)
+        dest = root / "open" / org / "results" / "bench-ext4" / workload
+        dest.mkdir(parents=True, exist_ok=True)
+        if i % 5 == 4:
+            bundle.pack(scratch, dest / f"{name}.tar.gz")
+        else:
+            shutil.copytree(scratch, dest / name)
+    shutil.rmtree(scratch, ignore_errors=True)
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--bundles", type=int, default=500)
+    ap.add_argument("--jobs", type=int, default=None, help="passed to mlckpt-check (default: its own)")
+    ap.add_argument("--keep", type=Path, default=None, help="build the tree here and keep it")
+    ap.add_argument("--limit", type=float, default=60.0, help="fail above this many seconds")
+    args = ap.parse_args()
+    tmp = Path(tempfile.mkdtemp(prefix="mlckpt-check500-"))
+    try:
+        root = args.keep or tmp / "tree"
+        if (root / "trusted-keys.yaml").is_file():
+            print(f"reusing the tree in {root}")
+        else:
+            t0 = time.perf_counter()
+            build_tree(root, tmp, make_sources(tmp), args.bundles)
+            print(f"built {args.bundles} bundles in {time.perf_counter() - t0:.1f} s under {root}")
+        cmd = [str(BIN / "mlckpt-check"), str(root), "--json", str(tmp / "report.json"), "--quiet"]
+        if args.jobs:
+            cmd += ["--jobs", str(args.jobs)]
+        t0 = time.perf_counter()
+        proc = subprocess.run(cmd, text=True, capture_output=True, check=False)
+        elapsed = time.perf_counter() - t0
+        report = json.loads((tmp / "report.json").read_text())
+        s = report["summary"]
+        print(proc.stdout.strip().splitlines()[-1])
+        print(f"mlckpt-check over {s['bundles']} bundles: {elapsed:.2f} s "
+              f"({s['bundles'] / elapsed:.0f} bundles/s, {os.cpu_count()} CPUs, exit {proc.returncode})")
+        leaves = len(list(root.glob("open/*/results/*/*/*")))
+        ok = proc.returncode == 0 and s["valid"] == s["bundles"] == leaves
+        if not ok:
+            print(f"FAIL: not every bundle passed (exit {proc.returncode})\n{proc.stderr}", file=sys.stderr)
+            return 1
+        if elapsed > args.limit:
+            print(f"FAIL: slower than the {args.limit:.0f} s target", file=sys.stderr)
+            return 1
+        return 0
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
+
+
+if __name__ == "__main__":
+    sys.exit(main())
