@@ -1,0 +1,222 @@
+"""``mlckpt-check compare A B``: two result bundles side by side, metric by metric.
+
+    mlckpt-check compare A B [--json] [--trusted-keys FILE]
+
+A and B are bundle folders or packed ``.tar.gz`` bundles.  Both are first checked to *be*
+bundles (a folder holding ``bundle.dsse.json``, or a gzip archive): otherwise one line and exit
+2.  Then both are verified (signature, every file's digest, paths; with ``--trusted-keys`` the
+signer must also be registered): a failure is one line naming the bundle and exit 3.  Only then
+are their files parsed (strictly, and against their JSON Schemas).
+
+Every numeric row shows A, B and the ratio B/A (``—`` when either is missing or A is 0).  This
+is not the checker: a signed bundle can still break the rules; ``mlckpt-check ROOT`` judges that.
+When the two results fall in different leaderboard classes (division × workload × full/scaled)
+the output says so: such numbers are not ranked against each other.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import os
+import sys
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from tabulate import tabulate
+
+from checker.leaderboard import BundleDocs, Entry, entry_from_docs, read_bundle
+from mlckpt.errors import BundleIntegrityError, IntegrityError, UsageError
+
+COMPARE_FORMAT = 1
+GIB = float(1 << 30)
+
+
+@dataclass(frozen=True)
+class Row:
+    key: str
+    label: str
+    unit: str
+    decimals: int | None  # None: text
+    get: Callable[[Entry, BundleDocs], Any]
+
+
+def _m(key: str) -> Callable[[Entry, BundleDocs], Any]:
+    return lambda e, d: e.m(key)
+
+
+def _rows() -> tuple[Row, ...]:
+    rows = [
+        Row("workload", "workload", "", None, lambda e, d: e.workload),
+        Row("division", "division", "", None, lambda e, d: e.division),
+        Row("class", "leaderboard class", "", None, lambda e, d: e.class_key.id),
+        Row("system", "system", "", None, lambda e, d: d.run.get("system_name") or "—"),
+        Row("verdict", "verdict (recorded by the runner)", "", None, lambda e, d: d.run.get("verdict")),
+        Row("mode", "mode", "", None, lambda e, d: e.mode),
+        Row("verification", "verification", "", None, lambda e, d: e.verification),
+        Row("ranks", "ranks", "", 0, lambda e, d: e.ranks),
+        Row("hosts", "hosts", "", 0, lambda e, d: e.hosts),
+        Row("num_writes", "checkpoint writes", "", 0, lambda e, d: e.num_writes),
+        Row("num_reads", "restores", "", 0, lambda e, d: e.num_reads),
+        Row("checkpoint_gib", "checkpoint size", "GiB", 3, lambda e, d: e.checkpoint_bytes / GIB),
+        Row("restore_gib", "bytes read per restore", "GiB", 3, lambda e, d: e.restore_bytes / GIB),
+    ]
+    for op in ("write", "read"):
+        for stat in ("mean", "median", "min", "max", "stdev"):
+            rows.append(Row(f"{op}_bandwidth_{stat}_gib_s", f"{op} bandwidth {stat}", "GiB/s", 2,
+                            _m(f"{op}_bandwidth_{stat}_gib_s")))
+        for stat in ("mean", "median", "min", "max"):
+            rows.append(Row(f"{op}_duration_{stat}_s", f"{op} duration {stat}", "s", 3,
+                            _m(f"{op}_duration_{stat}_s")))
+        for stat in ("mean", "min"):
+            key = f"{op}_slowest_rank_bandwidth_{stat}_gib_s"
+            rows.append(Row(key, f"{op} slowest rank bandwidth {stat}", "GiB/s", 3, _m(key)))
+        rows.append(Row(f"{op}_straggler_ratio_max", f"{op} straggler ratio max", "×", 2,
+                        _m(f"{op}_straggler_ratio_max")))
+        rows.append(Row(f"{op}_gib_per_op", f"{op} bytes per op", "GiB", 3,
+                        lambda e, d, op=op: e.m(f"{op}_bytes_per_op") / GIB))
+    return tuple(rows)
+
+
+ROWS = _rows()
+
+
+def _finite(v: Any) -> bool:
+    return isinstance(v, int | float) and not isinstance(v, bool) and math.isfinite(v)
+
+
+def _cell(v: Any, row: Row) -> str:
+    if row.decimals is None:
+        return "—" if v is None else str(v)
+    if not _finite(v):
+        return "—"
+    return f"{v:.{row.decimals}f}" if row.decimals else str(int(v))
+
+
+def _ratio(a: Any, b: Any) -> float | None:
+    if not (_finite(a) and _finite(b)) or a == 0:
+        return None
+    return b / a
+
+
+def _is_bundle(path: Path, which: str) -> None:
+    if path.is_dir():
+        from mlckpt.bundle import SIGNATURE_FILE
+
+        if not os.path.lexists(path / SIGNATURE_FILE):
+            raise UsageError(f"{which} {path}: not a bundle (a bundle folder holds {SIGNATURE_FILE})")
+        return
+    if not path.is_file():
+        raise UsageError(f"{which} {path}: no such bundle folder or archive")
+    try:
+        with open(path, "rb") as fh:
+            magic = fh.read(2)
+    except OSError as exc:
+        raise UsageError(f"{which} {path}: cannot read: {exc.strerror or exc}") from None
+    if magic != b"\x1f\x8b":
+        raise UsageError(f"{which} {path}: not a bundle (neither a bundle folder nor a .tar.gz)")
+
+
+def _load(path: Path, which: str, trusted: Any) -> BundleDocs:
+    try:
+        return read_bundle(path, trusted)
+    except BundleIntegrityError as err:
+        raise IntegrityError(f"{which} {path}: integrity failure: {err.summary}") from None
+    except IntegrityError as err:
+        raise IntegrityError(f"{which} {path}: integrity failure: {err}") from None
+    except UsageError as err:
+        raise UsageError(f"{which} {err}") from None
+
+
+def compare(a: tuple[str, BundleDocs], b: tuple[str, BundleDocs]) -> dict[str, Any]:
+    """The comparison as a JSON-ready dict (pure)."""
+    sides = []
+    for path, docs in (a, b):
+        entry = entry_from_docs(path, docs.org or "", str(docs.run.get("system_name") or ""), docs.run,
+                                docs.config, docs.summary, docs.system)
+        sides.append((path, docs, entry))
+    metrics = []
+    for row in ROWS:
+        va, vb = (row.get(e, d) for _, d, e in sides)
+        if row.decimals is not None:
+            va = va if _finite(va) else None
+            vb = vb if _finite(vb) else None
+        metrics.append({"key": row.key, "label": row.label, "unit": row.unit or None, "a": va, "b": vb,
+                        "ratio_b_over_a": _ratio(va, vb) if row.decimals is not None else None})
+    ea, eb = sides[0][2], sides[1][2]
+    return {
+        "compare_format": COMPARE_FORMAT,
+        "a": _side(sides[0]), "b": _side(sides[1]),
+        "same_class": ea.class_key == eb.class_key,
+        "metrics": metrics,
+    }
+
+
+def _side(side: tuple[str, BundleDocs, Entry]) -> dict[str, Any]:
+    path, docs, entry = side
+    return {"path": path, "run_id": entry.run_id, "name": docs.run.get("name"), "keyid": docs.keyid,
+            "org": docs.org, "class": entry.class_key.id, "started": docs.run.get("started")}
+
+
+def render_text(result: dict[str, Any]) -> str:
+    a, b = result["a"], result["b"]
+    out = [f"A: {a['path']} (run {a['run_id']}{', org ' + a['org'] if a['org'] else ''})",
+           f"B: {b['path']} (run {b['run_id']}{', org ' + b['org'] if b['org'] else ''})", ""]
+    by_key = {r.key: r for r in ROWS}
+    text_rows, num_rows = [], []
+    for m in result["metrics"]:
+        row = by_key[m["key"]]
+        if row.decimals is None:
+            text_rows.append([m["label"], _cell(m["a"], row), _cell(m["b"], row)])
+            continue
+        ratio = m["ratio_b_over_a"]
+        label = f"{m['label']} ({row.unit})" if row.unit else m["label"]
+        shown = "—" if ratio is None else f"{ratio:.3f}"
+        num_rows.append([label, _cell(m["a"], row), _cell(m["b"], row), shown])
+    out.append(tabulate(text_rows, headers=["run", "A", "B"], tablefmt="simple", disable_numparse=True))
+    out.append("")
+    out.append(tabulate(num_rows, headers=["metric", "A", "B", "B/A"], tablefmt="simple",
+                        colalign=("left", "right", "right", "right"), disable_numparse=True))
+    if not result["same_class"]:
+        out += ["", f"note: A is in class {a['class']}, B in {b['class']}: the leaderboard never ranks "
+                    "these against each other"]
+    out.append("note: compare verifies integrity only; `mlckpt-check ROOT` judges the rules")
+    return "\n".join(out) + "\n"
+
+
+# ----------------------------------------------------------------------------------------------
+# The command
+
+
+def register(subparsers: Any) -> None:
+    p = subparsers.add_parser(
+        "compare", help="two result bundles side by side, with ratios B/A",
+        description="Verify two bundles (folders or .tar.gz) and show their metrics side by side, "
+        "with the ratio B/A. Exit 2 if either is not a bundle, 3 if either fails integrity.")
+    p.add_argument("a", type=Path, metavar="A", help="bundle folder or .tar.gz")
+    p.add_argument("b", type=Path, metavar="B", help="bundle folder or .tar.gz")
+    p.add_argument("--json", action="store_true", help="print JSON instead of a text table")
+    p.add_argument("--trusted-keys", type=Path, default=None, metavar="FILE",
+                   help="also require each signer to be registered in FILE (default: integrity "
+                   "against the key embedded in each bundle)")
+    p.set_defaults(func=cmd_compare)
+
+
+def cmd_compare(args: argparse.Namespace) -> int:
+    from mlckpt.bundle import TrustedKeys
+
+    _is_bundle(args.a, "A")
+    _is_bundle(args.b, "B")
+    trusted = TrustedKeys.load(args.trusted_keys) if args.trusted_keys is not None else None
+    da = _load(args.a, "A", trusted)
+    db = _load(args.b, "B", trusted)
+    result = compare((str(args.a), da), (str(args.b), db))
+    if args.json:
+        sys.stdout.write(json.dumps(result, indent=1, ensure_ascii=False, allow_nan=False) + "\n")
+    else:
+        sys.stdout.write(render_text(result))
+    sys.stdout.flush()
+    return 0

@@ -1,0 +1,478 @@
+"""Leaderboard output: Markdown (tabulate), CSV (pandas), JSON, and one self-contained HTML page.
+
+Every format shows the same numbers: :func:`checker.leaderboard.fmt` prints each column with its
+fixed decimals and the JSON carries exactly those rounded values.  Output is a pure function of
+the leaderboard (no timestamps, no random IDs, stable ordering), so identical trees give
+byte-identical files.
+
+The HTML page works offline and from ``file://``: the CSS and the sorting script
+(``checker/assets/``) and plotly.js are inlined; nothing is fetched.  Charts are drawn by
+plotly.js, taken from the ``plotly`` Python package (``plotly.offline.get_plotlyjs()``, the
+bundle that ``include_plotlyjs=True`` inlines).  Why plotly: it ships its JavaScript inside the
+wheel, so an offline page needs nothing but ``pip``; it is widely used and maintained; it draws
+SVG (prints sharply, testable in a browser) with hover details, legend toggling and PNG export.
+The price is page size (about 5 MB, most of it plotly.js), paid once per page, however many
+charts.  Vega-Lite would need three separate JavaScript bundles that no PyPI package ships in
+plain form.  Figures are plain JSON specs written here (validated against plotly's schema with
+``plotly.graph_objects.Figure`` before use) and drawn by ``Plotly.newPlot`` in the page, so the
+page does not depend on how a plotly.py version serialises figures.
+"""
+
+from __future__ import annotations
+
+import html
+import io
+import json
+import math
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any
+from urllib.parse import quote
+
+import pandas as pd
+from tabulate import tabulate
+
+from checker.leaderboard import (
+    COLUMN,
+    COLUMNS,
+    LEADERBOARD_FORMAT,
+    SORT_NOTE,
+    ClassTable,
+    Column,
+    Leaderboard,
+    fmt,
+    rounded,
+    scaling_series,
+)
+
+ASSETS = Path(__file__).parent / "assets"
+DIVISION_TITLE = {"closed": "Closed division", "open": "Open division"}
+CLASSES_NOTE = ("A class is division × workload × scale (full, or scaled down in the open division). "
+                "Results are ranked only within their class: a closed full-scale result never "
+                "shares a table with a scaled or an open one.")
+ID_NOTE = ("Result IDs are derived from organisation, system, workload and run id (a hash, in "
+           "base32): they never change between builds and adding a result never renumbers others.")
+WRITE_COLOR = "#2563eb"
+READ_COLOR = "#f59e0b"
+# Scaling lines: one colour per system, distinct from the write (blue) / read (amber) bars.
+PALETTE = ("#0f766e", "#7c3aed", "#db2777", "#65a30d", "#0891b2", "#b45309", "#4b5563", "#dc2626",
+           "#1e3a8a", "#a16207")
+FONT = "system-ui, -apple-system, 'Segoe UI', Roboto, 'Helvetica Neue', Arial, sans-serif"
+
+
+def render(board: Leaderboard, fmt_name: str, *, links: Mapping[str, str] | None = None,
+           plotly_js: str | None = None) -> str:
+    if fmt_name == "md":
+        return render_md(board)
+    if fmt_name == "csv":
+        return render_csv(board)
+    if fmt_name == "json":
+        return render_json(board)
+    if fmt_name == "html":
+        return render_html(board, links=links, plotly_js=plotly_js)
+    raise ValueError(f"unknown format {fmt_name!r}")
+
+
+def _intro(board: Leaderboard) -> str:
+    n, orgs, k = board.results, len(board.organisations), len(board.tables)
+    if not n:
+        return "No result passes the checker yet."
+    versions = ", ".join(board.rules_versions) or "?"
+    return (f"{n} result{'s' if n != 1 else ''} from {orgs} organisation{'s' if orgs != 1 else ''} "
+            f"that pass `mlckpt-check` (rules {versions}), in {k} class{'es' if k != 1 else ''}.")
+
+
+def _excluded_why(x: Any) -> str:
+    return ", ".join(x.rules) if x.rules else x.reason or "no details"
+
+
+# ----------------------------------------------------------------------------------------------
+# Markdown
+
+
+def _md_cell(text: str) -> str:
+    """Submitted text as inert Markdown: no table breaks, no inline HTML."""
+    text = html.escape(text, quote=False).replace("\\", "\\\\").replace("|", "\\|")
+    return " ".join(text.split())
+
+
+def _md_table(table: ClassTable) -> str:
+    rows = [[_md_cell(fmt(rec[c.key], c)) for c in COLUMNS] for rec in table.frame.to_dict("records")]
+    return tabulate(rows, headers=[c.label for c in COLUMNS], tablefmt="pipe", disable_numparse=True,
+                    colalign=["right" if c.numeric else "left" for c in COLUMNS])
+
+
+def render_md(board: Leaderboard) -> str:
+    out = ["# mlckpt leaderboard", "", _intro(board), "",
+           CLASSES_NOTE + " Within a class: " + SORT_NOTE.split(";")[0] + ".", ""]
+    for division, tables in board.divisions():
+        out += [f"## {DIVISION_TITLE.get(division, division)}", ""]
+        for t in tables:
+            n = len(t.entries)
+            out += [f"### {t.key.title}", "", f"{n} result{'s' if n != 1 else ''}.", "", _md_table(t), ""]
+    if board.excluded:
+        out += ["## Excluded", "", f"{len(board.excluded)} bundle{'s' if len(board.excluded) != 1 else ''} "
+                "did not pass the checker and are not listed:", ""]
+        out += [f"- `{x.path}`: {x.verdict} ({_md_cell(_excluded_why(x))})" for x in board.excluded]
+        out.append("")
+    out += ["## How to read these tables", ""]
+    out += [f"- **{c.label}**: {c.help}." for c in COLUMNS if c.help]
+    out += [f"- {ID_NOTE}", ""]
+    return "\n".join(out)
+
+
+# ----------------------------------------------------------------------------------------------
+# CSV
+
+
+CSV_LEAD = ("Class", "Workload", "Scale")
+
+
+def render_csv(board: Leaderboard) -> str:
+    records = []
+    for t in board.tables:
+        for rec in t.frame.to_dict("records"):
+            row = {"Class": t.key.id, "Workload": t.key.workload, "Scale": t.key.scale}
+            row.update({c.label: fmt(rec[c.key], c, missing="") for c in COLUMNS})
+            row["Bundle"] = rec["bundle"]
+            records.append(row)
+    frame = pd.DataFrame(records, columns=[*CSV_LEAD, *(c.label for c in COLUMNS), "Bundle"], dtype=object)
+    buf = io.StringIO()
+    frame.to_csv(buf, index=False, lineterminator="\n")
+    return buf.getvalue()
+
+
+# ----------------------------------------------------------------------------------------------
+# JSON
+
+
+def board_dict(board: Leaderboard) -> dict[str, Any]:
+    return {
+        "leaderboard_format": LEADERBOARD_FORMAT,
+        "rules_versions": list(board.rules_versions),
+        "classes_note": CLASSES_NOTE,
+        "sort": SORT_NOTE.split(";")[0],
+        "columns": [{"key": c.key, "label": c.label, "name": c.name, "unit": c.unit or None,
+                     "kind": c.kind, "decimals": c.decimals if c.kind == "num" else None,
+                     "help": c.help or None} for c in COLUMNS],
+        "classes": [{
+            "id": t.key.id, "division": t.key.division, "workload": t.key.workload,
+            "scale": t.key.scale, "title": t.key.title,
+            "rows": [{**{c.key: rounded(rec[c.key], c) for c in COLUMNS}, "bundle": rec["bundle"]}
+                     for rec in t.frame.to_dict("records")],
+        } for t in board.tables],
+        "excluded": [{"path": x.path, "verdict": x.verdict, "rules": list(x.rules),
+                      "reason": x.reason or None} for x in board.excluded],
+    }
+
+
+def render_json(board: Leaderboard) -> str:
+    return json.dumps(board_dict(board), indent=1, ensure_ascii=False, allow_nan=False) + "\n"
+
+
+# ----------------------------------------------------------------------------------------------
+# Charts (plotly.js figure specs)
+
+
+def _r(value: Any, digits: int = 3) -> float | None:
+    if value is None or not isinstance(value, int | float) or not math.isfinite(value):
+        return None
+    return round(float(value), digits)
+
+
+def _base_layout(title: str, ytitle: str) -> dict[str, Any]:
+    return {
+        "title": {"text": title, "x": 0, "xanchor": "left", "font": {"size": 14}},
+        "font": {"family": FONT, "size": 12, "color": "#1f2937"},
+        "paper_bgcolor": "#ffffff", "plot_bgcolor": "#ffffff",
+        "margin": {"l": 64, "r": 16, "t": 56, "b": 64},
+        "height": 400,
+        "yaxis": {"title": {"text": ytitle}, "rangemode": "tozero", "gridcolor": "#e5e7eb",
+                  "zerolinecolor": "#9ca3af", "tickformat": ",.2~f"},
+        "legend": {"orientation": "h", "x": 1, "xanchor": "right", "y": 1.02, "yanchor": "bottom"},
+        "hoverlabel": {"font": {"family": FONT}},
+    }
+
+
+def bar_figure(t: ClassTable) -> dict[str, Any]:
+    recs = t.frame.to_dict("records")
+    ids = [r["result_id"] for r in recs]
+    traces = []
+    for op, color in (("write", WRITE_COLOR), ("read", READ_COLOR)):
+        col = COLUMN[f"{op}_gib_s"]
+        y = [rounded(r[col.key], col) for r in recs]
+        hi = [_r(r[f"{op}_max_gib_s"] - r[col.key]) if y[i] is not None else None for i, r in enumerate(recs)]
+        lo = [_r(r[col.key] - r[f"{op}_min_gib_s"]) if y[i] is not None else None for i, r in enumerate(recs)]
+        traces.append({
+            "type": "bar", "name": f"{op.title()} (mean over ops)", "x": ids, "y": y,
+            "marker": {"color": color},
+            "error_y": {"type": "data", "symmetric": False, "array": hi, "arrayminus": lo,
+                        "color": "#374151", "thickness": 1.2, "width": 4},
+            "customdata": [[r["organisation"], r["system"], int(r["ranks"])] for r in recs],
+            "hovertemplate": (f"<b>%{{customdata[1]}}</b> (%{{customdata[0]}})<br>%{{x}} · "
+                              f"%{{customdata[2]}} ranks<br>{op.title()}: %{{y:.2f}} GiB/s"
+                              "<extra>bars: mean · whiskers: min–max over ops</extra>"),
+        })
+    layout = _base_layout("Write and read bandwidth per result", "GiB/s")
+    # Few results: narrower bars (plotly has no maximum bar width).
+    layout.update(barmode="group", bargap=round(0.3 + 0.12 * max(0, 5 - len(recs)), 2), bargroupgap=0.08)
+    layout["xaxis"] = {"type": "category", "tickvals": ids, "automargin": True,
+                       "ticktext": [f"{_e(r['system'])}<br>{int(r['ranks'])} ranks<br>"
+                                    f"<span style='font-size:10px;color:#6b7280'>{r['result_id']}</span>"
+                                    for r in recs], "tickfont": {"size": 11}}
+    if len(recs) <= 8:
+        layout["xaxis"]["tickangle"] = 0
+    return {"data": traces, "layout": layout}
+
+
+def scaling_figure(t: ClassTable) -> dict[str, Any] | None:
+    series = scaling_series(t)
+    if not series:
+        return None
+    traces = []
+    all_ranks: set[int] = set()
+    for i, ((org, system), points) in enumerate(series.items()):
+        color = PALETTE[i % len(PALETTE)]
+        ranks = [p[0] for p in points]
+        all_ranks.update(ranks)
+        for op, y, dash, symbol in (("write", [_r(p[1], 2) for p in points], "solid", "circle"),
+                                    ("read", [_r(p[2], 2) for p in points], "dot", "diamond")):
+            traces.append({
+                "type": "scatter", "mode": "lines+markers", "name": f"{system} · {op}", "x": ranks, "y": y,
+                "legendgroup": f"{org}/{system}", "line": {"color": color, "dash": dash, "width": 2},
+                "marker": {"color": color, "symbol": symbol, "size": 8},
+                "customdata": [[org, p[3]] for p in points],
+                "hovertemplate": (f"<b>{html.escape(system)}</b> (%{{customdata[0]}})<br>%{{x}} ranks: "
+                                  f"{op} %{{y:.2f}} GiB/s<br>mean of %{{customdata[1]}} result(s)"
+                                  "<extra></extra>"),
+            })
+    layout = _base_layout("Scaling: bandwidth vs ranks", "GiB/s")
+    layout["legend"] = {"orientation": "h", "x": 0, "xanchor": "left", "y": -0.22, "yanchor": "top"}
+    layout["margin"] = {**layout["margin"], "b": 40}
+    ticks = sorted(all_ranks)
+    layout["xaxis"] = {"type": "log", "title": {"text": "ranks (log scale)"}, "tickvals": ticks,
+                       "ticktext": [str(v) for v in ticks], "gridcolor": "#f3f4f6"}
+    return {"data": traces, "layout": layout}
+
+
+PLOT_CONFIG = {"displaylogo": False, "responsive": True,
+               "modeBarButtonsToRemove": ["select2d", "lasso2d", "autoScale2d"],
+               "toImageButtonOptions": {"format": "png", "scale": 2}}
+
+
+def figures(board: Leaderboard) -> dict[str, dict[str, Any]]:
+    """Chart element id -> {data, layout, config}, in page order."""
+    out: dict[str, dict[str, Any]] = {}
+    for t in board.tables:
+        for kind, fig in (("bars", bar_figure(t)), ("scaling", scaling_figure(t))):
+            if fig is None:
+                continue
+            cid = f"chart-{kind}-{t.key.id}"
+            out[cid] = {**fig, "config": {**PLOT_CONFIG, "toImageButtonOptions": {
+                **PLOT_CONFIG["toImageButtonOptions"], "filename": cid}}}
+    return out
+
+
+def validate_figures(figs: Mapping[str, Mapping[str, Any]]) -> None:
+    """Raise ValueError if a spec uses a property plotly does not know (plotly.py's schema)."""
+    import plotly.graph_objects as go
+
+    for fig in figs.values():
+        go.Figure(data=fig["data"], layout=fig["layout"])
+
+
+def plotly_bundle() -> str:
+    from plotly.offline import get_plotlyjs
+
+    return get_plotlyjs()
+
+
+# ----------------------------------------------------------------------------------------------
+# HTML
+
+
+def _e(text: Any) -> str:
+    return html.escape(str(text), quote=True)
+
+
+def _script_json(obj: Any) -> str:
+    """JSON safe inside <script>: no '<', '>' or '&' left to end the element."""
+    text = json.dumps(obj, ensure_ascii=True, allow_nan=False, separators=(",", ":"))
+    return text.replace("<", "\\u003c").replace(">", "\\u003e").replace("&", "\\u0026")
+
+
+def _script_text(js: str) -> str:
+    return js.replace("</script", "<\\/script").replace("</SCRIPT", "<\\/SCRIPT")
+
+
+def _th(c: Column, sorted_desc: bool) -> str:
+    arrow = '<span class="arrow" aria-hidden="true"></span>'
+    if c.unit:
+        label = f'<span class="name">{_e(c.name)}</span><span class="unit">{_e(c.unit)}{arrow}</span>'
+    else:
+        label = f'<span class="name">{_e(c.name)}{arrow}</span>'
+    cls = "num" if c.numeric else "text"
+    title = f' title="{_e(c.help)}"' if c.help else ""
+    return (f'<th scope="col" class="{cls}" data-key="{c.key}" data-type="{"num" if c.numeric else "text"}" '
+            f'aria-sort="{"descending" if sorted_desc else "none"}"{title}><button type="button">'
+            f'{label}</button></th>')
+
+
+BAR_COLUMNS = {"write_gib_s": "w", "read_gib_s": "r"}
+
+
+def _td(rec: Mapping[str, Any], c: Column, link: str | None, maxima: Mapping[str, float]) -> str:
+    value = rec[c.key]
+    text = fmt(value, c)
+    missing = text == "—"
+    if c.numeric:
+        raw = "" if missing else repr(float(value)) if c.kind == "num" else str(int(value))
+    else:
+        raw = "" if missing else str(value)
+    attrs = f' data-value="{_e(raw)}"'
+    classes = ["num" if c.numeric else "text", f"col-{c.key}"]
+    if missing:
+        classes.append("missing")
+    if c.key in BAR_COLUMNS and not missing and maxima.get(c.key):
+        classes.append(f"bar bar-{BAR_COLUMNS[c.key]}")
+        attrs += f' style="--bar:{float(value) / maxima[c.key]:.4f}"'
+    body = _e(text)
+    if c.key == "result_id" and link is not None:
+        href = _e(quote(link, safe="/.-_~"))
+        body = f'<a href="{href}" title="open the bundle: {_e(rec["bundle"])}">{body}</a>'
+    return f'<td class="{" ".join(classes)}"{attrs}>{body}</td>'
+
+
+def _table_html(t: ClassTable, links: Mapping[str, str]) -> str:
+    recs = t.frame.to_dict("records")
+    maxima = {k: float(t.frame[k].max()) for k in BAR_COLUMNS if t.frame[k].notna().any()}
+    head = "".join(_th(c, c.key == "write_gib_s") for c in COLUMNS)
+    rows = []
+    for i, rec in enumerate(recs):
+        cells = "".join(_td(rec, c, links.get(rec["bundle"]), maxima) for c in COLUMNS)
+        rows.append(f'<tr data-order="{i}" data-id="{_e(rec["result_id"])}">{cells}</tr>')
+    caption = (f'<caption>{_e(t.key.describe())}: {len(recs)} result{"s" if len(recs) != 1 else ""}, '
+               f'{_e(SORT_NOTE)}.</caption>')
+    body = "\n".join(rows)
+    cid = _e(t.key.id)
+    return (f'<div class="table-wrap"><table class="lb" id="table-{cid}" data-class="{cid}">{caption}'
+            f'<thead><tr>{head}</tr></thead>\n<tbody>\n{body}\n</tbody></table></div>')
+
+
+def _class_html(t: ClassTable, links: Mapping[str, str], figs: Mapping[str, Any]) -> str:
+    n = len(t.entries)
+    badge = "full scale" if t.key.scale == "full" else "scaled"
+    charts = []
+    figs_of = [k for k in ("bars", "scaling") if f"chart-{k}-{t.key.id}" in figs]
+    for kind, caption in (("bars", "Bars: mean over the checkpoint writes / restores of each result; "
+                                   "whiskers: the slowest and fastest op."),
+                          ("scaling", "Each point: the mean over that system's results at that rank "
+                                      "count; solid: write, dotted: read.")):
+        cid = f"chart-{kind}-{t.key.id}"
+        # A lone bar chart of few results need not span the page (bars would be slabs).
+        lone = kind == "bars" and len(figs_of) == 1
+        width = f' style="max-width:{max(480, 200 + 110 * n)}px"' if lone else ""
+        if cid in figs:
+            charts.append(f'<figure class="chart chart-{kind}"{width}><div class="plot" id="{_e(cid)}" '
+                          f'role="img" aria-label="{_e(kind)} chart, {_e(t.key.describe())}"></div>'
+                          f'<figcaption>{_e(caption)}</figcaption></figure>')
+    return (f'<section class="lb-class" id="{_e(t.key.id)}" aria-labelledby="h-{_e(t.key.id)}">\n'
+            f'<h3 id="h-{_e(t.key.id)}"><span class="workload">{_e(t.key.workload)}</span>'
+            f'<span class="badge badge-{_e(t.key.scale)}">{badge}</span>'
+            f'<span class="badge badge-{_e(t.key.division)}">{_e(t.key.division)}</span>'
+            f'<span class="count">{n} result{"s" if n != 1 else ""}</span></h3>\n'
+            f'{_table_html(t, links)}\n<div class="charts charts-{len(charts)}">{"".join(charts)}</div>\n'
+            f'</section>')
+
+
+def _nav(board: Leaderboard) -> str:
+    if not board.tables:
+        return ""
+    parts = []
+    for division, tables in board.divisions():
+        items = "".join(f'<li><a href="#{_e(t.key.id)}">{_e(t.key.title)}</a> '
+                        f'<span class="n">{len(t.entries)}</span></li>' for t in tables)
+        title = _e(DIVISION_TITLE.get(division, division))
+        parts.append(f'<div class="nav-division"><h2 class="nav-title">{title}</h2><ul>{items}</ul></div>')
+    return f'<nav aria-label="classes">{"".join(parts)}</nav>'
+
+
+def _excluded_html(board: Leaderboard) -> str:
+    if not board.excluded:
+        return ""
+    rows = "".join(f'<tr><td class="text"><code>{_e(x.path)}</code></td><td class="text">{_e(x.verdict)}</td>'
+                   f'<td class="text">{_e(", ".join(x.rules) or x.reason or "—")}</td></tr>'
+                   for x in board.excluded)
+    n = len(board.excluded)
+    return (f'<section id="excluded"><h2>Excluded</h2><p>{n} bundle{"s" if n != 1 else ""} did not pass '
+            f'the checker and {"are" if n != 1 else "is"} not listed (run <code>mlckpt-check ROOT</code> '
+            f'for the findings).</p><div class="table-wrap"><table class="plain"><thead><tr>'
+            f'<th scope="col">Bundle</th><th scope="col">Verdict</th><th scope="col">Rules</th></tr></thead>'
+            f'<tbody>{rows}</tbody></table></div></section>')
+
+
+def _notes_html() -> str:
+    items = "".join(f"<dt>{_e(c.label)}</dt><dd>{_e(c.help)}.</dd>" for c in COLUMNS if c.help)
+    return (f'<section id="notes"><h2>How to read these tables</h2><p>{_e(CLASSES_NOTE)} Within a class, '
+            f'results are {_e(SORT_NOTE)} (numbers: highest first; click again to reverse). '
+            f'{_e(ID_NOTE)} Each result ID links to its signed bundle.</p><dl>{items}</dl></section>')
+
+
+def _asset(name: str) -> str:
+    return (ASSETS / name).read_text(encoding="utf-8")
+
+
+def render_html(board: Leaderboard, *, links: Mapping[str, str] | None = None,
+                plotly_js: str | None = None) -> str:
+    """The page.  ``links``: bundle path (as in the tree) -> href; ``plotly_js``: the plotly.js
+    source to inline (default: the installed plotly package's; tests pass a stub)."""
+    links = links or {}
+    figs = figures(board)
+    validate_figures(figs)
+    js = plotly_bundle() if plotly_js is None else plotly_js
+    sections = []
+    for division, tables in board.divisions():
+        inner = "\n".join(_class_html(t, links, figs) for t in tables)
+        sections.append(f'<section class="division" id="division-{_e(division)}">\n'
+                        f'<h2>{_e(DIVISION_TITLE.get(division, division))}</h2>\n{inner}\n</section>')
+    if not sections:
+        sections.append('<p class="empty">No result passes the checker yet.</p>')
+    intro = _e(_intro(board)).replace("`mlckpt-check`", "<code>mlckpt-check</code>")
+    body = "\n".join(sections)
+    return f"""<!DOCTYPE html>
+<html lang="en">
+<head>
+<meta charset="utf-8">
+<meta name="viewport" content="width=device-width, initial-scale=1">
+<meta name="generator" content="mlckpt-check leaderboard (format {LEADERBOARD_FORMAT})">
+<title>mlckpt leaderboard</title>
+<style>
+{_asset("leaderboard.css")}
+</style>
+</head>
+<body>
+<header class="page-header">
+<div class="inner">
+<h1>mlckpt leaderboard <span class="sub">LLM checkpoint storage</span></h1>
+<p class="lede">{intro}</p>
+<p class="classes-note">{_e(CLASSES_NOTE)}</p>
+{_nav(board)}
+</div>
+</header>
+<main>
+{body}
+{_excluded_html(board)}
+{_notes_html()}
+</main>
+<footer><p>Generated by <code>mlckpt-check leaderboard</code> from signed bundles the checker validated.
+This page is self-contained (styles, scripts and plotly.js inline) and makes no network requests.</p></footer>
+<script type="application/json" id="lb-figures">{_script_json(figs)}</script>
+<script>
+{_script_text(js)}
+</script>
+<script>
+{_script_text(_asset("leaderboard.js"))}
+</script>
+</body>
+</html>
+"""

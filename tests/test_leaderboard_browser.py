@@ -1,0 +1,216 @@
+"""The leaderboard page in real headless Chromium (selenium + Debian's chromedriver).
+
+Skipped, with the reason, when Chromium, chromedriver or selenium is missing (CI installs them:
+``apt-get install chromium chromium-driver``, ``pip install '.[test]'``).  The page is loaded from
+``file://`` with the network-silencing flags, so any fetch it tried would fail and show up as a
+console error or a resource entry.  A full-page screenshot is saved to the test's tmp dir, and to
+``$MLCKPT_SCREENSHOT_DIR`` when set.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import tempfile
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+from urllib.parse import unquote, urlparse
+
+import pytest
+from test_leaderboard import GOLDEN_TREE, build_tree, lb_cli
+
+from checker.leaderboard import COLUMNS, fmt
+
+CHROMIUM = os.environ.get("MLCKPT_CHROMIUM", "/usr/bin/chromium")
+CHROMEDRIVER = os.environ.get("MLCKPT_CHROMEDRIVER", "/usr/bin/chromedriver")
+FLAGS = ("--headless", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
+         "--disable-background-networking", "--disable-component-update", "--disable-sync",
+         "--disable-dev-shm-usage", "--window-size=1400,1000")
+
+
+def _missing() -> str | None:
+    if not Path(CHROMIUM).is_file():
+        return f"{CHROMIUM} not installed (apt-get install chromium chromium-driver)"
+    if not Path(CHROMEDRIVER).is_file():
+        return f"{CHROMEDRIVER} not installed (apt-get install chromium-driver)"
+    try:
+        import selenium  # noqa: F401
+    except ImportError:
+        return "selenium not installed (pip install '.[test]')"
+    return None
+
+
+pytestmark = pytest.mark.skipif(_missing() is not None, reason=_missing() or "")
+
+
+@pytest.fixture(scope="module")
+def site(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
+    base = tmp_path_factory.mktemp("site")
+    root = build_tree(base / "tree", GOLDEN_TREE)
+    page = base / "pub" / "index.html"
+    lb_cli(root, "html", page)
+    doc = json.loads(lb_cli(root, "json", base / "pub" / "leaderboard.json"))
+    return {"base": base, "root": root, "page": page, "json": doc}
+
+
+@pytest.fixture(scope="module")
+def driver(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Any]:
+    from selenium import webdriver
+    from selenium.webdriver.chrome.service import Service
+
+    profile = tempfile.mkdtemp(prefix="mlckpt-chromium-")
+    opts = webdriver.ChromeOptions()
+    opts.binary_location = CHROMIUM
+    for flag in (*FLAGS, f"--user-data-dir={profile}"):
+        opts.add_argument(flag)
+    opts.set_capability("goog:loggingPrefs", {"browser": "ALL"})
+    d = webdriver.Chrome(options=opts, service=Service(CHROMEDRIVER))
+    d.set_page_load_timeout(60)
+    try:
+        yield d
+    finally:
+        d.quit()
+        shutil.rmtree(profile, ignore_errors=True)
+
+
+def _open(driver: Any, page: Path) -> Any:
+    """Load the page and wait until plotly has drawn every chart."""
+    from selenium.webdriver.support.ui import WebDriverWait
+
+    driver.get(page.as_uri())
+    want = len(_figures(driver))
+    WebDriverWait(driver, 30).until(
+        lambda d: d.execute_script("return document.querySelectorAll('.js-plotly-plot .main-svg').length")
+        >= want)
+    return driver
+
+
+@pytest.fixture(scope="module")
+def loaded(driver: Any, site: dict[str, Any]) -> Any:
+    return _open(driver, site["page"])
+
+
+def _figures(d: Any) -> dict[str, Any]:
+    return json.loads(d.execute_script("return document.getElementById('lb-figures').textContent"))
+
+
+def _table_cells(d: Any, class_id: str) -> list[list[str]]:
+    return d.execute_script(
+        "return Array.from(document.querySelectorAll('#table-' + arguments[0] + ' tbody tr'))"
+        ".map(r => Array.from(r.cells).map(c => c.textContent));", class_id)
+
+
+def _column(d: Any, class_id: str, key: str) -> list[str]:
+    idx = [c.key for c in COLUMNS].index(key)
+    return [row[idx] for row in _table_cells(d, class_id)]
+
+
+def _click(d: Any, class_id: str, key: str) -> str:
+    from selenium.webdriver.common.by import By
+
+    th = d.find_element(By.CSS_SELECTOR, f'#table-{class_id} thead th[data-key="{key}"]')
+    th.find_element(By.TAG_NAME, "button").click()
+    return str(th.get_attribute("aria-sort"))
+
+
+def test_no_console_errors_and_no_network(loaded: Any) -> None:
+    severe = [e for e in loaded.get_log("browser") if e.get("level") == "SEVERE"]
+    assert severe == []
+    resources = loaded.execute_script("return performance.getEntriesByType('resource').map(e => e.name)")
+    assert resources == []  # everything is inline: not one request
+
+
+def test_charts_are_drawn(loaded: Any, site: dict[str, Any]) -> None:
+    figs = _figures(loaded)
+    assert len(figs) == len(site["json"]["classes"]) + 1  # a bar chart per class, one scaling chart
+    for cid, fig in figs.items():
+        n_svg = loaded.execute_script(
+            "return document.querySelectorAll('#' + arguments[0] + ' svg.main-svg').length", cid)
+        assert n_svg >= 1, cid
+        if cid.startswith("chart-bars-"):
+            bars = loaded.execute_script(
+                "return document.querySelectorAll('#' + arguments[0] + ' g.trace.bars g.point').length", cid)
+            assert bars == 2 * len(fig["data"][0]["x"]), cid  # write and read per result
+        else:
+            lines = loaded.execute_script(
+                "return document.querySelectorAll('#' + arguments[0] + ' g.trace.scatter').length", cid)
+            assert lines == len(fig["data"])
+
+
+def test_table_values_match_the_json_output(loaded: Any, site: dict[str, Any]) -> None:
+    for cls in site["json"]["classes"]:
+        cells = _table_cells(loaded, cls["id"])
+        expected = [[fmt(row[c.key], c) for c in COLUMNS] for row in cls["rows"]]
+        assert cells == expected, cls["id"]
+    headers = loaded.execute_script(
+        "return Array.from(document.querySelectorAll('table.lb')[0].tHead.rows[0].cells)"
+        ".map(h => h.querySelector('.name').textContent + '|' + "
+        "(h.querySelector('.unit') ? h.querySelector('.unit').textContent : ''))")
+    assert headers == [f"{c.name}|{c.unit}" for c in COLUMNS]
+
+
+def test_every_row_links_to_its_bundle(loaded: Any, site: dict[str, Any]) -> None:
+    links = loaded.execute_script(
+        "return Array.from(document.querySelectorAll('table.lb tbody tr')).map("
+        "r => [r.dataset.id, r.cells[0].querySelector('a').href])")
+    rows = {r["result_id"]: r["bundle"] for c in site["json"]["classes"] for r in c["rows"]}
+    assert len(links) == len(rows)
+    for rid, href in links:
+        target = Path(unquote(urlparse(href).path))
+        assert target.exists(), href
+        assert target.resolve() == (site["root"] / rows[rid]).resolve()
+
+
+def test_clicking_a_header_sorts_both_ways(loaded: Any, site: dict[str, Any]) -> None:
+    cls = next(c for c in site["json"]["classes"] if c["id"] == "open-llama3_8b-scaled")
+    cid, rows = cls["id"], cls["rows"]
+    order = {r["result_id"]: i for i, r in enumerate(rows)}
+
+    def ids() -> list[str]:
+        return _column(loaded, cid, "result_id")
+
+    assert ids() == [r["result_id"] for r in rows]  # as published: write bandwidth, highest first
+    # Numeric column: highest first, then reversed; ties keep the published order.
+    assert _click(loaded, cid, "ranks") == "descending"
+    assert ids() == [r["result_id"] for r in sorted(rows, key=lambda r: (-r["ranks"], order[r["result_id"]]))]
+    assert _column(loaded, cid, "ranks")[0] == "16"  # numeric order (as text, "8" > "16")
+    assert _click(loaded, cid, "ranks") == "ascending"
+    assert ids() == [r["result_id"] for r in sorted(rows, key=lambda r: (r["ranks"], order[r["result_id"]]))]
+    assert _click(loaded, cid, "read_gib_s") == "descending"
+    got = [float(v) for v in _column(loaded, cid, "read_gib_s")]
+    assert got == sorted(got, reverse=True)
+    assert _click(loaded, cid, "read_gib_s") == "ascending"
+    assert [float(v) for v in _column(loaded, cid, "read_gib_s")] == sorted(got)
+    # Text column: A→Z first, then Z→A.
+    assert _click(loaded, cid, "mode") == "ascending"
+    by_mode = sorted(rows, key=lambda r: (r["mode"].lower(), order[r["result_id"]]))
+    assert ids() == [r["result_id"] for r in by_mode]
+    assert _click(loaded, cid, "mode") == "descending"
+    modes = _column(loaded, cid, "mode")
+    assert modes == sorted(modes, key=str.lower, reverse=True)
+    # The published order again: the write column was sorted descending, one click reverses it.
+    assert _click(loaded, cid, "write_gib_s") == "descending"
+    assert ids() == [r["result_id"] for r in rows]
+    assert _click(loaded, cid, "write_gib_s") == "ascending"
+    assert ids() == [r["result_id"] for r in reversed(rows)]
+    # Missing values stay last in both directions.
+    nr = next(c for c in site["json"]["classes"] if c["id"] == "open-llama_7b_zero3-full")["id"]
+    for _ in range(2):
+        _click(loaded, nr, "read_gib_s")
+        assert _column(loaded, nr, "read_gib_s")[-1] == "—"
+
+
+def test_screenshot(loaded: Any, site: dict[str, Any], tmp_path: Path) -> None:
+    _open(loaded, site["page"])  # as published (other tests sort the tables)
+    height = int(loaded.execute_script("return document.documentElement.scrollHeight"))
+    loaded.set_window_size(1400, min(height + 40, 8000))
+    shot = tmp_path / "leaderboard.png"
+    assert loaded.save_screenshot(str(shot))
+    assert shot.stat().st_size > 50_000
+    out_dir = os.environ.get("MLCKPT_SCREENSHOT_DIR")
+    if out_dir:
+        Path(out_dir).mkdir(parents=True, exist_ok=True)
+        shutil.copy(shot, Path(out_dir) / "leaderboard.png")
+    loaded.set_window_size(1400, 1000)
