@@ -4,6 +4,12 @@ Every rank runs ``Runner.run``.  Each step that can fail locally ends in a colle
 ``_agree``: if any rank failed, every rank raises the same error (rank 0 prints it), so no rank
 waits forever in a barrier.  Timing is per rank on its host's monotonic clock between leaving a
 barrier and its last byte being durable (writes) or read (reads); metrics take the max over ranks.
+
+Two guards cover ranks that never get to an agreement.  A rank that stalls (a hung syscall, dead
+storage): every timed op is watched by a thread on rank 0 (``_OpWatch``, ``io.timeout_s``), which
+names the late ranks, removes this run's files and aborts the MPI job.  A rank that dies (SIGKILL,
+the OOM killer): mpiexec then kills every rank, so rank 0's ``Guardian`` process, forked before
+MPI starts, names the rank that died first and removes this run's files.
 """
 
 from __future__ import annotations
@@ -11,8 +17,11 @@ from __future__ import annotations
 import json
 import os
 import secrets
+import select
 import shutil
+import signal
 import socket
+import stat
 import sys
 import threading
 import time
@@ -28,7 +37,7 @@ import yaml
 
 from mlckpt import __version__, bundle, engine
 from mlckpt.config import Setup, setup
-from mlckpt.errors import InternalError, MlckptError, UsageError, VerificationError
+from mlckpt.errors import InternalError, IOFailure, MlckptError, UsageError, VerificationError
 from mlckpt.metrics import RECORDS_FORMAT, dlio_compat, summarize
 from mlckpt.result_checks import DATA_SCHEME, RunData
 from mlckpt.rules import HostSpec, rank_shift, verdict
@@ -43,6 +52,8 @@ from mlckpt.units import GiB, fmt_bytes
 RUN_FORMAT = 1
 RUN_MARKER = ".mlckpt-run"  # marks a checkpoint run folder as ours (see folder gate)
 BAR_AFTER_S = 3.0  # show a progress bar inside an op that takes longer than this
+WATCH_POLL_S = 0.01  # how often rank 0's op watch looks for the other ranks' "done"
+_DONE_TAG = 7  # tag of the "done" messages, on the runner's private duplicate communicator
 
 
 @dataclass
@@ -59,7 +70,8 @@ class CollectiveFailure(MlckptError):
 
     def __init__(self, failures: list[Failure]) -> None:
         first = failures[0]
-        more = f" (and {len(failures) - 1} more ranks)" if len(failures) > 1 else ""
+        n = len(failures) - 1
+        more = f" (and {n} more rank{'s' if n > 1 else ''})" if n else ""
         # Bad input is the same on every rank: name the problem, not a rank.
         where = "" if first.status == 2 else f"rank {first.rank} on {first.host}: "
         super().__init__(f"{where}{first.message}{more}")
@@ -72,6 +84,7 @@ class Runner:
     comm: Any
     overrides: list[str]
     out: Any = field(default=sys.stdout)
+    guardian: Guardian | None = None  # rank 0 only (see Guardian)
 
     def __post_init__(self) -> None:
         self.rank: int = self.comm.Get_rank()
@@ -80,10 +93,12 @@ class Runner:
         self.log_lines: list[str] = []
         self.created_files: list[str] = []
         self.created_dirs: list[Path] = []
+        self.wcomm: Any = None  # private duplicate of comm for the op watch's messages
 
     # ------------------------------------------------------------------ collective helpers
     @contextmanager
     def step(self, what: str) -> Iterator[None]:
+        self._note(step=what)
         err: BaseException | None = None
         try:
             yield
@@ -111,6 +126,11 @@ class Runner:
             stamp = datetime.now(timezone.utc).strftime("%H:%M:%S")
             self.log_lines.append(f"{stamp} {line}")
             print(line, file=self.out, flush=True)
+
+    def _note(self, **msg: Any) -> None:
+        """Rank 0 tells its guardian what is going on (a pipe write, never inside a timed region)."""
+        if self.guardian is not None:
+            self.guardian.send(**msg)
 
     # ------------------------------------------------------------------ the run
     def run(self) -> Path | None:
@@ -157,6 +177,13 @@ class Runner:
         cfg = self.setup.config
         folder = Path(cfg["checkpoint"]["folder"]).absolute()
         names = self.comm.allgather(self.host)
+        # The life pipe: its write end closes when this process dies, which rank 0's guardian
+        # sees at once (it opens the read end through /proc).  Both ends stay open for good.
+        self._life = os.pipe()
+        pids = self.comm.allgather((os.getpid(), self._life[0]))
+        self.rank_hosts = names
+        self._note(ranks=[[r, pid, h, fd] for r, ((pid, fd), h) in enumerate(zip(pids, names, strict=True))],
+                   host=self.host)
         order = list(dict.fromkeys(names))
         leader = names.index(self.host) == self.rank
         local: dict[str, Any] | None = None
@@ -222,6 +249,8 @@ class Runner:
         self.run_name = self.comm.bcast(_run_name(cfg, self.run_id) if self.rank == 0 else None)
         root = Path(ck["folder"]).absolute() / self.run_name
         self.ckpt_root = root
+        self.timeout_s = float(cfg["io"]["timeout_s"])
+        self.wcomm = self.comm.Dup()
         leader = next(h for h in hosts if self.rank in h.ranks).ranks[0] == self.rank
         with self.step("checkpoint folder"):
             if leader:
@@ -229,6 +258,11 @@ class Runner:
                 # the end when empty; pre-existing ones are never touched.
                 missing = [p for p in (root.parent, *root.parent.parents) if not p.exists()]
                 self.created_dirs.extend(missing)
+                if self.rank == 0:  # before the first mkdir: the guardian can undo all of it
+                    self._note(run=str(root), keep=bool(ck["keep"]), dirs=[str(d) for d in missing],
+                               names=[[f.name for f in rp.files] for rp in plan.rank_plans],
+                               partial=str(Path(cfg["output"]["root"]).absolute()
+                                           / f".{self.run_name}.partial"))
                 root.mkdir(parents=True, exist_ok=True)
                 (root / RUN_MARKER).touch()
                 self.created_dirs.append(root)
@@ -278,6 +312,7 @@ class Runner:
             if cfg["cache"]["drop_system"] and leader:
                 engine.drop_caches()
             _test_flip(self.rank, root / "ckpt-0001", [f.name for f in mine])
+            _test_corrupt(self.rank, root, plan)
         scratch = engine.alloc(engine.VERIFY_SCRATCH_BYTES)
         for k in range(1, nr + 1):
             c = (k - 1) % nw + 1
@@ -314,7 +349,7 @@ class Runner:
                     if bad is not None:
                         rec["mismatches"] += 1
                         raise VerificationError(
-                            f"verification failed reading {fio.path}: {bad.describe()}",
+                            f"read {k}: verification failed reading {fio.path}: {bad.describe()}",
                             rank=self.rank, file=fio.path, offset=bad.offset)
                     rec["verified_bytes"] += fio.nbytes
             records += self._collect(rec, "read", k, nr, plan.restore_bytes(ck["restore"]))
@@ -323,29 +358,91 @@ class Runner:
 
     def _timed(self, op: str, index: int, ckpt: int, action: Callable[[], Any], nbytes: int,
                nfiles: int, opts: engine.IOOptions) -> dict[str, Any]:
-        """One timed op on this rank (``action``), after a barrier; every rank agrees on failure."""
-        self.comm.Barrier()
-        wall = time.time()
-        bar = _ProgressBar(self, op, index, nbytes) if self.rank == 0 else None
-        t0 = time.perf_counter_ns()
-        err: BaseException | None = None
+        """One timed op on this rank (``action``), after a barrier; every rank agrees on failure.
+
+        The op is watched (io.timeout_s): each rank reports "done" to rank 0 after taking t1, and
+        a thread on rank 0 aborts the job if some rank has not reported by the deadline."""
+        action = _test_fault(self.rank, op, index, action)
+        self._note(step=f"{op} {index}", ckpt=ckpt)
+        watch = _OpWatch(self, op, index, ckpt) if self.rank == 0 else None
+        sent = None
         try:
-            action()
-        except engine.StreamMismatch as exc:
-            err = VerificationError(f"verification failed reading {exc.path}: {exc.mismatch.describe()}",
-                                    rank=self.rank, file=exc.path, offset=exc.mismatch.offset)
-        except MlckptError as exc:
-            err = exc
-        except Exception as exc:
-            err = InternalError(f"{op} {index}: {type(exc).__name__}: {exc}")
-        t1 = time.perf_counter_ns()
-        if bar:
-            bar.stop()
-        self._agree(err)
+            self.comm.Barrier()
+            wall = time.time()
+            bar = _ProgressBar(self, op, index, nbytes) if self.rank == 0 else None
+            t0 = time.perf_counter_ns()
+            err: BaseException | None = None
+            try:
+                action()
+            except engine.StreamMismatch as exc:
+                err = VerificationError(
+                    f"{op} {index}: verification failed reading {exc.path}: {exc.mismatch.describe()}",
+                    rank=self.rank, file=exc.path, offset=exc.mismatch.offset)
+            except IOFailure as exc:
+                err = IOFailure(f"{op} {index}: {exc}", op=exc.op, path=exc.path, errno=exc.errno,
+                                offset=exc.offset)
+            except MlckptError as exc:
+                err = exc
+            except Exception as exc:
+                err = InternalError(f"{op} {index}: {type(exc).__name__}: {exc}")
+            t1 = time.perf_counter_ns()
+            # Timing is over: tell rank 0's watch that this rank is done.
+            if watch is not None:
+                watch.own_done()
+            else:
+                sent = self.wcomm.isend(index, dest=0, tag=_DONE_TAG)
+            if bar:
+                bar.stop()
+            self._agree(err)
+        finally:
+            if watch is not None:
+                watch.finish()
+            elif sent is not None:
+                sent.wait()
         return {"op": op, "index": index, "checkpoint": ckpt, "rank": self.rank, "host": self.host,
                 "t0_ns": t0, "t1_ns": t1, "wall_start": wall, "bytes": nbytes,
                 "files": nfiles, "fsync": bool(op == "write" and opts.fsync),
                 "direct": opts.direct, "dontcache": opts.dontcache}
+
+    def _op_paths(self, rank: int, op: str, ckpt: int) -> list[str]:
+        """The files ``rank`` writes (or reads) in op ``op`` of checkpoint ``ckpt``."""
+        cdir = self.ckpt_root / f"ckpt-{ckpt:04d}"
+        plan, ck = self.setup.plan, self.setup.config["checkpoint"]
+        if op == "write":
+            return [str(cdir / f.name) for f in plan.rank_plans[rank].files]
+        return [str(cdir / rd.file.name) for rd in plan.restore_reads(rank, ck["restore"], self.shift)]
+
+    def _stalled(self, op: str, index: int, ckpt: int, ranks: list[int], elapsed: float) -> None:
+        """Rank 0's watch thread, at the deadline: one line naming the stalled ranks, this run's
+        planned files removed (unless kept), then MPI_Abort so that every rank ends."""
+        who = ", ".join(f"{r} on {self.rank_hosts[r]}" for r in ranks[:8]) + (" …" if len(ranks) > 8 else "")
+        files = self._op_paths(ranks[0], op, ckpt)
+        doing = "writing" if op == "write" else "reading"
+        shown = ""
+        if files:
+            shown = f", {doing} {files[0]}" + (f" (+{len(files) - 1} more)" if len(files) > 1 else "")
+        timeout = f"{self.timeout_s:g}"
+        line = (f"rank{'s' if len(ranks) > 1 else ''} {who}: {op} {index} did not finish within "
+                f"io.timeout_s={timeout} ({elapsed:.1f} s elapsed: a stalled rank or unresponsive "
+                f"storage){shown}; aborting the MPI job")
+        cfg = self.setup.config
+        upto = ckpt if op == "write" else int(cfg["checkpoint"]["num_writes"])
+        try:
+            line += "; " + sweep_run(
+                self.ckpt_root, [f.name for rp in self.setup.plan.rank_plans for f in rp.files], upto,
+                keep=bool(cfg["checkpoint"]["keep"]),
+                dirs=[d for d in self.created_dirs if not d.is_relative_to(self.ckpt_root)])
+        except Exception as exc:  # never let cleanup stop the abort
+            line += f"; cleanup failed: {exc}"
+        stamp = datetime.now(timezone.utc).strftime("%H:%M:%S")
+        self.log_lines.append(f"{stamp} error: {line}")
+        try:
+            print(f"mlckpt: error: {line}", file=sys.stderr, flush=True)
+        finally:
+            if self.guardian is not None:
+                self.guardian.end("reported")
+            self.comm.Abort(1)
+            os._exit(1)  # pragma: no cover - Abort does not return
 
     def _collect(self, rec: dict[str, Any], op: str, k: int, n: int, total: int) -> list[dict[str, Any]]:
         recs = self.comm.gather(rec, root=0)
@@ -376,6 +473,8 @@ class Runner:
                     pass
                 except OSError as exc:
                     print(f"mlckpt: warning: could not remove {path}: {exc}", file=sys.stderr)
+        # From here on ranks may end normally: the guardian no longer blames the first to go.
+        self._note(step="cleanup and result", final=True)
         try:
             self.comm.Barrier()
         except Exception:  # the world may be broken already; cleanup is best effort
@@ -497,11 +596,455 @@ class _ProgressBar:
                 sys.stderr.write("\r" + " " * 50 + "\r")
 
 
+class _OpWatch:
+    """Rank 0's deadline for one timed op.  Every other rank sends a small "done" message (on the
+    runner's duplicate communicator) after taking its t1; a thread on rank 0 collects them, polling
+    every WATCH_POLL_S, and at io.timeout_s after rank 0 entered the op's barrier calls
+    ``Runner._stalled`` with the ranks still missing.  A thread, so it works whatever rank 0's
+    main thread is doing (its own I/O, waiting in a collective, or stalled itself)."""
+
+    def __init__(self, runner: Runner, op: str, index: int, ckpt: int) -> None:
+        self.runner, self.op, self.index, self.ckpt = runner, op, index, ckpt
+        self.start = time.monotonic()
+        self.pending = set(range(1, runner.size))
+        self.own = False  # rank 0 finished its own part of the op
+        self.finished = threading.Event()
+        self.thread = threading.Thread(target=self._loop, name="mlckpt-op-watch", daemon=True)
+        self.thread.start()
+
+    def _drain(self) -> None:
+        from mpi4py import MPI
+
+        status = MPI.Status()
+        comm = self.runner.wcomm
+        while self.pending and comm.Iprobe(source=MPI.ANY_SOURCE, tag=_DONE_TAG, status=status):
+            src = status.Get_source()
+            comm.recv(source=src, tag=_DONE_TAG)
+            self.pending.discard(src)
+
+    def _loop(self) -> None:
+        deadline = self.start + self.runner.timeout_s
+        while not self.finished.is_set():
+            self._drain()
+            if self.own and not self.pending:
+                return
+            now = time.monotonic()
+            if now >= deadline:
+                late = sorted(self.pending | ({0} if not self.own else set()))
+                self.runner._stalled(self.op, self.index, self.ckpt, late, now - self.start)
+                return
+            self.finished.wait(min(WATCH_POLL_S, deadline - now))
+
+    def own_done(self) -> None:
+        self.own = True
+
+    def finish(self) -> None:
+        """After the op's agreement (every rank has sent "done"): stop and collect the rest."""
+        self.finished.set()
+        self.thread.join()
+        if self.own:
+            for src in sorted(self.pending):
+                self.runner.wcomm.recv(source=src, tag=_DONE_TAG)
+            self.pending.clear()
+
+
+def sweep_run(root: Path, names: Sequence[str], upto: int, *, keep: bool, dirs: Sequence[Path | str] = (),
+              partial: str | None = None) -> str:
+    """Remove what a run that cannot finish normally left: the planned checkpoint files
+    ``root/ckpt-K/NAME`` (K = 1..upto, NAME one of ``names``; regular files only), the emptied
+    checkpoint folders, the run marker and ``root`` once nothing else is in it, then ``dirs`` (the
+    folders the run created above ``root``) when empty, and ``partial`` (the run's unfinished
+    result folder).  Nothing else is touched.  Returns a short account for the user."""
+    if partial:
+        shutil.rmtree(partial, ignore_errors=True)
+    if keep:
+        return f"checkpoint.keep=true: checkpoint files kept in {root}"
+    removed, left = 0, 0
+    wanted = set(names)
+    for k in range(1, upto + 1):
+        cdir = root / f"ckpt-{k:04d}"
+        for name in wanted:
+            path = cdir / name
+            try:
+                if stat.S_ISREG(path.lstat().st_mode):
+                    path.unlink()
+                    removed += 1
+            except FileNotFoundError:
+                pass
+            except OSError:
+                left += 1
+        try:
+            cdir.rmdir()
+        except OSError:
+            pass
+    try:
+        if [e.name for e in os.scandir(root)] == [RUN_MARKER]:
+            (root / RUN_MARKER).unlink()
+        root.rmdir()
+    except FileNotFoundError:
+        pass
+    except OSError:
+        left += 1
+    for d in sorted((Path(x) for x in dirs), key=lambda p: len(p.parts), reverse=True):
+        try:
+            d.rmdir()
+        except OSError:
+            pass
+    note = f"removed {removed} checkpoint file{'s' if removed != 1 else ''} of this run"
+    if left or root.exists():
+        note += f"; some entries could not be removed, see {root}"
+    return note
+
+
+class Guardian:
+    """Rank 0's helper process, so that a rank killed mid-run is still named and cleaned up after.
+
+    When a rank dies (SIGKILL, the OOM killer, a crash), mpiexec kills every other rank at once,
+    rank 0 included, so no rank can say what happened nor remove the run's files.  So rank 0
+    forks, before MPI starts, a small process in its own session (mpiexec's cleanup signals the
+    ranks' process groups, not it).  Rank 0 tells it over a pipe the ranks' pids and hosts, this
+    run's planned paths and the step in progress.  When rank 0 ends without saying goodbye, the
+    guardian waits for this host's ranks to be gone, prints one line naming the first local rank
+    that died (pidfd order), its exit and the step it was in, removes this run's planned
+    checkpoint files (``sweep_run``; unless checkpoint.keep) and exits.  Its stdout and stderr are
+    rank 0's, so mpiexec forwards that line.  Ranks on other hosts are not watched: if none of
+    this host's ranks died first, the line says so.
+    """
+
+    def __init__(self, wfd: int | None = None) -> None:
+        self.wfd = wfd
+
+    @classmethod
+    def start(cls) -> Guardian | None:
+        if _launcher_rank() != 0 or os.environ.get("MLCKPT_GUARDIAN") == "0" \
+                or not hasattr(os, "pidfd_open"):
+            return None
+        rfd, wfd = os.pipe()
+        parent = os.getpid()
+        try:
+            pid = os.fork()
+        except OSError:
+            os.close(rfd)
+            os.close(wfd)
+            return None
+        if pid == 0:  # the guardian
+            code = 0
+            try:
+                os.close(wfd)
+                _guardian_main(rfd, parent)
+            except BaseException:
+                code = 1
+            finally:
+                os._exit(code)
+        os.close(rfd)
+        return cls(wfd)
+
+    def send(self, **msg: Any) -> None:
+        if self.wfd is None:
+            return
+        data = (json.dumps(msg, separators=(",", ":")) + "\n").encode()
+        try:
+            while data:
+                data = data[os.write(self.wfd, data):]
+        except OSError:  # the guardian is gone: carry on without it
+            self.close()
+
+    def end(self, how: str) -> None:
+        """Goodbye: ``clean`` (rank 0 finished and cleaned up) or ``reported`` (rank 0 reported the
+        failure itself and is aborting the job)."""
+        self.send(end=how)
+        self.close()
+
+    def close(self) -> None:
+        if self.wfd is not None:
+            fd, self.wfd = self.wfd, None
+            try:
+                os.close(fd)
+            except OSError:
+                pass
+
+
+def _launcher_rank() -> int | None:
+    """This process's rank as the MPI launcher announces it (before MPI starts), if it does."""
+    for var in ("PMI_RANK", "PMIX_RANK", "OMPI_COMM_WORLD_RANK"):
+        value = os.environ.get(var, "")
+        if value.isdigit():
+            return int(value)
+    return None
+
+
+def _exit_how(pid: int) -> str:
+    """How a process that just ended did so, read while it is a zombie (best effort)."""
+    try:
+        with open(f"/proc/{pid}/stat", "rb") as fh:
+            raw = fh.read().decode("ascii", "replace")
+        code = int(raw[raw.rindex(")") + 2:].split()[-1])  # field 52, exit_code
+    except (OSError, ValueError, IndexError):
+        return ""
+    if os.WIFSIGNALED(code):
+        sig = os.WTERMSIG(code)
+        try:
+            name = signal.Signals(sig).name
+        except ValueError:
+            name = "?"
+        return f"killed by signal {sig}, {name}"
+    if os.WIFEXITED(code):
+        return f"exited with status {os.WEXITSTATUS(code)}"
+    return ""
+
+
+def _guardian_main(rfd: int, parent: int) -> None:
+    """The guardian's loop (see Guardian).  Who died first is told by the *life pipes*: each rank
+    holds the write end of a pipe whose read end the guardian opens through /proc; it reports end
+    of file the moment the rank's files are closed as it dies, before mpiexec can even notice and
+    kill the others (pidfds only fire once a process is completely gone, which for a rank with a
+    large address space can come after mpiexec has killed the rest).  The control pipe is rank
+    0's life pipe."""
+    os.setsid()
+    for sig in (signal.SIGINT, signal.SIGHUP):
+        signal.signal(sig, signal.SIG_IGN)
+    os.closerange(3, rfd)
+    os.closerange(rfd + 1, 1 << 16)
+    poller = select.poll()
+    poller.register(rfd, select.POLLIN)
+    life: dict[int, int] = {}  # life-pipe fd -> rank
+    pidfds: dict[int, tuple[int, int]] = {}  # pidfd -> (rank, pid)
+    pids: dict[int, int] = {0: parent}
+    how: dict[int, str] = {}
+    first: list[int] = []  # the rank(s) whose end was seen first, while the run was going on
+    state: dict[str, Any] = {"step": "start-up", "ckpt": 0, "cur": 0, "hosts": {0: socket.gethostname()}}
+
+    def watch(rank: int, pid: int, life_fd: int | None) -> None:
+        pids[rank] = pid
+        try:
+            fd = os.pidfd_open(pid)
+        except OSError:
+            ended([rank])
+            return
+        pidfds[fd] = (rank, pid)
+        poller.register(fd, select.POLLIN)
+        if life_fd is not None:
+            try:
+                lfd = os.open(f"/proc/{pid}/fd/{life_fd}", os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC)
+            except OSError:
+                return  # the pidfd alone will do
+            life[lfd] = rank
+            poller.register(lfd, select.POLLIN)
+
+    def ended(ranks: list[int]) -> None:
+        if ranks and not first and not state.get("final"):
+            first.extend(sorted(ranks))
+
+    def handle(msg: dict[str, Any]) -> None:
+        if "ranks" in msg:
+            for rank, pid, host, life_fd in msg["ranks"]:
+                state["hosts"][rank] = host
+                if host == msg["host"] and rank != 0:
+                    watch(rank, pid, life_fd)
+        if "step" in msg:
+            state["step"] = msg["step"]
+            state["cur"] = int(msg.get("ckpt", 0))
+            if str(msg["step"]).startswith("write "):
+                state["ckpt"] = max(state["ckpt"], state["cur"])
+        for k in ("run", "names", "keep", "dirs", "partial", "end", "final"):
+            if k in msg:
+                state[k] = msg[k]
+
+    def gone(fd: int) -> int | None:
+        """A pidfd fired: that process is completely gone.  Returns its rank if it has no life pipe."""
+        rank, pid = pidfds.pop(fd)
+        poller.unregister(fd)
+        how[rank] = _exit_how(pid)
+        os.close(fd)
+        return rank if rank not in life.values() else None  # rank 0: see the caller
+
+    try:
+        pfd = os.pidfd_open(parent)
+        pidfds[pfd] = (0, parent)
+        poller.register(pfd, select.POLLIN)
+    except OSError:
+        pass
+    buf = b""
+    rank0_gone = False
+    while not rank0_gone:
+        batch: list[int] = []
+        for fd, _ev in poller.poll():
+            if fd == rfd:
+                data = os.read(rfd, 1 << 16)
+                if data:
+                    buf += data
+                    *lines, buf = buf.split(b"\n")
+                    for line in lines:
+                        handle(json.loads(line))
+                else:
+                    rank0_gone = True
+                    poller.unregister(rfd)
+                    batch.append(0)
+            elif fd in life:
+                batch.append(life.pop(fd))
+                poller.unregister(fd)
+                os.close(fd)
+            elif fd in pidfds:
+                rank = gone(fd)
+                if rank == 0 and not rank0_gone:  # its control pipe is still open elsewhere
+                    rank0_gone = True
+                    batch.append(0)
+                elif rank:
+                    batch.append(rank)
+        ended(sorted(set(batch)))
+    if state.get("end"):
+        return
+    # Rank 0 is gone without a goodbye.  Let this host's other ranks end too (mpiexec is killing
+    # them) so that nothing writes while the run's files are removed.
+    until = time.monotonic() + 5.0
+    while pidfds and time.monotonic() < until:
+        for fd, _ev in poller.poll(100):
+            if fd in pidfds:
+                gone(fd)
+            elif fd in life:
+                life.pop(fd)
+                poller.unregister(fd)
+                os.close(fd)
+    culprits = first or [0]
+    step = state["step"]
+    hosts = state["hosts"]
+    if len(culprits) == 1:
+        rank = culprits[0]
+        what = f"rank {rank} on {hosts.get(rank, '?')} (pid {pids.get(rank, '?')}) died during {step}"
+        what += f" ({how[rank]})" if how.get(rank) else ""
+    else:
+        what = (f"ranks {', '.join(map(str, culprits))} on {hosts.get(culprits[0], '?')} died at the same "
+                f"moment during {step}")
+    op = step.split()[0] if step else ""
+    if op in ("write", "read") and state.get("run") and state.get("cur"):
+        cdir = Path(state["run"]) / f"ckpt-{state['cur']:04d}"
+        names = state.get("names") or []
+        rank = culprits[0]
+        if op == "write" and rank < len(names) and names[rank]:
+            more = len(names[rank]) - 1
+            what += f", writing {cdir / names[rank][0]}" + (f" (+{more} more)" if more else "")
+        else:
+            what += f", reading from {cdir}"
+    line = f"mlckpt: error: {what}; the MPI job was ended"
+    if state.get("run"):
+        try:
+            line += "; " + sweep_run(
+                Path(state["run"]), [n for ns in state.get("names", []) for n in ns],
+                int(state["ckpt"]), keep=bool(state.get("keep")), dirs=state.get("dirs", []),
+                partial=state.get("partial"))
+        except Exception as exc:  # never let cleanup hide the report
+            line += f"; cleanup failed: {exc}"
+    try:
+        print(line, file=sys.stderr, flush=True)
+    except OSError:
+        pass
+
+
 def _offsets(sizes: Sequence[int]) -> list[int]:
     out = [0]
     for n in sizes:
         out.append(out[-1] + pages(n) * PAGE)
     return out
+
+
+TEST_FAULT_ENV = "MLCKPT_TEST_FAULT"
+TEST_FAULT_READY_ENV = "MLCKPT_TEST_FAULT_READY"
+TEST_CORRUPT_ENV = "MLCKPT_TEST_CORRUPT"
+
+
+def _test_fault(rank: int, op: str, index: int, action: Callable[[], Any]) -> Callable[[], Any]:
+    """TEST-ONLY fault hook (never set it in a real run).  ``MLCKPT_TEST_FAULT=KIND:R:OP:K``
+    (OP ``write`` or ``read``) acts on rank R inside its timed op OP K, after t0 and before its
+    first byte.  KIND ``stall``: sleep forever (a stalled rank); ``kill``: SIGKILL itself (a killed
+    rank); ``pause``: wait until the ready file below is removed, then do the op (so a test can
+    change the world under a running op, e.g. fill the filesystem).  With
+    ``MLCKPT_TEST_FAULT_READY=PATH`` the rank first writes its pid to PATH (``pause`` needs it),
+    so a test knows the rank got there, or can kill it from outside.  Returns ``action`` itself
+    when no fault applies."""
+    spec = os.environ.get(TEST_FAULT_ENV)
+    if not spec:
+        return action
+    kind, frank, fop, findex = spec.split(":")
+    if (int(frank), fop, int(findex)) != (rank, op, index):
+        return action
+
+    def faulty() -> None:
+        ready = os.environ.get(TEST_FAULT_READY_ENV)
+        if ready:
+            tmp = f"{ready}.tmp"
+            with open(tmp, "w") as fh:
+                fh.write(f"{os.getpid()}\n")
+            os.replace(tmp, ready)
+        if kind == "kill":
+            os.kill(os.getpid(), signal.SIGKILL)
+        if kind == "pause" and ready:
+            while os.path.exists(ready):
+                time.sleep(0.01)
+            return action()
+        while True:  # stall
+            time.sleep(3600)
+
+    if kind not in ("stall", "kill", "pause"):
+        raise InternalError(f"{TEST_FAULT_ENV}: unknown fault {kind!r}")
+    return faulty
+
+
+def _replace_with_copy(src: str, dst: str) -> None:
+    """``dst`` becomes a copy of ``src`` (same directory temp file, then rename; fsynced)."""
+    tmp = f"{dst}.mlckpt-test-tmp"
+    shutil.copyfile(src, tmp)
+    fd = os.open(tmp, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+    os.replace(tmp, dst)
+
+
+def _test_corrupt(rank: int, root: Path, plan: Any) -> None:
+    """TEST-ONLY corruption hook (never set it in a real run), applied between the write and read
+    phases like ``_test_flip``.  ``MLCKPT_TEST_CORRUPT`` is one of:
+
+    * ``truncate:R:I:N``: rank R truncates its plan file I of checkpoint 1 to N bytes;
+    * ``swap:R:S:I``: rank R swaps its plan file I of checkpoint 1 with rank S's file I;
+    * ``stale:R:I``: rank R replaces its file I of checkpoint 2 with a copy of checkpoint 1's;
+    * ``foreign:R:I:PATH``: rank R replaces its file I of checkpoint 1 with a copy of PATH (e.g. the
+      same file kept from an earlier run).
+    """
+    spec = os.environ.get(TEST_CORRUPT_ENV)
+    if not spec:
+        return
+    kind, _, rest = spec.partition(":")
+    parts = rest.split(":", 3 if kind == "foreign" else -1)
+    if int(parts[0]) != rank:
+        return
+    mine = plan.rank_plans[rank].files
+    c1 = root / "ckpt-0001"
+    touched: list[Path] = []
+    if kind == "truncate":
+        path = c1 / mine[int(parts[1])].name
+        os.truncate(path, int(parts[2]))
+        touched = [path]
+    elif kind == "swap":
+        index = int(parts[2])
+        a, b = c1 / mine[index].name, c1 / plan.rank_plans[int(parts[1])].files[index].name
+        tmp = c1 / f"{a.name}.mlckpt-test-tmp"
+        os.rename(a, tmp)
+        os.rename(b, a)
+        os.rename(tmp, b)
+        touched = [a, b]
+    elif kind == "stale":
+        name = mine[int(parts[1])].name
+        _replace_with_copy(str(c1 / name), str(root / "ckpt-0002" / name))
+        touched = [root / "ckpt-0002" / name]
+    elif kind == "foreign":
+        path = c1 / mine[int(parts[1])].name
+        _replace_with_copy(parts[2], str(path))
+        touched = [path]
+    else:
+        raise InternalError(f"{TEST_CORRUPT_ENV}: unknown corruption {kind!r}")
+    for path in touched:
+        engine.evict(str(path))
 
 
 TEST_FLIP_ENV = "MLCKPT_TEST_FLIP"
@@ -622,19 +1165,24 @@ def _headline(s: dict[str, Any]) -> str:
 
 def mpi_main(overrides: Sequence[str]) -> int:
     """Entry point on every rank under mpiexec."""
-    from mpi4py import MPI
-
-    comm = MPI.COMM_WORLD
-    runner = Runner(comm, list(overrides))
+    guardian = Guardian.start()  # rank 0 only, and before MPI starts (no fork after MPI_Init)
     try:
-        bundle = runner.run()
-    except MlckptError as err:
-        if runner.rank == 0:
-            print(f"mlckpt: error: {err}", file=sys.stderr, flush=True)
-        return err.exit_status
-    if runner.rank == 0 and bundle is not None:
-        print(f"bundle: {bundle}", flush=True)
-    return 0
+        from mpi4py import MPI
+
+        comm = MPI.COMM_WORLD
+        runner = Runner(comm, list(overrides), guardian=guardian)
+        try:
+            bundle = runner.run()
+        except MlckptError as err:
+            if runner.rank == 0:
+                print(f"mlckpt: error: {err}", file=sys.stderr, flush=True)
+            return err.exit_status
+        if runner.rank == 0 and bundle is not None:
+            print(f"bundle: {bundle}", flush=True)
+        return 0
+    finally:
+        if guardian is not None:  # rank 0 got here: it reported and cleaned up itself
+            guardian.end("clean")
 
 
 if __name__ == "__main__":  # pragma: no cover
