@@ -357,7 +357,7 @@ def test_damaged_archive(honest_bundles: dict[str, Path], ops: list[Any]) -> Non
             i = min(int(where * len(data)), len(data) - 1)
             if op in ("flip", "insert"):
                 data[i] ^= byte or 1
-            elif op == "delete":
+            elif op == "delete" and len(data) > 1:
                 del data[i]
             else:
                 del data[max(i, 1):]
