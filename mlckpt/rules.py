@@ -122,9 +122,8 @@ class Evaluation:
     findings: tuple[Finding, ...]
     not_checked: tuple[tuple[str, str], ...]  # (rule id, reason)
 
-    @property
-    def verdict(self) -> str:
-        return verdict(self.findings, division=None)
+    def verdict(self, division: str) -> str:
+        return verdict(self.findings, division)
 
 
 CheckResult = Outcome | NotChecked | Iterable[Outcome | NotChecked]
@@ -173,7 +172,8 @@ class RuleSet:
             items = [result] if isinstance(result, Outcome | NotChecked) else list(result)
             for item in items:
                 if isinstance(item, NotChecked):
-                    skipped.append((rule.id, item.reason))
+                    if (rule.id, item.reason) not in skipped:  # once per rule, not per host
+                        skipped.append((rule.id, item.reason))
                 elif not item.ok:
                     findings.append(make_finding(rule, item))
         return Evaluation(tuple(findings), tuple(skipped))
