@@ -214,6 +214,8 @@ def bar_figure(t: ClassTable) -> dict[str, Any]:
                               "<extra>bars: mean · whiskers: min–max over ops</extra>"),
         })
     layout = _base_layout("Write and read bandwidth per result", "GiB/s")
+    if len(recs) <= 2:
+        layout["height"] = 320
     # Few results: narrower bars (plotly has no maximum bar width).
     layout.update(barmode="group", bargap=round(0.3 + 0.12 * max(0, 5 - len(recs)), 2), bargroupgap=0.08)
     layout["xaxis"] = {"type": "category", "tickvals": ids, "automargin": True,
