@@ -145,7 +145,7 @@ class Runner:
         hosts, facts = self._gates()
         with self.step("signing key"):
             # After the gates (a refused run writes nothing, not even a new key), before any I/O.
-            if self.rank == 0:
+            if self.rank == 0 and self.signing_key is None:
                 self.signing_key = resolve_signing_key(str(cfg["signing"]["key"]), self.say)
         try:
             records = self._phases(hosts)
@@ -166,6 +166,12 @@ class Runner:
         if self.rank == 0 and s.config.get("system"):
             # Before any I/O: a bad description must not cost a whole run.
             self.description = load_system_description(s.config["system"], s.rules.version)
+        if self.rank == 0:  # nor an output folder the result could never be written to
+            problem = output_problem(Path(s.config["output"]["root"]).absolute())
+            if problem:
+                raise UsageError(f"output.root: {problem}", key="output.root")
+            if str(s.config["signing"]["key"]) not in ("auto", "none"):  # nor a key that won't load
+                self.signing_key = resolve_signing_key(str(s.config["signing"]["key"]), self.say)
         if s.plan.ranks != self.size:
             raise UsageError(f"ranks={s.plan.ranks} but the MPI world has {self.size} ranks "
                              "(drop ranks= under mpiexec, or match -n)", key="ranks")
@@ -1112,6 +1118,19 @@ def folder_problem(folder: Path) -> str | None:
         return f"{parent} is not a directory"
     if not os.access(parent, os.W_OK | os.X_OK):
         return f"{parent} is not writable (needed to create {folder})"
+    return None
+
+
+def output_problem(root: Path) -> str | None:
+    """Why ``output.root`` cannot take result folders, or None: it must be a writable directory,
+    or be missing with a writable directory as its nearest existing ancestor."""
+    if root.is_symlink() and not root.exists():
+        return f"{root} is a dangling link"
+    target = root if root.exists() else existing_ancestor(root)
+    if not target.is_dir():
+        return f"{target} is not a directory"
+    if not os.access(target, os.W_OK | os.X_OK):
+        return f"{target} is not writable" + ("" if target == root else f" (needed to create {root})")
     return None
 
 
