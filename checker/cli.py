@@ -141,6 +141,10 @@ def cmd_check(args: argparse.Namespace) -> int:
     jobs = args.jobs if args.jobs is not None else (os.cpu_count() or 1)
     if jobs < 1:
         raise UsageError(f"--jobs: must be at least 1, got {jobs}")
+    if args.json is not None and str(args.json) != "-":
+        parent = args.json.parent if str(args.json.parent) else Path(".")
+        if not parent.is_dir() or args.json.is_dir():
+            raise UsageError(f"--json {args.json}: cannot write there (no such folder, or a folder)")
     keys_path = args.trusted_keys
     if keys_path is None:
         keys_path = root / TRUSTED_KEYS_FILE
