@@ -135,6 +135,10 @@ def cmd_check(args: argparse.Namespace) -> int:
     root: Path = args.root
     if not root.is_dir():
         raise UsageError(f"{root}: not a folder (expected a submission tree)")
+    try:
+        os.listdir(root)
+    except OSError as exc:
+        raise UsageError(f"{root}: cannot read: {exc.strerror or exc}") from None
     if args.rules is not None and args.rules not in known_rules_versions():
         raise UsageError(f"--rules: unknown rules version {args.rules!r}; known: "
                          f"{', '.join(known_rules_versions())}")

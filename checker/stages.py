@@ -405,8 +405,11 @@ def stage_integrity(st: State) -> None:
             st.passed("signature", "files", "paths")
             _check_signer_org(st, _signed_keyid(st.folder))
         raise Stop from None
-    except MlckptError as exc:  # the folder vanished or is unreadable
+    except MlckptError as exc:  # the folder vanished
         st.problem("files", ".", "a readable bundle folder", str(exc))
+        raise Stop from None
+    except OSError as exc:  # unreadable (permissions): say so, it is not a checker defect
+        st.problem("files", ".", "a readable bundle folder", f"cannot read: {exc.strerror or exc}")
         raise Stop from None
     st.passed("signature", "files", "paths")
     if not _check_signer_org(st, vb.keyid):
