@@ -257,6 +257,13 @@ class Runner:
         self.ckpt_root = root
         self.timeout_s = float(cfg["io"]["timeout_s"])
         self.wcomm = self.comm.Dup()
+        # The op watch calls MPI from a second thread on rank 0: only with MPI_THREAD_MULTIPLE.
+        from mpi4py import MPI
+
+        self.watching = MPI.Query_thread() >= MPI.THREAD_MULTIPLE
+        if not self.watching:
+            self.say("warning: this MPI library does not provide MPI_THREAD_MULTIPLE: io.timeout_s is "
+                     "not enforced (a stalled rank will hang the job)")
         leader = next(h for h in hosts if self.rank in h.ranks).ranks[0] == self.rank
         with self.step("checkpoint folder"):
             if leader:
@@ -370,7 +377,7 @@ class Runner:
         a thread on rank 0 aborts the job if some rank has not reported by the deadline."""
         action = _test_fault(self.rank, op, index, action)
         self._note(step=f"{op} {index}", ckpt=ckpt)
-        watch = _OpWatch(self, op, index, ckpt) if self.rank == 0 else None
+        watch = _OpWatch(self, op, index, ckpt) if self.rank == 0 and self.watching else None
         sent = None
         try:
             self.comm.Barrier()
@@ -395,7 +402,7 @@ class Runner:
             # Timing is over: tell rank 0's watch that this rank is done.
             if watch is not None:
                 watch.own_done()
-            else:
+            elif self.rank != 0 and self.watching:
                 sent = self.wcomm.isend(index, dest=0, tag=_DONE_TAG)
             if bar:
                 bar.stop()
@@ -824,16 +831,19 @@ def _guardian_main(rfd: int, parent: int) -> None:
         pids[rank] = pid
         try:
             fd = os.pidfd_open(pid)
-        except OSError:
+        except ProcessLookupError:  # gone already
             ended([rank])
             return
-        pidfds[fd] = (rank, pid)
-        poller.register(fd, select.POLLIN)
+        except OSError:  # no pidfds here (old kernel): the life pipe alone will do
+            pass
+        else:
+            pidfds[fd] = (rank, pid)
+            poller.register(fd, select.POLLIN)
         if life_fd is not None:
             try:
                 lfd = os.open(f"/proc/{pid}/fd/{life_fd}", os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC)
             except OSError:
-                return  # the pidfd alone will do
+                return  # the pidfd alone will do (if there is one)
             life[lfd] = rank
             poller.register(lfd, select.POLLIN)
 
