@@ -979,7 +979,10 @@ def generate_key(path: Path, passphrase: bytes | None = None) -> KeyInfo:
             raise UsageError(f"{p}: already exists; refusing to overwrite a key")
     if passphrase is not None and not passphrase:
         raise UsageError("empty passphrase; give a non-empty one or none")
-    path.parent.mkdir(parents=True, exist_ok=True, mode=0o700)
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True, mode=0o700)
+    except OSError as exc:  # a file in the way, a read-only mount, no permission: the user's to fix
+        raise UsageError(f"{path}: cannot create the key folder: {exc.strerror or exc}") from None
     key = Ed25519PrivateKey.generate()
     encryption: serialization.KeySerializationEncryption = (
         serialization.BestAvailableEncryption(passphrase) if passphrase else serialization.NoEncryption()
@@ -990,6 +993,8 @@ def generate_key(path: Path, passphrase: bytes | None = None) -> KeyInfo:
         _create_exclusive(path, pem, 0o600)
     except FileExistsError:
         raise UsageError(f"{path}: already exists; refusing to overwrite a key") from None
+    except OSError as exc:
+        raise UsageError(f"{path}: cannot write the key: {exc.strerror or exc}") from None
     try:
         _create_exclusive(pub_path, (text + "\n").encode("ascii"), 0o644)
     except BaseException as exc:

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import json
 import os
-import resource
 import subprocess
 import sys
 from pathlib import Path
@@ -77,8 +76,13 @@ def test_stream_run_stays_under_its_memory_cap(tmp_path: Path) -> None:
     env = dict(os.environ, XDG_CONFIG_HOME=str(tmp_path / "xdg"))
     args = [str(exe), "run", "ranks=4", "division=open", "scale=0.02", "residency=stream",
             "stream_buffer_bytes=33554432", "checkpoint.num_writes=1", "checkpoint.num_reads=1"]
-    before = resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss
-    out = subprocess.run(args, cwd=tmp_path, env=env, capture_output=True, text=True, timeout=300)
+    # Measure in a fresh process whose only descendants are this run's: RUSAGE_CHILDREN of the
+    # pytest process would carry the peak of every earlier test's subprocesses.
+    probe = ("import resource, subprocess, sys; r = subprocess.run(sys.argv[1:]); "
+             "print('maxrss_kib', resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss, file=sys.stderr); "
+             "sys.exit(r.returncode)")
+    out = subprocess.run([sys.executable, "-c", probe, *args], cwd=tmp_path, env=env,
+                         capture_output=True, text=True, timeout=300)
     assert out.returncode == 0, out.stderr
     bundle = Path(out.stdout.strip().splitlines()[-1].removeprefix("bundle: "))
     summary = json.loads((bundle / "summary.json").read_text())
@@ -86,6 +90,6 @@ def test_stream_run_stays_under_its_memory_cap(tmp_path: Path) -> None:
     state_per_rank = summary["checkpoint_bytes"] / 4
     assert state_per_rank > 500 << 20
     # ru_maxrss (KiB) of the largest child: a rank holds the ring plus the interpreter, not its state.
-    peak = max(before, resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss) * 1024
+    peak = int(out.stderr.split("maxrss_kib")[-1].split()[0]) * 1024
     assert peak < 0.5 * state_per_rank, (peak, state_per_rank)
     assert np.isfinite(summary["write_bandwidth_mean_gib_s"])
