@@ -549,17 +549,7 @@ def write_files(
                 pos += n  # short write: continue where it stopped
 
         def finish_one(k: int) -> None:
-            f = files[k]
-            if lengths[k] != f.nbytes:
-                try:
-                    os.ftruncate(fds[k], f.nbytes)
-                except OSError as exc:
-                    raise _fail("truncate", f.path, exc, f.nbytes) from exc
-            if opts.fsync:
-                try:
-                    os.fsync(fds[k])
-                except OSError as exc:
-                    raise _fail("fsync", f.path, exc) from exc
+            _finish(fds[k], files[k].path, files[k].nbytes, lengths[k], opts.fsync)
 
         _run(plan.total, write_one, opts.threads)
         _run(len(files), finish_one, opts.threads)  # fsyncs of many files overlap too
@@ -572,6 +562,38 @@ def write_files(
         FileResult(f.path, f.nbytes, opts.fsync, plan.counts[k], lengths[k])
         for k, f in enumerate(files)
     ]
+
+
+def _finish(fd: int, path: str, nbytes: int, written: int, fsync: bool) -> None:
+    """After the data: cut the O_DIRECT tail padding back to ``nbytes``, then fsync."""
+    if written != nbytes:
+        try:
+            os.ftruncate(fd, nbytes)
+        except OSError as exc:
+            raise _fail("truncate", path, exc, nbytes) from exc
+    if fsync:
+        try:
+            os.fsync(fd)
+        except OSError as exc:
+            raise _fail("fsync", path, exc) from exc
+
+
+def _open_sized(path: str, nbytes: int, direct: bool) -> int:
+    """Open a checkpoint file for reading; its size must be exactly ``nbytes``."""
+    fd = _open_read(path, direct)
+    try:
+        size = os.fstat(fd).st_size
+    except OSError as exc:
+        os.close(fd)
+        raise _fail("stat", path, exc) from exc
+    if size != nbytes:
+        os.close(fd)
+        how = "truncated" if size < nbytes else "extended"
+        raise IOFailure(
+            f"size check failed on {path}: expected {nbytes} bytes, found {size} ({how} checkpoint file)",
+            op="size", path=path,
+        )
+    return fd
 
 
 def _fsync_dir(path: str) -> None:
@@ -601,18 +623,7 @@ def read_files(files: Sequence[FileIO], opts: IOOptions) -> list[FileResult]:
     fds: list[int] = []
     try:
         for f in files:
-            fds.append(_open_read(f.path, opts.direct))
-            try:
-                size = os.fstat(fds[-1]).st_size
-            except OSError as exc:
-                raise _fail("stat", f.path, exc) from exc
-            if size != f.nbytes:
-                how = "truncated" if size < f.nbytes else "extended"
-                raise IOFailure(
-                    f"size check failed on {f.path}: expected {f.nbytes} bytes, found {size} "
-                    f"({how} checkpoint file)",
-                    op="size", path=f.path,
-                )
+            fds.append(_open_sized(f.path, f.nbytes, opts.direct))
         views = [memoryview(f.buf) for f in files]
 
         def read_one(i: int) -> None:
@@ -711,17 +722,7 @@ def write_stream(files: Sequence[StreamFile], key: bytes, opts: IOOptions, ring:
                 done += n
 
         def finish_one(k: int) -> None:
-            f = files[k]
-            if lengths[k] != f.nbytes:
-                try:
-                    os.ftruncate(fds[k], f.nbytes)
-                except OSError as exc:
-                    raise _fail("truncate", f.path, exc, f.nbytes) from exc
-            if opts.fsync:
-                try:
-                    os.fsync(fds[k])
-                except OSError as exc:
-                    raise _fail("fsync", f.path, exc) from exc
+            _finish(fds[k], files[k].path, files[k].nbytes, lengths[k], opts.fsync)
 
         _run(plan.total, write_one, opts.threads)
         _run(len(files), finish_one, opts.threads)
@@ -756,12 +757,7 @@ def read_stream(files: Sequence[StreamFile], key: bytes, opts: IOOptions,
     fds: list[int] = []
     try:
         for f in files:
-            fds.append(_open_read(f.path, opts.direct))
-            size = os.fstat(fds[-1]).st_size
-            if size != f.nbytes:
-                how = "truncated" if size < f.nbytes else "extended"
-                raise IOFailure(f"size check failed on {f.path}: expected {f.nbytes} bytes, found {size} "
-                                f"({how} checkpoint file)", op="size", path=f.path)
+            fds.append(_open_sized(f.path, f.nbytes, opts.direct))
 
         def read_one(i: int) -> None:
             k, pos, end = plan.request(i)
