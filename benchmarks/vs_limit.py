@@ -42,8 +42,8 @@ Buffers (``--buffers thp``, the default): mlckpt's ``alloc()`` asks for transpar
 so a 4 MiB request reaches the virtio disk as a few segments instead of 1024 pages, which
 max_segments (254 here) splits into 5 requests.  The limit engines therefore get THP buffers too:
 fio via ``GLIBC_TUNABLES=glibc.malloc.hugetlb=1`` (glibc >= 2.35), Python via
-``MADV_HUGEPAGE`` on a private mapping.  ``--buffers 4k`` measures plain pages; on this VM that
-costs fio about 20 % on writes and 30 % on reads.
+``MADV_HUGEPAGE`` on a private mapping.  ``--buffers 4k`` measures plain pages; on the 2-vCPU
+development VM that cost fio 17 % of its write and 31 % of its read bandwidth (benchmarks/README.md).
 
 ``--breakdown`` also runs mlckpt once per configuration under mpiexec, with timing wrappers around
 the engine's internals (file creation, the request phase, the truncate+fsync phase and the
@@ -250,7 +250,10 @@ def _py_rank(paths: list[str], order: list[int], nbytes: int, bs: int, threads: 
                 off = i * bs
                 end = min(off + bs, size)
                 while off < end:
-                    off += call(fd, [mv[off:end]], off)
+                    n = call(fd, [mv[off:end]], off)
+                    if n <= 0:  # end of file: the padded tail of a size that is not a page multiple
+                        break
+                    off += n
 
         for f in [pool.submit(worker) for _ in range(threads)]:
             f.result()
