@@ -52,6 +52,7 @@ from mlckpt.units import GiB, fmt_bytes
 RUN_FORMAT = 1
 RUN_MARKER = ".mlckpt-run"  # marks a checkpoint run folder as ours (see folder gate)
 BAR_AFTER_S = 3.0  # show a progress bar inside an op that takes longer than this
+ABORT_GRACE_S = 0.5  # between printing a fatal line and MPI_Abort (see _stalled)
 WATCH_POLL_S = 0.01  # how often rank 0's op watch looks for the other ranks' "done"
 _DONE_TAG = 7  # tag of the "done" messages, on the runner's private duplicate communicator
 
@@ -451,6 +452,9 @@ class Runner:
         self.log_lines.append(f"{stamp} error: {line}")
         try:
             print(f"mlckpt: error: {line}", file=sys.stderr, flush=True)
+            # MPICH's proxies forward rank output asynchronously; an immediate Abort can tear them
+            # down before the line reaches mpiexec (seen under load). Give the forwarding a moment.
+            time.sleep(ABORT_GRACE_S)
         finally:
             if self.guardian is not None:
                 self.guardian.end("reported")
