@@ -129,6 +129,7 @@ __all__ = [
     "TrustedKeys",
     "VerifiedBundle",
     "code_digest",
+    "default_key_path",
     "display_name",
     "find_bundle_root",
     "generate_key",
@@ -968,6 +969,13 @@ def _create_exclusive(path: Path, data: bytes, mode: int) -> None:
         os.fsync(fd)
     finally:
         os.close(fd)
+
+
+def default_key_path() -> Path:
+    """``$XDG_CONFIG_HOME/mlckpt/signing-key.pem``, else ``~/.config/mlckpt/signing-key.pem``."""
+    xdg = os.environ.get("XDG_CONFIG_HOME", "")
+    base = Path(xdg) if xdg and os.path.isabs(xdg) else Path.home() / ".config"
+    return base / "mlckpt" / "signing-key.pem"
 
 
 def generate_key(path: Path, passphrase: bytes | None = None) -> KeyInfo:

@@ -504,6 +504,15 @@ class _Plan:
         return k, off, min(off + self.bs, self.lengths[k])
 
 
+def _layout(files: Sequence[FileIO] | Sequence[StreamFile],
+            opts: IOOptions) -> tuple[list[str], list[int], _Plan, int]:
+    """Paths, on-disk request lengths (O_DIRECT pads the tail to a page), the numbered request
+    queue and the pwritev/preadv flags shared by every timed path."""
+    lengths = [_round_up(f.nbytes) if opts.direct else f.nbytes for f in files]
+    return ([f.path for f in files], lengths, _Plan(lengths, opts.block_size),
+            RWF_DONTCACHE if opts.dontcache else 0)
+
+
 def _check_files(files: Sequence[FileIO], opts: IOOptions, what: str, writable: bool) -> None:
     for f in files:
         if f.nbytes < 0:
@@ -523,10 +532,7 @@ def write_files(
     left in place (the runner owns the folder and cleans it).
     """
     _check_files(files, opts, "write", writable=False)
-    paths = [f.path for f in files]
-    lengths = [_round_up(f.nbytes) if opts.direct else f.nbytes for f in files]
-    plan = _Plan(lengths, opts.block_size)
-    flags = RWF_DONTCACHE if opts.dontcache else 0
+    paths, lengths, plan, flags = _layout(files, opts)
     fds: list[int] = []
     try:
         for f in files:
@@ -616,10 +622,7 @@ def read_files(files: Sequence[FileIO], opts: IOOptions) -> list[FileResult]:
     the tail is read as a full page; the kernel stops at end of file.
     """
     _check_files(files, opts, "read", writable=True)
-    paths = [f.path for f in files]
-    lengths = [_round_up(f.nbytes) if opts.direct else f.nbytes for f in files]
-    plan = _Plan(lengths, opts.block_size)
-    flags = RWF_DONTCACHE if opts.dontcache else 0
+    paths, lengths, plan, flags = _layout(files, opts)
     fds: list[int] = []
     try:
         for f in files:
@@ -692,11 +695,8 @@ def write_stream(files: Sequence[StreamFile], key: bytes, opts: IOOptions, ring:
     """``residency=stream`` write: every request's content is generated into the worker's ring slot
     and written from there, so memory stays at the ring while the file can be any size.  The
     generation (AES-CTR + tags) is inside the caller's timed region: stream results are labelled."""
-    paths = [f.path for f in files]
-    lengths = [_round_up(f.nbytes) if opts.direct else f.nbytes for f in files]
-    plan = _Plan(lengths, opts.block_size)
+    paths, lengths, plan, flags = _layout(files, opts)
     slots = _Slots(ring, opts.block_size, 1, min(opts.threads, max(plan.total, 1)))
-    flags = RWF_DONTCACHE if opts.dontcache else 0
     fds: list[int] = []
     try:
         for f in files:
@@ -749,11 +749,8 @@ def read_stream(files: Sequence[StreamFile], key: bytes, opts: IOOptions,
     """``residency=stream`` restore: each block is read into the worker's ring slot and verified
     there against regenerated content (inside the timed region: there is nowhere else to keep it).
     The first difference raises StreamMismatch with its exact file offset."""
-    paths = [f.path for f in files]
-    lengths = [_round_up(f.nbytes) if opts.direct else f.nbytes for f in files]
-    plan = _Plan(lengths, opts.block_size)
+    paths, lengths, plan, flags = _layout(files, opts)
     slots = _Slots(ring, opts.block_size, 2, min(opts.threads, max(plan.total, 1)))
-    flags = RWF_DONTCACHE if opts.dontcache else 0
     fds: list[int] = []
     try:
         for f in files:

@@ -1151,12 +1151,10 @@ def output_problem(root: Path) -> str | None:
 def resolve_signing_key(setting: str, say: Any) -> Any:
     """``auto``: the user's key (``mlckpt keygen``'s default path), created once; ``none``: no
     signature; anything else: a PEM key path (passphrase from $MLCKPT_KEY_PASSPHRASE)."""
-    from mlckpt.cli.bundle_cmd import default_key_path
-
     if setting == "none":
         return None
     if setting == "auto":
-        path = default_key_path()
+        path = bundle.default_key_path()
         if not path.exists():
             info = bundle.generate_key(path)
             say(f"created signing key {path} (keyid {info.keyid[:16]}…); give {info.public_path} "

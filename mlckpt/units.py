@@ -43,12 +43,17 @@ def fmt_duration(s: float) -> str:
     return f"{s:.2f} s"
 
 
+def _quantity(text: str, suffix: str, units: dict[str, float], what: str, examples: str) -> float:
+    """A number, a unit from ``units`` and the literal ``suffix`` (regex), e.g. '1.5 GiB' + '/s'."""
+    m = re.fullmatch(_NUM + r"([A-Za-z]*)\s*" + suffix, str(text))
+    if not m or m.group(2).lower() not in units:
+        raise ValueError(f"not a {what}: {text!r} (examples: {examples})")
+    return float(m.group(1)) * units[m.group(2).lower()]
+
+
 def parse_size(text: str) -> int:
     """'4MiB' → 4194304; '1.5GB' → 1500000000; a bare number is bytes."""
-    m = re.fullmatch(_NUM + r"([A-Za-z]*)\s*", str(text))
-    if not m or m.group(2).lower() not in _SIZE_UNITS:
-        raise ValueError(f"not a size: {text!r} (examples: 4096, 4MiB, 1.5GB)")
-    value = float(m.group(1)) * _SIZE_UNITS[m.group(2).lower()]
+    value = _quantity(text, "", _SIZE_UNITS, "size", "4096, 4MiB, 1.5GB")
     if not math.isfinite(value):
         raise ValueError(f"not a size: {text!r}")
     return round(value)
@@ -56,10 +61,7 @@ def parse_size(text: str) -> int:
 
 def parse_duration(text: str) -> float:
     """'30m' → 1800.0; '2h' → 7200.0; a bare number is seconds."""
-    m = re.fullmatch(_NUM + r"([A-Za-z]*)\s*", str(text))
-    if not m or m.group(2).lower() not in _TIME_UNITS:
-        raise ValueError(f"not a duration: {text!r} (examples: 90, 30m, 1.5h)")
-    value = float(m.group(1)) * _TIME_UNITS[m.group(2).lower()]
+    value = _quantity(text, "", _TIME_UNITS, "duration", "90, 30m, 1.5h")
     if not math.isfinite(value) or value <= 0:
         raise ValueError(f"not a positive duration: {text!r}")
     return value
@@ -67,10 +69,7 @@ def parse_duration(text: str) -> float:
 
 def parse_bandwidth(text: str) -> float:
     """'100GiB/s' or '100 GB/s' → bytes per second."""
-    m = re.fullmatch(_NUM + r"([A-Za-z]*)\s*/\s*s\s*", str(text))
-    if not m or m.group(2).lower() not in _SIZE_UNITS:
-        raise ValueError(f"not a bandwidth: {text!r} (examples: 100GiB/s, 25GB/s)")
-    value = float(m.group(1)) * _SIZE_UNITS[m.group(2).lower()]
+    value = _quantity(text, r"/\s*s\s*", _SIZE_UNITS, "bandwidth", "100GiB/s, 25GB/s")
     if not math.isfinite(value) or value <= 0:
         raise ValueError(f"not a positive bandwidth: {text!r}")
     return value

@@ -16,14 +16,8 @@ from pathlib import Path
 from typing import Any
 
 from mlckpt import bundle
+from mlckpt.bundle import default_key_path
 from mlckpt.errors import BundleIntegrityError, IntegrityError, UsageError
-
-
-def default_key_path() -> Path:
-    """``$XDG_CONFIG_HOME/mlckpt/signing-key.pem``, else ``~/.config/mlckpt/signing-key.pem``."""
-    xdg = os.environ.get("XDG_CONFIG_HOME", "")
-    base = Path(xdg) if xdg and os.path.isabs(xdg) else Path.home() / ".config"
-    return base / "mlckpt" / "signing-key.pem"
 
 
 def register(subparsers: Any) -> None:
