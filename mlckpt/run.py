@@ -810,6 +810,18 @@ def _exit_how(pid: int) -> str:
     return ""
 
 
+def _realtime(on: bool) -> None:
+    """Switch this process to the lowest real-time priority (SCHED_FIFO 1) or back; best effort:
+    without the privilege it stays an ordinary process."""
+    try:
+        if on:
+            os.sched_setscheduler(0, os.SCHED_FIFO, os.sched_param(1))
+        else:
+            os.sched_setscheduler(0, os.SCHED_OTHER, os.sched_param(0))
+    except (OSError, AttributeError):
+        pass
+
+
 def _guardian_main(rfd: int, parent: int) -> None:
     """The guardian's loop (see Guardian).  Who died first is told by the *life pipes*: each rank
     holds the write end of a pipe whose read end the guardian opens through /proc; it reports end
@@ -820,6 +832,11 @@ def _guardian_main(rfd: int, parent: int) -> None:
     os.setsid()
     for sig in (signal.SIGINT, signal.SIGHUP):
         signal.signal(sig, signal.SIG_IGN)
+    # Who died first is only known if the guardian runs the moment a life pipe closes, before
+    # mpiexec's proxy (woken by the same death) kills the rest: on a busy host a normal-priority
+    # guardian can wake too late and see two deaths at once.  A real-time priority (where allowed)
+    # makes it preempt the ranks and the proxy; it only ever sleeps in poll, so it costs nothing.
+    _realtime(True)
     os.closerange(3, rfd)
     os.closerange(rfd + 1, 1 << 16)
     poller = select.poll()
@@ -912,6 +929,7 @@ def _guardian_main(rfd: int, parent: int) -> None:
                 elif rank:
                     batch.append(rank)
         ended(sorted(set(batch)))
+    _realtime(False)  # cleanup is ordinary work
     if state.get("end"):
         return
     # Rank 0 is gone without a goodbye.  Let this host's other ranks end too (mpiexec is killing
