@@ -333,6 +333,7 @@ class IOOptions:
     threads: int = 4  # requests in flight per rank
     block_size: int = 4 << 20  # bytes per request, multiple of PAGE
     fsync: bool = True
+    pool: str = "main"  # which worker pool: "background" for persists behind training (see _run)
 
     def __post_init__(self) -> None:
         if self.threads < 1:
@@ -367,24 +368,25 @@ class FileResult:
 
 
 _pool_lock = threading.Lock()
-_pool: ThreadPoolExecutor | None = None
-_pool_workers = 0
+_pools: dict[str, tuple[ThreadPoolExecutor, int]] = {}
 
 
-def _get_pool(workers: int) -> ThreadPoolExecutor:
-    """One persistent pool, grown when needed: no thread start-up inside timed regions."""
-    global _pool, _pool_workers
+def _get_pool(workers: int, name: str = "main") -> ThreadPoolExecutor:
+    """One persistent pool per name, grown when needed: no thread start-up inside timed regions.
+    A background persist has a pool of its own, so it never queues behind (or delays) the
+    training-side I/O of the same rank."""
     with _pool_lock:
-        if _pool is None or _pool_workers < workers:
-            old = _pool
-            _pool = ThreadPoolExecutor(max_workers=workers, thread_name_prefix="mlckpt-io")
-            _pool_workers = workers
+        pool, have = _pools.get(name, (None, 0))
+        if pool is None or have < workers:
+            old = pool
+            pool = ThreadPoolExecutor(max_workers=workers, thread_name_prefix=f"mlckpt-{name}")
+            _pools[name] = (pool, workers)
             if old is not None:
                 old.shutdown(wait=False)  # lets work already queued by another caller finish
-        return _pool
+        return pool
 
 
-def _run(njobs: int, job: Callable[[int], None], threads: int) -> None:
+def _run(njobs: int, job: Callable[[int], None], threads: int, pool_name: str = "main") -> None:
     """Run job(0..njobs-1) with ``threads`` workers pulling from one shared counter.
 
     The first failure stops every worker after its current job and is re-raised once all have
@@ -407,7 +409,7 @@ def _run(njobs: int, job: Callable[[int], None], threads: int) -> None:
                 errors.append(exc)
                 return
 
-    pool = _get_pool(workers - 1) if workers > 1 else None
+    pool = _get_pool(workers - 1, pool_name) if workers > 1 else None
     futures = [pool.submit(worker) for _ in range(workers - 1)] if pool else []
     try:
         worker()  # the caller is a worker too: threads=1 never touches the pool
@@ -557,8 +559,8 @@ def write_files(
         def finish_one(k: int) -> None:
             _finish(fds[k], files[k].path, files[k].nbytes, lengths[k], opts.fsync)
 
-        _run(plan.total, write_one, opts.threads)
-        _run(len(files), finish_one, opts.threads)  # fsyncs of many files overlap too
+        _run(plan.total, write_one, opts.threads, opts.pool)
+        _run(len(files), finish_one, opts.threads, opts.pool)  # fsyncs of many files overlap too
         for d in dir_fsync:
             _fsync_dir(d)
         _close_all(fds, paths, report=True)
@@ -645,7 +647,7 @@ def read_files(files: Sequence[FileIO], opts: IOOptions) -> list[FileResult]:
                     )
                 pos += n
 
-        _run(plan.total, read_one, opts.threads)
+        _run(plan.total, read_one, opts.threads, opts.pool)
     finally:
         _close_all(fds, paths, report=False)
     return [
@@ -724,8 +726,8 @@ def write_stream(files: Sequence[StreamFile], key: bytes, opts: IOOptions, ring:
         def finish_one(k: int) -> None:
             _finish(fds[k], files[k].path, files[k].nbytes, lengths[k], opts.fsync)
 
-        _run(plan.total, write_one, opts.threads)
-        _run(len(files), finish_one, opts.threads)
+        _run(plan.total, write_one, opts.threads, opts.pool)
+        _run(len(files), finish_one, opts.threads, opts.pool)
         for d in dir_fsync:
             _fsync_dir(d)
         _close_all(fds, paths, report=True)
@@ -780,10 +782,113 @@ def read_stream(files: Sequence[StreamFile], key: bytes, opts: IOOptions,
                 m = replace(m, offset=pos + at, expected_page=(pos + at) // PAGE)
                 raise StreamMismatch(paths[k], m)
 
-        _run(plan.total, read_one, opts.threads)
+        _run(plan.total, read_one, opts.threads, opts.pool)
     finally:
         _close_all(fds, paths, report=False)
     return [FileResult(f.path, f.nbytes, False, plan.counts[k], lengths[k]) for k, f in enumerate(files)]
+
+
+# --------------------------------------------------------------------------------------------
+# Asynchronous and tiered checkpoints: the snapshot into staging, the verified drain between tiers
+
+SNAPSHOT_CHUNK = 64 << 20
+
+
+def snapshot(dst: np.ndarray, src: np.ndarray, nbytes: int, threads: int) -> None:
+    """Copy ``src[:nbytes]`` into the staging buffer ``dst`` (what an asynchronous checkpoint's
+    stall is: a device-to-host copy in a real trainer).  ``threads`` copies in parallel (numpy
+    releases the GIL for plain copies)."""
+    _check_buf(src, nbytes, "snapshot source", writable=False)
+    _check_buf(dst, nbytes, "snapshot staging", writable=True)
+    chunks = -(-nbytes // SNAPSHOT_CHUNK)
+
+    def copy_one(i: int) -> None:
+        a, b = i * SNAPSHOT_CHUNK, min((i + 1) * SNAPSHOT_CHUNK, nbytes)
+        np.copyto(dst[a:b], src[a:b])
+
+    _run(chunks, copy_one, threads)
+
+
+@dataclass(frozen=True)
+class DrainResult:
+    verified_bytes: int
+    mismatch: tuple[str, Mismatch] | None  # (fast-tier path, first difference), if any
+
+
+def drain(files: Sequence[StreamFile], targets: Sequence[str], key: bytes, src: IOOptions,
+          dst: IOOptions, ring: np.ndarray, *, dir_fsync: Sequence[str] = ()) -> DrainResult:
+    """Copy fast-tier files (``files``: path, size and whose content they hold) to the durable tier
+    (``targets``), verifying every page of what the fast tier gave back before writing it, then
+    fsync each target and ``dir_fsync``.  Bounded memory: two blocks per worker of ``ring``.
+    A page that differs stops the drain: nothing unverified reaches the durable tier (the target
+    is left short and the caller fails the run)."""
+    if len(files) != len(targets):
+        raise InternalError("drain: one target per file")
+    padded = src.direct or dst.direct  # an O_DIRECT side needs whole-page requests (tail padded)
+    lengths = [_round_up(f.nbytes) if padded else f.nbytes for f in files]
+    plan = _Plan(lengths, dst.block_size)
+    slots = _Slots(ring, dst.block_size, 2, min(dst.threads, max(plan.total, 1)))
+    rflags = RWF_DONTCACHE if src.dontcache else 0
+    wflags = RWF_DONTCACHE if dst.dontcache else 0
+    found: list[tuple[str, Mismatch]] = []
+    fds: list[int] = []
+    outs: list[int] = []
+    try:
+        for f in files:
+            fds.append(_open_sized(f.path, f.nbytes, src.direct))
+        for t in targets:
+            outs.append(_create(t, dst.direct))
+
+        def copy_one(i: int) -> None:
+            k, pos, end = plan.request(i)
+            f = files[k]
+            got, want = slots.mine(0)[: end - pos], slots.mine(1)[: end - pos]
+            need = min(end, f.nbytes)
+            mv, done = memoryview(got), pos
+            while done < need:
+                try:
+                    n = os.preadv(fds[k], [mv[done - pos :]], done, rflags)
+                except OSError as exc:
+                    raise _fail("read", f.path, exc, done) from exc
+                if n <= 0:
+                    raise IOFailure(f"read failed on {f.path} at offset {done}: unexpected end of file "
+                                    f"(expected {f.nbytes} bytes)", op="read", path=f.path, offset=done)
+                done += n
+            real = need - pos
+            _Content(key, f.pid, pos).produce(want[:real], pos)
+            if not _equal(want[:real], got[:real]):
+                at = int(np.flatnonzero(want[:real] != got[:real])[0])
+                page0 = at // PAGE * PAGE
+                m = _mismatch(got[page0 : page0 + PAGE], min(PAGE, real - page0), f.pid, at - page0)
+                found.append((f.path, replace(m, offset=pos + at, expected_page=(pos + at) // PAGE)))
+                raise StreamMismatch(f.path, found[-1][1])
+            got[real:] = 0  # O_DIRECT tail padding, truncated below
+            wv, done = memoryview(got), 0
+            while done < len(got):
+                try:
+                    n = os.pwritev(outs[k], [wv[done:]], pos + done, wflags)
+                except OSError as exc:
+                    raise _fail("write", targets[k], exc, pos + done) from exc
+                if n <= 0:
+                    raise IOFailure(f"write failed on {targets[k]} at offset {pos + done}: wrote 0 bytes",
+                                    op="write", path=targets[k], offset=pos + done)
+                done += n
+
+        def finish_one(k: int) -> None:
+            _finish(outs[k], targets[k], files[k].nbytes, lengths[k], dst.fsync)
+
+        try:
+            _run(plan.total, copy_one, dst.threads, dst.pool)
+        except StreamMismatch:
+            return DrainResult(0, found[0])
+        _run(len(files), finish_one, dst.threads, dst.pool)
+        for d in dir_fsync:
+            _fsync_dir(d)
+        _close_all(outs, list(targets), report=True)
+    finally:
+        _close_all(fds, [f.path for f in files], report=False)
+        _close_all(outs, list(targets), report=False)
+    return DrainResult(sum(f.nbytes for f in files), None)
 
 
 # --------------------------------------------------------------------------------------------

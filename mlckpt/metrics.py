@@ -8,10 +8,26 @@ Record format history (one JSON object per line of ``records.jsonl``):
      ``bytes``, ``files``, ``fsync`` (every file and its directory fsynced inside [t0, t1]),
      ``resident_bytes``/``cached_check_bytes`` (reads: page-cache residency of the files just
      before the op), ``verified_bytes``/``mismatches`` (reads: verification after the op).
+  2: asynchronous and tiered checkpointing (see mlckpt/pipeline.py).  Writes add ``mode``
+     (sync|async); ``t1_ns`` is now the moment the checkpoint is durable on the durable tier;
+     ``staged_ns`` (training resumes: the end of the stall; equals ``t1_ns`` for sync, one tier),
+     ``backpressure_ns`` (part of the stall spent waiting for the previous checkpoint's
+     background work), ``exposed_ns`` (background time of this checkpoint that training later
+     waited for: the next checkpoint's back-pressure, or the final drain for the last one),
+     ``compute_ns`` (the training interval measured after the stall) and ``stages``: one entry
+     per stage in order, ``{tier: memory|fast|durable, t0_ns, t1_ns, bytes}`` plus
+     ``verified_bytes``/``mismatches`` for a drain (fast → durable, every page verified).  Reads
+     add ``tier`` (fast|durable: where the restore read from).
 
 Per op k: ``duration = max_r(t1 - t0)``, ``bandwidth = Σ_r bytes / duration``, and the slowest
-rank's own bandwidth ``min_r(bytes_r / (t1_r - t0_r))``.  Headline = mean over ops (MLPerf
-convention), with median, stdev (population, as numpy's default), min and max alongside.
+rank's own bandwidth ``min_r(bytes_r / (t1_r - t0_r))``.  For writes, t0/t1 are those of the
+durable stage (the storage's own time; for sync one-tier runs exactly the record's t0/t1), and
+the other stages are measured the same way.  Training's view: ``stall = max_r(staged - t0)``,
+``time_to_durable = max_r(t1 - t0)``, and overlap efficiency ``Σ_r (background_r - exposed_r) /
+Σ_r background_r`` with ``background = t1 - staged``: the share of the background work hidden
+behind training.  Headline = mean over ops (MLPerf convention), with median, stdev (population,
+as numpy's default), min and max alongside.  Read headlines cover durable-tier restores; restores
+served by the fast tier are summarised under ``read_fast_*``.
 """
 
 from __future__ import annotations
@@ -23,10 +39,16 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
-RECORDS_FORMAT = 1
-SUMMARY_FORMAT = 1
+RECORDS_FORMAT = 2
+SUMMARY_FORMAT = 2
 GIB = float(1 << 30)
 GB = 1e9
+
+
+@dataclass(frozen=True)
+class StageStats:
+    duration_s: float
+    bandwidth_gib_s: float
 
 
 @dataclass(frozen=True)
@@ -43,32 +65,82 @@ class OpStats:
     straggler_ratio: float  # max rank duration / median rank duration
     resident_fraction: float | None
     mismatches: int | None
+    tier: str | None = None  # reads: fast | durable | mixed
+    stall_s: float | None = None  # writes: what training waited
+    time_to_durable_s: float | None = None
+    backpressure_s: float | None = None
+    overlap_efficiency: float | None = None  # None without background work
+    compute_s: float | None = None
+    stages: dict[str, StageStats] | None = None  # writes: per stage (memory, fast, durable)
 
     def to_dict(self) -> dict[str, Any]:
-        return dict(self.__dict__)
+        out = dict(self.__dict__)
+        if self.stages is not None:
+            out["stages"] = {k: dict(v.__dict__) for k, v in self.stages.items()}
+        return out
 
 
-def op_stats(records: list[Mapping[str, Any]]) -> OpStats:
-    first = records[0]
-    durs = [(r["t1_ns"] - r["t0_ns"]) / 1e9 for r in records]
+def _span(r: Mapping[str, Any], tier: str | None = None) -> tuple[int, int]:
+    """(t0, t1) of a record, or of one of its write stages."""
+    if tier is None:
+        return int(r["t0_ns"]), int(r["t1_ns"])
+    for st in r["stages"]:
+        if st["tier"] == tier:
+            return int(st["t0_ns"]), int(st["t1_ns"])
+    raise KeyError(tier)
+
+
+def _timing(records: list[Mapping[str, Any]], tier: str | None) -> tuple[float, float, float, int, float]:
+    """duration, bandwidth (B/s), slowest rank bandwidth (B/s), slowest rank, straggler ratio."""
+    spans = [_span(r, tier) for r in records]
+    durs = [(t1 - t0) / 1e9 for t0, t1 in spans]
     duration = max(durs)
     total = sum(int(r["bytes"]) for r in records)
     per_rank = [(int(r["bytes"]) / d if d > 0 else math.inf, int(r["rank"]))
                 for r, d in zip(records, durs, strict=True) if int(r["bytes"]) > 0]
     slow_bw, slow_rank = min(per_rank) if per_rank else (0.0, -1)
     med = statistics.median(durs)
+    return (duration, total / duration if duration > 0 else math.inf, slow_bw, slow_rank,
+            duration / med if med > 0 else math.inf)
+
+
+def op_stats(records: list[Mapping[str, Any]]) -> OpStats:
+    first = records[0]
+    op = str(first["op"])
+    total = sum(int(r["bytes"]) for r in records)
+    extra: dict[str, Any] = {}
+    main_tier: str | None = None
+    if op == "write":
+        main_tier = "durable"
+        tiers = [str(st["tier"]) for st in first["stages"]]
+        stages = {}
+        for t in tiers:
+            d, bw, *_ = _timing(records, t)
+            stages[t] = StageStats(d, bw / GIB)
+        stall = max(int(r["staged_ns"]) - int(r["t0_ns"]) for r in records) / 1e9
+        background = sum(int(r["t1_ns"]) - int(r["staged_ns"]) for r in records)
+        exposed = sum(int(r["exposed_ns"]) for r in records)
+        extra = dict(
+            stall_s=stall,
+            time_to_durable_s=max(int(r["t1_ns"]) - int(r["t0_ns"]) for r in records) / 1e9,
+            backpressure_s=max(int(r["backpressure_ns"]) for r in records) / 1e9,
+            overlap_efficiency=(background - exposed) / background if background > 0 else None,
+            compute_s=max(int(r["compute_ns"]) for r in records) / 1e9,
+            stages=stages)
+    else:
+        found = {str(r["tier"]) for r in records}
+        extra["tier"] = found.pop() if len(found) == 1 else "mixed"
+    duration, bw, slow_bw, slow_rank, straggler = _timing(records, main_tier)
     resident = None
-    if first["op"] == "read":
+    if op == "read":
         checked = sum(int(r.get("cached_check_bytes", 0)) for r in records)
         resident = (sum(int(r.get("resident_bytes", 0)) for r in records) / checked) if checked else 0.0
-    mism = sum(int(r.get("mismatches", 0)) for r in records) if first["op"] == "read" else None
+    mism = sum(int(r.get("mismatches", 0)) for r in records) if op == "read" else None
     return OpStats(
-        op=first["op"], index=int(first["index"]), checkpoint=int(first["checkpoint"]),
+        op=op, index=int(first["index"]), checkpoint=int(first["checkpoint"]),
         ranks=len(records), bytes=total, duration_s=duration,
-        bandwidth_gib_s=total / duration / GIB if duration > 0 else math.inf,
-        slowest_rank=slow_rank, slowest_rank_bandwidth_gib_s=slow_bw / GIB,
-        straggler_ratio=duration / med if med > 0 else math.inf,
-        resident_fraction=resident, mismatches=mism,
+        bandwidth_gib_s=bw / GIB, slowest_rank=slow_rank, slowest_rank_bandwidth_gib_s=slow_bw / GIB,
+        straggler_ratio=straggler, resident_fraction=resident, mismatches=mism, **extra,
     )
 
 
@@ -93,24 +165,51 @@ def group_ops(records: Iterable[Mapping[str, Any]]) -> dict[tuple[str, int], lis
     return dict(sorted(ops.items(), key=lambda kv: (kv[0][0] != "write", kv[0][1])))
 
 
+def _io_block(out: dict[str, Any], name: str, group: list[OpStats]) -> None:
+    out.update(_dist([o.bandwidth_gib_s for o in group], "gib_s", f"{name}_bandwidth"))
+    out.update(_dist([o.duration_s for o in group], "s", f"{name}_duration"))
+    out.update(_dist([o.slowest_rank_bandwidth_gib_s for o in group], "gib_s",
+                     f"{name}_slowest_rank_bandwidth"))
+    out[f"{name}_straggler_ratio_max"] = max(o.straggler_ratio for o in group)
+    out[f"{name}_bytes_per_op"] = group[0].bytes
+
+
 def summarize(records: Iterable[Mapping[str, Any]], *, max_resident_fraction: float) -> dict[str, Any]:
     """The summary block of ``summary.json`` (everything but run identity), from raw records."""
-    ops = [op_stats(recs) for recs in group_ops(records).values()]
+    grouped = group_ops(records)
+    ops = [op_stats(recs) for recs in grouped.values()]
     writes = [o for o in ops if o.op == "write"]
     reads = [o for o in ops if o.op == "read"]
+    first_write = next((recs[0] for (op, _), recs in grouped.items() if op == "write"), None)
     out: dict[str, Any] = {"summary_format": SUMMARY_FORMAT, "records_format": RECORDS_FORMAT,
                            "num_writes": len(writes), "num_reads": len(reads)}
-    for name, group in (("write", writes), ("read", reads)):
-        if not group:
-            continue
-        out.update(_dist([o.bandwidth_gib_s for o in group], "gib_s", f"{name}_bandwidth"))
-        out.update(_dist([o.duration_s for o in group], "s", f"{name}_duration"))
-        out.update(_dist([o.slowest_rank_bandwidth_gib_s for o in group], "gib_s",
-                         f"{name}_slowest_rank_bandwidth"))
-        out[f"{name}_straggler_ratio_max"] = max(o.straggler_ratio for o in group)
-        out[f"{name}_bytes_per_op"] = group[0].bytes
+    if first_write is not None:
+        out["mode"] = str(first_write["mode"])
+        out["tiers"] = [str(st["tier"]) for st in first_write["stages"]]
+    if writes:
+        _io_block(out, "write", writes)
+        out.update(_dist([o.stall_s or 0.0 for o in writes], "s", "write_stall"))
+        out.update(_dist([o.time_to_durable_s or 0.0 for o in writes], "s", "write_time_to_durable"))
+        for tier in writes[0].stages or {}:
+            if tier != "durable":
+                out.update(_dist([o.stages[tier].bandwidth_gib_s for o in writes if o.stages], "gib_s",
+                                 f"write_{tier}_bandwidth"))
+                out.update(_dist([o.stages[tier].duration_s for o in writes if o.stages], "s",
+                                 f"write_{tier}_duration"))
+        out["write_backpressure_ops"] = sum(1 for o in writes if (o.backpressure_s or 0) > 0)
+        out["write_backpressure_total_s"] = sum(o.backpressure_s or 0.0 for o in writes)
+        out["write_compute_mean_s"] = statistics.fmean(o.compute_s or 0.0 for o in writes)
+        recs = [r for (op, _), rs in grouped.items() if op == "write" for r in rs]
+        background = sum(int(r["t1_ns"]) - int(r["staged_ns"]) for r in recs)
+        exposed = sum(int(r["exposed_ns"]) for r in recs)
+        out["write_overlap_efficiency"] = (background - exposed) / background if background > 0 else None
+    durable = [o for o in reads if o.tier == "durable"]
+    if durable:
+        _io_block(out, "read", durable)
+    for tier in sorted({o.tier for o in reads} - {"durable"}):
+        _io_block(out, f"read_{tier}", [o for o in reads if o.tier == tier])
     if reads:
-        worst = max(o.resident_fraction or 0.0 for o in reads)
+        worst = max(o.resident_fraction or 0.0 for o in durable) if durable else 0.0
         out["read_resident_fraction_max"] = worst
         out["read_cold"] = worst <= max_resident_fraction
         out["read_mismatches"] = sum(o.mismatches or 0 for o in reads)

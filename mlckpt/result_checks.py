@@ -15,6 +15,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from mlckpt.metrics import summarize
+from mlckpt.pipeline import DURABLE, FAST, MEMORY_FILESYSTEMS, Pipeline
 from mlckpt.rules import Context, NotChecked, Outcome, Rule, RuleSet, check, rank_shift
 
 # The data scheme the runner declares in run.json; see mlckpt/engine.py (AES-128-CTR keystream per
@@ -55,6 +56,11 @@ def result_consistent(ctx: Context, rs: RuleSet, rule: Rule) -> Iterator[Outcome
              ("rules_version", cfg.get("rules_version")))
     for key, want in pairs:
         yield Outcome(d.run.get(key) == want, f"run.json {key}={want!r}", f"{d.run.get(key)!r}")
+    pipe, declared = Pipeline.of(cfg), d.run.get("pipeline") or {}
+    for key, want in (("mode", pipe.mode), ("compute_interval_s", pipe.compute_interval_s),
+                      ("fast", pipe.fast), ("fast_keep", pipe.fast_keep)):
+        yield Outcome(declared.get(key) == want, f"run.json pipeline.{key}={want!r}",
+                      f"{declared.get(key)!r}")
     hosts_ranks = sorted(r for h in d.run.get("hosts", []) for r in h.get("ranks", []))
     yield Outcome(hosts_ranks == list(range(int(cfg.get("ranks", 0)))),
                   f"every rank 0..{int(cfg.get('ranks', 0)) - 1} on exactly one host",
@@ -97,6 +103,8 @@ def result_times(ctx: Context, rs: RuleSet, rule: Rule) -> Iterator[Outcome | No
                   f"{len(bad)} records out of order" + (
                       f" (first: {bad[0]['op']} {bad[0]['index']} rank {bad[0]['rank']})" if bad else ""))
     # Ops run one after another on each rank: op k+1 starts after op k ended (same host clock).
+    # A write "ends" for the next write when training resumed (its background work may go on:
+    # ASYNC-TIMELINE orders that); the restores start once every write is durable.
     by_rank: dict[int, list[Mapping[str, Any]]] = {}
     for r in d.records:
         by_rank.setdefault(int(r["rank"]), []).append(r)
@@ -104,7 +112,9 @@ def result_times(ctx: Context, rs: RuleSet, rule: Rule) -> Iterator[Outcome | No
     for rank, recs in by_rank.items():
         recs = sorted(recs, key=lambda r: (order.get(str(r["op"]), 2), int(r["index"])))
         for a, b in itertools.pairwise(recs):
-            if int(b["t0_ns"]) < int(a["t1_ns"]):
+            both_writes = a["op"] == b["op"] == "write" and "staged_ns" in a
+            end = int(a["staged_ns"]) if both_writes else int(a["t1_ns"])
+            if int(b["t0_ns"]) < end:
                 yield Outcome(False, "each op of a rank starts after its previous op ended",
                               f"{b['op']} {b['index']} starts before {a['op']} {a['index']} ended",
                               where=f"rank {rank}")
@@ -199,7 +209,14 @@ def cold_reads(ctx: Context, rs: RuleSet, rule: Rule) -> Iterator[Outcome | NotC
     multiple = float(rs.data["cold_read"]["memory_multiple"])
     # Alternative from the rules: per-host data at least `multiple` × host memory.
     mem = {h.get("hostname"): h.get("memory_total_bytes") or 0 for h in d.system.get("hosts", [])}
+    fast_fs = (d.run.get("pipeline") or {}).get("fast_fs") or {}
     for idx, recs in sorted(d.ops("read").items()):
+        # A restore from a memory-backed fast tier (tmpfs) reads memory by design: it is reported
+        # apart (read_fast_*), never as storage, and the cache rule does not apply to it.
+        recs = [r for r in recs
+                if not (r.get("tier") == FAST and fast_fs.get(str(r["host"])) in MEMORY_FILESYSTEMS)]
+        if not recs:
+            continue
         checked = sum(int(r.get("cached_check_bytes", 0)) for r in recs)
         resident = sum(int(r.get("resident_bytes", 0)) for r in recs)
         frac = resident / checked if checked else (0.0 if not any(int(r["bytes"]) for r in recs) else 1.0)
@@ -257,3 +274,131 @@ def bandwidth_plausible(ctx: Context, rs: RuleSet, rule: Rule) -> Iterator[Outco
                               f"{o['bandwidth_gib_s']:.2f} GiB/s", where=f"{op} {o.get('index')}")
     if not declared:
         yield NotChecked("the system description declares no maximum bandwidth")
+
+
+# ---------------------------------------------------------------------- async and tiered checkpoints
+def _writes_by_rank(d: RunData) -> dict[int, list[Mapping[str, Any]]]:
+    out: dict[int, list[Mapping[str, Any]]] = {}
+    for r in d.records:
+        if r.get("op") == "write":
+            out.setdefault(int(r["rank"]), []).append(r)
+    for recs in out.values():
+        recs.sort(key=lambda r: int(r["index"]))
+    return out
+
+
+@check
+def pipeline_declared(ctx: Context, rs: RuleSet, rule: Rule) -> Iterator[Outcome | NotChecked]:
+    """Every write record follows the configured pipeline: its mode, its stages in order, and a
+    training interval at least as long as configured (overlap is only credited for real time)."""
+    d = _run(ctx)
+    if d is None:
+        yield NotChecked("no run data")
+        return
+    pipe = Pipeline.of(d.config)
+    want = list(pipe.stages)
+    least = int(pipe.compute_interval_s * 1e9)
+    for r in d.records:
+        if r.get("op") != "write":
+            continue
+        where = f"write {r['index']} rank {r['rank']}"
+        tiers = [str(st.get("tier")) for st in r.get("stages", [])]
+        ok = r.get("mode") == pipe.mode and tiers == want
+        if not ok:
+            yield Outcome(False, f"mode {pipe.mode}, stages {' → '.join(want)}",
+                          f"mode {r.get('mode')}, stages {' → '.join(tiers) or 'none'}", where=where)
+        elif int(r["compute_ns"]) < least:
+            yield Outcome(False, f"a training interval of at least {pipe.compute_interval_s:g} s",
+                          f"{int(r['compute_ns']) / 1e9:.3f} s", where=where)
+
+
+@check
+def async_timeline(ctx: Context, rs: RuleSet, rule: Rule) -> Iterator[Outcome | NotChecked]:
+    """On each rank: request ≤ end of back-pressure ≤ blocking stage ≤ staged ≤ background stages
+    (in order) ≤ durable; the previous checkpoint was durable before this one's blocking stage
+    (one staging slot); the time training waited for a checkpoint (exposed) is the next one's
+    back-pressure and never more than its background work."""
+    d = _run(ctx)
+    if d is None:
+        yield NotChecked("no run data")
+        return
+    for rank, recs in sorted(_writes_by_rank(d).items()):
+        for i, r in enumerate(recs):
+            where = f"write {r['index']} rank {rank}"
+            t0, staged, t1 = int(r["t0_ns"]), int(r["staged_ns"]), int(r["t1_ns"])
+            bp, exposed = int(r["backpressure_ns"]), int(r["exposed_ns"])
+            stages = list(r.get("stages", []))
+            problem = None
+            if not t0 + bp <= staged <= t1:
+                problem = "t0 + backpressure <= staged <= t1 violated"
+            elif not stages or stages[-1].get("tier") != DURABLE or int(stages[-1]["t1_ns"]) != t1:
+                problem = "the last stage is the durable one and ends at t1"
+            elif int(stages[0]["t0_ns"]) < t0 + bp or int(stages[0]["t1_ns"]) > staged:
+                problem = "the blocking stage lies inside the stall, after the back-pressure wait"
+            elif any(int(st["t1_ns"]) < int(st["t0_ns"]) for st in stages):
+                problem = "a stage ends before it starts"
+            elif any(int(b["t0_ns"]) < int(a["t1_ns"]) for a, b in itertools.pairwise(stages)) \
+                    or (len(stages) > 1 and int(stages[1]["t0_ns"]) < staged):
+                problem = "background stages run after the stall, one after another"
+            elif exposed > t1 - staged:
+                problem = f"exposed {exposed} ns exceeds the background work ({t1 - staged} ns)"
+            elif i + 1 < len(recs):
+                nxt = recs[i + 1]
+                if exposed != int(nxt["backpressure_ns"]):
+                    problem = (f"exposed {exposed} ns differs from write {nxt['index']}'s back-pressure "
+                               f"{nxt['backpressure_ns']} ns")
+                elif nxt.get("stages") and t1 > int(nxt["stages"][0]["t0_ns"]):
+                    problem = f"durable after write {nxt['index']}'s blocking stage began (one staging slot)"
+            if problem:
+                yield Outcome(False, "an ordered checkpoint timeline", problem, where=where)
+                break
+
+
+@check
+def tier_drain_verified(ctx: Context, rs: RuleSet, rule: Rule) -> Iterator[Outcome | NotChecked]:
+    d = _run(ctx)
+    if d is None:
+        yield NotChecked("no run data")
+        return
+    if not Pipeline.of(d.config).tiered:
+        yield NotChecked("no fast tier configured")
+        return
+    for r in d.records:
+        if r.get("op") != "write":
+            continue
+        for st in r.get("stages", []):
+            if st.get("tier") != DURABLE:
+                continue
+            ok = int(st.get("verified_bytes", -1)) == int(st["bytes"]) == int(r["bytes"]) \
+                and int(st.get("mismatches", 1)) == 0
+            if not ok:
+                yield Outcome(False, f"{r['bytes']} B verified on the drain, 0 mismatches",
+                          f"{st.get('verified_bytes')} B of {st['bytes']} verified, "
+                          f"{st.get('mismatches')} mismatches",
+                          where=f"write {r['index']} rank {r['rank']}")
+
+
+@check
+def tier_restore_source(ctx: Context, rs: RuleSet, rule: Rule) -> Iterator[Outcome | NotChecked]:
+    """Each restore read from the nearest tier holding a copy (mlckpt/pipeline.py: restore_tier)."""
+    d, plan = _run(ctx), ctx.plan
+    if d is None or plan is None:
+        yield NotChecked("no run data or plan")
+        return
+    pipe = Pipeline.of(d.config)
+    nw = int(d.config["checkpoint"]["num_writes"])
+    host_of = {int(rank): str(h.get("host")) for h in d.run.get("hosts", []) for rank in h.get("ranks", [])}
+    shift = int(d.run.get("rank_shift", rank_shift(ctx)))
+    restore = str(d.config["checkpoint"]["restore"])
+    for r in d.records:
+        if r.get("op") != "read":
+            continue
+        rank = int(r["rank"])
+        if not 0 <= rank < plan.ranks:
+            continue  # BYTES-PLAN reports it
+        reads = plan.restore_reads(rank, restore, shift)  # type: ignore[arg-type]
+        writers = {host_of.get(rd.writer, "?") for rd in reads}
+        want = pipe.restore_tier(int(r["checkpoint"]), nw, writers, host_of.get(rank, "?"))
+        if r.get("tier") != want:
+            yield Outcome(False, f"restore from the {want} tier", f"{r.get('tier')} tier",
+                          where=f"read {r['index']} rank {rank}")

@@ -12,15 +12,17 @@ run → ``open``; else ``closed``.
 from __future__ import annotations
 
 import math
+import posixpath
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from functools import cache
-from pathlib import Path
+from pathlib import Path, PurePosixPath
 from typing import Any
 
 import yaml
 
 from mlckpt.errors import ConfigError, RuleError
+from mlckpt.pipeline import MEMORY_FILESYSTEMS, Pipeline
 from mlckpt.resources import rules_dir
 from mlckpt.sizing import Plan, auto_rank_shift
 from mlckpt.units import GiB, fmt_bytes
@@ -84,6 +86,10 @@ class HostSpec:
     mem_available_bytes: int | None = None
     disk_free_bytes: int | None = None
     folder_problem: str | None = None  # None = folder usable
+    # The fast tier (checkpoint.tiers.fast), when configured: free space, problem, filesystem type.
+    fast_free_bytes: int | None = None
+    fast_problem: str | None = None
+    fast_fs: str | None = None
 
 
 @dataclass(frozen=True)
@@ -407,14 +413,27 @@ def host_memory(ctx: Context, rs: RuleSet, rule: Rule) -> Iterator[Outcome | Not
     stream = ctx.get("residency") == "stream"
     cap = int(ctx.get("stream_buffer_bytes") or 0)
     shift = rank_shift(ctx)
+    pipe = Pipeline.of(ctx.config)
+    ring = pipe.drain_ring_bytes(int(ctx.get("io.threads") or 1), int(ctx.get("io.block_size") or 0))
     for h in ctx.hosts:
         if h.mem_available_bytes is None:
             yield NotChecked("host memory unknown (give host_memory_gib=)")
             continue
-        need = sum(min(cap, plan.resident_bytes(r, restore, shift)) if stream  # type: ignore[arg-type]
-                   else plan.resident_bytes(r, restore, shift) for r in h.ranks)  # type: ignore[arg-type]
+        need = 0
+        for r in h.ranks:
+            state = plan.resident_bytes(r, restore, shift)  # type: ignore[arg-type]
+            need += min(cap, state) if stream else state
+            need += pipe.staging_bytes(plan.own_resident_bytes(r)) + ring
+        if pipe.tiered and h.fast_fs in MEMORY_FILESYSTEMS:  # a tmpfs fast tier lives in this memory
+            need += pipe.fast_peak_checkpoints(int(ctx.get("checkpoint.num_writes") or 1)) \
+                * host_checkpoint_bytes(plan, h)
         yield Outcome(h.mem_available_bytes >= need, fmt_bytes(need),
                       f"{fmt_bytes(h.mem_available_bytes)} available", where=f"host {h.name}")
+
+
+def host_checkpoint_bytes(plan: Plan, host: HostSpec) -> int:
+    """Bytes the ranks of ``host`` write per checkpoint, in whole pages (what a node-local tier holds)."""
+    return sum(plan.own_resident_bytes(r) for r in host.ranks)
 
 
 @check
@@ -438,6 +457,63 @@ def folder_usable(ctx: Context, rs: RuleSet, rule: Rule) -> Iterator[Outcome | N
         return
     for h in ctx.hosts:
         yield Outcome(h.folder_problem is None, "writable, no foreign files", h.folder_problem,
+                      where=f"host {h.name}")
+
+
+@check
+def async_residency(ctx: Context, rs: RuleSet, rule: Rule) -> Outcome:
+    pipe = Pipeline.of(ctx.config)
+    return Outcome(pipe.mode != "async" or ctx.get("residency") == "full",
+                   "residency=full with checkpoint.mode=async", f"residency={ctx.get('residency')}")
+
+
+def _nested(a: str, b: str) -> bool:
+    """Whether one folder is the other or inside it (relative paths: against the same directory)."""
+    pa, pb = (PurePosixPath(posixpath.normpath(posixpath.join("/.cwd", x))) for x in (a, b))
+    return pa == pb or pa.is_relative_to(pb) or pb.is_relative_to(pa)
+
+
+@check
+def tiers_distinct(ctx: Context, rs: RuleSet, rule: Rule) -> Outcome | NotChecked:
+    pipe = Pipeline.of(ctx.config)
+    if not pipe.tiered:
+        return NotChecked("no fast tier configured")
+    durable = str(ctx.get("checkpoint.folder"))
+    return Outcome(not _nested(str(pipe.fast), durable),
+                   f"a fast tier apart from checkpoint.folder={durable}",
+                   f"checkpoint.tiers.fast={pipe.fast}")
+
+
+@check
+def tier_space(ctx: Context, rs: RuleSet, rule: Rule) -> Iterator[Outcome | NotChecked]:
+    pipe = Pipeline.of(ctx.config)
+    if not pipe.tiered:
+        yield NotChecked("no fast tier configured")
+        return
+    if ctx.plan is None or ctx.hosts is None:
+        yield NotChecked("no host measurements")
+        return
+    peak = pipe.fast_peak_checkpoints(int(ctx.get("checkpoint.num_writes") or 1))
+    for h in ctx.hosts:
+        if h.fast_free_bytes is None:
+            yield NotChecked("fast-tier free space not measured")
+            continue
+        need = peak * host_checkpoint_bytes(ctx.plan, h)
+        held = f"{peak} checkpoint{'s' if peak > 1 else ''}"
+        yield Outcome(h.fast_free_bytes >= need, f"{fmt_bytes(need)} ({held})",
+                      f"{fmt_bytes(h.fast_free_bytes)} free", where=f"host {h.name}")
+
+
+@check
+def tier_usable(ctx: Context, rs: RuleSet, rule: Rule) -> Iterator[Outcome | NotChecked]:
+    if not Pipeline.of(ctx.config).tiered:
+        yield NotChecked("no fast tier configured")
+        return
+    if ctx.hosts is None:
+        yield NotChecked("no host measurements")
+        return
+    for h in ctx.hosts:
+        yield Outcome(h.fast_problem is None, "writable, no foreign files", h.fast_problem,
                       where=f"host {h.name}")
 
 

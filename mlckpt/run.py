@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import json
 import os
+import queue
 import secrets
 import select
 import shutil
@@ -26,7 +27,7 @@ import sys
 import threading
 import time
 from collections.abc import Callable, Iterator, Sequence
-from contextlib import contextmanager
+from contextlib import contextmanager, suppress
 from dataclasses import dataclass, field, replace
 from datetime import datetime, timezone
 from functools import partial
@@ -39,17 +40,20 @@ from mlckpt import __version__, bundle, engine
 from mlckpt.config import Setup, setup
 from mlckpt.errors import InternalError, IOFailure, MlckptError, UsageError, VerificationError
 from mlckpt.metrics import RECORDS_FORMAT, dlio_compat, summarize
+from mlckpt.pipeline import DURABLE, FAST, MEMORY, MEMORY_FILESYSTEMS, Pipeline
 from mlckpt.result_checks import DATA_SCHEME, RunData
 from mlckpt.rules import HostSpec, rank_shift, verdict
 from mlckpt.sizing import PAGE, pages
 from mlckpt.sysdesc import load_system_description
-from mlckpt.sysinfo import disk_free_bytes, existing_ancestor, host_facts, mem_available_bytes
+from mlckpt.sysinfo import disk_free_bytes, existing_ancestor, host_facts, mem_available_bytes, mount_of
 from mlckpt.units import GiB, fmt_bytes
 
 # Format history of run.json (the bundle manifest written by the runner):
 #   1: first version: run identity, status, workload, division, scaled, verdict, findings,
 #      overrides, host mapping, timings, file list.
-RUN_FORMAT = 1
+#   2: ``pipeline``: checkpoint mode, compute interval, fast tier (folder, fast_keep, filesystem
+#      type per host); records format 2.
+RUN_FORMAT = 2
 RUN_MARKER = ".mlckpt-run"  # marks a checkpoint run folder as ours (see folder gate)
 BAR_AFTER_S = 3.0  # show a progress bar inside an op that takes longer than this
 ABORT_GRACE_S = 0.5  # between printing a fatal line and MPI_Abort (see _stalled)
@@ -138,6 +142,7 @@ class Runner:
         started = _now()
         with self.step("configuration"):
             self.setup = self._configure()
+            self.pipe = Pipeline.of(self.setup.config)
         cfg = self.setup.config
         self.say(f"mlckpt {__version__}: {cfg['workload']['name']} on {self.size} ranks, division "
                  f"{cfg['division']}{', scaled × ' + str(cfg['scale']) if cfg['scale'] != 1 else ''}, "
@@ -203,6 +208,7 @@ class Runner:
                     "folder_problem": folder_problem(folder),
                     "direct_ok": None, "dontcache_ok": None,
                     "facts": host_facts(folder, _mpi_library()),
+                    **fast_tier_facts(self.pipe.fast),
                 }
                 if local["folder_problem"] is None:
                     probe_dir = str(existing_ancestor(folder))
@@ -215,8 +221,11 @@ class Runner:
         hosts = tuple(
             HostSpec(h, tuple(r for r, n in enumerate(names) if n == h),
                      by_host[h]["mem_available_bytes"], by_host[h]["disk_free_bytes"],
-                     by_host[h]["folder_problem"])
+                     by_host[h]["folder_problem"], by_host[h]["fast_free_bytes"],
+                     by_host[h]["fast_problem"], by_host[h]["fast_fs"])
             for h in order)
+        self.fast_direct = {m["host"]: bool(m["fast_direct_ok"]) for m in measured}
+        self.fast_fs = {m["host"]: m["fast_fs"] for m in measured}
         with self.step("gates"):
             self._judge(hosts, measured)
         return hosts, [m["facts"] for m in measured]
@@ -293,44 +302,26 @@ class Runner:
         if stream:
             self.say("residency=stream: content generation (writes) and verification (reads) run "
                      "inside the timed region; results are labelled stream")
-        records: list[dict[str, Any]] = []
         nw, nr = int(ck["num_writes"]), int(ck["num_reads"])
-        dir_fsync = opts.fsync
-        for k in range(1, nw + 1):
-            cdir = root / f"ckpt-{k:04d}"
-            with self.step(f"prepare checkpoint {k}"):
-                if not stream:
-                    for i, f in enumerate(mine):
-                        view = arena[own_offsets[i]:own_offsets[i + 1]]
-                        engine.fill(view, f.bytes, key, engine.PageId(self.run_id, self.rank, k, i))
-                if leader:
-                    cdir.mkdir(exist_ok=True)
-                    self.created_dirs.append(cdir)
-            paths = [str(cdir / f.name) for f in mine]
-            self.created_files += paths
-            if stream:
-                sfiles = [engine.StreamFile(p, f.bytes, engine.PageId(self.run_id, self.rank, k, i))
-                          for i, (p, f) in enumerate(zip(paths, mine, strict=True))]
-                action = partial(engine.write_stream, sfiles, key, opts, arena,
-                                 dir_fsync=[str(cdir)] if dir_fsync else ())
-            else:
-                files = [engine.FileIO(p, arena[own_offsets[i]:own_offsets[i + 1]], f.bytes)
-                         for i, (p, f) in enumerate(zip(paths, mine, strict=True))]
-                action = partial(engine.write_files, files, opts,
-                                 dir_fsync=[str(cdir)] if dir_fsync else ())
-            rec = self._timed("write", k, k, action, sum(f.bytes for f in mine), len(mine), opts)
-            records += self._collect(rec, "write", k, nw, plan.total_bytes)
+        w = _Writes(root=root, fast_root=self._fast_root(leader), mine=mine, offsets=own_offsets,
+                    arena=arena, key=key, opts=opts, stream=stream, leader=leader)
+        records = self._write_phase(w, nw)
         with self.step("cache eviction after writes"):
             for path in self.created_files:
-                engine.evict(path)
+                # Fast-tier copies no longer kept are gone already; every other file must be there.
+                if w.fast_root is None or not path.startswith(f"{w.fast_root}/") or os.path.exists(path):
+                    engine.evict(path)
             if cfg["cache"]["drop_system"] and leader:
                 engine.drop_caches()
             _test_flip(self.rank, root / "ckpt-0001", [f.name for f in mine])
             _test_corrupt(self.rank, root, plan)
         scratch = engine.alloc(engine.VERIFY_SCRATCH_BYTES)
+        writer_hosts = {self.rank_hosts[rd.writer] for rd in reads}
         for k in range(1, nr + 1):
             c = (k - 1) % nw + 1
-            cdir = root / f"ckpt-{c:04d}"
+            tier = self.pipe.restore_tier(c, nw, writer_hosts, self.host)
+            ropts = self._fast_opts(opts) if tier == FAST else opts
+            cdir = (w.fast_root if tier == FAST else root) / f"ckpt-{c:04d}"  # type: ignore[operator]
             paths = [str(cdir / rd.file.name) for rd in reads]
             nbytes = sum(rd.file.bytes for rd in reads)
             with self.step(f"evict before restore {k}"):
@@ -343,17 +334,19 @@ class Runner:
                 sfiles = [engine.StreamFile(p, rd.file.bytes,
                                             engine.PageId(self.run_id, rd.writer, c, rd.index))
                           for p, rd in zip(paths, reads, strict=True)]
-                rec = self._timed("read", k, c, partial(engine.read_stream, sfiles, key, opts, arena),
-                                  nbytes, len(reads), opts)
+                rec = self._timed("read", k, c, partial(engine.read_stream, sfiles, key, ropts, arena),
+                                  nbytes, len(reads), ropts)
                 rec.update(resident_bytes=resident, cached_check_bytes=nbytes, verified_bytes=nbytes,
-                           mismatches=0)
+                           mismatches=0, tier=tier)
                 records += self._collect(rec, "read", k, nr, plan.restore_bytes(ck["restore"]))
                 continue
             files = [engine.FileIO(p, arena[read_offsets[i]:read_offsets[i + 1]], rd.file.bytes)
                      for i, (p, rd) in enumerate(zip(paths, reads, strict=True))]
-            rec = self._timed("read", k, c, partial(engine.read_files, files, opts), nbytes, len(reads), opts)
+            rec = self._timed("read", k, c, partial(engine.read_files, files, ropts), nbytes, len(reads),
+                              ropts)
             rec["resident_bytes"] = resident
             rec["cached_check_bytes"] = nbytes
+            rec["tier"] = tier
             with self.step(f"verify restore {k}"):
                 rec["verified_bytes"] = 0
                 rec["mismatches"] = 0
@@ -369,6 +362,208 @@ class Runner:
             records += self._collect(rec, "read", k, nr, plan.restore_bytes(ck["restore"]))
         del arena
         return records
+
+    # ------------------------------------------------------------------ the write phase
+    def _fast_root(self, leader: bool) -> Path | None:
+        """This run's folder on the fast tier (created by each host's leader), or None."""
+        if self.pipe.fast is None:
+            return None
+        froot = Path(self.pipe.fast).absolute() / self.run_name
+        with self.step("fast-tier folder"):
+            if leader:
+                missing = [p for p in (froot.parent, *froot.parent.parents) if not p.exists()]
+                self.created_dirs.extend(missing)
+                if self.rank == 0:
+                    self._note(fast_run=str(froot), fast_dirs=[str(d) for d in missing])
+                froot.mkdir(parents=True, exist_ok=True)
+                (froot / RUN_MARKER).touch()
+                self.created_dirs.append(froot)
+        self.fast_ckpt_root = froot
+        return froot
+
+    def _prepare(self, w: _Writes, k: int) -> None:
+        """Checkpoint k's content (new bytes in every page) and folders; untimed.  Collective."""
+        with self.step(f"prepare checkpoint {k}"):
+            if not w.stream:
+                for i, f in enumerate(w.mine):
+                    view = w.arena[w.offsets[i]:w.offsets[i + 1]]
+                    engine.fill(view, f.bytes, w.key, engine.PageId(self.run_id, self.rank, k, i))
+            if w.leader:
+                for base in (w.root, w.fast_root):
+                    if base is not None:
+                        cdir = base / f"ckpt-{k:04d}"
+                        cdir.mkdir(exist_ok=True)
+                        self.created_dirs.append(cdir)
+        for base in (w.root, w.fast_root):
+            if base is not None:
+                self.created_files += [str(base / f"ckpt-{k:04d}" / f.name) for f in w.mine]
+
+    def _write_to(self, w: _Writes, k: int, base: Path, buf: Any, opts: engine.IOOptions) -> None:
+        """Write checkpoint k's files of this rank from ``buf`` (the state or its staging copy)
+        under ``base``, every file and the folder fsynced."""
+        cdir = base / f"ckpt-{k:04d}"
+        paths = [str(cdir / f.name) for f in w.mine]
+        dirs = [str(cdir)] if opts.fsync else []
+        if w.stream:
+            sfiles = [engine.StreamFile(p, f.bytes, engine.PageId(self.run_id, self.rank, k, i))
+                      for i, (p, f) in enumerate(zip(paths, w.mine, strict=True))]
+            engine.write_stream(sfiles, w.key, opts, buf, dir_fsync=dirs)
+        else:
+            files = [engine.FileIO(p, buf[w.offsets[i]:w.offsets[i + 1]], f.bytes)
+                     for i, (p, f) in enumerate(zip(paths, w.mine, strict=True))]
+            engine.write_files(files, opts, dir_fsync=dirs)
+
+    def _fast_opts(self, opts: engine.IOOptions) -> engine.IOOptions:
+        """The fast tier's I/O: O_DIRECT when asked for and the fast filesystem takes it."""
+        direct = opts.direct and self.fast_direct.get(self.host, False)
+        return replace(opts, direct=direct, dontcache=False)
+
+    def _persist(self, w: _Writes, k: int) -> list[dict[str, Any]]:
+        """Checkpoint k's background stages (in the background thread): the persist from staging
+        (async), the verified drain fast → durable (tiers), then the fast-tier copies no longer
+        kept are removed (untimed).  Returns the stage entries."""
+        pipe, bg = self.pipe, replace(w.opts, pool="background")
+        stages: list[dict[str, Any]] = []
+        nbytes = sum(f.bytes for f in w.mine)
+        if pipe.mode == "async":
+            tier = FAST if pipe.tiered else DURABLE
+            base = w.fast_root if pipe.tiered else w.root
+            o = self._fast_opts(bg) if pipe.tiered else bg
+            t0 = time.perf_counter_ns()
+            self._write_to(w, k, base, w.staging, o)  # type: ignore[arg-type]
+            stages.append({"tier": tier, "t0_ns": t0, "t1_ns": time.perf_counter_ns(), "bytes": nbytes,
+                           "direct": o.direct})
+        if pipe.tiered:
+            assert w.fast_root is not None and w.ring is not None
+            fdir = w.fast_root / f"ckpt-{k:04d}"
+            pid = partial(engine.PageId, self.run_id, self.rank, k)
+            sfiles = [engine.StreamFile(str(fdir / f.name), f.bytes, pid(i)) for i, f in enumerate(w.mine)]
+            cdir = w.root / f"ckpt-{k:04d}"
+            t0 = time.perf_counter_ns()
+            res = engine.drain(sfiles, [str(cdir / f.name) for f in w.mine], w.key, self._fast_opts(bg), bg,
+                               w.ring, dir_fsync=[str(cdir)] if bg.fsync else [])
+            t1 = time.perf_counter_ns()
+            if res.mismatch is not None:
+                path, m = res.mismatch
+                raise VerificationError(f"drain of checkpoint {k}: the fast tier gave back other bytes "
+                                        f"than were written, reading {path}: {m.describe()}",
+                                        rank=self.rank, file=path, offset=m.offset)
+            stages.append({"tier": DURABLE, "t0_ns": t0, "t1_ns": t1, "bytes": nbytes, "direct": bg.direct,
+                           "verified_bytes": res.verified_bytes, "mismatches": 0})
+            for j in pipe.evict_after(k):
+                for f in w.mine:
+                    with suppress(FileNotFoundError):
+                        os.unlink(w.fast_root / f"ckpt-{j:04d}" / f.name)
+        return stages
+
+    def _write_phase(self, w: _Writes, nw: int) -> list[dict[str, Any]]:
+        """The checkpoints, as training sees them.  Each checkpoint: a barrier (the training step
+        all ranks reach), then the stall: wait for the previous checkpoint's background work if it
+        is still running (back-pressure), then the blocking stage (sync: the durable write;
+        async: the snapshot into staging; sync with tiers: the fast-tier write).  The background
+        stages then run in this rank's background thread while it "trains" for
+        checkpoint.compute_interval_s (the next checkpoint's content is made in that interval).
+        After the last checkpoint, a final wait until it is durable.  Rank 0 gathers the records
+        once every checkpoint is durable."""
+        pipe, cfg = self.pipe, self.setup.config
+        nbytes = sum(f.bytes for f in w.mine)
+        if pipe.mode == "async":
+            with self.step("staging allocation"):
+                w.staging = engine.alloc(max(w.offsets[-1], PAGE))
+        if pipe.tiered:
+            with self.step("drain buffer allocation"):
+                w.ring = engine.alloc(pipe.drain_ring_bytes(w.opts.threads, w.opts.block_size))
+        bg = _Background() if pipe.background else None
+        if bg is not None and self.rank == 0:
+            self.say(f"checkpoint.mode={pipe.label}: training waits for the {pipe.blocking} stage; "
+                     f"{' then '.join(pipe.background)} run{'s' if len(pipe.background) == 1 else ''} in the "
+                     f"background during {pipe.compute_interval_s:g} s of training per checkpoint")
+        mine: list[dict[str, Any]] = []
+        self._prepare(w, 1)
+        try:
+            for k in range(1, nw + 1):
+                info: dict[str, Any] = {}
+
+                def settle(info: dict[str, Any] = info) -> None:
+                    """Wait for the previous checkpoint's background work: its records complete."""
+                    if bg is None or not bg.pending:
+                        info["wait_ns"] = 0
+                        return
+                    t = time.perf_counter_ns()
+                    done = bg.done()  # already finished: no wait at all
+                    stages = bg.wait()
+                    info["wait_ns"] = 0 if done else time.perf_counter_ns() - t
+                    prev = mine[-1]
+                    prev["stages"] += stages
+                    prev["t1_ns"] = stages[-1]["t1_ns"]
+                    prev["exposed_ns"] = info["wait_ns"]
+
+                def blocking(k: int = k, info: dict[str, Any] = info) -> None:
+                    settle()
+                    t0 = time.perf_counter_ns()
+                    if pipe.blocking == MEMORY:
+                        engine.snapshot(w.staging, w.arena, w.offsets[-1], w.opts.threads)
+                    elif pipe.blocking == FAST:
+                        self._write_to(w, k, w.fast_root, w.arena, self._fast_opts(w.opts))  # type: ignore[arg-type]
+                    else:
+                        self._write_to(w, k, w.root, w.arena, w.opts)
+                    t1 = time.perf_counter_ns()
+                    direct = self._fast_opts(w.opts).direct if pipe.blocking == FAST else w.opts.direct
+                    info["stage"] = {"tier": pipe.blocking, "t0_ns": t0, "t1_ns": t1, "bytes": nbytes}
+                    if pipe.blocking != MEMORY:
+                        info["stage"]["direct"] = direct
+                    if bg is not None:
+                        bg.submit(partial(self._persist, w, k))
+
+                rec = self._timed("write", k, k, blocking, nbytes, len(w.mine), w.opts)
+                rec.update(mode=pipe.mode, staged_ns=rec["t1_ns"], backpressure_ns=info["wait_ns"],
+                           exposed_ns=0, compute_ns=0, stages=[info["stage"]])
+                mine.append(rec)
+                if bg is None:
+                    self._report_write(rec, k, nw)
+                else:
+                    self._report_stall(rec, k, nw)
+                # Training: the next checkpoint's content is made, then the rest of the interval.
+                if k < nw:
+                    self._prepare(w, k + 1)
+                rest = rec["staged_ns"] + int(pipe.compute_interval_s * 1e9) - time.perf_counter_ns()
+                if rest > 0:
+                    time.sleep(rest / 1e9)
+                rec["compute_ns"] = time.perf_counter_ns() - rec["staged_ns"]
+            if bg is not None:
+                self._timed("drain", nw, nw, settle, nbytes, len(w.mine), w.opts)
+        finally:
+            if bg is not None:
+                bg.close()
+        records = self.comm.gather(mine, root=0)
+        if self.rank != 0:
+            return []
+        flat = sorted((r for rank_recs in records for r in rank_recs), key=lambda r: (r["index"], r["rank"]))
+        if bg is not None:
+            for k in range(1, nw + 1):
+                self._report_durable([r for r in flat if r["index"] == k], k, nw)
+        del cfg
+        return flat
+
+    def _report_write(self, rec: dict[str, Any], k: int, nw: int) -> None:
+        self._collect(rec, "write", k, nw, self.setup.plan.total_bytes, keep=False)
+
+    def _report_stall(self, rec: dict[str, Any], k: int, nw: int) -> None:
+        recs = self.comm.gather(rec, root=0)
+        if self.rank != 0:
+            return
+        stall = max(r["staged_ns"] - r["t0_ns"] for r in recs) / 1e9
+        wait = max(r["backpressure_ns"] for r in recs) / 1e9
+        self.say(f"checkpoint {k}/{nw}: training stalled {stall:.3f} s ({self.pipe.blocking}"
+                 + (f"; {wait:.3f} s of it waiting for checkpoint {k - 1}" if wait > 0 else "") + ")")
+
+    def _report_durable(self, recs: list[dict[str, Any]], k: int, nw: int) -> None:
+        moved = sum(r["bytes"] for r in recs)
+        ttd = max(r["t1_ns"] - r["t0_ns"] for r in recs) / 1e9
+        dur = max(st["t1_ns"] - st["t0_ns"] for r in recs for st in r["stages"]
+                  if st["tier"] == DURABLE) / 1e9
+        self.say(f"checkpoint {k}/{nw}: durable {ttd:.2f} s after it was taken; durable-tier write "
+                 f"{fmt_bytes(moved)} in {dur:.2f} s = {moved / dur / GiB:.2f} GiB/s")
 
     def _timed(self, op: str, index: int, ckpt: int, action: Callable[[], Any], nbytes: int,
                nfiles: int, opts: engine.IOOptions) -> dict[str, Any]:
@@ -422,7 +617,7 @@ class Runner:
         """The files ``rank`` writes (or reads) in op ``op`` of checkpoint ``ckpt``."""
         cdir = self.ckpt_root / f"ckpt-{ckpt:04d}"
         plan, ck = self.setup.plan, self.setup.config["checkpoint"]
-        if op == "write":
+        if op in ("write", "drain"):
             return [str(cdir / f.name) for f in plan.rank_plans[rank].files]
         return [str(cdir / rd.file.name) for rd in plan.restore_reads(rank, ck["restore"], self.shift)]
 
@@ -446,6 +641,11 @@ class Runner:
                 self.ckpt_root, [f.name for rp in self.setup.plan.rank_plans for f in rp.files], upto,
                 keep=bool(cfg["checkpoint"]["keep"]),
                 dirs=[d for d in self.created_dirs if not d.is_relative_to(self.ckpt_root)])
+            fast = getattr(self, "fast_ckpt_root", None)
+            if fast is not None:
+                note = sweep_run(fast, [f.name for rp in self.setup.plan.rank_plans for f in rp.files], upto,
+                                 keep=bool(cfg["checkpoint"]["keep"]))
+                line += f" (fast tier: {note.removeprefix('removed ')})"
         except Exception as exc:  # never let cleanup stop the abort
             line += f"; cleanup failed: {exc}"
         stamp = datetime.now(timezone.utc).strftime("%H:%M:%S")
@@ -461,7 +661,8 @@ class Runner:
             self.comm.Abort(1)
             os._exit(1)  # pragma: no cover - Abort does not return
 
-    def _collect(self, rec: dict[str, Any], op: str, k: int, n: int, total: int) -> list[dict[str, Any]]:
+    def _collect(self, rec: dict[str, Any], op: str, k: int, n: int, total: int, *,
+                 keep: bool = True) -> list[dict[str, Any]]:
         recs = self.comm.gather(rec, root=0)
         if self.rank != 0:
             return []
@@ -472,10 +673,15 @@ class Runner:
         extra = ""
         if op == "read":
             cached = sum(r["resident_bytes"] for r in recs)
-            extra = f", verified, {cached / max(moved, 1):.1%} cached before"
+            tiers = {r.get("tier") for r in recs}
+            where = "fast tier" if tiers == {FAST} else "fast and durable tiers" if FAST in tiers else ""
+            if where and any(self.fast_fs.get(r["host"]) in MEMORY_FILESYSTEMS
+                             for r in recs if r["tier"] == FAST):
+                where += " in memory"
+            extra = f", verified, {cached / max(moved, 1):.1%} cached before{', ' + where if where else ''}"
         self.say(f"{op} {k}/{n}: {fmt_bytes(moved)} in {dur:.2f} s = {moved / dur / GiB:.2f} GiB/s "
                  f"(slowest rank {slow / GiB:.2f} GiB/s{extra})")
-        return list(recs)
+        return list(recs) if keep else []
 
     # ------------------------------------------------------------------ cleanup and bundle
     def _cleanup(self) -> None:
@@ -498,14 +704,16 @@ class Runner:
             pass
         if not keep:
             for d in sorted(set(self.created_dirs), key=lambda p: len(p.parts), reverse=True):
+                roots = [r for r in (getattr(self, "ckpt_root", None), getattr(self, "fast_ckpt_root", None))
+                         if r is not None]
                 try:
-                    if d == getattr(self, "ckpt_root", None):
+                    if d in roots:
                         (d / RUN_MARKER).unlink(missing_ok=True)
                     d.rmdir()
                 except FileNotFoundError:
                     pass
                 except OSError:
-                    if d.is_relative_to(getattr(self, "ckpt_root", d)):
+                    if any(d.is_relative_to(r) for r in roots):
                         print(f"mlckpt: warning: left {d} in place (not empty)", file=sys.stderr)
 
     def _write_bundle(self, records: list[dict[str, Any]], hosts: tuple[HostSpec, ...],
@@ -540,6 +748,10 @@ class Runner:
             "overrides": self.overrides, "started": started, "ended": ended,
             "records_format": RECORDS_FORMAT, "data_scheme": DATA_SCHEME,
             "system_name": (self.description or {}).get("system_name"),
+            "pipeline": {"mode": self.pipe.mode, "compute_interval_s": self.pipe.compute_interval_s,
+                         "fast": self.pipe.fast, "fast_keep": self.pipe.fast_keep,
+                         "fast_fs": ({h.name: self.fast_fs.get(h.name) for h in hosts}
+                                     if self.pipe.tiered else {})},
         }
         # Judge our own result with the checker's result-stage rules before publishing it.
         data = RunData(manifest, cfg, summary, records, system)
@@ -578,6 +790,69 @@ class Runner:
 
 
 # ---------------------------------------------------------------------- helpers
+@dataclass
+class _Writes:
+    """What one rank's write phase works with."""
+
+    root: Path  # this run's folder on the durable tier
+    fast_root: Path | None  # ... and on the fast tier
+    mine: Sequence[Any]  # this rank's planned files
+    offsets: list[int]  # their places in the arena
+    arena: Any  # the state (full residency) or the stream ring
+    key: bytes
+    opts: engine.IOOptions
+    stream: bool
+    leader: bool  # this host's first rank (makes folders)
+    staging: Any = None  # async: the snapshot's host staging copy of the state
+    ring: Any = None  # tiers: the drain's bounded buffer
+
+
+class _Background:
+    """One rank's background worker: runs one checkpoint's persist at a time (one staging slot).
+    A persistent thread, so handing work over inside the stall costs a queue put, not a thread
+    start.  Its failure is raised by ``wait`` in the training thread, which turns it into the
+    usual collective error."""
+
+    def __init__(self) -> None:
+        self.jobs: queue.SimpleQueue[Callable[[], Any] | None] = queue.SimpleQueue()
+        self.finished = threading.Event()
+        self.pending = False
+        self.result: Any = None
+        self.error: BaseException | None = None
+        self.thread = threading.Thread(target=self._loop, name="mlckpt-persist", daemon=True)
+        self.thread.start()
+
+    def _loop(self) -> None:
+        while (job := self.jobs.get()) is not None:
+            try:
+                self.result = job()
+            except BaseException as exc:  # handed to the training thread
+                self.error = exc
+            self.finished.set()
+
+    def submit(self, job: Callable[[], Any]) -> None:
+        self.finished.clear()
+        self.result, self.error, self.pending = None, None, True
+        self.jobs.put(job)
+
+    def done(self) -> bool:
+        return self.finished.is_set()
+
+    def wait(self) -> Any:
+        self.finished.wait()
+        self.pending = False
+        if self.error is not None:
+            raise self.error
+        return self.result
+
+    def close(self) -> None:
+        """Let a running persist end (files must not be written after cleanup), then stop."""
+        if self.pending:
+            self.finished.wait()
+        self.jobs.put(None)
+        self.thread.join()
+
+
 class _ProgressBar:
     """A bar on rank 0's terminal for ops longer than BAR_AFTER_S, driven by elapsed time against
     the previous op's duration (no counters inside the timed I/O path)."""
@@ -883,7 +1158,7 @@ def _guardian_main(rfd: int, parent: int) -> None:
             state["cur"] = int(msg.get("ckpt", 0))
             if str(msg["step"]).startswith("write "):
                 state["ckpt"] = max(state["ckpt"], state["cur"])
-        for k in ("run", "names", "keep", "dirs", "partial", "end", "final"):
+        for k in ("run", "names", "keep", "dirs", "partial", "end", "final", "fast_run", "fast_dirs"):
             if k in msg:
                 state[k] = msg[k]
 
@@ -970,6 +1245,11 @@ def _guardian_main(rfd: int, parent: int) -> None:
                 Path(state["run"]), [n for ns in state.get("names", []) for n in ns],
                 int(state["ckpt"]), keep=bool(state.get("keep")), dirs=state.get("dirs", []),
                 partial=state.get("partial"))
+            if state.get("fast_run"):
+                note = sweep_run(Path(state["fast_run"]), [n for ns in state.get("names", []) for n in ns],
+                                 int(state["ckpt"]), keep=bool(state.get("keep")),
+                                 dirs=state.get("fast_dirs", []))
+                line += f" (fast tier: {note.removeprefix('removed ')})"
         except Exception as exc:  # never let cleanup hide the report
             line += f"; cleanup failed: {exc}"
     try:
@@ -1122,10 +1402,27 @@ def blocking_message(findings: Sequence[Any], division: str) -> str | None:
     return f"[{f.rule}] {f.message}{hint}{more}"
 
 
-def local_host(folder: Path, ranks: Sequence[int]) -> HostSpec:
+def local_host(folder: Path, ranks: Sequence[int], fast: str | None = None) -> HostSpec:
     """This host as the gates measure it (used by the self-launcher before spawning ranks)."""
+    f = fast_tier_facts(fast)
     return HostSpec(socket.gethostname(), tuple(ranks), mem_available_bytes(), disk_free_bytes(folder),
-                    folder_problem(folder))
+                    folder_problem(folder), f["fast_free_bytes"], f["fast_problem"], f["fast_fs"])
+
+
+def fast_tier_facts(fast: str | None) -> dict[str, Any]:
+    """What the gates need to know of this host's fast tier (nothing when there is none): free
+    space, whether the folder is usable, its filesystem type, and whether it takes O_DIRECT."""
+    out: dict[str, Any] = {"fast_free_bytes": None, "fast_problem": None, "fast_fs": None,
+                           "fast_direct_ok": False}
+    if fast is None:
+        return out
+    folder = Path(fast).absolute()
+    out["fast_problem"] = folder_problem(folder)
+    if out["fast_problem"] is None:
+        out["fast_free_bytes"] = disk_free_bytes(folder)
+        out["fast_fs"] = mount_of(folder).get("fs_type")
+        out["fast_direct_ok"] = engine.probe_direct(str(existing_ancestor(folder)))
+    return out
 
 
 def folder_problem(folder: Path) -> str | None:
@@ -1206,9 +1503,15 @@ def _write_json(path: Path, doc: Any) -> None:
 def _headline(s: dict[str, Any]) -> str:
     parts = [f"write {s['write_bandwidth_mean_gib_s']:.2f} GiB/s mean "
              f"({s['write_duration_mean_s']:.2f} s per checkpoint)"]
-    if s.get("num_reads"):
-        parts.append(f"read {s['read_bandwidth_mean_gib_s']:.2f} GiB/s mean "
-                     f"({s['read_duration_mean_s']:.2f} s){'' if s['read_valid'] else ' INVALID'}")
+    if s["write_overlap_efficiency"] is not None:  # something ran behind training
+        parts.append(f"training stalled {s['write_stall_mean_s']:.3f} s per checkpoint, durable after "
+                     f"{s['write_time_to_durable_mean_s']:.2f} s, "
+                     f"overlap {s['write_overlap_efficiency']:.0%}")
+    valid = "" if s.get("read_valid", True) else " INVALID"
+    for name, label in (("read", "read"), ("read_fast", "read (fast tier)")):
+        if f"{name}_bandwidth_mean_gib_s" in s:
+            parts.append(f"{label} {s[f'{name}_bandwidth_mean_gib_s']:.2f} GiB/s mean "
+                         f"({s[f'{name}_duration_mean_s']:.2f} s){valid}")
     return "result: " + "; ".join(parts)
 
 

@@ -152,6 +152,10 @@ class Plan:
     def restore_bytes(self, pattern: RestorePattern) -> int:
         return sum(rd.file.bytes for r in range(self.ranks) for rd in self.restore_reads(r, pattern))
 
+    def own_resident_bytes(self, rank: int) -> int:
+        """Page-rounded bytes of the files ``rank`` writes (one copy of its shard)."""
+        return sum(pages(f.bytes) for f in self.rank_plans[rank].files) * PAGE
+
     def resident_bytes(self, rank: int, pattern: RestorePattern = "own", shift: int = 0) -> int:
         """State a rank holds in memory under full residency: page-rounded buffers for its shard,
         or for what it restores if that is larger (one arena serves both phases)."""

@@ -109,7 +109,8 @@ def launch(mpiexec: str, overrides: list[str]) -> int:
         load_system_description(s.config["system"], s.rules.version)
     # Every rank will be local: apply the same gates the ranks apply, before spawning any.
     folder = Path(s.config["checkpoint"]["folder"]).absolute()
-    ctx = s.context((local_host(folder, range(s.plan.ranks)),), complete=True)
+    fast = s.config["checkpoint"]["tiers"]["fast"]
+    ctx = s.context((local_host(folder, range(s.plan.ranks), fast),), complete=True)
     refusal = blocking_message(s.rules.evaluate(ctx, ["config", "host"]).findings, str(s.config["division"]))
     if refusal:
         raise UsageError(refusal)
