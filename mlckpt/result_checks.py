@@ -314,10 +314,10 @@ def pipeline_declared(ctx: Context, rs: RuleSet, rule: Rule) -> Iterator[Outcome
 
 @check
 def async_timeline(ctx: Context, rs: RuleSet, rule: Rule) -> Iterator[Outcome | NotChecked]:
-    """On each rank: request ≤ end of back-pressure ≤ blocking stage ≤ staged ≤ background stages
-    (in order) ≤ durable; the previous checkpoint was durable before this one's blocking stage
-    (one staging slot); the time training waited for a checkpoint (exposed) is the next one's
-    back-pressure and never more than its background work."""
+    """On each rank: request ≤ end of back-pressure ≤ blocking stage ≤ staged ≤ durable, stages
+    one after another, the last one durable; the previous checkpoint was durable before this
+    one's blocking stage (one staging slot); the time training waited for a checkpoint (exposed)
+    is the next one's back-pressure and never more than its background work."""
     d = _run(ctx)
     if d is None:
         yield NotChecked("no run data")
@@ -337,9 +337,10 @@ def async_timeline(ctx: Context, rs: RuleSet, rule: Rule) -> Iterator[Outcome | 
                 problem = "the blocking stage lies inside the stall, after the back-pressure wait"
             elif any(int(st["t1_ns"]) < int(st["t0_ns"]) for st in stages):
                 problem = "a stage ends before it starts"
-            elif any(int(b["t0_ns"]) < int(a["t1_ns"]) for a, b in itertools.pairwise(stages)) \
-                    or (len(stages) > 1 and int(stages[1]["t0_ns"]) < staged):
-                problem = "background stages run after the stall, one after another"
+            elif any(int(b["t0_ns"]) < int(a["t1_ns"]) for a, b in itertools.pairwise(stages)):
+                # (the first background stage may start a moment before ``staged``: it is handed
+                # over at the end of the blocking stage, before the training thread takes the time)
+                problem = "stages run one after another"
             elif exposed > t1 - staged:
                 problem = f"exposed {exposed} ns exceeds the background work ({t1 - staged} ns)"
             elif i + 1 < len(recs):
@@ -361,7 +362,7 @@ def tier_drain_verified(ctx: Context, rs: RuleSet, rule: Rule) -> Iterator[Outco
         yield NotChecked("no run data")
         return
     if not Pipeline.of(d.config).tiered:
-        yield NotChecked("no fast tier configured")
+        yield Outcome(True)  # one tier: nothing to check
         return
     for r in d.records:
         if r.get("op") != "write":

@@ -516,6 +516,8 @@ class Runner:
                         bg.submit(partial(self._persist, w, k))
 
                 rec = self._timed("write", k, k, blocking, nbytes, len(w.mine), w.opts)
+                if bg is None:  # sync, one tier: the stage is the whole op, barrier to durable
+                    info["stage"].update(t0_ns=rec["t0_ns"], t1_ns=rec["t1_ns"])
                 rec.update(mode=pipe.mode, staged_ns=rec["t1_ns"], backpressure_ns=info["wait_ns"],
                            exposed_ns=0, compute_ns=0, stages=[info["stage"]])
                 mine.append(rec)

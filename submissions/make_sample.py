@@ -10,9 +10,12 @@ leaves the temporary folder and is deleted with it):
 2. runs ``mlckpt run -m workload=llama3_8b,llama_7b`` (open division, scale 0.0005, 4 local ranks,
    one write and one verified restore each, buffered I/O so any filesystem works) with the system
    description ``open/example-org/systems/laptop-ext4.yaml`` from this folder;
-3. replaces ``open/example-org/results/`` with the two new bundles: the llama3_8b one as a
-   folder, the llama_7b one packed as ``<run-id>.tar.gz`` (both leaf forms the checker accepts);
-4. writes ``trusted-keys.yaml`` with the new public key.
+3. runs llama3_8b once more with asynchronous, tiered checkpointing (``checkpoint.mode=async``,
+   a fast tier in the temporary folder, 0.2 s of training per checkpoint, two writes and two
+   restores: one from each tier);
+4. replaces ``open/example-org/results/`` with the three new bundles: the llama3_8b ones as
+   folders, the llama_7b one packed as ``<run-id>.tar.gz`` (both leaf forms the checker accepts);
+5. writes ``trusted-keys.yaml`` with the new public key.
 
 Needs the mlckpt package installed in the interpreter running this script.
 """
@@ -36,6 +39,9 @@ WORKLOADS = ("llama3_8b", "llama_7b")
 PACKED = {"llama_7b"}
 RUN_ARGS = ["division=open", "scale=0.0005", "ranks=4", "checkpoint.num_writes=1",
             "checkpoint.num_reads=1", "io.direct=false"]
+ASYNC_ARGS = ["workload=llama3_8b", "division=open", "scale=0.0005", "ranks=4", "checkpoint.num_writes=2",
+              "checkpoint.num_reads=2", "io.direct=false", "checkpoint.mode=async",
+              "checkpoint.compute_interval_s=0.2", "checkpoint.tiers.fast=fast-tier"]
 
 
 def mlckpt_command() -> list[str]:
@@ -55,17 +61,19 @@ def main() -> int:
         shutil.copy(description, tmp / f"{SYSTEM}.yaml")
         env = {**os.environ, "XDG_CONFIG_HOME": str(tmp / "xdg")}
         env.pop("MLCKPT_DEBUG", None)
-        cmd = [*mlckpt_command(), "run", "-m", f"workload={','.join(WORKLOADS)}", *RUN_ARGS,
-               f"system={SYSTEM}.yaml", "signing.key=signing-key.pem", "output.root=results"]
-        proc = subprocess.run(cmd, cwd=tmp, env=env, text=True, capture_output=True, check=False)
-        sys.stdout.write(proc.stdout)
-        sys.stderr.write(proc.stderr)
-        if proc.returncode != 0:
-            print(f"make_sample: the runner failed (exit {proc.returncode})", file=sys.stderr)
-            return proc.returncode
-        bundles = [Path(p) for p in re.findall(r"^bundle: (.+)$", proc.stdout, re.M)]
-        if len(bundles) != len(WORKLOADS):
-            print(f"make_sample: expected {len(WORKLOADS)} bundles, got {len(bundles)}", file=sys.stderr)
+        common = [f"system={SYSTEM}.yaml", "signing.key=signing-key.pem", "output.root=results"]
+        bundles: list[Path] = []
+        for args in (["-m", f"workload={','.join(WORKLOADS)}", *RUN_ARGS], ASYNC_ARGS):
+            cmd = [*mlckpt_command(), "run", *args, *common]
+            proc = subprocess.run(cmd, cwd=tmp, env=env, text=True, capture_output=True, check=False)
+            sys.stdout.write(proc.stdout)
+            sys.stderr.write(proc.stderr)
+            if proc.returncode != 0:
+                print(f"make_sample: the runner failed (exit {proc.returncode})", file=sys.stderr)
+                return proc.returncode
+            bundles += [Path(p) for p in re.findall(r"^bundle: (.+)$", proc.stdout, re.M)]
+        if len(bundles) != len(WORKLOADS) + 1:
+            print(f"make_sample: expected {len(WORKLOADS) + 1} bundles, got {len(bundles)}", file=sys.stderr)
             return 1
         results = org_dir / "results"
         shutil.rmtree(results, ignore_errors=True)
