@@ -30,7 +30,7 @@ COLD = 0.01
 def rec(op: str, index: int, rank: int, t0_s: float, dur_s: float, nbytes: int, *,
         checkpoint: int | None = None, resident: int = 0, checked: int | None = None,
         mismatches: int = 0) -> dict[str, Any]:
-    """One raw record in the runner's format (records format 1)."""
+    """One raw record in the runner's format (records format 2; writes: sync, one tier)."""
     t0 = round(t0_s * S)
     r: dict[str, Any] = {
         "op": op, "index": index, "checkpoint": index if checkpoint is None else checkpoint,
@@ -42,7 +42,16 @@ def rec(op: str, index: int, rank: int, t0_s: float, dur_s: float, nbytes: int, 
         r["cached_check_bytes"] = nbytes if checked is None else checked
         r["verified_bytes"] = nbytes
         r["mismatches"] = mismatches
+        r["tier"] = "durable"
+    else:
+        r.update(sync_fields(r))
     return r
+
+
+def sync_fields(r: dict[str, Any]) -> dict[str, Any]:
+    """A sync one-tier write: the stall is the whole op, one durable stage from t0 to t1."""
+    return {"mode": "sync", "staged_ns": r["t1_ns"], "backpressure_ns": 0, "exposed_ns": 0, "compute_ns": 0,
+            "stages": [{"tier": "durable", "t0_ns": r["t0_ns"], "t1_ns": r["t1_ns"], "bytes": r["bytes"]}]}
 
 
 # ---------------------------------------------------------------------------------------------
@@ -241,7 +250,10 @@ def runs(draw: st.DrawFn) -> list[dict[str, Any]]:
                  "direct": True, "dontcache": False}
             if op == "read":
                 x.update(resident_bytes=draw(st.integers(0, checked)), cached_check_bytes=checked,
-                         verified_bytes=sizes[r], mismatches=draw(st.sampled_from([0, 0, 0, 1])))
+                         verified_bytes=sizes[r], mismatches=draw(st.sampled_from([0, 0, 0, 1])),
+                         tier="durable")
+            else:
+                x.update(sync_fields(x))
             out.append(x)
     return out
 
@@ -330,3 +342,135 @@ def test_summary_is_order_independent(records: list[dict[str, Any]], rnd: random
     shuffled = records[:]
     rnd.shuffle(shuffled)
     assert summarize(shuffled, max_resident_fraction=COLD) == summarize(records, max_resident_fraction=COLD)
+
+
+# ---------------------------------------------------------------------------------------------
+# asynchronous and tiered checkpoints (records format 2)
+
+
+def async_write(index: int, rank: int, off_s: float, t0: float, bp: float, snap: float, persist: float,
+                exposed: float, compute: float, nbytes: int) -> dict[str, Any]:
+    """An async write on a rank whose clock is offset by ``off_s``: the stall is ``bp`` of waiting
+    plus a ``snap``-second snapshot, then a ``persist``-second durable write in the background."""
+    def ns(x: float) -> int:
+        return round((off_s + x) * S)
+    staged = t0 + bp + snap
+    return {"op": "write", "index": index, "checkpoint": index, "rank": rank, "host": "h0",
+            "t0_ns": ns(t0), "t1_ns": ns(staged + persist), "bytes": nbytes, "files": 1, "fsync": True,
+            "direct": True, "dontcache": False, "mode": "async", "staged_ns": ns(staged),
+            "backpressure_ns": round(bp * S), "exposed_ns": round(exposed * S),
+            "compute_ns": round(compute * S),
+            "stages": [{"tier": "memory", "t0_ns": ns(t0 + bp), "t1_ns": ns(staged), "bytes": nbytes},
+                       {"tier": "durable", "t0_ns": ns(staged), "t1_ns": ns(staged + persist),
+                        "bytes": nbytes}]}
+
+
+def two_async_checkpoints() -> list[dict[str, Any]]:
+    """Two ranks (clocks 1000 s apart), 4 GiB each.  Checkpoint 1 at 0: a 0.5 s snapshot, a 2 s
+    persist, 1 s of training.  Checkpoint 2 at 1.5 waits 1 s for checkpoint 1 (back-pressure),
+    snapshots 0.5 s, persists 2 s; the final drain waits 1 s."""
+    out = []
+    for rank, off in ((0, 0.0), (1, 1000.0)):
+        out.append(async_write(1, rank, off, 0.0, 0.0, 0.5, 2.0, 1.0, 1.0, 4 * GiB))
+        out.append(async_write(2, rank, off, 1.5, 1.0, 0.5, 2.0, 1.0, 1.0, 4 * GiB))
+    return out
+
+
+def test_async_op_stats_known_numbers() -> None:
+    recs = two_async_checkpoints()
+    o1 = op_stats([r for r in recs if r["index"] == 1])
+    o2 = op_stats([r for r in recs if r["index"] == 2])
+    assert (o1.stall_s, o1.time_to_durable_s, o1.backpressure_s) == (0.5, 2.5, 0.0)
+    assert (o2.stall_s, o2.time_to_durable_s, o2.backpressure_s) == (1.5, 3.5, 1.0)
+    # write bandwidth is the durable tier's: 8 GiB in 2 s, not 8 GiB over time to durable
+    assert (o1.duration_s, o1.bandwidth_gib_s) == (2.0, 4.0)
+    assert o1.stages is not None and o1.stages["memory"].bandwidth_gib_s == 16.0
+    assert o1.stages["durable"].duration_s == 2.0
+    # background 2 s per rank, of which 1 s was waited for later: half of it hidden
+    assert o1.overlap_efficiency == 0.5 and o2.overlap_efficiency == 0.5
+    assert o1.compute_s == 1.0 and o1.tier is None
+
+
+def test_async_summary_known_numbers() -> None:
+    s = summarize(two_async_checkpoints(), max_resident_fraction=COLD)
+    assert (s["mode"], s["tiers"]) == ("async", ["memory", "durable"])
+    assert s["write_stall_mean_s"] == 1.0 and s["write_stall_max_s"] == 1.5
+    assert s["write_time_to_durable_mean_s"] == 3.0
+    assert s["write_bandwidth_mean_gib_s"] == 4.0 and s["write_duration_mean_s"] == 2.0
+    assert s["write_memory_bandwidth_mean_gib_s"] == 16.0 and s["write_memory_duration_mean_s"] == 0.5
+    assert (s["write_backpressure_ops"], s["write_backpressure_total_s"]) == (1, 1.0)
+    assert s["write_overlap_efficiency"] == 0.5
+    assert s["write_compute_mean_s"] == 1.0
+    assert "write_fast_bandwidth_mean_gib_s" not in s
+
+
+def test_sync_summary_has_no_background() -> None:
+    s = summarize(three_writes_two_reads(), max_resident_fraction=COLD)
+    assert (s["mode"], s["tiers"]) == ("sync", ["durable"])
+    assert s["write_overlap_efficiency"] is None  # nothing ran behind training
+    assert s["write_stall_mean_s"] == s["write_duration_mean_s"] == s["write_time_to_durable_mean_s"]
+    assert s["write_backpressure_ops"] == 0
+
+
+def test_fast_tier_restores_are_reported_apart() -> None:
+    recs = [rec("write", 1, 0, 0, 1, GiB)]
+    recs.append(rec("read", 1, 0, 10, 2.0, GiB, resident=GiB // 2))  # durable, half cached: not cold
+    fast = rec("read", 2, 0, 20, 0.25, GiB, resident=GiB)  # fast tier (tmpfs): all resident
+    fast["tier"] = "fast"
+    recs.append(fast)
+    s = summarize(recs, max_resident_fraction=COLD)
+    assert s["read_bandwidth_mean_gib_s"] == 0.5 and s["read_bytes_per_op"] == GiB
+    assert s["read_fast_bandwidth_mean_gib_s"] == 4.0 and s["read_fast_duration_mean_s"] == 0.25
+    assert s["num_reads"] == 2
+    assert s["read_resident_fraction_max"] == 0.5  # durable restores only
+    assert s["read_cold"] is False
+    assert [o["tier"] for o in s["ops"] if o["op"] == "read"] == ["durable", "fast"]
+    only_fast = summarize([recs[0], fast], max_resident_fraction=COLD)
+    assert "read_bandwidth_mean_gib_s" not in only_fast and only_fast["read_cold"] is True
+
+
+@st.composite
+def async_runs(draw: st.DrawFn) -> list[dict[str, Any]]:
+    """Async runs: R ranks on unrelated clocks, W checkpoints, random stall, persist and training
+    times (≥ 1 ns), exposed = the next checkpoint's back-pressure as the runner records it."""
+    ranks, nw = draw(st.integers(1, 6)), draw(st.integers(1, 4))
+    out = []
+    for r in range(ranks):
+        off = draw(st.integers(0, 1 << 40)) / S
+        t = 0.0
+        times = [(draw(st.integers(1, 10 * S)) / S, draw(st.integers(1, 10 * S)) / S,
+                  draw(st.integers(0, 10 * S)) / S) for _ in range(nw)]
+        waits = []
+        for snap, persist, compute in times:
+            waits.append(max(0.0, persist - compute))  # what the next stall (or the end) waits
+            del snap
+        nbytes = draw(st.integers(1, 1 << 40))
+        for k, (snap, persist, compute) in enumerate(times, 1):
+            bp = waits[k - 2] if k > 1 else 0.0
+            out.append(async_write(k, r, off, t, bp, snap, persist, waits[k - 1], compute, nbytes))
+            t += bp + snap + compute
+    return out
+
+
+@settings(max_examples=100, deadline=None)
+@given(async_runs())
+def test_async_invariants(records: list[dict[str, Any]]) -> None:
+    s = summarize(records, max_resident_fraction=COLD)
+    by_op: dict[int, list[dict[str, Any]]] = {}
+    for r in records:
+        by_op.setdefault(r["index"], []).append(r)
+    for o in s["ops"]:
+        recs = by_op[o["index"]]
+        stall = max(r["staged_ns"] - r["t0_ns"] for r in recs) / 1e9
+        assert o["stall_s"] == stall
+        assert o["time_to_durable_s"] == max(r["t1_ns"] - r["t0_ns"] for r in recs) / 1e9
+        assert o["stall_s"] <= o["time_to_durable_s"]
+        assert o["backpressure_s"] <= o["stall_s"]
+        assert 0.0 <= o["overlap_efficiency"] <= 1.0
+        # the durable stage is inside [staged, t1], so its duration is at most the time to durable
+        assert o["stages"]["durable"]["duration_s"] <= o["time_to_durable_s"]
+    background = sum(r["t1_ns"] - r["staged_ns"] for r in records)
+    exposed = sum(r["exposed_ns"] for r in records)
+    assert math.isclose(s["write_overlap_efficiency"], 1 - exposed / background, abs_tol=1e-9)
+    assert s["write_backpressure_ops"] == sum(1 for o in s["ops"] if o["backpressure_s"] > 0)
+    assert s["write_stall_max_s"] == max(o["stall_s"] for o in s["ops"])
