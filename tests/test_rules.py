@@ -196,6 +196,47 @@ NEGATIVE: list[tuple[str, Callable[[], Context], list[str]]] = [
     ("FOLDER-USABLE", lambda: ctx_of(hosts=hosts8(folder_problem="/ckpt is not writable")),
      ["host h0: the checkpoint folder must be a writable directory holding no foreign files: "
       "/ckpt is not writable"]),
+    # --- asynchronous and tiered checkpointing
+    ("CLOSED-PARAMS", lambda: ctx_of("checkpoint.mode=async"),
+     ["closed runs keep this parameter at checkpoint.mode=sync; got checkpoint.mode=async"]),
+    ("CLOSED-PARAMS", lambda: ctx_of("checkpoint.tiers.fast=/nvme/ckpt"),
+     ["closed runs keep this parameter at checkpoint.tiers.fast=None; got checkpoint.tiers.fast=/nvme/ckpt"]),
+    # async staging: a second copy of every rank's shard in host memory (8 × 2 × 13.09 GiB)
+    ("HOST-MEMORY", lambda: ctx_of("division=open", "checkpoint.mode=async",
+                                   hosts=hosts8(mem_available_bytes=200 * GiB)),
+     [f"host h0: host memory must hold the resident state of its ranks: expected at least "
+      f"{fmt_bytes(16 * P8B_RANK_RESIDENT)}, got 200.00 GiB available"]),
+    ("ASYNC-RESIDENCY", lambda: raw_ctx("division=open", edits={"checkpoint.mode": "async",
+                                                                "residency": "stream"}),
+     ["an asynchronous checkpoint snapshots the resident state into host staging: expected "
+      "residency=full with checkpoint.mode=async, got residency=stream"]),
+    ("TIERS-DISTINCT", lambda: raw_ctx("division=open",
+                                       edits={"checkpoint.tiers.fast": "./mlckpt-checkpoints/fast"}),
+     ["the fast tier must be a folder apart from the durable tier (neither inside the other): expected a "
+      "fast tier apart from checkpoint.folder=./mlckpt-checkpoints, got "
+      "checkpoint.tiers.fast=./mlckpt-checkpoints/fast"]),
+    ("TIERS-DISTINCT", lambda: raw_ctx("division=open",
+                                       edits={"checkpoint.tiers.fast": "mlckpt-checkpoints/"}),
+     ["got checkpoint.tiers.fast=mlckpt-checkpoints/"]),  # the same folder, spelled differently
+    ("TIERS-DISTINCT", lambda: raw_ctx("division=open", edits={"checkpoint.folder": "/mnt/ckpt/durable",
+                                                               "checkpoint.tiers.fast": "/mnt/ckpt"}),
+     ["got checkpoint.tiers.fast=/mnt/ckpt"]),  # the durable tier inside the fast one
+    ("TIERS-DISTINCT", lambda: raw_ctx("division=open", edits={"checkpoint.folder": "/mnt/a/../ckpt",
+                                                               "checkpoint.tiers.fast": "/mnt/ckpt/fast"}),
+     ["got checkpoint.tiers.fast=/mnt/ckpt/fast"]),  # '..' resolved before comparing
+    # fast_keep 1 of 10 writes: the newest kept + the one in flight = 2 checkpoints of 8 ranks
+    ("TIER-SPACE", lambda: ctx_of("division=open", "checkpoint.tiers.fast=/nvme/ckpt",
+                                  hosts=hosts8(fast_free_bytes=200 * GiB)),
+     [f"host h0: the fast tier needs free space for the checkpoints it holds at once: expected at least "
+      f"{fmt_bytes(16 * P8B_RANK_RESIDENT)} (2 checkpoints), got 200.00 GiB free"]),
+    ("TIER-SPACE", lambda: ctx_of("division=open", "checkpoint.tiers.fast=/nvme/ckpt",
+                                  "checkpoint.num_writes=1", hosts=hosts8(fast_free_bytes=100 * GiB)),
+     [f"host h0: the fast tier needs free space for the checkpoints it holds at once: expected at least "
+      f"{fmt_bytes(8 * P8B_RANK_RESIDENT)} (1 checkpoint), got 100.00 GiB free"]),
+    ("TIER-USABLE", lambda: ctx_of("division=open", "checkpoint.tiers.fast=/nvme/ckpt",
+                                   hosts=hosts8(fast_problem="/nvme/ckpt is not writable")),
+     ["host h0: the fast-tier folder must be a writable directory holding no foreign files: "
+      "/nvme/ckpt is not writable"]),
 ]
 
 # Passing cases: the rule is evaluated (not skipped for lack of input) and finds nothing.
@@ -235,6 +276,19 @@ POSITIVE: list[tuple[str, Callable[[], Context]]] = [
     ("DISK-SPACE", lambda: ctx_of(hosts=hosts8(disk_free_bytes=2 * TiB))),
     ("DISK-SPACE", lambda: ctx_of(hosts=hosts8(disk_free_bytes=10 * P8B_TOTAL))),  # exactly enough
     ("FOLDER-USABLE", lambda: ctx_of(hosts=hosts8(folder_problem=None))),
+    ("ASYNC-RESIDENCY", lambda: ctx_of("division=open", "checkpoint.mode=async")),  # residency=full
+    ("ASYNC-RESIDENCY", lambda: ctx_of("division=open", "residency=stream")),  # sync: any residency
+    ("TIERS-DISTINCT", lambda: ctx_of("division=open", "checkpoint.tiers.fast=/dev/shm/ckpt")),
+    # a sibling whose name merely starts with the durable folder's name is apart from it
+    ("TIERS-DISTINCT", lambda: ctx_of("division=open", "checkpoint.tiers.fast=./mlckpt-checkpoints-fast")),
+    ("TIERS-DISTINCT", lambda: ctx_of("division=open")),  # one tier
+    ("TIER-SPACE", lambda: ctx_of("division=open", "checkpoint.tiers.fast=/nvme/ckpt",  # exactly enough
+                                  hosts=hosts8(fast_free_bytes=16 * P8B_RANK_RESIDENT))),
+    ("TIER-SPACE", lambda: ctx_of("division=open", hosts=hosts8(fast_free_bytes=0))),  # one tier
+    ("TIER-USABLE", lambda: ctx_of("division=open", "checkpoint.tiers.fast=/nvme/ckpt",
+                                   hosts=hosts8(fast_problem=None))),
+    # one tier: a problem measured for a folder the run does not use is no finding
+    ("TIER-USABLE", lambda: ctx_of("division=open", hosts=hosts8(fast_problem="/nvme is not writable"))),
 ]
 
 
@@ -276,7 +330,8 @@ def test_rule_passes(rule_id: str, make: Callable[[], Context]) -> None:
 PRE_IO_RULES = {
     "RANKS-MULTIPLE", "ZERO3-PIPELINE", "LAYERS-PIPELINE", "SCALE-RANGE", "COUNTS-POSITIVE",
     "CLOSED-WORKLOAD", "CLOSED-RANKS", "CLOSED-COUNTS", "CLOSED-PARAMS", "CLOSED-OVERRIDES",
-    "CLOSED-RANKS-PER-HOST", "CLOSED-ACCELERATOR-MEMORY", "HOST-MEMORY", "DISK-SPACE", "FOLDER-USABLE"}
+    "CLOSED-RANKS-PER-HOST", "CLOSED-ACCELERATOR-MEMORY", "HOST-MEMORY", "DISK-SPACE", "FOLDER-USABLE",
+    "ASYNC-RESIDENCY", "TIERS-DISTINCT", "TIER-SPACE", "TIER-USABLE"}
 
 
 def test_every_pre_io_rule_has_a_failing_and_a_passing_case() -> None:
@@ -364,6 +419,61 @@ def test_host_memory_counts_repopulate_and_shift() -> None:
     assert failing("checkpoint.rank_shift=0", "checkpoint.restore=repopulate") == list(range(64))
     # auto shift = 8 ranks per host: the last host restores ranks 0..7 (dp 0) and needs their size
     assert failing() == [*range(32), 63]
+
+
+RING = 2 * 4 * 4 * 1024 * 1024  # the drain's buffer per rank: 2 blocks × io.threads (4) × 4 MiB
+STREAM = 268_435_456  # default stream_buffer_bytes
+
+
+@pytest.mark.parametrize(("overrides", "fast_fs", "need"), [
+    ((), None, 8 * P8B_RANK_RESIDENT),
+    # async: each rank stages a full copy of its shard beside its state
+    (("checkpoint.mode=async",), None, 16 * P8B_RANK_RESIDENT),
+    # a fast tier on disk: only the drain ring, per rank (unknown filesystem: not counted as memory)
+    (("checkpoint.tiers.fast=/nvme/ckpt",), "ext4", 8 * P8B_RANK_RESIDENT + 8 * RING),
+    (("checkpoint.tiers.fast=/nvme/ckpt",), None, 8 * P8B_RANK_RESIDENT + 8 * RING),
+    # a tmpfs fast tier holds 2 checkpoints of the host's 8 ranks (fast_keep 1 + the one in flight)
+    (("checkpoint.tiers.fast=/dev/shm/ckpt",), "tmpfs", 24 * P8B_RANK_RESIDENT + 8 * RING),
+    (("checkpoint.mode=async", "checkpoint.tiers.fast=/dev/shm/ckpt"), "tmpfs",
+     32 * P8B_RANK_RESIDENT + 8 * RING),
+    (("checkpoint.mode=async", "checkpoint.tiers.fast=/dev/shm/ckpt"), "ramfs",
+     32 * P8B_RANK_RESIDENT + 8 * RING),
+    (("checkpoint.mode=async", "checkpoint.tiers.fast=/nvme/ckpt"), "xfs", 16 * P8B_RANK_RESIDENT + 8 * RING),
+    # fast_keep 3 of 10 writes: 4 checkpoints at once; ring from io.threads=8 × 1 MiB blocks
+    (("checkpoint.mode=async", "checkpoint.tiers.fast=/dev/shm/ckpt", "checkpoint.tiers.fast_keep=3",
+      "io.threads=8", "io.block_size=1048576"), "tmpfs", 48 * P8B_RANK_RESIDENT + 8 * 2 * 8 * 1048576),
+    # fast_keep 3 but only 2 writes: never more than 2 on the tier
+    (("checkpoint.mode=async", "checkpoint.tiers.fast=/dev/shm/ckpt", "checkpoint.tiers.fast_keep=3",
+      "checkpoint.num_writes=2"), "tmpfs", 32 * P8B_RANK_RESIDENT + 8 * RING),
+    # stream residency bounds the state, not the tmpfs tier (which holds whole checkpoints)
+    (("residency=stream", "checkpoint.tiers.fast=/dev/shm/ckpt"), "tmpfs",
+     8 * STREAM + 8 * RING + 16 * P8B_RANK_RESIDENT),
+])
+def test_host_memory_counts_staging_ring_and_memory_tier(overrides: tuple[str, ...], fast_fs: str | None,
+                                                          need: int) -> None:
+    """HOST-MEMORY's requirement to the byte: met with exactly ``need`` available, not one byte less."""
+    rule = RS.rule("HOST-MEMORY")
+
+    def outcome(mem: int) -> Any:
+        ctx = ctx_of("division=open", *overrides, hosts=hosts8(mem_available_bytes=mem, fast_fs=fast_fs))
+        [o] = CHECKS["host_memory"](ctx, RS, rule)
+        return o
+
+    enough, short = outcome(need), outcome(need - 1)
+    assert (enough.ok, short.ok) == (True, False)
+    assert short.expected == enough.expected == fmt_bytes(need)
+    assert short.where == "host h0"
+
+
+def test_plan_refuses_async_without_residency_and_nested_tiers() -> None:
+    """ASYNC-RESIDENCY and TIERS-DISTINCT are structural: `mlckpt plan` refuses before any plan."""
+    with pytest.raises(RuleError) as exc:
+        setup(["division=open", "checkpoint.mode=async", "residency=stream"])
+    assert exc.value.rule == "ASYNC-RESIDENCY"
+    with pytest.raises(RuleError) as exc:
+        setup(["division=open", "checkpoint.folder=/mnt/ckpt", "checkpoint.tiers.fast=/mnt/ckpt/fast"])
+    assert exc.value.rule == "TIERS-DISTINCT"
+    assert str(exc.value).endswith("got checkpoint.tiers.fast=/mnt/ckpt/fast")
 
 
 def test_host_memory_not_checked_without_memory() -> None:
