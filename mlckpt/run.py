@@ -208,7 +208,7 @@ class Runner:
                     "folder_problem": folder_problem(folder),
                     "direct_ok": None, "dontcache_ok": None,
                     "facts": host_facts(folder, _mpi_library()),
-                    **fast_tier_facts(self.pipe.fast),
+                    **fast_tier_facts(self.pipe.fast, folder),
                 }
                 if local["folder_problem"] is None:
                     probe_dir = str(existing_ancestor(folder))
@@ -313,7 +313,12 @@ class Runner:
                     engine.evict(path)
             if cfg["cache"]["drop_system"] and leader:
                 engine.drop_caches()
+            if leader and w.fast_root is not None:  # every persist is over: drop emptied folders
+                for j in set(range(1, nw + 1)) - set(self.pipe.fast_retained(nw)):
+                    with suppress(OSError):
+                        (w.fast_root / f"ckpt-{j:04d}").rmdir()
             _test_flip(self.rank, root / "ckpt-0001", [f.name for f in mine])
+            _test_fast_flip(self.rank, "restore", nw, w.fast_root, [f.name for f in mine])
             _test_corrupt(self.rank, root, plan)
         scratch = engine.alloc(engine.VERIFY_SCRATCH_BYTES)
         writer_hosts = {self.rank_hosts[rd.writer] for rd in reads}
@@ -439,6 +444,7 @@ class Runner:
             pid = partial(engine.PageId, self.run_id, self.rank, k)
             sfiles = [engine.StreamFile(str(fdir / f.name), f.bytes, pid(i)) for i, f in enumerate(w.mine)]
             cdir = w.root / f"ckpt-{k:04d}"
+            _test_fast_flip(self.rank, "drain", k, w.fast_root, [f.name for f in w.mine])
             t0 = time.perf_counter_ns()
             res = engine.drain(sfiles, [str(cdir / f.name) for f in w.mine], w.key, self._fast_opts(bg), bg,
                                w.ring, dir_fsync=[str(cdir)] if bg.fsync else [])
@@ -1380,7 +1386,27 @@ def _test_flip(rank: int, cdir: Path, names: Sequence[str]) -> None:
     flip_rank, index, offset = (int(x) for x in spec.split(":"))
     if flip_rank != rank:
         return
-    path = str(cdir / names[index])
+    _flip_bit(str(cdir / names[index]), offset)
+
+
+TEST_FAST_FLIP_ENV = "MLCKPT_TEST_FAST_FLIP"
+
+
+def _test_fast_flip(rank: int, when: str, k: int, fast_root: Path | None, names: Sequence[str]) -> None:
+    """TEST-ONLY fault hook (never set it in a real run): ``MLCKPT_TEST_FAST_FLIP=WHEN:R:K:I:OFF``
+    flips one bit of byte OFF of rank R's file I of checkpoint K on the fast tier, at WHEN:
+    ``drain`` (after the fast copy is written, before it is drained to the durable tier) or
+    ``restore`` (after the write phase, before the restores)."""
+    spec = os.environ.get(TEST_FAST_FLIP_ENV)
+    if not spec or fast_root is None:
+        return
+    fwhen, frank, fk, index, offset = spec.split(":")
+    if (fwhen, int(frank), int(fk)) != (when, rank, k):
+        return
+    _flip_bit(str(fast_root / f"ckpt-{k:04d}" / names[int(index)]), int(offset))
+
+
+def _flip_bit(path: str, offset: int) -> None:
     fd = os.open(path, os.O_RDWR | os.O_CLOEXEC)
     try:
         old = os.pread(fd, 1, offset)
@@ -1406,19 +1432,24 @@ def blocking_message(findings: Sequence[Any], division: str) -> str | None:
 
 def local_host(folder: Path, ranks: Sequence[int], fast: str | None = None) -> HostSpec:
     """This host as the gates measure it (used by the self-launcher before spawning ranks)."""
-    f = fast_tier_facts(fast)
+    f = fast_tier_facts(fast, folder)
     return HostSpec(socket.gethostname(), tuple(ranks), mem_available_bytes(), disk_free_bytes(folder),
                     folder_problem(folder), f["fast_free_bytes"], f["fast_problem"], f["fast_fs"])
 
 
-def fast_tier_facts(fast: str | None) -> dict[str, Any]:
+def fast_tier_facts(fast: str | None, durable: Path) -> dict[str, Any]:
     """What the gates need to know of this host's fast tier (nothing when there is none): free
-    space, whether the folder is usable, its filesystem type, and whether it takes O_DIRECT."""
+    space, whether the folder is usable (a folder of its own: not inside the durable tier's, nor
+    holding it, once links are resolved), its filesystem type, and whether it takes O_DIRECT."""
     out: dict[str, Any] = {"fast_free_bytes": None, "fast_problem": None, "fast_fs": None,
                            "fast_direct_ok": False}
     if fast is None:
         return out
     folder = Path(fast).absolute()
+    a, b = Path(os.path.realpath(folder)), Path(os.path.realpath(durable.absolute()))
+    if a == b or a.is_relative_to(b) or b.is_relative_to(a):
+        out["fast_problem"] = f"{folder} and the durable tier's folder {durable} overlap"
+        return out
     out["fast_problem"] = folder_problem(folder)
     if out["fast_problem"] is None:
         out["fast_free_bytes"] = disk_free_bytes(folder)
