@@ -5,13 +5,16 @@ from __future__ import annotations
 
 from typing import Any
 
-from mlckpt.rules import Evaluation, verdict
+from mlckpt.pipeline import Pipeline
+from mlckpt.rules import Context, Evaluation, host_memory_need, verdict
 from mlckpt.sizing import RESTORE_PATTERNS, Plan
 from mlckpt.units import fmt_bytes, fmt_bytes_both
 
 # Format history of the plan JSON document:
 #   1: first version (SPEC §7 fields plus totals, restore volumes, hosts, not_checked).
-PLAN_FORMAT = 1
+#   2: ``pipeline`` (checkpoint mode, stages, fast tier and the space it needs); a host's
+#      ``resident_bytes`` is the HOST-MEMORY rule's figure (async staging and tiers included).
+PLAN_FORMAT = 2
 
 
 def rank_ranges(ranks: list[int]) -> str:
@@ -30,14 +33,14 @@ def rank_ranges(ranks: list[int]) -> str:
     return ", ".join(out)
 
 
-def plan_document(plan: Plan, config: dict[str, Any], ev: Evaluation, hosts: Any) -> dict[str, Any]:
+def plan_document(plan: Plan, config: dict[str, Any], ev: Evaluation, ctx: Context) -> dict[str, Any]:
     restore = str(config["checkpoint"]["restore"])
     num_writes = int(config["checkpoint"]["num_writes"])
+    pipe = Pipeline.of(config)
     host_rows = None
-    if hosts is not None:
-        host_rows = [{"host": h.name, "ranks": len(h.ranks),
-                      "resident_bytes": sum(plan.resident_bytes(r, restore) for r in h.ranks),  # type: ignore[arg-type]
-                      "available_bytes": h.mem_available_bytes} for h in hosts]
+    if ctx.hosts is not None:  # the HOST-MEMORY rule's own figure (staging, tiers included)
+        host_rows = [{"host": h.name, "ranks": len(h.ranks), "resident_bytes": host_memory_need(ctx, h),
+                      "available_bytes": h.mem_available_bytes} for h in ctx.hosts]
     return {
         "plan_format": PLAN_FORMAT,
         "rules_version": config["rules_version"],
@@ -64,6 +67,9 @@ def plan_document(plan: Plan, config: dict[str, Any], ev: Evaluation, hosts: Any
         "num_writes": num_writes,
         "num_reads": int(config["checkpoint"]["num_reads"]),
         "disk_bytes_needed": plan.total_bytes * num_writes,
+        "pipeline": {"mode": pipe.mode, "stages": list(pipe.stages), "fast": pipe.fast,
+                     "fast_keep": pipe.fast_keep, "fast_bytes_needed": pipe.fast_peak_checkpoints(num_writes)
+                     * plan.total_bytes, "compute_interval_s": pipe.compute_interval_s},
         "hosts": host_rows,
         "verdict": verdict(ev.findings, str(config["division"])),
         "findings": [f.to_dict() for f in ev.findings],
@@ -99,9 +105,17 @@ def plan_text(doc: dict[str, Any], plan: Plan, *, files: bool | None = None) -> 
         f"  disk needed         {doc['num_writes']} checkpoints × "
         f"{fmt_bytes(doc['total_bytes'])} = {fmt_bytes_both(doc['disk_bytes_needed'])}",
     ]
+    pipe = doc["pipeline"]
+    if pipe["stages"] != ["durable"]:
+        lines.append(f"  checkpoint mode     {pipe['mode']}: training waits for the {pipe['stages'][0]} "
+                     f"stage, then {' → '.join(pipe['stages'][1:])} in the background "
+                     f"({pipe['compute_interval_s']:g} s of training per checkpoint)")
+    if pipe["fast"] is not None:
+        lines.append(f"  fast tier           {pipe['fast']}: up to {fmt_bytes(pipe['fast_bytes_needed'])} "
+                     f"at once (keeps the newest {pipe['fast_keep']} once durable)")
     if doc["hosts"]:
         res = [h["resident_bytes"] for h in doc["hosts"]]
-        lines.append(f"  resident per host   max {fmt_bytes(max(res))} over {len(res)} hosts")
+        lines.append(f"  memory per host     max {fmt_bytes(max(res))} over {len(res)} hosts")
     groups = plan.layout_groups()
     show_files = files if files is not None else len(groups) <= 8
     lines += ["", f"Layouts ({len(groups)} distinct; names with {{dp}}/{{mp}} vary by rank):"]

@@ -402,33 +402,42 @@ def accelerator_memory(ctx: Context, rs: RuleSet, rule: Rule) -> Outcome | NotCh
 
 @check
 def host_memory(ctx: Context, rs: RuleSet, rule: Rule) -> Iterator[Outcome | NotChecked]:
-    plan = ctx.plan
-    if plan is None:
+    if ctx.plan is None:
         yield NotChecked("no plan")
         return
     if ctx.hosts is None:
         yield NotChecked("host mapping unknown (give hosts= or ranks_per_host=)")
         return
+    for h in ctx.hosts:
+        if h.mem_available_bytes is None:
+            yield NotChecked("host memory unknown (give host_memory_gib=)")
+            continue
+        need = host_memory_need(ctx, h)
+        yield Outcome(h.mem_available_bytes >= need, fmt_bytes(need),
+                      f"{fmt_bytes(h.mem_available_bytes)} available", where=f"host {h.name}")
+
+
+def host_memory_need(ctx: Context, host: HostSpec) -> int:
+    """Memory the ranks of ``host`` need: each rank's state (full residency: its shard or what it
+    restores, whichever is larger; stream: the ring), plus async staging (a copy of its shard) and
+    the drain's ring when tiered, plus the fast tier itself when it lives in this memory (tmpfs)."""
+    plan = ctx.plan
+    assert plan is not None
     restore = str(ctx.get("checkpoint.restore") or "own")
     stream = ctx.get("residency") == "stream"
     cap = int(ctx.get("stream_buffer_bytes") or 0)
     shift = rank_shift(ctx)
     pipe = Pipeline.of(ctx.config)
     ring = pipe.drain_ring_bytes(int(ctx.get("io.threads") or 1), int(ctx.get("io.block_size") or 0))
-    for h in ctx.hosts:
-        if h.mem_available_bytes is None:
-            yield NotChecked("host memory unknown (give host_memory_gib=)")
-            continue
-        need = 0
-        for r in h.ranks:
-            state = plan.resident_bytes(r, restore, shift)  # type: ignore[arg-type]
-            need += min(cap, state) if stream else state
-            need += pipe.staging_bytes(plan.own_resident_bytes(r)) + ring
-        if pipe.tiered and h.fast_fs in MEMORY_FILESYSTEMS:  # a tmpfs fast tier lives in this memory
-            need += pipe.fast_peak_checkpoints(int(ctx.get("checkpoint.num_writes") or 1)) \
-                * host_checkpoint_bytes(plan, h)
-        yield Outcome(h.mem_available_bytes >= need, fmt_bytes(need),
-                      f"{fmt_bytes(h.mem_available_bytes)} available", where=f"host {h.name}")
+    need = 0
+    for r in host.ranks:
+        state = plan.resident_bytes(r, restore, shift)  # type: ignore[arg-type]
+        need += min(cap, state) if stream else state
+        need += pipe.staging_bytes(plan.own_resident_bytes(r)) + ring
+    if pipe.tiered and host.fast_fs in MEMORY_FILESYSTEMS:
+        need += pipe.fast_peak_checkpoints(int(ctx.get("checkpoint.num_writes") or 1)) \
+            * host_checkpoint_bytes(plan, host)
+    return need
 
 
 def host_checkpoint_bytes(plan: Plan, host: HostSpec) -> int:

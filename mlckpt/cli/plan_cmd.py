@@ -26,7 +26,7 @@ def handle(args: argparse.Namespace) -> int:
     s = setup(args.overrides)
     ctx = s.context()
     ev = s.rules.evaluate(ctx, ["config"])
-    doc = plan_document(s.plan, dict(s.config), ev, ctx.hosts)
+    doc = plan_document(s.plan, dict(s.config), ev, ctx)
     if args.json:
         json.dump(doc, sys.stdout, separators=(",", ":"))
         sys.stdout.write("\n")
