@@ -40,6 +40,8 @@ def run_cli(tmp_path: Path) -> Callable[..., subprocess.CompletedProcess[str]]:
 
 CHECKER_ORG = "example-org"
 CHECKER_SYSTEM = "laptop-ext4"
+ASYNC_FAST_TIER = "fast-tier"  # honest_bundles["async_tiers"]: its fast tier, under "dir"
+ASYNC_COMPUTE_S = 0.05
 CHECKER_DESCRIPTION = """\
 description_format: 1
 system_name: laptop-ext4
@@ -54,7 +56,9 @@ network: {type: none}
 
 @pytest.fixture(scope="session")
 def honest_bundles(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
-    """Two real bundles (llama3_8b, llama_7b; open, scale 0.0005, 4 ranks, 1 write + 1 read) signed
+    """Two real bundles (llama3_8b, llama_7b; open, scale 0.0005, 4 ranks, 1 write + 1 read) and an
+    asynchronous, tiered llama3_8b run (``"async_tiers"``: 2 writes + 2 reads, fast tier
+    ``ASYNC_FAST_TIER`` relative to ``"dir"``, training interval ``ASYNC_COMPUTE_S``), all signed
     with ``keys/org.pem``; also ``keys/other.pem`` (trusted for other-org), ``keys/rogue.pem``
     (untrusted), ``trusted-keys.yaml`` and ``laptop-ext4.yaml``.  Keys: ``"dir"`` → that folder."""
     from mlckpt import bundle
@@ -78,4 +82,16 @@ def honest_bundles(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
             path = Path(line[len("bundle: "):])
             out["llama3_8b" if "-llama3_8b-" in path.name else "llama_7b"] = path
     assert {"llama3_8b", "llama_7b"} <= set(out), proc.stdout
+    # Asynchronous and tiered: 2 writes (checkpoint 1 leaves the fast tier once 2 is durable) and 2
+    # restores (checkpoint 1 from the durable tier, 2 from the fast tier: a folder on /tmp's disk).
+    proc = subprocess.run(
+        [str(MLCKPT), "run", "workload=llama3_8b", "division=open", "scale=0.0005", "ranks=4",
+         "checkpoint.mode=async", f"checkpoint.tiers.fast={ASYNC_FAST_TIER}",
+         f"checkpoint.compute_interval_s={ASYNC_COMPUTE_S}", "checkpoint.num_writes=2",
+         "checkpoint.num_reads=2", "io.direct=false", "system=laptop-ext4.yaml",
+         f"signing.key={d / 'keys' / 'org.pem'}", "output.root=results"],
+        cwd=d, env=env, text=True, capture_output=True, timeout=300, check=False)
+    assert proc.returncode == 0, proc.stderr
+    [line] = [ln for ln in proc.stdout.splitlines() if ln.startswith("bundle: ")]
+    out["async_tiers"] = Path(line[len("bundle: "):])
     return out

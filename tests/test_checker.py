@@ -1,6 +1,7 @@
 """mlckpt-check: honest bundles from the real runner pass; every rule ID catches a mutated copy.
 
-The honest bundles come from one real ``mlckpt run`` (conftest ``honest_bundles``).  Each case in
+The honest bundles come from real ``mlckpt run``s (conftest ``honest_bundles``: two sync runs and an
+asynchronous, tiered one).  Each case in
 ``NEGATIVE_CASES`` copies one, gives it its own run id, edits it and re-signs it with the
 organisation's trusted key (so the edit reaches the layer the rule lives in), or tampers with it
 after signing (integrity rules).  All cases sit in one tree checked once; each asserts that its
@@ -28,6 +29,7 @@ import yaml
 import checker.stages
 from checker.cli import check_tree, run
 from mlckpt import bundle
+from mlckpt.metrics import dlio_compat, summarize
 from mlckpt.rules import load_rules
 from mlckpt.schemas import validator
 
@@ -36,6 +38,10 @@ SYSTEM = "laptop-ext4"
 CHECK = Path(sys.executable).parent / "mlckpt-check"
 REPO = Path(__file__).resolve().parent.parent
 INTEGRITY = {"BUNDLE-SIGNATURE", "BUNDLE-KEY", "BUNDLE-FILES", "BUNDLE-PATHS"}
+ASYNC = "async_tiers"  # honest_bundles key of the asynchronous, tiered run (2 writes, 2 reads)
+# That run's plan: 4 ranks of 14,053,376 B (2 files each); the drain ring is 2 × 4 threads × 4 MiB.
+RANK_BYTES = 14_053_376
+RING = 2 * 4 * 4 * 1024 * 1024
 
 
 # ----------------------------------------------------------------------------------------------
@@ -61,6 +67,43 @@ def edit_records(folder: Path, fn: Callable[[list[dict[str, Any]]], Any]) -> Non
     recs = [json.loads(line) for line in p.read_text().splitlines()]
     new = fn(recs)
     p.write_text("".join(json.dumps(r, sort_keys=True) + "\n" for r in (recs if new is None else new)))
+
+
+def resummarize(folder: Path) -> None:
+    """Rewrite summary.json from records.jsonl as the runner does (so an edit of the records reaches
+    its own rule, not METRICS-RECOMPUTE)."""
+    recs = [json.loads(line) for line in (folder / "records.jsonl").read_text().splitlines()]
+
+    def redo(old: dict[str, Any]) -> dict[str, Any]:
+        new = summarize(recs, max_resident_fraction=load_rules().data["cold_read"]["max_resident_fraction"])
+        new["read_valid"] = bool(new.get("read_cold", True) and new.get("read_verified", True))
+        new["checkpoint_bytes"], new["restore_bytes"] = old["checkpoint_bytes"], old["restore_bytes"]
+        new["dlio_compat"] = dlio_compat(new, old["checkpoint_bytes"])
+        return new
+    edit_json(folder, "summary.json", redo)
+
+
+def records(fn: Callable[[list[dict[str, Any]]], Any]) -> Callable[[Path], None]:
+    """An edit of records.jsonl in place (``fn``'s result is ignored), with summary.json recomputed
+    from the edited records."""
+    def edit(folder: Path) -> None:
+        edit_records(folder, lambda rs: [fn(rs), None][1])
+        resummarize(folder)
+    return edit
+
+
+def rec(recs: list[dict[str, Any]], op: str, index: int, rank: int) -> dict[str, Any]:
+    [r] = [r for r in recs if (r["op"], r["index"], r["rank"]) == (op, index, rank)]
+    return r
+
+
+def each(op: str, index: int, fn: Callable[[dict[str, Any]], None]) -> Callable[[list[dict[str, Any]]], None]:
+    """Apply ``fn`` to every rank's record of one op."""
+    def apply(recs: list[dict[str, Any]]) -> None:
+        for r in recs:
+            if (r["op"], r["index"]) == (op, index):
+                fn(r)
+    return apply
 
 
 def key(h: Mapping[str, Path], name: str) -> Any:
@@ -226,6 +269,7 @@ class Case:
     sign: str = "org"  # org | other | rogue
     predicate: Mapping[str, Any] = field(default_factory=dict)
     archive: Callable[[Path, Path], None] | None = None  # write the leaf as this archive
+    alone: bool = False  # no other rule fires (but RESULT-VERDICT: run.json's verdict is now wrong)
 
 
 C = Case
@@ -257,15 +301,34 @@ NEGATIVE_CASES: dict[str, list[Case]] = {
                                 closed=True, mutate=add_host)],
     "CLOSED-ACCELERATOR-MEMORY": [C("(declare accelerator=NAME), got no accelerator", closed=True)],
     # --- resources measured by the runner and recorded in system.json
-    "HOST-MEMORY": [C("host vm: host memory must hold the resident state of its ranks",
-                      mutate=lambda f: edit_json(f, "system.json",
-                                                 setitem("hosts.0.memory_available_bytes", 4096)))],
+    "HOST-MEMORY": [
+        C("host vm: host memory must hold the resident state of its ranks",
+          mutate=lambda f: edit_json(f, "system.json", setitem("hosts.0.memory_available_bytes", 4096))),
+        # async: each rank's state, its staging copy and its drain ring; one byte short of that
+        C("host vm: host memory must hold the resident state of its ranks: expected at least 235.22 MiB, "
+          "got 235.22 MiB available", source=ASYNC, alone=True,
+          mutate=lambda f: edit_json(f, "system.json", setitem("hosts.0.memory_available_bytes",
+                                                               4 * (2 * RANK_BYTES + RING) - 1))),
+    ],
     # --- result stage (the runner's own result checks, recomputed from the raw records)
-    "RESULT-CONSISTENT": [C("expected run.json ranks=4, got 8", mutate=lambda f: edit_json(
-        f, "run.json", setitem("ranks", 8)), predicate={"ranks": 8})],
+    "RESULT-CONSISTENT": [
+        C("expected run.json ranks=4, got 8", mutate=lambda f: edit_json(
+            f, "run.json", setitem("ranks", 8)), predicate={"ranks": 8}),
+        C("expected run.json pipeline.mode='async', got 'sync'", source=ASYNC, alone=True,
+          mutate=lambda f: edit_json(f, "run.json", setitem("pipeline.mode", "sync"))),
+        C("expected run.json pipeline.fast_keep=1, got 2", source=ASYNC, alone=True,
+          mutate=lambda f: edit_json(f, "run.json", setitem("pipeline.fast_keep", 2))),
+    ],
     "RESULT-COUNTS": [C("one record per rank 0..3", mutate=lambda f: edit_records(f, lambda rs: rs[1:]))],
-    "RESULT-TIMES": [C("t1_ns > t0_ns in every record",
-                       mutate=first("write", lambda r: r.update(t1_ns=r["t0_ns"] - 5)))],
+    "RESULT-TIMES": [
+        C("t1_ns > t0_ns in every record",
+          mutate=first("write", lambda r: r.update(t1_ns=r["t0_ns"] - 5))),
+        # consecutive writes of a rank: the next may start once training resumed (staged), not before
+        C("rank 0: timestamps must be ordered and durations positive: expected each op of a rank starts "
+          "after its previous op ended, got write 2 starts before write 1 ended", source=ASYNC, alone=True,
+          mutate=records(lambda rs: rec(rs, "write", 2, 0).update(
+              t0_ns=rec(rs, "write", 1, 0)["staged_ns"] - 1000))),
+    ],
     "BYTES-PLAN": [C("write 1 rank 0: bytes per rank must equal the plan",
                      mutate=first("write", lambda r: r.update(bytes=r["bytes"] + 4096)))],
     "METRICS-RECOMPUTE": [C("summary.write_bandwidth_mean_gib_s", mutate=lambda f: edit_json(
@@ -273,8 +336,19 @@ NEGATIVE_CASES: dict[str, list[Case]] = {
         lambda s: s.update(write_bandwidth_mean_gib_s=2 * s["write_bandwidth_mean_gib_s"])))],
     "FSYNC-EVERY-WRITE": [C("1 of 4 write records without fsync", closed=True,
                             mutate=first("write", lambda r: r.update(fsync=False)))],
-    "COLD-READ": [C("read 1: restores must start from a cold page cache", mutate=first(
-        "read", lambda r: r.update(resident_bytes=r["cached_check_bytes"] * 2)))],
+    "COLD-READ": [
+        C("read 1: restores must start from a cold page cache", mutate=first(
+            "read", lambda r: r.update(resident_bytes=r["cached_check_bytes"] * 2))),
+        # a durable-tier restore from the page cache is caught even with a tmpfs fast tier ...
+        C("read 1: restores must start from a cold page cache: expected at most 1% resident before a "
+          "restore, got 100.0% resident", source=ASYNC, alone=True, mutate=both(
+              lambda f: edit_json(f, "run.json", setitem("pipeline.fast_fs", {"vm": "tmpfs"})),
+              records(each("read", 1, lambda r: r.update(resident_bytes=r["cached_check_bytes"]))))),
+        # ... and a fast-tier restore is only exempt when the fast tier is memory (here: ext4)
+        C("read 2: restores must start from a cold page cache: expected at most 1% resident before a "
+          "restore, got 100.0% resident", source=ASYNC, alone=True,
+          mutate=records(each("read", 2, lambda r: r.update(resident_bytes=r["cached_check_bytes"])))),
+    ],
     "DATA-VERIFIED": [C("0 mismatches", mutate=first("read", lambda r: r.update(mismatches=3)))],
     "DATA-UNIQUE": [C("data_scheme 'zeros'",
                       mutate=lambda f: edit_json(f, "run.json", setitem("data_scheme", "zeros")))],
@@ -282,6 +356,63 @@ NEGATIVE_CASES: dict[str, list[Case]] = {
         edit_json(f, "system.json", lambda s: s["description"].update(
             system_name="slow-ext4", storage={**s["description"]["storage"], "max_write_gib_s": 0.001})),
         edit_json(f, "run.json", setitem("system_name", "slow-ext4"))))],
+    # --- asynchronous and tiered checkpointing (the async_tiers run)
+    "ASYNC-RESIDENCY": [C("expected residency=full with checkpoint.mode=async, got residency=stream",
+                          source=ASYNC, mutate=lambda f: edit_yaml(f, "config.yaml",
+                                                                   setitem("residency", "stream")))],
+    "TIERS-DISTINCT": [C("expected a fast tier apart from checkpoint.folder=./mlckpt-checkpoints, got "
+                         "checkpoint.tiers.fast=./mlckpt-checkpoints/fast", source=ASYNC, mutate=both(
+                             lambda f: edit_yaml(f, "config.yaml", setitem("checkpoint.tiers.fast",
+                                                                           "./mlckpt-checkpoints/fast")),
+                             lambda f: edit_json(f, "run.json", setitem("pipeline.fast",
+                                                                        "./mlckpt-checkpoints/fast"))))],
+    "PIPELINE-DECLARED": [
+        C("write 1 rank 1: every checkpoint follows the configured mode and tiers, with the configured "
+          "training interval: expected mode async, stages memory → fast → durable, got mode sync, "
+          "stages memory → fast → durable", source=ASYNC, alone=True,
+          mutate=records(lambda rs: rec(rs, "write", 1, 1).update(mode="sync"))),
+        C("write 2 rank 3: every checkpoint follows the configured mode and tiers, with the configured "
+          "training interval: expected a training interval of at least 0.05 s, got 0.010 s",
+          source=ASYNC, alone=True, mutate=records(lambda rs: rec(rs, "write", 2, 3).update(
+              compute_ns=10_000_000))),
+        # every rank claims the same (undeclared) pipeline: the summary agrees, the config does not
+        C("expected mode sync, stages durable, got mode async, stages durable", alone=True,
+          mutate=records(each("write", 1, lambda r: r.update(mode="async")))),
+    ],
+    "ASYNC-TIMELINE": [
+        # the time training waited for checkpoint 1 must be checkpoint 2's back-pressure
+        C("write 1 rank 1: each checkpoint's stall, background stages and durability must be ordered on "
+          "its rank's clock: expected an ordered checkpoint timeline, got exposed 1000000 ns differs from "
+          "write 2's back-pressure 0 ns", source=ASYNC, alone=True, mutate=records(lambda rs: (
+              rec(rs, "write", 1, 1).update(exposed_ns=1_000_000),
+              rec(rs, "write", 2, 1).update(backpressure_ns=0)))),
+        # one staging slot: checkpoint 1 must be durable before checkpoint 2's blocking stage starts
+        C("write 1 rank 2: each checkpoint's stall, background stages and durability must be ordered on "
+          "its rank's clock: expected an ordered checkpoint timeline, got durable after write 2's "
+          "blocking stage began (one staging slot)", source=ASYNC, alone=True,
+          mutate=records(lambda rs: late_durable(rec(rs, "write", 1, 2), rec(rs, "write", 2, 2)))),
+    ],
+    "TIER-DRAIN-VERIFIED": [
+        C(f"write 2 rank 0: every page drained from the fast tier must be verified before it reaches the "
+          f"durable tier: expected {RANK_BYTES} B verified on the drain, 0 mismatches, got "
+          f"{RANK_BYTES - 4096} B of {RANK_BYTES} verified, 0 mismatches", source=ASYNC, alone=True,
+          mutate=records(lambda rs: rec(rs, "write", 2, 0)["stages"][-1].update(
+              verified_bytes=RANK_BYTES - 4096))),
+        C(f"write 1 rank 3: every page drained from the fast tier must be verified before it reaches the "
+          f"durable tier: expected {RANK_BYTES} B verified on the drain, 0 mismatches, got "
+          f"{RANK_BYTES} B of {RANK_BYTES} verified, 2 mismatches", source=ASYNC, alone=True,
+          mutate=records(lambda rs: rec(rs, "write", 1, 3)["stages"][-1].update(mismatches=2))),
+    ],
+    "TIER-RESTORE-SOURCE": [
+        # checkpoint 1 left the fast tier when checkpoint 2 was durable (fast_keep 1)
+        C("read 1 rank 0: a restore reads the nearest tier holding a copy (the node-local fast tier while "
+          "it keeps the checkpoint): expected restore from the durable tier, got fast tier",
+          source=ASYNC, alone=True, mutate=records(each("read", 1, lambda r: r.update(tier="fast")))),
+        # checkpoint 2 is still there: reading the durable tier instead is not what the pipeline does
+        C("read 2 rank 3: a restore reads the nearest tier holding a copy (the node-local fast tier while "
+          "it keeps the checkpoint): expected restore from the fast tier, got durable tier",
+          source=ASYNC, alone=True, mutate=records(each("read", 2, lambda r: r.update(tier="durable")))),
+    ],
     # --- submission stage
     "BUNDLE-LAYOUT": [
         C("summary.json: bundles sit at", mutate=lambda f: (f / "summary.json").unlink()),
@@ -336,6 +467,11 @@ NEGATIVE_CASES: dict[str, list[Case]] = {
         f, "run.json", setitem("verdict", "closed")), predicate={"verdict": "closed"})],
     "DUPLICATE-RUN": [C("each run may be submitted once")],  # placed twice, see build_case
 }
+
+
+def late_durable(w1: dict[str, Any], w2: dict[str, Any]) -> None:
+    """Checkpoint 1 durable 1 µs after checkpoint 2's blocking stage began (two in flight)."""
+    w1["t1_ns"] = w1["stages"][-1]["t1_ns"] = w2["stages"][0]["t0_ns"] + 1000
 
 
 def build_case(root: Path, h: Mapping[str, Path], i: int, case: Case) -> str:
@@ -404,10 +540,13 @@ def test_negative_case_is_caught_under_its_rule(rule: str, index: int, mutated: 
     assert (b["integrity"] == "failed") == (rule in INTEGRITY)
     assert all(f["path"].startswith(paths[(rule, index)]) for f in b["findings"]
                if not f["path"].startswith(f"{b['division']}/{ORG}/systems/")), b["findings"]
+    if case.alone:  # the edit reaches its own rule and no other (summary.json kept consistent)
+        assert {f["rule"] for f in b["findings"]} == {rule, "RESULT-VERDICT"}, b["findings"]
 
 
 def test_every_rule_a_bundle_can_break_has_a_case() -> None:
-    no_bundle_data = {"DISK-SPACE", "FOLDER-USABLE"}  # see test_host_rules_without_bundle_data
+    # see test_host_rules_without_bundle_data and test_tier_rules_without_bundle_data
+    no_bundle_data = {"DISK-SPACE", "FOLDER-USABLE", "TIER-SPACE", "TIER-USABLE"}
     assert {r.id for r in load_rules().rules} - no_bundle_data == set(NEGATIVE_CASES)
 
 
@@ -477,7 +616,8 @@ def test_sample_tree_passes() -> None:
     """The committed sample tree (submissions/, made by submissions/make_sample.py) is valid."""
     proc = run_cli(str(REPO / "submissions"))
     assert proc.returncode == 0, proc.stdout + proc.stderr
-    assert proc.stdout.splitlines()[-1] == "checked 2 bundles: 2 valid, 0 invalid (0 findings)"
+    # two sync runs (one packed) and an async+tiers run (submissions/make_sample.py)
+    assert proc.stdout.splitlines()[-1] == "checked 3 bundles: 3 valid, 0 invalid (0 findings)"
     assert not list((REPO / "submissions").rglob("*.pem")), "no private key in the sample tree"
 
 
@@ -488,6 +628,120 @@ def test_host_rules_without_bundle_data(honest_bundles: dict[str, Path], tmp_pat
         assert {"DISK-SPACE", "FOLDER-USABLE"} <= skipped
         assert "METRICS-RECOMPUTE" not in skipped and "BYTES-PLAN" not in skipped
         assert "BANDWIDTH-PLAUSIBLE" not in skipped  # the description declares maxima
+
+
+# ----------------------------------------------------------------------------------------------
+# The asynchronous, tiered run
+
+
+def judge_one(h: Mapping[str, Path], root: Path, source: str = ASYNC,
+              mutate: Callable[[Path], None] | None = None) -> tuple[dict[str, Any], dict[str, Any]]:
+    """(report, bundle result) for a tree holding one copy of ``source``, edited by ``mutate`` and
+    re-signed with the organisation's trusted key."""
+    write_system(root, h)
+    shutil.copy(h["dir"] / "trusted-keys.yaml", root / "trusted-keys.yaml")
+    folder = root / "open" / ORG / "results" / SYSTEM / "llama3_8b" / h[source].name
+    shutil.copytree(h[source], folder)
+    if mutate:
+        mutate(folder)
+        resign(folder, key(h, "org"))
+    report = check(root, h, jobs=1)
+    [b] = report["bundles"]
+    return report, b
+
+
+def test_honest_async_bundle_passes(honest_bundles: dict[str, Path], tmp_path: Path) -> None:
+    report, b = judge_one(honest_bundles, tmp_path / "t")
+    assert report["exit_status"] == 0 and report["verdict"] == "valid"
+    assert (b["verdict"], b["integrity"], b["findings"]) == ("open", "ok", [])
+    assert b["metrics"]["num_writes"] == b["metrics"]["num_reads"] == 2
+    # every rule of the pipeline was evaluated on it, none skipped
+    skipped = {n["rule"] for n in b["not_checked"]}
+    assert not skipped & {"PIPELINE-DECLARED", "ASYNC-TIMELINE", "TIER-DRAIN-VERIFIED", "TIER-RESTORE-SOURCE",
+                          "COLD-READ", "METRICS-RECOMPUTE", "RESULT-TIMES", "HOST-MEMORY", "BYTES-PLAN"}
+    # and the run exercises what those rules look at
+    folder = honest_bundles[ASYNC]
+    recs = [json.loads(line) for line in (folder / "records.jsonl").read_text().splitlines()]
+    writes = [r for r in recs if r["op"] == "write"]
+    assert len(writes) == 8 and {r["mode"] for r in writes} == {"async"}
+    assert all([st["tier"] for st in r["stages"]] == ["memory", "fast", "durable"] for r in writes)
+    assert all(r["stages"][-1]["verified_bytes"] == r["bytes"] == RANK_BYTES for r in writes)
+    assert all(r["compute_ns"] >= 50_000_000 for r in writes)
+    assert {(r["checkpoint"], r["tier"]) for r in recs if r["op"] == "read"} == {(1, "durable"), (2, "fast")}
+    run = json.loads((folder / "run.json").read_text())
+    assert run["pipeline"] == {"mode": "async", "compute_interval_s": 0.05, "fast": "fast-tier",
+                               "fast_keep": 1, "fast_fs": {"vm": run["pipeline"]["fast_fs"]["vm"]}}
+    summary = json.loads((folder / "summary.json").read_text())
+    assert (summary["mode"], summary["tiers"]) == ("async", ["memory", "fast", "durable"])
+
+
+def test_tier_rules_without_bundle_data(honest_bundles: dict[str, Path], tmp_path: Path) -> None:
+    """A bundle records neither the fast tier's free space nor its state before the run (the runner's
+    gates measured them): TIER-SPACE and TIER-USABLE are not checked, as DISK-SPACE and
+    FOLDER-USABLE are not, rather than passed for want of data."""
+    _, b = judge_one(honest_bundles, tmp_path / "t")
+    skipped = {n["rule"] for n in b["not_checked"]}
+    assert {"DISK-SPACE", "FOLDER-USABLE", "TIER-SPACE", "TIER-USABLE"} <= skipped, b["not_checked"]
+
+
+def fast_read_from_cache(fast_fs: dict[str, str]) -> Callable[[Path], None]:
+    """Restore 2 (fast tier) entirely from the page cache, with run.json naming the fast tier's
+    filesystem per host."""
+    return both(lambda f: edit_json(f, "run.json", setitem("pipeline.fast_fs", fast_fs)),
+                records(each("read", 2, lambda r: r.update(resident_bytes=r["cached_check_bytes"]))))
+
+
+@pytest.mark.parametrize(("fast_fs", "exempt"), [
+    ({"vm": "tmpfs"}, True), ({"vm": "ramfs"}, True),
+    ({"vm": "ext4"}, False),  # a disk: its restores are storage restores and must start cold
+    ({"other-host": "tmpfs"}, False),  # memory on another host says nothing of vm's fast tier
+])
+def test_cold_read_exempts_only_a_memory_backed_fast_tier(honest_bundles: dict[str, Path], tmp_path: Path,
+                                                          fast_fs: dict[str, str], exempt: bool) -> None:
+    _, b = judge_one(honest_bundles, tmp_path / "t", mutate=fast_read_from_cache(fast_fs))
+    cold = [f["message"] for f in b["findings"] if f["rule"] == "COLD-READ"]
+    if exempt:
+        assert b["findings"] == [] and b["verdict"] == "open"
+    else:
+        assert cold == ["read 2: restores must start from a cold page cache: expected at most 1% resident "
+                        "before a restore, got 100.0% resident"]
+
+
+def test_host_memory_counts_a_memory_backed_fast_tier(honest_bundles: dict[str, Path],
+                                                      tmp_path: Path) -> None:
+    """A tmpfs fast tier holds 2 checkpoints (fast_keep 1 + the one in flight) in host memory: the
+    checker counts it as the runner's gate does (from run.json's pipeline.fast_fs)."""
+    need = 4 * (2 * RANK_BYTES + RING) + 2 * 4 * RANK_BYTES  # state + staging + ring, + the tier
+    assert need == 359_071_744
+
+    def tmpfs_short_by_one(f: Path) -> None:
+        edit_json(f, "run.json", setitem("pipeline.fast_fs", {"vm": "tmpfs"}))
+        edit_json(f, "system.json", setitem("hosts.0.memory_available_bytes", need - 1))
+    _, b = judge_one(honest_bundles, tmp_path / "short", mutate=tmpfs_short_by_one)
+    assert [f["message"] for f in b["findings"] if f["rule"] == "HOST-MEMORY"] == [
+        "host vm: host memory must hold the resident state of its ranks: expected at least 342.44 MiB, "
+        "got 342.44 MiB available"]
+
+    def tmpfs_exactly(f: Path) -> None:
+        edit_json(f, "run.json", setitem("pipeline.fast_fs", {"vm": "tmpfs"}))
+        edit_json(f, "system.json", setitem("hosts.0.memory_available_bytes", need))
+    _, b = judge_one(honest_bundles, tmp_path / "exact", mutate=tmpfs_exactly)
+    assert b["findings"] == []
+
+
+def test_stages_differing_between_ranks_are_a_finding_not_a_checker_fault(
+        honest_bundles: dict[str, Path], tmp_path: Path) -> None:
+    """One rank's write skips the fast tier: PIPELINE-DECLARED names it; recomputing the metrics
+    (stage timings across ranks) must not turn the bundle into a checker fault."""
+    def skip_fast(recs: list[dict[str, Any]]) -> None:
+        r = rec(recs, "write", 1, 1)
+        r["stages"] = [st for st in r["stages"] if st["tier"] != "fast"]
+    report, b = judge_one(honest_bundles, tmp_path / "t", mutate=lambda f: edit_records(f, skip_fast))
+    assert not [f for f in b["findings"] if f["rule"] == "INTERNAL"], b["findings"]
+    assert report["exit_status"] == 1 and b["verdict"] == "invalid"
+    assert any(f["rule"] == "PIPELINE-DECLARED" and f["message"].startswith(
+        "write 1 rank 1: every checkpoint follows the configured mode and tiers") and f["message"].endswith(
+        "got mode async, stages memory → durable") for f in b["findings"]), b["findings"]
 
 
 def test_exit_1_for_rule_errors_only(honest_bundles: dict[str, Path], tmp_path: Path) -> None:
