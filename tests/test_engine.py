@@ -397,3 +397,77 @@ def test_drop_caches_reports_permission(tmp_path: Path, monkeypatch: pytest.Monk
     assert engine.drop_caches() is True and target.read_bytes() == b"3\n"
     monkeypatch.setattr(engine, "_DROP_CACHES", str(tmp_path))  # a folder: open for write fails
     assert engine.drop_caches() is False
+
+
+# ---------------------------------------------------------------------------------------------
+# snapshot (async staging) and drain (fast tier → durable tier, verified)
+
+
+@pytest.mark.parametrize("threads", [1, 3])
+@pytest.mark.parametrize("nbytes", [PAGE, engine.SNAPSHOT_CHUNK + 5 * PAGE + 7])
+def test_snapshot_copies_exactly_the_state(nbytes: int, threads: int) -> None:
+    src = filled(nbytes)
+    dst = alloc(nbytes + PAGE)
+    dst[nbytes:] = 0xAB  # beyond nbytes stays untouched
+    engine.snapshot(dst, src, nbytes, threads)
+    assert np.array_equal(dst[:nbytes], src[:nbytes])
+    assert (dst[nbytes:] == 0xAB).all()
+    assert verify(dst, nbytes, KEY, PID) is None
+
+
+def test_snapshot_refuses_a_small_staging_buffer() -> None:
+    with pytest.raises(engine.InternalError):
+        engine.snapshot(alloc(PAGE), filled(2 * PAGE), 2 * PAGE, 2)
+
+
+def _fast_files(folder: Path, sizes: list[int], opts: IOOptions) -> list[engine.StreamFile]:
+    pids = [PageId(7, 2, 3, k) for k in range(len(sizes))]
+    out = [FileIO(str(folder / f"f{k}"), filled(n, pids[k]), n) for k, n in enumerate(sizes)]
+    write_files(out, opts)
+    return [engine.StreamFile(f.path, f.nbytes, pid) for f, pid in zip(out, pids, strict=True)]
+
+
+@pytest.mark.parametrize(("src_direct", "dst_direct"), [(True, True), (False, True), (True, False),
+                                                        (False, False)])
+def test_drain_copies_and_verifies_every_page(tmp_path: Path, src_direct: bool, dst_direct: bool) -> None:
+    (tmp_path / "fast").mkdir()
+    (tmp_path / "durable").mkdir()
+    sizes = [PAGE, PAGE + 1, 3 * MiB + 123, 0]
+    src = IOOptions(direct=src_direct, threads=2, block_size=MiB)
+    dst = IOOptions(direct=dst_direct, threads=3, block_size=MiB, pool="background")
+    files = _fast_files(tmp_path / "fast", sizes, src)
+    targets = [str(tmp_path / "durable" / f"f{k}") for k in range(len(sizes))]
+    ring = alloc(2 * dst.threads * dst.block_size)
+    res = engine.drain(files, targets, KEY, src, dst, ring, dir_fsync=[str(tmp_path / "durable")])
+    assert res.mismatch is None and res.verified_bytes == sum(sizes)
+    for f, t in zip(files, targets, strict=True):
+        assert Path(t).read_bytes() == Path(f.path).read_bytes()  # exact size, tail included
+        assert os.path.getsize(t) == f.nbytes
+
+
+def test_drain_stops_at_a_corrupt_page_and_names_it(tmp_path: Path) -> None:
+    (tmp_path / "fast").mkdir()
+    (tmp_path / "durable").mkdir()
+    opts = IOOptions(direct=False, threads=2, block_size=MiB)
+    files = _fast_files(tmp_path / "fast", [3 * MiB], opts)
+    with open(files[0].path, "r+b") as fh:  # one bit, in the last block
+        fh.seek(2 * MiB + 5000)
+        b = fh.read(1)
+        fh.seek(2 * MiB + 5000)
+        fh.write(bytes([b[0] ^ 0x10]))
+    target = str(tmp_path / "durable" / "f0")
+    res = engine.drain(files, [target], KEY, opts, opts, alloc(4 * MiB))
+    assert res.verified_bytes == 0 and res.mismatch is not None
+    path, m = res.mismatch
+    assert path == files[0].path
+    assert (m.offset, m.expected_page) == (2 * MiB + 5000, (2 * MiB + 5000) // PAGE)
+    assert "payload corrupted" in m.describe()
+
+
+def test_drain_refuses_a_fast_copy_of_the_wrong_size(tmp_path: Path) -> None:
+    (tmp_path / "fast").mkdir()
+    opts = IOOptions(direct=False, threads=1, block_size=MiB)
+    files = _fast_files(tmp_path / "fast", [MiB], opts)
+    os.truncate(files[0].path, MiB - 1)
+    with pytest.raises(IOFailure, match="truncated checkpoint file"):
+        engine.drain(files, [str(tmp_path / "t")], KEY, opts, opts, alloc(2 * MiB))
