@@ -489,3 +489,24 @@ def test_data_left_by_an_earlier_run_is_named(tmp_path: Path) -> None:
     assert path.name == a_file.name and path.parent.parent.parent == ck and path.parent.parent != root_a
     assert snapshot(ck) == before  # B removed its own folder and nothing of A's
     no_bundle(work)
+
+
+# ---------------------------------------------------------------------------------------------
+# asynchronous, tiered run: a rank killed while earlier checkpoints persist in the background
+
+
+def test_rank_killed_in_an_async_tiered_run_cleans_both_tiers(tmp_path: Path, bystander: Path) -> None:
+    ck, fast = tmp_path / "ck", tmp_path / "fast"
+    ovs = [*BASE, f"checkpoint.folder={ck}", f"checkpoint.tiers.fast={fast}", "checkpoint.mode=async",
+           "checkpoint.compute_interval_s=0"]
+    before = snapshot(bystander)
+    done = Job(ovs, tmp_path, {"MLCKPT_TEST_FAULT": "kill:1:write:2"}).wait()
+    assert done.returncode == 9
+    line = done.error_line()
+    m = re.fullmatch(rf"mlckpt: error: rank 1 on ({HOST}) \(pid \d+\) died during write 2{KILLED}, "
+                     rf"writing \S+ \(\+1 more\); the MPI job was ended; removed (\d+) checkpoint files? of "
+                     rf"this run \(fast tier: (\d+) checkpoint files? of this run\)", line)
+    assert m, line
+    assert not ck.exists() and (not fast.exists() or list(fast.iterdir()) == [])
+    assert snapshot(bystander) == before
+    no_bundle(tmp_path)
