@@ -692,6 +692,47 @@ def stream_ring_bytes(opts: IOOptions, *, reading: bool) -> int:
     return opts.block_size * opts.threads * (2 if reading else 1)
 
 
+def _pwrite_block(fd: int, path: str, buf: np.ndarray, pos: int, flags: int) -> None:
+    """Write all of ``buf`` at ``pos``, continuing short writes."""
+    mv, done = memoryview(buf), 0
+    while done < len(buf):
+        try:
+            n = os.pwritev(fd, [mv[done:]], pos + done, flags)
+        except OSError as exc:
+            raise _fail("write", path, exc, pos + done) from exc
+        if n <= 0:
+            raise IOFailure(f"write failed on {path} at offset {pos + done}: wrote 0 bytes",
+                            op="write", path=path, offset=pos + done)
+        done += n
+
+
+def _pread_block(fd: int, f: StreamFile, buf: np.ndarray, pos: int, need: int, flags: int) -> None:
+    """Read file bytes [pos, need) into ``buf`` (whose length may be the padded request: an
+    O_DIRECT read of the tail ends short, at end of file), continuing short reads."""
+    mv, done = memoryview(buf), pos
+    while done < need:
+        try:
+            n = os.preadv(fd, [mv[done - pos :]], done, flags)
+        except OSError as exc:
+            raise _fail("read", f.path, exc, done) from exc
+        if n <= 0:
+            raise IOFailure(f"read failed on {f.path} at offset {done}: unexpected end of file "
+                            f"(expected {f.nbytes} bytes)", op="read", path=f.path, offset=done)
+        done += n
+
+
+def _check_block(key: bytes, f: StreamFile, got: np.ndarray, want: np.ndarray, pos: int) -> None:
+    """Compare one block read at file offset ``pos`` with its regenerated content (``want`` is
+    scratch of the same length); raise StreamMismatch at the first differing byte."""
+    real = len(got)
+    _Content(key, f.pid, pos).produce(want[:real], pos)
+    if not _equal(want[:real], got):
+        at = int(np.flatnonzero(want[:real] != got)[0])
+        page0 = at // PAGE * PAGE
+        m = _mismatch(got[page0 : page0 + PAGE], min(PAGE, real - page0), f.pid, at - page0)
+        raise StreamMismatch(f.path, replace(m, offset=pos + at, expected_page=(pos + at) // PAGE))
+
+
 def write_stream(files: Sequence[StreamFile], key: bytes, opts: IOOptions, ring: np.ndarray,
                  *, dir_fsync: Sequence[str] = ()) -> list[FileResult]:
     """``residency=stream`` write: every request's content is generated into the worker's ring slot
@@ -711,17 +752,7 @@ def write_stream(files: Sequence[StreamFile], key: bytes, opts: IOOptions, ring:
             real = max(0, min(end, f.nbytes) - pos)
             _Content(key, f.pid, pos).produce(buf[:real], pos)
             buf[real:] = 0  # O_DIRECT tail padding, truncated below
-            mv = memoryview(buf)
-            done = 0
-            while done < len(buf):
-                try:
-                    n = os.pwritev(fds[k], [mv[done:]], pos + done, flags)
-                except OSError as exc:
-                    raise _fail("write", paths[k], exc, pos + done) from exc
-                if n <= 0:
-                    raise IOFailure(f"write failed on {paths[k]} at offset {pos + done}: wrote 0 bytes",
-                                    op="write", path=paths[k], offset=pos + done)
-                done += n
+            _pwrite_block(fds[k], paths[k], buf, pos, flags)
 
         def finish_one(k: int) -> None:
             _finish(fds[k], files[k].path, files[k].nbytes, lengths[k], opts.fsync)
@@ -763,24 +794,8 @@ def read_stream(files: Sequence[StreamFile], key: bytes, opts: IOOptions,
             f = files[k]
             got, want = slots.mine(0)[: end - pos], slots.mine(1)[: end - pos]
             need = min(end, f.nbytes)
-            mv, done = memoryview(got), pos
-            while done < need:
-                try:
-                    n = os.preadv(fds[k], [mv[done - pos :]], done, flags)
-                except OSError as exc:
-                    raise _fail("read", paths[k], exc, done) from exc
-                if n <= 0:
-                    raise IOFailure(f"read failed on {paths[k]} at offset {done}: unexpected end of file "
-                                    f"(expected {f.nbytes} bytes)", op="read", path=paths[k], offset=done)
-                done += n
-            real = need - pos
-            _Content(key, f.pid, pos).produce(want[:real], pos)
-            if not _equal(want[:real], got[:real]):
-                at = int(np.flatnonzero(want[:real] != got[:real])[0])
-                page0 = at // PAGE * PAGE
-                m = _mismatch(got[page0 : page0 + PAGE], min(PAGE, real - page0), f.pid, at - page0)
-                m = replace(m, offset=pos + at, expected_page=(pos + at) // PAGE)
-                raise StreamMismatch(paths[k], m)
+            _pread_block(fds[k], f, got, pos, need, flags)
+            _check_block(key, f, got[: need - pos], want, pos)
 
         _run(plan.total, read_one, opts.threads, opts.pool)
     finally:
@@ -844,35 +859,14 @@ def drain(files: Sequence[StreamFile], targets: Sequence[str], key: bytes, src: 
             f = files[k]
             got, want = slots.mine(0)[: end - pos], slots.mine(1)[: end - pos]
             need = min(end, f.nbytes)
-            mv, done = memoryview(got), pos
-            while done < need:
-                try:
-                    n = os.preadv(fds[k], [mv[done - pos :]], done, rflags)
-                except OSError as exc:
-                    raise _fail("read", f.path, exc, done) from exc
-                if n <= 0:
-                    raise IOFailure(f"read failed on {f.path} at offset {done}: unexpected end of file "
-                                    f"(expected {f.nbytes} bytes)", op="read", path=f.path, offset=done)
-                done += n
-            real = need - pos
-            _Content(key, f.pid, pos).produce(want[:real], pos)
-            if not _equal(want[:real], got[:real]):
-                at = int(np.flatnonzero(want[:real] != got[:real])[0])
-                page0 = at // PAGE * PAGE
-                m = _mismatch(got[page0 : page0 + PAGE], min(PAGE, real - page0), f.pid, at - page0)
-                found.append((f.path, replace(m, offset=pos + at, expected_page=(pos + at) // PAGE)))
-                raise StreamMismatch(f.path, found[-1][1])
-            got[real:] = 0  # O_DIRECT tail padding, truncated below
-            wv, done = memoryview(got), 0
-            while done < len(got):
-                try:
-                    n = os.pwritev(outs[k], [wv[done:]], pos + done, wflags)
-                except OSError as exc:
-                    raise _fail("write", targets[k], exc, pos + done) from exc
-                if n <= 0:
-                    raise IOFailure(f"write failed on {targets[k]} at offset {pos + done}: wrote 0 bytes",
-                                    op="write", path=targets[k], offset=pos + done)
-                done += n
+            _pread_block(fds[k], f, got, pos, need, rflags)
+            try:
+                _check_block(key, f, got[: need - pos], want, pos)
+            except StreamMismatch as exc:
+                found.append((exc.path, exc.mismatch))
+                raise
+            got[need - pos :] = 0  # O_DIRECT tail padding, truncated below
+            _pwrite_block(outs[k], targets[k], got, pos, wflags)
 
         def finish_one(k: int) -> None:
             _finish(outs[k], targets[k], files[k].nbytes, lengths[k], dst.fsync)
