@@ -32,6 +32,9 @@ from mlckpt.schemas import validator
 ORG = "example-org"
 SYSTEM = "laptop-ext4"
 FILES = ("run.json", "config.yaml", "summary.json", "system.json", "records.jsonl")
+# The runs damaged: sync one tier (1 write, 1 read) and async with a fast tier (2 writes, 2 reads).
+SOURCES = ("llama3_8b", "async_tiers")
+sources = st.sampled_from(SOURCES)
 FUZZ = settings(max_examples=60, deadline=None, derandomize=False,
                 suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow])
 
@@ -58,7 +61,8 @@ def tree(h: dict[str, Path], source: str = "llama3_8b") -> Iterator[tuple[Path, 
     systems = root / "open" / ORG / "systems"
     systems.mkdir(parents=True)
     (systems / f"{SYSTEM}.yaml").write_bytes((h["dir"] / "laptop-ext4.yaml").read_bytes())
-    folder = root / "open" / ORG / "results" / SYSTEM / source / h[source].name
+    workload = json.loads((h[source] / "run.json").read_text())["workload"]
+    folder = root / "open" / ORG / "results" / SYSTEM / workload / h[source].name
     folder.mkdir(parents=True)
     for p in h[source].iterdir():
         (folder / p.name).write_bytes(p.read_bytes())
@@ -102,9 +106,9 @@ edits = st.lists(st.tuples(st.sampled_from(["flip", "insert", "delete", "truncat
 
 
 @FUZZ
-@given(name=st.sampled_from(FILES), ops=edits)
-def test_random_byte_damage(honest_bundles: dict[str, Path], name: str, ops: list[Any]) -> None:
-    with tree(honest_bundles) as (root, folder):
+@given(name=st.sampled_from(FILES), ops=edits, source=sources)
+def test_random_byte_damage(honest_bundles: dict[str, Path], name: str, ops: list[Any], source: str) -> None:
+    with tree(honest_bundles, source) as (root, folder):
         data = bytearray((folder / name).read_bytes())
         for op, where, byte in ops:
             i = min(int(where * len(data)), max(len(data) - 1, 0))
@@ -161,9 +165,11 @@ def dump(name: str, doc: Any) -> str:
 
 
 @FUZZ
-@given(data=st.data(), name=st.sampled_from(["run.json", "config.yaml", "summary.json", "system.json"]))
-def test_any_value_anywhere(honest_bundles: dict[str, Path], data: st.DataObject, name: str) -> None:
-    with tree(honest_bundles) as (root, folder):
+@given(data=st.data(), name=st.sampled_from(["run.json", "config.yaml", "summary.json", "system.json"]),
+       source=sources)
+def test_any_value_anywhere(honest_bundles: dict[str, Path], data: st.DataObject, name: str,
+                            source: str) -> None:
+    with tree(honest_bundles, source) as (root, folder):
         p = folder / name
         doc = yaml.safe_load(p.read_text()) if name.endswith(".yaml") else json.loads(p.read_text())
         where = data.draw(st.sampled_from(paths(doc)))
@@ -182,23 +188,39 @@ record_fields = {
     "files": st.integers(0, 5), "fsync": st.booleans(), "resident_bytes": st.integers(0, 10**9),
     "cached_check_bytes": st.integers(0, 10**9), "verified_bytes": st.integers(0, 10**9),
     "mismatches": st.integers(0, 3),
+    # records format 2
+    "tier": st.sampled_from(["fast", "durable"]), "mode": st.sampled_from(["sync", "async"]),
+    "staged_ns": st.integers(0, 2**40), "backpressure_ns": st.integers(0, 2**34),
+    "exposed_ns": st.integers(0, 2**34), "compute_ns": st.integers(0, 2**34),
+}
+# Fields of a write's stages (their tiers are left alone: see
+# test_checker.py::test_stages_differing_between_ranks_are_a_finding_not_a_checker_fault).
+stage_fields = {
+    "t0_ns": st.integers(0, 2**40), "t1_ns": st.integers(0, 2**40), "bytes": st.integers(0, 10**9),
+    "verified_bytes": st.integers(0, 10**9), "mismatches": st.integers(0, 3),
 }
 
 
 @FUZZ
-@given(data=st.data())
-def test_schema_valid_but_inconsistent_records(honest_bundles: dict[str, Path], data: st.DataObject) -> None:
+@given(data=st.data(), source=sources)
+def test_schema_valid_but_inconsistent_records(honest_bundles: dict[str, Path], data: st.DataObject,
+                                               source: str) -> None:
     """Records that pass their schema but make no sense (ranks out of range, duplicate ops, zero or
-    negative durations, missing ops): the result rules judge them without crashing."""
-    with tree(honest_bundles) as (root, folder):
+    negative durations, missing ops, stages out of order, exposed time that is no back-pressure):
+    the result rules judge them without crashing."""
+    with tree(honest_bundles, source) as (root, folder):
         p = folder / "records.jsonl"
         recs = [json.loads(line) for line in p.read_text().splitlines()]
         for _ in range(data.draw(st.integers(1, 6))):
-            action = data.draw(st.sampled_from(["set", "drop", "duplicate"]))
+            action = data.draw(st.sampled_from(["set", "stage", "drop", "duplicate"]))
             i = data.draw(st.integers(0, len(recs) - 1))
             if action == "set":
                 key = data.draw(st.sampled_from(sorted(record_fields)))
                 recs[i][key] = data.draw(record_fields[key])
+            elif action == "stage" and "stages" in recs[i]:
+                stage = data.draw(st.sampled_from(recs[i]["stages"]))
+                key = data.draw(st.sampled_from(sorted(stage_fields)))
+                stage[key] = data.draw(stage_fields[key])
             elif action == "drop" and len(recs) > 1:
                 recs.pop(i)
             else:
@@ -209,11 +231,18 @@ def test_schema_valid_but_inconsistent_records(honest_bundles: dict[str, Path], 
         assert report["exit_status"] in (0, 1)
 
 
+modes = st.sampled_from(["sync", "async"])
+folders = st.sampled_from(["fast-tier", "./mlckpt-checkpoints", "mlckpt-checkpoints/x", "/", "/dev/shm/c",
+                           ".."])
+filesystems = st.sampled_from(["tmpfs", "ramfs", "ext4", ""])
+
+
 @FUZZ
-@given(data=st.data())
-def test_schema_valid_but_inconsistent_run(honest_bundles: dict[str, Path], data: st.DataObject) -> None:
+@given(data=st.data(), source=sources)
+def test_schema_valid_but_inconsistent_run(honest_bundles: dict[str, Path], data: st.DataObject,
+                                           source: str) -> None:
     """run.json/config.yaml values within their schemas but against each other and the records."""
-    with tree(honest_bundles) as (root, folder):
+    with tree(honest_bundles, source) as (root, folder):
         run = json.loads((folder / "run.json").read_text())
         cfg = yaml.safe_load((folder / "config.yaml").read_text())
         choices = {
@@ -223,6 +252,11 @@ def test_schema_valid_but_inconsistent_run(honest_bundles: dict[str, Path], data
                               for _ in range(data.draw(st.integers(1, 3)))],
             "rank_shift": lambda: data.draw(st.integers(0, 2**62)),
             "scale": lambda: data.draw(st.floats(1e-6, 1)),
+            "pipeline": lambda: {"mode": data.draw(modes), "compute_interval_s": data.draw(st.floats(0, 1e6)),
+                                 "fast": data.draw(st.none() | folders),
+                                 "fast_keep": data.draw(st.integers(0, 10)),
+                                 "fast_fs": data.draw(st.dictionaries(st.sampled_from(["vm", "x"]),
+                                                                      st.none() | filesystems))},
         }
         for key in data.draw(st.lists(st.sampled_from(sorted(choices)), min_size=1, max_size=3, unique=True)):
             run[key] = choices[key]()
@@ -234,10 +268,36 @@ def test_schema_valid_but_inconsistent_run(honest_bundles: dict[str, Path], data
                                               "zero_stage": data.draw(st.sampled_from([0, 1, 2, 3]))}
         if data.draw(st.booleans()):
             cfg["checkpoint"]["rank_shift"] = data.draw(st.integers(0, 10**8))
+        if data.draw(st.booleans()):  # another pipeline than the records follow
+            cfg["checkpoint"].update(mode=data.draw(modes), compute_interval_s=data.draw(st.floats(0, 86400)),
+                                     num_writes=data.draw(st.integers(1, 5)))
+            cfg["checkpoint"]["tiers"] = {"fast": data.draw(st.none() | folders),
+                                          "fast_keep": data.draw(st.integers(0, 10))}
         (folder / "run.json").write_text(json.dumps(run))
         (folder / "config.yaml").write_text(yaml.safe_dump(cfg))
         resign(honest_bundles, folder)
         judge(root, honest_bundles)
+
+
+@pytest.mark.parametrize("t1_minus_t0", [0, -1000])
+def test_stage_without_positive_duration_is_judged_not_a_fault(honest_bundles: dict[str, Path],
+                                                               t1_minus_t0: int) -> None:
+    """Every rank's memory stage of write 1 ends when (or before) it starts: the stage's bandwidth
+    is infinite (or meaningless).  The checker judges that (ASYNC-TIMELINE for a stage ending
+    before it starts; the summary no longer recomputes) and never faults."""
+    with tree(honest_bundles, "async_tiers") as (root, folder):
+        p = folder / "records.jsonl"
+        recs = [json.loads(line) for line in p.read_text().splitlines()]
+        for r in recs:
+            if (r["op"], r["index"]) == ("write", 1):
+                r["stages"][0]["t1_ns"] = r["stages"][0]["t0_ns"] + t1_minus_t0
+        p.write_text("".join(json.dumps(r) + "\n" for r in recs))
+        resign(honest_bundles, folder)
+        report = judge(root, honest_bundles)  # no INTERNAL finding, exit 0, 1 or 3
+        assert report["exit_status"] == 1
+        rules = {f["rule"] for f in report["findings"]}
+        if t1_minus_t0 < 0:
+            assert "ASYNC-TIMELINE" in rules, report["findings"]
 
 
 # ----------------------------------------------------------------------------------------------
@@ -274,7 +334,7 @@ HOSTILE: list[tuple[str, str, Any]] = [
     ("records.jsonl", "line 1: non-standard JSON constant",
      lambda t: t.replace('"bytes": ', '"bytes": NaN, "x": ', 1)),
     ("records.jsonl", "line 2: empty line", lambda t: t.replace("\n", "\n\n", 1)),
-    ("records.jsonl", "line 1: duplicate key", lambda t: t.replace('{"bytes"', '{"rank": 0, "bytes"', 1)),
+    ("records.jsonl", "line 1: duplicate key", lambda t: t.replace('{"', '{"rank": 0, "', 1)),
     ("records.jsonl", "no records", lambda t: ""),
 ]
 

@@ -157,6 +157,18 @@ def billion_laughs(folder: Path) -> None:
     (folder / "config.yaml").write_text("\n".join(lol) + "\n" + (folder / "config.yaml").read_text())
 
 
+def _stages_times(n: int) -> Callable[[Path], None]:
+    """Every write record of the async run with its stages repeated ``n`` times."""
+    def build(folder: Path) -> None:
+        p = folder / "records.jsonl"
+        recs = [json.loads(line) for line in p.read_text().splitlines()]
+        for r in recs:
+            if r["op"] == "write":
+                r["stages"] = r["stages"] * n
+        p.write_text("".join(json.dumps(r) + "\n" for r in recs))
+    return build
+
+
 def oversized_file(folder: Path) -> None:
     """summary.json 17 MiB (its cap is 16 MiB): valid JSON followed by spaces."""
     p = folder / "summary.json"
@@ -171,6 +183,7 @@ class Hostile:
     rule: str
     says: str  # a fragment of that finding's message
     signed: bool = False  # a folder bundle re-signed with the trusted key after build()
+    source: str = "llama3_8b"  # the honest bundle a folder case starts from
 
 
 def _after_signing(fn: Callable[[Path], None]) -> Callable[[Path], None]:
@@ -214,6 +227,13 @@ CASES: dict[str, Hostile] = {h.leaf: h for h in [
             True),
     Hostile("symlink-inside", symlink_inside, "BUNDLE-PATHS", "symlink", True),
     Hostile("oversized-envelope", oversized_envelope, "BUNDLE-SIGNATURE", "larger than 16 MiB", True),
+    # records format 2: a write's stages are bounded (memory, fast, durable) and so is a record
+    Hostile("records-stages-x10", _stages_times(10), "BUNDLE-SCHEMA", "line 1: stages: ", True,
+            "async_tiers"),
+    Hostile("records-stages-x100", _stages_times(100), "BUNDLE-SCHEMA", "line 1: more than 1000 values", True,
+            "async_tiers"),
+    Hostile("records-stages-x2000", _stages_times(2000), "BUNDLE-SCHEMA", "line 1: longer than 65536 bytes",
+            True, "async_tiers"),
 ]}
 
 
@@ -230,7 +250,7 @@ class Checked:
     stderr: str
     elapsed_s: float
     peak_rss_mib: float
-    honest: str  # the honest neighbour's path in the tree
+    honest: tuple[str, ...]  # the honest neighbours' paths in the tree (sync, async+tiers)
     tmp_before: set[str]
     tmp_after: set[str]
 
@@ -260,17 +280,24 @@ def checked(honest_bundles: dict[str, Path], tmp_path_factory: pytest.TempPathFa
     shutil.copytree(h["llama_7b"], honest)
     where = org / "results" / SYSTEM / "llama3_8b"
     where.mkdir(parents=True)
+    honest_async = where / h["async_tiers"].name
+    shutil.copytree(h["async_tiers"], honest_async)
     key = bundle.load_private_key(h["dir"] / "keys" / "org.pem")
     for name, case in CASES.items():
         leaf = where / name
         if name.endswith(".tar.gz"):
             case.build(leaf)
             continue
-        shutil.copytree(h["llama3_8b"], leaf)
+        shutil.copytree(h[case.source], leaf)
+        predicate = bundle.read_envelope_predicate(leaf)
+        if case.source != "llama3_8b":  # its own run id: the honest neighbour of that run is no duplicate
+            predicate["run_id"] = f"{0x0badc0de00 + len(list(where.iterdir())):016x}"
+            run = json.loads((leaf / "run.json").read_text())
+            (leaf / "run.json").write_text(json.dumps({**run, "run_id": predicate["run_id"]}, indent=1))
         after = getattr(case.build, "after_signing", False)
         if not after:
             case.build(leaf)
-        bundle.sign_bundle(leaf, key, bundle.read_envelope_predicate(leaf))
+        bundle.sign_bundle(leaf, key, predicate)
         if after:
             case.build(leaf)
     # and a symlinked bundle (never followed)
@@ -286,7 +313,8 @@ def checked(honest_bundles: dict[str, Path], tmp_path_factory: pytest.TempPathFa
     *err_lines, measured = cp.stderr.strip().splitlines()
     _, rss_kib = measured.split()
     return Checked(root, json.loads(report_path.read_text()), cp.returncode, cp.stdout, "\n".join(err_lines),
-                   elapsed, int(rss_kib) / 1024, str(honest.relative_to(root)), tmp_before,
+                   elapsed, int(rss_kib) / 1024,
+                   (str(honest.relative_to(root)), str(honest_async.relative_to(root))), tmp_before,
                    _checker_temp_dirs())
 
 
@@ -323,10 +351,12 @@ def test_symlinked_bundle_is_not_followed(checked: Checked) -> None:
 
 
 
-def test_honest_neighbour_still_passes(checked: Checked) -> None:
-    b = _bundle(checked.report, checked.honest)
+@pytest.mark.parametrize("which", [0, 1], ids=["sync", "async_tiers"])
+def test_honest_neighbour_still_passes(checked: Checked, which: int) -> None:
+    path = checked.honest[which]
+    b = _bundle(checked.report, path)
     assert b["verdict"] == "open" and b["findings"] == [], b
-    assert f"PASS {checked.honest}" in checked.stdout
+    assert f"PASS {path}" in checked.stdout
 
 
 def test_whole_tree_bounded_in_time_and_memory(checked: Checked) -> None:
@@ -336,7 +366,7 @@ def test_whole_tree_bounded_in_time_and_memory(checked: Checked) -> None:
     assert checked.elapsed_s < TIME_BOUND_S, checked.elapsed_s
     assert checked.peak_rss_mib < MEMORY_BOUND_MIB, checked.peak_rss_mib
     assert "Traceback" not in checked.stderr and checked.stderr == "", checked.stderr
-    assert len(checked.report["bundles"]) == len(CASES) + 2
+    assert len(checked.report["bundles"]) == len(CASES) + 3  # + the symlinked leaf, 2 honest neighbours
 
 
 def test_nothing_escaped_and_nothing_left(checked: Checked) -> None:
