@@ -92,6 +92,12 @@ def records(fn: Callable[[list[dict[str, Any]]], Any]) -> Callable[[Path], None]
     return edit
 
 
+def fast_tier_on(fs: str) -> Callable[[Path], None]:
+    """run.json: the fast tier of the run's (only) host is a ``fs`` filesystem."""
+    return lambda f: edit_json(f, "run.json", lambda r: r["pipeline"].update(
+        fast_fs={h["host"]: fs for h in r["hosts"]}))
+
+
 def rec(recs: list[dict[str, Any]], op: str, index: int, rank: int) -> dict[str, Any]:
     [r] = [r for r in recs if (r["op"], r["index"], r["rank"]) == (op, index, rank)]
     return r
@@ -305,7 +311,7 @@ NEGATIVE_CASES: dict[str, list[Case]] = {
         C("host vm: host memory must hold the resident state of its ranks",
           mutate=lambda f: edit_json(f, "system.json", setitem("hosts.0.memory_available_bytes", 4096))),
         # async: each rank's state, its staging copy and its drain ring; one byte short of that
-        C("host vm: host memory must hold the resident state of its ranks: expected at least 235.22 MiB, "
+        C(": host memory must hold the resident state of its ranks: expected at least 235.22 MiB, "
           "got 235.22 MiB available", source=ASYNC, alone=True,
           mutate=lambda f: edit_json(f, "system.json", setitem("hosts.0.memory_available_bytes",
                                                                4 * (2 * RANK_BYTES + RING) - 1))),
@@ -342,12 +348,13 @@ NEGATIVE_CASES: dict[str, list[Case]] = {
         # a durable-tier restore from the page cache is caught even with a tmpfs fast tier ...
         C("read 1: restores must start from a cold page cache: expected at most 1% resident before a "
           "restore, got 100.0% resident", source=ASYNC, alone=True, mutate=both(
-              lambda f: edit_json(f, "run.json", setitem("pipeline.fast_fs", {"vm": "tmpfs"})),
+              fast_tier_on("tmpfs"),
               records(each("read", 1, lambda r: r.update(resident_bytes=r["cached_check_bytes"]))))),
         # ... and a fast-tier restore is only exempt when the fast tier is memory (here: ext4)
         C("read 2: restores must start from a cold page cache: expected at most 1% resident before a "
-          "restore, got 100.0% resident", source=ASYNC, alone=True,
-          mutate=records(each("read", 2, lambda r: r.update(resident_bytes=r["cached_check_bytes"])))),
+          "restore, got 100.0% resident", source=ASYNC, alone=True, mutate=both(
+              fast_tier_on("ext4"),
+              records(each("read", 2, lambda r: r.update(resident_bytes=r["cached_check_bytes"]))))),
     ],
     "DATA-VERIFIED": [C("0 mismatches", mutate=first("read", lambda r: r.update(mismatches=3)))],
     "DATA-UNIQUE": [C("data_scheme 'zeros'",
@@ -669,8 +676,10 @@ def test_honest_async_bundle_passes(honest_bundles: dict[str, Path], tmp_path: P
     assert all(r["compute_ns"] >= 50_000_000 for r in writes)
     assert {(r["checkpoint"], r["tier"]) for r in recs if r["op"] == "read"} == {(1, "durable"), (2, "fast")}
     run = json.loads((folder / "run.json").read_text())
+    fs = run["pipeline"]["fast_fs"][run["hosts"][0]["host"]]  # the filesystem of the fixture's folder
+    assert isinstance(fs, str) and fs
     assert run["pipeline"] == {"mode": "async", "compute_interval_s": 0.05, "fast": "fast-tier",
-                               "fast_keep": 1, "fast_fs": {"vm": run["pipeline"]["fast_fs"]["vm"]}}
+                               "fast_keep": 1, "fast_fs": {h["host"]: fs for h in run["hosts"]}}
     summary = json.loads((folder / "summary.json").read_text())
     assert (summary["mode"], summary["tiers"]) == ("async", ["memory", "fast", "durable"])
 
@@ -686,15 +695,18 @@ def test_tier_rules_without_bundle_data(honest_bundles: dict[str, Path], tmp_pat
 
 def fast_read_from_cache(fast_fs: dict[str, str]) -> Callable[[Path], None]:
     """Restore 2 (fast tier) entirely from the page cache, with run.json naming the fast tier's
-    filesystem per host."""
-    return both(lambda f: edit_json(f, "run.json", setitem("pipeline.fast_fs", fast_fs)),
+    filesystem per host ("HOST": the run's own host)."""
+    def name_hosts(run: dict[str, Any]) -> None:
+        run["pipeline"]["fast_fs"] = {run["hosts"][0]["host"] if h == "HOST" else h: fs
+                                      for h, fs in fast_fs.items()}
+    return both(lambda f: edit_json(f, "run.json", name_hosts),
                 records(each("read", 2, lambda r: r.update(resident_bytes=r["cached_check_bytes"]))))
 
 
 @pytest.mark.parametrize(("fast_fs", "exempt"), [
-    ({"vm": "tmpfs"}, True), ({"vm": "ramfs"}, True),
-    ({"vm": "ext4"}, False),  # a disk: its restores are storage restores and must start cold
-    ({"other-host": "tmpfs"}, False),  # memory on another host says nothing of vm's fast tier
+    ({"HOST": "tmpfs"}, True), ({"HOST": "ramfs"}, True),
+    ({"HOST": "ext4"}, False),  # a disk: its restores are storage restores and must start cold
+    ({"other-host": "tmpfs"}, False),  # memory on another host says nothing of this host's fast tier
 ])
 def test_cold_read_exempts_only_a_memory_backed_fast_tier(honest_bundles: dict[str, Path], tmp_path: Path,
                                                           fast_fs: dict[str, str], exempt: bool) -> None:
@@ -715,15 +727,16 @@ def test_host_memory_counts_a_memory_backed_fast_tier(honest_bundles: dict[str, 
     assert need == 359_071_744
 
     def tmpfs_short_by_one(f: Path) -> None:
-        edit_json(f, "run.json", setitem("pipeline.fast_fs", {"vm": "tmpfs"}))
+        fast_tier_on("tmpfs")(f)
         edit_json(f, "system.json", setitem("hosts.0.memory_available_bytes", need - 1))
     _, b = judge_one(honest_bundles, tmp_path / "short", mutate=tmpfs_short_by_one)
+    [host] = json.loads((honest_bundles[ASYNC] / "run.json").read_text())["hosts"]
     assert [f["message"] for f in b["findings"] if f["rule"] == "HOST-MEMORY"] == [
-        "host vm: host memory must hold the resident state of its ranks: expected at least 342.44 MiB, "
-        "got 342.44 MiB available"]
+        f"host {host['host']}: host memory must hold the resident state of its ranks: expected at least "
+        "342.44 MiB, got 342.44 MiB available"]
 
     def tmpfs_exactly(f: Path) -> None:
-        edit_json(f, "run.json", setitem("pipeline.fast_fs", {"vm": "tmpfs"}))
+        fast_tier_on("tmpfs")(f)
         edit_json(f, "system.json", setitem("hosts.0.memory_available_bytes", need))
     _, b = judge_one(honest_bundles, tmp_path / "exact", mutate=tmpfs_exactly)
     assert b["findings"] == []
