@@ -10,8 +10,16 @@ are their files parsed (strictly, and against their JSON Schemas).
 
 Every numeric row shows A, B and the ratio B/A (``—`` when either is missing or A is 0).  This
 is not the checker: a signed bundle can still break the rules; ``mlckpt-check ROOT`` judges that.
-When the two results fall in different leaderboard classes (division × workload × full/scaled)
-the output says so: such numbers are not ranked against each other.
+When the two results fall in different leaderboard classes (division × workload × full/scaled ×
+checkpoint mode) the output says so: such numbers are not ranked against each other.
+
+Asynchronous and tiered checkpoints (mlckpt/pipeline.py): the checkpoint mode and write stages,
+the stall (what training waited), the time to durable, the overlap efficiency, the back-pressure,
+the measured training interval, the bandwidth and duration of each stage before the durable one
+(``memory``, ``fast``), and the restores a fast tier served (``read_fast_*``; ``read_mixed_*``
+when only some ranks read the fast tier).  ``write_*`` is always the durable tier's persist and
+``read_*`` the restores from the durable tier, as in summary.json.  Rows that only some modes
+have are shown when either bundle has a value.
 """
 
 from __future__ import annotations
@@ -42,6 +50,11 @@ class Row:
     unit: str
     decimals: int | None  # None: text
     get: Callable[[Entry, BundleDocs], Any]
+    optional: bool = False  # shown only when either side has a value
+
+
+def _opt(key: str, label: str, unit: str, decimals: int | None) -> Row:
+    return Row(key, label, unit, decimals, _m(key), optional=True)
 
 
 def _m(key: str) -> Callable[[Entry, BundleDocs], Any]:
@@ -56,6 +69,10 @@ def _rows() -> tuple[Row, ...]:
         Row("system", "system", "", None, lambda e, d: d.run.get("system_name") or "—"),
         Row("verdict", "verdict (recorded by the runner)", "", None, lambda e, d: d.run.get("verdict")),
         Row("mode", "mode", "", None, lambda e, d: e.mode),
+        Row("pipeline", "checkpoint mode", "", None, lambda e, d: e.pipeline),
+        Row("tiers", "write stages", "", None, lambda e, d: " → ".join(e.tiers)),
+        Row("fast_fs", "fast tier filesystem", "", None, lambda e, d: ", ".join(e.fast_fs) or None,
+            optional=True),
         Row("verification", "verification", "", None, lambda e, d: e.verification),
         Row("ranks", "ranks", "", 0, lambda e, d: e.ranks),
         Row("hosts", "hosts", "", 0, lambda e, d: e.hosts),
@@ -63,6 +80,10 @@ def _rows() -> tuple[Row, ...]:
         Row("num_reads", "restores", "", 0, lambda e, d: e.num_reads),
         Row("checkpoint_gib", "checkpoint size", "GiB", 3, lambda e, d: e.checkpoint_bytes / GIB),
         Row("restore_gib", "bytes read per restore", "GiB", 3, lambda e, d: e.restore_bytes / GIB),
+        Row("fast_reads", "restores served by a fast tier", "", 0,
+            lambda e, d: e.fast_reads if e.pipeline.endswith("+tiers") else None, optional=True),
+        Row("compute_interval_s", "training interval (configured)", "s", 3,
+            lambda e, d: e.compute_interval_s),
     ]
     for op in ("write", "read"):
         for stat in ("mean", "median", "min", "max", "stdev"):
@@ -78,7 +99,41 @@ def _rows() -> tuple[Row, ...]:
                         _m(f"{op}_straggler_ratio_max")))
         rows.append(Row(f"{op}_gib_per_op", f"{op} bytes per op", "GiB", 3,
                         lambda e, d, op=op: e.m(f"{op}_bytes_per_op") / GIB))
+        if op == "write":
+            rows += _pipeline_rows()
+    for tier in ("fast", "mixed"):
+        name, label = f"read_{tier}", f"read ({tier} tier)" if tier == "fast" else "read (mixed tiers)"
+        for stat in ("mean", "median", "min", "max", "stdev"):
+            rows.append(_opt(f"{name}_bandwidth_{stat}_gib_s", f"{label} bandwidth {stat}", "GiB/s", 2))
+        for stat in ("mean", "median", "min", "max"):
+            rows.append(_opt(f"{name}_duration_{stat}_s", f"{label} duration {stat}", "s", 3))
+        for stat in ("mean", "min"):
+            rows.append(_opt(f"{name}_slowest_rank_bandwidth_{stat}_gib_s",
+                             f"{label} slowest rank bandwidth {stat}", "GiB/s", 3))
+        rows.append(_opt(f"{name}_straggler_ratio_max", f"{label} straggler ratio max", "×", 2))
     return tuple(rows)
+
+
+def _pipeline_rows() -> list[Row]:
+    """What training saw of the checkpoints, and the stages before the durable one."""
+    rows = []
+    for what, label in (("stall", "write stall"), ("time_to_durable", "write time to durable")):
+        for stat in ("mean", "median", "min", "max"):
+            rows.append(_opt(f"write_{what}_{stat}_s", f"{label} {stat}", "s", 3))
+    rows += [
+        _opt("write_overlap_efficiency", "write overlap efficiency", "", 3),
+        _opt("write_backpressure_ops", "writes that waited for the previous one (back-pressure)", "", 0),
+        _opt("write_backpressure_total_s", "write back-pressure total", "s", 3),
+        _opt("write_compute_mean_s", "training interval measured, mean", "s", 3),
+    ]
+    for stage in ("memory", "fast"):
+        for stat in ("mean", "min", "max"):
+            rows.append(_opt(f"write_{stage}_bandwidth_{stat}_gib_s", f"write {stage} stage bandwidth {stat}",
+                             "GiB/s", 2))
+        for stat in ("mean", "max"):
+            rows.append(_opt(f"write_{stage}_duration_{stat}_s", f"write {stage} stage duration {stat}",
+                             "s", 3))
+    return rows
 
 
 ROWS = _rows()
@@ -144,6 +199,8 @@ def compare(a: tuple[str, BundleDocs], b: tuple[str, BundleDocs]) -> dict[str, A
         if row.decimals is not None:
             va = va if _finite(va) else None
             vb = vb if _finite(vb) else None
+        if row.optional and va is None and vb is None:
+            continue
         metrics.append({"key": row.key, "label": row.label, "unit": row.unit or None, "a": va, "b": vb,
                         "ratio_b_over_a": _ratio(va, vb) if row.decimals is not None else None})
     ea, eb = sides[0][2], sides[1][2]

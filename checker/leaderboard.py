@@ -12,11 +12,16 @@ Design (the pure core first, then a thin layer of effects at the bottom of this 
   must be the one the checker passed (``statement_sha256``), and every file read must match its
   signed digest; a bundle that changed in between is excluded.  Failing bundles are listed as
   excluded (path, verdict, rule IDs), never ranked.
-- **Classes.**  A class is *division × workload × scale* where scale is ``full`` (``scale=1``) or
-  ``scaled`` (``scale<1``, open division only).  Results are ranked only within their class, so a
-  closed full-scale result never shares a table with a scaled or an open one.  Classes are
-  ordered closed before open, then canonical workloads (llama3 8B, 70B, 405B, 1T) before the
-  others, smaller models first, then full before scaled.
+- **Classes.**  A class is *division × workload × scale × checkpoint mode* where scale is
+  ``full`` (``scale=1``) or ``scaled`` (``scale<1``, open division only) and the checkpoint mode
+  is :attr:`mlckpt.pipeline.Pipeline.label`: ``sync``, ``sync+tiers``, ``async`` or
+  ``async+tiers`` (all but ``sync`` open division only).  Results are ranked only within their
+  class, so a closed full-scale result never shares a table with a scaled or an open one, and an
+  asynchronous or tiered result never shares one with a synchronous one: their write bandwidth is
+  the durable tier's persist in every mode, but only in sync mode does training wait for it (the
+  Stall column says what training waited).  Classes are ordered closed before open, then
+  canonical workloads (llama3 8B, 70B, 405B, 1T) before the others, smaller models first, then
+  full before scaled, then sync, sync+tiers, async, async+tiers.
 - **Order within a class.**  Write bandwidth (mean over the checkpoint writes, the MLPerf
   headline) descending; ties by read bandwidth descending, then result ID.  Missing values last.
 - **Result IDs.**  ``XXXXX-XXXXX``: the first 50 bits of
@@ -28,11 +33,15 @@ Design (the pure core first, then a thin layer of effects at the bottom of this 
   collision among them is reported as an internal error rather than printed).
 - **Columns** (:data:`COLUMNS`): MLPerf Storage's published checkpoint columns (public ID,
   organisation, system, division, client nodes, processes, accelerator, write/read bandwidth in
-  GiB/s and write/read duration in seconds, each the mean over ops) plus mlckpt's: the slowest
-  rank's own bandwidth (mean over ops), the straggler ratio (the worst op of the run: slowest
-  rank's duration ÷ median rank duration), the verification status of the reads and the mode
-  (residency, I/O path, scale).  Fixed decimals per column, units in the headers; the same
-  rounded values appear in every output format.
+  GiB/s and write/read duration in seconds, each the mean over ops) plus mlckpt's: the stall
+  (what training waited per checkpoint) and the time to durable, the slowest rank's own
+  bandwidth (mean over ops), the straggler ratio (the worst op of the run: slowest rank's
+  duration ÷ median rank duration), the verification status of the reads and the mode
+  (checkpoint mode, residency, I/O path, scale).  Writes are the durable tier's persist in every
+  mode; reads are the restores from the durable tier only (restores a fast tier served are not
+  storage reads of the durable tier: a run with none from the durable tier shows no read
+  numbers).  Fixed decimals per column, units in the headers; the same rounded values appear in
+  every output format.
 
 Pure: :func:`entry_from_docs`, :func:`build`, :func:`result_id`; effects: :func:`collect`, the
 command.  Rendering lives in :mod:`checker.render`.
@@ -56,10 +65,12 @@ from typing import Any
 import pandas as pd
 
 from mlckpt.errors import InternalError, MlckptError, UsageError
+from mlckpt.pipeline import DURABLE, Pipeline
 
-LEADERBOARD_FORMAT = 1
+LEADERBOARD_FORMAT = 2  # 2: classes split by checkpoint mode (ClassKey.pipeline); Stall, Time to durable
 DIVISIONS = ("closed", "open")
 SCALES = ("full", "scaled")
+PIPELINES = ("sync", "sync+tiers", "async", "async+tiers")  # Pipeline.label, in class order
 ID_DOMAIN = "mlckpt-result-id-v1"
 
 
@@ -97,21 +108,36 @@ COLUMNS: tuple[Column, ...] = (
     Column("accelerator", "Accelerator", "text",
            help="declared accelerator (accelerator=), else the system description's"),
     Column("write_gib_s", "Write", "num", 2, "GiB/s",
-           help="checkpoint write bandwidth, mean over the writes (all ranks' bytes ÷ slowest rank's time)"),
-    Column("write_duration_s", "Write duration", "num", 3, "s", help="mean time of one checkpoint write"),
+           help="checkpoint write bandwidth to the durable tier, mean over the writes (all ranks' bytes ÷ "
+                "slowest rank's time; async or tiered: the persist that runs behind training)"),
+    Column("write_duration_s", "Write duration", "num", 3, "s",
+           help="mean time of one checkpoint's write to the durable tier"),
     Column("read_gib_s", "Read", "num", 2, "GiB/s",
-           help="restore bandwidth, mean over the restores (cold, every byte verified)"),
-    Column("read_duration_s", "Read duration", "num", 3, "s", help="mean time of one restore"),
+           help="restore bandwidth from the durable tier, mean over those restores (cold, every byte "
+                "verified; restores served by a fast tier are not counted)"),
+    Column("read_duration_s", "Read duration", "num", 3, "s",
+           help="mean time of one restore from the durable tier"),
+    Column("stall_s", "Stall", "num", 3, "s",
+           help="what training waited per checkpoint, mean over the writes (sync, one tier: the whole write; "
+                "async: the copy into host memory; sync with tiers: the fast-tier write; plus any wait "
+                "for the previous checkpoint's background work)"),
+    Column("time_to_durable_s", "Time to durable", "num", 3, "s",
+           help="from the checkpoint request until it is durable on the durable tier, mean over the writes "
+                "(sync, one tier: the same as the stall)"),
     Column("write_slowest_rank_gib_s", "Slowest rank write", "num", 3, "GiB/s",
-           help="the slowest rank's own write bandwidth, mean over the writes"),
+           help="the slowest rank's own write bandwidth to the durable tier, mean over the writes"),
     Column("read_slowest_rank_gib_s", "Slowest rank read", "num", 3, "GiB/s",
-           help="the slowest rank's own read bandwidth, mean over the restores"),
+           help="the slowest rank's own read bandwidth, mean over the restores from the durable tier"),
     Column("straggler_ratio", "Straggler", "num", 2, "×",
-           help="worst op of the run: slowest rank's duration ÷ median rank duration (1 = no straggler)"),
+           help="worst op of the run (durable-tier writes and restores): slowest rank's duration ÷ median "
+                "rank duration (1 = no straggler)"),
     Column("verification", "Verification", "text",
-           help="reads: every byte verified and read cold (page cache emptied, residency measured)"),
+           help="reads: every byte verified and read cold (page cache emptied, residency measured); "
+                "how many restores a fast tier served"),
     Column("mode", "Mode", "text",
-           help="residency (full state / stream), I/O path (direct / buffered / dontcache), scale"),
+           help="checkpoint mode (sync / async; +tiers: written to a fast tier first, drained to the "
+                "durable one in the background), residency (full state / stream), I/O path "
+                "(direct / buffered / dontcache), scale"),
 )
 COLUMN = {c.key: c for c in COLUMNS}
 SORT_NOTE = ("sorted by write bandwidth, highest first (ties: read bandwidth, then result ID); "
@@ -159,18 +185,21 @@ class ClassKey:
     division: str
     workload: str
     scale: str  # "full" | "scaled"
+    pipeline: str = "sync"  # Pipeline.label: sync | sync+tiers | async | async+tiers
 
     @property
     def id(self) -> str:
-        return f"{self.division}-{self.workload}-{self.scale}"
+        base = f"{self.division}-{self.workload}-{self.scale}"
+        return base if self.pipeline == "sync" else f"{base}-{self.pipeline.replace('+', '-')}"
 
     @property
     def title(self) -> str:
-        return f"{self.workload} · {'full scale' if self.scale == 'full' else 'scaled'}"
+        title = f"{self.workload} · {'full scale' if self.scale == 'full' else 'scaled'}"
+        return title if self.pipeline == "sync" else f"{title} · {self.pipeline}"
 
     def describe(self) -> str:
         scale = "full scale" if self.scale == "full" else "scaled"
-        return f"{self.division} division, {self.workload}, {scale}"
+        return f"{self.division} division, {self.workload}, {scale}, {self.pipeline} checkpoints"
 
 
 @dataclass(frozen=True)
@@ -201,6 +230,11 @@ class Entry:
     read_cold: bool | None
     read_verified: bool | None
     metrics: Mapping[str, float] = field(default_factory=dict)  # summary numbers, nan if absent
+    pipeline: str = "sync"  # Pipeline.label
+    tiers: tuple[str, ...] = (DURABLE,)  # the write stages, in order (summary.json "tiers")
+    compute_interval_s: float = 0.0
+    fast_fs: tuple[str, ...] = ()  # the fast tier's filesystem type(s), as the runner measured
+    fast_reads: int = 0  # restores not (or not only) from the durable tier
 
     @property
     def result_id(self) -> str:
@@ -212,7 +246,7 @@ class Entry:
 
     @property
     def class_key(self) -> ClassKey:
-        return ClassKey(self.division, self.workload, "scaled" if self.scaled else "full")
+        return ClassKey(self.division, self.workload, "scaled" if self.scaled else "full", self.pipeline)
 
     def m(self, key: str) -> float:
         return float(self.metrics.get(key, math.nan))
@@ -229,11 +263,16 @@ class Entry:
             return "no reads"
         if not self.read_verified:
             return "not verified"
-        return "verified, cold" if self.read_cold else "verified, not cold"
+        if self.fast_reads >= self.num_reads:
+            return "verified, all from the fast tier"
+        text = "verified, cold" if self.read_cold else "verified, not cold"
+        if self.fast_reads:
+            text += f", {self.fast_reads} of {self.num_reads} from the fast tier"
+        return text
 
     @property
     def mode(self) -> str:
-        parts = [self.residency, self.io_mode]
+        parts = [self.pipeline, self.residency, self.io_mode]
         if self.restore != "own":
             parts.append(f"restore {self.restore}")
         if not self.fsync:
@@ -251,6 +290,8 @@ class Entry:
             "write_duration_s": self.m("write_duration_mean_s"),
             "read_gib_s": self.m("read_bandwidth_mean_gib_s"),
             "read_duration_s": self.m("read_duration_mean_s"),
+            "stall_s": self.m("write_stall_mean_s"),
+            "time_to_durable_s": self.m("write_time_to_durable_mean_s"),
             "write_slowest_rank_gib_s": self.m("write_slowest_rank_bandwidth_mean_gib_s"),
             "read_slowest_rank_gib_s": self.m("read_slowest_rank_bandwidth_mean_gib_s"),
             "straggler_ratio": self.straggler_ratio, "verification": self.verification,
@@ -258,14 +299,25 @@ class Entry:
         }
 
 
-# Summary numbers an Entry keeps (all optional: absent → nan).
+# Summary numbers an Entry keeps (all optional: absent or null → nan).  ``read``: restores from
+# the durable tier; ``read_fast``/``read_mixed``: restores a fast tier served (all or some ranks);
+# ``write_memory``/``write_fast``: the stages before the durable one (mlckpt/metrics.py).
+STATS = ("mean", "median", "stdev", "min", "max")
+IO_GROUPS = ("write", "read", "read_fast", "read_mixed")
 SUMMARY_NUMBERS = (
     *(f"{op}_{what}_{stat}_{unit}"
-      for op in ("write", "read")
+      for op in IO_GROUPS
       for what, unit in (("bandwidth", "gib_s"), ("duration", "s"), ("slowest_rank_bandwidth", "gib_s"))
-      for stat in ("mean", "median", "stdev", "min", "max")),
-    "write_straggler_ratio_max", "read_straggler_ratio_max", "read_resident_fraction_max",
-    "write_bytes_per_op", "read_bytes_per_op",
+      for stat in STATS),
+    *(f"{op}_straggler_ratio_max" for op in IO_GROUPS),
+    *(f"{op}_bytes_per_op" for op in IO_GROUPS),
+    *(f"write_{stage}_{what}_{stat}_{unit}"
+      for stage in ("memory", "fast")
+      for what, unit in (("bandwidth", "gib_s"), ("duration", "s"))
+      for stat in STATS),
+    *(f"write_{what}_{stat}_s" for what in ("stall", "time_to_durable") for stat in STATS),
+    "write_overlap_efficiency", "write_backpressure_ops", "write_backpressure_total_s",
+    "write_compute_mean_s", "read_resident_fraction_max",
 )
 
 
@@ -319,6 +371,13 @@ def entry_from_docs(path: str, org: str, system: str, run: Mapping[str, Any], co
         v = summary.get(key)
         return v if isinstance(v, bool) else None
 
+    pipe = Pipeline.of(config)
+    tiers = summary.get("tiers")
+    fast_fs = (_get(run, "pipeline", "fast_fs") or {}) if pipe.tiered else {}
+    ops = summary.get("ops") or ()
+    fast_reads = sum(1 for o in ops if isinstance(o, Mapping) and o.get("op") == "read"
+                     and o.get("tier", DURABLE) != DURABLE)
+
     return Entry(
         path=path, org=org, system=system, division=division or str(run["division"]),
         workload=str(run["workload"]), run_id=str(run["run_id"]),
@@ -333,6 +392,11 @@ def entry_from_docs(path: str, org: str, system: str, run: Mapping[str, Any], co
         restore_bytes=int(summary.get("restore_bytes", 0)),
         read_cold=flag("read_cold"), read_verified=flag("read_verified"),
         metrics={k: _number(summary.get(k)) for k in SUMMARY_NUMBERS},
+        pipeline=pipe.label,
+        tiers=tuple(str(t) for t in tiers) if isinstance(tiers, list) else tuple(pipe.stages),
+        compute_interval_s=pipe.compute_interval_s,
+        fast_fs=tuple(sorted({t for t in (_text(v) for v in fast_fs.values()) if t})),
+        fast_reads=fast_reads,
     )
 
 
@@ -422,7 +486,8 @@ def build(entries: Iterable[Entry], excluded: Iterable[Excluded] = (),
 
     def class_order(k: ClassKey) -> tuple[Any, ...]:
         div = DIVISIONS.index(k.division) if k.division in DIVISIONS else len(DIVISIONS)
-        return (div, k.division, order[k.workload], SCALES.index(k.scale))
+        pipe = PIPELINES.index(k.pipeline) if k.pipeline in PIPELINES else len(PIPELINES)
+        return (div, k.division, order[k.workload], SCALES.index(k.scale), pipe, k.pipeline)
 
     tables = []
     for key in sorted(groups, key=class_order):
@@ -591,8 +656,8 @@ def register(subparsers: Any) -> None:
     p = subparsers.add_parser(
         "leaderboard", help="publish tables of the results that pass the checker",
         description="Check every bundle under ROOT (as `mlckpt-check ROOT` does) and publish the "
-        "passing results, one table per class (division × workload × full/scaled), ranked by "
-        "write bandwidth.")
+        "passing results, one table per class (division × workload × full/scaled × checkpoint "
+        "mode), ranked by write bandwidth.")
     p.add_argument("root", type=Path, metavar="ROOT", help="the submission tree")
     p.add_argument("--format", choices=FORMATS, default="md", help="output format (default: md)")
     p.add_argument("--out", type=Path, default=None, metavar="PATH",

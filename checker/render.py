@@ -47,9 +47,10 @@ from checker.leaderboard import (
 
 ASSETS = Path(__file__).parent / "assets"
 DIVISION_TITLE = {"closed": "Closed division", "open": "Open division"}
-CLASSES_NOTE = ("A class is division × workload × scale (full, or scaled down in the open division). "
-                "Results are ranked only within their class: a closed full-scale result never "
-                "shares a table with a scaled or an open one.")
+CLASSES_NOTE = ("A class is division × workload × scale (full, or scaled down in the open division) × "
+                "checkpoint mode (sync; or, in the open division, async and/or tiered). Results are "
+                "ranked only within their class: a closed full-scale result never shares a table with "
+                "a scaled or an open one, nor an asynchronous or tiered result with a synchronous one.")
 ID_NOTE = ("Result IDs are derived from organisation, system, workload and run id (a hash, in "
            "base32): they never change between builds and adding a result never renumbers others.")
 WRITE_COLOR = "#2563eb"
@@ -157,7 +158,7 @@ def board_dict(board: Leaderboard) -> dict[str, Any]:
                      "help": c.help or None} for c in COLUMNS],
         "classes": [{
             "id": t.key.id, "division": t.key.division, "workload": t.key.workload,
-            "scale": t.key.scale, "title": t.key.title,
+            "scale": t.key.scale, "pipeline": t.key.pipeline, "title": t.key.title,
             "rows": [{**{c.key: rounded(rec[c.key], c) for c in COLUMNS}, "bundle": rec["bundle"]}
                      for rec in t.frame.to_dict("records")],
         } for t in board.tables],
@@ -364,6 +365,8 @@ def _table_html(t: ClassTable, links: Mapping[str, str]) -> str:
 def _class_html(t: ClassTable, links: Mapping[str, str], figs: Mapping[str, Any]) -> str:
     n = len(t.entries)
     badge = "full scale" if t.key.scale == "full" else "scaled"
+    pipeline = ("" if t.key.pipeline == "sync" else
+                f'<span class="badge badge-pipeline" title="checkpoint mode">{_e(t.key.pipeline)}</span>')
     charts = []
     figs_of = [k for k in ("bars", "scaling") if f"chart-{k}-{t.key.id}" in figs]
     for kind, caption in (("bars", "Bars: mean over the checkpoint writes / restores of each result; "
@@ -381,6 +384,7 @@ def _class_html(t: ClassTable, links: Mapping[str, str], figs: Mapping[str, Any]
     return (f'<section class="lb-class" id="{_e(t.key.id)}" aria-labelledby="h-{_e(t.key.id)}">\n'
             f'<h3 id="h-{_e(t.key.id)}"><span class="workload">{_e(t.key.workload)}</span>'
             f'<span class="badge badge-{_e(t.key.scale)}">{badge}</span>'
+            f'{pipeline}'
             f'<span class="badge badge-{_e(t.key.division)}">{_e(t.key.division)}</span>'
             f'<span class="count">{n} result{"s" if n != 1 else ""}</span></h3>\n'
             f'{_table_html(t, links)}\n<div class="charts charts-{len(charts)}">{"".join(charts)}</div>\n'

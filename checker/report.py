@@ -82,13 +82,24 @@ def _line(f: dict[str, Any]) -> str:
     return f"  {f['rule']} [{f['severity']}] {f['message']}"
 
 
+def _num(v: Any) -> bool:
+    return isinstance(v, int | float) and not isinstance(v, bool)
+
+
 def _metrics(b: dict[str, Any]) -> str:
+    """``: write X GiB/s, read Y GiB/s`` and, when training did not wait for the durable write
+    (async or tiered checkpoints), the mean stall and time to durable.  A sync one-tier write
+    ends when it is durable, so its stall *is* its time to durable (records format 2: ``staged_ns
+    == t1_ns``); the two differ exactly when part of the write ran in the background."""
     m = b.get("metrics") or {}
     parts = []
     for op in ("write", "read"):
         v = m.get(f"{op}_bandwidth_mean_gib_s")
-        if isinstance(v, int | float):
+        if _num(v):
             parts.append(f"{op} {v:.2f} GiB/s")
+    stall, durable = m.get("write_stall_mean_s"), m.get("write_time_to_durable_mean_s")
+    if _num(stall) and _num(durable) and stall != durable:
+        parts.append(f"stall {stall:.3f} s, time to durable {durable:.3f} s")
     return f": {', '.join(parts)}" if parts else ""
 
 

@@ -2,10 +2,11 @@
 
 The trees here are *synthetic but fully valid* submission trees: :func:`make_bundle` builds each
 bundle the way the runner does (``mlckpt.config.setup`` for the resolved configuration and the
-plan, per-rank records with the plan's bytes, ``mlckpt.metrics.summarize``, the rule set's own
-verdict) with deterministic timings and a fixed Ed25519 key per organisation (Ed25519 signatures
-are deterministic), so the same call gives a byte-identical tree on every machine, and the
-checker passes it exactly as it would a real one.  That is what makes golden files possible, and
+plan, per-rank records (records format 2) with the plan's bytes and the configured checkpoint
+pipeline's stages, ``mlckpt.metrics.summarize``, the rule set's own verdict) with deterministic
+timings and a fixed Ed25519 key per organisation (Ed25519 signatures are deterministic), so the
+same call gives a byte-identical tree on every machine, and the checker passes it exactly as it
+would a real one.  That is what makes golden files possible, and
 closed full-scale results (105 GiB × 10 writes are not runnable in a test) testable.  One test
 also builds the table from real runner bundles.
 
@@ -37,7 +38,8 @@ from checker import cli, leaderboard, render
 from checker.leaderboard import COLUMN, COLUMNS, fmt, result_id, rounded
 from mlckpt import __version__, bundle
 from mlckpt.config import setup
-from mlckpt.metrics import GIB, dlio_compat, summarize
+from mlckpt.metrics import GIB, RECORDS_FORMAT, dlio_compat, summarize
+from mlckpt.pipeline import DURABLE, FAST, MEMORY, Pipeline
 from mlckpt.result_checks import DATA_SCHEME, RunData
 from mlckpt.rules import HostSpec, rank_shift, verdict
 
@@ -82,11 +84,26 @@ def make_bundle(root: Path, *, org: str, system: str, workload: str, division: s
                 write_gib_s: float = 10.0, read_gib_s: float = 12.0, straggle: float = 1.2,
                 seed: int = 0, accelerator: str | None = None, desc_accelerator: str | None = None,
                 extra: Sequence[str] = (), started: str = "2026-01-02T03:04:05.000Z",
-                run_id: str | None = None, pack: bool = False, tree_division: str | None = None) -> Path:
+                run_id: str | None = None, pack: bool = False, tree_division: str | None = None,
+                mode: str = "sync", fast: str | None = None, fast_keep: int = 1, compute_s: float = 0.0,
+                memory_gib_s: float = 200.0, fast_gib_s: float = 60.0, fast_read_gib_s: float = 80.0,
+                fast_fs: str = "xfs") -> Path:
     """Write one signed bundle into ``root`` (tree layout, under ``tree_division``/ if given, else
-    its own division) and return its folder (or archive, with ``pack``)."""
+    its own division) and return its folder (or archive, with ``pack``).
+
+    Checkpoint pipeline (mlckpt/pipeline.py): ``mode`` sync|async, ``fast`` the fast-tier folder
+    (tiered), ``compute_s`` the training interval.  Stage speeds: ``memory_gib_s`` (the copy into
+    host staging), ``fast_gib_s`` (the fast-tier write), ``write_gib_s`` (the durable tier: the
+    whole write in sync one-tier runs, else the background persist or drain); restores read at
+    ``read_gib_s`` from the durable tier and at ``fast_read_gib_s`` from the fast tier."""
     overrides = [f"workload={workload}", f"division={division}", f"ranks={ranks}",
                  f"checkpoint.num_writes={writes}", f"checkpoint.num_reads={reads}"]
+    if mode != "sync":
+        overrides.append(f"checkpoint.mode={mode}")
+    if fast is not None:
+        overrides += [f"checkpoint.tiers.fast={fast}", f"checkpoint.tiers.fast_keep={fast_keep}"]
+    if compute_s:
+        overrides.append(f"checkpoint.compute_interval_s={compute_s}")
     if scale != 1.0:
         overrides.append(f"scale={scale}")
     if accelerator:
@@ -105,12 +122,16 @@ def make_bundle(root: Path, *, org: str, system: str, workload: str, division: s
     ctx = s.context(specs, complete=True)
     shift = rank_shift(ctx)
     plan = s.plan
+    pipe = Pipeline.of(cfg)
     io_cfg = cfg["io"]
     records: list[dict[str, Any]] = []
     t = 1_000_000_000_000 + rng.randrange(10**9)
     wall = 1_800_000_000.0
+    compute_ns = int(compute_s * 1e9) + 1_000_000  # the interval, plus making the next checkpoint
 
-    def op(kind: str, index: int, ckpt: int, per_rank: list[tuple[int, int]], gib_s: float) -> None:
+    def op(kind: str, index: int, ckpt: int, per_rank: list[tuple[int, int]], gib_s: float,
+           tiers: Sequence[str] = ()) -> None:
+        """A sync one-tier write (the stage is the whole op, barrier to durable) or a restore."""
         nonlocal t, wall
         total = sum(b for b, _ in per_rank)
         dur = total / (gib_s * GIB) * rng.uniform(0.95, 1.05)
@@ -127,8 +148,73 @@ def make_bundle(root: Path, *, org: str, system: str, workload: str, division: s
                                    "fsync": kind == "write", "direct": io_cfg["direct"],
                                    "dontcache": io_cfg["dontcache"]}
             if kind == "read":
-                rec.update(resident_bytes=0, cached_check_bytes=nbytes, verified_bytes=nbytes, mismatches=0)
+                rec.update(resident_bytes=0, cached_check_bytes=nbytes, verified_bytes=nbytes, mismatches=0,
+                           tier=tiers[r])
+            else:
+                rec.update(mode="sync", staged_ns=t1, backpressure_ns=0, exposed_ns=0, compute_ns=compute_ns,
+                           stages=[{"tier": DURABLE, "t0_ns": t0, "t1_ns": t1, "bytes": nbytes,
+                                    "direct": io_cfg["direct"]}])
             records.append(rec)
+        wall += (end - t) / 1e9 + 1.0
+        t = end + 1_000_000_000
+
+    speed = {MEMORY: memory_gib_s, FAST: fast_gib_s, DURABLE: write_gib_s}
+    durable_at: dict[int, int] = {}  # rank -> when its previous checkpoint became durable
+    last: dict[int, dict[str, Any]] = {}  # rank -> its previous write record
+
+    def pipelined_write(k: int, per_rank: list[tuple[int, int]]) -> None:
+        """An async and/or tiered write, per rank: the back-pressure wait (the previous checkpoint
+        still in the background), the blocking stage, then the background stages while training
+        goes on for ``compute_ns`` (mlckpt/run.py: _write_phase)."""
+        nonlocal t, wall
+        total = sum(b for b, _ in per_rank)
+        spans: dict[str, tuple[float, int]] = {}
+        for stage in pipe.stages:
+            spans[stage] = (total / (speed[stage] * GIB) * rng.uniform(0.95, 1.05), rng.randrange(ranks))
+        resume = t
+        for r, (nbytes, nfiles) in enumerate(per_rank):
+            t0 = t + rng.randrange(20_000)
+            bp = max(0, durable_at.get(r, 0) - t0)
+            if r in last:
+                last[r]["exposed_ns"] = bp
+            clock = t0 + bp + 2_000
+            stages = []
+            for i, stage in enumerate(pipe.stages):
+                dur, slow = spans[stage]
+                f = 1.0 if r == slow else rng.uniform(1 / straggle, 1 / straggle + (1 - 1 / straggle) * 0.5)
+                end = clock + max(1, int(dur * f * 1e9))
+                st: dict[str, Any] = {"tier": stage, "t0_ns": clock, "t1_ns": end, "bytes": nbytes}
+                if stage != MEMORY:
+                    st["direct"] = io_cfg["direct"]
+                if stage == DURABLE:  # a drain from the fast tier verifies every page
+                    st.update(verified_bytes=nbytes, mismatches=0)
+                stages.append(st)
+                clock = st["t1_ns"] + (1_000 if i == 0 else 3_000)
+            staged = stages[0]["t1_ns"] + 1_000
+            t1 = stages[-1]["t1_ns"]
+            rec: dict[str, Any] = {"op": "write", "index": k, "checkpoint": k, "rank": r, "host": host_of[r],
+                                   "t0_ns": t0, "t1_ns": t1, "wall_start": round(wall, 6), "bytes": nbytes,
+                                   "files": nfiles, "fsync": True, "direct": io_cfg["direct"],
+                                   "dontcache": io_cfg["dontcache"], "mode": pipe.mode, "staged_ns": staged,
+                                   "backpressure_ns": bp, "exposed_ns": 0, "compute_ns": compute_ns,
+                                   "stages": stages}
+            if not pipe.tiered:
+                del stages[-1]["verified_bytes"], stages[-1]["mismatches"]
+            records.append(rec)
+            last[r] = rec
+            durable_at[r] = t1
+            resume = max(resume, staged + compute_ns)
+        wall += (resume - t) / 1e9
+        t = resume + 50_000  # the next checkpoint's barrier
+
+    def final_drain() -> None:
+        """After the last checkpoint: wait until it is durable (that wait is its exposed time)."""
+        nonlocal t, wall
+        end = t
+        for rec in last.values():
+            trained = rec["staged_ns"] + compute_ns
+            rec["exposed_ns"] = max(0, rec["t1_ns"] - trained)
+            end = max(end, rec["t1_ns"], trained)
         wall += (end - t) / 1e9 + 1.0
         t = end + 1_000_000_000
 
@@ -139,9 +225,17 @@ def make_bundle(root: Path, *, org: str, system: str, workload: str, division: s
         files = [x.file for x in plan.restore_reads(r, restore, shift)]
         rd.append((sum(f.bytes for f in files), len(files)))
     for k in range(1, writes + 1):
-        op("write", k, k, w, write_gib_s)
+        if pipe.background:
+            pipelined_write(k, w)
+        else:
+            op("write", k, k, w, write_gib_s)
+    if pipe.background:
+        final_drain()
     for k in range(1, reads + 1):
-        op("read", k, (k - 1) % writes + 1, rd, read_gib_s)
+        ckpt = (k - 1) % writes + 1
+        writers = [{host_of[x.writer] for x in plan.restore_reads(r, restore, shift)} for r in range(ranks)]
+        tiers = [pipe.restore_tier(ckpt, writes, writers[r], host_of[r]) for r in range(ranks)]
+        op("read", k, ckpt, rd, fast_read_gib_s if set(tiers) == {FAST} else read_gib_s, tiers)
 
     rules = s.rules
     summary = summarize(records, max_resident_fraction=rules.data["cold_read"]["max_resident_fraction"])
@@ -157,12 +251,15 @@ def make_bundle(root: Path, *, org: str, system: str, workload: str, division: s
     sysdoc = {"hosts": [_host_facts(h.name) for h in specs], "description": desc}
     ended = started[:11] + "23:59:59.000Z"
     manifest: dict[str, Any] = {
-        "run_format": 1, "run_id": run_id, "name": name, "status": "complete",
+        "run_format": 2, "run_id": run_id, "name": name, "status": "complete",
         "mlckpt_version": __version__, "rules_version": rules.version, "workload": workload,
         "division": division, "scaled": scale != 1.0, "scale": cfg["scale"], "ranks": ranks,
         "hosts": [{"host": h.name, "ranks": list(h.ranks)} for h in specs], "rank_shift": shift,
         "verdict": "", "findings": [], "overrides": overrides, "started": started, "ended": ended,
-        "records_format": 1, "data_scheme": DATA_SCHEME, "system_name": system,
+        "records_format": RECORDS_FORMAT, "data_scheme": DATA_SCHEME, "system_name": system,
+        "pipeline": {"mode": pipe.mode, "compute_interval_s": pipe.compute_interval_s, "fast": pipe.fast,
+                     "fast_keep": pipe.fast_keep,
+                     "fast_fs": {h.name: fast_fs for h in specs} if pipe.tiered else {}},
     }
     found = [*rules.evaluate(ctx, ["config", "host"]).findings,
              *rules.evaluate(replace(ctx, run=RunData(manifest, cfg, summary, records, sysdoc)),
@@ -235,6 +332,25 @@ GOLDEN_TREE: tuple[dict[str, Any], ...] = (
      "write_gib_s": 11.0, "read_gib_s": 14.0},
     {"org": "acme", "system": "fast", "workload": "llama_7b_zero3", "ranks": 4, "reads": 0,
      "write_gib_s": 9.5},
+    # Open, scaled, asynchronous and tiered checkpoints: each mode its own class.  Async: training
+    # waits for the copy into host memory (~1 GiB at 150 GiB/s); acme's persist (20 GiB/s) fits in
+    # the 0.2 s of training, zeta's (8 GiB/s, 0.5 GiB) does not fit in 0.02 s: back-pressure.
+    {"org": "acme", "system": "fast", "workload": "llama3_8b", "ranks": 8, "scale": 0.01, "seed": 2,
+     "writes": 3, "mode": "async", "compute_s": 0.2, "memory_gib_s": 150.0, "write_gib_s": 20.0,
+     "read_gib_s": 24.0},
+    {"org": "zeta", "system": "z1", "workload": "llama3_8b", "ranks": 4, "scale": 0.01, "seed": 2,
+     "writes": 3, "mode": "async", "compute_s": 0.02, "memory_gib_s": 100.0, "write_gib_s": 8.0,
+     "read_gib_s": 10.0},
+    # Sync with a fast tier (60 GiB/s) drained at 12 GiB/s: restore 1 from the durable tier, restore
+    # 2 from the fast tier (it keeps the newest checkpoint).
+    {"org": "acme", "system": "fast", "workload": "llama3_8b", "ranks": 8, "scale": 0.01, "seed": 4,
+     "fast": "/mnt/nvme/ckpt", "compute_s": 0.5, "fast_gib_s": 60.0, "write_gib_s": 12.0,
+     "read_gib_s": 14.0, "fast_read_gib_s": 70.0},
+    # Async with a memory-backed fast tier keeping both checkpoints: every restore from the fast
+    # tier, so no read bandwidth of the durable tier to show.
+    {"org": "zeta", "system": "z1", "workload": "llama3_8b", "ranks": 4, "scale": 0.01, "seed": 3,
+     "mode": "async", "fast": "/dev/shm/ckpt", "fast_keep": 2, "fast_fs": "tmpfs", "compute_s": 0.1,
+     "memory_gib_s": 120.0, "fast_gib_s": 40.0, "write_gib_s": 9.0, "fast_read_gib_s": 90.0},
 )
 
 
@@ -333,7 +449,7 @@ def test_stdout_output_equals_file_output(golden_tree: Path, outputs: dict[str, 
     assert cli.run(["leaderboard", str(golden_tree), "--format", "csv", "--jobs", "1"]) == 0
     printed = capsys.readouterr()
     assert printed.out == outputs["csv"]
-    assert printed.err == "leaderboard: 12 results in 6 classes\n"
+    assert printed.err == "leaderboard: 16 results in 9 classes\n"
 
 
 # ----------------------------------------------------------------------------------------------
@@ -413,14 +529,17 @@ def test_closed_full_scale_never_shares_a_table(golden_board: leaderboard.Leader
     assert len(keys) == len(set(keys))
     assert [k.id for k in keys] == [
         "closed-llama3_8b-full", "closed-llama3_70b-full", "open-llama3_8b-full",
-        "open-llama3_8b-scaled", "open-llama_7b-full", "open-llama_7b_zero3-full"]
+        "open-llama3_8b-scaled", "open-llama3_8b-scaled-sync-tiers", "open-llama3_8b-scaled-async",
+        "open-llama3_8b-scaled-async-tiers", "open-llama_7b-full", "open-llama_7b_zero3-full"]
     for t in golden_board.tables:
         for e in t.entries:
-            key = (t.key.division, t.key.workload, t.key.scale == "scaled")
-            assert (e.division, e.workload, e.scaled) == key
+            key = (t.key.division, t.key.workload, t.key.scale == "scaled", t.key.pipeline)
+            assert (e.division, e.workload, e.scaled, e.pipeline) == key
         assert set(t.frame["division"]) == {t.key.division}
         full = t.frame["mode"].str.endswith("full scale")
         assert full.all() if t.key.scale == "full" else not full.any()
+        # The mode column names the checkpoint mode first, the same in every row of a class.
+        assert t.frame["mode"].str.startswith(t.key.pipeline + ", ").all()
     closed8 = golden_board.tables[0]
     assert len(closed8.entries) == 2 and all(e.division == "closed" and not e.scaled for e in closed8.entries)
 
@@ -455,16 +574,111 @@ def test_row_values_come_from_the_bundles(golden_tree: Path, golden_board: leade
             straggler = [summary[k] for k in ("write_straggler_ratio_max", "read_straggler_ratio_max")
                          if k in summary]
             assert rec["straggler_ratio"] == max(straggler)
-            if summary["num_reads"]:
-                assert rec["read_gib_s"] == summary["read_bandwidth_mean_gib_s"]
-                assert rec["verification"] == "verified, cold"
+            assert rec["stall_s"] == summary["write_stall_mean_s"]
+            assert rec["time_to_durable_s"] == summary["write_time_to_durable_mean_s"]
+            if summary["tiers"] == ["durable"]:  # sync, one tier: training waits until durable
+                assert summary["mode"] == "sync" and rec["stall_s"] == rec["time_to_durable_s"]
+                assert rec["stall_s"] == summary["write_duration_mean_s"]
             else:
-                assert math.isnan(rec["read_gib_s"]) and rec["verification"] == "no reads"
+                assert rec["stall_s"] < rec["time_to_durable_s"]
+            # Reads: the durable tier's restores only; none of them → missing, as with no reads.
+            fast = sum(o["op"] == "read" and o["tier"] != "durable" for o in summary["ops"])
+            if summary["num_reads"] > fast:
+                assert rec["read_gib_s"] == summary["read_bandwidth_mean_gib_s"]
+                n = summary["num_reads"]
+                assert rec["verification"] == (f"verified, cold, {fast} of {n} from the fast tier" if fast
+                                               else "verified, cold")
+            else:
+                assert math.isnan(rec["read_gib_s"]) and math.isnan(rec["read_duration_s"])
+                assert "read_bandwidth_mean_gib_s" not in summary
+                assert rec["verification"] == ("no reads" if not fast else "verified, all from the fast tier")
     modes = {rec["mode"] for t in golden_board.tables for rec in t.frame.to_dict("records")}
-    assert {"full, direct, full scale", "stream, buffered, scaled ×0.01",
-            "full, direct, restore repopulate, full scale"} <= modes
+    assert modes == {
+        "sync, full, direct, full scale", "sync, full, direct, scaled ×0.01",
+        "sync, stream, buffered, scaled ×0.01", "sync, full, direct, restore repopulate, full scale",
+        "async, full, direct, scaled ×0.01", "sync+tiers, full, direct, scaled ×0.01",
+        "async+tiers, full, direct, scaled ×0.01"}
     acc = {rec["accelerator"] for t in golden_board.tables for rec in t.frame.to_dict("records")}
     assert {"h100", "h200", "<b>mi300x</b> | 8/node", None} == acc
+
+
+def _bundle_of(golden_tree: Path, golden_board: leaderboard.Leaderboard, pipeline: str,
+               org: str) -> tuple[dict[str, Any], Path]:
+    """The table row and folder of the golden tree's one ``pipeline`` result of ``org``."""
+    found = [(rec, golden_tree / rec["bundle"]) for t in golden_board.tables if t.key.pipeline == pipeline
+             for rec in t.frame.to_dict("records") if rec["organisation"] == org]
+    assert len(found) == 1, (pipeline, org)
+    return found[0]
+
+
+def test_stall_and_time_to_durable_recomputed_from_the_records(
+        golden_tree: Path, golden_board: leaderboard.Leaderboard) -> None:
+    """Stall and time to durable straight from records.jsonl (not through mlckpt.metrics): per
+    write, the slowest rank's (staged - t0) and (t1 - t0); the columns are the means."""
+    checked = set()
+    for t in golden_board.tables:
+        for rec in t.frame.to_dict("records"):
+            folder = golden_tree / rec["bundle"]
+            if not folder.is_dir():
+                continue
+            lines = [json.loads(x) for x in (folder / "records.jsonl").read_text().splitlines()]
+            writes: dict[int, list[dict[str, Any]]] = {}
+            for r in lines:
+                if r["op"] == "write":
+                    writes.setdefault(r["index"], []).append(r)
+            stall = [max(r["staged_ns"] - r["t0_ns"] for r in rs) / 1e9 for rs in writes.values()]
+            durable = [max(r["t1_ns"] - r["t0_ns"] for r in rs) / 1e9 for rs in writes.values()]
+            assert rec["stall_s"] == pytest.approx(sum(stall) / len(stall), rel=1e-12)
+            assert rec["time_to_durable_s"] == pytest.approx(sum(durable) / len(durable), rel=1e-12)
+            checked.add(t.key.pipeline)
+    assert checked == {"sync", "sync+tiers", "async", "async+tiers"}
+
+
+def test_the_synthetic_pipelines_are_not_trivial(golden_tree: Path,
+                                                 golden_board: leaderboard.Leaderboard) -> None:
+    """What the golden tables show for the pipelined results, against the speeds they were built
+    with (GOLDEN_TREE): the stall is the blocking stage (plus back-pressure), not the write."""
+    def summary_of(folder: Path) -> dict[str, Any]:
+        return json.loads((folder / "summary.json").read_text())
+
+    rec, folder = _bundle_of(golden_tree, golden_board, "async", "acme")
+    s = summary_of(folder)
+    size = s["write_bytes_per_op"] / GIB
+    # ~1 GiB copied at 150 GiB/s, persisted at 20 GiB/s behind 0.2 s of training: nothing exposed.
+    assert rec["stall_s"] == pytest.approx(size / 150, rel=0.1)
+    assert rec["write_gib_s"] == pytest.approx(20, rel=0.05)
+    assert rec["time_to_durable_s"] == pytest.approx(size / 150 + size / 20, rel=0.1)
+    assert s["write_overlap_efficiency"] == 1.0 and s["write_backpressure_ops"] == 0
+    # zeta: the 8 GiB/s persist does not fit in 0.02 s of training: writes 2 and 3 wait for it.
+    rec, folder = _bundle_of(golden_tree, golden_board, "async", "zeta")
+    s = summary_of(folder)
+    assert s["write_backpressure_ops"] == 2 and 0 < s["write_overlap_efficiency"] < 0.5
+    assert rec["stall_s"] > 5 * s["write_stall_min_s"]
+    # Sync with a fast tier: the stall is the fast-tier write (60 GiB/s), the drain runs at 12.
+    rec, folder = _bundle_of(golden_tree, golden_board, "sync+tiers", "acme")
+    s = summary_of(folder)
+    assert s["tiers"] == ["fast", "durable"] and s["mode"] == "sync"
+    assert rec["stall_s"] == pytest.approx(size / 60, rel=0.1)
+    assert s["write_fast_bandwidth_mean_gib_s"] == pytest.approx(60, rel=0.05)
+    assert rec["write_gib_s"] == pytest.approx(12, rel=0.05)
+    # Its restores: one from each tier; the Read column is the durable one (14 GiB/s), not 70.
+    assert rec["read_gib_s"] == s["read_bandwidth_mean_gib_s"] == pytest.approx(14, rel=0.05)
+    assert s["read_fast_bandwidth_mean_gib_s"] == pytest.approx(70, rel=0.05)
+    # Async with a tmpfs fast tier keeping both checkpoints: no restore from the durable tier.
+    rec, folder = _bundle_of(golden_tree, golden_board, "async+tiers", "zeta")
+    s = summary_of(folder)
+    assert s["tiers"] == ["memory", "fast", "durable"] and s["read_fast_bandwidth_mean_gib_s"] > 80
+    assert math.isnan(rec["read_gib_s"]) and rec["verification"] == "verified, all from the fast tier"
+
+
+def test_non_sync_classes_carry_a_mode_badge(outputs: dict[str, str]) -> None:
+    page, doc = outputs["html"], json.loads(outputs["json"])
+    badges = re.findall(r'<span class="badge badge-pipeline" title="checkpoint mode">([^<]+)</span>', page)
+    assert badges == ["sync+tiers", "async", "async+tiers"]
+    assert [(c["pipeline"], c["title"]) for c in doc["classes"] if c["pipeline"] != "sync"] == [
+        ("sync+tiers", "llama3_8b · scaled · sync+tiers"), ("async", "llama3_8b · scaled · async"),
+        ("async+tiers", "llama3_8b · scaled · async+tiers")]
+    assert [c["label"] for c in doc["columns"]][11:13] == ["Stall (s)", "Time to durable (s)"]
 
 
 def test_every_format_shows_the_same_rounded_numbers(outputs: dict[str, str]) -> None:
@@ -496,14 +710,16 @@ def test_html_is_self_contained(golden_tree: Path, outputs: dict[str, str]) -> N
     assert not re.search(r"""(src|href)\s*=\s*["']?(https?:)?//""", page)
     assert "<link" not in page and "@import" not in page and "url(" not in page
     hrefs = re.findall(r'<td class="text col-result_id" data-value="[^"]*"><a href="([^"]+)"', page)
-    assert len(hrefs) == 12
+    assert len(hrefs) == len(GOLDEN_TREE)
     for href in hrefs:
         assert not href.startswith("/") and (pub / href).exists(), href
     figs = json.loads(re.search(r'<script type="application/json" id="lb-figures">(.*?)</script>',
                                 page, re.S).group(1))
     assert set(figs) == {f"chart-bars-{t}" for t in (
         "closed-llama3_8b-full", "closed-llama3_70b-full", "open-llama3_8b-full", "open-llama3_8b-scaled",
-        "open-llama_7b-full", "open-llama_7b_zero3-full")} | {"chart-scaling-open-llama3_8b-scaled"}
+        "open-llama3_8b-scaled-sync-tiers", "open-llama3_8b-scaled-async",
+        "open-llama3_8b-scaled-async-tiers", "open-llama_7b-full", "open-llama_7b_zero3-full")} | {
+        "chart-scaling-open-llama3_8b-scaled"}
     scaling = figs["chart-scaling-open-llama3_8b-scaled"]["data"]
     assert [t["name"] for t in scaling] == ["fast · write", "fast · read", "z1 · write", "z1 · read"]
     assert scaling[0]["x"] == [4, 8, 16] and scaling[2]["x"] == [4, 16]
@@ -542,6 +758,17 @@ def test_real_runner_bundles_from_the_sample_tree(tmp_path: Path) -> None:
         assert e.m("write_bandwidth_mean_gib_s") == b["metrics"]["write_bandwidth_mean_gib_s"]
         assert e.m("read_duration_mean_s") == b["metrics"]["read_duration_mean_s"]
         assert (e.ranks, e.scaled, e.org) == (b["metrics"]["ranks"], b["metrics"]["scaled"], b["org"])
+        if (sample / path).is_dir():
+            summary = json.loads((sample / path / "summary.json").read_text())
+            row = e.row()
+            assert row["stall_s"] == summary["write_stall_mean_s"]
+            assert row["time_to_durable_s"] == summary["write_time_to_durable_mean_s"]
+            assert e.pipeline == summary["mode"] + ("+tiers" if "fast" in summary["tiers"] else "")
+            assert e.class_key.pipeline == e.pipeline and e.mode.startswith(e.pipeline + ", ")
+    # The sample tree holds a real async, tiered run: its own class, its restores split by tier.
+    tiered = [e for e in rows.values() if e.pipeline == "async+tiers"]
+    assert len(tiered) == 1 and tiered[0].fast_reads >= 1
+    assert tiered[0].class_key.id.endswith("-async-tiers")
 
 
 # ----------------------------------------------------------------------------------------------
@@ -583,7 +810,7 @@ def test_compare_json_ratios(pair: tuple[Path, Path, Path], capsys: pytest.Captu
     assert m["ranks"]["a"] == 8 and m["num_writes"]["a"] == 10 and m["num_writes"]["b"] == 3
     assert m["checkpoint_gib"]["a"] == pytest.approx(sa["checkpoint_bytes"] / GIB)
     assert (m["division"]["a"], m["division"]["b"]) == ("closed", "open")
-    assert m["mode"]["a"] == "full, direct, full scale"
+    assert m["mode"]["a"] == "sync, full, direct, full scale"
     assert doc["same_class"] is False and doc["a"]["class"] == "closed-llama3_8b-full"
 
 
@@ -626,3 +853,133 @@ def test_compare_checks_integrity_of_both_first(pair: tuple[Path, Path, Path], t
         assert captured.err.count("\n") == 1 and "integrity failure" in captured.err
     # Not a bundle wins over an integrity failure: both are checked to be bundles first.
     assert cli.run(["compare", str(bad), str(tmp_path / "missing")]) == 2
+
+
+def _docs(*, pipeline: dict[str, Any], checkpoint: dict[str, Any], summary: dict[str, Any]) -> Any:
+    """Parsed bundle documents with hand-set numbers, for :func:`compare.compare` (pure)."""
+    from checker.leaderboard import BundleDocs
+
+    run = {"division": "open", "workload": "llama3_8b", "run_id": "0123456789abcdef", "ranks": 4,
+           "scale": 0.01, "hosts": [{"host": "h1", "ranks": [0, 1, 2, 3]}], "system_name": "s1",
+           "verdict": "open", "pipeline": pipeline}
+    config = {"residency": "full", "io": {"direct": True}, "workload": {"canonical": True},
+              "checkpoint": {"restore": "own", "fsync": True, **checkpoint}}
+    base = {"num_writes": 2, "num_reads": 2, "checkpoint_bytes": 2 << 30, "restore_bytes": 2 << 30,
+            "read_cold": True, "read_verified": True}
+    return BundleDocs(run, config, {**base, **summary}, {}, "0" * 64, "1" * 64, "acme")
+
+
+SYNC_DOCS = dict(
+    pipeline={"mode": "sync", "compute_interval_s": 0.0, "fast": None, "fast_keep": 1, "fast_fs": {}},
+    checkpoint={},
+    summary={"mode": "sync", "tiers": ["durable"], "write_bandwidth_mean_gib_s": 4.0,
+             "write_duration_mean_s": 0.5, "write_stall_mean_s": 0.5, "write_time_to_durable_mean_s": 0.5,
+             "write_overlap_efficiency": None, "write_backpressure_ops": 0, "write_backpressure_total_s": 0.0,
+             "write_compute_mean_s": 0.001, "read_bandwidth_mean_gib_s": 5.0,
+             "ops": [{"op": "read", "tier": "durable"}, {"op": "read", "tier": "durable"}]})
+ASYNC_TIERS_DOCS = dict(
+    pipeline={"mode": "async", "compute_interval_s": 1.5, "fast": "/nvme", "fast_keep": 1,
+              "fast_fs": {"h1": "ext4"}},
+    checkpoint={"mode": "async", "compute_interval_s": 1.5, "tiers": {"fast": "/nvme", "fast_keep": 1}},
+    summary={"mode": "async", "tiers": ["memory", "fast", "durable"], "write_bandwidth_mean_gib_s": 2.0,
+             "write_duration_mean_s": 1.0, "write_stall_mean_s": 0.125, "write_time_to_durable_mean_s": 1.25,
+             "write_overlap_efficiency": 0.8, "write_backpressure_ops": 1, "write_backpressure_total_s": 0.25,
+             "write_compute_mean_s": 1.5, "write_memory_bandwidth_mean_gib_s": 64.0,
+             "write_fast_bandwidth_mean_gib_s": 8.0, "write_fast_duration_mean_s": 0.25,
+             "read_bandwidth_mean_gib_s": 4.0, "read_fast_bandwidth_mean_gib_s": 10.0,
+             "read_fast_duration_mean_s": 0.2,
+             "ops": [{"op": "read", "tier": "durable"}, {"op": "read", "tier": "fast"}]})
+
+
+def test_compare_pipeline_rows_known_numbers() -> None:
+    from checker import compare
+
+    a, b = _docs(**SYNC_DOCS), _docs(**ASYNC_TIERS_DOCS)
+    doc = compare.compare(("A", a), ("B", b))
+    m = {x["key"]: (x["a"], x["b"], x["ratio_b_over_a"]) for x in doc["metrics"]}
+    assert m["pipeline"] == ("sync", "async+tiers", None)
+    assert m["tiers"] == ("durable", "memory → fast → durable", None)
+    assert m["fast_fs"] == (None, "ext4", None)
+    assert m["fast_reads"] == (None, 1, None)
+    assert m["compute_interval_s"] == (0.0, 1.5, None)  # A is 0: no ratio
+    assert m["write_stall_mean_s"] == (0.5, 0.125, 0.25)
+    assert m["write_time_to_durable_mean_s"] == (0.5, 1.25, 2.5)
+    assert m["write_overlap_efficiency"] == (None, 0.8, None)
+    assert m["write_backpressure_ops"] == (0, 1, None)
+    assert m["write_backpressure_total_s"] == (0.0, 0.25, None)
+    assert m["write_compute_mean_s"] == (0.001, 1.5, 1500.0)
+    assert m["write_memory_bandwidth_mean_gib_s"] == (None, 64.0, None)
+    assert m["write_fast_bandwidth_mean_gib_s"] == (None, 8.0, None)
+    assert m["write_fast_duration_mean_s"] == (None, 0.25, None)
+    assert m["write_bandwidth_mean_gib_s"] == (4.0, 2.0, 0.5)  # the durable tier's persist
+    assert m["read_bandwidth_mean_gib_s"] == (5.0, 4.0, 0.8)  # durable-tier restores only
+    assert m["read_fast_bandwidth_mean_gib_s"] == (None, 10.0, None)
+    assert m["read_fast_duration_mean_s"] == (None, 0.2, None)
+    # Rows neither bundle has a value for are left out; the rest are always there.
+    assert "read_mixed_bandwidth_mean_gib_s" not in m and "write_memory_bandwidth_min_gib_s" not in m
+    assert doc["same_class"] is False
+    assert doc["a"]["class"] == "open-llama3_8b-scaled"
+    assert doc["b"]["class"] == "open-llama3_8b-scaled-async-tiers"
+    both = compare.compare(("B", b), ("B2", b))
+    m2 = {x["key"]: (x["a"], x["b"], x["ratio_b_over_a"]) for x in both["metrics"]}
+    assert m2["write_overlap_efficiency"] == (0.8, 0.8, 1.0)
+    assert m2["read_fast_bandwidth_mean_gib_s"] == (10.0, 10.0, 1.0)
+    plain = {x["key"] for x in compare.compare(("A", a), ("A2", a))["metrics"]}
+    assert {"write_stall_mean_s", "write_time_to_durable_mean_s", "pipeline", "tiers"} <= plain
+    assert not plain & {"write_overlap_efficiency", "fast_fs", "fast_reads", "read_fast_bandwidth_mean_gib_s",
+                        "write_memory_bandwidth_mean_gib_s", "write_fast_bandwidth_mean_gib_s"}
+    text = compare.render_text(doc)
+    assert re.search(r"^write stall mean \(s\)\s+0\.500\s+0\.125\s+0\.250$", text, re.M)
+    assert re.search(r"^write time to durable mean \(s\)\s+0\.500\s+1\.250\s+2\.500$", text, re.M)
+    assert re.search(r"^write overlap efficiency\s+—\s+0\.800\s+—$", text, re.M)
+    assert re.search(r"^read \(fast tier\) bandwidth mean \(GiB/s\)\s+—\s+10\.00\s+—$", text, re.M)
+    assert re.search(r"^write stages\s+durable\s+memory → fast → durable$", text, re.M)
+
+
+def test_compare_pipelined_bundles(golden_tree: Path, golden_board: leaderboard.Leaderboard,
+                                   capsys: pytest.CaptureFixture[str]) -> None:
+    _, a = _bundle_of(golden_tree, golden_board, "sync+tiers", "acme")
+    _, b = _bundle_of(golden_tree, golden_board, "async+tiers", "zeta")
+    assert cli.run(["compare", str(a), str(b), "--json"]) == 0
+    m = {x["key"]: x for x in json.loads(capsys.readouterr().out)["metrics"]}
+    sa, sb = (json.loads((p / "summary.json").read_text()) for p in (a, b))
+    for key in ("write_stall_mean_s", "write_time_to_durable_max_s", "write_overlap_efficiency",
+                "write_fast_bandwidth_mean_gib_s", "write_fast_duration_max_s",
+                "read_fast_bandwidth_mean_gib_s", "read_fast_duration_median_s",
+                "read_fast_straggler_ratio_max"):
+        assert (m[key]["a"], m[key]["b"]) == (sa[key], sb[key]), key
+        assert m[key]["ratio_b_over_a"] == pytest.approx(sb[key] / sa[key]), key
+    # A's drain fits in its 0.5 s of training; B's does not (0.1 s): a ratio over 0 is none.
+    assert m["write_backpressure_total_s"]["a"] == sa["write_backpressure_total_s"] == 0.0
+    assert m["write_backpressure_total_s"]["b"] == sb["write_backpressure_total_s"] > 0
+    assert m["write_backpressure_total_s"]["ratio_b_over_a"] is None
+    # Only B has a memory stage; only A restored from the durable tier.
+    assert m["write_memory_bandwidth_mean_gib_s"]["a"] is None
+    assert m["write_memory_bandwidth_mean_gib_s"]["b"] == sb["write_memory_bandwidth_mean_gib_s"]
+    assert m["read_bandwidth_mean_gib_s"]["a"] == sa["read_bandwidth_mean_gib_s"]
+    assert m["read_bandwidth_mean_gib_s"]["b"] is None and "read_bandwidth_mean_gib_s" not in sb
+    assert (m["fast_fs"]["a"], m["fast_fs"]["b"]) == ("xfs", "tmpfs")
+    assert (m["fast_reads"]["a"], m["fast_reads"]["b"]) == (1, 2)
+
+
+def test_pass_line_names_stall_and_time_to_durable_when_training_did_not_wait() -> None:
+    from checker import report as rep
+
+    def line(metrics: dict[str, Any]) -> str:
+        b = {"path": "x", "verdict": "open", "findings": [], "metrics": metrics}
+        summary = {"bundles": 1, "valid": 1, "invalid": 0, "internal_errors": 0, "findings": 0,
+                   "integrity_failures": 0}
+        text = rep.render_text({"bundles": [b], "tree_findings": [], "summary": summary})
+        return text.splitlines()[0]
+
+    bw = {"write_bandwidth_mean_gib_s": 2.0, "read_bandwidth_mean_gib_s": 4.5}
+    assert line({**bw, "write_stall_mean_s": 0.0125, "write_time_to_durable_mean_s": 1.25}) == (
+        "PASS x (open: write 2.00 GiB/s, read 4.50 GiB/s, stall 0.013 s, time to durable 1.250 s)")
+    # Sync, one tier: the stall is the time to durable (training waits until durable).
+    assert line({**bw, "write_stall_mean_s": 0.5, "write_time_to_durable_mean_s": 0.5}) == (
+        "PASS x (open: write 2.00 GiB/s, read 4.50 GiB/s)")
+    assert line(bw) == "PASS x (open: write 2.00 GiB/s, read 4.50 GiB/s)"
+    # No durable restores (every one from a fast tier): no read number.
+    assert line({"write_bandwidth_mean_gib_s": 2.0, "write_stall_mean_s": 0.25,
+                 "write_time_to_durable_mean_s": 1.0}) == (
+        "PASS x (open: write 2.00 GiB/s, stall 0.250 s, time to durable 1.000 s)")

@@ -202,6 +202,43 @@ def test_clicking_a_header_sorts_both_ways(loaded: Any, site: dict[str, Any]) ->
         assert _column(loaded, nr, "read_gib_s")[-1] == "—"
 
 
+def test_stall_and_time_to_durable_columns(loaded: Any, site: dict[str, Any]) -> None:
+    """The new columns show the JSON's values and sort numerically; the pipelined classes name
+    their mode in the header badge and in every row's Mode cell."""
+    _open(loaded, site["page"])  # as published (other tests sort the tables)
+    classes = {c["id"]: c for c in site["json"]["classes"]}
+    cls = classes["open-llama3_8b-scaled-async"]
+    cid, rows = cls["id"], cls["rows"]
+    assert len(rows) == 2
+    for key in ("stall_s", "time_to_durable_s"):
+        assert _column(loaded, cid, key) == [f"{r[key]:.3f}" for r in rows]
+    # A back-pressured result (zeta) stalls longer than acme's, though acme ranks first on write.
+    assert rows[0]["stall_s"] < rows[1]["stall_s"]
+    order = {r["result_id"]: i for i, r in enumerate(rows)}
+    assert _click(loaded, cid, "stall_s") == "descending"
+    assert _column(loaded, cid, "result_id") == [
+        r["result_id"] for r in sorted(rows, key=lambda r: (-r["stall_s"], order[r["result_id"]]))]
+    assert _click(loaded, cid, "stall_s") == "ascending"
+    got = [float(v) for v in _column(loaded, cid, "stall_s")]
+    assert got == sorted(r["stall_s"] for r in rows)
+    assert _click(loaded, cid, "time_to_durable_s") == "descending"
+    got = [float(v) for v in _column(loaded, cid, "time_to_durable_s")]
+    assert got == sorted((r["time_to_durable_s"] for r in rows), reverse=True)
+    # Sync, one tier: training waits until durable, so both columns equal the write duration.
+    for r in classes["open-llama3_8b-scaled"]["rows"]:
+        assert r["stall_s"] == r["time_to_durable_s"] == r["write_duration_s"]
+    # Every restore from the fast tier: the read columns are empty, not the fast tier's numbers.
+    tiered = classes["open-llama3_8b-scaled-async-tiers"]
+    assert _column(loaded, tiered["id"], "read_gib_s") == ["—"]
+    assert _column(loaded, tiered["id"], "stall_s") == [f"{tiered['rows'][0]['stall_s']:.3f}"]
+    for c in classes.values():
+        badge = loaded.execute_script(
+            "var b = document.querySelector('#' + arguments[0] + ' h3 .badge-pipeline');"
+            "return b ? b.textContent : null;", c["id"])
+        assert badge == (None if c["pipeline"] == "sync" else c["pipeline"]), c["id"]
+        assert all(m.startswith(c["pipeline"] + ", ") for m in _column(loaded, c["id"], "mode")), c["id"]
+
+
 def test_screenshot(loaded: Any, site: dict[str, Any], tmp_path: Path) -> None:
     _open(loaded, site["page"])  # as published (other tests sort the tables)
     height = int(loaded.execute_script("return document.documentElement.scrollHeight"))
