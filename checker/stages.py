@@ -39,6 +39,7 @@ from checker.loading import ParseError
 from checker.tree import Leaf, SystemFile
 from mlckpt import bundle
 from mlckpt.errors import BundleIntegrityError, ConfigError, MlckptError
+from mlckpt.pipeline import Pipeline
 from mlckpt.resources import rules_dir
 from mlckpt.result_checks import RunData
 from mlckpt.rules import (
@@ -71,11 +72,11 @@ METRIC_KEYS = ("write_bandwidth_mean_gib_s", "write_bandwidth_median_gib_s", "wr
                "write_bandwidth_max_gib_s", "write_duration_mean_s", "read_bandwidth_mean_gib_s",
                "read_bandwidth_median_gib_s", "read_bandwidth_min_gib_s", "read_bandwidth_max_gib_s",
                "read_duration_mean_s", "num_writes", "num_reads", "checkpoint_bytes", "restore_bytes",
-               "read_valid")
+               "read_valid", "write_stall_mean_s", "write_time_to_durable_mean_s")
 INTERNAL = "INTERNAL"
 # Checks of host facts the runner measures before any I/O but does not record (free space, the
 # checkpoint folder's state): not checkable from a bundle.
-NO_BUNDLE_DATA_CHECKS = frozenset({"disk_space", "folder_usable"})
+NO_BUNDLE_DATA_CHECKS = frozenset({"disk_space", "folder_usable", "tier_space", "tier_usable"})
 EXPECTED = {
     "signature": "a valid Ed25519 signature over the bundle's statement",
     "key": "a signing key registered for this organisation",
@@ -630,7 +631,9 @@ def stage_rules(st: State) -> None:
         mem: dict[str, int | None] = {}
         for h in system["hosts"]:
             mem.setdefault(h["hostname"], h.get("memory_available_bytes"))
-        hosts = tuple(HostSpec(h["host"], tuple(h["ranks"]), mem.get(h["host"])) for h in run["hosts"])
+        fast_fs = (run.get("pipeline") or {}).get("fast_fs") or {}  # a tmpfs fast tier takes memory
+        hosts = tuple(HostSpec(h["host"], tuple(h["ranks"]), mem.get(h["host"]),
+                               fast_fs=fast_fs.get(h["host"])) for h in run["hosts"])
     else:
         st.not_checked.append(("HOST-MEMORY", "run.json does not place every rank exactly once"))
 
@@ -659,10 +662,18 @@ def stage_rules(st: State) -> None:
         if r.check in NO_BUNDLE_DATA_CHECKS:
             skip.append(r.id)
             st.not_checked.append((r.id, "no data in a bundle (the runner's gate refused the run otherwise)"))
-    if any(r["t1_ns"] <= r["t0_ns"] for r in st.records):
-        # Recomputing metrics divides by durations; RESULT-TIMES reports the bad records.
+    if any(r["t1_ns"] <= r["t0_ns"] for r in st.records) or any(
+            s["t1_ns"] <= s["t0_ns"] for r in st.records for s in r.get("stages", ())):
+        # Recomputing metrics divides by durations; RESULT-TIMES and ASYNC-TIMELINE report them.
         skip.append("METRICS-RECOMPUTE")
         st.not_checked.append(("METRICS-RECOMPUTE", "records with non-positive durations (see RESULT-TIMES)"))
+    stages = list(Pipeline.of(config).stages)
+    if "METRICS-RECOMPUTE" not in skip and any(
+            [s.get("tier") for s in r.get("stages", ())] != stages for r in st.records if r["op"] == "write"):
+        # Per-stage metrics need the same stages on every rank; PIPELINE-DECLARED reports them.
+        skip.append("METRICS-RECOMPUTE")
+        st.not_checked.append(("METRICS-RECOMPUTE", "write records without the configured stages "
+                               "(see PIPELINE-DECLARED)"))
     ctx = dataclasses.replace(ctx, plan=plan, run=data)
     ev = without(rs, skip).evaluate(ctx, ["config", "host", "result"])
     st.rule_findings = ev.findings

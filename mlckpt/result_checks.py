@@ -335,8 +335,8 @@ def async_timeline(ctx: Context, rs: RuleSet, rule: Rule) -> Iterator[Outcome | 
                 problem = "the last stage is the durable one and ends at t1"
             elif int(stages[0]["t0_ns"]) < t0 + bp or int(stages[0]["t1_ns"]) > staged:
                 problem = "the blocking stage lies inside the stall, after the back-pressure wait"
-            elif any(int(st["t1_ns"]) < int(st["t0_ns"]) for st in stages):
-                problem = "a stage ends before it starts"
+            elif any(int(st["t1_ns"]) <= int(st["t0_ns"]) for st in stages):
+                problem = "every stage takes a positive time"
             elif any(int(b["t0_ns"]) < int(a["t1_ns"]) for a, b in itertools.pairwise(stages)):
                 # (the first background stage may start a moment before ``staged``: it is handed
                 # over at the end of the blocking stage, before the training thread takes the time)
