@@ -12,8 +12,10 @@ Record format history (one JSON object per line of ``records.jsonl``):
      (sync|async); ``t1_ns`` is now the moment the checkpoint is durable on the durable tier;
      ``staged_ns`` (training resumes: the end of the stall; equals ``t1_ns`` for sync, one tier),
      ``backpressure_ns`` (part of the stall spent waiting for the previous checkpoint's
-     background work), ``exposed_ns`` (background time of this checkpoint that training later
-     waited for: the next checkpoint's back-pressure, or the final drain for the last one),
+     background work), ``exposed_ns`` (the part of this checkpoint's background interval
+     [staged, durable] that training spent waiting for it, in the next checkpoint's back-pressure
+     or the final drain for the last one; at most that back-pressure, which also counts the
+     thread wake-up after durability),
      ``compute_ns`` (the training interval measured after the stall) and ``stages``: one entry
      per stage in order, ``{tier: memory|fast|durable, t0_ns, t1_ns, bytes}`` plus
      ``verified_bytes``/``mismatches`` for a drain (fast → durable, every page verified).  Reads

@@ -456,11 +456,17 @@ class Runner:
                                         rank=self.rank, file=path, offset=m.offset)
             stages.append({"tier": DURABLE, "t0_ns": t0, "t1_ns": t1, "bytes": nbytes, "direct": bg.direct,
                            "verified_bytes": res.verified_bytes, "mismatches": 0})
-            for j in pipe.evict_after(k):
-                for f in w.mine:
-                    with suppress(FileNotFoundError):
-                        os.unlink(w.fast_root / f"ckpt-{j:04d}" / f.name)
         return stages
+
+    def _evict_fast(self, w: _Writes, k: int) -> None:
+        """Once checkpoint k is durable: remove this rank's fast-tier copies no longer kept.  Run
+        by the background thread after it reported k durable (housekeeping is not part of the
+        persist, and the next fast write queues behind it, so the fast tier never holds more
+        than Pipeline.fast_peak_checkpoints)."""
+        for j in self.pipe.evict_after(k):
+            for f in w.mine:
+                with suppress(FileNotFoundError):
+                    os.unlink(w.fast_root / f"ckpt-{j:04d}" / f.name)  # type: ignore[operator]
 
     def _write_phase(self, w: _Writes, nw: int) -> list[dict[str, Any]]:
         """The checkpoints, as training sees them.  Each checkpoint: a barrier (the training step
@@ -498,11 +504,15 @@ class Runner:
                     t = time.perf_counter_ns()
                     done = bg.done()  # already finished: no wait at all
                     stages = bg.wait()
-                    info["wait_ns"] = 0 if done else time.perf_counter_ns() - t
+                    end = time.perf_counter_ns()
+                    durable = stages[-1]["t1_ns"]
+                    # The stall counts the whole wait (thread wake-up included); the persist's
+                    # exposed part is only the wait before it became durable.
+                    info["wait_ns"] = 0 if done else end - t
                     prev = mine[-1]
                     prev["stages"] += stages
-                    prev["t1_ns"] = stages[-1]["t1_ns"]
-                    prev["exposed_ns"] = info["wait_ns"]
+                    prev["t1_ns"] = durable
+                    prev["exposed_ns"] = 0 if done else max(0, min(end, durable) - t)
 
                 def blocking(k: int = k, info: dict[str, Any] = info) -> None:
                     settle()
@@ -519,7 +529,8 @@ class Runner:
                     if pipe.blocking != MEMORY:
                         info["stage"]["direct"] = direct
                     if bg is not None:
-                        bg.submit(partial(self._persist, w, k))
+                        bg.submit(partial(self._persist, w, k),
+                                  after=partial(self._evict_fast, w, k) if pipe.tiered else None)
 
                 rec = self._timed("write", k, k, blocking, nbytes, len(w.mine), w.opts)
                 if bg is None:  # sync, one tier: the stage is the whole op, barrier to durable
@@ -815,6 +826,9 @@ class _Writes:
     ring: Any = None  # tiers: the drain's bounded buffer
 
 
+_Job = tuple[Callable[[], Any], Callable[[], Any] | None]  # (persist, housekeeping after it)
+
+
 class _Background:
     """One rank's background worker: runs one checkpoint's persist at a time (one staging slot).
     A persistent thread, so handing work over inside the stall costs a queue put, not a thread
@@ -822,26 +836,35 @@ class _Background:
     usual collective error."""
 
     def __init__(self) -> None:
-        self.jobs: queue.SimpleQueue[Callable[[], Any] | None] = queue.SimpleQueue()
+        self.jobs: queue.SimpleQueue[_Job | None] = queue.SimpleQueue()
         self.finished = threading.Event()
         self.pending = False
         self.result: Any = None
         self.error: BaseException | None = None
+        self.late_error: BaseException | None = None  # from an ``after`` step
         self.thread = threading.Thread(target=self._loop, name="mlckpt-persist", daemon=True)
         self.thread.start()
 
     def _loop(self) -> None:
-        while (job := self.jobs.get()) is not None:
+        while (item := self.jobs.get()) is not None:
+            job, after = item
             try:
                 self.result = job()
             except BaseException as exc:  # handed to the training thread
                 self.error = exc
             self.finished.set()
+            if after is not None and self.error is None:
+                try:
+                    after()
+                except BaseException as exc:  # raised by the next wait
+                    self.late_error = exc
 
-    def submit(self, job: Callable[[], Any]) -> None:
+    def submit(self, job: Callable[[], Any], after: Callable[[], Any] | None = None) -> None:
+        """Run ``job``; once it is done (``wait`` returns its result), run ``after`` before the
+        next job."""
         self.finished.clear()
         self.result, self.error, self.pending = None, None, True
-        self.jobs.put(job)
+        self.jobs.put((job, after))
 
     def done(self) -> bool:
         return self.finished.is_set()
@@ -849,8 +872,10 @@ class _Background:
     def wait(self) -> Any:
         self.finished.wait()
         self.pending = False
-        if self.error is not None:
-            raise self.error
+        error = self.error or self.late_error
+        self.late_error = None
+        if error is not None:
+            raise error
         return self.result
 
     def close(self) -> None:

@@ -114,7 +114,9 @@ def test_async_tiers_records_follow_the_pipeline(kept: Run) -> None:
     for recs in by_rank.values():
         recs.sort(key=lambda r: r["index"])
         for a, b in itertools.pairwise(recs):
-            assert a["exposed_ns"] == b["backpressure_ns"]  # what training waited for a's persist
+            # training waited for a's persist within b's back-pressure, never beyond a's durability
+            assert a["exposed_ns"] <= b["backpressure_ns"]
+            assert a["exposed_ns"] <= a["t1_ns"] - a["staged_ns"]
             assert a["t1_ns"] <= b["stages"][0]["t0_ns"]  # one staging slot
     s = kept.result.summary
     assert (s["mode"], s["tiers"]) == ("async", ["memory", "fast", "durable"])

@@ -387,9 +387,9 @@ NEGATIVE_CASES: dict[str, list[Case]] = {
           mutate=records(each("write", 1, lambda r: r.update(mode="async")))),
     ],
     "ASYNC-TIMELINE": [
-        # the time training waited for checkpoint 1 must be checkpoint 2's back-pressure
+        # the time training waited for checkpoint 1 lies within checkpoint 2's back-pressure
         C("write 1 rank 1: each checkpoint's stall, background stages and durability must be ordered on "
-          "its rank's clock: expected an ordered checkpoint timeline, got exposed 1000000 ns differs from "
+          "its rank's clock: expected an ordered checkpoint timeline, got exposed 1000000 ns exceeds "
           "write 2's back-pressure 0 ns", source=ASYNC, alone=True, mutate=records(lambda rs: (
               rec(rs, "write", 1, 1).update(exposed_ns=1_000_000),
               rec(rs, "write", 2, 1).update(backpressure_ns=0)))),
