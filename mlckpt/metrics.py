@@ -127,7 +127,8 @@ def op_stats(records: list[Mapping[str, Any]]) -> OpStats:
             time_to_durable_s=max(int(r["t1_ns"]) - int(r["t0_ns"]) for r in records) / 1e9,
             backpressure_s=max(int(r["backpressure_ns"]) for r in records) / 1e9,
             overlap_efficiency=(background - exposed) / background if background > 0 else None,
-            compute_s=max(int(r["compute_ns"]) for r in records) / 1e9,
+            # the slowest rank trained least: its interval is the one every rank got
+            compute_s=min(int(r["compute_ns"]) for r in records) / 1e9,
             stages=stages)
     else:
         found = {str(r["tier"]) for r in records}
