@@ -97,13 +97,14 @@ import tarfile
 import tempfile
 import threading
 import zlib
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Iterable, Iterator, Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
+from contextlib import contextmanager
 from dataclasses import dataclass, field, fields
 from datetime import datetime, timedelta
 from functools import cache
 from pathlib import Path
-from typing import Any, NoReturn
+from typing import Any, BinaryIO, NoReturn
 
 from cryptography.exceptions import InvalidSignature, UnsupportedAlgorithm
 from cryptography.hazmat.primitives import serialization
@@ -624,13 +625,15 @@ def _fsync_dir(path: Path) -> None:
         os.close(fd)
 
 
-def _atomic_write(target: Path, data: bytes, mode: int = 0o644) -> None:
-    """temp file in the same folder + fsync + rename + fsync of the folder."""
+@contextmanager
+def _atomic_file(target: Path, mode: int = 0o644) -> Iterator[BinaryIO]:
+    """A file that appears at ``target`` complete or not at all: temp file in the same folder,
+    fsync, rename, fsync of the folder (the temp file is removed on any failure)."""
     fd, tmp = tempfile.mkstemp(prefix=f".{target.name}.", suffix=".tmp", dir=target.parent)
     try:
         os.fchmod(fd, mode)
         with os.fdopen(fd, "wb") as f:
-            f.write(data)
+            yield f
             f.flush()
             os.fsync(f.fileno())
         os.replace(tmp, target)
@@ -641,6 +644,11 @@ def _atomic_write(target: Path, data: bytes, mode: int = 0o644) -> None:
             pass
         raise
     _fsync_dir(target.parent)
+
+
+def _atomic_write(target: Path, data: bytes, mode: int = 0o644) -> None:
+    with _atomic_file(target, mode) as f:
+        f.write(data)
 
 
 def sign_bundle(folder: Path, key: Ed25519PrivateKey, predicate: Predicate | Mapping[str, Any]) -> Path:
@@ -1216,26 +1224,13 @@ def pack(folder: Path, out: Path) -> Path:
             names = sorted([*names, SIGNATURE_FILE])
         problems = bad + [(n, why) for n in names if (why := _check_relpath(n))]
         _raise_problems(where, sorted(problems))
-        fd, tmp = tempfile.mkstemp(prefix=f".{out.name}.", suffix=".tmp", dir=out_abs.parent)
-        try:
-            os.fchmod(fd, 0o644)
-            with os.fdopen(fd, "wb") as raw:
-                with gzip.GzipFile(filename="", mode="wb", fileobj=raw, mtime=0) as gz:
-                    with tarfile.open(fileobj=gz, mode="w", format=tarfile.PAX_FORMAT) as tar:
-                        for name in names:
-                            _add_member(tar, root_fd, name, where)
-                raw.flush()
-                os.fsync(raw.fileno())
-            os.replace(tmp, out_abs)
-        except BaseException:
-            try:
-                os.unlink(tmp)
-            except OSError:
-                pass
-            raise
+        with _atomic_file(out_abs) as raw, \
+                gzip.GzipFile(filename="", mode="wb", fileobj=raw, mtime=0) as gz, \
+                tarfile.open(fileobj=gz, mode="w", format=tarfile.PAX_FORMAT) as tar:
+            for name in names:
+                _add_member(tar, root_fd, name, where)
     finally:
         os.close(root_fd)
-    _fsync_dir(out_abs.parent)
     return out
 
 
