@@ -477,7 +477,7 @@ class Runner:
         checkpoint.compute_interval_s (the next checkpoint's content is made in that interval).
         After the last checkpoint, a final wait until it is durable.  Rank 0 gathers the records
         once every checkpoint is durable."""
-        pipe, cfg = self.pipe, self.setup.config
+        pipe = self.pipe
         nbytes = sum(f.bytes for f in w.mine)
         if pipe.mode == "async":
             with self.step("staging allocation"):
@@ -516,18 +516,17 @@ class Runner:
 
                 def blocking(k: int = k, info: dict[str, Any] = info) -> None:
                     settle()
+                    fast = pipe.blocking == FAST
+                    opts = self._fast_opts(w.opts) if fast else w.opts
                     t0 = time.perf_counter_ns()
                     if pipe.blocking == MEMORY:
                         engine.snapshot(w.staging, w.arena, w.offsets[-1], w.opts.threads)
-                    elif pipe.blocking == FAST:
-                        self._write_to(w, k, w.fast_root, w.arena, self._fast_opts(w.opts))  # type: ignore[arg-type]
                     else:
-                        self._write_to(w, k, w.root, w.arena, w.opts)
+                        self._write_to(w, k, w.fast_root if fast else w.root, w.arena, opts)  # type: ignore[arg-type]
                     t1 = time.perf_counter_ns()
-                    direct = self._fast_opts(w.opts).direct if pipe.blocking == FAST else w.opts.direct
                     info["stage"] = {"tier": pipe.blocking, "t0_ns": t0, "t1_ns": t1, "bytes": nbytes}
                     if pipe.blocking != MEMORY:
-                        info["stage"]["direct"] = direct
+                        info["stage"]["direct"] = opts.direct
                     if bg is not None:
                         bg.submit(partial(self._persist, w, k),
                                   after=partial(self._evict_fast, w, k) if pipe.tiered else None)
@@ -561,7 +560,6 @@ class Runner:
         if bg is not None:
             for k in range(1, nw + 1):
                 self._report_durable([r for r in flat if r["index"] == k], k, nw)
-        del cfg
         return flat
 
     def _report_write(self, rec: dict[str, Any], k: int, nw: int) -> None:
