@@ -69,7 +69,7 @@ def shim_main(out_dir: str, overrides: list[str]) -> int:
     from mpi4py import MPI
 
     from mlckpt import engine
-    from mlckpt import run as run_mod
+    from mlckpt.run import runner as run_mod
 
     comm = MPI.COMM_WORLD
     comm.Barrier()

@@ -389,7 +389,7 @@ def shim_main(out_dir: str, overrides: list[str]) -> int:
         wrap(name)
     from mpi4py import MPI
 
-    from mlckpt.run import mpi_main
+    from mlckpt.run.runner import mpi_main
 
     rc = mpi_main(overrides)
     with open(os.path.join(out_dir, f"rank{MPI.COMM_WORLD.Get_rank()}.json"), "w") as fh:

@@ -13,6 +13,15 @@ import pytest
 # The console script installed into the same environment as the interpreter running the tests.
 MLCKPT = Path(sys.executable).parent / "mlckpt"
 CLI_TIMEOUT_S = 60
+FAULT_LAUNCHER = Path(__file__).resolve().parent / "fault_launcher.py"
+
+
+def mlckpt_command(env: dict[str, str] | None = None) -> list[str]:
+    """``mlckpt``, or the test-only fault launcher (tests/fault_launcher.py) when ``env`` asks
+    for an injected fault: the product has no switch for faults, only a seam."""
+    if any(k.startswith("MLCKPT_TEST_") for k in env or {}):
+        return [sys.executable, str(FAULT_LAUNCHER)]
+    return [str(MLCKPT)]
 
 
 def _cli_env() -> dict[str, str]:

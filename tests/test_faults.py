@@ -10,8 +10,8 @@ untouched.
 
 Faults are real where the machine allows: ENOSPC comes from a real 64 MiB tmpfs (mounted by the
 test; skipped when it cannot be), EFBIG from a real RLIMIT_FSIZE, the killed rank gets a real
-SIGKILL from the test.  Only *when* they happen is arranged by the runner's test-only hooks
-(``MLCKPT_TEST_FAULT``/``MLCKPT_TEST_CORRUPT``, see ``mlckpt.run._test_fault``).
+SIGKILL from the test.  Only *when* they happen is arranged, through the runner's fault seam, by
+the test-only launcher ``tests/fault_launcher.py`` (``MLCKPT_TEST_FAULT``/``MLCKPT_TEST_CORRUPT``).
 """
 
 from __future__ import annotations
@@ -30,6 +30,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
+from conftest import mlckpt_command
 
 from mlckpt.config import setup
 from mlckpt.sizing import PAGE, Plan
@@ -90,7 +91,7 @@ class Job:
         full.update(env or {})
         full["MLCKPT_FAULTS_TEST_TOKEN"] = self.token
         self.start = time.monotonic()
-        self.proc = subprocess.Popen([str(MLCKPT), "run", *overrides], cwd=cwd, env=full, text=True,
+        self.proc = subprocess.Popen([*mlckpt_command(env), "run", *overrides], cwd=cwd, env=full, text=True,
                                      stdout=subprocess.PIPE, stderr=subprocess.PIPE,
                                      start_new_session=True, preexec_fn=preexec)
 

@@ -26,6 +26,7 @@ from typing import Any
 
 import numpy as np
 import pytest
+from conftest import mlckpt_command
 
 from mlckpt.config import setup
 from mlckpt.metrics import dlio_compat, summarize
@@ -70,7 +71,7 @@ def run_mlckpt(args: list[str], cwd: Path, *, timeout: float = TIMEOUT_S, mpiexe
     """``mlckpt ARGS`` in ``cwd`` (under ``mpiexec -n N`` when given).  On timeout the whole
     process group (mpiexec, its proxies and ranks) is killed and the test fails."""
     assert MLCKPT.is_file() and MPIEXEC.is_file(), "mlckpt and the mpich wheel must be installed"
-    cmd = [str(MLCKPT), *args]
+    cmd = [*mlckpt_command(env), *args]
     if mpiexec_n is not None:
         cmd = [str(MPIEXEC), "-n", str(mpiexec_n), *cmd]
     proc = subprocess.Popen(cmd, cwd=cwd, env=_env(env), text=True, stdout=subprocess.PIPE,

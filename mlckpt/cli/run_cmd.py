@@ -1,6 +1,6 @@
 """`mlckpt run OVERRIDES`: run a workload.
 
-Under mpiexec every rank runs :func:`mlckpt.run.mpi_main`.  Started directly, it validates the
+Under mpiexec every rank runs :func:`mlckpt.run.runner.mpi_main`.  Started directly, it validates the
 configuration (fail fast, before any process is spawned) and re-launches itself under the
 installed MPI's ``mpiexec -n RANKS``.  ``-m`` (Hydra multirun) expands sweeps such as
 ``ranks=8,16 io.threads=1,4`` and runs each combination as its own launch, one bundle each.
@@ -85,7 +85,7 @@ def handle(args: argparse.Namespace) -> int:
         if args.multirun:
             raise UsageError("-m/--multirun launches one mpiexec per configuration; "
                              "run it outside mpiexec")
-        from mlckpt.run import mpi_main
+        from mlckpt.run.runner import mpi_main
 
         return mpi_main(overrides)
     combos = expand_sweeps(overrides) if args.multirun else [overrides]
@@ -98,10 +98,11 @@ def handle(args: argparse.Namespace) -> int:
     return status
 
 
-def launch(mpiexec: str, overrides: list[str]) -> int:
-    """Validate here (fail fast, nothing spawned), then run under mpiexec."""
+def launch(mpiexec: str, overrides: list[str], rank_command: Sequence[str] | None = None) -> int:
+    """Validate here (fail fast, nothing spawned), then run ``rank_command`` (default: this
+    ``mlckpt run``) on every rank under mpiexec."""
     from mlckpt.config import setup
-    from mlckpt.run import blocking_message, local_host
+    from mlckpt.run.gates import blocking_message, local_host
     from mlckpt.sysdesc import load_system_description
 
     s = setup(overrides)
@@ -114,9 +115,9 @@ def launch(mpiexec: str, overrides: list[str]) -> int:
     refusal = blocking_message(s.rules.evaluate(ctx, ["config", "host"]).findings, str(s.config["division"]))
     if refusal:
         raise UsageError(refusal)
-    cmd = [mpiexec, "-n", str(s.plan.ranks), sys.executable, "-m", "mlckpt", "run", *overrides]
-    env = dict(os.environ, MLCKPT_LAUNCHED="1")
+    ranks = list(rank_command or (sys.executable, "-m", "mlckpt", "run"))
+    cmd = [mpiexec, "-n", str(s.plan.ranks), *ranks, *overrides]
     try:
-        return subprocess.run(cmd, env=env, check=False).returncode
+        return subprocess.run(cmd, check=False).returncode
     except OSError as exc:
         raise UsageError(f"cannot start {mpiexec}: {exc.strerror}") from None

@@ -1,0 +1,137 @@
+"""What a run created on the storage, and how it is removed: in order at the normal end
+(:class:`Created`), or swept from the plan when the run cannot finish (:func:`sweep_run`, used by
+the op watch and the guardian).  Only paths this run created are ever touched."""
+
+from __future__ import annotations
+
+import os
+import shutil
+import stat
+import sys
+from collections.abc import Callable, Sequence
+from pathlib import Path
+from typing import Any
+
+RUN_MARKER = ".mlckpt-run"  # marks a checkpoint run folder as ours (see the folder gate)
+
+
+class Created:
+    """The files and folders this rank created, in creation order, and the run folders (one per
+    tier) that carry RUN_MARKER.  A context manager that owns every path it lists: on the way out
+    (success or failure) it removes its files, calls ``between`` (the runner's last barrier: no
+    rank removes folders while another still has files in them), then its folders, unless
+    ``keep``.  It touches nothing else and leaves a folder that is not empty in place."""
+
+    def __init__(self, keep: bool, between: Callable[[], None] = lambda: None) -> None:
+        self.keep = keep
+        self.between = between
+        self.files: list[str] = []
+        self.dirs: list[Path] = []
+        self.roots: list[Path] = []
+
+    def __enter__(self) -> Created:
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        if not self.keep:
+            self.remove_files()
+        try:
+            self.between()
+        finally:
+            if not self.keep:
+                self.remove_dirs()
+
+    def missing_above(self, folder: Path) -> list[Path]:
+        """The folders above ``folder`` that do not exist yet, remembered as this run's (its
+        ``mkdir -p`` will create them; the guardian is told them before the first mkdir)."""
+        missing = [p for p in (folder.parent, *folder.parent.parents) if not p.exists()]
+        self.dirs.extend(missing)
+        return missing
+
+    def add_dir(self, folder: Path, *, root: bool = False) -> None:
+        self.dirs.append(folder)
+        if root:
+            self.roots.append(folder)
+
+    def add_files(self, paths: Sequence[str]) -> None:
+        self.files.extend(paths)
+
+    def remove_files(self) -> None:
+        for path in self.files:
+            try:
+                os.unlink(path)
+            except FileNotFoundError:
+                pass
+            except OSError as exc:
+                print(f"mlckpt: warning: could not remove {path}: {exc}", file=sys.stderr)
+
+    def remove_dirs(self) -> None:
+        for d in sorted(set(self.dirs), key=lambda p: len(p.parts), reverse=True):
+            try:
+                if d in self.roots:
+                    (d / RUN_MARKER).unlink(missing_ok=True)
+                d.rmdir()
+            except FileNotFoundError:
+                pass
+            except OSError:
+                if any(d.is_relative_to(r) for r in self.roots):
+                    print(f"mlckpt: warning: left {d} in place (not empty)", file=sys.stderr)
+
+    def outside(self, root: Path) -> list[Path]:
+        """The folders this run created that are not inside ``root`` (those above it)."""
+        return [d for d in self.dirs if not d.is_relative_to(root)]
+
+
+def sweep_run(
+    root: Path,
+    names: Sequence[str],
+    upto: int,
+    *,
+    keep: bool,
+    dirs: Sequence[Path | str] = (),
+    partial: str | None = None,
+) -> str:
+    """Remove what a run that cannot finish normally left: the planned checkpoint files
+    ``root/ckpt-K/NAME`` (K = 1..upto, NAME one of ``names``; regular files only), the emptied
+    checkpoint folders, the run marker and ``root`` once nothing else is in it, then ``dirs`` (the
+    folders the run created above ``root``) when empty, and ``partial`` (the run's unfinished
+    result folder).  Nothing else is touched.  Returns a short account for the user."""
+    if partial:
+        shutil.rmtree(partial, ignore_errors=True)
+    if keep:
+        return f"checkpoint.keep=true: checkpoint files kept in {root}"
+    removed, left = 0, 0
+    wanted = set(names)
+    for k in range(1, upto + 1):
+        cdir = root / f"ckpt-{k:04d}"
+        for name in wanted:
+            path = cdir / name
+            try:
+                if stat.S_ISREG(path.lstat().st_mode):
+                    path.unlink()
+                    removed += 1
+            except FileNotFoundError:
+                pass
+            except OSError:
+                left += 1
+        try:
+            cdir.rmdir()
+        except OSError:
+            pass
+    try:
+        if [e.name for e in os.scandir(root)] == [RUN_MARKER]:
+            (root / RUN_MARKER).unlink()
+        root.rmdir()
+    except FileNotFoundError:
+        pass
+    except OSError:
+        left += 1
+    for d in sorted((Path(x) for x in dirs), key=lambda p: len(p.parts), reverse=True):
+        try:
+            d.rmdir()
+        except OSError:
+            pass
+    note = f"removed {removed} checkpoint file{'s' if removed != 1 else ''} of this run"
+    if left or root.exists():
+        note += f"; some entries could not be removed, see {root}"
+    return note

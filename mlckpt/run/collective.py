@@ -1,0 +1,276 @@
+"""Collective agreement and the op watch.
+
+Each step that can fail locally ends in :meth:`Job.agree`: if any rank failed, every rank raises
+the same :class:`CollectiveFailure` (rank 0 prints it), so no rank waits forever in a barrier.
+
+A rank that never gets to an agreement (a hung syscall, dead storage) is caught by the op watch:
+every timed op is watched by a thread on rank 0 (:class:`OpWatch`, ``io.timeout_s``).  Every other
+rank sends a small "done" message on a private duplicate communicator after taking its t1; the
+watch collects them and, at the deadline, hands the ranks still missing to a stall handler (which
+names them, removes this run's files and aborts the job).
+"""
+
+from __future__ import annotations
+
+import socket
+import threading
+import time
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass, field
+from typing import Any, Protocol
+
+from mlckpt.engine import StreamMismatch
+from mlckpt.errors import InternalError, IOFailure, MlckptError, VerificationError
+from mlckpt.run.console import Console, ProgressBar
+from mlckpt.run.faults import NO_FAULTS, Faults
+from mlckpt.run.guardian import Guardian
+
+WATCH_POLL_S = 0.01  # how often rank 0's op watch looks for the other ranks' "done"
+DONE_TAG = 7  # tag of the "done" messages, on the runner's private duplicate communicator
+
+
+@dataclass
+class Failure:
+    rank: int
+    host: str
+    kind: str
+    message: str
+    status: int
+
+
+class CollectiveFailure(MlckptError):
+    """Some rank failed a step; carries the first failure (lowest rank)."""
+
+    def __init__(self, failures: list[Failure]) -> None:
+        first = failures[0]
+        n = len(failures) - 1
+        more = f" (and {n} more rank{'s' if n > 1 else ''})" if n else ""
+        # Bad input is the same on every rank: name the problem, not a rank.
+        where = "" if first.status == 2 else f"rank {first.rank} on {first.host}: "
+        super().__init__(f"{where}{first.message}{more}")
+        self.exit_status = first.status
+        self.failures = failures
+
+
+def failures_of(errors: list[tuple[str, str, int] | None], hosts: list[str]) -> list[Failure]:
+    """The failures among every rank's (kind, message, exit status) or None, lowest rank first."""
+    return [Failure(r, hosts[r], e[0], e[1], e[2]) for r, e in enumerate(errors) if e]
+
+
+@dataclass
+class Job:
+    """This rank's place in the MPI job, and the effects every phase needs: the communicator,
+    rank 0's console and guardian, the fault seam."""
+
+    comm: Any
+    console: Console
+    guardian: Guardian | None = None
+    faults: Faults = NO_FAULTS
+    rank: int = field(init=False)
+    size: int = field(init=False)
+    host: str = field(init=False)
+
+    def __post_init__(self) -> None:
+        self.rank = self.comm.Get_rank()
+        self.size = self.comm.Get_size()
+        self.host = socket.gethostname()
+
+    def say(self, line: str) -> None:
+        if self.rank == 0:
+            self.console.say(line)
+
+    def note(self, **msg: Any) -> None:
+        """Rank 0 tells its guardian what is going on (a pipe write, never inside a timed region)."""
+        if self.guardian is not None:
+            self.guardian.send(**msg)
+
+    def agree(self, err: BaseException | None) -> None:
+        mine = None
+        if err is not None:
+            mine = (type(err).__name__, str(err), getattr(err, "exit_status", 1))
+        allerr = self.comm.allgather(mine)
+        if any(allerr):
+            raise CollectiveFailure(failures_of(allerr, self.comm.allgather(self.host)))
+
+    @contextmanager
+    def step(self, what: str) -> Iterator[None]:
+        self.note(step=what)
+        err: BaseException | None = None
+        try:
+            yield
+        except MlckptError as exc:
+            err = exc
+        except Exception as exc:  # a defect or an unexpected OS error: still agree, then stop
+            err = InternalError(f"{what}: {type(exc).__name__}: {exc}")
+        self.agree(err)
+
+
+class DoneChannel(Protocol):
+    """What the op watch needs of a communicator (mpi4py's, or a test's fake)."""
+
+    def done_from(self) -> int | None:
+        """The rank of one pending "done" message, received; None if there is none."""
+
+    def recv_done(self, source: int) -> None:
+        """Receive the "done" message of ``source`` (waiting for it)."""
+
+
+class MPIDone:
+    """:class:`DoneChannel` over an mpi4py communicator (the runner's private duplicate)."""
+
+    def __init__(self, comm: Any) -> None:
+        from mpi4py import MPI
+
+        self.comm, self.any, self.status = comm, MPI.ANY_SOURCE, MPI.Status()
+
+    def done_from(self) -> int | None:
+        if not self.comm.Iprobe(source=self.any, tag=DONE_TAG, status=self.status):
+            return None
+        src = int(self.status.Get_source())
+        self.comm.recv(source=src, tag=DONE_TAG)
+        return src
+
+    def recv_done(self, source: int) -> None:
+        self.comm.recv(source=source, tag=DONE_TAG)
+
+    def send_done(self, index: int) -> Any:
+        return self.comm.isend(index, dest=0, tag=DONE_TAG)
+
+
+class OpWatch:
+    """Rank 0's deadline for one timed op (see the module docstring).  A thread, so it works
+    whatever rank 0's main thread is doing (its own I/O, waiting in a collective, or stalled
+    itself).  ``on_stall(late_ranks, elapsed_s)`` is called from the thread at the deadline."""
+
+    def __init__(
+        self,
+        channel: DoneChannel,
+        size: int,
+        timeout_s: float,
+        on_stall: Callable[[list[int], float], None],
+        poll_s: float = WATCH_POLL_S,
+    ) -> None:
+        self.channel, self.timeout_s, self.on_stall, self.poll_s = channel, timeout_s, on_stall, poll_s
+        self.start = time.monotonic()
+        self.pending = set(range(1, size))
+        self.own = False  # rank 0 finished its own part of the op
+        self.finished = threading.Event()
+        self.thread = threading.Thread(target=self._loop, name="mlckpt-op-watch", daemon=True)
+        self.thread.start()
+
+    def _drain(self) -> None:
+        while self.pending and (src := self.channel.done_from()) is not None:
+            self.pending.discard(src)
+
+    def _loop(self) -> None:
+        deadline = self.start + self.timeout_s
+        while not self.finished.is_set():
+            self._drain()
+            if self.own and not self.pending:
+                return
+            now = time.monotonic()
+            if now >= deadline:
+                late = sorted(self.pending | ({0} if not self.own else set()))
+                self.on_stall(late, now - self.start)
+                return
+            self.finished.wait(min(self.poll_s, deadline - now))
+
+    def own_done(self) -> None:
+        self.own = True
+
+    def finish(self) -> None:
+        """After the op's agreement (every rank has sent "done"): stop and collect the rest."""
+        self.finished.set()
+        self.thread.join()
+        if self.own:
+            for src in sorted(self.pending):
+                self.channel.recv_done(src)
+            self.pending.clear()
+
+
+@dataclass
+class OpTimer:
+    """Runs one timed op on this rank, after a barrier; every rank agrees on failure.
+
+    The clock is this host's monotonic clock, from leaving the barrier to the op's last byte
+    (durable for writes).  The op is watched (``io.timeout_s``): each rank reports "done" to rank 0
+    after taking t1, and rank 0's :class:`OpWatch` calls ``on_stall(op, index, ckpt, late, elapsed)``
+    if some rank has not by the deadline.  ``channel`` is None where MPI lacks
+    MPI_THREAD_MULTIPLE (no watch)."""
+
+    job: Job
+    timeout_s: float
+    channel: MPIDone | None
+    on_stall: Callable[[str, int, int, list[int], float], None]
+
+    def __call__(
+        self, op: str, index: int, ckpt: int, action: Callable[[], Any], nbytes: int, nfiles: int, opts: Any
+    ) -> dict[str, Any]:
+        job = self.job
+        action = job.faults.timed_action(job.rank, op, index, action)
+        job.note(step=f"{op} {index}", ckpt=ckpt)
+        watch = None
+        if job.rank == 0 and self.channel is not None:
+            watch = OpWatch(
+                self.channel,
+                job.size,
+                self.timeout_s,
+                lambda late, el: self.on_stall(op, index, ckpt, late, el),
+            )
+        sent = None
+        try:
+            job.comm.Barrier()
+            wall = time.time()
+            bar = ProgressBar(f"{op} {index}") if job.rank == 0 else None
+            t0 = time.perf_counter_ns()
+            err = _attempt(op, index, job.rank, action)
+            t1 = time.perf_counter_ns()
+            # Timing is over: tell rank 0's watch that this rank is done.
+            if watch is not None:
+                watch.own_done()
+            elif job.rank != 0 and self.channel is not None:
+                sent = self.channel.send_done(index)
+            if bar:
+                bar.stop()
+            job.agree(err)
+        finally:
+            if watch is not None:
+                watch.finish()
+            elif sent is not None:
+                sent.wait()
+        return {
+            "op": op,
+            "index": index,
+            "checkpoint": ckpt,
+            "rank": job.rank,
+            "host": job.host,
+            "t0_ns": t0,
+            "t1_ns": t1,
+            "wall_start": wall,
+            "bytes": nbytes,
+            "files": nfiles,
+            "fsync": bool(op == "write" and opts.fsync),
+            "direct": opts.direct,
+            "dontcache": opts.dontcache,
+        }
+
+
+def _attempt(op: str, index: int, rank: int, action: Callable[[], Any]) -> BaseException | None:
+    """Run ``action``; its failure, typed and prefixed with the op, or None."""
+    try:
+        action()
+    except StreamMismatch as exc:
+        return VerificationError(
+            f"{op} {index}: verification failed reading {exc.path}: {exc.mismatch.describe()}",
+            rank=rank,
+            file=exc.path,
+            offset=exc.mismatch.offset,
+        )
+    except IOFailure as exc:
+        return IOFailure(f"{op} {index}: {exc}", op=exc.op, path=exc.path, errno=exc.errno, offset=exc.offset)
+    except MlckptError as exc:
+        return exc
+    except Exception as exc:
+        return InternalError(f"{op} {index}: {type(exc).__name__}: {exc}")
+    return None

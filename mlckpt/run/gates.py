@@ -1,0 +1,220 @@
+"""The gates: what every host measures before any I/O, and how the rules judge it.
+
+Importable without MPI: ``mlckpt run`` applies the same gates to the local host before it spawns
+any rank (``mlckpt.cli.run_cmd``), and every rank applies them again under mpiexec, with the rule
+set the checker uses.  Measuring is an effect (free space, memory, the folder, O_DIRECT probes);
+judging (:func:`judge`) is pure.
+"""
+
+from __future__ import annotations
+
+import os
+import socket
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from mlckpt import engine
+from mlckpt.config import Setup
+from mlckpt.errors import UsageError
+from mlckpt.rules import Finding, HostSpec, rank_shift, verdict
+from mlckpt.run.cleanup import RUN_MARKER
+from mlckpt.sysinfo import disk_free_bytes, existing_ancestor, host_facts, mem_available_bytes, mount_of
+
+
+def blocking_message(findings: Sequence[Finding], division: str) -> str | None:
+    """The one-line refusal for findings that forbid running: any ``invalid`` one, and in the
+    closed division any ``open`` one (the run could never be a closed result)."""
+    blocking = [
+        f for f in findings if f.severity == "invalid" or (f.severity == "open" and division == "closed")
+    ]
+    if not blocking:
+        return None
+    f = blocking[0]
+    hint = " (closed division: fix it, or run with division=open)" if f.severity == "open" else ""
+    more = f" [+{len(blocking) - 1} more]" if len(blocking) > 1 else ""
+    return f"[{f.rule}] {f.message}{hint}{more}"
+
+
+def folder_problem(folder: Path) -> str | None:
+    """Why ``folder`` can't hold checkpoints, or None.  It may be missing (created later) if its
+    nearest existing ancestor is a writable directory; if present it must be a writable directory
+    whose entries are all mlckpt run folders (carrying RUN_MARKER)."""
+    if folder.is_symlink() and not folder.exists():
+        return f"{folder} is a dangling link"
+    if folder.exists():
+        if not folder.is_dir():
+            return f"{folder} is not a directory"
+        if not os.access(folder, os.W_OK | os.X_OK):
+            return f"{folder} is not writable"
+        foreign = [
+            e.name
+            for e in os.scandir(folder)
+            if not (e.is_dir(follow_symlinks=False) and (Path(e.path) / RUN_MARKER).exists())
+        ]
+        if foreign:
+            shown = ", ".join(sorted(foreign)[:3]) + (" …" if len(foreign) > 3 else "")
+            return f"{folder} holds files mlckpt did not write ({shown})"
+        return None
+    parent = existing_ancestor(folder)
+    if not parent.is_dir():
+        return f"{parent} is not a directory"
+    if not os.access(parent, os.W_OK | os.X_OK):
+        return f"{parent} is not writable (needed to create {folder})"
+    return None
+
+
+def output_problem(root: Path) -> str | None:
+    """Why ``output.root`` cannot take result folders, or None: it must be a writable directory,
+    or be missing with a writable directory as its nearest existing ancestor."""
+    if root.is_symlink() and not root.exists():
+        return f"{root} is a dangling link"
+    target = root if root.exists() else existing_ancestor(root)
+    if not target.is_dir():
+        return f"{target} is not a directory"
+    if not os.access(target, os.W_OK | os.X_OK):
+        return f"{target} is not writable" + ("" if target == root else f" (needed to create {root})")
+    return None
+
+
+def fast_tier_facts(fast: str | None, durable: Path) -> dict[str, Any]:
+    """What the gates need to know of this host's fast tier (nothing when there is none): free
+    space, whether the folder is usable (a folder of its own: not inside the durable tier's, nor
+    holding it, once links are resolved), its filesystem type, and whether it takes O_DIRECT."""
+    out: dict[str, Any] = {
+        "fast_free_bytes": None,
+        "fast_problem": None,
+        "fast_fs": None,
+        "fast_direct_ok": False,
+    }
+    if fast is None:
+        return out
+    folder = Path(fast).absolute()
+    a, b = Path(os.path.realpath(folder)), Path(os.path.realpath(durable.absolute()))
+    if a == b or a.is_relative_to(b) or b.is_relative_to(a):
+        out["fast_problem"] = f"{folder} and the durable tier's folder {durable} overlap"
+        return out
+    out["fast_problem"] = folder_problem(folder)
+    if out["fast_problem"] is None:
+        out["fast_free_bytes"] = disk_free_bytes(folder)
+        out["fast_fs"] = mount_of(folder).get("fs_type")
+        out["fast_direct_ok"] = engine.probe_direct(str(existing_ancestor(folder)))
+    return out
+
+
+def local_host(folder: Path, ranks: Sequence[int], fast: str | None = None) -> HostSpec:
+    """This host as the gates measure it (used by the self-launcher before spawning ranks)."""
+    f = fast_tier_facts(fast, folder)
+    return HostSpec(
+        socket.gethostname(),
+        tuple(ranks),
+        mem_available_bytes(),
+        disk_free_bytes(folder),
+        folder_problem(folder),
+        f["fast_free_bytes"],
+        f["fast_problem"],
+        f["fast_fs"],
+    )
+
+
+def measure_host(
+    host: str, folder: Path, io: Mapping[str, Any], fast: str | None, mpi_library: str
+) -> dict[str, Any]:
+    """Everything one host's leader measures for the gates (a plain dict: it crosses MPI)."""
+    local: dict[str, Any] = {
+        "host": host,
+        "mem_available_bytes": mem_available_bytes(),
+        "disk_free_bytes": disk_free_bytes(folder),
+        "folder_problem": folder_problem(folder),
+        "direct_ok": None,
+        "dontcache_ok": None,
+        "facts": host_facts(folder, mpi_library),
+        **fast_tier_facts(fast, folder),
+    }
+    if local["folder_problem"] is None:
+        probe_dir = str(existing_ancestor(folder))
+        if io["direct"]:
+            local["direct_ok"] = engine.probe_direct(probe_dir)
+        elif io["dontcache"]:
+            local["dontcache_ok"] = engine.probe_dontcache(probe_dir)
+    return local
+
+
+def host_specs(names: Sequence[str], measured: Sequence[Mapping[str, Any]]) -> tuple[HostSpec, ...]:
+    """The hosts in first-rank order, each with its ranks and its leader's measurements."""
+    by_host = {m["host"]: m for m in measured}
+    return tuple(
+        HostSpec(
+            h,
+            tuple(r for r, n in enumerate(names) if n == h),
+            by_host[h]["mem_available_bytes"],
+            by_host[h]["disk_free_bytes"],
+            by_host[h]["folder_problem"],
+            by_host[h]["fast_free_bytes"],
+            by_host[h]["fast_problem"],
+            by_host[h]["fast_fs"],
+        )
+        for h in dict.fromkeys(names)
+    )
+
+
+def io_engine_refusal(measured: Sequence[Mapping[str, Any]], folder: str) -> UsageError | None:
+    """[IO-ENGINE]: the requested I/O mode must work on every host's checkpoint filesystem."""
+    for m in measured:
+        if m["direct_ok"] is False:
+            return UsageError(
+                f"[IO-ENGINE] host {m['host']}: io.direct=true but the filesystem at {folder} refuses "
+                "O_DIRECT (e.g. tmpfs); use io.direct=false",
+                key="io.direct",
+            )
+        if m["dontcache_ok"] is False:
+            return UsageError(
+                f"[IO-ENGINE] host {m['host']}: io.dontcache=true but RWF_DONTCACHE is not "
+                "supported here (Linux 6.14+ and filesystem support needed)",
+                key="io.dontcache",
+            )
+    return None
+
+
+@dataclass(frozen=True)
+class Gates:
+    """What the gates established, for every later phase."""
+
+    hosts: tuple[HostSpec, ...]
+    rank_hosts: tuple[str, ...]  # host of each rank
+    facts: tuple[Mapping[str, Any], ...]  # each host's measured facts (system.json)
+    findings: tuple[Finding, ...]
+    verdict: str
+    shift: int  # the effective restore rank shift
+    fast_direct: Mapping[str, bool]  # host -> its fast tier takes O_DIRECT
+    fast_fs: Mapping[str, str | None]  # host -> its fast tier's filesystem type
+
+    def leader(self, rank: int) -> bool:
+        """Whether ``rank`` is its host's first rank (it makes the host's folders)."""
+        return next(h for h in self.hosts if rank in h.ranks).ranks[0] == rank
+
+
+def judge(setup: Setup, names: Sequence[str], measured: Sequence[Mapping[str, Any]]) -> Gates:
+    """Every rank evaluates the same rules on the same data, so every host refuses alike.  Raises
+    UsageError (one line, exit 2) for a blocking finding or an I/O mode a host cannot do."""
+    hosts = host_specs(names, measured)
+    ctx = setup.context(hosts, complete=True)
+    findings = setup.rules.evaluate(ctx, ["config", "host"]).findings
+    division = str(setup.config["division"])
+    refusal = blocking_message(findings, division)
+    if refusal:
+        raise UsageError(refusal)
+    err = io_engine_refusal(measured, str(setup.config["checkpoint"]["folder"]))
+    if err is not None:
+        raise err
+    return Gates(
+        hosts,
+        tuple(names),
+        tuple(m["facts"] for m in measured),
+        findings,
+        verdict(findings, division),
+        rank_shift(ctx),
+        {m["host"]: bool(m["fast_direct_ok"]) for m in measured},
+        {m["host"]: m["fast_fs"] for m in measured},
+    )

@@ -1,0 +1,168 @@
+"""Publishing a run: the summary and the manifest (``run.json``) as pure values, the run judged by
+the checker's own result-stage rules, then the bundle written to a hidden folder, signed, and
+renamed into place (a failed publish leaves no half-made folder that could pass for a bundle)."""
+
+from __future__ import annotations
+
+import json
+import shutil
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, replace
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from mlckpt import __version__, bundle
+from mlckpt.config import Setup
+from mlckpt.metrics import RECORDS_FORMAT, dlio_compat, summarize
+from mlckpt.pipeline import Pipeline
+from mlckpt.result_checks import DATA_SCHEME, RunData
+from mlckpt.rules import Finding, verdict
+from mlckpt.run.gates import Gates
+
+# Format history of run.json (the bundle manifest written by the runner):
+#   1: first version: run identity, status, workload, division, scaled, verdict, findings,
+#      overrides, host mapping, timings, file list.
+#   2: ``pipeline``: checkpoint mode, compute interval, fast tier (folder, fast_keep, filesystem
+#      type per host); records format 2.
+RUN_FORMAT = 2
+
+
+@dataclass(frozen=True)
+class RunId:
+    """A run's identity: the 64-bit id (also the content key's first bytes) and its folder name."""
+
+    number: int
+    name: str
+
+    @property
+    def hex(self) -> str:
+        return f"{self.number:016x}"
+
+
+def summary_of(setup: Setup, records: Sequence[Mapping[str, Any]]) -> dict[str, Any]:
+    """The summary: every number from the records (mlckpt.metrics), plus the plan's bytes."""
+    rules, cfg, plan = setup.rules, setup.config, setup.plan
+    summary = summarize(records, max_resident_fraction=rules.data["cold_read"]["max_resident_fraction"])
+    summary["read_valid"] = bool(summary.get("read_cold", True) and summary.get("read_verified", True))
+    summary["checkpoint_bytes"] = plan.total_bytes
+    summary["restore_bytes"] = plan.restore_bytes(cfg["checkpoint"]["restore"])
+    summary["dlio_compat"] = dlio_compat(summary, plan.total_bytes)
+    return summary
+
+
+def manifest_of(
+    setup: Setup,
+    gates: Gates,
+    run: RunId,
+    *,
+    ranks: int,
+    overrides: Sequence[str],
+    started: str,
+    ended: str,
+    description: Mapping[str, Any] | None,
+) -> dict[str, Any]:
+    """run.json before the result-stage rules add their findings (pure)."""
+    cfg, pipe = setup.config, Pipeline.of(setup.config)
+    return {
+        "run_format": RUN_FORMAT,
+        "run_id": run.hex,
+        "name": run.name,
+        "status": "complete",
+        "mlckpt_version": __version__,
+        "rules_version": setup.rules.version,
+        "workload": cfg["workload"]["name"],
+        "division": cfg["division"],
+        "scaled": cfg["scale"] != 1.0,
+        "scale": cfg["scale"],
+        "ranks": ranks,
+        "hosts": [{"host": h.name, "ranks": list(h.ranks)} for h in gates.hosts],
+        "rank_shift": gates.shift,
+        "verdict": gates.verdict,
+        "findings": [f.to_dict() for f in gates.findings],
+        "overrides": list(overrides),
+        "started": started,
+        "ended": ended,
+        "records_format": RECORDS_FORMAT,
+        "data_scheme": DATA_SCHEME,
+        "system_name": (description or {}).get("system_name"),
+        "pipeline": {
+            "mode": pipe.mode,
+            "compute_interval_s": pipe.compute_interval_s,
+            "fast": pipe.fast,
+            "fast_keep": pipe.fast_keep,
+            "fast_fs": ({h.name: gates.fast_fs.get(h.name) for h in gates.hosts} if pipe.tiered else {}),
+        },
+    }
+
+
+def judged(
+    setup: Setup,
+    gates: Gates,
+    manifest: dict[str, Any],
+    summary: Mapping[str, Any],
+    records: Sequence[Mapping[str, Any]],
+    system: Mapping[str, Any],
+) -> tuple[Finding, ...]:
+    """Judge the run with the checker's result-stage rules; the manifest gets every finding and
+    the verdict.  Returns the result-stage findings (to show them)."""
+    data = RunData(manifest, setup.config, summary, list(records), system)
+    ctx = replace(setup.context(gates.hosts, complete=True), run=data)
+    result = setup.rules.evaluate(ctx, ["result"]).findings
+    manifest["findings"] = [f.to_dict() for f in (*gates.findings, *result)]
+    manifest["verdict"] = verdict([*gates.findings, *result], str(setup.config["division"]))
+    return result
+
+
+def write_json(path: Path, doc: Any) -> None:
+    path.write_text(json.dumps(doc, indent=1, sort_keys=True, allow_nan=False) + "\n")
+
+
+@dataclass(frozen=True)
+class BundleFiles:
+    """Everything a bundle holds, as values."""
+
+    manifest: Mapping[str, Any]
+    config: Mapping[str, Any]
+    records: Sequence[Mapping[str, Any]]
+    summary: Mapping[str, Any]
+    system: Mapping[str, Any]
+    log_lines: Sequence[str]
+
+
+def write_bundle(out_root: Path, name: str, files: BundleFiles, signing_key: Any) -> Path:
+    """Write the bundle to ``out_root/.NAME.partial``, sign it, rename it to ``out_root/NAME``."""
+    final, tmp = out_root / name, out_root / f".{name}.partial"
+    tmp.mkdir(parents=True)
+    m, cfg = files.manifest, files.config
+    try:
+        write_json(tmp / "run.json", m)
+        (tmp / "config.yaml").write_text(yaml.safe_dump(dict(cfg), sort_keys=False))
+        with open(tmp / "records.jsonl", "w") as fh:
+            for r in files.records:
+                fh.write(json.dumps(r, sort_keys=True) + "\n")
+        write_json(tmp / "summary.json", files.summary)
+        write_json(tmp / "system.json", files.system)
+        (tmp / "run.log").write_text("\n".join(files.log_lines) + "\n")
+        if signing_key is not None:
+            bundle.sign_bundle(
+                tmp,
+                signing_key,
+                bundle.Predicate(
+                    run_id=m["run_id"],
+                    mlckpt_version=__version__,
+                    runner_code_sha256=bundle.code_digest(),
+                    rules_version=m["rules_version"],
+                    workload=str(cfg["workload"]["name"]),
+                    division=str(cfg["division"]),
+                    started=m["started"],
+                    ended=m["ended"],
+                    extra={"ranks": m["ranks"], "scaled": m["scaled"], "verdict": m["verdict"]},
+                ),
+            )
+        tmp.rename(final)
+    except BaseException:
+        shutil.rmtree(tmp, ignore_errors=True)  # no half-made folder that could pass for a bundle
+        raise
+    return final

@@ -1,0 +1,109 @@
+"""The restores: each a cold read of a written checkpoint (every file evicted from the page cache
+and its residency measured first), from the nearest tier that holds it, with every page verified
+against the content its writer stamped."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from functools import partial
+from pathlib import Path
+from typing import Any
+
+from mlckpt import engine
+from mlckpt.errors import VerificationError
+from mlckpt.pipeline import FAST, Pipeline
+from mlckpt.run.collective import Job, OpTimer
+from mlckpt.run.console import op_line
+from mlckpt.run.writes import fast_opts
+
+
+@dataclass
+class ReadPhase:
+    job: Job
+    pipe: Pipeline
+    run_id: int
+    key: bytes
+    root: Path
+    fast_root: Path | None
+    reads: Sequence[Any]  # this rank's RestoreReads
+    offsets: list[int]  # their places in the arena
+    arena: Any
+    opts: engine.IOOptions
+    stream: bool
+    timer: OpTimer
+    fast_direct: bool
+    fast_fs: Mapping[str, str | None]
+    writer_hosts: frozenset[str]
+
+    def run(self, nw: int, nr: int) -> list[dict[str, Any]]:
+        """Every restore; returns all ranks' records on rank 0, else []."""
+        scratch = engine.alloc(engine.VERIFY_SCRATCH_BYTES)
+        records: list[dict[str, Any]] = []
+        for k in range(1, nr + 1):
+            rec = self.restore(k, (k - 1) % nw + 1, nw, scratch)
+            recs = self.job.comm.gather(rec, root=0)
+            if self.job.rank == 0:
+                self.job.say(op_line(recs, "read", k, nr, self.fast_fs))
+                records += recs
+        return records
+
+    def restore(self, k: int, c: int, nw: int, scratch: Any) -> dict[str, Any]:
+        """Restore k of checkpoint c: evict, measure residency, read (timed), verify."""
+        tier = self.pipe.restore_tier(c, nw, set(self.writer_hosts), self.job.host)
+        ropts = fast_opts(self.opts, self.fast_direct) if tier == FAST else self.opts
+        cdir = (self.fast_root if tier == FAST else self.root) / f"ckpt-{c:04d}"  # type: ignore[operator]
+        paths = [str(cdir / rd.file.name) for rd in self.reads]
+        nbytes = sum(rd.file.bytes for rd in self.reads)
+        with self.job.step(f"evict before restore {k}"):
+            for path in paths:
+                engine.evict(path)
+            resident = sum(engine.resident_bytes(path)[0] for path in paths)
+        if self.stream:
+            sfiles = [
+                engine.StreamFile(p, rd.file.bytes, engine.PageId(self.run_id, rd.writer, c, rd.index))
+                for p, rd in zip(paths, self.reads, strict=True)
+            ]
+            rec = self.timer(
+                "read",
+                k,
+                c,
+                partial(engine.read_stream, sfiles, self.key, ropts, self.arena),
+                nbytes,
+                len(self.reads),
+                ropts,
+            )
+            rec.update(
+                resident_bytes=resident,
+                cached_check_bytes=nbytes,
+                verified_bytes=nbytes,
+                mismatches=0,
+                tier=tier,
+            )
+            return rec
+        files = [
+            engine.FileIO(p, self.arena[self.offsets[i] : self.offsets[i + 1]], rd.file.bytes)
+            for i, (p, rd) in enumerate(zip(paths, self.reads, strict=True))
+        ]
+        rec = self.timer(
+            "read", k, c, partial(engine.read_files, files, ropts), nbytes, len(self.reads), ropts
+        )
+        rec.update(resident_bytes=resident, cached_check_bytes=nbytes, tier=tier)
+        with self.job.step(f"verify restore {k}"):
+            rec.update(self.verify(k, c, files, scratch))
+        return rec
+
+    def verify(self, k: int, c: int, files: Sequence[engine.FileIO], scratch: Any) -> dict[str, int]:
+        verified = 0
+        for fio, rd in zip(files, self.reads, strict=True):
+            pid = engine.PageId(self.run_id, rd.writer, c, rd.index)
+            bad = engine.verify(fio.buf, fio.nbytes, self.key, pid, scratch)
+            if bad is not None:
+                raise VerificationError(
+                    f"read {k}: verification failed reading {fio.path}: {bad.describe()}",
+                    rank=self.job.rank,
+                    file=fio.path,
+                    offset=bad.offset,
+                )
+            verified += fio.nbytes
+        return {"verified_bytes": verified, "mismatches": 0}

@@ -1,0 +1,445 @@
+"""The MPI runner: the phase sequence, on every rank.
+
+configure → gates → signing key → folders → allocation → writes → eviction → restores → publish.
+Each phase returns a small frozen value (or the records); what the run created on the storage is
+owned by :class:`~mlckpt.run.cleanup.Created` and removed on the way out, success or failure.
+
+Timing is per rank on its host's monotonic clock between leaving a barrier and its last byte being
+durable (writes) or read (reads); metrics take the max over ranks.  Two guards cover ranks that
+never get to an agreement: the op watch (a stalled rank, see :mod:`mlckpt.run.collective`) and
+rank 0's guardian (a killed rank, see :mod:`mlckpt.run.guardian`).
+"""
+
+from __future__ import annotations
+
+import os
+import secrets
+import sys
+import time
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from datetime import datetime, timezone
+from pathlib import Path
+from typing import Any, TextIO
+
+from mlckpt import __version__, bundle, engine
+from mlckpt.config import Setup, setup
+from mlckpt.errors import MlckptError, UsageError
+from mlckpt.pipeline import Pipeline
+from mlckpt.run.cleanup import RUN_MARKER, Created, sweep_run
+from mlckpt.run.collective import Job, MPIDone, OpTimer
+from mlckpt.run.console import Console, headline
+from mlckpt.run.faults import NO_FAULTS, Faults
+from mlckpt.run.gates import Gates, judge, measure_host, output_problem
+from mlckpt.run.guardian import Guardian
+from mlckpt.run.publish import BundleFiles, RunId, judged, manifest_of, summary_of, write_bundle
+from mlckpt.run.reads import ReadPhase
+from mlckpt.run.writes import WritePhase, WriteState
+from mlckpt.sizing import PAGE, pages
+from mlckpt.sysdesc import load_system_description
+from mlckpt.units import fmt_bytes
+
+ABORT_GRACE_S = 0.5  # between printing a fatal line and MPI_Abort (see Stalled)
+
+
+@dataclass(frozen=True)
+class Configured:
+    setup: Setup
+    pipe: Pipeline
+    overrides: tuple[str, ...]
+    description: Mapping[str, Any] | None  # the vendor's system description (rank 0)
+    signing_key: Any  # an explicit key path, loaded (rank 0); None: auto or none
+
+    @property
+    def config(self) -> Mapping[str, Any]:
+        return self.setup.config
+
+
+@dataclass(frozen=True)
+class Folders:
+    """This run's identity, content key and folders (durable tier, fast tier)."""
+
+    run: RunId
+    key: bytes
+    root: Path
+    fast_root: Path | None
+
+
+def now() -> str:
+    return datetime.now(timezone.utc).isoformat(timespec="milliseconds").replace("+00:00", "Z")
+
+
+def run_name(cfg: Mapping[str, Any], run_id: int) -> str:
+    stamp = datetime.now(timezone.utc).strftime("%Y%m%dT%H%M%SZ")
+    return f"{stamp}-{cfg['workload']['name']}-{cfg['ranks']}r-{run_id:016x}"[:80]
+
+
+def offsets(sizes: Sequence[int]) -> list[int]:
+    out = [0]
+    for n in sizes:
+        out.append(out[-1] + pages(n) * PAGE)
+    return out
+
+
+def resolve_signing_key(setting: str, say: Any) -> Any:
+    """``auto``: the user's key (``mlckpt keygen``'s default path), created once; ``none``: no
+    signature; anything else: a PEM key path (passphrase from $MLCKPT_KEY_PASSPHRASE)."""
+    if setting == "none":
+        return None
+    if setting == "auto":
+        path = bundle.default_key_path()
+        if not path.exists():
+            info = bundle.generate_key(path)
+            say(
+                f"created signing key {path} (keyid {info.keyid[:16]}…); give {info.public_path} "
+                "to the committee that checks your results"
+            )
+        return bundle.load_private_key(path)
+    return bundle.load_private_key(Path(setting))
+
+
+def mpi_library() -> str:
+    try:
+        from mpi4py import MPI
+
+        return MPI.Get_library_version().strip().splitlines()[0]
+    except Exception:  # pragma: no cover - facts are best effort
+        return ""
+
+
+def configure(job: Job, overrides: Sequence[str]) -> Configured:
+    """The validated configuration; rank 0 also loads what must not fail after a whole run (the
+    system description, the output folder, an explicit signing key)."""
+    ovs = list(overrides)
+    if not any(o.split("=", 1)[0].lstrip("+") == "ranks" for o in ovs):
+        ovs.append(f"ranks={job.size}")
+    s = setup(ovs)
+    description, key = None, None
+    if job.rank == 0:
+        if s.config.get("system"):
+            description = load_system_description(s.config["system"], s.rules.version)
+        problem = output_problem(Path(s.config["output"]["root"]).absolute())
+        if problem:
+            raise UsageError(f"output.root: {problem}", key="output.root")
+        if str(s.config["signing"]["key"]) not in ("auto", "none"):
+            key = resolve_signing_key(str(s.config["signing"]["key"]), job.say)
+    if s.plan.ranks != job.size:
+        raise UsageError(
+            f"ranks={s.plan.ranks} but the MPI world has {job.size} ranks "
+            "(drop ranks= under mpiexec, or match -n)",
+            key="ranks",
+        )
+    return Configured(s, Pipeline.of(s.config), tuple(ovs), description, key)
+
+
+def gate(job: Job, c: Configured) -> Gates:
+    """Each host's leader measures its host; every rank judges every host (before any I/O)."""
+    cfg = c.config
+    folder = Path(cfg["checkpoint"]["folder"]).absolute()
+    names = job.comm.allgather(job.host)
+    # The life pipe: its write end closes when this process dies, which rank 0's guardian sees
+    # at once (it opens the read end through /proc).  Both ends stay open for good.
+    life = os.pipe()
+    pids = job.comm.allgather((os.getpid(), life[0]))
+    job.note(
+        ranks=[[r, pid, h, fd] for r, ((pid, fd), h) in enumerate(zip(pids, names, strict=True))],
+        host=job.host,
+    )
+    local = None
+    with job.step("host measurement"):
+        if names.index(job.host) == job.rank:
+            local = measure_host(job.host, folder, cfg["io"], c.pipe.fast, mpi_library())
+    measured = [m for m in job.comm.allgather(local) if m]
+    with job.step("gates"):
+        return judge(c.setup, names, measured)
+
+
+def make_folders(job: Job, c: Configured, gates: Gates, created: Created) -> Folders:
+    cfg, ck = c.config, c.config["checkpoint"]
+    key = job.comm.bcast(secrets.token_bytes(engine.KEY_BYTES) if job.rank == 0 else None)
+    number = int.from_bytes(key[:8], "little")
+    run = RunId(number, job.comm.bcast(run_name(cfg, number) if job.rank == 0 else None))
+    root = Path(ck["folder"]).absolute() / run.name
+    leader = gates.leader(job.rank)
+    names = [[f.name for f in rp.files] for rp in c.setup.plan.rank_plans]
+    partial_dir = str(Path(cfg["output"]["root"]).absolute() / f".{run.name}.partial")
+    with job.step("checkpoint folder"):
+        if leader:
+            # Folders this run creates (the configured folder too, if missing) are removed at the
+            # end when empty; pre-existing ones are never touched.
+            missing = created.missing_above(root)
+            job.note(
+                run=str(root),
+                keep=bool(ck["keep"]),
+                dirs=[str(d) for d in missing],
+                names=names,
+                partial=partial_dir,
+            )  # before the first mkdir: the guardian can undo all of it
+            make_run_folder(root, created)
+    fast_root = None
+    if c.pipe.fast is not None:
+        fast_root = Path(c.pipe.fast).absolute() / run.name
+        with job.step("fast-tier folder"):
+            if leader:
+                missing = created.missing_above(fast_root)
+                job.note(fast_run=str(fast_root), fast_dirs=[str(d) for d in missing])
+                make_run_folder(fast_root, created)
+    return Folders(run, key, root, fast_root)
+
+
+def make_run_folder(root: Path, created: Created) -> None:
+    root.mkdir(parents=True, exist_ok=True)
+    (root / RUN_MARKER).touch()
+    created.add_dir(root, root=True)
+
+
+@dataclass
+class Stalled:
+    """Rank 0's op watch, at the deadline: one line naming the stalled ranks, this run's planned
+    files removed (unless kept), then MPI_Abort so that every rank ends."""
+
+    job: Job
+    c: Configured
+    gates: Gates
+    folders: Folders
+    created: Created
+
+    def op_paths(self, rank: int, op: str, ckpt: int) -> list[str]:
+        """The files ``rank`` writes (or reads) in op ``op`` of checkpoint ``ckpt``."""
+        cdir = self.folders.root / f"ckpt-{ckpt:04d}"
+        plan = self.c.setup.plan
+        if op in ("write", "drain"):
+            return [str(cdir / f.name) for f in plan.rank_plans[rank].files]
+        reads = plan.restore_reads(rank, self.c.config["checkpoint"]["restore"], self.gates.shift)
+        return [str(cdir / rd.file.name) for rd in reads]
+
+    def line(self, op: str, index: int, ckpt: int, ranks: list[int], elapsed: float) -> str:
+        hosts = self.gates.rank_hosts
+        who = ", ".join(f"{r} on {hosts[r]}" for r in ranks[:8]) + (" …" if len(ranks) > 8 else "")
+        files = self.op_paths(ranks[0], op, ckpt)
+        doing = "writing" if op == "write" else "reading"
+        shown = (
+            f", {doing} {files[0]}" + (f" (+{len(files) - 1} more)" if len(files) > 1 else "")
+            if files
+            else ""
+        )
+        timeout = f"{float(self.c.config['io']['timeout_s']):g}"
+        return (
+            f"rank{'s' if len(ranks) > 1 else ''} {who}: {op} {index} did not finish within "
+            f"io.timeout_s={timeout} ({elapsed:.1f} s elapsed: a stalled rank or unresponsive "
+            f"storage){shown}; aborting the MPI job"
+        )
+
+    def sweep(self, op: str, ckpt: int) -> str:
+        ck = self.c.config["checkpoint"]
+        upto = ckpt if op == "write" else int(ck["num_writes"])
+        names = [f.name for rp in self.c.setup.plan.rank_plans for f in rp.files]
+        root, fast = self.folders.root, self.folders.fast_root
+        note = "; " + sweep_run(root, names, upto, keep=bool(ck["keep"]), dirs=self.created.outside(root))
+        if fast is not None:
+            fnote = sweep_run(fast, names, upto, keep=bool(ck["keep"]))
+            note += f" (fast tier: {fnote.removeprefix('removed ')})"
+        return note
+
+    def __call__(self, op: str, index: int, ckpt: int, ranks: list[int], elapsed: float) -> None:
+        line = self.line(op, index, ckpt, ranks, elapsed)
+        try:
+            line += self.sweep(op, ckpt)
+        except Exception as exc:  # never let cleanup stop the abort
+            line += f"; cleanup failed: {exc}"
+        try:
+            self.job.console.error(line)
+            # MPICH's proxies forward rank output asynchronously; an immediate Abort can tear them
+            # down before the line reaches mpiexec (seen under load). Give the forwarding a moment.
+            time.sleep(ABORT_GRACE_S)
+        finally:
+            if self.job.guardian is not None:
+                self.job.guardian.end("reported")
+            self.job.comm.Abort(1)
+            os._exit(1)  # pragma: no cover - Abort does not return
+
+
+def op_timer(job: Job, c: Configured, gates: Gates, folders: Folders, created: Created) -> OpTimer:
+    # The op watch calls MPI from a second thread on rank 0: only with MPI_THREAD_MULTIPLE.
+    from mpi4py import MPI
+
+    channel = None
+    if MPI.Query_thread() >= MPI.THREAD_MULTIPLE:
+        channel = MPIDone(job.comm.Dup())
+    else:
+        job.say(
+            "warning: this MPI library does not provide MPI_THREAD_MULTIPLE: io.timeout_s is "
+            "not enforced (a stalled rank will hang the job)"
+        )
+    return OpTimer(job, float(c.config["io"]["timeout_s"]), channel, Stalled(job, c, gates, folders, created))
+
+
+def evict_written(job: Job, c: Configured, folders: Folders, created: Created, leader: bool, nw: int) -> None:
+    """After the writes: every file this run wrote leaves the page cache (restores are cold)."""
+    fast = folders.fast_root
+    with job.step("cache eviction after writes"):
+        for path in created.files:
+            # Fast-tier copies no longer kept are gone already; every other file must be there.
+            if fast is None or not path.startswith(f"{fast}/") or os.path.exists(path):
+                engine.evict(path)
+        if c.config["cache"]["drop_system"] and leader:
+            engine.drop_caches()
+        if leader and fast is not None:  # every persist is over: drop emptied folders
+            for j in set(range(1, nw + 1)) - set(c.pipe.fast_retained(nw)):
+                try:
+                    (fast / f"ckpt-{j:04d}").rmdir()
+                except OSError:
+                    pass
+        job.faults.after_writes(job.rank, folders.root, fast, c.setup.plan, nw)
+
+
+def phases(job: Job, c: Configured, gates: Gates, created: Created) -> tuple[RunId, list[dict[str, Any]]]:
+    """Folders, allocation, the writes, eviction, the restores.  Returns the run's identity and
+    the records (rank 0; other ranks: none)."""
+    cfg, plan, ck = c.config, c.setup.plan, c.config["checkpoint"]
+    opts = engine.IOOptions(
+        direct=cfg["io"]["direct"],
+        dontcache=cfg["io"]["dontcache"],
+        threads=cfg["io"]["threads"],
+        block_size=cfg["io"]["block_size"],
+        fsync=ck["fsync"],
+    )
+    folders = make_folders(job, c, gates, created)
+    timer = op_timer(job, c, gates, folders, created)
+    mine = plan.rank_plans[job.rank].files
+    reads = plan.restore_reads(job.rank, ck["restore"], gates.shift)
+    stream = cfg["residency"] == "stream"
+    with job.step("memory allocation"):
+        own, rd_offsets = offsets([f.bytes for f in mine]), offsets([rd.file.bytes for rd in reads])
+        arena = engine.alloc(
+            int(cfg["stream_buffer_bytes"]) if stream else max(own[-1], rd_offsets[-1], PAGE)
+        )
+    if stream:
+        job.say(
+            "residency=stream: content generation (writes) and verification (reads) run "
+            "inside the timed region; results are labelled stream"
+        )
+    nw, nr = int(ck["num_writes"]), int(ck["num_reads"])
+    leader, fast_direct = gates.leader(job.rank), gates.fast_direct.get(job.host, False)
+    w = WriteState(folders.root, folders.fast_root, mine, own, arena, folders.key, opts, stream, leader)
+    records = WritePhase(
+        job, c.pipe, w, folders.run.number, timer, created, fast_direct, plan.total_bytes
+    ).run(nw)
+    evict_written(job, c, folders, created, leader, nw)
+    records += ReadPhase(
+        job,
+        c.pipe,
+        folders.run.number,
+        folders.key,
+        folders.root,
+        folders.fast_root,
+        reads,
+        rd_offsets,
+        arena,
+        opts,
+        stream,
+        timer,
+        fast_direct,
+        gates.fast_fs,
+        frozenset(gates.rank_hosts[rd.writer] for rd in reads),
+    ).run(nw, nr)
+    return folders.run, records
+
+
+def publish(
+    job: Job,
+    c: Configured,
+    gates: Gates,
+    run: RunId,
+    records: list[dict[str, Any]],
+    started: str,
+    signing_key: Any,
+) -> Path:
+    """Rank 0: summary, manifest, the result-stage rules, then the signed bundle."""
+    s, cfg = c.setup, c.config
+    summary = summary_of(s, records)
+    bound = s.rules.data["cold_read"]["max_resident_fraction"]
+    if summary.get("num_reads") and not summary["read_cold"]:
+        job.say(
+            f"warning: [COLD-READ] {summary['read_resident_fraction_max']:.1%} of the restored "
+            f"bytes were in the page cache before a restore (bound {bound:.0%}): read results are invalid"
+        )
+    system: dict[str, Any] = {"hosts": list(gates.facts)}
+    if c.description is not None:
+        system["description"] = c.description
+    manifest = manifest_of(
+        s,
+        gates,
+        run,
+        ranks=job.size,
+        overrides=c.overrides,
+        started=started,
+        ended=now(),
+        description=c.description,
+    )
+    for f in judged(s, gates, manifest, summary, records, system):
+        job.say(f"finding: [{f.rule}] ({f.severity}) {f.message}")
+    job.say(headline(summary) + f"; verdict {manifest['verdict']}")
+    files = BundleFiles(manifest, cfg, records, summary, system, job.console.log_lines)
+    final = write_bundle(Path(cfg["output"]["root"]).absolute(), run.name, files, signing_key)
+    if signing_key is None:
+        print(
+            "mlckpt: warning: signing.key=none: the bundle is NOT signed and no checker will accept it",
+            file=sys.stderr,
+        )
+    return final
+
+
+def run(job: Job, overrides: Sequence[str]) -> Path | None:
+    """The whole run on this rank; rank 0 returns the bundle's folder."""
+    started = now()
+    with job.step("configuration"):
+        c = configure(job, overrides)
+    cfg = c.config
+    job.say(
+        f"mlckpt {__version__}: {cfg['workload']['name']} on {job.size} ranks, division "
+        f"{cfg['division']}{', scaled × ' + str(cfg['scale']) if cfg['scale'] != 1 else ''}, "
+        f"{fmt_bytes(c.setup.plan.total_bytes)} per checkpoint, "
+        f"{cfg['checkpoint']['num_writes']} writes, {cfg['checkpoint']['num_reads']} reads"
+    )
+    gates = gate(job, c)
+    key = c.signing_key
+    with job.step("signing key"):
+        # After the gates (a refused run writes nothing, not even a new key), before any I/O.
+        if job.rank == 0 and key is None:
+            key = resolve_signing_key(str(cfg["signing"]["key"]), job.say)
+    with Created(bool(cfg["checkpoint"]["keep"]), between=lambda: final_barrier(job)) as created:
+        run_id, records = phases(job, c, gates, created)
+    if job.rank != 0:
+        return None
+    return publish(job, c, gates, run_id, records, started, key)
+
+
+def final_barrier(job: Job) -> None:
+    # From here on ranks may end normally: the guardian no longer blames the first to go.
+    job.note(step="cleanup and result", final=True)
+    try:
+        job.comm.Barrier()
+    except Exception:  # the world may be broken already; cleanup is best effort
+        pass
+
+
+def mpi_main(overrides: Sequence[str], faults: Faults = NO_FAULTS, out: TextIO | None = None) -> int:
+    """Entry point on every rank under mpiexec (tests pass their own ``faults``)."""
+    guardian = Guardian.start()  # rank 0 only, and before MPI starts (no fork after MPI_Init)
+    try:
+        from mpi4py import MPI
+
+        job = Job(MPI.COMM_WORLD, Console(out or sys.stdout), guardian, faults)
+        try:
+            folder = run(job, overrides)
+        except MlckptError as err:
+            if job.rank == 0:
+                print(f"mlckpt: error: {err}", file=sys.stderr, flush=True)
+            return err.exit_status
+        if job.rank == 0 and folder is not None:
+            print(f"bundle: {folder}", flush=True)
+        return 0
+    finally:
+        if guardian is not None:  # rank 0 got here: it reported and cleaned up itself
+            guardian.end("clean")

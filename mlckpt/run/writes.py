@@ -1,0 +1,372 @@
+"""The write phase: each checkpoint as training sees it.
+
+Each checkpoint: a barrier (the training step all ranks reach), then the stall: wait for the
+previous checkpoint's background work if it is still running (back-pressure), then the blocking
+stage (sync: the durable write; async: the snapshot into staging; sync with tiers: the fast-tier
+write).  The background stages then run in this rank's background thread while it "trains" for
+checkpoint.compute_interval_s (the next checkpoint's content is made in that interval).  After the
+last checkpoint, a final wait until it is durable.  Rank 0 gathers the records once every
+checkpoint is durable.
+"""
+
+from __future__ import annotations
+
+import os
+import queue
+import threading
+import time
+from collections.abc import Callable, Sequence
+from contextlib import suppress
+from dataclasses import dataclass, replace
+from functools import partial
+from pathlib import Path
+from typing import Any
+
+from mlckpt import engine
+from mlckpt.errors import VerificationError
+from mlckpt.pipeline import DURABLE, FAST, MEMORY, Pipeline
+from mlckpt.run.cleanup import Created
+from mlckpt.run.collective import Job, OpTimer
+from mlckpt.run.console import durable_line, op_line, stall_line
+from mlckpt.sizing import PAGE
+
+
+@dataclass
+class WriteState:
+    """What one rank's write phase works with."""
+
+    root: Path  # this run's folder on the durable tier
+    fast_root: Path | None  # ... and on the fast tier
+    mine: Sequence[Any]  # this rank's planned files
+    offsets: list[int]  # their places in the arena
+    arena: Any  # the state (full residency) or the stream ring
+    key: bytes
+    opts: engine.IOOptions
+    stream: bool
+    leader: bool  # this host's first rank (makes folders)
+    staging: Any = None  # async: the snapshot's host staging copy of the state
+    ring: Any = None  # tiers: the drain's bounded buffer
+
+    @property
+    def nbytes(self) -> int:
+        return sum(f.bytes for f in self.mine)
+
+
+_Job = tuple[Callable[[], Any], Callable[[], Any] | None]  # (persist, housekeeping after it)
+
+
+class Background:
+    """One rank's background worker: runs one checkpoint's persist at a time (one staging slot).
+    A persistent thread, so handing work over inside the stall costs a queue put, not a thread
+    start.  Its failure is raised by ``wait`` in the training thread, which turns it into the
+    usual collective error."""
+
+    def __init__(self) -> None:
+        self.jobs: queue.SimpleQueue[_Job | None] = queue.SimpleQueue()
+        self.finished = threading.Event()
+        self.pending = False
+        self.result: Any = None
+        self.error: BaseException | None = None
+        self.late_error: BaseException | None = None  # from an ``after`` step
+        self.thread = threading.Thread(target=self._loop, name="mlckpt-persist", daemon=True)
+        self.thread.start()
+
+    def _loop(self) -> None:
+        while (item := self.jobs.get()) is not None:
+            job, after = item
+            try:
+                self.result = job()
+            except BaseException as exc:  # handed to the training thread
+                self.error = exc
+            self.finished.set()
+            if after is not None and self.error is None:
+                try:
+                    after()
+                except BaseException as exc:  # raised by the next wait
+                    self.late_error = exc
+
+    def submit(self, job: Callable[[], Any], after: Callable[[], Any] | None = None) -> None:
+        """Run ``job``; once it is done (``wait`` returns its result), run ``after`` before the
+        next job."""
+        self.finished.clear()
+        self.result, self.error, self.pending = None, None, True
+        self.jobs.put((job, after))
+
+    def done(self) -> bool:
+        return self.finished.is_set()
+
+    def wait(self) -> Any:
+        self.finished.wait()
+        self.pending = False
+        error = self.error or self.late_error
+        self.late_error = None
+        if error is not None:
+            raise error
+        return self.result
+
+    def close(self) -> None:
+        """Let a running persist end (files must not be written after cleanup), then stop."""
+        if self.pending:
+            self.finished.wait()
+        self.jobs.put(None)
+        self.thread.join()
+
+
+def fast_opts(opts: engine.IOOptions, fast_direct: bool) -> engine.IOOptions:
+    """The fast tier's I/O: O_DIRECT when asked for and the fast filesystem takes it."""
+    return replace(opts, direct=opts.direct and fast_direct, dontcache=False)
+
+
+@dataclass
+class WritePhase:
+    job: Job
+    pipe: Pipeline
+    w: WriteState
+    run_id: int
+    timer: OpTimer
+    created: Created
+    fast_direct: bool  # this host's fast tier takes O_DIRECT
+    total_bytes: int  # all ranks' bytes per checkpoint
+
+    def pid(self, k: int, i: int) -> engine.PageId:
+        return engine.PageId(self.run_id, self.job.rank, k, i)
+
+    def prepare(self, k: int) -> None:
+        """Checkpoint k's content (new bytes in every page) and folders; untimed.  Collective."""
+        w = self.w
+        with self.job.step(f"prepare checkpoint {k}"):
+            if not w.stream:
+                for i, f in enumerate(w.mine):
+                    engine.fill(w.arena[w.offsets[i] : w.offsets[i + 1]], f.bytes, w.key, self.pid(k, i))
+            if w.leader:
+                for base in (w.root, w.fast_root):
+                    if base is not None:
+                        cdir = base / f"ckpt-{k:04d}"
+                        cdir.mkdir(exist_ok=True)
+                        self.created.add_dir(cdir)
+        for base in (w.root, w.fast_root):
+            if base is not None:
+                self.created.add_files([str(base / f"ckpt-{k:04d}" / f.name) for f in w.mine])
+
+    def write_to(self, k: int, base: Path, buf: Any, opts: engine.IOOptions) -> None:
+        """Write checkpoint k's files of this rank from ``buf`` (the state or its staging copy)
+        under ``base``, every file and the folder fsynced."""
+        w = self.w
+        cdir = base / f"ckpt-{k:04d}"
+        paths = [str(cdir / f.name) for f in w.mine]
+        dirs = [str(cdir)] if opts.fsync else []
+        if w.stream:
+            sfiles = [
+                engine.StreamFile(p, f.bytes, self.pid(k, i))
+                for i, (p, f) in enumerate(zip(paths, w.mine, strict=True))
+            ]
+            engine.write_stream(sfiles, w.key, opts, buf, dir_fsync=dirs)
+        else:
+            files = [
+                engine.FileIO(p, buf[w.offsets[i] : w.offsets[i + 1]], f.bytes)
+                for i, (p, f) in enumerate(zip(paths, w.mine, strict=True))
+            ]
+            engine.write_files(files, opts, dir_fsync=dirs)
+
+    def fast(self, opts: engine.IOOptions) -> engine.IOOptions:
+        return fast_opts(opts, self.fast_direct)
+
+    def persist(self, k: int) -> list[dict[str, Any]]:
+        """Checkpoint k's background stages (in the background thread): the persist from staging
+        (async), the verified drain fast → durable (tiers).  Returns the stage entries."""
+        pipe, w, bg = self.pipe, self.w, replace(self.w.opts, pool="background")
+        stages: list[dict[str, Any]] = []
+        if pipe.mode == "async":
+            tier = FAST if pipe.tiered else DURABLE
+            o = self.fast(bg) if pipe.tiered else bg
+            t0 = time.perf_counter_ns()
+            self.write_to(k, w.fast_root if pipe.tiered else w.root, w.staging, o)  # type: ignore[arg-type]
+            stages.append(
+                {
+                    "tier": tier,
+                    "t0_ns": t0,
+                    "t1_ns": time.perf_counter_ns(),
+                    "bytes": w.nbytes,
+                    "direct": o.direct,
+                }
+            )
+        if pipe.tiered:
+            stages.append(self.drain(k, bg))
+        return stages
+
+    def drain(self, k: int, bg: engine.IOOptions) -> dict[str, Any]:
+        """Checkpoint k's verified drain from the fast tier to the durable one."""
+        w = self.w
+        assert w.fast_root is not None and w.ring is not None
+        fdir, cdir = w.fast_root / f"ckpt-{k:04d}", w.root / f"ckpt-{k:04d}"
+        sfiles = [
+            engine.StreamFile(str(fdir / f.name), f.bytes, self.pid(k, i)) for i, f in enumerate(w.mine)
+        ]
+        self.job.faults.before_drain(self.job.rank, k, w.fast_root, [f.name for f in w.mine])
+        t0 = time.perf_counter_ns()
+        res = engine.drain(
+            sfiles,
+            [str(cdir / f.name) for f in w.mine],
+            w.key,
+            self.fast(bg),
+            bg,
+            w.ring,
+            dir_fsync=[str(cdir)] if bg.fsync else [],
+        )
+        t1 = time.perf_counter_ns()
+        if res.mismatch is not None:
+            path, m = res.mismatch
+            raise VerificationError(
+                f"drain of checkpoint {k}: the fast tier gave back other bytes "
+                f"than were written, reading {path}: {m.describe()}",
+                rank=self.job.rank,
+                file=path,
+                offset=m.offset,
+            )
+        return {
+            "tier": DURABLE,
+            "t0_ns": t0,
+            "t1_ns": t1,
+            "bytes": w.nbytes,
+            "direct": bg.direct,
+            "verified_bytes": res.verified_bytes,
+            "mismatches": 0,
+        }
+
+    def evict_fast(self, k: int) -> None:
+        """Once checkpoint k is durable: remove this rank's fast-tier copies no longer kept.  Run
+        by the background thread after it reported k durable (housekeeping is not part of the
+        persist, and the next fast write queues behind it, so the fast tier never holds more
+        than Pipeline.fast_peak_checkpoints)."""
+        for j in self.pipe.evict_after(k):
+            for f in self.w.mine:
+                with suppress(FileNotFoundError):
+                    os.unlink(self.w.fast_root / f"ckpt-{j:04d}" / f.name)  # type: ignore[operator]
+
+    def allocate(self) -> None:
+        pipe, w = self.pipe, self.w
+        if pipe.mode == "async":
+            with self.job.step("staging allocation"):
+                w.staging = engine.alloc(max(w.offsets[-1], PAGE))
+        if pipe.tiered:
+            with self.job.step("drain buffer allocation"):
+                w.ring = engine.alloc(pipe.drain_ring_bytes(w.opts.threads, w.opts.block_size))
+
+    def run(self, nw: int) -> list[dict[str, Any]]:
+        """Every checkpoint; returns all ranks' records on rank 0 (in op, rank order), else []."""
+        pipe = self.pipe
+        self.allocate()
+        bg = Background() if pipe.background else None
+        if bg is not None:
+            self.job.say(
+                f"checkpoint.mode={pipe.label}: training waits for the {pipe.blocking} stage; "
+                f"{' then '.join(pipe.background)} run{'s' if len(pipe.background) == 1 else ''} "
+                f"in the background during {pipe.compute_interval_s:g} s of training per checkpoint"
+            )
+        mine: list[dict[str, Any]] = []
+        self.prepare(1)
+        try:
+            for k in range(1, nw + 1):
+                mine.append(self.checkpoint(k, nw, bg, mine))
+            if bg is not None:
+                self.timer(
+                    "drain",
+                    nw,
+                    nw,
+                    partial(self.settle, bg, mine, {}),
+                    self.w.nbytes,
+                    len(self.w.mine),
+                    self.w.opts,
+                )
+        finally:
+            if bg is not None:
+                bg.close()
+        return self.gathered(mine, nw, bg is not None)
+
+    def settle(self, bg: Background | None, mine: list[dict[str, Any]], info: dict[str, Any]) -> None:
+        """Wait for the previous checkpoint's background work: its records complete."""
+        if bg is None or not bg.pending:
+            info["wait_ns"] = 0
+            return
+        t = time.perf_counter_ns()
+        done = bg.done()  # already finished: no wait at all
+        stages = bg.wait()
+        end = time.perf_counter_ns()
+        durable = stages[-1]["t1_ns"]
+        # The stall counts the whole wait (thread wake-up included); the persist's exposed part
+        # is only the wait before it became durable.
+        info["wait_ns"] = 0 if done else end - t
+        prev = mine[-1]
+        prev["stages"] += stages
+        prev["t1_ns"] = durable
+        prev["exposed_ns"] = 0 if done else max(0, min(end, durable) - t)
+
+    def blocking(
+        self, k: int, bg: Background | None, mine: list[dict[str, Any]], info: dict[str, Any]
+    ) -> None:
+        """The stall: back-pressure, then the blocking stage, then the hand-over (timed)."""
+        pipe, w = self.pipe, self.w
+        self.settle(bg, mine, info)
+        fast = pipe.blocking == FAST
+        opts = self.fast(w.opts) if fast else w.opts
+        t0 = time.perf_counter_ns()
+        if pipe.blocking == MEMORY:
+            engine.snapshot(w.staging, w.arena, w.offsets[-1], w.opts.threads)
+        else:
+            self.write_to(k, w.fast_root if fast else w.root, w.arena, opts)  # type: ignore[arg-type]
+        t1 = time.perf_counter_ns()
+        info["stage"] = {"tier": pipe.blocking, "t0_ns": t0, "t1_ns": t1, "bytes": w.nbytes}
+        if pipe.blocking != MEMORY:
+            info["stage"]["direct"] = opts.direct
+        if bg is not None:
+            bg.submit(partial(self.persist, k), after=partial(self.evict_fast, k) if pipe.tiered else None)
+
+    def checkpoint(
+        self, k: int, nw: int, bg: Background | None, mine: list[dict[str, Any]]
+    ) -> dict[str, Any]:
+        """Checkpoint k: the timed stall, its line, then training until the interval is over."""
+        info: dict[str, Any] = {}
+        rec = self.timer(
+            "write",
+            k,
+            k,
+            partial(self.blocking, k, bg, mine, info),
+            self.w.nbytes,
+            len(self.w.mine),
+            self.w.opts,
+        )
+        if bg is None:  # sync, one tier: the stage is the whole op, barrier to durable
+            info["stage"].update(t0_ns=rec["t0_ns"], t1_ns=rec["t1_ns"])
+        rec.update(
+            mode=self.pipe.mode,
+            staged_ns=rec["t1_ns"],
+            backpressure_ns=info["wait_ns"],
+            exposed_ns=0,
+            compute_ns=0,
+            stages=[info["stage"]],
+        )
+        recs = self.job.comm.gather(rec, root=0)
+        if self.job.rank == 0:
+            self.job.say(
+                op_line(recs, "write", k, nw, {})
+                if bg is None
+                else stall_line(recs, k, nw, self.pipe.blocking)
+            )
+        # Training: the next checkpoint's content is made, then the rest of the interval.
+        if k < nw:
+            self.prepare(k + 1)
+        rest = rec["staged_ns"] + int(self.pipe.compute_interval_s * 1e9) - time.perf_counter_ns()
+        if rest > 0:
+            time.sleep(rest / 1e9)
+        rec["compute_ns"] = time.perf_counter_ns() - rec["staged_ns"]
+        return rec
+
+    def gathered(self, mine: list[dict[str, Any]], nw: int, background: bool) -> list[dict[str, Any]]:
+        records = self.job.comm.gather(mine, root=0)
+        if self.job.rank != 0:
+            return []
+        flat = sorted((r for rank_recs in records for r in rank_recs), key=lambda r: (r["index"], r["rank"]))
+        if background:
+            for k in range(1, nw + 1):
+                self.job.say(durable_line([r for r in flat if r["index"] == k], k, nw))
+        return flat
