@@ -46,7 +46,7 @@ from mlckpt import __version__
 from mlckpt.bundle import TrustedKeys
 from mlckpt.cli import OneLineParser, run_guarded
 from mlckpt.errors import UsageError
-from mlckpt.submission_checks import Problem, SubmissionFacts
+from mlckpt.rules.checks.submission import Problem, SubmissionFacts
 
 PROG = "mlckpt-check"
 DEFAULT_COMMAND = "check"

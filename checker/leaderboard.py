@@ -640,7 +640,7 @@ def collect(root: Path, trusted: Any, *, jobs: int = 1) -> Leaderboard:
 
 
 def _integrity_rules() -> set[str]:
-    from mlckpt.submission_checks import INTEGRITY_RULES
+    from mlckpt.rules.checks.submission import INTEGRITY_RULES
 
     return set(INTEGRITY_RULES)
 

@@ -31,7 +31,7 @@ from typing import Any
 
 from checker.stages import INTERNAL, BundleResult
 from mlckpt import __version__
-from mlckpt.submission_checks import INTEGRITY_RULES
+from mlckpt.rules.checks.submission import INTEGRITY_RULES
 
 REPORT_FORMAT = 1
 EXIT_VALID, EXIT_INVALID, EXIT_USAGE, EXIT_INTEGRITY, EXIT_INTERNAL = 0, 1, 2, 3, 4

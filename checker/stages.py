@@ -12,7 +12,7 @@ stops the pipeline; at the end the rules judge the facts.
 6. rules      the runner's own rules module: config, host and result stages on a Context built
               from the bundle (recomputation and plausibility are result-stage rules), then the
               recomputed verdict against the recorded one and the division folder
-7. submission the ``submission`` stage rules over the collected facts (mlckpt/submission_checks.py)
+7. submission the ``submission`` stage rules over the collected facts (mlckpt/rules/checks/submission.py)
 
 Any unexpected exception is a checker fault: an ``INTERNAL`` finding for that bundle only.
 Hostile input never gets there: every parse and schema problem is a finding.
@@ -41,7 +41,6 @@ from mlckpt import bundle
 from mlckpt.errors import BundleIntegrityError, ConfigError, MlckptError
 from mlckpt.pipeline import Pipeline
 from mlckpt.resources import rules_dir
-from mlckpt.result_checks import RunData
 from mlckpt.rules import (
     DEFAULT_RULES_VERSION,
     Context,
@@ -51,9 +50,10 @@ from mlckpt.rules import (
     load_rules,
     verdict,
 )
+from mlckpt.rules.checks.result import RunData
+from mlckpt.rules.checks.submission import INTEGRITY_RULES, Problem, SubmissionFacts, Verdicts
 from mlckpt.schemas import describe, dotted, validator
 from mlckpt.sizing import Plan, make_plan
-from mlckpt.submission_checks import INTEGRITY_RULES, Problem, SubmissionFacts, Verdicts
 from mlckpt.workload import Workload, workload_from_config
 
 REQUIRED_FILES = ("run.json", "config.yaml", "records.jsonl", "summary.json", "system.json",

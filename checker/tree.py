@@ -21,7 +21,7 @@ import stat
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from mlckpt.submission_checks import Problem
+from mlckpt.rules.checks.submission import Problem
 
 DIVISIONS = ("closed", "open")
 ARCHIVE_SUFFIX = ".tar.gz"

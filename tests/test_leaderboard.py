@@ -40,8 +40,8 @@ from mlckpt import __version__, bundle
 from mlckpt.config import setup
 from mlckpt.metrics import GIB, RECORDS_FORMAT, dlio_compat, summarize
 from mlckpt.pipeline import DURABLE, FAST, MEMORY, Pipeline
-from mlckpt.result_checks import DATA_SCHEME, RunData
 from mlckpt.rules import HostSpec, rank_shift, verdict
+from mlckpt.rules.checks.result import DATA_SCHEME, RunData
 
 GOLDEN = Path(__file__).parent / "golden"
 UPDATE = bool(os.environ.get("MLCKPT_UPDATE_GOLDEN"))

@@ -17,8 +17,8 @@ from mlckpt import __version__, bundle
 from mlckpt.config import Setup
 from mlckpt.metrics import RECORDS_FORMAT, dlio_compat, summarize
 from mlckpt.pipeline import Pipeline
-from mlckpt.result_checks import DATA_SCHEME, RunData
 from mlckpt.rules import Finding, verdict
+from mlckpt.rules.checks.result import DATA_SCHEME, RunData
 from mlckpt.run.gates import Gates
 
 # Format history of run.json (the bundle manifest written by the runner):

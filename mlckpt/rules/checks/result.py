@@ -1,8 +1,8 @@
 """Check functions for the ``result`` stage: a finished run judged from its own files.  Pure.
 
 They see a :class:`RunData` (the parsed run.json, config.yaml, summary.json, system.json and
-records.jsonl of one run folder) through ``Context.run``, and register in the same ``CHECKS``
-table as the pre-I/O checks, so runner and checker share one rule engine.
+records.jsonl of one run folder) through ``Context.run``, and are composed with the pre-I/O checks
+by ``mlckpt.rules.registry``, so runner and checker share one rule engine.
 """
 
 from __future__ import annotations
@@ -16,7 +16,7 @@ from typing import Any
 
 from mlckpt.metrics import summarize
 from mlckpt.pipeline import DURABLE, FAST, MEMORY_FILESYSTEMS, Pipeline
-from mlckpt.rules import Context, NotChecked, Outcome, Rule, RuleSet, check, rank_shift
+from mlckpt.rules.engine import Context, NotChecked, Outcome, Rule, RuleSet, checks_table, rank_shift
 
 # The data scheme the runner declares in run.json; see mlckpt/engine.py (AES-128-CTR keystream per
 # run/rank/checkpoint/file, 32-byte tag on every 4 KiB page).
@@ -44,7 +44,6 @@ def _run(ctx: Context) -> RunData | None:
     return getattr(ctx, "run", None)
 
 
-@check
 def result_consistent(ctx: Context, rs: RuleSet, rule: Rule) -> Iterator[Outcome | NotChecked]:
     d = _run(ctx)
     if d is None:
@@ -67,7 +66,6 @@ def result_consistent(ctx: Context, rs: RuleSet, rule: Rule) -> Iterator[Outcome
                   f"{len(hosts_ranks)} rank placements")
 
 
-@check
 def result_counts(ctx: Context, rs: RuleSet, rule: Rule) -> Iterator[Outcome | NotChecked]:
     d = _run(ctx)
     if d is None:
@@ -92,7 +90,6 @@ def result_counts(ctx: Context, rs: RuleSet, rule: Rule) -> Iterator[Outcome | N
                       where=f"read {idx}")
 
 
-@check
 def result_times(ctx: Context, rs: RuleSet, rule: Rule) -> Iterator[Outcome | NotChecked]:
     d = _run(ctx)
     if d is None:
@@ -123,7 +120,6 @@ def result_times(ctx: Context, rs: RuleSet, rule: Rule) -> Iterator[Outcome | No
     yield Outcome(started <= ended, "started <= ended", f"started {started}, ended {ended}")
 
 
-@check
 def bytes_match_plan(ctx: Context, rs: RuleSet, rule: Rule) -> Iterator[Outcome | NotChecked]:
     d, plan = _run(ctx), ctx.plan
     if d is None or plan is None:
@@ -174,7 +170,6 @@ def _compare(path: str, want: Any, have: Any) -> Iterator[tuple[str, Any, Any]]:
         yield path, want, have
 
 
-@check
 def metrics_recompute(ctx: Context, rs: RuleSet, rule: Rule) -> Iterator[Outcome | NotChecked]:
     d = _run(ctx)
     if d is None:
@@ -188,7 +183,6 @@ def metrics_recompute(ctx: Context, rs: RuleSet, rule: Rule) -> Iterator[Outcome
         yield Outcome(True)
 
 
-@check
 def fsync_every_write(ctx: Context, rs: RuleSet, rule: Rule) -> Outcome | NotChecked:
     d = _run(ctx)
     if d is None:
@@ -199,7 +193,6 @@ def fsync_every_write(ctx: Context, rs: RuleSet, rule: Rule) -> Outcome | NotChe
                    "fsync on every write record", f"{len(bad)} of {len(writes)} write records without fsync")
 
 
-@check
 def cold_reads(ctx: Context, rs: RuleSet, rule: Rule) -> Iterator[Outcome | NotChecked]:
     d = _run(ctx)
     if d is None:
@@ -230,7 +223,6 @@ def cold_reads(ctx: Context, rs: RuleSet, rule: Rule) -> Iterator[Outcome | NotC
                       f"{frac:.1%} resident", where=f"read {idx}")
 
 
-@check
 def data_verified(ctx: Context, rs: RuleSet, rule: Rule) -> Iterator[Outcome | NotChecked]:
     d = _run(ctx)
     if d is None:
@@ -246,7 +238,6 @@ def data_verified(ctx: Context, rs: RuleSet, rule: Rule) -> Iterator[Outcome | N
                           where=f"read {r['index']} rank {r['rank']}")
 
 
-@check
 def data_unique(ctx: Context, rs: RuleSet, rule: Rule) -> Outcome | NotChecked:
     d = _run(ctx)
     if d is None:
@@ -255,7 +246,6 @@ def data_unique(ctx: Context, rs: RuleSet, rule: Rule) -> Outcome | NotChecked:
     return Outcome(scheme == DATA_SCHEME, f"data_scheme {DATA_SCHEME}", f"data_scheme {scheme!r}")
 
 
-@check
 def bandwidth_plausible(ctx: Context, rs: RuleSet, rule: Rule) -> Iterator[Outcome | NotChecked]:
     d = _run(ctx)
     if d is None:
@@ -287,7 +277,6 @@ def _writes_by_rank(d: RunData) -> dict[int, list[Mapping[str, Any]]]:
     return out
 
 
-@check
 def pipeline_declared(ctx: Context, rs: RuleSet, rule: Rule) -> Iterator[Outcome | NotChecked]:
     """Every write record follows the configured pipeline: its mode, its stages in order, and a
     training interval at least as long as configured (overlap is only credited for real time)."""
@@ -312,7 +301,6 @@ def pipeline_declared(ctx: Context, rs: RuleSet, rule: Rule) -> Iterator[Outcome
                           f"{int(r['compute_ns']) / 1e9:.3f} s", where=where)
 
 
-@check
 def async_timeline(ctx: Context, rs: RuleSet, rule: Rule) -> Iterator[Outcome | NotChecked]:
     """On each rank: request ≤ end of back-pressure ≤ blocking stage ≤ staged ≤ durable, stages
     one after another, the last one durable; the previous checkpoint was durable before this
@@ -356,7 +344,6 @@ def async_timeline(ctx: Context, rs: RuleSet, rule: Rule) -> Iterator[Outcome | 
                 break
 
 
-@check
 def tier_drain_verified(ctx: Context, rs: RuleSet, rule: Rule) -> Iterator[Outcome | NotChecked]:
     d = _run(ctx)
     if d is None:
@@ -380,7 +367,6 @@ def tier_drain_verified(ctx: Context, rs: RuleSet, rule: Rule) -> Iterator[Outco
                           where=f"write {r['index']} rank {r['rank']}")
 
 
-@check
 def tier_restore_source(ctx: Context, rs: RuleSet, rule: Rule) -> Iterator[Outcome | NotChecked]:
     """Each restore read from the nearest tier holding a copy (mlckpt/pipeline.py: restore_tier)."""
     d, plan = _run(ctx), ctx.plan
@@ -404,3 +390,21 @@ def tier_restore_source(ctx: Context, rs: RuleSet, rule: Rule) -> Iterator[Outco
         if r.get("tier") != want:
             yield Outcome(False, f"restore from the {want} tier", f"{r.get('tier')} tier",
                           where=f"read {r['index']} rank {rank}")
+
+
+CHECKS = checks_table(
+    result_consistent,
+    result_counts,
+    result_times,
+    bytes_match_plan,
+    metrics_recompute,
+    fsync_every_write,
+    cold_reads,
+    data_verified,
+    data_unique,
+    bandwidth_plausible,
+    pipeline_declared,
+    async_timeline,
+    tier_drain_verified,
+    tier_restore_source,
+)

@@ -7,7 +7,7 @@ in ``Context.submission``.  The functions below only read those facts: each rule
 :class:`Problem` collected for it, passes when the list is empty, and is *not checked* when the
 checker never got that far (``None``: an earlier stage stopped the bundle's pipeline).
 
-They register in the same ``CHECKS`` table as every other rule, so rule text in ``rules.yaml``
+``mlckpt.rules.registry`` composes them with every other check, so rule text in ``rules.yaml``
 names them and is never evaluated.
 """
 
@@ -17,7 +17,7 @@ from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from mlckpt.rules import Context, NotChecked, Outcome, Rule, RuleSet, check
+from mlckpt.rules.engine import Context, NotChecked, Outcome, Rule, RuleSet, checks_table
 
 # Rules whose failure means the bytes cannot be trusted at all (exit status 3 in mlckpt-check).
 INTEGRITY_RULES = ("BUNDLE-SIGNATURE", "BUNDLE-KEY", "BUNDLE-FILES", "BUNDLE-PATHS")
@@ -83,52 +83,42 @@ def _report(ctx: Context, name: str) -> Iterator[Outcome | NotChecked]:
         yield Outcome(False, p.expected, p.actual, where=p.where)
 
 
-@check
 def bundle_layout(ctx: Context, rs: RuleSet, rule: Rule) -> Iterator[Outcome | NotChecked]:
     yield from _report(ctx, "layout")
 
 
-@check
 def bundle_signature(ctx: Context, rs: RuleSet, rule: Rule) -> Iterator[Outcome | NotChecked]:
     yield from _report(ctx, "signature")
 
 
-@check
 def bundle_key(ctx: Context, rs: RuleSet, rule: Rule) -> Iterator[Outcome | NotChecked]:
     yield from _report(ctx, "key")
 
 
-@check
 def bundle_files(ctx: Context, rs: RuleSet, rule: Rule) -> Iterator[Outcome | NotChecked]:
     yield from _report(ctx, "files")
 
 
-@check
 def bundle_paths(ctx: Context, rs: RuleSet, rule: Rule) -> Iterator[Outcome | NotChecked]:
     yield from _report(ctx, "paths")
 
 
-@check
 def bundle_schema(ctx: Context, rs: RuleSet, rule: Rule) -> Iterator[Outcome | NotChecked]:
     yield from _report(ctx, "schema")
 
 
-@check
 def rules_version_known(ctx: Context, rs: RuleSet, rule: Rule) -> Iterator[Outcome | NotChecked]:
     yield from _report(ctx, "rules_version")
 
 
-@check
 def bundle_predicate(ctx: Context, rs: RuleSet, rule: Rule) -> Iterator[Outcome | NotChecked]:
     yield from _report(ctx, "predicate")
 
 
-@check
 def system_description(ctx: Context, rs: RuleSet, rule: Rule) -> Iterator[Outcome | NotChecked]:
     yield from _report(ctx, "system_description")
 
 
-@check
 def duplicate_run(ctx: Context, rs: RuleSet, rule: Rule) -> Iterator[Outcome | NotChecked]:
     yield from _report(ctx, "duplicates")
 
@@ -137,7 +127,6 @@ def _because(v: Verdicts) -> str:
     return f" ({', '.join(v.reasons)})" if v.reasons else ""
 
 
-@check
 def division_placement(ctx: Context, rs: RuleSet, rule: Rule) -> Outcome | NotChecked:
     """A bundle under closed/ must earn the closed verdict.  Under open/ any valid verdict is
     fine: a closed-eligible run may always be published in the open division."""
@@ -151,7 +140,6 @@ def division_placement(ctx: Context, rs: RuleSet, rule: Rule) -> Outcome | NotCh
                    f"verdict {v.recomputed}{_because(v)}")
 
 
-@check
 def result_verdict(ctx: Context, rs: RuleSet, rule: Rule) -> Outcome | NotChecked:
     """The verdict run.json records must be the one the same rules give on the same data."""
     facts = _facts(ctx)
@@ -160,3 +148,19 @@ def result_verdict(ctx: Context, rs: RuleSet, rule: Rule) -> Outcome | NotChecke
         return NotChecked("rules not evaluated")
     return Outcome(v.recorded == v.recomputed, f"{v.recomputed}{_because(v)}", v.recorded,
                    where=v.where)
+
+
+CHECKS = checks_table(
+    bundle_layout,
+    bundle_signature,
+    bundle_key,
+    bundle_files,
+    bundle_paths,
+    bundle_schema,
+    rules_version_known,
+    bundle_predicate,
+    system_description,
+    duplicate_run,
+    division_placement,
+    result_verdict,
+)

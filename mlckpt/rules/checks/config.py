@@ -1,0 +1,181 @@
+"""Check functions of the ``config`` stage (and the pure pre-I/O checks of the pipeline): the
+configuration, the workload and the closed division's fixed values.  Pure."""
+
+from __future__ import annotations
+
+import posixpath
+from collections.abc import Iterable, Iterator, Mapping
+from pathlib import PurePosixPath
+from typing import Any
+
+from mlckpt.pipeline import Pipeline
+from mlckpt.rules.engine import Context, NotChecked, Outcome, Rule, RuleSet, checks_table
+from mlckpt.units import GiB, fmt_bytes
+
+
+def ranks_multiple_of_mp(ctx: Context, rs: RuleSet, rule: Rule) -> Outcome:
+    mp = ctx.workload.parallelism.model_parallel
+    ranks = ctx.ranks
+    ok = isinstance(ranks, int) and ranks > 0 and ranks % mp == 0
+    actual: Any = ranks
+    if not ok and isinstance(ranks, int):
+        lower, upper = (ranks // mp) * mp, (ranks // mp + 1) * mp
+        nearest = [n for n in (lower, upper) if n > 0]
+        actual = f"{ranks} (nearest valid: {' or '.join(map(str, nearest))})"
+    return Outcome(ok, mp, actual)
+
+
+def zero3_without_pipeline(ctx: Context, rs: RuleSet, rule: Rule) -> Outcome:
+    p = ctx.workload.parallelism
+    return Outcome(not (p.zero_stage >= 3 and p.pipeline > 1), 1, p.pipeline)
+
+
+def layers_cover_stages(ctx: Context, rs: RuleSet, rule: Rule) -> Outcome:
+    w = ctx.workload
+    return Outcome(w.model.num_layers >= w.parallelism.pipeline, w.parallelism.pipeline,
+                   w.model.num_layers)
+
+
+def scale_in_range(ctx: Context, rs: RuleSet, rule: Rule) -> Outcome:
+    scale = ctx.get("scale")
+    ok = isinstance(scale, int | float) and not isinstance(scale, bool) and 0 < scale <= 1
+    return Outcome(ok, "(0, 1]", scale)
+
+
+def counts_valid(ctx: Context, rs: RuleSet, rule: Rule) -> Outcome:
+    w, r = ctx.get("checkpoint.num_writes"), ctx.get("checkpoint.num_reads")
+    # Restores cycle through the written checkpoints, so num_reads may exceed num_writes.
+    ok = isinstance(w, int) and isinstance(r, int) and w >= 1 and r >= 0
+    return Outcome(ok, "num_writes >= 1 and num_reads >= 0",
+                   f"num_writes={w}, num_reads={r}")
+
+
+def closed_canonical_workload(ctx: Context, rs: RuleSet, rule: Rule) -> Outcome:
+    name = ctx.workload.name
+    canon = rs.canonical_workloads.get(name)
+    if canon is None:
+        return Outcome(False, "one of " + ", ".join(rs.canonical_workloads), name)
+    w = ctx.workload
+    got = {"closed_ranks": w.closed_ranks,
+           "model": {k: getattr(w.model, k) for k in canon["model"]},
+           "parallelism": {k: getattr(w.parallelism, k) for k in canon["parallelism"]}}
+    for key, want in _flatten(canon).items():
+        have = _flatten(got).get(key)
+        if have != want:
+            return Outcome(False, f"workload.{key}={want}", f"workload.{key}={have}")
+    return Outcome(True)
+
+
+def closed_rank_count(ctx: Context, rs: RuleSet, rule: Rule) -> Outcome | NotChecked:
+    canon = rs.canonical_workloads.get(ctx.workload.name)
+    if canon is None:
+        return NotChecked("not a canonical workload (see CLOSED-WORKLOAD)")
+    return Outcome(ctx.ranks == canon["closed_ranks"], canon["closed_ranks"], ctx.ranks)
+
+
+def closed_counts(ctx: Context, rs: RuleSet, rule: Rule) -> Outcome:
+    want = (rs.closed["num_writes"], rs.closed["num_reads"])
+    have = (ctx.get("checkpoint.num_writes"), ctx.get("checkpoint.num_reads"))
+    return Outcome(have == want, f"{want[0]} writes and {want[1]} reads",
+                   f"{have[0]} writes and {have[1]} reads")
+
+
+def closed_fixed_params(ctx: Context, rs: RuleSet, rule: Rule) -> Iterator[Outcome]:
+    for key, want in rs.closed["fixed_values"].items():
+        have = ctx.get(key)
+        yield Outcome(have == want, f"{key}={want}", f"{key}={have}")
+
+
+def override_key(override: str) -> str:
+    """'++io.threads=8' → 'io.threads'; '~cache' → 'cache'."""
+    key = override.split("=", 1)[0].lstrip("+~")
+    return key.split("@", 1)[0]
+
+
+def _allowed(key: str, patterns: Iterable[str]) -> bool:
+    for p in patterns:
+        if p.endswith(".*") and (key == p[:-2] or key.startswith(p[:-1])):
+            return True
+        if key == p:
+            return True
+    return False
+
+
+def closed_allowed_overrides(ctx: Context, rs: RuleSet, rule: Rule) -> Iterator[Outcome]:
+    # Counts and fixed values have rules of their own; don't report them twice.
+    own_rules = {"checkpoint.num_writes", "checkpoint.num_reads", *rs.closed["fixed_values"]}
+    for ov in ctx.overrides:
+        key = override_key(ov)
+        if key in own_rules or key.startswith("workload.") or key.startswith("hydra."):
+            continue  # workload.* edits are CLOSED-WORKLOAD's to report, with the canonical value
+        yield Outcome(_allowed(key, rs.closed["allowed_overrides"]),
+                      "allowed overrides", f"'{key}'")
+
+
+def accelerator_memory(ctx: Context, rs: RuleSet, rule: Rule) -> Outcome | NotChecked:
+    acc = ctx.get("accelerator")
+    if ctx.plan is None:
+        return NotChecked("no plan")
+    need = ctx.plan.total_bytes
+    if acc is None:
+        if not ctx.complete:
+            return NotChecked("accelerator not declared (give accelerator=NAME)")
+        return Outcome(False, f"{fmt_bytes(need)} (declare accelerator=NAME)", "no accelerator")
+    per = rs.accelerators.get(str(acc).lower())
+    if per is None:
+        return Outcome(False, "an accelerator from the rules table: " + ", ".join(rs.accelerators),
+                       f"unknown accelerator {acc!r}")
+    have = per * GiB * ctx.plan.ranks
+    return Outcome(have >= need, fmt_bytes(need),
+                   f"{ctx.plan.ranks} × {per} GiB ({acc}) = {fmt_bytes(have)}")
+
+
+def async_residency(ctx: Context, rs: RuleSet, rule: Rule) -> Outcome:
+    pipe = Pipeline.of(ctx.config)
+    return Outcome(pipe.mode != "async" or ctx.get("residency") == "full",
+                   "residency=full with checkpoint.mode=async", f"residency={ctx.get('residency')}")
+
+
+def _nested(a: str, b: str) -> bool:
+    """Whether one folder is the other or inside it (relative paths: against the same directory)."""
+    pa, pb = (PurePosixPath(posixpath.normpath(posixpath.join("/.cwd", x))) for x in (a, b))
+    return pa == pb or pa.is_relative_to(pb) or pb.is_relative_to(pa)
+
+
+def tiers_distinct(ctx: Context, rs: RuleSet, rule: Rule) -> Outcome | NotChecked:
+    pipe = Pipeline.of(ctx.config)
+    if not pipe.tiered:
+        return Outcome(True)  # nothing to keep apart
+    durable = str(ctx.get("checkpoint.folder"))
+    return Outcome(not _nested(str(pipe.fast), durable),
+                   f"a fast tier apart from checkpoint.folder={durable}",
+                   f"checkpoint.tiers.fast={pipe.fast}")
+
+
+def _flatten(d: Mapping[str, Any], prefix: str = "") -> dict[str, Any]:
+    out: dict[str, Any] = {}
+    for k, v in d.items():
+        key = f"{prefix}{k}"
+        if isinstance(v, Mapping):
+            out.update(_flatten(v, key + "."))
+        else:
+            out[key] = v
+    return out
+
+
+
+CHECKS = checks_table(
+    ranks_multiple_of_mp,
+    zero3_without_pipeline,
+    layers_cover_stages,
+    scale_in_range,
+    counts_valid,
+    closed_canonical_workload,
+    closed_rank_count,
+    closed_counts,
+    closed_fixed_params,
+    closed_allowed_overrides,
+    accelerator_memory,
+    async_residency,
+    tiers_distinct,
+)

@@ -1,0 +1,137 @@
+"""Check functions of the ``host`` stage: each host's measured memory, space and folders against
+what its ranks need.  Pure: the runner measures, these judge."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+
+from mlckpt.pipeline import MEMORY_FILESYSTEMS, Pipeline
+from mlckpt.rules.engine import (
+    Context,
+    HostSpec,
+    NotChecked,
+    Outcome,
+    Rule,
+    RuleSet,
+    checks_table,
+    rank_shift,
+)
+from mlckpt.sizing import Plan
+from mlckpt.units import fmt_bytes
+
+
+def closed_ranks_per_host(ctx: Context, rs: RuleSet, rule: Rule) -> Iterator[Outcome | NotChecked]:
+    minimum = rs.closed["min_ranks_per_host"]
+    if ctx.hosts is None:
+        yield NotChecked("host mapping unknown (give hosts= or ranks_per_host=)")
+        return
+    for h in ctx.hosts:
+        yield Outcome(len(h.ranks) >= minimum, minimum, f"host {h.name} has {len(h.ranks)}")
+
+
+def host_memory(ctx: Context, rs: RuleSet, rule: Rule) -> Iterator[Outcome | NotChecked]:
+    if ctx.plan is None:
+        yield NotChecked("no plan")
+        return
+    if ctx.hosts is None:
+        yield NotChecked("host mapping unknown (give hosts= or ranks_per_host=)")
+        return
+    for h in ctx.hosts:
+        if h.mem_available_bytes is None:
+            yield NotChecked("host memory unknown (give host_memory_gib=)")
+            continue
+        need = host_memory_need(ctx, h)
+        yield Outcome(h.mem_available_bytes >= need, fmt_bytes(need),
+                      f"{fmt_bytes(h.mem_available_bytes)} available", where=f"host {h.name}")
+
+
+def host_memory_need(ctx: Context, host: HostSpec) -> int:
+    """Memory the ranks of ``host`` need: each rank's state (full residency: its shard or what it
+    restores, whichever is larger; stream: the ring), plus async staging (a copy of its shard) and
+    the drain's ring when tiered, plus the fast tier itself when it lives in this memory (tmpfs)."""
+    plan = ctx.plan
+    assert plan is not None
+    restore = str(ctx.get("checkpoint.restore") or "own")
+    stream = ctx.get("residency") == "stream"
+    cap = int(ctx.get("stream_buffer_bytes") or 0)
+    shift = rank_shift(ctx)
+    pipe = Pipeline.of(ctx.config)
+    ring = pipe.drain_ring_bytes(int(ctx.get("io.threads") or 1), int(ctx.get("io.block_size") or 0))
+    need = 0
+    for r in host.ranks:
+        state = plan.resident_bytes(r, restore, shift)  # type: ignore[arg-type]
+        need += min(cap, state) if stream else state
+        need += pipe.staging_bytes(plan.own_resident_bytes(r)) + ring
+    if pipe.tiered and host.fast_fs in MEMORY_FILESYSTEMS:
+        need += pipe.fast_peak_checkpoints(int(ctx.get("checkpoint.num_writes") or 1)) \
+            * host_checkpoint_bytes(plan, host)
+    return need
+
+
+def host_checkpoint_bytes(plan: Plan, host: HostSpec) -> int:
+    """Bytes the ranks of ``host`` write per checkpoint, in whole pages (what a node-local tier holds)."""
+    return sum(plan.own_resident_bytes(r) for r in host.ranks)
+
+
+def disk_space(ctx: Context, rs: RuleSet, rule: Rule) -> Iterator[Outcome | NotChecked]:
+    if ctx.plan is None or ctx.hosts is None:
+        yield NotChecked("no host measurements")
+        return
+    need = ctx.plan.total_bytes * int(ctx.get("checkpoint.num_writes") or 0)
+    for h in ctx.hosts:
+        if h.disk_free_bytes is None:
+            yield NotChecked("free space not measured")
+            continue
+        yield Outcome(h.disk_free_bytes >= need, fmt_bytes(need),
+                      f"{fmt_bytes(h.disk_free_bytes)} free", where=f"host {h.name}")
+
+
+def folder_usable(ctx: Context, rs: RuleSet, rule: Rule) -> Iterator[Outcome | NotChecked]:
+    if ctx.hosts is None:
+        yield NotChecked("no host measurements")
+        return
+    for h in ctx.hosts:
+        yield Outcome(h.folder_problem is None, "writable, no foreign files", h.folder_problem,
+                      where=f"host {h.name}")
+
+
+def tier_space(ctx: Context, rs: RuleSet, rule: Rule) -> Iterator[Outcome | NotChecked]:
+    pipe = Pipeline.of(ctx.config)
+    if not pipe.tiered:
+        yield Outcome(True)  # one tier: nothing to check
+        return
+    if ctx.plan is None or ctx.hosts is None:
+        yield NotChecked("no host measurements")
+        return
+    peak = pipe.fast_peak_checkpoints(int(ctx.get("checkpoint.num_writes") or 1))
+    for h in ctx.hosts:
+        if h.fast_free_bytes is None:
+            yield NotChecked("fast-tier free space not measured")
+            continue
+        need = peak * host_checkpoint_bytes(ctx.plan, h)
+        held = f"{peak} checkpoint{'s' if peak > 1 else ''}"
+        yield Outcome(h.fast_free_bytes >= need, f"{fmt_bytes(need)} ({held})",
+                      f"{fmt_bytes(h.fast_free_bytes)} free", where=f"host {h.name}")
+
+
+def tier_usable(ctx: Context, rs: RuleSet, rule: Rule) -> Iterator[Outcome | NotChecked]:
+    if not Pipeline.of(ctx.config).tiered:
+        yield Outcome(True)  # one tier: nothing to check
+        return
+    if ctx.hosts is None:
+        yield NotChecked("no host measurements")
+        return
+    for h in ctx.hosts:
+        yield Outcome(h.fast_problem is None, "writable, no foreign files", h.fast_problem,
+                      where=f"host {h.name}")
+
+
+
+CHECKS = checks_table(
+    closed_ranks_per_host,
+    host_memory,
+    disk_space,
+    folder_usable,
+    tier_space,
+    tier_usable,
+)

@@ -1,0 +1,263 @@
+"""The rules engine shared by the runner's gates and the checker.  Pure; imports no checks.
+
+A rule set is data (``rules/<version>/rules.yaml``) plus named check functions (``checks/``,
+composed by ``registry``); rule text is never evaluated.  ``evaluate(ctx, stage)`` runs every rule
+of that stage that applies to the context's division and returns findings (failed rules) and
+the rules it could not evaluate for lack of input (e.g. ``mlckpt plan`` without ``hosts=``).
+
+Verdicts: any ``invalid`` finding → ``invalid``; else any ``open`` finding or an open-division
+run → ``open``; else ``closed``.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable, Iterable, Mapping, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from mlckpt.errors import ConfigError, RuleError
+from mlckpt.resources import rules_dir
+from mlckpt.sizing import Plan, auto_rank_shift
+from mlckpt.workload import Workload
+
+SEVERITIES = ("invalid", "open", "warning")
+STAGES = ("config", "host", "result", "submission")
+DEFAULT_RULES_VERSION = "1.0"
+
+
+@dataclass(frozen=True)
+class Rule:
+    id: str
+    severity: str
+    divisions: tuple[str, ...]
+    stages: tuple[str, ...]
+    check: str
+    message: str
+    params: Mapping[str, Any] = field(default_factory=dict)
+
+
+@dataclass(frozen=True)
+class Finding:
+    rule: str
+    severity: str
+    message: str
+    expected: Any = None
+    actual: Any = None
+    path: str | None = None
+
+    def to_dict(self) -> dict[str, Any]:
+        d = {"rule": self.rule, "severity": self.severity, "message": self.message,
+             "expected": self.expected, "actual": self.actual}
+        if self.path is not None:
+            d["path"] = self.path
+        return d
+
+
+@dataclass(frozen=True)
+class Outcome:
+    """One evaluation of a rule: ``ok`` or not, with the values its message names.  ``where``
+    (a host, a file) prefixes the message when a rule fails in one place of several."""
+
+    ok: bool
+    expected: Any = None
+    actual: Any = None
+    where: str | None = None
+
+
+@dataclass(frozen=True)
+class NotChecked:
+    reason: str
+
+
+@dataclass(frozen=True)
+class HostSpec:
+    """A host as the rules see it: its ranks and (when known) measured resources."""
+
+    name: str
+    ranks: tuple[int, ...]
+    mem_available_bytes: int | None = None
+    disk_free_bytes: int | None = None
+    folder_problem: str | None = None  # None = folder usable
+    # The fast tier (checkpoint.tiers.fast), when configured: free space, problem, filesystem type.
+    fast_free_bytes: int | None = None
+    fast_problem: str | None = None
+    fast_fs: str | None = None
+
+
+@dataclass(frozen=True)
+class Context:
+    """Everything a check may look at.  ``complete`` is True for the runner and the checker:
+    there a missing declaration (e.g. no accelerator in closed) is a failure, not 'unchecked'."""
+
+    config: Mapping[str, Any]
+    workload: Workload
+    overrides: tuple[str, ...] = ()
+    plan: Plan | None = None
+    hosts: tuple[HostSpec, ...] | None = None
+    complete: bool = False
+    run: Any = None  # checks.result.RunData for the result stage
+    submission: Any = None  # checks.submission.SubmissionFacts for the submission stage
+
+    @property
+    def division(self) -> str:
+        return str(self.config.get("division", "closed"))
+
+    @property
+    def ranks(self) -> Any:
+        return self.config.get("ranks")
+
+    def get(self, dotted: str) -> Any:
+        node: Any = self.config
+        for part in dotted.split("."):
+            if not isinstance(node, Mapping) or part not in node:
+                return None
+            node = node[part]
+        return node
+
+
+@dataclass(frozen=True)
+class Evaluation:
+    findings: tuple[Finding, ...]
+    not_checked: tuple[tuple[str, str], ...]  # (rule id, reason)
+
+    def verdict(self, division: str) -> str:
+        return verdict(self.findings, division)
+
+
+CheckResult = Outcome | NotChecked | Iterable[Outcome | NotChecked]
+CheckFn = Callable[[Context, "RuleSet", Rule], CheckResult]
+
+
+def checks_table(*fns: CheckFn) -> dict[str, CheckFn]:
+    """A check module's table: each function under its own name (the name rules.yaml uses)."""
+    return {fn.__name__: fn for fn in fns}
+
+
+@dataclass(frozen=True)
+class RuleSet:
+    version: str
+    rules: tuple[Rule, ...]
+    data: Mapping[str, Any]
+    folder: Path
+    checks: Mapping[str, CheckFn]  # check name -> function (composed by mlckpt.rules.registry)
+
+    def rule(self, rule_id: str) -> Rule:
+        for r in self.rules:
+            if r.id == rule_id:
+                return r
+        raise KeyError(rule_id)
+
+    @property
+    def canonical_workloads(self) -> Mapping[str, Any]:
+        return self.data["canonical_workloads"]
+
+    @property
+    def accelerators(self) -> Mapping[str, float]:
+        return self.data["accelerator_memory_gib"]
+
+    @property
+    def closed(self) -> Mapping[str, Any]:
+        return self.data["closed"]
+
+    def evaluate(self, ctx: Context, stages: Sequence[str]) -> Evaluation:
+        findings: list[Finding] = []
+        skipped: list[tuple[str, str]] = []
+        for rule in self.rules:
+            if ctx.division not in rule.divisions or not set(stages) & set(rule.stages):
+                continue
+            result = self.checks[rule.check](ctx, self, rule)
+            items = [result] if isinstance(result, Outcome | NotChecked) else list(result)
+            for item in items:
+                if isinstance(item, NotChecked):
+                    if (rule.id, item.reason) not in skipped:  # once per rule, not per host
+                        skipped.append((rule.id, item.reason))
+                elif not item.ok:
+                    findings.append(make_finding(rule, item))
+        return Evaluation(tuple(findings), tuple(skipped))
+
+    def require_structure(self, ctx: Context) -> None:
+        """Raise RuleError for the first failed structural rule: no plan exists without them."""
+        for rule in self.rules:
+            if rule.severity == "invalid" and rule.stages == ("config",):
+                for item in _as_list(self.checks[rule.check](ctx, self, rule)):
+                    if isinstance(item, Outcome) and not item.ok:
+                        raise RuleError(rule.id, make_finding(rule, item).message)
+
+
+def _as_list(result: CheckResult) -> list[Outcome | NotChecked]:
+    return [result] if isinstance(result, Outcome | NotChecked) else list(result)
+
+
+def make_finding(rule: Rule, o: Outcome, path: str | None = None) -> Finding:
+    message = rule.message.format(expected=_show(o.expected), actual=_show(o.actual))
+    if o.where:
+        message = f"{o.where}: {message}"
+    return Finding(rule.id, rule.severity, message, o.expected, o.actual, path)
+
+
+def _show(v: Any) -> str:
+    return ", ".join(map(str, v)) if isinstance(v, list | tuple) else str(v)
+
+
+def verdict(findings: Iterable[Finding], division: str | None) -> str:
+    sev = {f.severity for f in findings}
+    if "invalid" in sev:
+        return "invalid"
+    if "open" in sev or division == "open":
+        return "open"
+    return "closed"
+
+
+def load_rule_set(version: str, checks: Mapping[str, CheckFn]) -> RuleSet:
+    """``rules/<version>/rules.yaml`` with its check functions (see mlckpt.rules.registry)."""
+    folder = rules_dir() / version
+    path = folder / "rules.yaml"
+    if not path.is_file():
+        known = sorted(p.name for p in rules_dir().iterdir() if (p / "rules.yaml").is_file())
+        raise ConfigError(f"rules_version: unknown rules version {version!r}; known: "
+                          f"{', '.join(known)}", key="rules_version")
+    data = yaml.safe_load(path.read_text(encoding="utf-8"))
+    rules = []
+    for raw in data["rules"]:
+        rule = Rule(id=raw["id"], severity=raw["severity"], divisions=tuple(raw["divisions"]),
+                    stages=tuple(raw["stages"]), check=raw["check"], message=raw["message"],
+                    params=raw.get("params", {}))
+        # A rules file naming an unknown check or severity is a defect of the rules data itself.
+        if rule.check not in checks:
+            raise ValueError(f"{path}: rule {rule.id} names unknown check {rule.check!r}")
+        if rule.severity not in SEVERITIES or not set(rule.stages) <= set(STAGES):
+            raise ValueError(f"{path}: rule {rule.id} has a bad severity or stage")
+        rules.append(rule)
+    if data.get("version") != version:
+        raise ValueError(f"{path}: declares version {data.get('version')!r}, folder is {version!r}")
+    return RuleSet(version, tuple(rules), data, folder, checks)
+
+
+# --------------------------------------------------------------------------------------------
+# Host mapping (pure): block placement, as `mpiexec -ppn` does.
+
+def host_blocks(ranks: int, hosts: int | None, ranks_per_host: int | None) -> list[list[int]] | None:
+    if hosts is None and ranks_per_host is None:
+        return None
+    if ranks_per_host is None:
+        ranks_per_host = math.ceil(ranks / hosts)  # type: ignore[operator]
+    count = hosts if hosts is not None else math.ceil(ranks / ranks_per_host)
+    blocks = [list(range(h * ranks_per_host, min(ranks, (h + 1) * ranks_per_host)))
+              for h in range(count)]
+    return blocks
+
+
+
+def rank_shift(ctx: Context) -> int:
+    """The effective restore rank shift: ``checkpoint.rank_shift``, with ``auto`` resolved from
+    the host mapping (no hosts known: 0)."""
+    value = ctx.get("checkpoint.rank_shift")
+    if isinstance(value, int) and not isinstance(value, bool):
+        return value
+    return auto_rank_shift([len(h.ranks) for h in ctx.hosts]) if ctx.hosts else 0
+
+
