@@ -5,10 +5,9 @@
 
 Subcommands are modules listed in :data:`SUBCOMMAND_MODULES`, each exposing
 ``register(subparsers)`` that adds its parser and sets ``func`` (a handler taking the parsed
-arguments and returning an exit status), exactly like ``mlckpt``'s own commands.  Hooks for what
-comes next: ``checker.leaderboard`` (``mlckpt-check leaderboard ROOT ...``) and
-``checker.compare`` (``mlckpt-check compare A B``) are listed already and picked up as soon as the
-modules exist; they can reuse :func:`check_tree` to get the validated bundles and their metrics.
+arguments and returning an exit status), exactly like ``mlckpt``'s own commands:
+``checker.leaderboard.command`` (``mlckpt-check leaderboard ROOT ...``) and ``checker.compare``
+(``mlckpt-check compare A B``).  The tree check itself is :func:`checker.tree_check.check_tree`.
 
 Exit statuses (SPEC §7): 0 all valid, 1 rule errors, 2 usage, 3 integrity failure, 4 internal
 error (see :mod:`checker.report`).  Usage errors are one line on stderr, never a traceback.
@@ -17,46 +16,39 @@ error (see :mod:`checker.report`).  Usage errors are one line on stderr, never a
 from __future__ import annotations
 
 import argparse
-import importlib
 import json
-import multiprocessing
 import os
 import sys
 from collections.abc import Sequence
-from concurrent.futures import ProcessPoolExecutor
 from pathlib import Path
 from typing import Any
 
 from checker import report as rep
-from checker.stages import (
-    BundleResult,
-    SystemInfo,
-    Task,
-    add_duplicates,
-    check_bundle,
-    fallback_rules,
-    finding_dict,
-    internal_result,
-    known_rules_versions,
-    load_system_file,
-    submission_findings,
-)
-from checker.tree import SystemFile, TreeScan, walk
+from checker.stages import known_rules_versions
+from checker.tree_check import TRUSTED_KEYS_FILE, check_tree, load_trusted
 from mlckpt import __version__
-from mlckpt.bundle import TrustedKeys
-from mlckpt.cli import OneLineParser, run_guarded
+from mlckpt.command import OneLineParser, run_guarded
 from mlckpt.errors import UsageError
-from mlckpt.rules.checks.submission import Problem, SubmissionFacts
 
 PROG = "mlckpt-check"
 DEFAULT_COMMAND = "check"
-TRUSTED_KEYS_FILE = "trusted-keys.yaml"
-# name -> module exposing register(subparsers); modules not present yet are skipped.
-SUBCOMMAND_MODULES: dict[str, str] = {
-    "check": "checker.cli",
-    "leaderboard": "checker.leaderboard",
-    "compare": "checker.compare",
-}
+
+
+def _leaderboard() -> Any:
+    from checker.leaderboard import command
+
+    return command
+
+
+def _compare() -> Any:
+    from checker import compare
+
+    return compare
+
+
+# name -> the module exposing register(subparsers), imported only when its command is used (the
+# leaderboard pulls in pandas; checking a tree should not pay for it).
+SUBCOMMAND_MODULES: dict[str, Any] = {"check": None, "leaderboard": _leaderboard, "compare": _compare}
 
 
 # ----------------------------------------------------------------------------------------------
@@ -87,19 +79,11 @@ def build_parser(command: str | None = None) -> argparse.ArgumentParser:
     parser = OneLineParser(prog=PROG, description="Validate mlckpt result bundles in a submission tree.")
     parser.add_argument("--version", action="version", version=f"{PROG} {__version__}")
     sub = parser.add_subparsers(dest="command", metavar="COMMAND", parser_class=OneLineParser)
-    for name, module_name in SUBCOMMAND_MODULES.items():
+    for name, load in SUBCOMMAND_MODULES.items():
         if name == DEFAULT_COMMAND:
             register(sub)
-            continue
-        if command is not None and name != command:
-            continue
-        try:
-            module = importlib.import_module(module_name)
-        except ModuleNotFoundError as exc:  # not written yet
-            if exc.name == module_name:
-                continue
-            raise
-        module.register(sub)
+        elif command is None or name == command:
+            load().register(sub)
     return parser
 
 
@@ -149,13 +133,7 @@ def cmd_check(args: argparse.Namespace) -> int:
         parent = args.json.parent if str(args.json.parent) else Path(".")
         if not parent.is_dir() or args.json.is_dir():
             raise UsageError(f"--json {args.json}: cannot write there (no such folder, or a folder)")
-    keys_path = args.trusted_keys
-    if keys_path is None:
-        keys_path = root / TRUSTED_KEYS_FILE
-        if not keys_path.is_file():
-            raise UsageError(f"no trusted keys: give --trusted-keys FILE or put {TRUSTED_KEYS_FILE} "
-                             f"in {root}")
-    trusted = TrustedKeys.load(keys_path)
+    trusted = load_trusted(root, args.trusted_keys)
     report = check_tree(root, trusted, forced_rules=args.rules, jobs=jobs)
     text = rep.render_text(report, quiet=args.quiet)
     if args.json is not None:
@@ -173,65 +151,3 @@ def cmd_check(args: argparse.Namespace) -> int:
         sys.stdout.write(text)
     sys.stdout.flush()
     return int(report["exit_status"])
-
-
-def check_tree(root: Path, trusted: TrustedKeys, *, forced_rules: str | None = None,
-               jobs: int = 1) -> dict[str, Any]:
-    """Check every bundle under ``root``; the report as a dict (see :mod:`checker.report`)."""
-    root = Path(root)
-    scan = walk(root)
-    fallback = fallback_rules(forced_rules)
-    systems = _systems(root, scan, fallback.version)
-    tasks = [Task(str(root), leaf, trusted, forced_rules,
-                  systems[(leaf.division, leaf.org, leaf.system)]) for leaf in scan.leaves]
-    results = _run_tasks(tasks, jobs)
-    add_duplicates(results, forced_rules)
-    tree_findings = _tree_findings(scan, systems, fallback, {(t.leaf.division, t.leaf.org, t.leaf.system)
-                                                             for t in tasks})
-    return rep.build(str(root), results, tree_findings)
-
-
-def _systems(root: Path, scan: TreeScan, version: str) -> dict[tuple[str, str, str], SystemInfo]:
-    files = {(s.division, s.org, s.system): s for s in scan.systems}
-    keys = set(files) | {(leaf.division, leaf.org, leaf.system) for leaf in scan.leaves}
-    out = {}
-    for div, org, system in sorted(keys):
-        sf: SystemFile | None = files.get((div, org, system))
-        out[(div, org, system)] = load_system_file(root, sf, f"{div}/{org}/systems/{system}.yaml", version)
-    return out
-
-
-def _tree_findings(scan: TreeScan, systems: dict[tuple[str, str, str], SystemInfo], rs: Any,
-                   used: set[tuple[str, str, str]]) -> list[dict[str, Any]]:
-    """Findings about the tree itself: misplaced entries, and system descriptions no bundle uses
-    (a bundle that uses one reports its problems itself)."""
-    out: list[dict[str, Any]] = []
-    by_division: dict[str, dict[str, list[Any]]] = {}
-    for div, problem in scan.problems:
-        by_division.setdefault(div, {"layout": [], "system_description": []})["layout"].append(problem)
-    for key, info in sorted(systems.items()):
-        if info.doc is None and key not in used and info.problem != "missing":
-            by_division.setdefault(key[0], {"layout": [], "system_description": []})[
-                "system_description"].append(Problem(info.path, "a valid system description", info.problem))
-    for div, facts in sorted(by_division.items()):
-        sf = SubmissionFacts(layout=tuple(facts["layout"]),
-                             system_description=tuple(facts["system_description"]))
-        found, _ = submission_findings(rs, sf, div)
-        wheres = {p.where: p.where for p in (*facts["layout"], *facts["system_description"])}
-        out += [finding_dict(f, ".", wheres) for f in found]
-    return out
-
-
-def _run_tasks(tasks: list[Task], jobs: int) -> list[BundleResult]:
-    if jobs <= 1 or len(tasks) <= 1:
-        return [check_bundle(t) for t in tasks]
-    ctx = multiprocessing.get_context("fork") if "fork" in multiprocessing.get_all_start_methods() else None
-    results: list[BundleResult] = []
-    with ProcessPoolExecutor(max_workers=min(jobs, len(tasks)), mp_context=ctx) as pool:
-        futures = [pool.submit(check_bundle, t) for t in tasks]
-        for task, fut in zip(tasks, futures, strict=True):
-            try:
-                results.append(fut.result())
-            except Exception as exc:  # the worker died (killed, out of memory): a checker fault
-                results.append(internal_result(task.leaf, "worker", exc))
-    return results

@@ -31,8 +31,8 @@ from pathlib import Path
 from typing import Any
 
 from mlckpt import engine
-from mlckpt.cli import run_guarded
 from mlckpt.cli.run_cmd import find_mpiexec, launch, under_mpi
+from mlckpt.command import run_guarded
 from mlckpt.run.faults import Faults
 from mlckpt.run.runner import mpi_main
 

@@ -34,8 +34,9 @@ import pytest
 import yaml
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 
-from checker import cli, leaderboard, render
-from checker.leaderboard import COLUMN, COLUMNS, fmt, result_id, rounded
+from checker import cli, leaderboard
+from checker.leaderboard import COLUMN, COLUMNS, fmt, render, result_id, rounded
+from checker.leaderboard import command as leaderboard_command
 from mlckpt import __version__, bundle
 from mlckpt.config import setup
 from mlckpt.metrics import GIB, RECORDS_FORMAT, dlio_compat, summarize
@@ -435,7 +436,7 @@ def test_identical_trees_give_byte_identical_outputs(outputs: dict[str, str], tm
     other = build_tree(tmp_path / "tree")
     board = leaderboard.collect(other, bundle.TrustedKeys.load(other / "trusted-keys.yaml"), jobs=2)
     base = tmp_path / "pub"
-    links = {e.path: leaderboard._link(other / e.path, base, e.path.endswith(".tar.gz"))
+    links = {e.path: leaderboard_command._link(other / e.path, base, e.path.endswith(".tar.gz"))
              for t in board.tables for e in t.entries}
     for fmt_name in FORMATS:
         assert render.render(board, fmt_name, links=links) == outputs[fmt_name], fmt_name

@@ -1,5 +1,5 @@
 /* mlckpt leaderboard page: sortable tables and chart drawing.  Inlined into the page by
- * checker/render.py; no network access, no dependencies besides plotly.js (inlined before it).
+ * checker/leaderboard/render.py; no network access, no dependencies besides plotly.js (inlined before it).
  *
  * Sorting: a header button sorts its table by that column.  Numeric columns sort by the raw
  * value in each cell's data-value (not the rounded text), highest first on the first click;

@@ -6,7 +6,7 @@ the leaderboard (no timestamps, no random IDs, stable ordering), so identical tr
 byte-identical files.
 
 The HTML page works offline and from ``file://``: the CSS and the sorting script
-(``checker/assets/``) and plotly.js are inlined; nothing is fetched.  Charts are drawn by
+(``checker/leaderboard/assets/``) and plotly.js are inlined; nothing is fetched.  Charts are drawn by
 plotly.js, taken from the ``plotly`` Python package (``plotly.offline.get_plotlyjs()``, the
 bundle that ``include_plotlyjs=True`` inlines).  Why plotly: it ships its JavaScript inside the
 wheel, so an offline page needs nothing but ``pip``; it is widely used and maintained; it draws
@@ -32,7 +32,7 @@ from urllib.parse import quote
 import pandas as pd
 from tabulate import tabulate
 
-from checker.leaderboard import (
+from checker.leaderboard.model import (
     COLUMN,
     COLUMNS,
     LEADERBOARD_FORMAT,

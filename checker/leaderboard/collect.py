@@ -1,0 +1,136 @@
+"""Effects: the tree checked in-process, then every passing bundle read again from the very bytes
+the checker verified."""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import shutil
+import tempfile
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from checker.leaderboard.model import DIVISIONS, Entry, Excluded, Leaderboard, build, entry_from_docs
+from mlckpt.errors import MlckptError, UsageError
+
+READ_FILES = ("run.json", "config.yaml", "summary.json", "system.json")
+
+
+@dataclass(frozen=True)
+class BundleDocs:
+    run: dict[str, Any]
+    config: dict[str, Any]
+    summary: dict[str, Any]
+    system: dict[str, Any]
+    statement_sha256: str
+    keyid: str
+    org: str | None
+
+
+def is_archive(path: Path) -> bool:
+    return path.name.endswith(".tar.gz")
+
+
+class _Opened:
+    """A bundle folder, unpacking an archive into a temporary folder removed on exit."""
+
+    def __init__(self, path: Path) -> None:
+        self.path = path
+        self.tmp: str | None = None
+
+    def __enter__(self) -> Path:
+        from mlckpt import bundle
+
+        if self.path.is_dir():
+            return self.path
+        self.tmp = tempfile.mkdtemp(prefix="mlckpt-lb-")
+        try:
+            root = bundle.safe_unpack(self.path, Path(self.tmp) / "bundle")
+        except BaseException:
+            self.__exit__()
+            raise
+        return bundle.find_bundle_root(root)
+
+    def __exit__(self, *exc: object) -> None:
+        if self.tmp is not None:
+            shutil.rmtree(self.tmp, ignore_errors=True)
+            self.tmp = None
+
+
+def read_bundle(path: Path, trusted: Any = None) -> BundleDocs:
+    """Verify the bundle at ``path`` (folder or .tar.gz) and parse the files the tables use, each
+    checked against its signed digest, strictly (:mod:`checker.loading`) and against its JSON
+    Schema.  Raises BundleIntegrityError (exit 3) or UsageError (not a bundle, malformed)."""
+    from checker import loading
+    from checker.stages import known_rules_versions
+    from mlckpt import bundle
+    from mlckpt.schemas import first_error
+
+    with _Opened(path) as folder:
+        if not os.path.lexists(folder / bundle.SIGNATURE_FILE):
+            raise UsageError(f"{path}: not a bundle (no {bundle.SIGNATURE_FILE})")
+        vb = bundle.verify_bundle(folder, trusted)
+        docs: dict[str, Any] = {}
+        for name in READ_FILES:
+            if name not in vb.files:
+                raise UsageError(f"{path}: {name}: not in the bundle")
+            try:
+                data = loading.read_capped(folder / name, loading.CAPS[name])
+            except loading.ParseError as exc:
+                raise UsageError(f"{path}: {name}: {exc}") from None
+            if hashlib.sha256(data).hexdigest() != vb.files[name]:
+                raise UsageError(f"{path}: {name}: changed since it was verified")
+            try:
+                doc = loading.parse_yaml(data) if name.endswith(".yaml") else loading.parse_json(data)
+            except loading.ParseError as exc:
+                raise UsageError(f"{path}: {name}: {exc}") from None
+            if not isinstance(doc, dict):
+                raise UsageError(f"{path}: {name}: not an object")
+            docs[name] = doc
+    version = docs["run.json"].get("rules_version")
+    if version not in known_rules_versions():
+        raise UsageError(f"{path}: run.json: unknown rules version {version!r}")
+    for name, schema in zip(READ_FILES, ("run", "config", "summary", "system"), strict=True):
+        problem = first_error(docs[name], schema, str(version))
+        if problem:
+            raise UsageError(f"{path}: {name}: {problem}")
+    return BundleDocs(docs["run.json"], docs["config.yaml"], docs["summary.json"], docs["system.json"],
+                      vb.statement_sha256, vb.keyid, vb.org)
+
+
+def collect(root: Path, trusted: Any, *, jobs: int = 1) -> Leaderboard:
+    """Check the tree in-process and build the leaderboard from the bundles that pass."""
+    from checker.tree_check import check_tree
+
+    report = check_tree(root, trusted, jobs=jobs)
+    entries: list[Entry] = []
+    excluded: list[Excluded] = []
+    versions: set[str] = set()
+    for b in report["bundles"]:
+        if b["verdict"] not in DIVISIONS:
+            rules = sorted({f["rule"] for f in b["findings"] if f["severity"] in ("invalid", "internal")})
+            if b.get("integrity") == "failed":
+                rules = sorted({f["rule"] for f in b["findings"]} & _integrity_rules()) or rules
+            excluded.append(Excluded(b["path"], b["verdict"], tuple(rules)))
+            continue
+        try:
+            docs = read_bundle(Path(root) / b["path"], trusted)
+            if docs.statement_sha256 != b.get("statement_sha256"):
+                raise UsageError("the bundle changed after the checker passed it")
+            entry = entry_from_docs(b["path"], b["org"], b["system"], docs.run, docs.config,
+                                    docs.summary, docs.system, division=b["division"])
+        except (MlckptError, KeyError, TypeError, ValueError) as exc:
+            excluded.append(Excluded(b["path"], "unreadable", (), str(exc).splitlines()[0][:200]))
+            continue
+        entries.append(entry)
+        versions.add(entry.rules_version)
+    return build(entries, excluded, versions)
+
+
+def _integrity_rules() -> set[str]:
+    from mlckpt.rules.checks.submission import INTEGRITY_RULES
+
+    return set(INTEGRITY_RULES)
+
+

@@ -1,0 +1,74 @@
+"""``mlckpt-check leaderboard ROOT``: check the tree, publish the passing results."""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+from pathlib import Path
+from typing import Any
+
+from checker.leaderboard import render
+from checker.leaderboard.collect import collect, is_archive
+from checker.tree_check import load_trusted
+from mlckpt.errors import UsageError
+
+FORMATS = ("md", "csv", "json", "html")
+
+
+def register(subparsers: Any) -> None:
+    p = subparsers.add_parser(
+        "leaderboard", help="publish tables of the results that pass the checker",
+        description="Check every bundle under ROOT (as `mlckpt-check ROOT` does) and publish the "
+        "passing results, one table per class (division × workload × full/scaled × checkpoint "
+        "mode), ranked by write bandwidth.")
+    p.add_argument("root", type=Path, metavar="ROOT", help="the submission tree")
+    p.add_argument("--format", choices=FORMATS, default="md", help="output format (default: md)")
+    p.add_argument("--out", type=Path, default=None, metavar="PATH",
+                   help="write to PATH (default: stdout); html links to bundles relative to it")
+    p.add_argument("--trusted-keys", type=Path, default=None, metavar="FILE",
+                   help="organisation -> public keys (default: ROOT/trusted-keys.yaml)")
+    p.add_argument("--jobs", type=int, default=None, metavar="N",
+                   help="bundles checked in parallel (default: the number of CPUs)")
+    p.set_defaults(func=cmd_leaderboard)
+
+
+def cmd_leaderboard(args: argparse.Namespace) -> int:
+    root: Path = args.root
+    if not root.is_dir():
+        raise UsageError(f"{root}: not a folder (expected a submission tree)")
+    jobs = args.jobs if args.jobs is not None else (os.cpu_count() or 1)
+    if jobs < 1:
+        raise UsageError(f"--jobs: must be at least 1, got {jobs}")
+    if args.out is not None and (args.out.is_dir() or not args.out.parent.is_dir()):
+        raise UsageError(f"--out {args.out}: not a file in an existing folder")
+    trusted = load_trusted(root, args.trusted_keys)
+    board = collect(root, trusted, jobs=jobs)
+    base = Path(os.path.abspath(args.out)).parent if args.out is not None else Path(os.path.abspath("."))
+    links = {e.path: _link(Path(os.path.abspath(root)) / e.path, base, is_archive(Path(e.path)))
+             for t in board.tables for e in t.entries}
+    text = render.render(board, args.format, links=links)
+    if args.out is None:
+        sys.stdout.write(text)
+        sys.stdout.flush()
+    else:
+        try:
+            with open(args.out, "w", encoding="utf-8", newline="") as fh:
+                fh.write(text)
+        except OSError as exc:
+            raise UsageError(f"--out {args.out}: cannot write: {exc.strerror or exc}") from None
+    n, k = board.results, len(board.tables)
+    note = f"leaderboard: {n} result{'s' if n != 1 else ''} in {k} class{'es' if k != 1 else ''}"
+    if board.excluded:
+        note += (f"; {len(board.excluded)} bundle{'s' if len(board.excluded) != 1 else ''} excluded "
+                 f"(run `mlckpt-check {root}` for the findings)")
+    if args.out is not None:
+        note += f"; wrote {args.out}"
+    print(note, file=sys.stderr)
+    return 0
+
+
+def _link(target: Path, base: Path, archive: bool) -> str:
+    rel = os.path.relpath(target, base).replace(os.sep, "/")
+    return rel if archive else rel + "/"
+

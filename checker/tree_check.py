@@ -1,0 +1,103 @@
+"""The tree check: every bundle under a submission tree checked (in a process pool), duplicates
+across bundles, findings about the tree itself, and the report.  Used by ``mlckpt-check ROOT``
+and by the leaderboard, which must agree on what passes."""
+
+from __future__ import annotations
+
+import multiprocessing
+from concurrent.futures import ProcessPoolExecutor
+from pathlib import Path
+from typing import Any
+
+from checker import report as rep
+from checker.stages import (
+    BundleResult,
+    SystemInfo,
+    Task,
+    add_duplicates,
+    check_bundle,
+    fallback_rules,
+    finding_dict,
+    internal_result,
+    load_system_file,
+    submission_findings,
+)
+from checker.tree import SystemFile, TreeScan, walk
+from mlckpt.bundle import TrustedKeys
+from mlckpt.errors import UsageError
+from mlckpt.rules.checks.submission import Problem, SubmissionFacts
+
+TRUSTED_KEYS_FILE = "trusted-keys.yaml"
+
+
+def load_trusted(root: Path, given: Path | None) -> TrustedKeys:
+    """``given``, or ROOT/trusted-keys.yaml; a missing file is a usage error naming both."""
+    path = given
+    if path is None:
+        path = root / TRUSTED_KEYS_FILE
+        if not path.is_file():
+            raise UsageError(f"no trusted keys: give --trusted-keys FILE or put {TRUSTED_KEYS_FILE} "
+                             f"in {root}")
+    return TrustedKeys.load(path)
+
+
+def check_tree(root: Path, trusted: TrustedKeys, *, forced_rules: str | None = None,
+               jobs: int = 1) -> dict[str, Any]:
+    """Check every bundle under ``root``; the report as a dict (see :mod:`checker.report`)."""
+    root = Path(root)
+    scan = walk(root)
+    fallback = fallback_rules(forced_rules)
+    systems = _systems(root, scan, fallback.version)
+    tasks = [Task(str(root), leaf, trusted, forced_rules,
+                  systems[(leaf.division, leaf.org, leaf.system)]) for leaf in scan.leaves]
+    results = _run_tasks(tasks, jobs)
+    add_duplicates(results, forced_rules)
+    tree_findings = _tree_findings(scan, systems, fallback, {(t.leaf.division, t.leaf.org, t.leaf.system)
+                                                             for t in tasks})
+    return rep.build(str(root), results, tree_findings)
+
+
+def _systems(root: Path, scan: TreeScan, version: str) -> dict[tuple[str, str, str], SystemInfo]:
+    files = {(s.division, s.org, s.system): s for s in scan.systems}
+    keys = set(files) | {(leaf.division, leaf.org, leaf.system) for leaf in scan.leaves}
+    out = {}
+    for div, org, system in sorted(keys):
+        sf: SystemFile | None = files.get((div, org, system))
+        out[(div, org, system)] = load_system_file(root, sf, f"{div}/{org}/systems/{system}.yaml", version)
+    return out
+
+
+def _tree_findings(scan: TreeScan, systems: dict[tuple[str, str, str], SystemInfo], rs: Any,
+                   used: set[tuple[str, str, str]]) -> list[dict[str, Any]]:
+    """Findings about the tree itself: misplaced entries, and system descriptions no bundle uses
+    (a bundle that uses one reports its problems itself)."""
+    out: list[dict[str, Any]] = []
+    by_division: dict[str, dict[str, list[Any]]] = {}
+    for div, problem in scan.problems:
+        by_division.setdefault(div, {"layout": [], "system_description": []})["layout"].append(problem)
+    for key, info in sorted(systems.items()):
+        if info.doc is None and key not in used and info.problem != "missing":
+            by_division.setdefault(key[0], {"layout": [], "system_description": []})[
+                "system_description"].append(Problem(info.path, "a valid system description", info.problem))
+    for div, facts in sorted(by_division.items()):
+        sf = SubmissionFacts(layout=tuple(facts["layout"]),
+                             system_description=tuple(facts["system_description"]))
+        found, _ = submission_findings(rs, sf, div)
+        wheres = {p.where: p.where for p in (*facts["layout"], *facts["system_description"])}
+        out += [finding_dict(f, ".", wheres) for f in found]
+    return out
+
+
+def _run_tasks(tasks: list[Task], jobs: int) -> list[BundleResult]:
+    if jobs <= 1 or len(tasks) <= 1:
+        return [check_bundle(t) for t in tasks]
+    ctx = multiprocessing.get_context("fork") if "fork" in multiprocessing.get_all_start_methods() else None
+    results: list[BundleResult] = []
+    with ProcessPoolExecutor(max_workers=min(jobs, len(tasks)), mp_context=ctx) as pool:
+        futures = [pool.submit(check_bundle, t) for t in tasks]
+        for task, fut in zip(tasks, futures, strict=True):
+            try:
+                results.append(fut.result())
+            except Exception as exc:  # the worker died (killed, out of memory): a checker fault
+                results.append(internal_result(task.leaf, "worker", exc))
+    return results

@@ -1,0 +1,41 @@
+"""What both command lines (``mlckpt`` and ``mlckpt-check``) share: an argparse parser whose
+errors are one line, and the guard that turns every error into one stderr line and its exit
+status (SPEC §7)."""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+from typing import NoReturn
+
+from mlckpt.errors import InternalError, MlckptError, UsageError
+
+
+class OneLineParser(argparse.ArgumentParser):
+    """argparse prints usage plus an error; the contract is one line naming the problem."""
+
+    def error(self, message: str) -> NoReturn:
+        raise UsageError(f"{self.prog}: {message}")
+
+
+def run_guarded(func, *args, prog: str = "mlckpt") -> int:  # type: ignore[no-untyped-def]
+    """Call ``func`` and turn every error into (one stderr line, exit status)."""
+    try:
+        return int(func(*args) or 0)
+    except MlckptError as err:
+        print(f"{prog}: error: {err}", file=sys.stderr)
+        return err.exit_status
+    except BrokenPipeError:
+        # `mlckpt plan | head`: the reader left; not an error of ours.  Silence the final flush.
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        return 141
+    except KeyboardInterrupt:
+        print(f"{prog}: interrupted", file=sys.stderr)
+        return 130
+    except Exception as exc:  # a defect: say so plainly, exit 4, keep the trace for debugging
+        if os.environ.get("MLCKPT_DEBUG"):
+            raise
+        err = InternalError(f"internal error: {type(exc).__name__}: {exc} (set MLCKPT_DEBUG=1)")
+        print(f"{prog}: error: {err}", file=sys.stderr)
+        return err.exit_status
