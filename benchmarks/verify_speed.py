@@ -25,6 +25,8 @@ from pathlib import Path
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 
 from mlckpt import __version__, bundle
+from mlckpt.bundle import _common as bundle_common
+from mlckpt.bundle import _fs as bundle_fs
 
 
 def make_files(folder: Path, count: int, mib: int) -> list[Path]:
@@ -97,7 +99,7 @@ def main(argv: list[str] | None = None) -> int:
             for p in paths:
                 h = hashlib.sha256()
                 with open(p, "rb", buffering=0) as f:
-                    buf = bytearray(bundle.HASH_CHUNK)
+                    buf = bytearray(bundle_common.HASH_CHUNK)
                     view = memoryview(buf)
                     while n := f.readinto(view):
                         h.update(view[:n])
@@ -113,7 +115,8 @@ def main(argv: list[str] | None = None) -> int:
             cpus = os.cpu_count() or 1
         print(f"data: {args.files} files x {args.mib} MiB = {total / 2**30:.3f} GiB in {tmp}")
         print(
-            f"cpus: {cpus}; hash threads: {bundle._hash_workers()}; read size {bundle.HASH_CHUNK >> 20} MiB"
+            f"cpus: {cpus}; hash threads: {bundle_fs._hash_workers()}; "
+            f"read size {bundle_common.HASH_CHUNK >> 20} MiB"
         )
         print(f"sign (cold-ish, once):          {gb / t_sign:6.2f} GB/s  ({t_sign:.3f} s)")
         print(f"sha256sum (best of {args.repeat}):         {gb / t_sum:6.2f} GB/s  ({t_sum:.3f} s)")

@@ -20,6 +20,9 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from mlckpt import bundle as b
+from mlckpt.bundle import _common as b_common
+from mlckpt.bundle import archive as b_archive
+from mlckpt.bundle import digest as b_code
 from mlckpt.cli import main as cli_main
 from mlckpt.errors import BundleIntegrityError, IntegrityError, UsageError
 
@@ -388,7 +391,7 @@ def test_envelope_symlink_and_oversize(signed: Path, tmp_path: Path) -> None:
     assert problems_of(signed).problems == [(b.SIGNATURE_FILE, "is a symlink (not allowed in bundles)")]
     path.unlink()
     with open(path, "wb") as f:
-        f.truncate(b.MAX_ENVELOPE_BYTES + 1)  # sparse: no real I/O
+        f.truncate(b_common.MAX_ENVELOPE_BYTES + 1)  # sparse: no real I/O
     assert problems_of(signed).problems == [(b.SIGNATURE_FILE, "larger than 16 MiB")]
 
 
@@ -588,8 +591,8 @@ def test_trusted_keys_file(tmp_path: Path, keys) -> None:
 def test_code_digest() -> None:
     digest = b.code_digest()
     assert len(digest) == 64 and int(digest, 16) >= 0
-    names = [n for n, _ in b._code_files()]
-    assert "bundle.py" in names and "cli/bundle_cmd.py" in names
+    names = [n for n, _ in b_code._code_files()]
+    assert "bundle/sign.py" in names and "cli/bundle_cmd.py" in names
     assert names == sorted(names)
     assert not [n for n in names if "__pycache__" in n or n.endswith(".pyc")]
     assert any(n.startswith("_data/rules/") for n in names)
@@ -768,7 +771,7 @@ def test_gzip_bomb_in_a_metadata_header(tmp_path: Path) -> None:
 
 
 def test_bounded_reader_caps_every_read() -> None:
-    reader = b._BoundedReader(io.BytesIO(bytes(5 << 20)), 1 << 20, "x.tar.gz")
+    reader = b_archive._BoundedReader(io.BytesIO(bytes(5 << 20)), 1 << 20, "x.tar.gz")
     got = 0
     with pytest.raises(BundleIntegrityError, match="decompressed stream exceeds 1048576 bytes"):
         while True:

@@ -1,0 +1,147 @@
+"""Signed result bundles: layout, in-toto statement, DSSE envelope, Ed25519 keys, pack/unpack.
+
+The public surface is this package's ``__all__``: ``sign`` (statement, envelope, signing),
+``verify`` (verification in named steps), ``keys`` (keys and trusted keys), ``archive`` (pack,
+``safe_unpack``), ``models`` and ``digest`` (the runner code digest); modules starting with ``_``
+are internal.
+
+Format history
+--------------
+``BUNDLE_FORMAT = "1.0"``
+
+- 1.0: first version: a folder whose regular files are all listed, with their sha256, as the
+  subjects of an in-toto Statement v1 (predicateType ``https://mlckpt.dev/result-bundle/v1``),
+  serialised as sorted-key compact UTF-8 JSON, carried in a DSSE envelope
+  (``application/vnd.in-toto+json``) in ``bundle.dsse.json`` with exactly one Ed25519 signature
+  whose entry also embeds the signer's raw public key (``public_key``, base64).  Runner code
+  hash algorithm ``mlckpt-tree-sha256-v1`` (see :func:`code_digest`).  Trusted-keys file
+  ``mlckpt_trusted_keys: "1.0"``.
+
+Bundle layout
+-------------
+A bundle is a folder.  The runner decides what goes in it (typically ``run.json``,
+``summary.json``, ``system.json``, ``records/*.jsonl``, ``logs/...``); this module only requires:
+
+- ``bundle.dsse.json`` at the top level: the DSSE envelope, the only file not listed as a subject
+  (a ``bundle.dsse.json`` deeper in the tree is an ordinary subject);
+- every other entry is a regular file or a directory: no symlinks, hard-link tricks are harmless
+  (content is hashed), no devices, FIFOs or sockets.  Empty directories carry no data and are
+  ignored;
+- every regular file is a subject ``{"name": relative/posix/path, "digest": {"sha256": hex}}``,
+  sorted by name.  Names are UTF-8, relative, without ``.``/``..``/empty components,
+  backslashes, NUL or control characters, at most 4096 bytes (255 per component).
+
+Envelope (``bundle.dsse.json``)::
+
+    {"payloadType": "application/vnd.in-toto+json",
+     "payload": "<base64 of the statement bytes>",
+     "signatures": [{"keyid": "<sha256 hex of the raw 32-byte public key>",
+                     "sig": "<base64 Ed25519 signature over PAE(payloadType, payload bytes)>",
+                     "public_key": "<base64 raw 32-byte public key>"}]}
+
+``PAE(type, body) = "DSSEv1" SP len(type) SP type SP len(body) SP body`` (lengths in bytes, ASCII
+decimal).  Verification never re-serialises the statement: it checks the signature over the
+decoded payload bytes exactly as stored and only then parses them, so the serialisation need
+only be deterministic for reproducibility, not canonical for security (no RFC 8785 needed).
+
+Statement::
+
+    {"_type": "https://in-toto.io/Statement/v1",
+     "subject": [...],
+     "predicateType": "https://mlckpt.dev/result-bundle/v1",
+     "predicate": {"bundle_format": "1.0", "run_id": ..., "mlckpt_version": ...,
+                   "runner_code_sha256": ..., "runner_code_hash_alg": "mlckpt-tree-sha256-v1",
+                   "rules_version": ..., "workload": ..., "division": "closed"|"open",
+                   "started": ISO-8601 UTC, "ended": ISO-8601 UTC, ...extra keys...}}
+
+Keys and trust
+--------------
+Private keys are PKCS8 PEM files (mode 0600, encrypted with the best available scheme when a
+passphrase is given, read from ``$MLCKPT_KEY_PASSPHRASE`` by default).  The public key is written
+next to it as ``<key>.pub``: one line ``ed25519:<base64 raw key>``.  ``keyid`` is the sha256 hex of
+the raw public key (as go-securesystemslib ``dsse.SHA256KeyID``).
+
+The trusted-keys file is YAML (a ``.json`` suffix selects strict JSON instead)::
+
+    mlckpt_trusted_keys: "1.0"
+    organizations:
+      acme-storage:
+        - ed25519:9f1b...=          # one line per key, as printed by `mlckpt keygen`
+      other-org: [ "ed25519:..." ]
+
+A key may belong to one organisation only.  Without a trusted-keys file, :func:`verify_bundle`
+checks the signature against the key embedded in the envelope: that proves the bundle is
+unchanged since it was signed, not who signed it.  With one, the signer's keyid must be
+registered (for ``org`` when given) and the registered key is used.
+
+What a signature does not prove: that the numbers are honest, that the runner was unmodified
+(``runner_code_sha256`` is self-reported by the runner; the checker can only compare it to the
+hashes of released versions), that the hardware matches the system description, or that the
+timestamps are true.
+
+Concurrency and trust boundaries: files are opened beneath a directory descriptor of the bundle
+with ``O_NOFOLLOW`` at every component, so a path swapped for a symlink while verifying is refused
+rather than followed.  Archives are extracted only by :func:`safe_unpack`, which never calls
+``tarfile``'s extraction and bounds every read.
+"""
+
+from mlckpt.bundle._common import (
+    BUNDLE_FORMAT,
+    CODE_DIGEST_ALG,
+    DEFAULT_PASSPHRASE_ENV,
+    PAYLOAD_TYPE,
+    PREDICATE_TYPE,
+    REQUIRED_PREDICATE_KEYS,
+    SIGNATURE_FILE,
+    STATEMENT_TYPE,
+    SUPPORTED_BUNDLE_FORMATS,
+    TRUSTED_KEYS_FORMAT,
+    display_name,
+    pae,
+)
+from mlckpt.bundle.archive import find_bundle_root, pack, safe_unpack
+from mlckpt.bundle.digest import code_digest
+from mlckpt.bundle.keys import (
+    TrustedKeys,
+    default_key_path,
+    generate_key,
+    keyid_of,
+    load_private_key,
+    public_key_text,
+)
+from mlckpt.bundle.models import KeyInfo, Predicate, VerifiedBundle
+from mlckpt.bundle.sign import make_envelope, make_statement, sign_bundle
+from mlckpt.bundle.verify import read_envelope_predicate, verify_bundle
+
+__all__ = [
+    "BUNDLE_FORMAT",
+    "CODE_DIGEST_ALG",
+    "DEFAULT_PASSPHRASE_ENV",
+    "PAYLOAD_TYPE",
+    "PREDICATE_TYPE",
+    "REQUIRED_PREDICATE_KEYS",
+    "SIGNATURE_FILE",
+    "STATEMENT_TYPE",
+    "SUPPORTED_BUNDLE_FORMATS",
+    "TRUSTED_KEYS_FORMAT",
+    "KeyInfo",
+    "Predicate",
+    "TrustedKeys",
+    "VerifiedBundle",
+    "code_digest",
+    "default_key_path",
+    "display_name",
+    "find_bundle_root",
+    "generate_key",
+    "keyid_of",
+    "load_private_key",
+    "make_envelope",
+    "make_statement",
+    "pack",
+    "pae",
+    "public_key_text",
+    "read_envelope_predicate",
+    "safe_unpack",
+    "sign_bundle",
+    "verify_bundle",
+]

@@ -1,0 +1,292 @@
+"""Internal: the bundle format's constants and the small helpers every part uses (strict JSON,
+base64, PAE, path rules, problem reports, atomic files)."""
+
+from __future__ import annotations
+
+import base64
+import binascii
+import json
+import os
+import re
+import tempfile
+import threading
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Any, BinaryIO, NoReturn
+
+from mlckpt.errors import BundleIntegrityError
+
+BUNDLE_FORMAT = "1.0"
+
+
+SUPPORTED_BUNDLE_FORMATS = frozenset({"1.0"})
+
+
+SIGNATURE_FILE = "bundle.dsse.json"
+
+
+PAYLOAD_TYPE = "application/vnd.in-toto+json"
+
+
+STATEMENT_TYPE = "https://in-toto.io/Statement/v1"
+
+
+PREDICATE_TYPE = "https://mlckpt.dev/result-bundle/v1"
+
+
+CODE_DIGEST_ALG = "mlckpt-tree-sha256-v1"
+
+
+TRUSTED_KEYS_FORMAT = "1.0"
+
+
+DEFAULT_PASSPHRASE_ENV = "MLCKPT_KEY_PASSPHRASE"
+
+
+REQUIRED_PREDICATE_KEYS = (
+    "bundle_format",
+    "run_id",
+    "mlckpt_version",
+    "runner_code_sha256",
+    "rules_version",
+    "workload",
+    "division",
+    "started",
+    "ended",
+)
+
+
+DIVISIONS = ("closed", "open")
+
+
+MAX_ENVELOPE_BYTES = 16 << 20
+
+
+MAX_KEY_FILE_BYTES = 64 << 10
+
+
+MAX_TRUSTED_KEYS_BYTES = 1 << 20
+
+
+MAX_PATH_BYTES = 4096
+
+
+MAX_COMPONENT_BYTES = 255
+
+
+MAX_DEPTH = 128
+
+
+MAX_MESSAGE_PROBLEMS = 50
+
+
+DEFAULT_MAX_MEMBERS = 10_000
+
+
+DEFAULT_MAX_TOTAL_BYTES = 4 << 30
+
+
+DEFAULT_MAX_MEMBER_BYTES = 1 << 30
+
+
+MAX_TAR_METADATA_BYTES = 32 << 10  # one pax/GNU long-name header; names are <= 4 KiB anyway
+
+
+HASH_CHUNK = 1 << 20  # 1 MiB reads: as fast as 4-8 MiB here and kinder to the L2 cache
+
+
+_PARALLEL_MIN_BYTES = 8 << 20
+
+
+_HEX64 = re.compile(r"[0-9a-f]{64}")
+
+
+_CONTROL = re.compile(r"[\x00-\x1f\x7f]")
+
+
+_DRIVE = re.compile(r"[A-Za-z]:")
+
+
+_O_CLOEXEC = getattr(os, "O_CLOEXEC", 0)
+
+
+_O_NOFOLLOW = getattr(os, "O_NOFOLLOW", 0)
+
+
+_O_NONBLOCK = getattr(os, "O_NONBLOCK", 0)
+
+
+_O_DIRECTORY = getattr(os, "O_DIRECTORY", 0)
+
+
+Problem = tuple[str, str]
+
+
+def display_name(name: str) -> str:
+    """``name`` as is when printable, else its ascii() escape: safe for one-line messages."""
+    if name.isprintable() and not _CONTROL.search(name):
+        try:
+            name.encode("utf-8")
+            return name
+        except UnicodeEncodeError:
+            pass
+    return ascii(name)
+
+
+def _b64encode(data: bytes) -> str:
+    return base64.b64encode(data).decode("ascii")
+
+
+def _b64decode(text: Any, what: str) -> bytes:
+    """Strict standard base64 (padding required, no whitespace); ValueError naming ``what``."""
+    if not isinstance(text, str):
+        raise ValueError(f"{what} is not a string")
+    try:
+        return base64.b64decode(text.encode("ascii"), validate=True)
+    except (UnicodeEncodeError, binascii.Error, ValueError):
+        raise ValueError(f"{what} is not valid base64") from None
+
+
+def _canonical_json(obj: Any) -> bytes:
+    """Deterministic serialisation: sorted keys, compact, UTF-8, no NaN/Infinity."""
+    return json.dumps(obj, sort_keys=True, separators=(",", ":"), ensure_ascii=False, allow_nan=False).encode(
+        "utf-8"
+    )
+
+
+def _no_duplicate_keys(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
+    out: dict[str, Any] = {}
+    for key, value in pairs:
+        if key in out:
+            raise ValueError(f"duplicate key {key!r}")
+        out[key] = value
+    return out
+
+
+def _reject_constant(name: str) -> Any:
+    raise ValueError(f"non-standard JSON constant {name}")
+
+
+def _strict_json(data: bytes) -> Any:
+    """Parse UTF-8 JSON rejecting duplicate keys, NaN/Infinity; ValueError on anything odd."""
+    try:
+        text = data.decode("utf-8")
+        return json.loads(text, object_pairs_hook=_no_duplicate_keys, parse_constant=_reject_constant)
+    except RecursionError:
+        raise ValueError("JSON nested too deeply") from None
+    except ValueError as exc:  # JSONDecodeError, UnicodeDecodeError, int-digit limit
+        raise ValueError(str(exc).splitlines()[0] if str(exc) else type(exc).__name__) from None
+
+
+def pae(payload_type: str, body: bytes) -> bytes:
+    """DSSE v1 pre-authentication encoding."""
+    t = payload_type.encode("utf-8")
+    return b"DSSEv1 %d %s %d %s" % (len(t), t, len(body), body)
+
+
+def _check_relpath(name: Any) -> str | None:
+    """Why ``name`` is not an acceptable bundle-relative path, or None when it is."""
+    if not isinstance(name, str):
+        return "name is not a string"
+    if not name:
+        return "empty path"
+    if "\x00" in name:
+        return "contains a NUL character"
+    if "\\" in name:
+        return "contains a backslash"
+    if _CONTROL.search(name):
+        return "contains a control character"
+    try:
+        encoded = name.encode("utf-8")
+    except UnicodeEncodeError:
+        return "is not valid UTF-8"
+    if name.startswith("/") or _DRIVE.match(name):
+        return "absolute path"
+    parts = name.split("/")
+    if ".." in parts:
+        return "contains a '..' component"
+    if "." in parts:
+        return "contains a '.' component"
+    if "" in parts:
+        return "contains an empty component ('//' or a trailing '/')"
+    if len(encoded) > MAX_PATH_BYTES:
+        return f"longer than {MAX_PATH_BYTES} bytes"
+    if any(len(p.encode("utf-8")) > MAX_COMPONENT_BYTES for p in parts):
+        return f"has a component longer than {MAX_COMPONENT_BYTES} bytes"
+    return None
+
+
+def _raise_problems(where: str, problems: Sequence[Problem]) -> None:
+    """One BundleIntegrityError listing every problem; first line = count + first problem."""
+    if not problems:
+        return
+    n = len(problems)
+    first_path, first_msg = problems[0]
+    head = f"{where}: {n} integrity problem{'s' if n != 1 else ''}: {display_name(first_path)}: {first_msg}"
+    lines = [head]
+    if n > 1:
+        lines += [f"  {display_name(p)}: {m}" for p, m in problems[:MAX_MESSAGE_PROBLEMS]]
+        if n > MAX_MESSAGE_PROBLEMS:
+            lines.append(f"  ... and {n - MAX_MESSAGE_PROBLEMS} more")
+    raise BundleIntegrityError("\n".join(lines), problems)
+
+
+def _fail(where: str, path: str, message: str) -> NoReturn:
+    _raise_problems(where, [(path, message)])
+    raise AssertionError("unreachable")
+
+
+_tls = threading.local()
+
+
+def _fsync_dir(path: Path) -> None:
+    try:
+        fd = os.open(path, os.O_RDONLY | _O_DIRECTORY | _O_CLOEXEC)
+    except OSError:
+        return
+    try:
+        os.fsync(fd)
+    except OSError:
+        pass
+    finally:
+        os.close(fd)
+
+
+@contextmanager
+def _atomic_file(target: Path, mode: int = 0o644) -> Iterator[BinaryIO]:
+    """A file that appears at ``target`` complete or not at all: temp file in the same folder,
+    fsync, rename, fsync of the folder (the temp file is removed on any failure)."""
+    fd, tmp = tempfile.mkstemp(prefix=f".{target.name}.", suffix=".tmp", dir=target.parent)
+    try:
+        os.fchmod(fd, mode)
+        with os.fdopen(fd, "wb") as f:
+            yield f
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, target)
+    except BaseException:
+        try:
+            os.unlink(tmp)
+        except OSError:
+            pass
+        raise
+    _fsync_dir(target.parent)
+
+
+def _atomic_write(target: Path, data: bytes, mode: int = 0o644) -> None:
+    with _atomic_file(target, mode) as f:
+        f.write(data)
+
+
+def _create_exclusive(path: Path, data: bytes, mode: int) -> None:
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | _O_NOFOLLOW | _O_CLOEXEC, mode)
+    try:
+        os.fchmod(fd, mode)
+        view = memoryview(data)
+        while view:
+            view = view[os.write(fd, view) :]
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+

@@ -1,0 +1,221 @@
+"""Ed25519 keys: generation, loading, public-key text and the trusted-keys file."""
+
+from __future__ import annotations
+
+import hashlib
+import os
+from collections.abc import Iterable, Mapping
+from pathlib import Path
+from typing import Any
+
+from cryptography.exceptions import UnsupportedAlgorithm
+from cryptography.hazmat.primitives import serialization
+from cryptography.hazmat.primitives.asymmetric.ed25519 import (
+    Ed25519PrivateKey,
+    Ed25519PublicKey,
+)
+
+from mlckpt.bundle._common import (
+    DEFAULT_PASSPHRASE_ENV,
+    MAX_KEY_FILE_BYTES,
+    MAX_TRUSTED_KEYS_BYTES,
+    TRUSTED_KEYS_FORMAT,
+    _b64decode,
+    _b64encode,
+    _create_exclusive,
+    _strict_json,
+)
+from mlckpt.bundle.models import KeyInfo
+from mlckpt.errors import UsageError
+
+
+def keyid_of(raw_public_key: bytes) -> str:
+    """sha256 hex of the raw 32-byte Ed25519 public key."""
+    return hashlib.sha256(raw_public_key).hexdigest()
+
+
+def _raw_public(key: Ed25519PublicKey) -> bytes:
+    return key.public_bytes(serialization.Encoding.Raw, serialization.PublicFormat.Raw)
+
+
+def public_key_text(key: Ed25519PublicKey | Ed25519PrivateKey | bytes) -> str:
+    """``ed25519:<base64 raw key>``: the one-line form used in ``.pub`` and trusted-keys files."""
+    if isinstance(key, Ed25519PrivateKey):
+        key = key.public_key()
+    raw = key if isinstance(key, bytes) else _raw_public(key)
+    return "ed25519:" + _b64encode(raw)
+
+
+def _parse_public_key_text(text: Any) -> bytes:
+    """Raw key bytes of ``ed25519:<base64>``; ValueError saying what is wrong."""
+    if not isinstance(text, str) or not text.startswith("ed25519:"):
+        raise ValueError("expected 'ed25519:<base64 raw key>'")
+    raw = _b64decode(text[len("ed25519:") :].strip(), "public key")
+    if len(raw) != 32:
+        raise ValueError(f"an Ed25519 public key has 32 bytes, this one {len(raw)}")
+    Ed25519PublicKey.from_public_bytes(raw)
+    return raw
+
+
+def default_key_path() -> Path:
+    """``$XDG_CONFIG_HOME/mlckpt/signing-key.pem``, else ``~/.config/mlckpt/signing-key.pem``."""
+    xdg = os.environ.get("XDG_CONFIG_HOME", "")
+    base = Path(xdg) if xdg and os.path.isabs(xdg) else Path.home() / ".config"
+    return base / "mlckpt" / "signing-key.pem"
+
+
+def generate_key(path: Path, passphrase: bytes | None = None) -> KeyInfo:
+    """New Ed25519 key: PKCS8 PEM at ``path`` (0600, never overwritten) and ``<path>.pub``."""
+    path = Path(path)
+    pub_path = path.with_name(path.name + ".pub")
+    for p in (path, pub_path):
+        if os.path.lexists(p):
+            raise UsageError(f"{p}: already exists; refusing to overwrite a key")
+    if passphrase is not None and not passphrase:
+        raise UsageError("empty passphrase; give a non-empty one or none")
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True, mode=0o700)
+    except OSError as exc:  # a file in the way, a read-only mount, no permission: the user's to fix
+        raise UsageError(f"{path}: cannot create the key folder: {exc.strerror or exc}") from None
+    key = Ed25519PrivateKey.generate()
+    encryption: serialization.KeySerializationEncryption = (
+        serialization.BestAvailableEncryption(passphrase) if passphrase else serialization.NoEncryption()
+    )
+    pem = key.private_bytes(serialization.Encoding.PEM, serialization.PrivateFormat.PKCS8, encryption)
+    text = public_key_text(key)
+    try:
+        _create_exclusive(path, pem, 0o600)
+    except FileExistsError:
+        raise UsageError(f"{path}: already exists; refusing to overwrite a key") from None
+    except OSError as exc:
+        raise UsageError(f"{path}: cannot write the key: {exc.strerror or exc}") from None
+    try:
+        _create_exclusive(pub_path, (text + "\n").encode("ascii"), 0o644)
+    except BaseException as exc:
+        os.unlink(path)
+        if isinstance(exc, FileExistsError):
+            raise UsageError(f"{pub_path}: already exists; refusing to overwrite a key") from None
+        raise
+    raw = _raw_public(key.public_key())
+    return KeyInfo(keyid=keyid_of(raw), public_key=text, path=path, public_path=pub_path)
+
+
+def load_private_key(path: Path, passphrase_env: str = DEFAULT_PASSPHRASE_ENV) -> Ed25519PrivateKey:
+    """Load a PEM Ed25519 private key; an encrypted one takes its passphrase from ``$passphrase_env``."""
+    path = Path(path)
+    try:
+        with open(path, "rb") as f:
+            data = f.read(MAX_KEY_FILE_BYTES + 1)
+    except FileNotFoundError:
+        raise UsageError(f"{path}: no such key file") from None
+    except OSError as exc:
+        raise UsageError(f"{path}: cannot read key: {exc.strerror or exc}") from None
+    if len(data) > MAX_KEY_FILE_BYTES:
+        raise UsageError(f"{path}: too large for a key file")
+    password: bytes | None = None
+    if b"-----BEGIN ENCRYPTED PRIVATE KEY-----" in data:
+        value = os.environ.get(passphrase_env)
+        if not value:
+            raise UsageError(f"{path}: the key is encrypted; set {passphrase_env} to its passphrase")
+        password = os.fsencode(value)
+    try:
+        key = serialization.load_pem_private_key(data, password=password)
+    except TypeError as exc:  # e.g. encrypted in a way the header test did not see
+        raise UsageError(
+            f"{path}: the key is encrypted; set {passphrase_env} to its passphrase ({exc})"
+        ) from None
+    except (ValueError, UnsupportedAlgorithm):
+        if password is not None:
+            raise UsageError(
+                f"{path}: cannot decrypt the key with the passphrase in {passphrase_env}"
+            ) from None
+        raise UsageError(f"{path}: not a PEM private key") from None
+    if not isinstance(key, Ed25519PrivateKey):
+        raise UsageError(f"{path}: not an Ed25519 key ({type(key).__name__})")
+    return key
+
+
+class TrustedKeys:
+    """Organisation -> Ed25519 public keys, as pinned by the committee (see module docstring)."""
+
+    def __init__(self, organisations: Mapping[str, Iterable[str]], *, source: str = "<mapping>"):
+        self.source = source
+        self._by_keyid: dict[str, tuple[str, bytes]] = {}
+        self._by_org: dict[str, list[KeyInfo]] = {}
+        for org, keys in organisations.items():
+            if not isinstance(org, str) or not org.strip():
+                raise UsageError(f"{source}: organisation names must be non-empty strings: {org!r}")
+            if isinstance(keys, (str, bytes)) or not isinstance(keys, Iterable):
+                raise UsageError(f"{source}: organizations.{org} must be a list of public keys")
+            infos = self._by_org.setdefault(org, [])
+            for i, text in enumerate(keys):
+                try:
+                    raw = _parse_public_key_text(text)
+                except ValueError as exc:
+                    raise UsageError(f"{source}: organizations.{org}[{i}]: {exc}") from None
+                kid = keyid_of(raw)
+                if kid in self._by_keyid:
+                    other = self._by_keyid[kid][0]
+                    if other != org:
+                        raise UsageError(f"{source}: key {kid} is registered for both {other!r} and {org!r}")
+                    continue
+                self._by_keyid[kid] = (org, raw)
+                infos.append(KeyInfo(keyid=kid, public_key=public_key_text(raw)))
+
+    @classmethod
+    def from_mapping(cls, data: Any, *, source: str = "<mapping>") -> TrustedKeys:
+        """Validate a parsed trusted-keys document (``mlckpt_trusted_keys`` + ``organizations``)."""
+        if not isinstance(data, Mapping):
+            raise UsageError(f"{source}: a trusted-keys file must be a mapping")
+        unknown = sorted(map(str, set(data) - {"mlckpt_trusted_keys", "organizations"}))
+        if unknown:
+            raise UsageError(f"{source}: unknown keys {', '.join(unknown)}")
+        version = data.get("mlckpt_trusted_keys")
+        if isinstance(version, float):  # YAML reads an unquoted 1.0 as a float
+            version = repr(version)
+        if version != TRUSTED_KEYS_FORMAT:
+            raise UsageError(
+                f"{source}: mlckpt_trusted_keys must be {TRUSTED_KEYS_FORMAT!r}, got {version!r}"
+            )
+        orgs = data.get("organizations")
+        if not isinstance(orgs, Mapping):
+            raise UsageError(f"{source}: organizations must map organisation -> list of keys")
+        return cls(orgs, source=source)
+
+    @classmethod
+    def load(cls, path: Path) -> TrustedKeys:
+        path = Path(path)
+        try:
+            with open(path, "rb") as f:
+                data = f.read(MAX_TRUSTED_KEYS_BYTES + 1)
+        except OSError as exc:
+            raise UsageError(f"{path}: cannot read trusted keys: {exc.strerror or exc}") from None
+        if len(data) > MAX_TRUSTED_KEYS_BYTES:
+            raise UsageError(f"{path}: trusted-keys file larger than 1 MiB")
+        try:
+            if path.suffix.lower() == ".json":
+                doc = _strict_json(data)
+            else:
+                import yaml
+
+                doc = yaml.safe_load(data.decode("utf-8"))
+        except Exception as exc:  # yaml.YAMLError, ValueError, UnicodeDecodeError
+            first = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
+            raise UsageError(f"{path}: cannot parse trusted keys: {first}") from None
+        return cls.from_mapping(doc, source=str(path))
+
+    @property
+    def organisations(self) -> tuple[str, ...]:
+        return tuple(sorted(self._by_org))
+
+    def org_for(self, keyid: str) -> str | None:
+        hit = self._by_keyid.get(keyid)
+        return hit[0] if hit else None
+
+    def keys_for(self, org: str) -> tuple[KeyInfo, ...]:
+        return tuple(self._by_org.get(org, ()))
+
+    def public_key_for(self, keyid: str) -> bytes | None:
+        hit = self._by_keyid.get(keyid)
+        return hit[1] if hit else None
+

@@ -1,0 +1,87 @@
+"""Signing a bundle folder: statement, DSSE envelope, ``bundle.dsse.json`` written atomically."""
+
+from __future__ import annotations
+
+import json
+import os
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any
+
+from cryptography.hazmat.primitives.asymmetric.ed25519 import (
+    Ed25519PrivateKey,
+)
+
+from mlckpt.bundle._common import (
+    PAYLOAD_TYPE,
+    PREDICATE_TYPE,
+    SIGNATURE_FILE,
+    STATEMENT_TYPE,
+    _atomic_write,
+    _b64encode,
+    _canonical_json,
+    _check_relpath,
+    _raise_problems,
+    pae,
+)
+from mlckpt.bundle._fs import _hash_many, _open_error, _open_root, _scan
+from mlckpt.bundle.keys import _raw_public, keyid_of
+from mlckpt.bundle.models import Predicate, _predicate_dict
+
+
+def make_statement(files: Mapping[str, str], predicate: Mapping[str, Any]) -> dict[str, Any]:
+    """The in-toto statement for ``files`` (name -> sha256 hex), subjects sorted by name."""
+    return {
+        "_type": STATEMENT_TYPE,
+        "subject": [{"name": n, "digest": {"sha256": files[n]}} for n in sorted(files)],
+        "predicateType": PREDICATE_TYPE,
+        "predicate": dict(predicate),
+    }
+
+
+def make_envelope(statement: Mapping[str, Any], key: Ed25519PrivateKey) -> dict[str, Any]:
+    """Serialise ``statement`` deterministically and sign it into a DSSE envelope."""
+    if not isinstance(key, Ed25519PrivateKey):
+        raise TypeError(f"expected an Ed25519PrivateKey, got {type(key).__name__}")
+    payload = _canonical_json(statement)
+    raw = _raw_public(key.public_key())
+    return {
+        "payloadType": PAYLOAD_TYPE,
+        "payload": _b64encode(payload),
+        "signatures": [
+            {
+                "keyid": keyid_of(raw),
+                "sig": _b64encode(key.sign(pae(PAYLOAD_TYPE, payload))),
+                "public_key": _b64encode(raw),
+            }
+        ],
+    }
+
+
+def sign_bundle(folder: Path, key: Ed25519PrivateKey, predicate: Predicate | Mapping[str, Any]) -> Path:
+    """Hash every file of ``folder`` and write (or replace) its signed envelope; return its path.
+
+    Raises UsageError for a bad predicate or folder, BundleIntegrityError when the folder holds
+    anything that cannot be part of a bundle (symlinks, devices, unacceptable names).
+    """
+    folder = Path(folder)
+    pred = _predicate_dict(predicate)
+    root_fd = _open_root(folder)
+    try:
+        files, bad = _scan(root_fd)
+        problems = list(bad)
+        problems += [(n, why) for n in files if (why := _check_relpath(n))]
+        target = folder / SIGNATURE_FILE
+        if target.is_symlink() or (target.exists() and not target.is_file()):
+            problems.append((SIGNATURE_FILE, "exists and is not a regular file"))
+        _raise_problems(f"{folder}: cannot sign", sorted(problems))
+        digests = _hash_many(root_fd, files)
+    finally:
+        os.close(root_fd)
+    errors = [(n, _open_error(d)) for n, d in digests.items() if isinstance(d, OSError)]
+    _raise_problems(f"{folder}: cannot sign", sorted(errors))
+    statement = make_statement({n: str(d) for n, d in digests.items()}, pred)
+    envelope = make_envelope(statement, key)
+    _atomic_write(target, (json.dumps(envelope, indent=2, sort_keys=True) + "\n").encode())
+    return target
+

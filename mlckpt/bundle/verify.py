@@ -1,0 +1,294 @@
+"""Verifying a bundle folder, in named steps: envelope read and parsed, signature and signer
+checked, then the statement, then every file's digest."""
+
+from __future__ import annotations
+
+import hashlib
+import io
+import os
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from cryptography.exceptions import InvalidSignature
+from cryptography.hazmat.primitives.asymmetric.ed25519 import (
+    Ed25519PublicKey,
+)
+
+from mlckpt.bundle._common import (
+    _HEX64,
+    MAX_ENVELOPE_BYTES,
+    PAYLOAD_TYPE,
+    PREDICATE_TYPE,
+    SIGNATURE_FILE,
+    STATEMENT_TYPE,
+    SUPPORTED_BUNDLE_FORMATS,
+    Problem,
+    _b64decode,
+    _check_relpath,
+    _fail,
+    _raise_problems,
+    _strict_json,
+    pae,
+)
+from mlckpt.bundle._fs import _hash_many, _open_beneath, _open_error, _open_root, _scan
+from mlckpt.bundle.keys import TrustedKeys, keyid_of, public_key_text
+from mlckpt.bundle.models import VerifiedBundle, _predicate_problems
+from mlckpt.errors import UsageError
+
+
+def _read_envelope_bytes(root_fd: int, where: str) -> bytes:
+    try:
+        fd = _open_beneath(root_fd, SIGNATURE_FILE)
+    except OSError as exc:
+        why = _open_error(exc)
+        if why == "missing":
+            why = "missing: the bundle is not signed"
+        _fail(where, SIGNATURE_FILE, why)
+    with io.FileIO(fd, "rb", closefd=True) as f:
+        if os.fstat(fd).st_size > MAX_ENVELOPE_BYTES:
+            _fail(where, SIGNATURE_FILE, f"larger than {MAX_ENVELOPE_BYTES >> 20} MiB")
+        chunks = []
+        total = 0
+        while total <= MAX_ENVELOPE_BYTES:
+            chunk = f.read(min(1 << 20, MAX_ENVELOPE_BYTES + 1 - total))
+            if not chunk:
+                break
+            chunks.append(chunk)
+            total += len(chunk)
+    if total > MAX_ENVELOPE_BYTES:
+        _fail(where, SIGNATURE_FILE, f"larger than {MAX_ENVELOPE_BYTES >> 20} MiB")
+    return b"".join(chunks)
+
+
+@dataclass(frozen=True)
+class _Envelope:
+    payload: bytes
+    keyid: str
+    sig: bytes
+    public_key: bytes
+
+
+def _parse_envelope(data: bytes) -> _Envelope:
+    """Strict structural parse; ValueError saying what is wrong.  Verifies nothing."""
+    try:
+        env = _strict_json(data)
+    except ValueError as exc:
+        raise ValueError(f"not valid JSON ({exc}); truncated or corrupted?") from None
+    if not isinstance(env, dict):
+        raise ValueError("not a JSON object")
+    want = {"payloadType", "payload", "signatures"}
+    if set(env) != want:
+        extra = sorted(set(env) - want)
+        missing = sorted(want - set(env))
+        detail = "; ".join(
+            s
+            for s in (
+                f"missing {', '.join(missing)}" if missing else "",
+                f"unexpected {', '.join(map(repr, extra))}" if extra else "",
+            )
+            if s
+        )
+        raise ValueError(f"envelope fields must be exactly payloadType, payload, signatures ({detail})")
+    if env["payloadType"] != PAYLOAD_TYPE:
+        raise ValueError(f"payloadType must be {PAYLOAD_TYPE!r}, got {env['payloadType']!r:.80}")
+    payload = _b64decode(env["payload"], "payload")
+    sigs = env["signatures"]
+    if not isinstance(sigs, list) or len(sigs) != 1:
+        raise ValueError("signatures must be a list of exactly one signature (format 1.0)")
+    entry = sigs[0]
+    if not isinstance(entry, dict) or set(entry) != {"keyid", "sig", "public_key"}:
+        raise ValueError("the signature entry must have exactly keyid, sig and public_key")
+    keyid = entry["keyid"]
+    if not isinstance(keyid, str) or not _HEX64.fullmatch(keyid):
+        raise ValueError("keyid must be 64 lowercase hex digits")
+    sig = _b64decode(entry["sig"], "sig")
+    if len(sig) != 64:
+        raise ValueError(f"an Ed25519 signature has 64 bytes, this one {len(sig)}")
+    pub = _b64decode(entry["public_key"], "public_key")
+    if len(pub) != 32:
+        raise ValueError(f"an Ed25519 public key has 32 bytes, this one {len(pub)}")
+    if keyid_of(pub) != keyid:
+        raise ValueError("keyid is not the sha256 of the embedded public key")
+    return _Envelope(payload=payload, keyid=keyid, sig=sig, public_key=pub)
+
+
+def _statement_problems(stmt: Any) -> tuple[dict[str, str], list[Problem]]:
+    """Subjects (name -> sha256) and every problem with the statement's subject list."""
+    files: dict[str, str] = {}
+    problems: list[Problem] = []
+    subjects = stmt["subject"]
+    if not isinstance(subjects, list):
+        return files, [(SIGNATURE_FILE, "statement 'subject' is not a list")]
+    for i, item in enumerate(subjects):
+        if not isinstance(item, dict) or set(item) != {"name", "digest"}:
+            problems.append((SIGNATURE_FILE, f"subject #{i} must have exactly name and digest"))
+            continue
+        name, digest = item["name"], item["digest"]
+        label = name if isinstance(name, str) else f"subject #{i}"
+        why = _check_relpath(name)
+        if why is None and name == SIGNATURE_FILE:
+            why = "the envelope cannot be its own subject"
+        if why:
+            problems.append((label, f"subject name rejected: {why}"))
+            continue
+        if (
+            not isinstance(digest, dict)
+            or set(digest) != {"sha256"}
+            or not isinstance(digest["sha256"], str)
+            or not _HEX64.fullmatch(digest["sha256"])
+        ):
+            problems.append((name, "subject digest must be exactly {sha256: 64 lowercase hex}"))
+            continue
+        if name in files:
+            problems.append((name, "duplicate subject"))
+            continue
+        files[name] = digest["sha256"]
+    return files, problems
+
+
+def verify_bundle(
+    folder: Path, trusted: TrustedKeys | None = None, *, org: str | None = None
+) -> VerifiedBundle:
+    """Verify ``folder``; return what was verified or raise BundleIntegrityError (exit 3).
+
+    Order: envelope structure, payloadType, signer known (with ``trusted``: registered, and for
+    ``org`` when given), signature over PAE of the payload bytes, and only then the statement:
+    types, bundle_format, subject names, the on-disk file set against the subjects, each digest.
+    Problems from the statement on are all collected before raising.
+    """
+    folder = Path(folder)
+    where = str(folder)
+    if org is not None:
+        if trusted is None:
+            raise UsageError("checking the organisation (--org) needs a trusted-keys file")
+        if not trusted.keys_for(org):
+            raise UsageError(f"organisation {org!r} has no keys in {trusted.source}")
+    root_fd = _open_root(folder)
+    try:
+        data = _read_envelope_bytes(root_fd, where)
+        try:
+            env = _parse_envelope(data)
+        except ValueError as exc:
+            _fail(where, SIGNATURE_FILE, str(exc))
+
+        signer_org: str | None = None
+        key_raw = env.public_key
+        if trusted is not None:
+            signer_org = trusted.org_for(env.keyid)
+            if signer_org is None:
+                _fail(where, SIGNATURE_FILE, f"signed by untrusted key {env.keyid}")
+            if org is not None and signer_org != org:
+                _fail(
+                    where,
+                    SIGNATURE_FILE,
+                    f"signed by key {env.keyid} registered for organisation {signer_org!r}, not {org!r}",
+                )
+            trusted_raw = trusted.public_key_for(env.keyid)
+            if trusted_raw != env.public_key:
+                _fail(where, SIGNATURE_FILE, "embedded public key differs from the trusted key")
+            key_raw = trusted_raw  # type: ignore[assignment]
+        try:
+            Ed25519PublicKey.from_public_bytes(key_raw).verify(env.sig, pae(PAYLOAD_TYPE, env.payload))
+        except (InvalidSignature, ValueError):
+            _fail(
+                where,
+                SIGNATURE_FILE,
+                f"bad signature by key {env.keyid}: the statement or the signature was altered",
+            )
+
+        # Authenticated from here on: parse the statement.
+        try:
+            stmt = _strict_json(env.payload)
+        except ValueError as exc:
+            _fail(where, SIGNATURE_FILE, f"signed payload is not valid JSON: {exc}")
+        if not isinstance(stmt, dict) or set(stmt) != {
+            "_type",
+            "subject",
+            "predicateType",
+            "predicate",
+        }:
+            _fail(
+                where,
+                SIGNATURE_FILE,
+                "statement must have exactly _type, subject, predicateType and predicate",
+            )
+        if stmt["_type"] != STATEMENT_TYPE:
+            _fail(where, SIGNATURE_FILE, f"statement _type must be {STATEMENT_TYPE!r}")
+        if stmt["predicateType"] != PREDICATE_TYPE:
+            _fail(
+                where,
+                SIGNATURE_FILE,
+                f"predicateType must be {PREDICATE_TYPE!r}, got {stmt['predicateType']!r:.80}",
+            )
+        pred = stmt["predicate"]
+        if not isinstance(pred, dict):
+            _fail(where, SIGNATURE_FILE, "predicate is not an object")
+        fmt = pred.get("bundle_format")
+        if not isinstance(fmt, str) or fmt not in SUPPORTED_BUNDLE_FORMATS:
+            _fail(
+                where,
+                SIGNATURE_FILE,
+                f"unsupported bundle_format {fmt!r} (this mlckpt reads "
+                f"{', '.join(sorted(SUPPORTED_BUNDLE_FORMATS))})",
+            )
+        problems: list[Problem] = [(SIGNATURE_FILE, p) for p in _predicate_problems(pred)]
+        subjects, subject_problems = _statement_problems(stmt)
+        problems += subject_problems
+
+        on_disk, bad = _scan(root_fd)
+        rejected = {p for p, _ in subject_problems}
+        disk_problems: list[Problem] = list(bad)
+        bad_names = {p for p, _ in bad}
+        for name in sorted(set(subjects) - set(on_disk)):
+            if name not in bad_names:
+                disk_problems.append((name, "missing (listed in the statement, not in the folder)"))
+        for name in sorted(set(on_disk) - set(subjects)):
+            if name not in rejected:
+                disk_problems.append((name, "extra file (not listed in the statement)"))
+        problems += sorted(disk_problems)
+
+        to_hash = {n: on_disk[n] for n in subjects if n in on_disk}
+        digests = _hash_many(root_fd, to_hash)
+    finally:
+        os.close(root_fd)
+    for name in sorted(digests):
+        got = digests[name]
+        if isinstance(got, OSError):
+            problems.append((name, _open_error(got)))
+        elif got != subjects[name]:
+            problems.append((name, f"digest mismatch: signed sha256 {subjects[name]}, file has {got}"))
+    _raise_problems(where, problems)
+    return VerifiedBundle(
+        folder=folder,
+        statement=stmt,
+        predicate=pred,
+        keyid=env.keyid,
+        public_key=public_key_text(env.public_key),
+        org=signer_org,
+        files=dict(sorted(subjects.items())),
+        statement_sha256=hashlib.sha256(env.payload).hexdigest(),
+    )
+
+
+def read_envelope_predicate(folder: Path) -> dict[str, Any]:
+    """The predicate of ``folder``'s existing envelope, parsed strictly but NOT verified.
+
+    For re-signing a bundle whose files changed: the new signer takes responsibility for it.
+    """
+    folder = Path(folder)
+    root_fd = _open_root(folder)
+    try:
+        data = _read_envelope_bytes(root_fd, str(folder))
+    finally:
+        os.close(root_fd)
+    try:
+        env = _parse_envelope(data)
+        stmt = _strict_json(env.payload)
+    except ValueError as exc:
+        _fail(str(folder), SIGNATURE_FILE, str(exc))
+    pred = stmt.get("predicate") if isinstance(stmt, dict) else None
+    if not isinstance(pred, dict):
+        _fail(str(folder), SIGNATURE_FILE, "statement has no predicate object")
+    return pred  # type: ignore[return-value]
+
