@@ -38,7 +38,7 @@ from checker import loading
 from checker.loading import ParseError
 from checker.tree import Leaf, SystemFile
 from mlckpt import bundle
-from mlckpt.errors import BundleIntegrityError, ConfigError, MlckptError
+from mlckpt.errors import BundleIntegrityError, ConfigError, IntegrityKind, MlckptError
 from mlckpt.pipeline import Pipeline
 from mlckpt.resources import rules_dir
 from mlckpt.rules import (
@@ -343,8 +343,9 @@ def stage_layout(st: State) -> None:
             bundle.safe_unpack(leaf_path, dest, max_members=ARCHIVE_MAX_MEMBERS,
                                max_total_bytes=ARCHIVE_MAX_TOTAL, max_member_bytes=ARCHIVE_MAX_MEMBER)
         except BundleIntegrityError as exc:
-            for path, msg in exc.problems:
-                kind = "paths" if _is_path_problem(msg) else "files"
+            for p in exc.problems:
+                path, msg = p
+                kind = IntegrityKind.PATHS if p.kind == IntegrityKind.PATHS else IntegrityKind.FILES
                 st.problem(kind, f"(archive) {path}" if path != "(archive)" else "(archive)",
                            EXPECTED[kind], msg, tree_path=leaf.path)
             raise Stop from None
@@ -364,29 +365,6 @@ def stage_layout(st: State) -> None:
 # --- 2. integrity ------------------------------------------------------------------------------
 
 
-_PATH_WORDS = ("symlink", "not a regular file", "absolute", "'..'", "'.' component", "backslash",
-               "control character", "NUL", "empty component", "nested deeper", "longer than",
-               "parent component", "device", "hard-link", "land outside", "member name rejected",
-               "subject name rejected", "envelope name cannot be a folder", "named like a folder",
-               "is a file member", "sparse")
-_KEY_WORDS = ("untrusted key", "registered for organisation", "differs from the trusted key")
-
-
-def _is_path_problem(message: str) -> bool:
-    return any(w in message for w in _PATH_WORDS)
-
-
-def classify(path: str, message: str) -> str:
-    """Which rule an integrity problem from mlckpt.bundle belongs to."""
-    if any(w in message for w in _KEY_WORDS):
-        return "key"
-    if _is_path_problem(message):
-        return "paths"
-    if path == bundle.SIGNATURE_FILE:
-        return "signature"
-    return "files"
-
-
 def stage_integrity(st: State) -> None:
     leaf, trusted = st.leaf, st.task.trusted
     assert st.folder is not None
@@ -396,8 +374,8 @@ def stage_integrity(st: State) -> None:
         vb = bundle.verify_bundle(st.folder, trusted)
     except BundleIntegrityError as exc:
         kinds = set()
-        for path, msg in exc.problems:
-            kind = classify(path, msg)
+        for p in exc.problems:
+            path, msg, kind = p[0], p[1], p.kind  # typed where mlckpt.bundle raised it
             kinds.add(kind)
             st.problem(kind, path, EXPECTED[kind] if kind != "key" else
                        f"a signing key registered for {leaf.org!r}", msg)

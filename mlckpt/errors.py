@@ -93,15 +93,43 @@ class IOFailure(RunFailure):
         self.offset = offset
 
 
+class IntegrityKind:
+    """What an integrity problem is about, set where it is raised (never recovered from the
+    wording of its message): the checker reports each kind under its own rule
+    (BUNDLE-SIGNATURE, BUNDLE-KEY, BUNDLE-FILES, BUNDLE-PATHS)."""
+
+    SIGNATURE = "signature"  # the envelope, the signature or the signed statement
+    KEY = "key"  # the signer's key: untrusted, or not the organisation's
+    FILES = "files"  # a file's presence, size or digest
+    PATHS = "paths"  # a name or entry a bundle may not hold (links, '..', devices, ...)
+    ALL = (SIGNATURE, KEY, FILES, PATHS)
+
+
+class IntegrityProblem(tuple[str, str]):
+    """``(path, message)`` with its :class:`IntegrityKind` in ``kind``."""
+
+    kind: str
+
+    def __new__(cls, path: str, message: str, kind: str) -> IntegrityProblem:
+        if kind not in IntegrityKind.ALL:
+            raise ValueError(f"unknown integrity kind {kind!r}")
+        self = super().__new__(cls, (path, message))
+        self.kind = kind
+        return self
+
+    def __getnewargs__(self) -> tuple[str, str, str]:  # type: ignore[override]
+        return (self[0], self[1], self.kind)
+
+
 class BundleIntegrityError(IntegrityError):
     """Every integrity problem found in one bundle or archive.
 
-    ``problems`` is a list of ``(path, message)`` pairs (path relative to the bundle, or
+    ``problems`` is a list of :class:`IntegrityProblem` (path relative to the bundle, or
     ``bundle.dsse.json`` for envelope and statement problems, or the member name in an archive);
     ``summary`` is the first line of the message: the count and the first problem.
     """
 
-    def __init__(self, message: str, problems: list[tuple[str, str]] | None = None) -> None:
+    def __init__(self, message: str, problems: list[IntegrityProblem] | None = None) -> None:
         super().__init__(message)
-        self.problems: list[tuple[str, str]] = list(problems or [])
+        self.problems: list[IntegrityProblem] = list(problems or [])
         self.summary = message.splitlines()[0] if message else ""

@@ -15,7 +15,7 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Any, BinaryIO, NoReturn
 
-from mlckpt.errors import BundleIntegrityError
+from mlckpt.errors import BundleIntegrityError, IntegrityKind, IntegrityProblem
 
 BUNDLE_FORMAT = "1.0"
 
@@ -120,7 +120,14 @@ _O_NONBLOCK = getattr(os, "O_NONBLOCK", 0)
 _O_DIRECTORY = getattr(os, "O_DIRECTORY", 0)
 
 
-Problem = tuple[str, str]
+Problem = IntegrityProblem
+
+
+def problem(path: str, message: str, kind: str | None = None) -> IntegrityProblem:
+    """An integrity problem; without ``kind``: the envelope's (SIGNATURE) or a file's (FILES)."""
+    if kind is None:
+        kind = IntegrityKind.SIGNATURE if path == SIGNATURE_FILE else IntegrityKind.FILES
+    return IntegrityProblem(path, message, kind)
 
 
 def display_name(name: str) -> str:
@@ -232,8 +239,8 @@ def _raise_problems(where: str, problems: Sequence[Problem]) -> None:
     raise BundleIntegrityError("\n".join(lines), problems)
 
 
-def _fail(where: str, path: str, message: str) -> NoReturn:
-    _raise_problems(where, [(path, message)])
+def _fail(where: str, path: str, message: str, kind: str | None = None) -> NoReturn:
+    _raise_problems(where, [problem(path, message, kind)])
     raise AssertionError("unreachable")
 
 
@@ -289,4 +296,3 @@ def _create_exclusive(path: Path, data: bytes, mode: int) -> None:
         os.fsync(fd)
     finally:
         os.close(fd)
-

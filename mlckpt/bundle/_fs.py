@@ -23,8 +23,9 @@ from mlckpt.bundle._common import (
     SIGNATURE_FILE,
     Problem,
     _tls,
+    problem,
 )
-from mlckpt.errors import UsageError
+from mlckpt.errors import IntegrityKind, UsageError
 
 
 class _NotRegular(OSError):
@@ -76,6 +77,13 @@ def _open_error(exc: OSError) -> str:
     return f"cannot read: {exc.strerror or exc}"
 
 
+def _open_kind(exc: OSError) -> str | None:
+    """The integrity kind of a failed open: an entry a bundle may not hold, or (None) the default."""
+    if isinstance(exc, _NotRegular) or exc.errno in (errno.ELOOP, errno.EMLINK, errno.ENOTDIR):
+        return IntegrityKind.PATHS
+    return None
+
+
 def _scan(root_fd: int) -> tuple[dict[str, int], list[Problem]]:
     """Regular files (name -> size) under root, and every entry that is not allowed."""
     files: dict[str, int] = {}
@@ -88,10 +96,12 @@ def _scan(root_fd: int) -> tuple[dict[str, int], list[Problem]]:
             rel = prefix + entry.name
             try:
                 if entry.is_symlink():
-                    bad.append((rel, "is a symlink (not allowed in bundles)"))
+                    bad.append(problem(rel, "is a symlink (not allowed in bundles)", IntegrityKind.PATHS))
                 elif entry.is_dir(follow_symlinks=False):
                     if depth >= MAX_DEPTH:
-                        bad.append((rel, f"nested deeper than {MAX_DEPTH} folders"))
+                        bad.append(
+                            problem(rel, f"nested deeper than {MAX_DEPTH} folders", IntegrityKind.PATHS)
+                        )
                         continue
                     sub = os.open(
                         entry.name,
@@ -105,9 +115,11 @@ def _scan(root_fd: int) -> tuple[dict[str, int], list[Problem]]:
                 elif entry.is_file(follow_symlinks=False):
                     files[rel] = entry.stat(follow_symlinks=False).st_size
                 else:
-                    bad.append((rel, "is not a regular file (device, FIFO or socket)"))
+                    bad.append(
+                        problem(rel, "is not a regular file (device, FIFO or socket)", IntegrityKind.PATHS)
+                    )
             except OSError as exc:
-                bad.append((rel, _open_error(exc)))
+                bad.append(problem(rel, _open_error(exc), _open_kind(exc)))
 
     walk(root_fd, "", 0)
     files.pop(SIGNATURE_FILE, None)
@@ -159,4 +171,3 @@ def _hash_many(root_fd: int, sizes: Mapping[str, int]) -> dict[str, str | OSErro
         return {rel: job(rel) for rel in order}
     with ThreadPoolExecutor(max_workers=min(_hash_workers(), len(order))) as pool:
         return dict(zip(order, pool.map(job, order), strict=True))
-

@@ -27,9 +27,10 @@ from mlckpt.bundle._common import (
     _fail,
     _raise_problems,
     display_name,
+    problem,
 )
-from mlckpt.bundle._fs import _open_beneath, _open_error, _open_root, _scan
-from mlckpt.errors import UsageError
+from mlckpt.bundle._fs import _open_beneath, _open_error, _open_kind, _open_root, _scan
+from mlckpt.errors import IntegrityKind, UsageError
 
 
 def pack(folder: Path, out: Path) -> Path:
@@ -51,11 +52,13 @@ def pack(folder: Path, out: Path) -> Path:
         names = sorted(files)
         if _has_envelope(root_fd, where):
             names = sorted([*names, SIGNATURE_FILE])
-        problems = bad + [(n, why) for n in names if (why := _check_relpath(n))]
+        problems = bad + [problem(n, why, IntegrityKind.PATHS) for n in names if (why := _check_relpath(n))]
         _raise_problems(where, sorted(problems))
-        with _atomic_file(out_abs) as raw, \
-                gzip.GzipFile(filename="", mode="wb", fileobj=raw, mtime=0) as gz, \
-                tarfile.open(fileobj=gz, mode="w", format=tarfile.PAX_FORMAT) as tar:
+        with (
+            _atomic_file(out_abs) as raw,
+            gzip.GzipFile(filename="", mode="wb", fileobj=raw, mtime=0) as gz,
+            tarfile.open(fileobj=gz, mode="w", format=tarfile.PAX_FORMAT) as tar,
+        ):
             for name in names:
                 _add_member(tar, root_fd, name, where)
     finally:
@@ -69,7 +72,7 @@ def _has_envelope(root_fd: int, where: str) -> bool:
     except FileNotFoundError:
         return False
     if not stat.S_ISREG(st.st_mode):
-        _fail(where, SIGNATURE_FILE, "is not a regular file")
+        _fail(where, SIGNATURE_FILE, "is not a regular file", IntegrityKind.PATHS)
     return True
 
 
@@ -77,7 +80,7 @@ def _add_member(tar: tarfile.TarFile, root_fd: int, name: str, where: str) -> No
     try:
         fd = _open_beneath(root_fd, name)
     except OSError as exc:
-        _fail(where, name, _open_error(exc))
+        _fail(where, name, _open_error(exc), _open_kind(exc))
     with io.FileIO(fd, "rb", closefd=True) as f:
         info = tarfile.TarInfo(name)
         info.size = os.fstat(fd).st_size
@@ -139,7 +142,7 @@ class _GuardedTarInfo(tarfile.TarInfo):
                 f"metadata header of {self.size} bytes exceeds {MAX_TAR_METADATA_BYTES}",
             )
         if self.type == tarfile.GNUTYPE_SPARSE:
-            _fail(self.where, self.name, "sparse members are not allowed")
+            _fail(self.where, self.name, "sparse members are not allowed", IntegrityKind.PATHS)
         return super()._proc_member(tarfile_)  # type: ignore[misc]
 
 
@@ -222,34 +225,58 @@ def _extract_all(
                 continue
             why = _check_relpath(name)
             if why:
-                _fail(where, raw_name, f"member name rejected: {why}")
+                _fail(where, raw_name, f"member name rejected: {why}", IntegrityKind.PATHS)
             if member.issym():
-                _fail(where, raw_name, f"symlink member (-> {display_name(member.linkname)}) not allowed")
+                _fail(
+                    where,
+                    raw_name,
+                    f"symlink member (-> {display_name(member.linkname)}) not allowed",
+                    IntegrityKind.PATHS,
+                )
             if member.islnk():
-                _fail(where, raw_name, f"hard-link member (-> {display_name(member.linkname)}) not allowed")
+                _fail(
+                    where,
+                    raw_name,
+                    f"hard-link member (-> {display_name(member.linkname)}) not allowed",
+                    IntegrityKind.PATHS,
+                )
             if member.sparse is not None:
-                _fail(where, raw_name, "sparse member not allowed")
+                _fail(where, raw_name, "sparse member not allowed", IntegrityKind.PATHS)
             if not (member.isreg() or member.isdir()):
-                _fail(where, raw_name, "device, FIFO or other special member not allowed")
+                _fail(
+                    where, raw_name, "device, FIFO or other special member not allowed", IntegrityKind.PATHS
+                )
             target = os.path.normpath(os.path.join(dest_str, name))
             if os.path.commonpath([dest_str, target]) != dest_str or target == dest_str:
-                _fail(where, raw_name, "member would land outside the destination")  # belt and braces
+                _fail(
+                    where, raw_name, "member would land outside the destination", IntegrityKind.PATHS
+                )  # belt and braces
             if member.isdir() and seen.get(name) == "implied dir":
                 seen[name] = "dir"  # its contents came first; the folder exists already
                 continue
             if seen.get(name) == "implied dir":
-                _fail(where, raw_name, "a file member named like a folder of earlier members")
+                _fail(
+                    where,
+                    raw_name,
+                    "a file member named like a folder of earlier members",
+                    IntegrityKind.PATHS,
+                )
             if name in seen:
                 _fail(where, raw_name, "duplicate member")
             if name == SIGNATURE_FILE and member.isdir():
-                _fail(where, raw_name, "the envelope name cannot be a folder")
+                _fail(where, raw_name, "the envelope name cannot be a folder", IntegrityKind.PATHS)
             # Parents: create as needed; a parent that is a file member is a conflict.
             parts = name.split("/")
             for i in range(1, len(parts)):
                 parent = "/".join(parts[:i])
                 kind = seen.get(parent)
                 if kind == "file":
-                    _fail(where, raw_name, f"parent {display_name(parent)} is a file member")
+                    _fail(
+                        where,
+                        raw_name,
+                        f"parent {display_name(parent)} is a file member",
+                        IntegrityKind.PATHS,
+                    )
                 if kind is None:
                     _mkdir_member(dest / parent, where, raw_name)
                     seen[parent] = "implied dir"
@@ -330,4 +357,3 @@ def find_bundle_root(folder: Path) -> Path:
         if os.path.lexists(entries[0] / SIGNATURE_FILE):
             return entries[0]
     return folder
-

@@ -59,4 +59,3 @@ def code_digest() -> str:
         h.update(name.encode("utf-8") + b"\0" + str(len(data)).encode() + b"\0")
         h.update(data)
     return h.hexdigest()
-

@@ -218,4 +218,3 @@ class TrustedKeys:
     def public_key_for(self, keyid: str) -> bytes | None:
         hit = self._by_keyid.get(keyid)
         return hit[1] if hit else None
-

@@ -132,4 +132,3 @@ class KeyInfo:
     public_key: str
     path: Path | None = None
     public_path: Path | None = None
-

@@ -23,10 +23,12 @@ from mlckpt.bundle._common import (
     _check_relpath,
     _raise_problems,
     pae,
+    problem,
 )
-from mlckpt.bundle._fs import _hash_many, _open_error, _open_root, _scan
+from mlckpt.bundle._fs import _hash_many, _open_error, _open_kind, _open_root, _scan
 from mlckpt.bundle.keys import _raw_public, keyid_of
 from mlckpt.bundle.models import Predicate, _predicate_dict
+from mlckpt.errors import IntegrityKind
 
 
 def make_statement(files: Mapping[str, str], predicate: Mapping[str, Any]) -> dict[str, Any]:
@@ -70,18 +72,17 @@ def sign_bundle(folder: Path, key: Ed25519PrivateKey, predicate: Predicate | Map
     try:
         files, bad = _scan(root_fd)
         problems = list(bad)
-        problems += [(n, why) for n in files if (why := _check_relpath(n))]
+        problems += [problem(n, why, IntegrityKind.PATHS) for n in files if (why := _check_relpath(n))]
         target = folder / SIGNATURE_FILE
         if target.is_symlink() or (target.exists() and not target.is_file()):
-            problems.append((SIGNATURE_FILE, "exists and is not a regular file"))
+            problems.append(problem(SIGNATURE_FILE, "exists and is not a regular file", IntegrityKind.PATHS))
         _raise_problems(f"{folder}: cannot sign", sorted(problems))
         digests = _hash_many(root_fd, files)
     finally:
         os.close(root_fd)
-    errors = [(n, _open_error(d)) for n, d in digests.items() if isinstance(d, OSError)]
+    errors = [problem(n, _open_error(d), _open_kind(d)) for n, d in digests.items() if isinstance(d, OSError)]
     _raise_problems(f"{folder}: cannot sign", sorted(errors))
     statement = make_statement({n: str(d) for n, d in digests.items()}, pred)
     envelope = make_envelope(statement, key)
     _atomic_write(target, (json.dumps(envelope, indent=2, sort_keys=True) + "\n").encode())
     return target
-

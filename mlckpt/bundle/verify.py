@@ -30,11 +30,12 @@ from mlckpt.bundle._common import (
     _raise_problems,
     _strict_json,
     pae,
+    problem,
 )
-from mlckpt.bundle._fs import _hash_many, _open_beneath, _open_error, _open_root, _scan
+from mlckpt.bundle._fs import _hash_many, _open_beneath, _open_error, _open_kind, _open_root, _scan
 from mlckpt.bundle.keys import TrustedKeys, keyid_of, public_key_text
 from mlckpt.bundle.models import VerifiedBundle, _predicate_problems
-from mlckpt.errors import UsageError
+from mlckpt.errors import IntegrityKind, UsageError
 
 
 def _read_envelope_bytes(root_fd: int, where: str) -> bytes:
@@ -44,7 +45,7 @@ def _read_envelope_bytes(root_fd: int, where: str) -> bytes:
         why = _open_error(exc)
         if why == "missing":
             why = "missing: the bundle is not signed"
-        _fail(where, SIGNATURE_FILE, why)
+        _fail(where, SIGNATURE_FILE, why, _open_kind(exc))
     with io.FileIO(fd, "rb", closefd=True) as f:
         if os.fstat(fd).st_size > MAX_ENVELOPE_BYTES:
             _fail(where, SIGNATURE_FILE, f"larger than {MAX_ENVELOPE_BYTES >> 20} MiB")
@@ -119,10 +120,10 @@ def _statement_problems(stmt: Any) -> tuple[dict[str, str], list[Problem]]:
     problems: list[Problem] = []
     subjects = stmt["subject"]
     if not isinstance(subjects, list):
-        return files, [(SIGNATURE_FILE, "statement 'subject' is not a list")]
+        return files, [problem(SIGNATURE_FILE, "statement 'subject' is not a list")]
     for i, item in enumerate(subjects):
         if not isinstance(item, dict) or set(item) != {"name", "digest"}:
-            problems.append((SIGNATURE_FILE, f"subject #{i} must have exactly name and digest"))
+            problems.append(problem(SIGNATURE_FILE, f"subject #{i} must have exactly name and digest"))
             continue
         name, digest = item["name"], item["digest"]
         label = name if isinstance(name, str) else f"subject #{i}"
@@ -130,7 +131,7 @@ def _statement_problems(stmt: Any) -> tuple[dict[str, str], list[Problem]]:
         if why is None and name == SIGNATURE_FILE:
             why = "the envelope cannot be its own subject"
         if why:
-            problems.append((label, f"subject name rejected: {why}"))
+            problems.append(problem(label, f"subject name rejected: {why}", IntegrityKind.PATHS))
             continue
         if (
             not isinstance(digest, dict)
@@ -138,10 +139,10 @@ def _statement_problems(stmt: Any) -> tuple[dict[str, str], list[Problem]]:
             or not isinstance(digest["sha256"], str)
             or not _HEX64.fullmatch(digest["sha256"])
         ):
-            problems.append((name, "subject digest must be exactly {sha256: 64 lowercase hex}"))
+            problems.append(problem(name, "subject digest must be exactly {sha256: 64 lowercase hex}"))
             continue
         if name in files:
-            problems.append((name, "duplicate subject"))
+            problems.append(problem(name, "duplicate subject"))
             continue
         files[name] = digest["sha256"]
     return files, problems
@@ -177,16 +178,22 @@ def verify_bundle(
         if trusted is not None:
             signer_org = trusted.org_for(env.keyid)
             if signer_org is None:
-                _fail(where, SIGNATURE_FILE, f"signed by untrusted key {env.keyid}")
+                _fail(where, SIGNATURE_FILE, f"signed by untrusted key {env.keyid}", IntegrityKind.KEY)
             if org is not None and signer_org != org:
                 _fail(
                     where,
                     SIGNATURE_FILE,
                     f"signed by key {env.keyid} registered for organisation {signer_org!r}, not {org!r}",
+                    IntegrityKind.KEY,
                 )
             trusted_raw = trusted.public_key_for(env.keyid)
             if trusted_raw != env.public_key:
-                _fail(where, SIGNATURE_FILE, "embedded public key differs from the trusted key")
+                _fail(
+                    where,
+                    SIGNATURE_FILE,
+                    "embedded public key differs from the trusted key",
+                    IntegrityKind.KEY,
+                )
             key_raw = trusted_raw  # type: ignore[assignment]
         try:
             Ed25519PublicKey.from_public_bytes(key_raw).verify(env.sig, pae(PAYLOAD_TYPE, env.payload))
@@ -232,7 +239,7 @@ def verify_bundle(
                 f"unsupported bundle_format {fmt!r} (this mlckpt reads "
                 f"{', '.join(sorted(SUPPORTED_BUNDLE_FORMATS))})",
             )
-        problems: list[Problem] = [(SIGNATURE_FILE, p) for p in _predicate_problems(pred)]
+        problems: list[Problem] = [problem(SIGNATURE_FILE, p) for p in _predicate_problems(pred)]
         subjects, subject_problems = _statement_problems(stmt)
         problems += subject_problems
 
@@ -242,10 +249,10 @@ def verify_bundle(
         bad_names = {p for p, _ in bad}
         for name in sorted(set(subjects) - set(on_disk)):
             if name not in bad_names:
-                disk_problems.append((name, "missing (listed in the statement, not in the folder)"))
+                disk_problems.append(problem(name, "missing (listed in the statement, not in the folder)"))
         for name in sorted(set(on_disk) - set(subjects)):
             if name not in rejected:
-                disk_problems.append((name, "extra file (not listed in the statement)"))
+                disk_problems.append(problem(name, "extra file (not listed in the statement)"))
         problems += sorted(disk_problems)
 
         to_hash = {n: on_disk[n] for n in subjects if n in on_disk}
@@ -255,9 +262,9 @@ def verify_bundle(
     for name in sorted(digests):
         got = digests[name]
         if isinstance(got, OSError):
-            problems.append((name, _open_error(got)))
+            problems.append(problem(name, _open_error(got), _open_kind(got)))
         elif got != subjects[name]:
-            problems.append((name, f"digest mismatch: signed sha256 {subjects[name]}, file has {got}"))
+            problems.append(problem(name, f"digest mismatch: signed sha256 {subjects[name]}, file has {got}"))
     _raise_problems(where, problems)
     return VerifiedBundle(
         folder=folder,
@@ -291,4 +298,3 @@ def read_envelope_predicate(folder: Path) -> dict[str, Any]:
     if not isinstance(pred, dict):
         _fail(str(folder), SIGNATURE_FILE, "statement has no predicate object")
     return pred  # type: ignore[return-value]
-
