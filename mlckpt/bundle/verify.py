@@ -153,18 +153,16 @@ def verify_bundle(
 ) -> VerifiedBundle:
     """Verify ``folder``; return what was verified or raise BundleIntegrityError (exit 3).
 
-    Order: envelope structure, payloadType, signer known (with ``trusted``: registered, and for
-    ``org`` when given), signature over PAE of the payload bytes, and only then the statement:
-    types, bundle_format, subject names, the on-disk file set against the subjects, each digest.
-    Problems from the statement on are all collected before raising.
+    Steps, in order: the envelope read and parsed (:func:`_read_envelope_bytes`,
+    :func:`_parse_envelope`); the signer (:func:`_signer_key`: with ``trusted``, registered, and
+    for ``org`` when given); the signature over PAE of the payload bytes (:func:`_check_signature`);
+    only then the statement (:func:`_statement`: types, bundle_format); then the subjects against
+    the folder (:func:`_subject_problems`) and every digest (:func:`_digest_problems`).  Problems
+    from the statement's predicate on are all collected before raising.
     """
     folder = Path(folder)
     where = str(folder)
-    if org is not None:
-        if trusted is None:
-            raise UsageError("checking the organisation (--org) needs a trusted-keys file")
-        if not trusted.keys_for(org):
-            raise UsageError(f"organisation {org!r} has no keys in {trusted.source}")
+    _check_org_request(trusted, org)
     root_fd = _open_root(folder)
     try:
         data = _read_envelope_bytes(root_fd, where)
@@ -172,99 +170,18 @@ def verify_bundle(
             env = _parse_envelope(data)
         except ValueError as exc:
             _fail(where, SIGNATURE_FILE, str(exc))
-
-        signer_org: str | None = None
-        key_raw = env.public_key
-        if trusted is not None:
-            signer_org = trusted.org_for(env.keyid)
-            if signer_org is None:
-                _fail(where, SIGNATURE_FILE, f"signed by untrusted key {env.keyid}", IntegrityKind.KEY)
-            if org is not None and signer_org != org:
-                _fail(
-                    where,
-                    SIGNATURE_FILE,
-                    f"signed by key {env.keyid} registered for organisation {signer_org!r}, not {org!r}",
-                    IntegrityKind.KEY,
-                )
-            trusted_raw = trusted.public_key_for(env.keyid)
-            if trusted_raw != env.public_key:
-                _fail(
-                    where,
-                    SIGNATURE_FILE,
-                    "embedded public key differs from the trusted key",
-                    IntegrityKind.KEY,
-                )
-            key_raw = trusted_raw  # type: ignore[assignment]
-        try:
-            Ed25519PublicKey.from_public_bytes(key_raw).verify(env.sig, pae(PAYLOAD_TYPE, env.payload))
-        except (InvalidSignature, ValueError):
-            _fail(
-                where,
-                SIGNATURE_FILE,
-                f"bad signature by key {env.keyid}: the statement or the signature was altered",
-            )
-
-        # Authenticated from here on: parse the statement.
-        try:
-            stmt = _strict_json(env.payload)
-        except ValueError as exc:
-            _fail(where, SIGNATURE_FILE, f"signed payload is not valid JSON: {exc}")
-        if not isinstance(stmt, dict) or set(stmt) != {
-            "_type",
-            "subject",
-            "predicateType",
-            "predicate",
-        }:
-            _fail(
-                where,
-                SIGNATURE_FILE,
-                "statement must have exactly _type, subject, predicateType and predicate",
-            )
-        if stmt["_type"] != STATEMENT_TYPE:
-            _fail(where, SIGNATURE_FILE, f"statement _type must be {STATEMENT_TYPE!r}")
-        if stmt["predicateType"] != PREDICATE_TYPE:
-            _fail(
-                where,
-                SIGNATURE_FILE,
-                f"predicateType must be {PREDICATE_TYPE!r}, got {stmt['predicateType']!r:.80}",
-            )
-        pred = stmt["predicate"]
-        if not isinstance(pred, dict):
-            _fail(where, SIGNATURE_FILE, "predicate is not an object")
-        fmt = pred.get("bundle_format")
-        if not isinstance(fmt, str) or fmt not in SUPPORTED_BUNDLE_FORMATS:
-            _fail(
-                where,
-                SIGNATURE_FILE,
-                f"unsupported bundle_format {fmt!r} (this mlckpt reads "
-                f"{', '.join(sorted(SUPPORTED_BUNDLE_FORMATS))})",
-            )
+        signer_org, key_raw = _signer_key(where, env, trusted, org)
+        _check_signature(where, env, key_raw)
+        stmt, pred = _statement(where, env.payload)  # authenticated from here on
         problems: list[Problem] = [problem(SIGNATURE_FILE, p) for p in _predicate_problems(pred)]
         subjects, subject_problems = _statement_problems(stmt)
         problems += subject_problems
-
         on_disk, bad = _scan(root_fd)
-        rejected = {p for p, _ in subject_problems}
-        disk_problems: list[Problem] = list(bad)
-        bad_names = {p for p, _ in bad}
-        for name in sorted(set(subjects) - set(on_disk)):
-            if name not in bad_names:
-                disk_problems.append(problem(name, "missing (listed in the statement, not in the folder)"))
-        for name in sorted(set(on_disk) - set(subjects)):
-            if name not in rejected:
-                disk_problems.append(problem(name, "extra file (not listed in the statement)"))
-        problems += sorted(disk_problems)
-
-        to_hash = {n: on_disk[n] for n in subjects if n in on_disk}
-        digests = _hash_many(root_fd, to_hash)
+        problems += _subject_problems(subjects, subject_problems, on_disk, bad)
+        digests = _hash_many(root_fd, {n: on_disk[n] for n in subjects if n in on_disk})
     finally:
         os.close(root_fd)
-    for name in sorted(digests):
-        got = digests[name]
-        if isinstance(got, OSError):
-            problems.append(problem(name, _open_error(got), _open_kind(got)))
-        elif got != subjects[name]:
-            problems.append(problem(name, f"digest mismatch: signed sha256 {subjects[name]}, file has {got}"))
+    problems += _digest_problems(subjects, digests)
     _raise_problems(where, problems)
     return VerifiedBundle(
         folder=folder,
@@ -276,6 +193,109 @@ def verify_bundle(
         files=dict(sorted(subjects.items())),
         statement_sha256=hashlib.sha256(env.payload).hexdigest(),
     )
+
+
+def _check_org_request(trusted: TrustedKeys | None, org: str | None) -> None:
+    if org is None:
+        return
+    if trusted is None:
+        raise UsageError("checking the organisation (--org) needs a trusted-keys file")
+    if not trusted.keys_for(org):
+        raise UsageError(f"organisation {org!r} has no keys in {trusted.source}")
+
+
+def _signer_key(
+    where: str, env: _Envelope, trusted: TrustedKeys | None, org: str | None
+) -> tuple[str | None, bytes]:
+    """(the signer's organisation, the public key to verify with): the embedded key without
+    ``trusted``; with it, the registered key, which must be the embedded one."""
+    if trusted is None:
+        return None, env.public_key
+    signer_org = trusted.org_for(env.keyid)
+    if signer_org is None:
+        _fail(where, SIGNATURE_FILE, f"signed by untrusted key {env.keyid}", IntegrityKind.KEY)
+    if org is not None and signer_org != org:
+        _fail(
+            where,
+            SIGNATURE_FILE,
+            f"signed by key {env.keyid} registered for organisation {signer_org!r}, not {org!r}",
+            IntegrityKind.KEY,
+        )
+    trusted_raw = trusted.public_key_for(env.keyid)
+    if trusted_raw != env.public_key:
+        _fail(where, SIGNATURE_FILE, "embedded public key differs from the trusted key", IntegrityKind.KEY)
+    return signer_org, trusted_raw  # type: ignore[return-value]
+
+
+def _check_signature(where: str, env: _Envelope, key_raw: bytes) -> None:
+    try:
+        Ed25519PublicKey.from_public_bytes(key_raw).verify(env.sig, pae(PAYLOAD_TYPE, env.payload))
+    except (InvalidSignature, ValueError):
+        _fail(
+            where,
+            SIGNATURE_FILE,
+            f"bad signature by key {env.keyid}: the statement or the signature was altered",
+        )
+
+
+def _statement(where: str, payload: bytes) -> tuple[dict[str, Any], dict[str, Any]]:
+    """The signed statement and its predicate, strictly parsed (the payload is authenticated)."""
+    try:
+        stmt = _strict_json(payload)
+    except ValueError as exc:
+        _fail(where, SIGNATURE_FILE, f"signed payload is not valid JSON: {exc}")
+    if not isinstance(stmt, dict) or set(stmt) != {"_type", "subject", "predicateType", "predicate"}:
+        _fail(
+            where, SIGNATURE_FILE, "statement must have exactly _type, subject, predicateType and predicate"
+        )
+    if stmt["_type"] != STATEMENT_TYPE:
+        _fail(where, SIGNATURE_FILE, f"statement _type must be {STATEMENT_TYPE!r}")
+    if stmt["predicateType"] != PREDICATE_TYPE:
+        _fail(
+            where,
+            SIGNATURE_FILE,
+            f"predicateType must be {PREDICATE_TYPE!r}, got {stmt['predicateType']!r:.80}",
+        )
+    pred = stmt["predicate"]
+    if not isinstance(pred, dict):
+        _fail(where, SIGNATURE_FILE, "predicate is not an object")
+    fmt = pred.get("bundle_format")
+    if not isinstance(fmt, str) or fmt not in SUPPORTED_BUNDLE_FORMATS:
+        _fail(
+            where,
+            SIGNATURE_FILE,
+            f"unsupported bundle_format {fmt!r} (this mlckpt reads "
+            f"{', '.join(sorted(SUPPORTED_BUNDLE_FORMATS))})",
+        )
+    return stmt, pred
+
+
+def _subject_problems(
+    subjects: dict[str, str], subject_problems: list[Problem], on_disk: dict[str, int], bad: list[Problem]
+) -> list[Problem]:
+    """The folder's file set against the signed subjects: missing and extra files (names already
+    reported as rejected or unreadable are not reported twice)."""
+    rejected = {p for p, _ in subject_problems}
+    disk_problems: list[Problem] = list(bad)
+    bad_names = {p for p, _ in bad}
+    for name in sorted(set(subjects) - set(on_disk)):
+        if name not in bad_names:
+            disk_problems.append(problem(name, "missing (listed in the statement, not in the folder)"))
+    for name in sorted(set(on_disk) - set(subjects)):
+        if name not in rejected:
+            disk_problems.append(problem(name, "extra file (not listed in the statement)"))
+    return sorted(disk_problems)
+
+
+def _digest_problems(subjects: dict[str, str], digests: dict[str, str | OSError]) -> list[Problem]:
+    out: list[Problem] = []
+    for name in sorted(digests):
+        got = digests[name]
+        if isinstance(got, OSError):
+            out.append(problem(name, _open_error(got), _open_kind(got)))
+        elif got != subjects[name]:
+            out.append(problem(name, f"digest mismatch: signed sha256 {subjects[name]}, file has {got}"))
+    return out
 
 
 def read_envelope_predicate(folder: Path) -> dict[str, Any]:
