@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import errno
+import fcntl
 import hashlib
 import os
 import zlib
@@ -27,7 +28,8 @@ from mlckpt.engine import (
     verify,
     write_files,
 )
-from mlckpt.errors import ConfigError, IOFailure
+from mlckpt.engine import cache as engine_cache
+from mlckpt.errors import ConfigError, InternalError, IOFailure
 
 KEY = bytes(range(16))
 PID = PageId(run_id=0xDEADBEEF01, rank=3, checkpoint=2, file_index=1)
@@ -287,7 +289,7 @@ def test_write_error_names_operation_file_and_offset(
             raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
         return real(fd, bufs, offset, flags)
 
-    monkeypatch.setattr(engine.os, "pwritev", failing)
+    monkeypatch.setattr(os, "pwritev", failing)
     path = str(tmp_path / "full")
     with pytest.raises(IOFailure) as info:
         write_files([FileIO(path, filled(4 * MiB), 4 * MiB)], IOOptions(block_size=MiB))
@@ -314,8 +316,8 @@ def test_short_writes_and_reads_are_continued(
         mv = memoryview(bufs[0])
         return real_r(fd, [mv[: max(1, len(mv) // 2)]], offset, flags)
 
-    monkeypatch.setattr(engine.os, "pwritev", half_write)
-    monkeypatch.setattr(engine.os, "preadv", half_read)
+    monkeypatch.setattr(os, "pwritev", half_write)
+    monkeypatch.setattr(os, "preadv", half_read)
     n = 2 * PAGE + 5
     path = str(tmp_path / "short")
     opts = IOOptions(direct=False, threads=2)
@@ -329,14 +331,14 @@ def test_short_writes_and_reads_are_continued(
 def test_direct_refused_is_reported_and_leaves_no_file(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    real = engine.fcntl.fcntl
+    real = fcntl.fcntl
 
     def refuse(fd: int, cmd: int, arg: int = 0) -> int:
-        if cmd == engine.fcntl.F_SETFL and arg & os.O_DIRECT:
+        if cmd == fcntl.F_SETFL and arg & os.O_DIRECT:
             raise OSError(errno.EINVAL, os.strerror(errno.EINVAL))
         return real(fd, cmd, arg)
 
-    monkeypatch.setattr(engine.fcntl, "fcntl", refuse)
+    monkeypatch.setattr(fcntl, "fcntl", refuse)
     path = tmp_path / "d"
     with pytest.raises(IOFailure) as info:
         write_files([FileIO(str(path), filled(PAGE), PAGE)], IOOptions(direct=True))
@@ -393,9 +395,9 @@ def test_drop_caches_reports_permission(tmp_path: Path, monkeypatch: pytest.Monk
     # Never drop the real host cache in a test: other jobs share this machine.
     target = tmp_path / "drop_caches"
     target.write_bytes(b"")
-    monkeypatch.setattr(engine, "_DROP_CACHES", str(target))
+    monkeypatch.setattr(engine_cache, "_DROP_CACHES", str(target))
     assert engine.drop_caches() is True and target.read_bytes() == b"3\n"
-    monkeypatch.setattr(engine, "_DROP_CACHES", str(tmp_path))  # a folder: open for write fails
+    monkeypatch.setattr(engine_cache, "_DROP_CACHES", str(tmp_path))  # a folder: open for write fails
     assert engine.drop_caches() is False
 
 
@@ -416,7 +418,7 @@ def test_snapshot_copies_exactly_the_state(nbytes: int, threads: int) -> None:
 
 
 def test_snapshot_refuses_a_small_staging_buffer() -> None:
-    with pytest.raises(engine.InternalError):
+    with pytest.raises(InternalError):
         engine.snapshot(alloc(PAGE), filled(2 * PAGE), 2 * PAGE, 2)
 
 
