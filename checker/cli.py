@@ -24,7 +24,7 @@ from pathlib import Path
 from typing import Any
 
 from checker import report as rep
-from checker.stages import known_rules_versions
+from checker.rulesets import known_rules_versions
 from checker.tree_check import TRUSTED_KEYS_FILE, check_tree, load_trusted
 from mlckpt import __version__
 from mlckpt.command import OneLineParser, run_guarded

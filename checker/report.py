@@ -29,7 +29,7 @@ from collections import Counter
 from collections.abc import Sequence
 from typing import Any
 
-from checker.stages import INTERNAL, BundleResult
+from checker.results import INTERNAL, BundleResult
 from mlckpt import __version__
 from mlckpt.rules.checks.submission import INTEGRITY_RULES
 

@@ -10,18 +10,10 @@ from pathlib import Path
 from typing import Any
 
 from checker import report as rep
-from checker.stages import (
-    BundleResult,
-    SystemInfo,
-    Task,
-    add_duplicates,
-    check_bundle,
-    fallback_rules,
-    finding_dict,
-    internal_result,
-    load_system_file,
-    submission_findings,
-)
+from checker.bundle_check import check_bundle, internal_result
+from checker.duplicates import add_duplicates
+from checker.results import BundleResult, SystemInfo, Task
+from checker.rulesets import fallback_rules, finding_dict, load_system_file, submission_findings
 from checker.tree import SystemFile, TreeScan, walk
 from mlckpt.bundle import TrustedKeys
 from mlckpt.errors import UsageError

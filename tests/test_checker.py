@@ -26,7 +26,7 @@ from typing import Any
 import pytest
 import yaml
 
-import checker.stages
+import checker.bundle_check
 from checker.cli import check_tree, run
 from mlckpt import bundle
 from mlckpt.metrics import dlio_compat, summarize
@@ -47,6 +47,11 @@ RING = 2 * 4 * 4 * 1024 * 1024
 # ----------------------------------------------------------------------------------------------
 # Editing and re-signing bundles
 
+
+
+def replace_step(name: str, step: Any) -> tuple[tuple[str, Any], ...]:
+    """The checker's pipeline with one step replaced (to provoke a checker fault)."""
+    return tuple((n, step if n == name else f) for n, f in checker.bundle_check.PIPELINE)
 
 def edit_json(folder: Path, name: str, fn: Callable[[Any], Any]) -> None:
     p = folder / name
@@ -792,13 +797,13 @@ def test_exit_4_for_a_checker_fault_other_bundles_still_checked(
         honest_bundles: dict[str, Path], tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
         capsys: pytest.CaptureFixture[str]) -> None:
     root = honest_tree(tmp_path / "t", honest_bundles)
-    real = checker.stages.stage_schema
+    real = checker.bundle_check.stage_schema
 
-    def broken(st: checker.stages.State) -> None:
+    def broken(st: checker.bundle_check.State) -> None:
         if st.leaf.workload == "llama_7b":
             raise KeyError("deliberate fault")
         real(st)
-    monkeypatch.setattr(checker.stages, "stage_schema", broken)
+    monkeypatch.setattr(checker.bundle_check, "PIPELINE", replace_step("schema", broken))
     status = run([str(root), "--jobs", "1", "--json", str(tmp_path / "r.json")])
     out, err = capsys.readouterr()
     assert status == 4
@@ -821,7 +826,7 @@ def test_exit_4_for_a_checker_fault_other_bundles_still_checked(
 def test_exit_4_in_worker_processes_too(honest_bundles: dict[str, Path], tmp_path: Path,
                                         monkeypatch: pytest.MonkeyPatch) -> None:
     root = honest_tree(tmp_path / "t", honest_bundles)
-    monkeypatch.setattr(checker.stages, "stage_rules", lambda st: 1 / 0)
+    monkeypatch.setattr(checker.bundle_check, "PIPELINE", replace_step("rules", lambda st: 1 / 0))
     report = check(root, honest_bundles, jobs=2)
     assert report["exit_status"] == 4
     assert [b["verdict"] for b in report["bundles"]] == ["internal-error"] * 2

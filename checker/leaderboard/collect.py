@@ -63,7 +63,7 @@ def read_bundle(path: Path, trusted: Any = None) -> BundleDocs:
     checked against its signed digest, strictly (:mod:`checker.loading`) and against its JSON
     Schema.  Raises BundleIntegrityError (exit 3) or UsageError (not a bundle, malformed)."""
     from checker import loading
-    from checker.stages import known_rules_versions
+    from checker.rulesets import known_rules_versions
     from mlckpt import bundle
     from mlckpt.schemas import first_error
 

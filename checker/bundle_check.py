@@ -27,22 +27,32 @@ import shutil
 import sys
 import tempfile
 import traceback
-import unicodedata
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
-from functools import cache
 from pathlib import Path
-from typing import Any, cast
+from typing import Any
 
 from checker import loading
 from checker.loading import ParseError
-from checker.tree import Leaf, SystemFile
+from checker.results import INTERNAL, BundleResult, Task, clean_text, jsonable
+from checker.rulesets import (
+    MAX_SCHEMA_ERRORS,
+    _as_finding,
+    _err_key,
+    fallback_rules,
+    finding_dict,
+    known_rules_versions,
+    only,
+    schema_message,
+    structural_rule_ids,
+    submission_findings,
+    without,
+)
+from checker.tree import Leaf
 from mlckpt import bundle
 from mlckpt.errors import BundleIntegrityError, ConfigError, IntegrityKind, MlckptError
 from mlckpt.pipeline import Pipeline
-from mlckpt.resources import rules_dir
 from mlckpt.rules import (
-    DEFAULT_RULES_VERSION,
     Context,
     Finding,
     HostSpec,
@@ -52,203 +62,55 @@ from mlckpt.rules import (
 )
 from mlckpt.rules.checks.result import RunData
 from mlckpt.rules.checks.submission import INTEGRITY_RULES, Problem, SubmissionFacts, Verdicts
-from mlckpt.schemas import describe, dotted, validator
+from mlckpt.schemas import validator
 from mlckpt.sizing import Plan, make_plan
 from mlckpt.workload import Workload, workload_from_config
 
 REQUIRED_FILES = ("run.json", "config.yaml", "records.jsonl", "summary.json", "system.json",
                   bundle.SIGNATURE_FILE)
+
+
 # Bundle file -> (schema name, parser).
 DOCUMENTS = (("run.json", "run"), ("config.yaml", "config"), ("summary.json", "summary"),
              ("system.json", "system"))
+
+
 MAX_SCHEMA_PROBLEMS = 10  # reported per file
-MAX_SCHEMA_ERRORS = 1000  # collected per document (then sorted by path): bounds the work
+
+
+
+
 MAX_PLAN_FILES = 1_000_000  # files the plan of one bundle may describe (1T closed: ~3,000)
+
+
 # safe_unpack bounds for packed bundles: the parse caps plus room for logs.
 ARCHIVE_MAX_TOTAL = 1 << 30
+
+
 ARCHIVE_MAX_MEMBER = 600 << 20
+
+
 ARCHIVE_MAX_MEMBERS = 1000
+
+
 METRIC_KEYS = ("write_bandwidth_mean_gib_s", "write_bandwidth_median_gib_s", "write_bandwidth_min_gib_s",
                "write_bandwidth_max_gib_s", "write_duration_mean_s", "read_bandwidth_mean_gib_s",
                "read_bandwidth_median_gib_s", "read_bandwidth_min_gib_s", "read_bandwidth_max_gib_s",
                "read_duration_mean_s", "num_writes", "num_reads", "checkpoint_bytes", "restore_bytes",
                "read_valid", "write_stall_mean_s", "write_time_to_durable_mean_s")
-INTERNAL = "INTERNAL"
+
+
 # Checks of host facts the runner measures before any I/O but does not record (free space, the
 # checkpoint folder's state): not checkable from a bundle.
 NO_BUNDLE_DATA_CHECKS = frozenset({"disk_space", "folder_usable", "tier_space", "tier_usable"})
+
+
 EXPECTED = {
     "signature": "a valid Ed25519 signature over the bundle's statement",
     "key": "a signing key registered for this organisation",
     "files": "exactly the files the statement signs, with their digests",
     "paths": "relative paths to regular files only",
 }
-
-
-# ----------------------------------------------------------------------------------------------
-# Inputs and outputs (picklable: they cross the process pool)
-
-
-@dataclass(frozen=True)
-class SystemInfo:
-    """``systems/<system>.yaml`` as the parent process found it."""
-
-    path: str  # relative to the tree root
-    doc: Mapping[str, Any] | None  # parsed and schema-valid, else None
-    problem: str | None  # why it is unusable ("missing", a parse or schema error)
-
-
-@dataclass(frozen=True)
-class Task:
-    root: str
-    leaf: Leaf
-    trusted: bundle.TrustedKeys
-    forced_rules: str | None
-    system: SystemInfo
-
-
-@dataclass
-class BundleResult:
-    path: str
-    org: str
-    system: str
-    workload: str
-    division: str
-    run_id: str | None = None
-    rules_version: str | None = None
-    verdict: str = "invalid"
-    integrity: str = "not checked"  # ok | failed | not checked
-    findings: list[dict[str, Any]] = field(default_factory=list)
-    not_checked: list[dict[str, str]] = field(default_factory=list)
-    metrics: dict[str, Any] | None = None
-    keyid: str | None = None
-    statement_sha256: str | None = None
-    declared_division: str | None = None
-
-    @property
-    def valid(self) -> bool:
-        return self.verdict in ("closed", "open")
-
-    def to_dict(self) -> dict[str, Any]:
-        d = dataclasses.asdict(self)
-        d.pop("declared_division")
-        return d
-
-
-# ----------------------------------------------------------------------------------------------
-# Safe display of untrusted text
-
-
-def clean_text(text: str, limit: int = 2000) -> str:
-    """One printable line: control characters and unpaired surrogates escaped, length capped."""
-    if not text.isprintable():
-        text = "".join(c if c.isprintable() or c == " " else _escape(c) for c in text)
-    if not text.isascii():
-        text = text.encode("utf-8", "backslashreplace").decode("utf-8")
-    return text if len(text) <= limit else text[: limit - 3] + "..."
-
-
-def _escape(c: str) -> str:
-    if unicodedata.category(c) == "Cs":
-        return c  # handled by the encode step
-    return c.encode("unicode_escape").decode("ascii")
-
-
-def jsonable(value: Any, depth: int = 0) -> Any:
-    """``value`` as plain, finite, bounded JSON data."""
-    if value is None or isinstance(value, bool) or isinstance(value, int):
-        return value
-    if isinstance(value, float):
-        return value if value == value and abs(value) != float("inf") else str(value)
-    if isinstance(value, str):
-        return clean_text(value, 500)
-    if depth > 3:
-        return clean_text(str(value), 200)
-    if isinstance(value, list | tuple):
-        return [jsonable(v, depth + 1) for v in value[:20]]
-    if isinstance(value, Mapping):
-        return {clean_text(str(k), 100): jsonable(v, depth + 1) for k, v in list(value.items())[:20]}
-    return clean_text(str(value), 500)
-
-
-# ----------------------------------------------------------------------------------------------
-# Rule sets
-
-
-@cache
-def known_rules_versions() -> tuple[str, ...]:
-    return tuple(sorted(p.name for p in rules_dir().iterdir() if (p / "rules.yaml").is_file()))
-
-
-def fallback_rules(forced: str | None = None) -> RuleSet:
-    """The rule set that words findings made before a bundle's own version is known."""
-    if forced:
-        return load_rules(forced)
-    known = known_rules_versions()
-    return load_rules(DEFAULT_RULES_VERSION if DEFAULT_RULES_VERSION in known else known[-1])
-
-
-def without(rs: RuleSet, rule_ids: Iterable[str]) -> RuleSet:
-    drop = set(rule_ids)
-    return dataclasses.replace(rs, rules=tuple(r for r in rs.rules if r.id not in drop))
-
-
-def only(rs: RuleSet, keep: Iterable[str]) -> RuleSet:
-    ids = set(keep)
-    return dataclasses.replace(rs, rules=tuple(r for r in rs.rules if r.id in ids))
-
-
-def structural_rule_ids(rs: RuleSet) -> tuple[str, ...]:
-    """Rules without which no plan exists (as RuleSet.require_structure defines them)."""
-    return tuple(r.id for r in rs.rules if r.severity == "invalid" and r.stages == ("config",))
-
-
-def submission_findings(rs: RuleSet, facts: SubmissionFacts, division: str) -> tuple[
-        tuple[Finding, ...], tuple[tuple[str, str], ...]]:
-    ctx = Context(config={"division": division}, workload=cast(Workload, None), submission=facts)
-    ev = rs.evaluate(ctx, ["submission"])
-    return ev.findings, ev.not_checked
-
-
-# ----------------------------------------------------------------------------------------------
-# System descriptions (parsed once, in the parent)
-
-
-def load_system_file(root: Path, sf: SystemFile | None, path: str, rules_version: str) -> SystemInfo:
-    if sf is None:
-        return SystemInfo(path, None, "missing")
-    try:
-        doc = loading.parse_yaml(loading.read_capped(root / sf.path, loading.CAPS["system-description"]))
-    except ParseError as exc:
-        return SystemInfo(sf.path, None, str(exc))
-    errors = sorted(itertools.islice(validator("system-description", rules_version).iter_errors(doc),
-                                     MAX_SCHEMA_ERRORS), key=_err_key)
-    if errors:
-        more = f" (and {len(errors) - 1} more)" if len(errors) > 1 else ""
-        return SystemInfo(sf.path, None, f"{schema_message(errors[0])}{more}")
-    if doc.get("system_name") != sf.system:
-        return SystemInfo(sf.path, None, f"system_name {doc.get('system_name')!r} differs from the "
-                                         f"file name {sf.system!r}")
-    return SystemInfo(sf.path, doc, None)
-
-
-def schema_message(err: Any) -> str:
-    """mlckpt.schemas.describe(err) with a long offending value shortened ("[0, 0, ...] is too long")."""
-    if err.validator == "additionalProperties":
-        return clean_text(describe(err), 300)
-    msg = err.message
-    shown = repr(err.instance)
-    if len(shown) > 60 and msg.startswith(shown):
-        msg = f"{shown[:40]}...{shown[-10:]}{msg[len(shown):]}"
-    return clean_text(f"{dotted(err)}: {msg}", 300)
-
-
-def _err_key(err: Any) -> tuple[str, str]:
-    return (".".join(map(str, err.absolute_path)), err.message)
-
-
-# ----------------------------------------------------------------------------------------------
-# The pipeline
 
 
 class Stop(Exception):
@@ -295,9 +157,9 @@ def check_bundle(task: Task) -> BundleResult:
     st = State(task)
     try:
         try:
-            for name, function in PIPELINE:
+            for name, step in PIPELINE:
                 st.stage = name
-                globals()[function](st)  # looked up per call: tests replace stages
+                step(st)
         except Stop:
             pass
         st.stage = "submission"
@@ -309,9 +171,6 @@ def check_bundle(task: Task) -> BundleResult:
             shutil.rmtree(st.tmp, ignore_errors=True)
 
 
-PIPELINE = (("layout", "stage_layout"), ("integrity", "stage_integrity"),
-            ("rules version", "stage_rules_version"), ("schema", "stage_schema"), ("facts", "stage_facts"),
-            ("rules", "stage_rules"))
 
 
 def internal_result(leaf: Leaf, stage: str, exc: BaseException) -> BundleResult:
@@ -323,9 +182,6 @@ def internal_result(leaf: Leaf, stage: str, exc: BaseException) -> BundleResult:
                         verdict="internal-error",
                         findings=[{"rule": INTERNAL, "severity": "internal", "path": leaf.path,
                                    "message": message, "expected": None, "actual": None}])
-
-
-# --- 1. layout ---------------------------------------------------------------------------------
 
 
 def stage_layout(st: State) -> None:
@@ -360,9 +216,6 @@ def stage_layout(st: State) -> None:
         st.problem("layout", name, f"the bundle files {', '.join(REQUIRED_FILES)}", "missing")
     if not missing:
         st.passed("layout")
-
-
-# --- 2. integrity ------------------------------------------------------------------------------
 
 
 def stage_integrity(st: State) -> None:
@@ -420,9 +273,6 @@ def _check_signer_org(st: State, keyid: str | None) -> bool:
     return False
 
 
-# --- 3. rules version --------------------------------------------------------------------------
-
-
 def stage_rules_version(st: State) -> None:
     assert st.verified is not None
     declared = st.verified.predicate.get("rules_version")
@@ -433,9 +283,6 @@ def stage_rules_version(st: State) -> None:
         raise Stop
     st.passed("rules_version")
     st.rules = load_rules(str(version))
-
-
-# --- 4. schema ---------------------------------------------------------------------------------
 
 
 def stage_schema(st: State) -> None:
@@ -523,9 +370,6 @@ def _structural_anyway(st: State) -> None:
     st.rule_findings = ev.findings
 
 
-# --- 5. facts: predicate, names, system description ------------------------------------------
-
-
 PREDICATE_KEYS = ("run_id", "workload", "division", "rules_version", "started", "ended", "mlckpt_version",
                   "ranks", "scaled", "verdict")
 
@@ -577,9 +421,6 @@ def _first_difference(a: Any, b: Any, path: str = "") -> str:
             if k not in a or k not in b or a[k] != b[k]:
                 return _first_difference(a.get(k), b.get(k), f"{path}.{k}" if path else k)
     return f"{path or '(top level)'}: {clean_text(repr(a), 80)} vs {clean_text(repr(b), 80)}"
-
-
-# --- 6. rules ------------------------------------------------------------------------------------
 
 
 def plan_files_estimate(w: Workload, ranks: int) -> int:
@@ -667,9 +508,6 @@ def stage_rules(st: State) -> None:
     st.where_paths["run.json"] = f"{st.leaf.path}/run.json"
 
 
-# --- 7. submission rules and the result ----------------------------------------------------------
-
-
 def finish(st: State) -> BundleResult:
     leaf = st.leaf
     rs = st.rules or fallback_rules(st.task.forced_rules)
@@ -706,52 +544,7 @@ def finish(st: State) -> BundleResult:
     return result
 
 
-def _as_finding(d: Mapping[str, Any]) -> Finding:
-    return Finding(d["rule"], d["severity"], d["message"])
-
-
-def finding_dict(f: Finding, bundle_path: str, where_paths: Mapping[str, str]) -> dict[str, Any]:
-    path = bundle_path
-    best = -1
-    for where, target in where_paths.items():
-        if len(where) > best and f.message.startswith(f"{where}: "):
-            path, best = target, len(where)
-    return {"rule": f.rule, "severity": f.severity, "path": clean_text(path, 1000),
-            "message": clean_text(f.message), "expected": jsonable(f.expected),
-            "actual": jsonable(f.actual)}
-
-
-# ----------------------------------------------------------------------------------------------
-# Across bundles
-
-
-def add_duplicates(results: Sequence[BundleResult], forced_rules: str | None = None) -> None:
-    """DUPLICATE-RUN: the same signed statement or run_id submitted more than once in the tree."""
-    groups: dict[tuple[str, str], list[BundleResult]] = {}
-    for r in results:
-        if r.integrity != "ok":
-            continue
-        if r.statement_sha256:
-            groups.setdefault(("statement", r.statement_sha256), []).append(r)
-        if r.run_id:
-            groups.setdefault(("run_id", r.run_id), []).append(r)
-    problems: dict[int, list[Problem]] = {}
-    for r in results:
-        same_statement = [o for o in groups.get(("statement", r.statement_sha256 or ""), []) if o is not r]
-        same_run = [o for o in groups.get(("run_id", r.run_id or ""), [])
-                    if o is not r and o not in same_statement]
-        for others, label in ((same_statement, f"signed statement (run_id {r.run_id})"),
-                              (same_run, f"run_id {r.run_id}")):
-            if others:
-                problems.setdefault(id(r), []).append(Problem(
-                    "run.json", "a run submitted once",
-                    f"the same {label} as {', '.join(o.path for o in others)}"))
-    for r in results:
-        if id(r) not in problems:
-            continue
-        rs = load_rules(r.rules_version) if r.rules_version else fallback_rules(forced_rules)
-        found, _ = submission_findings(rs, SubmissionFacts(duplicates=tuple(problems[id(r)])),
-                                       r.declared_division or r.division)
-        r.findings += [finding_dict(f, r.path, {"run.json": f"{r.path}/run.json"}) for f in found]
-        if r.verdict != "internal-error":
-            r.verdict = verdict([_as_finding(f) for f in r.findings], r.declared_division or r.division)
+# The steps, in order (``PIPELINE`` is read when each bundle is checked).
+PIPELINE: tuple[tuple[str, Callable[[State], None]], ...] = (
+    ("layout", stage_layout), ("integrity", stage_integrity), ("rules version", stage_rules_version),
+    ("schema", stage_schema), ("facts", stage_facts), ("rules", stage_rules))

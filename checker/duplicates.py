@@ -1,0 +1,46 @@
+"""DUPLICATE-RUN across the bundles of a tree."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+from checker.results import BundleResult
+from checker.rulesets import _as_finding, fallback_rules, finding_dict, submission_findings
+from mlckpt.rules import (
+    load_rules,
+    verdict,
+)
+from mlckpt.rules.checks.submission import Problem, SubmissionFacts
+
+
+def add_duplicates(results: Sequence[BundleResult], forced_rules: str | None = None) -> None:
+    """DUPLICATE-RUN: the same signed statement or run_id submitted more than once in the tree."""
+    groups: dict[tuple[str, str], list[BundleResult]] = {}
+    for r in results:
+        if r.integrity != "ok":
+            continue
+        if r.statement_sha256:
+            groups.setdefault(("statement", r.statement_sha256), []).append(r)
+        if r.run_id:
+            groups.setdefault(("run_id", r.run_id), []).append(r)
+    problems: dict[int, list[Problem]] = {}
+    for r in results:
+        same_statement = [o for o in groups.get(("statement", r.statement_sha256 or ""), []) if o is not r]
+        same_run = [o for o in groups.get(("run_id", r.run_id or ""), [])
+                    if o is not r and o not in same_statement]
+        for others, label in ((same_statement, f"signed statement (run_id {r.run_id})"),
+                              (same_run, f"run_id {r.run_id}")):
+            if others:
+                problems.setdefault(id(r), []).append(Problem(
+                    "run.json", "a run submitted once",
+                    f"the same {label} as {', '.join(o.path for o in others)}"))
+    for r in results:
+        if id(r) not in problems:
+            continue
+        rs = load_rules(r.rules_version) if r.rules_version else fallback_rules(forced_rules)
+        found, _ = submission_findings(rs, SubmissionFacts(duplicates=tuple(problems[id(r)])),
+                                       r.declared_division or r.division)
+        r.findings += [finding_dict(f, r.path, {"run.json": f"{r.path}/run.json"}) for f in found]
+        if r.verdict != "internal-error":
+            r.verdict = verdict([_as_finding(f) for f in r.findings], r.declared_division or r.division)
+

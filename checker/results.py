@@ -1,0 +1,94 @@
+"""What one bundle's check takes and gives (picklable: they cross the process pool), and the safe
+display of untrusted text."""
+
+from __future__ import annotations
+
+import dataclasses
+import unicodedata
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+from checker.tree import Leaf
+from mlckpt import bundle
+
+INTERNAL = "INTERNAL"
+
+
+@dataclass(frozen=True)
+class SystemInfo:
+    """``systems/<system>.yaml`` as the parent process found it."""
+
+    path: str  # relative to the tree root
+    doc: Mapping[str, Any] | None  # parsed and schema-valid, else None
+    problem: str | None  # why it is unusable ("missing", a parse or schema error)
+
+
+@dataclass(frozen=True)
+class Task:
+    root: str
+    leaf: Leaf
+    trusted: bundle.TrustedKeys
+    forced_rules: str | None
+    system: SystemInfo
+
+
+@dataclass
+class BundleResult:
+    path: str
+    org: str
+    system: str
+    workload: str
+    division: str
+    run_id: str | None = None
+    rules_version: str | None = None
+    verdict: str = "invalid"
+    integrity: str = "not checked"  # ok | failed | not checked
+    findings: list[dict[str, Any]] = field(default_factory=list)
+    not_checked: list[dict[str, str]] = field(default_factory=list)
+    metrics: dict[str, Any] | None = None
+    keyid: str | None = None
+    statement_sha256: str | None = None
+    declared_division: str | None = None
+
+    @property
+    def valid(self) -> bool:
+        return self.verdict in ("closed", "open")
+
+    def to_dict(self) -> dict[str, Any]:
+        d = dataclasses.asdict(self)
+        d.pop("declared_division")
+        return d
+
+
+def clean_text(text: str, limit: int = 2000) -> str:
+    """One printable line: control characters and unpaired surrogates escaped, length capped."""
+    if not text.isprintable():
+        text = "".join(c if c.isprintable() or c == " " else _escape(c) for c in text)
+    if not text.isascii():
+        text = text.encode("utf-8", "backslashreplace").decode("utf-8")
+    return text if len(text) <= limit else text[: limit - 3] + "..."
+
+
+def _escape(c: str) -> str:
+    if unicodedata.category(c) == "Cs":
+        return c  # handled by the encode step
+    return c.encode("unicode_escape").decode("ascii")
+
+
+def jsonable(value: Any, depth: int = 0) -> Any:
+    """``value`` as plain, finite, bounded JSON data."""
+    if value is None or isinstance(value, bool) or isinstance(value, int):
+        return value
+    if isinstance(value, float):
+        return value if value == value and abs(value) != float("inf") else str(value)
+    if isinstance(value, str):
+        return clean_text(value, 500)
+    if depth > 3:
+        return clean_text(str(value), 200)
+    if isinstance(value, list | tuple):
+        return [jsonable(v, depth + 1) for v in value[:20]]
+    if isinstance(value, Mapping):
+        return {clean_text(str(k), 100): jsonable(v, depth + 1) for k, v in list(value.items())[:20]}
+    return clean_text(str(value), 500)
+

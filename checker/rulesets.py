@@ -1,0 +1,113 @@
+"""Rule sets as the checker uses them (by version, restricted to some rules), system descriptions
+parsed once, and findings as report entries."""
+
+from __future__ import annotations
+
+import dataclasses
+import itertools
+from collections.abc import Iterable, Mapping
+from functools import cache
+from pathlib import Path
+from typing import Any, cast
+
+from checker import loading
+from checker.loading import ParseError
+from checker.results import SystemInfo, clean_text, jsonable
+from checker.tree import SystemFile
+from mlckpt.resources import rules_dir
+from mlckpt.rules import (
+    DEFAULT_RULES_VERSION,
+    Context,
+    Finding,
+    RuleSet,
+    load_rules,
+)
+from mlckpt.rules.checks.submission import SubmissionFacts
+from mlckpt.schemas import describe, dotted, validator
+from mlckpt.workload import Workload
+
+MAX_SCHEMA_ERRORS = 1000  # collected per document (then sorted by path): bounds the work
+
+
+@cache
+def known_rules_versions() -> tuple[str, ...]:
+    return tuple(sorted(p.name for p in rules_dir().iterdir() if (p / "rules.yaml").is_file()))
+
+
+def fallback_rules(forced: str | None = None) -> RuleSet:
+    """The rule set that words findings made before a bundle's own version is known."""
+    if forced:
+        return load_rules(forced)
+    known = known_rules_versions()
+    return load_rules(DEFAULT_RULES_VERSION if DEFAULT_RULES_VERSION in known else known[-1])
+
+
+def without(rs: RuleSet, rule_ids: Iterable[str]) -> RuleSet:
+    drop = set(rule_ids)
+    return dataclasses.replace(rs, rules=tuple(r for r in rs.rules if r.id not in drop))
+
+
+def only(rs: RuleSet, keep: Iterable[str]) -> RuleSet:
+    ids = set(keep)
+    return dataclasses.replace(rs, rules=tuple(r for r in rs.rules if r.id in ids))
+
+
+def structural_rule_ids(rs: RuleSet) -> tuple[str, ...]:
+    """Rules without which no plan exists (as RuleSet.require_structure defines them)."""
+    return tuple(r.id for r in rs.rules if r.severity == "invalid" and r.stages == ("config",))
+
+
+def submission_findings(rs: RuleSet, facts: SubmissionFacts, division: str) -> tuple[
+        tuple[Finding, ...], tuple[tuple[str, str], ...]]:
+    ctx = Context(config={"division": division}, workload=cast(Workload, None), submission=facts)
+    ev = rs.evaluate(ctx, ["submission"])
+    return ev.findings, ev.not_checked
+
+
+def load_system_file(root: Path, sf: SystemFile | None, path: str, rules_version: str) -> SystemInfo:
+    if sf is None:
+        return SystemInfo(path, None, "missing")
+    try:
+        doc = loading.parse_yaml(loading.read_capped(root / sf.path, loading.CAPS["system-description"]))
+    except ParseError as exc:
+        return SystemInfo(sf.path, None, str(exc))
+    errors = sorted(itertools.islice(validator("system-description", rules_version).iter_errors(doc),
+                                     MAX_SCHEMA_ERRORS), key=_err_key)
+    if errors:
+        more = f" (and {len(errors) - 1} more)" if len(errors) > 1 else ""
+        return SystemInfo(sf.path, None, f"{schema_message(errors[0])}{more}")
+    if doc.get("system_name") != sf.system:
+        return SystemInfo(sf.path, None, f"system_name {doc.get('system_name')!r} differs from the "
+                                         f"file name {sf.system!r}")
+    return SystemInfo(sf.path, doc, None)
+
+
+def schema_message(err: Any) -> str:
+    """mlckpt.schemas.describe(err) with a long offending value shortened ("[0, 0, ...] is too long")."""
+    if err.validator == "additionalProperties":
+        return clean_text(describe(err), 300)
+    msg = err.message
+    shown = repr(err.instance)
+    if len(shown) > 60 and msg.startswith(shown):
+        msg = f"{shown[:40]}...{shown[-10:]}{msg[len(shown):]}"
+    return clean_text(f"{dotted(err)}: {msg}", 300)
+
+
+def _err_key(err: Any) -> tuple[str, str]:
+    return (".".join(map(str, err.absolute_path)), err.message)
+
+
+def _as_finding(d: Mapping[str, Any]) -> Finding:
+    return Finding(d["rule"], d["severity"], d["message"])
+
+
+def finding_dict(f: Finding, bundle_path: str, where_paths: Mapping[str, str]) -> dict[str, Any]:
+    path = bundle_path
+    best = -1
+    for where, target in where_paths.items():
+        if len(where) > best and f.message.startswith(f"{where}: "):
+            path, best = target, len(where)
+    return {"rule": f.rule, "severity": f.severity, "path": clean_text(path, 1000),
+            "message": clean_text(f.message), "expected": jsonable(f.expected),
+            "actual": jsonable(f.actual)}
+
