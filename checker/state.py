@@ -1,0 +1,58 @@
+"""One bundle's check in progress: the facts collected so far, and how a step stops the rest."""
+
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from checker.results import Task
+from checker.tree import Leaf
+from mlckpt import bundle
+from mlckpt.rules import (
+    Finding,
+    RuleSet,
+)
+from mlckpt.rules.checks.submission import Problem, SubmissionFacts, Verdicts
+
+
+class Stop(Exception):
+    """The current stage makes the later ones meaningless."""
+
+
+@dataclass
+class State:
+    task: Task
+    folder: Path | None = None
+    facts: dict[str, list[Problem] | None] = field(default_factory=lambda: {
+        f.name: None for f in dataclasses.fields(SubmissionFacts) if f.name != "verdicts"})
+    where_paths: dict[str, str] = field(default_factory=dict)  # finding prefix -> report path
+    verified: bundle.VerifiedBundle | None = None
+    rules: RuleSet | None = None
+    docs: dict[str, Any] = field(default_factory=dict)
+    records: list[dict[str, Any]] = field(default_factory=list)
+    rule_findings: tuple[Finding, ...] = ()
+    not_checked: list[tuple[str, str]] = field(default_factory=list)
+    verdicts: Verdicts | None = None
+    stage: str = "layout"
+    tmp: str | None = None  # where an archive was unpacked
+
+    @property
+    def leaf(self) -> Leaf:
+        return self.task.leaf
+
+    def problem(self, kind: str, where: str, expected: Any, actual: Any, *, tree_path: str | None = None
+                ) -> None:
+        items = self.facts[kind]
+        if items is None:
+            items = self.facts[kind] = []
+        items.append(Problem(where, expected, actual))
+        self.where_paths[where] = tree_path if tree_path is not None else f"{self.leaf.path}/{where}"
+
+    def passed(self, *kinds: str) -> None:
+        for kind in kinds:
+            if self.facts[kind] is None:
+                self.facts[kind] = []
+
+
