@@ -197,6 +197,36 @@ def safe_unpack(
             shutil.rmtree(dest, ignore_errors=True)
 
 
+def _check_member(member: tarfile.TarInfo, name: str, raw_name: str, where: str, dest_str: str) -> None:
+    """Refuse a member whose name or type a bundle may not hold (every refusal is a PATHS problem)."""
+    why = _check_relpath(name)
+    if why:
+        _fail(where, raw_name, f"member name rejected: {why}", IntegrityKind.PATHS)
+    if member.issym():
+        _fail(
+            where,
+            raw_name,
+            f"symlink member (-> {display_name(member.linkname)}) not allowed",
+            IntegrityKind.PATHS,
+        )
+    if member.islnk():
+        _fail(
+            where,
+            raw_name,
+            f"hard-link member (-> {display_name(member.linkname)}) not allowed",
+            IntegrityKind.PATHS,
+        )
+    if member.sparse is not None:
+        _fail(where, raw_name, "sparse member not allowed", IntegrityKind.PATHS)
+    if not (member.isreg() or member.isdir()):
+        _fail(where, raw_name, "device, FIFO or other special member not allowed", IntegrityKind.PATHS)
+    target = os.path.normpath(os.path.join(dest_str, name))
+    if os.path.commonpath([dest_str, target]) != dest_str or target == dest_str:
+        _fail(
+            where, raw_name, "member would land outside the destination", IntegrityKind.PATHS
+        )  # belt and braces
+
+
 def _extract_all(
     stream: _BoundedReader,
     dest: Path,
@@ -223,34 +253,7 @@ def _extract_all(
                 _fail(where, raw_name, f"more than {max_members} members")
             if member.isdir() and name in ("", "."):
                 continue
-            why = _check_relpath(name)
-            if why:
-                _fail(where, raw_name, f"member name rejected: {why}", IntegrityKind.PATHS)
-            if member.issym():
-                _fail(
-                    where,
-                    raw_name,
-                    f"symlink member (-> {display_name(member.linkname)}) not allowed",
-                    IntegrityKind.PATHS,
-                )
-            if member.islnk():
-                _fail(
-                    where,
-                    raw_name,
-                    f"hard-link member (-> {display_name(member.linkname)}) not allowed",
-                    IntegrityKind.PATHS,
-                )
-            if member.sparse is not None:
-                _fail(where, raw_name, "sparse member not allowed", IntegrityKind.PATHS)
-            if not (member.isreg() or member.isdir()):
-                _fail(
-                    where, raw_name, "device, FIFO or other special member not allowed", IntegrityKind.PATHS
-                )
-            target = os.path.normpath(os.path.join(dest_str, name))
-            if os.path.commonpath([dest_str, target]) != dest_str or target == dest_str:
-                _fail(
-                    where, raw_name, "member would land outside the destination", IntegrityKind.PATHS
-                )  # belt and braces
+            _check_member(member, name, raw_name, where, dest_str)
             if member.isdir() and seen.get(name) == "implied dir":
                 seen[name] = "dir"  # its contents came first; the folder exists already
                 continue
