@@ -99,7 +99,7 @@ class Case:
 
 
 def resolve(case: Case) -> Case:
-    from mlckpt.config import setup
+    from mlckpt.plan.config import setup
 
     s = setup(case.overrides)
     case.rank_bytes = [rp.bytes for rp in s.plan.rank_plans]
@@ -550,7 +550,7 @@ def main(argv: list[str] | None = None) -> int:
             modes = [m for m in modes if "tiers" not in m]
             short_modes = [m for m in short_modes if "tiers" not in m]
     env = dict(os.environ, XDG_CONFIG_HOME=str(base / "xdg"))
-    from mlckpt.sysinfo import host_facts
+    from mlckpt.host.facts import host_facts
 
     try:
         facts = host_facts(base, "")

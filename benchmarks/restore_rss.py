@@ -206,7 +206,7 @@ def main(argv: list[str] | None = None) -> int:
     args = ap.parse_args(argv)
 
     from mlckpt.cli.run_cmd import find_mpiexec
-    from mlckpt.config import setup
+    from mlckpt.plan.config import setup
 
     ovs = [f"workload={args.workload}", "division=open", f"scale={args.scale}",
            f"ranks={args.ranks}", f"checkpoint.num_writes={args.writes}",

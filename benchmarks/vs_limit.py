@@ -100,7 +100,7 @@ class Case:
 
 
 def resolve(case: Case) -> Case:
-    from mlckpt.config import setup
+    from mlckpt.plan.config import setup
 
     s = setup(case.overrides)
     if s.config["checkpoint"]["restore"] != "own":
@@ -569,7 +569,7 @@ def main(argv: list[str] | None = None) -> int:
     base = Path(tempfile.mkdtemp(prefix=".mlckpt-vslimit-", dir=os.getcwd()) if own else args.folder)
     base.mkdir(parents=True, exist_ok=True)
     work = Path(tempfile.mkdtemp(prefix="vslimit-", dir=base))
-    from mlckpt.sysinfo import host_facts
+    from mlckpt.host.facts import host_facts
 
     with contextlib.suppress(Exception):
         facts = host_facts(work, "")

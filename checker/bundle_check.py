@@ -50,7 +50,7 @@ from mlckpt.rules import (
     load_rules,
 )
 from mlckpt.schemas import validator
-from mlckpt.workload import workload_from_config
+from mlckpt.workload.model import workload_from_config
 
 REQUIRED_FILES = ("run.json", "config.yaml", "records.jsonl", "summary.json", "system.json",
                   bundle.SIGNATURE_FILE)

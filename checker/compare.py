@@ -13,7 +13,7 @@ is not the checker: a signed bundle can still break the rules; ``mlckpt-check RO
 When the two results fall in different leaderboard classes (division × workload × full/scaled ×
 checkpoint mode) the output says so: such numbers are not ranked against each other.
 
-Asynchronous and tiered checkpoints (mlckpt/pipeline.py): the checkpoint mode and write stages,
+Asynchronous and tiered checkpoints (mlckpt/workload/pipeline.py): the checkpoint mode and write stages,
 the stall (what training waited), the time to durable, the overlap efficiency, the back-pressure,
 the measured training interval, the bandwidth and duration of each stage before the durable one
 (``memory``, ``fast``), and the restores a fast tier served (``read_fast_*``; ``read_mixed_*``

@@ -19,7 +19,6 @@ from checker.rulesets import (
 )
 from checker.state import State, Stop
 from mlckpt.errors import ConfigError
-from mlckpt.pipeline import Pipeline
 from mlckpt.rules import (
     Context,
     HostSpec,
@@ -27,8 +26,9 @@ from mlckpt.rules import (
 )
 from mlckpt.rules.checks.result import RunData
 from mlckpt.rules.checks.submission import INTEGRITY_RULES, SubmissionFacts, Verdicts
-from mlckpt.sizing import Plan, make_plan
-from mlckpt.workload import Workload, workload_from_config
+from mlckpt.workload.layout import Plan, make_plan
+from mlckpt.workload.model import Workload, workload_from_config
+from mlckpt.workload.pipeline import Pipeline
 
 MAX_PLAN_FILES = 1_000_000  # files the plan of one bundle may describe (1T closed: ~3,000)
 # Checks of host facts the runner measures before any I/O but does not record (free space, the

@@ -24,7 +24,7 @@ from mlckpt.rules import (
 )
 from mlckpt.rules.checks.submission import SubmissionFacts
 from mlckpt.schemas import describe, dotted, validator
-from mlckpt.workload import Workload
+from mlckpt.workload.model import Workload
 
 MAX_SCHEMA_ERRORS = 1000  # collected per document (then sorted by path): bounds the work
 

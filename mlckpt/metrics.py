@@ -8,7 +8,7 @@ Record format history (one JSON object per line of ``records.jsonl``):
      ``bytes``, ``files``, ``fsync`` (every file and its directory fsynced inside [t0, t1]),
      ``resident_bytes``/``cached_check_bytes`` (reads: page-cache residency of the files just
      before the op), ``verified_bytes``/``mismatches`` (reads: verification after the op).
-  2: asynchronous and tiered checkpointing (see mlckpt/pipeline.py).  Writes add ``mode``
+  2: asynchronous and tiered checkpointing (see mlckpt/workload/pipeline.py).  Writes add ``mode``
      (sync|async); ``t1_ns`` is now the moment the checkpoint is durable on the durable tier;
      ``staged_ns`` (training resumes: the end of the stall; equals ``t1_ns`` for sync, one tier),
      ``backpressure_ns`` (part of the stall spent waiting for the previous checkpoint's

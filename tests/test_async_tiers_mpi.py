@@ -21,10 +21,10 @@ import numpy as np
 import pytest
 from test_runner_mpi import COLD_BOUND, Result, assert_same_numbers, bundle_of, error_line, run_mlckpt
 
-from mlckpt.config import setup
 from mlckpt.engine import PAGE, decode_tag
 from mlckpt.metrics import summarize
-from mlckpt.sizing import Plan
+from mlckpt.plan.config import setup
+from mlckpt.workload.layout import Plan
 
 pytestmark = pytest.mark.mpi
 

@@ -5,8 +5,8 @@ from __future__ import annotations
 import pytest
 import yaml
 
-from mlckpt.config import compose, declared_hosts, known_workloads, resolved_yaml, setup, validate
 from mlckpt.errors import ConfigError, RuleError, UsageError
+from mlckpt.plan.config import compose, declared_hosts, known_workloads, resolved_yaml, setup, validate
 from mlckpt.rules import HostSpec
 from mlckpt.units import GiB
 

@@ -32,8 +32,8 @@ from pathlib import Path
 import pytest
 from conftest import mlckpt_command
 
-from mlckpt.config import setup
-from mlckpt.sizing import PAGE, Plan
+from mlckpt.plan.config import setup
+from mlckpt.workload.layout import PAGE, Plan
 
 pytestmark = pytest.mark.mpi
 

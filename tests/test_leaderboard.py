@@ -1,7 +1,7 @@
 """Leaderboard and compare: golden outputs, stable result IDs, exclusion, class separation.
 
 The trees here are *synthetic but fully valid* submission trees: :func:`make_bundle` builds each
-bundle the way the runner does (``mlckpt.config.setup`` for the resolved configuration and the
+bundle the way the runner does (``mlckpt.plan.config.setup`` for the resolved configuration and the
 plan, per-rank records (records format 2) with the plan's bytes and the configured checkpoint
 pipeline's stages, ``mlckpt.metrics.summarize``, the rule set's own verdict) with deterministic
 timings and a fixed Ed25519 key per organisation (Ed25519 signatures are deterministic), so the
@@ -38,11 +38,11 @@ from checker import cli, leaderboard
 from checker.leaderboard import COLUMN, COLUMNS, fmt, render, result_id, rounded
 from checker.leaderboard import command as leaderboard_command
 from mlckpt import __version__, bundle
-from mlckpt.config import setup
 from mlckpt.metrics import GIB, RECORDS_FORMAT, dlio_compat, summarize
-from mlckpt.pipeline import DURABLE, FAST, MEMORY, Pipeline
+from mlckpt.plan.config import setup
 from mlckpt.rules import HostSpec, rank_shift, verdict
 from mlckpt.rules.checks.result import DATA_SCHEME, RunData
+from mlckpt.workload.pipeline import DURABLE, FAST, MEMORY, Pipeline
 
 GOLDEN = Path(__file__).parent / "golden"
 UPDATE = bool(os.environ.get("MLCKPT_UPDATE_GOLDEN"))
@@ -92,7 +92,7 @@ def make_bundle(root: Path, *, org: str, system: str, workload: str, division: s
     """Write one signed bundle into ``root`` (tree layout, under ``tree_division``/ if given, else
     its own division) and return its folder (or archive, with ``pack``).
 
-    Checkpoint pipeline (mlckpt/pipeline.py): ``mode`` sync|async, ``fast`` the fast-tier folder
+    Checkpoint pipeline (mlckpt/workload/pipeline.py): ``mode`` sync|async, ``fast`` the fast-tier folder
     (tiered), ``compute_s`` the training interval.  Stage speeds: ``memory_gib_s`` (the copy into
     host staging), ``fast_gib_s`` (the fast-tier write), ``write_gib_s`` (the durable tier: the
     whole write in sync one-tier runs, else the background persist or drain); restores read at

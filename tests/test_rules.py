@@ -11,8 +11,8 @@ from typing import Any
 import pytest
 import yaml
 
-from mlckpt.config import compose, setup
 from mlckpt.errors import ConfigError, RuleError
+from mlckpt.plan.config import compose, setup
 from mlckpt.resources import workloads_dir
 from mlckpt.rules import (
     CHECKS,
@@ -27,9 +27,9 @@ from mlckpt.rules import (
     override_key,
     verdict,
 )
-from mlckpt.sizing import PAGE, make_plan
 from mlckpt.units import GiB, TiB, fmt_bytes
-from mlckpt.workload import Workload, workload_from_config
+from mlckpt.workload.layout import PAGE, make_plan
+from mlckpt.workload.model import Workload, workload_from_config
 
 RS = load_rules()
 P8B_TOTAL = 112_425_623_552

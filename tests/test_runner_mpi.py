@@ -28,9 +28,9 @@ import numpy as np
 import pytest
 from conftest import mlckpt_command
 
-from mlckpt.config import setup
 from mlckpt.metrics import dlio_compat, summarize
-from mlckpt.sizing import PAGE, Plan
+from mlckpt.plan.config import setup
+from mlckpt.workload.layout import PAGE, Plan
 
 pytestmark = pytest.mark.mpi
 

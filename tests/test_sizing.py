@@ -12,7 +12,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from mlckpt.resources import workloads_dir
-from mlckpt.sizing import (
+from mlckpt.workload.layout import (
     PAGE,
     Plan,
     auto_rank_shift,
@@ -21,7 +21,7 @@ from mlckpt.sizing import (
     scale_bytes,
     stage_layers,
 )
-from mlckpt.workload import Workload, workload_from_config
+from mlckpt.workload.model import Workload, workload_from_config
 
 GiB = 2**30
 WORKLOAD_DIR = Path(workloads_dir()) / "workload"
@@ -211,7 +211,7 @@ def test_llama3_1t_stages() -> None:
 
 
 def test_zero0_only_dp0_writes() -> None:
-    # mlckpt/sizing.py: "ZeRO 0: only dp == 0 ranks write, as DLIO does" (DLIO's base_checkpointing
+    # mlckpt/workload/layout.py: "ZeRO 0: only dp == 0 ranks write, as DLIO does" (DLIO's base_checkpointing
     # sets rank_to_checkpoint only for rank < MP when zero_stage == 0; optimizer n = P // MP).
     w = workload("llama_7b")
     w0 = dataclasses.replace(w, parallelism=dataclasses.replace(w.parallelism, zero_stage=0))

@@ -14,7 +14,7 @@ Design (the pure core first, then a thin layer of effects at the bottom of this 
   excluded (path, verdict, rule IDs), never ranked.
 - **Classes.**  A class is *division × workload × scale × checkpoint mode* where scale is
   ``full`` (``scale=1``) or ``scaled`` (``scale<1``, open division only) and the checkpoint mode
-  is :attr:`mlckpt.pipeline.Pipeline.label`: ``sync``, ``sync+tiers``, ``async`` or
+  is :attr:`mlckpt.workload.pipeline.Pipeline.label`: ``sync``, ``sync+tiers``, ``async`` or
   ``async+tiers`` (all but ``sync`` open division only).  Results are ranked only within their
   class, so a closed full-scale result never shares a table with a scaled or an open one, and an
   asynchronous or tiered result never shares one with a synchronous one: their write bandwidth is

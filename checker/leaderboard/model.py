@@ -13,7 +13,7 @@ from typing import Any
 import pandas as pd
 
 from mlckpt.errors import InternalError
-from mlckpt.pipeline import DURABLE, Pipeline
+from mlckpt.workload.pipeline import DURABLE, Pipeline
 
 LEADERBOARD_FORMAT = 2  # 2: classes split by checkpoint mode (ClassKey.pipeline); Stall, Time to durable
 DIVISIONS = ("closed", "open")

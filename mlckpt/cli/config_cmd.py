@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import argparse
 
-from mlckpt.config import compose, resolved_yaml, validate
+from mlckpt.plan.config import compose, resolved_yaml, validate
 
 
 def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]

@@ -6,8 +6,8 @@ import argparse
 import json
 import sys
 
-from mlckpt.config import setup
-from mlckpt.report import plan_document, plan_text
+from mlckpt.plan.config import setup
+from mlckpt.plan.report import plan_document, plan_text
 
 
 def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]

@@ -101,9 +101,9 @@ def handle(args: argparse.Namespace) -> int:
 def launch(mpiexec: str, overrides: list[str], rank_command: Sequence[str] | None = None) -> int:
     """Validate here (fail fast, nothing spawned), then run ``rank_command`` (default: this
     ``mlckpt run``) on every rank under mpiexec."""
-    from mlckpt.config import setup
+    from mlckpt.host.description import load_system_description
+    from mlckpt.plan.config import setup
     from mlckpt.run.gates import blocking_message, local_host
-    from mlckpt.sysdesc import load_system_description
 
     s = setup(overrides)
     if s.config.get("system"):

@@ -6,9 +6,9 @@ import argparse
 import json
 import sys
 
-from mlckpt.config import setup
 from mlckpt.errors import UsageError
-from mlckpt.sizer import size
+from mlckpt.plan.config import setup
+from mlckpt.plan.sizer import size
 from mlckpt.units import parse_bandwidth, parse_duration, parse_fraction
 
 

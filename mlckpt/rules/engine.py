@@ -21,8 +21,8 @@ import yaml
 
 from mlckpt.errors import ConfigError, RuleError
 from mlckpt.resources import rules_dir
-from mlckpt.sizing import Plan, auto_rank_shift
-from mlckpt.workload import Workload
+from mlckpt.workload.layout import Plan, auto_rank_shift
+from mlckpt.workload.model import Workload
 
 SEVERITIES = ("invalid", "open", "warning")
 STAGES = ("config", "host", "result", "submission")

@@ -11,8 +11,8 @@ from dataclasses import dataclass, field
 from datetime import datetime, timezone
 from typing import Any, TextIO
 
-from mlckpt.pipeline import DURABLE, FAST, MEMORY_FILESYSTEMS
 from mlckpt.units import GiB, fmt_bytes
+from mlckpt.workload.pipeline import DURABLE, FAST, MEMORY_FILESYSTEMS
 
 BAR_AFTER_S = 3.0  # show a progress bar inside an op that takes longer than this
 

@@ -16,11 +16,11 @@ from pathlib import Path
 from typing import Any
 
 from mlckpt import engine
-from mlckpt.config import Setup
 from mlckpt.errors import UsageError
+from mlckpt.host.facts import disk_free_bytes, existing_ancestor, host_facts, mem_available_bytes, mount_of
+from mlckpt.plan.config import Setup
 from mlckpt.rules import Finding, HostSpec, rank_shift, verdict
 from mlckpt.run.cleanup import RUN_MARKER
-from mlckpt.sysinfo import disk_free_bytes, existing_ancestor, host_facts, mem_available_bytes, mount_of
 
 
 def blocking_message(findings: Sequence[Finding], division: str) -> str | None:

@@ -14,12 +14,12 @@ from typing import Any
 import yaml
 
 from mlckpt import __version__, bundle
-from mlckpt.config import Setup
 from mlckpt.metrics import RECORDS_FORMAT, dlio_compat, summarize
-from mlckpt.pipeline import Pipeline
+from mlckpt.plan.config import Setup
 from mlckpt.rules import Finding, verdict
 from mlckpt.rules.checks.result import DATA_SCHEME, RunData
 from mlckpt.run.gates import Gates
+from mlckpt.workload.pipeline import Pipeline
 
 # Format history of run.json (the bundle manifest written by the runner):
 #   1: first version: run identity, status, workload, division, scaled, verdict, findings,

@@ -12,10 +12,10 @@ from typing import Any
 
 from mlckpt import engine
 from mlckpt.errors import VerificationError
-from mlckpt.pipeline import FAST, Pipeline
 from mlckpt.run.collective import Job, OpTimer
 from mlckpt.run.console import op_line
 from mlckpt.run.writes import fast_opts
+from mlckpt.workload.pipeline import FAST, Pipeline
 
 
 @dataclass

@@ -23,9 +23,9 @@ from pathlib import Path
 from typing import Any, TextIO
 
 from mlckpt import __version__, bundle, engine
-from mlckpt.config import Setup, setup
 from mlckpt.errors import MlckptError, UsageError
-from mlckpt.pipeline import Pipeline
+from mlckpt.host.description import load_system_description
+from mlckpt.plan.config import Setup, setup
 from mlckpt.run.cleanup import RUN_MARKER, Created, sweep_run
 from mlckpt.run.collective import Job, MPIDone, OpTimer
 from mlckpt.run.console import Console, headline
@@ -35,9 +35,9 @@ from mlckpt.run.guardian import Guardian
 from mlckpt.run.publish import BundleFiles, RunId, judged, manifest_of, summary_of, write_bundle
 from mlckpt.run.reads import ReadPhase
 from mlckpt.run.writes import WritePhase, WriteState
-from mlckpt.sizing import PAGE, pages
-from mlckpt.sysdesc import load_system_description
 from mlckpt.units import fmt_bytes
+from mlckpt.workload.layout import PAGE, pages
+from mlckpt.workload.pipeline import Pipeline
 
 ABORT_GRACE_S = 0.5  # between printing a fatal line and MPI_Abort (see Stalled)
 

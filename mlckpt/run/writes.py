@@ -24,11 +24,11 @@ from typing import Any
 
 from mlckpt import engine
 from mlckpt.errors import VerificationError
-from mlckpt.pipeline import DURABLE, FAST, MEMORY, Pipeline
 from mlckpt.run.cleanup import Created
 from mlckpt.run.collective import Job, OpTimer
 from mlckpt.run.console import durable_line, op_line, stall_line
-from mlckpt.sizing import PAGE
+from mlckpt.workload.layout import PAGE
+from mlckpt.workload.pipeline import DURABLE, FAST, MEMORY, Pipeline
 
 
 @dataclass

@@ -8,9 +8,9 @@ from collections.abc import Iterable, Iterator, Mapping
 from pathlib import PurePosixPath
 from typing import Any
 
-from mlckpt.pipeline import Pipeline
 from mlckpt.rules.engine import Context, NotChecked, Outcome, Rule, RuleSet, checks_table
 from mlckpt.units import GiB, fmt_bytes
+from mlckpt.workload.pipeline import Pipeline
 
 
 def ranks_multiple_of_mp(ctx: Context, rs: RuleSet, rule: Rule) -> Outcome:

@@ -5,7 +5,6 @@ from __future__ import annotations
 
 from collections.abc import Iterator
 
-from mlckpt.pipeline import MEMORY_FILESYSTEMS, Pipeline
 from mlckpt.rules.engine import (
     Context,
     HostSpec,
@@ -16,8 +15,9 @@ from mlckpt.rules.engine import (
     checks_table,
     rank_shift,
 )
-from mlckpt.sizing import Plan
 from mlckpt.units import fmt_bytes
+from mlckpt.workload.layout import Plan
+from mlckpt.workload.pipeline import MEMORY_FILESYSTEMS, Pipeline
 
 
 def closed_ranks_per_host(ctx: Context, rs: RuleSet, rule: Rule) -> Iterator[Outcome | NotChecked]:

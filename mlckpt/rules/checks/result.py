@@ -15,8 +15,8 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from mlckpt.metrics import summarize
-from mlckpt.pipeline import DURABLE, FAST, MEMORY_FILESYSTEMS, Pipeline
 from mlckpt.rules.engine import Context, NotChecked, Outcome, Rule, RuleSet, checks_table, rank_shift
+from mlckpt.workload.pipeline import DURABLE, FAST, MEMORY_FILESYSTEMS, Pipeline
 
 # The data scheme the runner declares in run.json; see mlckpt/engine.py (AES-128-CTR keystream per
 # run/rank/checkpoint/file, 32-byte tag on every 4 KiB page).
@@ -368,7 +368,7 @@ def tier_drain_verified(ctx: Context, rs: RuleSet, rule: Rule) -> Iterator[Outco
 
 
 def tier_restore_source(ctx: Context, rs: RuleSet, rule: Rule) -> Iterator[Outcome | NotChecked]:
-    """Each restore read from the nearest tier holding a copy (mlckpt/pipeline.py: restore_tier)."""
+    """Each restore read from the nearest tier holding a copy (mlckpt/workload/pipeline.py: restore_tier)."""
     d, plan = _run(ctx), ctx.plan
     if d is None or plan is None:
         yield NotChecked("no run data or plan")

@@ -5,10 +5,10 @@ from __future__ import annotations
 
 from typing import Any
 
-from mlckpt.pipeline import Pipeline
 from mlckpt.rules import Context, Evaluation, host_memory_need, verdict
-from mlckpt.sizing import RESTORE_PATTERNS, Plan
 from mlckpt.units import fmt_bytes, fmt_bytes_both
+from mlckpt.workload.layout import RESTORE_PATTERNS, Plan
+from mlckpt.workload.pipeline import Pipeline
 
 # Format history of the plan JSON document:
 #   1: first version (SPEC §7 fields plus totals, restore volumes, hosts, not_checked).

@@ -14,9 +14,9 @@ from mlckpt.errors import ConfigError, UsageError
 from mlckpt.resources import workloads_dir
 from mlckpt.rules import Context, HostSpec, RuleSet, host_blocks, load_rules
 from mlckpt.schemas import first_error
-from mlckpt.sizing import Plan, make_plan
 from mlckpt.units import GiB
-from mlckpt.workload import Workload, workload_from_config
+from mlckpt.workload.layout import Plan, make_plan
+from mlckpt.workload.model import Workload, workload_from_config
 
 
 @dataclass(frozen=True)

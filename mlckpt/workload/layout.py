@@ -23,7 +23,7 @@ from dataclasses import dataclass
 from functools import cached_property
 from typing import Literal
 
-from mlckpt.workload import Workload
+from mlckpt.workload.model import Workload
 
 PAGE = 4096
 RestorePattern = Literal["own", "repopulate"]

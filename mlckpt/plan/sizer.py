@@ -9,8 +9,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from mlckpt.sizing import Plan
 from mlckpt.units import GB, GiB, fmt_bytes, fmt_duration
+from mlckpt.workload.layout import Plan
 
 
 @dataclass(frozen=True)
