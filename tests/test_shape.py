@@ -1,0 +1,108 @@
+"""The shape of the code (DESIGN.md), enforced: import contracts, no import cycle, bounded module
+and function sizes, no test switch in production code."""
+
+from __future__ import annotations
+
+import ast
+import shutil
+import subprocess
+import sys
+from collections.abc import Iterable, Mapping
+from pathlib import Path
+
+import grimp
+import pytest
+
+REPO = Path(__file__).resolve().parents[1]
+PACKAGES = ("mlckpt", "checker")
+MAX_MODULE_LINES = 500
+MAX_FUNCTION_LINES = 80
+
+
+def sources() -> list[Path]:
+    return sorted(p for pkg in PACKAGES for p in (REPO / pkg).rglob("*.py"))
+
+
+def cycles(graph: Mapping[str, Iterable[str]]) -> list[list[str]]:
+    """The strongly connected components with more than one module (Tarjan, iterative)."""
+    index: dict[str, int] = {}
+    low: dict[str, int] = {}
+    stack: list[str] = []
+    on: set[str] = set()
+    out: list[list[str]] = []
+    for root in sorted(graph):
+        if root in index:
+            continue
+        work = [(root, iter(sorted(graph.get(root, ()))))]
+        index[root] = low[root] = len(index)
+        stack.append(root)
+        on.add(root)
+        while work:
+            v, it = work[-1]
+            w = next(it, None)
+            if w is not None:
+                if w not in index:
+                    index[w] = low[w] = len(index)
+                    stack.append(w)
+                    on.add(w)
+                    work.append((w, iter(sorted(graph.get(w, ())))))
+                elif w in on:
+                    low[v] = min(low[v], index[w])
+                continue
+            work.pop()
+            if work:
+                low[work[-1][0]] = min(low[work[-1][0]], low[v])
+            if low[v] == index[v]:
+                comp = []
+                while True:
+                    x = stack.pop()
+                    on.discard(x)
+                    comp.append(x)
+                    if x == v:
+                        break
+                if len(comp) > 1:
+                    out.append(sorted(comp))
+    return out
+
+
+def test_cycle_finder_finds_cycles() -> None:
+    assert cycles({"a": ["b"], "b": ["c"], "c": ["a"], "d": ["a"]}) == [["a", "b", "c"]]
+    assert cycles({"a": ["b"], "b": [], "c": ["c"]}) == []
+
+
+def test_no_import_cycle() -> None:
+    """Lazy imports inside functions count: grimp reads every import statement."""
+    g = grimp.build_graph(*PACKAGES)
+    graph = {m: [d for d in g.find_modules_directly_imported_by(m) if d in g.modules] for m in g.modules}
+    assert cycles(graph) == []
+
+
+def test_import_contracts() -> None:
+    exe = Path(sys.executable).parent / "lint-imports"
+    cmd = [str(exe)] if exe.exists() else [shutil.which("lint-imports") or "lint-imports"]
+    proc = subprocess.run(cmd, cwd=REPO, capture_output=True, text=True, check=False, timeout=120)
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-2000:]
+    assert "0 broken" in proc.stdout
+
+
+def test_module_sizes() -> None:
+    sizes = {str(p.relative_to(REPO)): len(p.read_text().splitlines()) for p in sources()}
+    big = {name: n for name, n in sizes.items() if n > MAX_MODULE_LINES}
+    assert big == {}
+
+
+def test_function_sizes() -> None:
+    long: dict[str, int] = {}
+    for p in sources():
+        for node in ast.walk(ast.parse(p.read_text())):
+            if isinstance(node, ast.FunctionDef | ast.AsyncFunctionDef):
+                n = node.end_lineno - node.lineno + 1  # type: ignore[operator]
+                if n > MAX_FUNCTION_LINES:
+                    long[f"{p.relative_to(REPO)}:{node.name}"] = n
+    assert long == {}
+
+
+@pytest.mark.parametrize("word", ["MLCKPT_TEST", "MLCKPT_GUARDIAN", "MLCKPT_LAUNCHED"])
+def test_no_test_switch_in_production_code(word: str) -> None:
+    hits = [str(p.relative_to(REPO)) for p in sources() if word in p.read_text()]
+    assert hits == []
