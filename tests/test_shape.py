@@ -106,3 +106,10 @@ def test_function_sizes() -> None:
 def test_no_test_switch_in_production_code(word: str) -> None:
     hits = [str(p.relative_to(REPO)) for p in sources() if word in p.read_text()]
     assert hits == []
+
+
+def test_ruff_clean() -> None:
+    exe = Path(sys.executable).parent / "ruff"
+    cmd = [str(exe) if exe.exists() else "ruff", "check", "--no-cache", "."]
+    proc = subprocess.run(cmd, cwd=REPO, capture_output=True, text=True, check=False, timeout=120)
+    assert proc.returncode == 0, proc.stdout[-3000:]
