@@ -7,7 +7,7 @@ stops the pipeline; at the end the rules judge the facts.
               the organisation the bundle sits under, file set, digests, paths.  Nothing is parsed
               before this passes.
 3. version    the rules version the bundle declares (or ``--rules``) must be known
-4. schema     strict, bounded parsing (:mod:`checker.loading`) and JSON Schema of every file
+4. schema     strict, bounded parsing (:mod:`mlckpt.strict`) and JSON Schema of every file
 5. facts      signed predicate vs run.json, folder names vs the run, system description
 6. rules      the runner's own rules module: config, host and result stages on a Context built
               from the bundle (recomputation and plausibility are result-stage rules), then the
@@ -29,9 +29,7 @@ import traceback
 from collections.abc import Callable, Sequence
 from pathlib import Path
 
-from checker import loading
 from checker.judge import finish, stage_facts, stage_rules
-from checker.loading import ParseError
 from checker.results import INTERNAL, BundleResult, Task, clean_text
 from checker.rulesets import (
     MAX_SCHEMA_ERRORS,
@@ -44,12 +42,14 @@ from checker.rulesets import (
 from checker.state import State, Stop
 from checker.tree import Leaf
 from mlckpt import bundle
+from mlckpt import strict as loading
 from mlckpt.errors import BundleIntegrityError, ConfigError, IntegrityKind, MlckptError
 from mlckpt.rules import (
     Context,
     load_rules,
 )
 from mlckpt.schemas import validator
+from mlckpt.strict import ParseError
 from mlckpt.workload.model import workload_from_config
 
 REQUIRED_FILES = ("run.json", "config.yaml", "records.jsonl", "summary.json", "system.json",

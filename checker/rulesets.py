@@ -10,10 +10,9 @@ from functools import cache
 from pathlib import Path
 from typing import Any, cast
 
-from checker import loading
-from checker.loading import ParseError
 from checker.results import SystemInfo, clean_text, jsonable
 from checker.tree import SystemFile
+from mlckpt import strict as loading
 from mlckpt.resources import rules_dir
 from mlckpt.rules import (
     DEFAULT_RULES_VERSION,
@@ -24,6 +23,7 @@ from mlckpt.rules import (
 )
 from mlckpt.rules.checks.submission import SubmissionFacts
 from mlckpt.schemas import describe, dotted, validator
+from mlckpt.strict import ParseError
 from mlckpt.workload.model import Workload
 
 MAX_SCHEMA_ERRORS = 1000  # collected per document (then sorted by path): bounds the work

@@ -118,6 +118,11 @@ CASES: dict[str, Case] = {
                              says="missing"),
     "run-system-invalid-utf8": mk(M, "run", "division=open", "scale=0.001", "ranks=4", "system={bad8}",
                                   says="bad8"),
+    # the runner reads a system description with the checker's strict loader (mlckpt.strict)
+    "run-system-duplicate-key": mk(M, "run", "division=open", "scale=0.001", "ranks=4", "system={dupkey}",
+                                   says="duplicate key 'system_name'"),
+    "run-system-anchor": mk(M, "run", "division=open", "scale=0.001", "ranks=4", "system={anchor}",
+                            says="YAML anchor &'n' is not allowed"),
     "run-signing-key-missing": mk(M, "run", "division=open", "scale=0.001", "ranks=4",
                                   "signing.key={missing}", says="missing"),
     "run-signing-key-garbage": mk(M, "run", "division=open", "scale=0.001", "ranks=4",
@@ -153,6 +158,7 @@ CASES: dict[str, Case] = {
     "check-rules-version": mk(C, "{dir}", "--rules", "9.9", "--trusted-keys", "{keys}", says="9.9"),
     "check-keys-invalid-utf8": mk(C, "{dir}", "--trusted-keys", "{bad8}", says="bad8"),
     "check-keys-array": mk(C, "{dir}", "--trusted-keys", "{array}", says="must be a mapping"),
+    "check-keys-anchor": mk(C, "{dir}", "--trusted-keys", "{anchor}", says="YAML anchor &'n' is not allowed"),
     "check-unknown-option": mk(C, "{dir}", "--bogus", says="--bogus"),
     "check-json-under-a-file": mk(C, "{dir}", "--trusted-keys", "{keys}", "--json", "{file}/report.json",
                                   says="--json"),
@@ -178,13 +184,15 @@ def _make_inputs(base: Path, ro: Path) -> dict[str, str]:
     (base / "empty").mkdir()
     (base / "bad8.yaml").write_bytes(b"system_name: caf\xe9\nvendor: \xff\xfe\n")
     (base / "array.json").write_text("[1, 2, 3]\n")
+    (base / "dupkey.yaml").write_text("description_format: 1\nsystem_name: a\nsystem_name: b\n")
+    (base / "anchor.yaml").write_text("description_format: 1\nsystem_name: &n a\nsubmitter: *n\n")
     (base / "obj.json").write_text('{"run_id": "x"}\n')
     (base / "garbage.pem").write_text("-----BEGIN PRIVATE KEY-----\nnot base64\n-----END PRIVATE KEY-----\n")
     (base / "keys.yaml").write_text('mlckpt_trusted_keys: "1.0"\norganizations:\n  acme:\n'
                                     '    - ed25519:VY4tXzzi1DatDZCJj6xW6H52mMDwJ2kedmZhhhPJH6Y=\n')
     paths = {"file": base / "plain.txt", "dir": base / "empty", "bad8": base / "bad8.yaml",
              "array": base / "array.json", "obj": base / "obj.json", "pem": base / "garbage.pem",
-             "keys": base / "keys.yaml", "ro": ro, "missing": base / "missing"}
+             "keys": base / "keys.yaml", "ro": ro, "dupkey": base / "dupkey.yaml", "anchor": base / "anchor.yaml", "missing": base / "missing"}
     return {k: str(v) for k, v in paths.items()}
 
 

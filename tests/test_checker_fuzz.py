@@ -23,10 +23,10 @@ import yaml
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from checker import loading
 from checker import report as rep
 from checker.cli import check_tree
 from mlckpt import bundle
+from mlckpt import strict as loading
 from mlckpt.schemas import validator
 
 ORG = "example-org"

@@ -60,11 +60,11 @@ class _Opened:
 
 def read_bundle(path: Path, trusted: Any = None) -> BundleDocs:
     """Verify the bundle at ``path`` (folder or .tar.gz) and parse the files the tables use, each
-    checked against its signed digest, strictly (:mod:`checker.loading`) and against its JSON
+    checked against its signed digest, strictly (:mod:`mlckpt.strict`) and against its JSON
     Schema.  Raises BundleIntegrityError (exit 3) or UsageError (not a bundle, malformed)."""
-    from checker import loading
     from checker.rulesets import known_rules_versions
     from mlckpt import bundle
+    from mlckpt import strict as loading
     from mlckpt.schemas import first_error
 
     with _Opened(path) as folder:

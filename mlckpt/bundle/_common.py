@@ -15,6 +15,7 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Any, BinaryIO, NoReturn
 
+from mlckpt import strict
 from mlckpt.errors import BundleIntegrityError, IntegrityKind, IntegrityProblem
 
 BUNDLE_FORMAT = "1.0"
@@ -162,28 +163,9 @@ def _canonical_json(obj: Any) -> bytes:
     )
 
 
-def _no_duplicate_keys(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
-    out: dict[str, Any] = {}
-    for key, value in pairs:
-        if key in out:
-            raise ValueError(f"duplicate key {key!r}")
-        out[key] = value
-    return out
-
-
-def _reject_constant(name: str) -> Any:
-    raise ValueError(f"non-standard JSON constant {name}")
-
-
 def _strict_json(data: bytes) -> Any:
-    """Parse UTF-8 JSON rejecting duplicate keys, NaN/Infinity; ValueError on anything odd."""
-    try:
-        text = data.decode("utf-8")
-        return json.loads(text, object_pairs_hook=_no_duplicate_keys, parse_constant=_reject_constant)
-    except RecursionError:
-        raise ValueError("JSON nested too deeply") from None
-    except ValueError as exc:  # JSONDecodeError, UnicodeDecodeError, int-digit limit
-        raise ValueError(str(exc).splitlines()[0] if str(exc) else type(exc).__name__) from None
+    """Parse UTF-8 JSON with the one strict loader (mlckpt.strict); ValueError on anything odd."""
+    return strict.parse_json(data)
 
 
 def pae(payload_type: str, body: bytes) -> bytes:

@@ -15,6 +15,7 @@ from cryptography.hazmat.primitives.asymmetric.ed25519 import (
     Ed25519PublicKey,
 )
 
+from mlckpt import strict
 from mlckpt.bundle._common import (
     DEFAULT_PASSPHRASE_ENV,
     MAX_KEY_FILE_BYTES,
@@ -196,10 +197,8 @@ class TrustedKeys:
             if path.suffix.lower() == ".json":
                 doc = _strict_json(data)
             else:
-                import yaml
-
-                doc = yaml.safe_load(data.decode("utf-8"))
-        except Exception as exc:  # yaml.YAMLError, ValueError, UnicodeDecodeError
+                doc = strict.parse_yaml(data)
+        except ValueError as exc:  # strict.ParseError
             first = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
             raise UsageError(f"{path}: cannot parse trusted keys: {first}") from None
         return cls.from_mapping(doc, source=str(path))

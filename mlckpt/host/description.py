@@ -6,12 +6,11 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-import yaml
-
+from mlckpt import strict
 from mlckpt.errors import ConfigError
 from mlckpt.schemas import first_error
 
-MAX_DESCRIPTION_BYTES = 1 << 20
+MAX_DESCRIPTION_BYTES = strict.CAPS["system-description"]
 
 
 def load_system_description(path: str | Path, rules_version: str = "1.0") -> dict[str, Any]:
@@ -30,11 +29,10 @@ def load_system_description(path: str | Path, rules_version: str = "1.0") -> dic
     except OSError as exc:
         raise ConfigError(f"{where}: {exc.strerror}", key="system") from None
     try:
-        doc = yaml.safe_load(text)
-    except yaml.YAMLError as exc:
-        mark = getattr(exc, "problem_mark", None)
-        at = f" at line {mark.line + 1}" if mark else ""
-        raise ConfigError(f"{where}: not valid YAML{at}", key="system") from None
+        # The checker's own strict loader: what mlckpt-check refuses, the runner refuses too.
+        doc = strict.loads_yaml(text)
+    except strict.ParseError as exc:
+        raise ConfigError(f"{where}: {exc}", key="system") from None
     problem = first_error(doc, "system-description", rules_version)
     if problem:
         raise ConfigError(f"{where}: {problem}", key="system")

@@ -17,8 +17,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-import yaml
-
+from mlckpt import strict
 from mlckpt.errors import ConfigError, RuleError
 from mlckpt.resources import rules_dir
 from mlckpt.workload.layout import Plan, auto_rank_shift
@@ -220,7 +219,7 @@ def load_rule_set(version: str, checks: Mapping[str, CheckFn]) -> RuleSet:
         known = sorted(p.name for p in rules_dir().iterdir() if (p / "rules.yaml").is_file())
         raise ConfigError(f"rules_version: unknown rules version {version!r}; known: "
                           f"{', '.join(known)}", key="rules_version")
-    data = yaml.safe_load(path.read_text(encoding="utf-8"))
+    data = strict.parse_yaml(path.read_bytes())  # released rule data, read like any input
     rules = []
     for raw in data["rules"]:
         rule = Rule(id=raw["id"], severity=raw["severity"], divisions=tuple(raw["divisions"]),

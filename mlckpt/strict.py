@@ -1,4 +1,6 @@
-"""Bounded, strict parsing of bundle files.  Every way a file can be malformed ends in a
+"""The one bounded, strict loader of JSON, JSONL and YAML, used by everything that reads a file a
+person or another program wrote: the runner (system description, rules data), the bundle code
+(envelope, statement), trusted keys and the checker.  Every way a file can be malformed ends in a
 :class:`ParseError` naming what is wrong (never another exception, never unbounded work).
 
 What is refused, whatever the schema says:
