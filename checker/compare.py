@@ -38,9 +38,9 @@ from tabulate import tabulate
 
 from checker.leaderboard import BundleDocs, Entry, entry_from_docs, read_bundle
 from mlckpt.errors import BundleIntegrityError, IntegrityError, UsageError
+from mlckpt.units import GiB
 
 COMPARE_FORMAT = 1
-GIB = float(1 << 30)
 
 
 @dataclass(frozen=True)
@@ -78,8 +78,8 @@ def _rows() -> tuple[Row, ...]:
         Row("hosts", "hosts", "", 0, lambda e, d: e.hosts),
         Row("num_writes", "checkpoint writes", "", 0, lambda e, d: e.num_writes),
         Row("num_reads", "restores", "", 0, lambda e, d: e.num_reads),
-        Row("checkpoint_gib", "checkpoint size", "GiB", 3, lambda e, d: e.checkpoint_bytes / GIB),
-        Row("restore_gib", "bytes read per restore", "GiB", 3, lambda e, d: e.restore_bytes / GIB),
+        Row("checkpoint_gib", "checkpoint size", "GiB", 3, lambda e, d: e.checkpoint_bytes / GiB),
+        Row("restore_gib", "bytes read per restore", "GiB", 3, lambda e, d: e.restore_bytes / GiB),
         Row("fast_reads", "restores served by a fast tier", "", 0,
             lambda e, d: e.fast_reads if e.pipeline.endswith("+tiers") else None, optional=True),
         Row("compute_interval_s", "training interval (configured)", "s", 3,
@@ -98,7 +98,7 @@ def _rows() -> tuple[Row, ...]:
         rows.append(Row(f"{op}_straggler_ratio_max", f"{op} straggler ratio max", "×", 2,
                         _m(f"{op}_straggler_ratio_max")))
         rows.append(Row(f"{op}_gib_per_op", f"{op} bytes per op", "GiB", 3,
-                        lambda e, d, op=op: e.m(f"{op}_bytes_per_op") / GIB))
+                        lambda e, d, op=op: e.m(f"{op}_bytes_per_op") / GiB))
         if op == "write":
             rows += _pipeline_rows()
     for tier in ("fast", "mixed"):

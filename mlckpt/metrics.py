@@ -41,9 +41,10 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
+from mlckpt.units import GiB
+
 RECORDS_FORMAT = 2
 SUMMARY_FORMAT = 2
-GIB = float(1 << 30)
 GB = 1e9
 
 
@@ -118,7 +119,7 @@ def op_stats(records: list[Mapping[str, Any]]) -> OpStats:
         stages = {}
         for t in tiers:
             d, bw, *_ = _timing(records, t)
-            stages[t] = StageStats(d, bw / GIB)
+            stages[t] = StageStats(d, bw / GiB)
         stall = max(int(r["staged_ns"]) - int(r["t0_ns"]) for r in records) / 1e9
         background = sum(int(r["t1_ns"]) - int(r["staged_ns"]) for r in records)
         exposed = sum(int(r["exposed_ns"]) for r in records)
@@ -142,7 +143,7 @@ def op_stats(records: list[Mapping[str, Any]]) -> OpStats:
     return OpStats(
         op=op, index=int(first["index"]), checkpoint=int(first["checkpoint"]),
         ranks=len(records), bytes=total, duration_s=duration,
-        bandwidth_gib_s=bw / GIB, slowest_rank=slow_rank, slowest_rank_bandwidth_gib_s=slow_bw / GIB,
+        bandwidth_gib_s=bw / GiB, slowest_rank=slow_rank, slowest_rank_bandwidth_gib_s=slow_bw / GiB,
         straggler_ratio=straggler, resident_fraction=resident, mismatches=mism, **extra,
     )
 
@@ -224,7 +225,7 @@ def summarize(records: Iterable[Mapping[str, Any]], *, max_resident_fraction: fl
 def dlio_compat(summary: Mapping[str, Any], checkpoint_bytes: int) -> dict[str, Any]:
     """DLIO/MLPerf summary.json metric names, for tools that read them.  DLIO labels these 'GB'
     but computes GiB (2**30); the values here are GiB/s likewise, so they compare like for like."""
-    out: dict[str, Any] = {"checkpoint_size_GB": checkpoint_bytes / GIB}
+    out: dict[str, Any] = {"checkpoint_size_GB": checkpoint_bytes / GiB}
     for ours, theirs in (("write", "save"), ("read", "load")):
         if f"{ours}_bandwidth_mean_gib_s" in summary:
             out[f"{theirs}_checkpoint_io_mean_GB_per_second"] = summary[f"{ours}_bandwidth_mean_gib_s"]

@@ -192,7 +192,8 @@ def _make_inputs(base: Path, ro: Path) -> dict[str, str]:
                                     '    - ed25519:VY4tXzzi1DatDZCJj6xW6H52mMDwJ2kedmZhhhPJH6Y=\n')
     paths = {"file": base / "plain.txt", "dir": base / "empty", "bad8": base / "bad8.yaml",
              "array": base / "array.json", "obj": base / "obj.json", "pem": base / "garbage.pem",
-             "keys": base / "keys.yaml", "ro": ro, "dupkey": base / "dupkey.yaml", "anchor": base / "anchor.yaml", "missing": base / "missing"}
+             "keys": base / "keys.yaml", "ro": ro,
+             "dupkey": base / "dupkey.yaml", "anchor": base / "anchor.yaml", "missing": base / "missing"}
     return {k: str(v) for k, v in paths.items()}
 
 

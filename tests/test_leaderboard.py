@@ -38,10 +38,11 @@ from checker import cli, leaderboard
 from checker.leaderboard import COLUMN, COLUMNS, fmt, render, result_id, rounded
 from checker.leaderboard import command as leaderboard_command
 from mlckpt import __version__, bundle
-from mlckpt.metrics import GIB, RECORDS_FORMAT, dlio_compat, summarize
+from mlckpt.metrics import RECORDS_FORMAT, dlio_compat, summarize
 from mlckpt.plan.config import setup
 from mlckpt.rules import HostSpec, rank_shift, verdict
 from mlckpt.rules.checks.result import DATA_SCHEME, RunData
+from mlckpt.units import GiB as GIB
 from mlckpt.workload.pipeline import DURABLE, FAST, MEMORY, Pipeline
 
 GOLDEN = Path(__file__).parent / "golden"

@@ -13,7 +13,6 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from mlckpt.metrics import (
-    GIB,
     RECORDS_FORMAT,
     SUMMARY_FORMAT,
     dlio_compat,
@@ -21,6 +20,7 @@ from mlckpt.metrics import (
     op_stats,
     summarize,
 )
+from mlckpt.units import GiB as GIB
 
 S = 1_000_000_000  # ns per second
 GiB = 1 << 30

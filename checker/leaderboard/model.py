@@ -13,6 +13,7 @@ from typing import Any
 import pandas as pd
 
 from mlckpt.errors import InternalError
+from mlckpt.workload.model import ModelShape
 from mlckpt.workload.pipeline import DURABLE, Pipeline
 
 LEADERBOARD_FORMAT = 2  # 2: classes split by checkpoint mode (ClassKey.pipeline); Stall, Time to durable
@@ -292,15 +293,14 @@ def _text(value: Any) -> str | None:
 
 
 def model_size(model: Any) -> float:
-    """Parameters of a transformer (SPEC §3 formula), to order workloads; nan if unknown."""
+    """Parameters of a transformer (the workload's one formula, SPEC §3), to order workloads; nan
+    if unknown."""
+    keys = ("hidden_size", "num_layers", "ffn_hidden_size", "vocab_size", "num_attention_heads",
+            "num_kv_heads")
     try:
-        h, layers = int(model["hidden_size"]), int(model["num_layers"])
-        ffn, vocab = int(model["ffn_hidden_size"]), int(model["vocab_size"])
-        heads, kv = int(model["num_attention_heads"]), int(model["num_kv_heads"])
-        dkv = (h // heads) * kv
+        return float(ModelShape(**{k: int(model[k]) for k in keys}).num_parameters)
     except (KeyError, TypeError, ValueError, ZeroDivisionError):
         return math.nan
-    return float(vocab * h + layers * (h + h * (h + 2 * dkv) + h * h + h + 3 * ffn * h) + h + vocab * h)
 
 
 def entry_from_docs(path: str, org: str, system: str, run: Mapping[str, Any], config: Mapping[str, Any],

@@ -27,6 +27,7 @@ from mlckpt.engine.files import (
     _run,
 )
 from mlckpt.errors import InternalError, IOFailure
+from mlckpt.workload.pipeline import ring_bytes
 
 
 class _Slots:
@@ -53,7 +54,7 @@ class _Slots:
 
 def stream_ring_bytes(opts: IOOptions, *, reading: bool) -> int:
     """Ring bytes a stream op needs: one block per thread (two when verifying reads)."""
-    return opts.block_size * opts.threads * (2 if reading else 1)
+    return ring_bytes(opts.threads, opts.block_size, verifying=reading)
 
 
 def _pwrite_block(fd: int, path: str, buf: np.ndarray, pos: int, flags: int) -> None:

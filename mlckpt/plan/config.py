@@ -17,6 +17,7 @@ from mlckpt.schemas import first_error
 from mlckpt.units import GiB
 from mlckpt.workload.layout import Plan, make_plan
 from mlckpt.workload.model import Workload, workload_from_config
+from mlckpt.workload.pipeline import ring_bytes
 
 
 @dataclass(frozen=True)
@@ -108,7 +109,7 @@ def validate(config: Mapping[str, Any]) -> None:
     if problem:
         raise ConfigError(problem)
     io = config["io"]
-    ring = 2 * io["threads"] * io["block_size"]  # engine.stream_ring_bytes for reads
+    ring = ring_bytes(io["threads"], io["block_size"], verifying=True)  # what a streamed restore needs
     if config["residency"] == "stream" and config.get("stream_buffer_bytes", 0) < ring:
         raise ConfigError(f"stream_buffer_bytes: must hold 2 × io.threads × io.block_size = {ring} bytes "
                           f"for residency=stream; got {config.get('stream_buffer_bytes')}",

@@ -6,7 +6,7 @@ from __future__ import annotations
 from typing import Any
 
 from mlckpt.rules import Context, Evaluation, host_memory_need, verdict
-from mlckpt.units import fmt_bytes, fmt_bytes_both
+from mlckpt.units import GiB, fmt_bytes, fmt_bytes_both
 from mlckpt.workload.layout import RESTORE_PATTERNS, Plan
 from mlckpt.workload.pipeline import Pipeline
 
@@ -57,7 +57,7 @@ def plan_document(plan: Plan, config: dict[str, Any], ev: Evaluation, ctx: Conte
         "model_bytes": plan.model_bytes,
         "optimizer_bytes": plan.optimizer_bytes,
         "total_bytes": plan.total_bytes,
-        "total_gib": round(plan.total_bytes / 2**30, 2),
+        "total_gib": round(plan.total_bytes / GiB, 2),
         "num_files": plan.num_files,
         "max_rank_bytes": plan.max_rank_bytes,
         "imbalance": round(plan.imbalance, 4),

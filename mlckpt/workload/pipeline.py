@@ -29,6 +29,13 @@ STAGES = (MEMORY, FAST, DURABLE)
 MEMORY_FILESYSTEMS = frozenset({"tmpfs", "ramfs"})  # a fast tier here is host memory
 
 
+
+def ring_bytes(threads: int, block_size: int, *, verifying: bool) -> int:
+    """The one ring formula: a streaming op's bounded buffer per rank holds one block per thread in
+    flight, two when each block is verified (the block read and the expected copy).  Used by the
+    stream engine, the drain and the configuration check of ``stream_buffer_bytes``."""
+    return block_size * threads * (2 if verifying else 1)
+
 @dataclass(frozen=True)
 class Pipeline:
     mode: str = "sync"  # sync | async
@@ -99,5 +106,5 @@ class Pipeline:
         return own_resident_bytes if self.mode == "async" else 0
 
     def drain_ring_bytes(self, threads: int, block_size: int) -> int:
-        """The drain's bounded buffer per rank (two blocks per thread: read copy, expected copy)."""
-        return 2 * threads * block_size if self.tiered else 0
+        """The drain's bounded buffer per rank (it verifies what it reads: see ring_bytes)."""
+        return ring_bytes(threads, block_size, verifying=True) if self.tiered else 0
