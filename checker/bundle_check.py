@@ -64,24 +64,6 @@ DOCUMENTS = (("run.json", "run"), ("config.yaml", "config"), ("summary.json", "s
 MAX_SCHEMA_PROBLEMS = 10  # reported per file
 
 
-
-
-
-
-# safe_unpack bounds for packed bundles: the parse caps plus room for logs.
-ARCHIVE_MAX_TOTAL = 1 << 30
-
-
-ARCHIVE_MAX_MEMBER = 600 << 20
-
-
-ARCHIVE_MAX_MEMBERS = 1000
-
-
-
-
-
-
 EXPECTED = {
     "signature": "a valid Ed25519 signature over the bundle's statement",
     "key": "a signing key registered for this organisation",
@@ -109,8 +91,6 @@ def check_bundle(task: Task) -> BundleResult:
             shutil.rmtree(st.tmp, ignore_errors=True)
 
 
-
-
 def internal_result(leaf: Leaf, stage: str, exc: BaseException) -> BundleResult:
     if os.environ.get("MLCKPT_DEBUG"):
         traceback.print_exception(exc, file=sys.stderr)
@@ -134,8 +114,7 @@ def stage_layout(st: State) -> None:
         st.tmp = tempfile.mkdtemp(prefix="mlckpt-check-")
         dest = Path(st.tmp) / "bundle"
         try:
-            bundle.safe_unpack(leaf_path, dest, max_members=ARCHIVE_MAX_MEMBERS,
-                               max_total_bytes=ARCHIVE_MAX_TOTAL, max_member_bytes=ARCHIVE_MAX_MEMBER)
+            bundle.safe_unpack(leaf_path, dest)  # the one set of archive limits (mlckpt.bundle)
         except BundleIntegrityError as exc:
             for p in exc.problems:
                 path, msg = p

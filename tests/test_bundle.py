@@ -266,7 +266,6 @@ def test_signature_by_embedded_rogue_key_does_not_pass_as_trusted(signed: Path, 
         ("/etc/passwd", "absolute path"),
         ("C:/Windows/win.ini", "absolute path"),
         ("logs\\run.log", "contains a backslash"),
-        ("a\x00b", "contains a NUL character"),
         ("a\nb", "contains a control character"),
         ("./run.json", "contains a '.' component"),
         ("logs//run.log", "contains an empty component ('//' or a trailing '/')"),
@@ -280,6 +279,17 @@ def test_bad_subject_names(signed: Path, keys, trusted, bad_name: str, reason: s
     resign_statement(signed, stmt, keys["acme"][0])  # validly signed: only the path check fires
     err = problems_of(signed, trusted, org="acme")
     assert err.problems == [(bad_name, f"subject name rejected: {reason}")]
+
+
+def test_nul_in_a_subject_name_is_refused_by_the_strict_loader(signed: Path, keys, trusted) -> None:
+    """The statement is parsed by mlckpt.strict, which refuses a NUL in any JSON string before
+    subject names are looked at (the checker reads every JSON the same way)."""
+    stmt = statement(signed)
+    stmt["subject"].append({"name": "a\x00b", "digest": {"sha256": "0" * 64}})
+    resign_statement(signed, stmt, keys["acme"][0])
+    err = problems_of(signed, trusted, org="acme")
+    assert err.problems == [(b.SIGNATURE_FILE, "signed payload is not valid JSON: string holds a NUL character")]
+    assert err.problems[0].kind == "signature"
 
 
 def test_duplicate_subject(signed: Path, keys) -> None:
@@ -911,3 +921,32 @@ def test_console_script_end_to_end(tmp_path: Path, keys) -> None:
     assert bad.stderr.startswith(f"mlckpt: error: {folder}: 1 integrity problem: logs/a.log: digest mismatch")
     usage = run("verify")
     assert usage.returncode == 2 and usage.stderr.count("\n") == 1
+
+
+@pytest.mark.parametrize(
+    ("raw", "says"),
+    [
+        (b'"x": 1e999', "overflow"),
+        (b'"x": 123456789012345678901234567890', "64-bit"),
+        (b'"x": "\\ud800"', "surrogate"),
+    ],
+)
+def test_the_statement_is_parsed_by_the_one_strict_loader(signed: Path, keys, raw: bytes, says: str) -> None:
+    """What mlckpt-check's parser refuses, signature verification refuses too (one loader: before,
+    the bundle code accepted 1e999, a 30-digit integer and a lone surrogate)."""
+    from cryptography.hazmat.primitives import serialization
+
+    from mlckpt.bundle._common import _canonical_json
+
+    key = keys["acme"][0]
+    body = _canonical_json(statement(signed))
+    payload = body[:-1] + b"," + raw + b"}"  # a signed payload no json.dumps would write
+    raw_pub = key.public_key().public_bytes(serialization.Encoding.Raw, serialization.PublicFormat.Raw)
+    env = {"payloadType": b.PAYLOAD_TYPE, "payload": base64.b64encode(payload).decode(),
+           "signatures": [{"keyid": b.keyid_of(raw_pub),
+                           "sig": base64.b64encode(key.sign(b.pae(b.PAYLOAD_TYPE, payload))).decode(),
+                           "public_key": base64.b64encode(raw_pub).decode()}]}
+    write_envelope(signed, env)
+    err = problems_of(signed)
+    assert len(err.problems) == 1 and err.problems[0][0] == b.SIGNATURE_FILE
+    assert err.problems[0][1].startswith("signed payload is not valid JSON") and says in err.problems[0][1]

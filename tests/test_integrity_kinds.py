@@ -92,3 +92,29 @@ def test_the_rule_follows_the_kind_not_the_wording(
     report = check_tree(tree, bundle.TrustedKeys.load(tree / "trusted-keys.yaml"))
     rules = {f["rule"] for b in report["bundles"] for f in b["findings"] if f["message"].endswith(misleading)}
     assert rules == {RULE[kind]}
+
+
+def test_one_set_of_archive_limits_for_every_reader(tree: Path, tmp_path: Path) -> None:
+    """A packed bundle over the limits is refused alike by verify, the checker, compare and the
+    leaderboard (they all unpack through mlckpt.bundle.open_bundle / safe_unpack)."""
+    import tarfile
+
+    from checker.leaderboard.collect import read_bundle
+
+    archive = tmp_path / "wide.tar.gz"
+    with tarfile.open(archive, "w:gz") as tar:
+        for i in range(1001):
+            info = tarfile.TarInfo(f"b/f{i:04d}")
+            tar.addfile(info)
+    with pytest.raises(BundleIntegrityError, match="more than 1000 members"):
+        read_bundle(archive)  # compare and the leaderboard
+    with pytest.raises(BundleIntegrityError, match="more than 1000 members"):
+        with bundle.open_bundle(archive):
+            pass
+    leaf = tree / "open/example-org/results/laptop-ext4/llama_7b"
+    for old in leaf.iterdir():
+        old.unlink()
+    shutil.copy(archive, leaf / "20261124T152115Z-llama_7b-4r-144e9ea777a4efd5.tar.gz")
+    report = check_tree(tree, bundle.TrustedKeys.load(tree / "trusted-keys.yaml"))
+    found = [f for b in report["bundles"] for f in b["findings"] if "more than 1000 members" in f["message"]]
+    assert [f["rule"] for f in found] == ["BUNDLE-FILES"]

@@ -5,8 +5,6 @@ from __future__ import annotations
 
 import hashlib
 import os
-import shutil
-import tempfile
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -32,32 +30,6 @@ def is_archive(path: Path) -> bool:
     return path.name.endswith(".tar.gz")
 
 
-class _Opened:
-    """A bundle folder, unpacking an archive into a temporary folder removed on exit."""
-
-    def __init__(self, path: Path) -> None:
-        self.path = path
-        self.tmp: str | None = None
-
-    def __enter__(self) -> Path:
-        from mlckpt import bundle
-
-        if self.path.is_dir():
-            return self.path
-        self.tmp = tempfile.mkdtemp(prefix="mlckpt-lb-")
-        try:
-            root = bundle.safe_unpack(self.path, Path(self.tmp) / "bundle")
-        except BaseException:
-            self.__exit__()
-            raise
-        return bundle.find_bundle_root(root)
-
-    def __exit__(self, *exc: object) -> None:
-        if self.tmp is not None:
-            shutil.rmtree(self.tmp, ignore_errors=True)
-            self.tmp = None
-
-
 def read_bundle(path: Path, trusted: Any = None) -> BundleDocs:
     """Verify the bundle at ``path`` (folder or .tar.gz) and parse the files the tables use, each
     checked against its signed digest, strictly (:mod:`mlckpt.strict`) and against its JSON
@@ -67,7 +39,7 @@ def read_bundle(path: Path, trusted: Any = None) -> BundleDocs:
     from mlckpt import strict as loading
     from mlckpt.schemas import first_error
 
-    with _Opened(path) as folder:
+    with bundle.open_bundle(path) as folder:
         if not os.path.lexists(folder / bundle.SIGNATURE_FILE):
             raise UsageError(f"{path}: not a bundle (no {bundle.SIGNATURE_FILE})")
         vb = bundle.verify_bundle(folder, trusted)

@@ -99,7 +99,7 @@ from mlckpt.bundle._common import (
     display_name,
     pae,
 )
-from mlckpt.bundle.archive import find_bundle_root, pack, safe_unpack
+from mlckpt.bundle.archive import find_bundle_root, open_bundle, pack, safe_unpack
 from mlckpt.bundle.digest import code_digest
 from mlckpt.bundle.keys import (
     TrustedKeys,
@@ -137,6 +137,7 @@ __all__ = [
     "load_private_key",
     "make_envelope",
     "make_statement",
+    "open_bundle",
     "pack",
     "pae",
     "public_key_text",

@@ -82,13 +82,12 @@ MAX_DEPTH = 128
 MAX_MESSAGE_PROBLEMS = 50
 
 
-DEFAULT_MAX_MEMBERS = 10_000
-
-
-DEFAULT_MAX_TOTAL_BYTES = 4 << 30
-
-
-DEFAULT_MAX_MEMBER_BYTES = 1 << 30
+# The one set of archive limits (safe_unpack's defaults), for every reader of a packed bundle:
+# mlckpt verify, mlckpt-check, compare and the leaderboard.  The parse caps (mlckpt.strict.CAPS)
+# plus room for logs.
+DEFAULT_MAX_MEMBERS = 1000
+DEFAULT_MAX_TOTAL_BYTES = 1 << 30
+DEFAULT_MAX_MEMBER_BYTES = 600 << 20
 
 
 MAX_TAR_METADATA_BYTES = 32 << 10  # one pax/GNU long-name header; names are <= 4 KiB anyway

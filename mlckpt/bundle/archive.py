@@ -9,7 +9,10 @@ import os
 import shutil
 import stat
 import tarfile
+import tempfile
 import zlib
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
@@ -360,3 +363,18 @@ def find_bundle_root(folder: Path) -> Path:
         if os.path.lexists(entries[0] / SIGNATURE_FILE):
             return entries[0]
     return folder
+
+
+@contextmanager
+def open_bundle(path: Path) -> Iterator[Path]:
+    """A bundle's folder: ``path`` itself, or a packed bundle unpacked by :func:`safe_unpack`
+    (the one set of archive limits) into a temporary folder removed on exit."""
+    path = Path(path)
+    if path.is_dir():
+        yield path
+        return
+    tmp = tempfile.mkdtemp(prefix="mlckpt-bundle-")
+    try:
+        yield find_bundle_root(safe_unpack(path, Path(tmp) / "bundle"))
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)

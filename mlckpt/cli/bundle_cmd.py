@@ -11,7 +11,6 @@ import argparse
 import hashlib
 import json
 import os
-import tempfile
 from pathlib import Path
 from typing import Any
 
@@ -135,13 +134,10 @@ def cmd_sign(args: argparse.Namespace) -> int:
 
 
 def _verify_any(path: Path, trusted: bundle.TrustedKeys | None, org: str | None) -> Any:
-    if path.is_dir():
-        return bundle.verify_bundle(path, trusted, org=org)
-    if not path.is_file():
+    if not path.is_dir() and not path.is_file():
         raise UsageError(f"{path}: no such bundle folder or archive")
-    with tempfile.TemporaryDirectory(prefix="mlckpt-verify-") as tmp:
-        root = bundle.safe_unpack(path, Path(tmp) / "bundle")
-        return bundle.verify_bundle(bundle.find_bundle_root(root), trusted, org=org)
+    with bundle.open_bundle(path) as folder:
+        return bundle.verify_bundle(folder, trusted, org=org)
 
 
 def _report(err: BundleIntegrityError) -> IntegrityError:
