@@ -20,7 +20,6 @@ from mlckpt.bundle._common import (
     DEFAULT_PASSPHRASE_ENV,
     MAX_KEY_FILE_BYTES,
     MAX_TRUSTED_KEYS_BYTES,
-    TRUSTED_KEYS_FORMAT,
     _b64decode,
     _b64encode,
     _create_exclusive,
@@ -28,6 +27,7 @@ from mlckpt.bundle._common import (
 )
 from mlckpt.bundle.models import KeyInfo
 from mlckpt.errors import UsageError
+from mlckpt.schemas import first_error
 
 
 def keyid_of(raw_public_key: bytes) -> str:
@@ -135,6 +135,9 @@ def load_private_key(path: Path, passphrase_env: str = DEFAULT_PASSPHRASE_ENV) -
         raise UsageError(f"{path}: not an Ed25519 key ({type(key).__name__})")
     return key
 
+# The rules folder whose schemas/ holds the trusted-keys format (format 1.0 never changes).
+TRUSTED_KEYS_SCHEMA_RULES = "1.0"
+
 
 class TrustedKeys:
     """Organisation -> Ed25519 public keys, as pinned by the committee (see module docstring)."""
@@ -165,23 +168,17 @@ class TrustedKeys:
 
     @classmethod
     def from_mapping(cls, data: Any, *, source: str = "<mapping>") -> TrustedKeys:
-        """Validate a parsed trusted-keys document (``mlckpt_trusted_keys`` + ``organizations``)."""
+        """Validate a parsed trusted-keys document against its schema, the one definition of the
+        format (``rules/1.0/schemas/trusted-keys.schema.json``); the code adds only what a schema
+        cannot say (a key decodes to 32 bytes, and belongs to one organisation)."""
         if not isinstance(data, Mapping):
             raise UsageError(f"{source}: a trusted-keys file must be a mapping")
-        unknown = sorted(map(str, set(data) - {"mlckpt_trusted_keys", "organizations"}))
-        if unknown:
-            raise UsageError(f"{source}: unknown keys {', '.join(unknown)}")
-        version = data.get("mlckpt_trusted_keys")
-        if isinstance(version, float):  # YAML reads an unquoted 1.0 as a float
-            version = repr(version)
-        if version != TRUSTED_KEYS_FORMAT:
-            raise UsageError(
-                f"{source}: mlckpt_trusted_keys must be {TRUSTED_KEYS_FORMAT!r}, got {version!r}"
-            )
-        orgs = data.get("organizations")
-        if not isinstance(orgs, Mapping):
-            raise UsageError(f"{source}: organizations must map organisation -> list of keys")
-        return cls(orgs, source=source)
+        if isinstance(data.get("mlckpt_trusted_keys"), float):  # YAML reads an unquoted 1.0 as a float
+            data = {**data, "mlckpt_trusted_keys": repr(data["mlckpt_trusted_keys"])}
+        problem = first_error(dict(data), "trusted-keys", TRUSTED_KEYS_SCHEMA_RULES)
+        if problem:
+            raise UsageError(f"{source}: {problem}")
+        return cls(data["organizations"], source=source)
 
     @classmethod
     def load(cls, path: Path) -> TrustedKeys:
