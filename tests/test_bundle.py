@@ -585,7 +585,7 @@ def test_trusted_keys_file(tmp_path: Path, keys) -> None:
         ({"mlckpt_trusted_keys": "1.0"}, "'organizations' is a required property"),
         ({**doc, "organizations": {"acme": acme.public_key}}, "organizations.acme: .* is not of type"),
         ({**doc, "organizations": {"acme": ["rsa:AAAA"]}}, r"organizations.acme.0: 'rsa:AAAA' does not"),
-        ({**doc, "organizations": {"acme": ["ed25519:AAAA"]}}, r"organizations.acme.0: 'ed25519:AAAA' does"),
+        ({**doc, "organizations": {"acme": ["ed25519:AAAA"]}}, r"acme.0: 'ed25519:AAAA' does not"),
         ({**doc, "organizations": {"bad name": [acme.public_key]}}, "organizations: 'bad name' does not match"),
         (
             {**doc, "organizations": {"a": [acme.public_key], "b": [acme.public_key]}},
