@@ -37,10 +37,11 @@ from typing import Any
 from tabulate import tabulate
 
 from checker.leaderboard import BundleDocs, Entry, entry_from_docs, read_bundle
+from mlckpt import formats
 from mlckpt.errors import BundleIntegrityError, IntegrityError, UsageError
 from mlckpt.units import GiB
 
-COMPARE_FORMAT = 1
+COMPARE_FORMAT = formats.COMPARE.version
 
 
 @dataclass(frozen=True)

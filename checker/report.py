@@ -30,10 +30,10 @@ from collections.abc import Sequence
 from typing import Any
 
 from checker.results import INTERNAL, BundleResult
-from mlckpt import __version__
+from mlckpt import __version__, formats
 from mlckpt.rules.checks.submission import INTEGRITY_RULES
 
-REPORT_FORMAT = 1
+REPORT_FORMAT = formats.REPORT.version
 EXIT_VALID, EXIT_INVALID, EXIT_USAGE, EXIT_INTEGRITY, EXIT_INTERNAL = 0, 1, 2, 3, 4
 VERDICT_OF_EXIT = {EXIT_VALID: "valid", EXIT_INVALID: "invalid", EXIT_INTEGRITY: "integrity-failure",
                    EXIT_INTERNAL: "internal-error"}

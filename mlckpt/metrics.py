@@ -1,7 +1,8 @@
 """Metrics from raw per-rank records (SPEC §5).  Pure: the runner and the checker both call
 ``summarize`` on the same records, so every reported number is recomputable.
 
-Record format history (one JSON object per line of ``records.jsonl``):
+Record fields by format version (one JSON object per line of ``records.jsonl``; the version
+history itself is kept in mlckpt/formats.py):
   1: first version: ``op`` (write|read), ``index`` (1-based op number), ``checkpoint``
      (checkpoint number the op wrote or restored), ``rank``, ``host``, ``t0_ns``/``t1_ns``
      (monotonic clock of that rank's host: leaving the barrier / last byte durable or read),
@@ -39,13 +40,81 @@ import statistics
 from collections import defaultdict
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, TypedDict
 
+from mlckpt import formats
 from mlckpt.units import GiB
 
-RECORDS_FORMAT = 2
-SUMMARY_FORMAT = 2
+RECORDS_FORMAT = formats.RECORDS.version
+SUMMARY_FORMAT = formats.SUMMARY.version
 GB = 1e9
+
+
+class StageRecord(TypedDict, total=False):
+    """One stage of a write (records format 2): where it went and when.  ``direct`` on file
+    stages; ``verified_bytes``/``mismatches`` on a drain."""
+
+    tier: str  # memory | fast | durable
+    t0_ns: int
+    t1_ns: int
+    bytes: int
+    direct: bool
+    verified_bytes: int
+    mismatches: int
+
+
+class OpRecord(TypedDict):
+    """The fields every record has (records format 2), writes and reads alike."""
+
+    op: str  # write | read
+    index: int
+    checkpoint: int
+    rank: int
+    host: str
+    t0_ns: int
+    t1_ns: int
+    wall_start: float
+    bytes: int
+    files: int
+    fsync: bool
+    direct: bool
+    dontcache: bool
+
+
+class WriteRecord(OpRecord):
+    mode: str  # sync | async
+    staged_ns: int
+    backpressure_ns: int
+    exposed_ns: int
+    compute_ns: int
+    stages: list[StageRecord]
+
+
+class ReadRecord(OpRecord):
+    resident_bytes: int
+    cached_check_bytes: int
+    verified_bytes: int
+    mismatches: int
+    tier: str  # fast | durable
+
+
+class SummaryHead(TypedDict, total=False):
+    """summary.json's fixed keys; the statistics beside them are named by pattern:
+    ``{write|read|read_fast|...}_{bandwidth|duration|...}_{mean|median|stdev|min|max}_{unit}``."""
+
+    summary_format: int
+    records_format: int
+    num_writes: int
+    num_reads: int
+    ops: list[dict[str, Any]]
+    mode: str
+    tiers: list[str]
+    checkpoint_bytes: int
+    restore_bytes: int
+    read_valid: bool
+    read_cold: bool
+    read_verified: bool
+    dlio_compat: dict[str, Any]
 
 
 @dataclass(frozen=True)

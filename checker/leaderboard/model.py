@@ -12,11 +12,12 @@ from typing import Any
 
 import pandas as pd
 
+from mlckpt import formats
 from mlckpt.errors import InternalError
 from mlckpt.workload.model import ModelShape
 from mlckpt.workload.pipeline import DURABLE, Pipeline
 
-LEADERBOARD_FORMAT = 2  # 2: classes split by checkpoint mode (ClassKey.pipeline); Stall, Time to durable
+LEADERBOARD_FORMAT = formats.LEADERBOARD.version  # history: mlckpt/formats.py
 DIVISIONS = ("closed", "open")
 SCALES = ("full", "scaled")
 PIPELINES = ("sync", "sync+tiers", "async", "async+tiers")  # Pipeline.label, in class order

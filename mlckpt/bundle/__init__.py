@@ -5,17 +5,14 @@ The public surface is this package's ``__all__``: ``sign`` (statement, envelope,
 ``safe_unpack``), ``models`` and ``digest`` (the runner code digest); modules starting with ``_``
 are internal.
 
-Format history
---------------
-``BUNDLE_FORMAT = "1.0"``
-
-- 1.0: first version: a folder whose regular files are all listed, with their sha256, as the
-  subjects of an in-toto Statement v1 (predicateType ``https://mlckpt.dev/result-bundle/v1``),
-  serialised as sorted-key compact UTF-8 JSON, carried in a DSSE envelope
-  (``application/vnd.in-toto+json``) in ``bundle.dsse.json`` with exactly one Ed25519 signature
-  whose entry also embeds the signer's raw public key (``public_key``, base64).  Runner code
-  hash algorithm ``mlckpt-tree-sha256-v1`` (see :func:`code_digest`).  Trusted-keys file
-  ``mlckpt_trusted_keys: "1.0"``.
+Format
+------
+``BUNDLE_FORMAT`` 1.0 (its history, with the code digest's and the trusted-keys file's, is in
+``mlckpt/formats.py``): a folder whose regular files are all listed, with their sha256, as the
+subjects of an in-toto Statement v1 (predicateType ``https://mlckpt.dev/result-bundle/v1``),
+serialised as sorted-key compact UTF-8 JSON, carried in a DSSE envelope
+(``application/vnd.in-toto+json``) in ``bundle.dsse.json`` with exactly one Ed25519 signature
+whose entry also embeds the signer's raw public key (``public_key``, base64).
 
 Bundle layout
 -------------

@@ -15,13 +15,13 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Any, BinaryIO, NoReturn
 
-from mlckpt import strict
+from mlckpt import formats, strict
 from mlckpt.errors import BundleIntegrityError, IntegrityKind, IntegrityProblem
 
-BUNDLE_FORMAT = "1.0"
+BUNDLE_FORMAT = formats.BUNDLE.version
 
 
-SUPPORTED_BUNDLE_FORMATS = frozenset({"1.0"})
+SUPPORTED_BUNDLE_FORMATS = frozenset(formats.BUNDLE.reads)
 
 
 SIGNATURE_FILE = "bundle.dsse.json"
@@ -36,10 +36,10 @@ STATEMENT_TYPE = "https://in-toto.io/Statement/v1"
 PREDICATE_TYPE = "https://mlckpt.dev/result-bundle/v1"
 
 
-CODE_DIGEST_ALG = "mlckpt-tree-sha256-v1"
+CODE_DIGEST_ALG = formats.CODE_DIGEST.version
 
 
-TRUSTED_KEYS_FORMAT = "1.0"
+TRUSTED_KEYS_FORMAT = formats.TRUSTED_KEYS.version
 
 
 DEFAULT_PASSPHRASE_ENV = "MLCKPT_KEY_PASSPHRASE"

@@ -10,6 +10,7 @@ from dataclasses import dataclass
 import numpy as np
 from cryptography.hazmat.primitives.ciphers import Cipher, algorithms, modes
 
+from mlckpt import formats
 from mlckpt.errors import ConfigError, InternalError
 
 PAGE = 4096
@@ -18,7 +19,7 @@ PAGE = 4096
 TAG_BYTES = 32
 
 
-TAG_FORMAT_VERSION = 1
+TAG_FORMAT_VERSION = formats.PAGE_TAG.version
 
 
 MAGIC = b"MLCK"

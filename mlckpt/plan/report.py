@@ -5,16 +5,13 @@ from __future__ import annotations
 
 from typing import Any
 
+from mlckpt import formats
 from mlckpt.rules import Context, Evaluation, host_memory_need, verdict
 from mlckpt.units import GiB, fmt_bytes, fmt_bytes_both
 from mlckpt.workload.layout import RESTORE_PATTERNS, Plan
 from mlckpt.workload.pipeline import Pipeline
 
-# Format history of the plan JSON document:
-#   1: first version (SPEC §7 fields plus totals, restore volumes, hosts, not_checked).
-#   2: ``pipeline`` (checkpoint mode, stages, fast tier and the space it needs); a host's
-#      ``resident_bytes`` is the HOST-MEMORY rule's figure (async staging and tiers included).
-PLAN_FORMAT = 2
+PLAN_FORMAT = formats.PLAN.version  # history: mlckpt/formats.py
 
 
 def rank_ranges(ranks: list[int]) -> str:

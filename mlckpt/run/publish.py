@@ -13,7 +13,7 @@ from typing import Any
 
 import yaml
 
-from mlckpt import __version__, bundle
+from mlckpt import __version__, bundle, formats
 from mlckpt.metrics import RECORDS_FORMAT, dlio_compat, summarize
 from mlckpt.plan.config import Setup
 from mlckpt.rules import Finding, verdict
@@ -21,12 +21,7 @@ from mlckpt.rules.checks.result import DATA_SCHEME, RunData
 from mlckpt.run.gates import Gates
 from mlckpt.workload.pipeline import Pipeline
 
-# Format history of run.json (the bundle manifest written by the runner):
-#   1: first version: run identity, status, workload, division, scaled, verdict, findings,
-#      overrides, host mapping, timings, file list.
-#   2: ``pipeline``: checkpoint mode, compute interval, fast tier (folder, fast_keep, filesystem
-#      type per host); records format 2.
-RUN_FORMAT = 2
+RUN_FORMAT = formats.RUN.version  # run.json's format; its history is in mlckpt/formats.py
 
 
 @dataclass(frozen=True)

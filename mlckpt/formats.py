@@ -1,0 +1,103 @@
+"""Every persisted format mlckpt writes or reads: its current version, the versions this code
+still reads, and its history (newest last).  The one place a version is defined: modules import
+their constant from here, and ``tests/test_formats.py`` checks that each history ends at the
+current version and that what is written carries it.
+
+A released rules folder (``rules/<version>/``) fixes the schemas a bundle made under it is judged
+by; a new format version therefore goes with a new rules version.  Pure: no project imports.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+
+@dataclass(frozen=True)
+class Format:
+    name: str
+    where: str  # the file or field that carries it
+    version: int | str
+    reads: tuple[int | str, ...]  # versions this code accepts as input
+    history: tuple[tuple[int | str, str], ...]  # (version, what changed), oldest first
+
+    def __post_init__(self) -> None:
+        if not self.history or self.history[-1][0] != self.version:
+            raise ValueError(f"{self.name}: the history must end at version {self.version!r}")
+        if self.version not in self.reads:
+            raise ValueError(f"{self.name}: must read its own version {self.version!r}")
+
+
+RUN = Format("run", "run.json: run_format", 2, (2,), (
+    (1, "first version: run identity, status, workload, division, scaled, verdict, findings, overrides, "
+        "host mapping, timings, file list"),
+    (2, "pipeline: checkpoint mode, compute interval, fast tier (folder, fast_keep, filesystem type per "
+        "host); records format 2"),
+))
+
+RECORDS = Format("records", "records.jsonl (run.json and summary.json: records_format)", 2, (2,), (
+    (1, "first version: op, index, checkpoint, rank, host, t0_ns/t1_ns (the host's monotonic clock), bytes, "
+        "files, fsync, resident_bytes/cached_check_bytes (reads), verified_bytes/mismatches (reads); the "
+        "field meanings are written out in mlckpt/metrics.py"),
+    (2, "asynchronous and tiered checkpoints: writes add mode, staged_ns, backpressure_ns, exposed_ns, "
+        "compute_ns and stages (one entry per stage: tier, t0_ns, t1_ns, bytes, verified_bytes/mismatches "
+        "for a drain); t1_ns is when the checkpoint is durable; reads add tier"),
+))
+
+SUMMARY = Format("summary", "summary.json: summary_format", 2, (2,), (
+    (1, "first version: per-op statistics and headlines recomputed from records.jsonl (mlckpt.metrics)"),
+    (2, "stall, time to durable, overlap efficiency, back-pressure, per-stage bandwidth, read_fast_*"),
+))
+
+PLAN = Format("plan", "mlckpt plan --json: plan_format", 2, (2,), (
+    (1, "first version (SPEC §7 fields plus totals, restore volumes, hosts, not_checked)"),
+    (2, "pipeline (checkpoint mode, stages, fast tier and the space it needs); a host's resident_bytes is "
+        "the HOST-MEMORY rule's figure (async staging and tiers included)"),
+))
+
+BUNDLE = Format("bundle", "bundle.dsse.json: predicate.bundle_format", "1.0", ("1.0",), (
+    ("1.0", "a folder whose regular files are all in-toto Statement v1 subjects (sha256), in a DSSE "
+            "envelope with one Ed25519 signature embedding the signer's raw public key; layout and "
+            "envelope are described in mlckpt/bundle/__init__.py"),
+))
+
+CODE_DIGEST = Format("code digest", "predicate.runner_code_hash_alg", "mlckpt-tree-sha256-v1",
+                     ("mlckpt-tree-sha256-v1",), (
+    ("mlckpt-tree-sha256-v1", "sha256 over name NUL len NUL content of every file of the installed "
+                              "package, sorted by name, data folders as _data/workloads and _data/rules"),
+))
+
+TRUSTED_KEYS = Format("trusted keys", "trusted-keys.yaml: mlckpt_trusted_keys", "1.0", ("1.0",), (
+    ("1.0", "organizations: organisation -> list of ed25519:<base64> keys; defined by "
+            "rules/1.0/schemas/trusted-keys.schema.json"),
+))
+
+PAGE_TAG = Format("page tag", "the 32-byte tag at the start of every 4 KiB page", 1, (1,), (
+    (1, "magic MLCK, format u16, reserved u16, run_id u64, rank u32, checkpoint u16, file_index u16, "
+        "page_index u64 (little-endian; see mlckpt/engine/content.py)"),
+))
+
+DATA_SCHEME = Format("data scheme", "run.json: data_scheme", "aes128ctr-pagetag-v1",
+                     ("aes128ctr-pagetag-v1",), (
+    ("aes128ctr-pagetag-v1", "AES-128-CTR keystream per run/rank/checkpoint/file with a page tag "
+                             "(format 1) on every page"),
+))
+
+SYSTEM_DESCRIPTION = Format("system description", "systems/<system>.yaml: description_format", 1, (1,), (
+    (1, "first version (rules/1.0/schemas/system-description.schema.json)"),
+))
+
+REPORT = Format("check report", "mlckpt-check --json: report_format", 1, (1,), (
+    (1, "first version (rules/1.0/schemas/report.schema.json)"),
+))
+
+LEADERBOARD = Format("leaderboard", "mlckpt-check leaderboard --format json: leaderboard_format", 2, (2,), (
+    (1, "first version: classes by division, workload and scale"),
+    (2, "classes split by checkpoint mode; Stall and Time to durable columns"),
+))
+
+COMPARE = Format("compare", "mlckpt-check compare --json: compare_format", 1, (1,), (
+    (1, "first version: two bundles' rows side by side with ratios B/A"),
+))
+
+ALL: tuple[Format, ...] = (RUN, RECORDS, SUMMARY, PLAN, BUNDLE, CODE_DIGEST, TRUSTED_KEYS, PAGE_TAG,
+                           DATA_SCHEME, SYSTEM_DESCRIPTION, REPORT, LEADERBOARD, COMPARE)

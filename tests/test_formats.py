@@ -1,0 +1,88 @@
+"""Every persisted format is defined once (mlckpt/formats.py), with its history; what the runner
+writes and the released schemas agree with it; the record TypedDicts match real records; a
+released rules folder never changes."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from pathlib import Path
+from typing import get_type_hints
+
+import pytest
+
+from mlckpt import formats
+from mlckpt.metrics import ReadRecord, StageRecord, WriteRecord
+from mlckpt.resources import rules_dir
+
+FIXTURE = Path(__file__).resolve().parent / "fixtures" / "tree-v0.1.0-fdb2ed2"
+
+# sha256 over (relative path NUL content) of every file of each released rules folder, sorted.
+# A released folder never changes: whatever must change goes into a new version folder.
+RELEASED_RULES = {
+    "1.0": "1e0d5492d0de07b9b1aedbc240db9e703c5cc66393abb033c6dc539a0025f2bb",
+}
+
+
+def folder_digest(folder: Path) -> str:
+    h = hashlib.sha256()
+    for p in sorted(q for q in folder.rglob("*") if q.is_file()):
+        h.update(p.relative_to(folder).as_posix().encode() + b"\0" + p.read_bytes())
+    return h.hexdigest()
+
+
+@pytest.mark.parametrize("version", sorted(RELEASED_RULES))
+def test_released_rules_never_change(version: str) -> None:
+    assert folder_digest(rules_dir() / version) == RELEASED_RULES[version]
+
+
+def test_every_rules_folder_is_pinned() -> None:
+    assert sorted(p.name for p in rules_dir().iterdir() if (p / "rules.yaml").is_file()) == sorted(RELEASED_RULES)
+
+
+def test_a_history_must_end_at_the_current_version() -> None:
+    with pytest.raises(ValueError, match="must end at version 3"):
+        formats.Format("x", "x.json", 3, (3,), ((1, "a"), (2, "b")))
+    with pytest.raises(ValueError, match="must read its own version"):
+        formats.Format("x", "x.json", 2, (1,), ((1, "a"), (2, "b")))
+    assert len({f.name for f in formats.ALL}) == len(formats.ALL)
+
+
+def test_the_schemas_pin_the_current_versions() -> None:
+    schemas = rules_dir() / "1.0" / "schemas"
+    run = json.loads((schemas / "run.schema.json").read_text())["properties"]
+    summary = json.loads((schemas / "summary.schema.json").read_text())["properties"]
+    desc = json.loads((schemas / "system-description.schema.json").read_text())["properties"]
+    keys = json.loads((schemas / "trusted-keys.schema.json").read_text())["properties"]
+    assert run["run_format"]["const"] == formats.RUN.version
+    assert run["records_format"]["const"] == summary["records_format"]["const"] == formats.RECORDS.version
+    assert summary["summary_format"]["const"] == formats.SUMMARY.version
+    assert desc["description_format"]["const"] == formats.SYSTEM_DESCRIPTION.version
+    assert keys["mlckpt_trusted_keys"]["const"] == formats.TRUSTED_KEYS.version
+
+
+def bundles() -> list[Path]:
+    return sorted(p.parent for p in FIXTURE.rglob("run.json"))
+
+
+def test_what_the_runner_wrote_carries_the_versions() -> None:
+    for b in bundles():
+        run = json.loads((b / "run.json").read_text())
+        summary = json.loads((b / "summary.json").read_text())
+        assert (run["run_format"], run["records_format"], run["data_scheme"]) == (
+            formats.RUN.version, formats.RECORDS.version, formats.DATA_SCHEME.version)
+        assert summary["summary_format"] == formats.SUMMARY.version
+
+
+def test_records_match_their_typed_dicts() -> None:
+    stage_keys = set(get_type_hints(StageRecord))
+    seen = set()
+    for b in bundles():
+        for line in (b / "records.jsonl").read_text().splitlines():
+            r = json.loads(line)
+            td = WriteRecord if r["op"] == "write" else ReadRecord
+            assert set(r) == set(get_type_hints(td)), (r["op"], set(r) ^ set(get_type_hints(td)))
+            for st in r.get("stages", []):
+                assert set(st) <= stage_keys
+            seen.add(r["op"])
+    assert seen == {"write", "read"}
