@@ -25,15 +25,12 @@ from mlckpt.rules import (
     verdict,
 )
 from mlckpt.rules.checks.result import RunData
-from mlckpt.rules.checks.submission import INTEGRITY_RULES, SubmissionFacts, Verdicts
+from mlckpt.rules.checks.submission import SubmissionFacts, Verdicts
 from mlckpt.workload.layout import Plan, make_plan
 from mlckpt.workload.model import Workload, workload_from_config
 from mlckpt.workload.pipeline import Pipeline
 
 MAX_PLAN_FILES = 1_000_000  # files the plan of one bundle may describe (1T closed: ~3,000)
-# Checks of host facts the runner measures before any I/O but does not record (free space, the
-# checkpoint folder's state): not checkable from a bundle.
-NO_BUNDLE_DATA_CHECKS = frozenset({"disk_space", "folder_usable", "tier_space", "tier_usable"})
 METRIC_KEYS = ("write_bandwidth_mean_gib_s", "write_bandwidth_median_gib_s", "write_bandwidth_min_gib_s",
                "write_bandwidth_max_gib_s", "write_duration_mean_s", "read_bandwidth_mean_gib_s",
                "read_bandwidth_median_gib_s", "read_bandwidth_min_gib_s", "read_bandwidth_max_gib_s",
@@ -145,11 +142,7 @@ def stage_rules(st: State) -> None:
     if system.get("description") is None and st.task.system.doc is not None:
         system = {**system, "description": st.task.system.doc}
     data = RunData(run, config, summary, st.records, system)
-    skip = []
-    for r in rs.rules:  # host rules measured only by the runner's gates, recorded nowhere
-        if r.check in NO_BUNDLE_DATA_CHECKS:
-            skip.append(r.id)
-            st.not_checked.append((r.id, "no data in a bundle (the runner's gate refused the run otherwise)"))
+    skip = []  # host rules measured only by the runner's gates: the engine reports them not checked
     if any(r["t1_ns"] <= r["t0_ns"] for r in st.records) or any(
             s["t1_ns"] <= s["t0_ns"] for r in st.records for s in r.get("stages", ())):
         # Recomputing metrics divides by durations; RESULT-TIMES and ASYNC-TIMELINE report them.
@@ -197,7 +190,7 @@ def finish(st: State) -> BundleResult:
                           statement_sha256=vb.statement_sha256 if vb else None,
                           declared_division=division)
     result.findings = findings
-    result.integrity = ("failed" if any(f["rule"] in INTEGRITY_RULES for f in findings)
+    result.integrity = ("failed" if any(f["rule"] in rs.integrity_rules for f in findings)
                         else "ok" if vb else "not checked")
     seen = set()
     for rule_id, reason in (*st.not_checked, *sub_not_checked):

@@ -31,7 +31,6 @@ from typing import Any
 
 from checker.results import INTERNAL, BundleResult
 from mlckpt import __version__, formats
-from mlckpt.rules.checks.submission import INTEGRITY_RULES
 
 REPORT_FORMAT = formats.REPORT.version
 EXIT_VALID, EXIT_INVALID, EXIT_USAGE, EXIT_INTEGRITY, EXIT_INTERNAL = 0, 1, 2, 3, 4
@@ -43,7 +42,7 @@ def exit_status(bundles: Sequence[BundleResult], tree_findings: Sequence[dict[st
     findings = [f for b in bundles for f in b.findings]
     if any(f["rule"] == INTERNAL for f in findings) or any(b.verdict == "internal-error" for b in bundles):
         return EXIT_INTERNAL
-    if any(f["rule"] in INTEGRITY_RULES for f in findings):
+    if any(b.integrity == "failed" for b in bundles):
         return EXIT_INTEGRITY
     if any(not b.valid for b in bundles) or any(f["severity"] == "invalid" for f in tree_findings):
         return EXIT_INVALID

@@ -460,7 +460,7 @@ NEGATIVE_CASES: dict[str, list[Case]] = {
         C("config.yaml", mutate=lambda f: (f / "config.yaml").write_text(
             "anchor: &a [1, 2]\n" + (f / "config.yaml").read_text() + "again: *a\n")),
     ],
-    "RULES-VERSION": [C("expected one of 1.0, got '9.9'", predicate={"rules_version": "9.9"})],
+    "RULES-VERSION": [C("expected one of 1.0, 1.1, got '9.9'", predicate={"rules_version": "9.9"})],
     "BUNDLE-PREDICATE": [C("expected workload='llama3_70b' as signed in the statement, "
                            "got workload='llama3_8b'", predicate={"workload": "llama3_70b"})],
     "SYSTEM-DESCRIPTION": [
@@ -557,8 +557,10 @@ def test_negative_case_is_caught_under_its_rule(rule: str, index: int, mutated: 
 
 
 def test_every_rule_a_bundle_can_break_has_a_case() -> None:
-    # see test_host_rules_without_bundle_data and test_tier_rules_without_bundle_data
-    no_bundle_data = {"DISK-SPACE", "FOLDER-USABLE", "TIER-SPACE", "TIER-USABLE"}
+    # see test_host_rules_without_bundle_data and test_tier_rules_without_bundle_data: rules that
+    # need the runner's own host measurements (a fact in rules.yaml) cannot be broken by a bundle
+    no_bundle_data = {r.id for r in load_rules().rules if "host_measurements" in r.needs}
+    assert no_bundle_data == {"DISK-SPACE", "FOLDER-USABLE", "TIER-SPACE", "TIER-USABLE", "IO-ENGINE"}
     assert {r.id for r in load_rules().rules} - no_bundle_data == set(NEGATIVE_CASES)
 
 
@@ -637,7 +639,7 @@ def test_host_rules_without_bundle_data(honest_bundles: dict[str, Path], tmp_pat
     report = check(honest_tree(tmp_path / "t", honest_bundles), honest_bundles)
     for b in report["bundles"]:
         skipped = {n["rule"] for n in b["not_checked"]}
-        assert {"DISK-SPACE", "FOLDER-USABLE"} <= skipped
+        assert {"DISK-SPACE", "FOLDER-USABLE", "IO-ENGINE"} <= skipped
         assert "METRICS-RECOMPUTE" not in skipped and "BYTES-PLAN" not in skipped
         assert "BANDWIDTH-PLAUSIBLE" not in skipped  # the description declares maxima
 
@@ -863,9 +865,12 @@ def test_missing_trusted_keys_is_a_usage_error(honest_bundles: dict[str, Path], 
 def test_forced_rules_version_and_jobs_agree(honest_bundles: dict[str, Path], tmp_path: Path) -> None:
     root = honest_tree(tmp_path / "t", honest_bundles)
     a = check(root, honest_bundles, jobs=1)
-    b = check(root, honest_bundles, jobs=2, forced_rules="1.0")
+    b = check(root, honest_bundles, jobs=2, forced_rules="1.1")
     assert a["bundles"] == b["bundles"] and a["exit_status"] == b["exit_status"] == 0
-    assert b["rules_versions"] == ["1.0"]
+    assert b["rules_versions"] == ["1.1"]
+    old = check(root, honest_bundles, jobs=2, forced_rules="1.0")  # the released 1.0 still judges them
+    assert old["exit_status"] == 0 and old["rules_versions"] == ["1.0"]
+    assert all("IO-ENGINE" not in {n["rule"] for n in b["not_checked"]} for b in old["bundles"])
 
 
 def test_tree_layout_findings(honest_bundles: dict[str, Path], tmp_path: Path) -> None:

@@ -1,4 +1,5 @@
-"""Rules 1.0 (SPEC §4): one passing and one failing case per rule ID, verdicts, rule data."""
+"""Rules 1.1 (SPEC §4; 1.0 plus rule facts and IO-ENGINE): one passing and one failing case per rule
+ID, verdicts, rule data."""
 
 from __future__ import annotations
 
@@ -46,8 +47,9 @@ def _setup(overrides: tuple[str, ...]):  # type: ignore[no-untyped-def]
 
 
 def ctx_of(*overrides: str, hosts: tuple[HostSpec, ...] | None = None, complete: bool = False) -> Context:
-    """A context exactly as `mlckpt plan OVERRIDES` builds it."""
-    return _setup(tuple(overrides)).context(hosts, complete=complete)
+    """A context exactly as `mlckpt plan OVERRIDES` builds it; hosts given here stand for the runner's
+    own measurements (as its gates make them on each host)."""
+    return _setup(tuple(overrides)).context(hosts, complete=complete, measured=hosts is not None)
 
 
 def raw_ctx(*overrides: str, edits: dict[str, Any] | None = None,
@@ -67,7 +69,7 @@ def raw_ctx(*overrides: str, edits: dict[str, Any] | None = None,
     if workload_edit:
         w = workload_edit(w)
     p = make_plan(w, int(config["ranks"]), float(config["scale"])) if plan else None
-    return Context(config, w, tuple(overrides), p, hosts, complete)
+    return Context(config, w, tuple(overrides), p, hosts, complete, measured=hosts is not None)
 
 
 def par(**kw: int) -> Callable[[Workload], Workload]:
@@ -196,6 +198,12 @@ NEGATIVE: list[tuple[str, Callable[[], Context], list[str]]] = [
     ("FOLDER-USABLE", lambda: ctx_of(hosts=hosts8(folder_problem="/ckpt is not writable")),
      ["host h0: the checkpoint folder must be a writable directory holding no foreign files: "
       "/ckpt is not writable"]),
+    ("IO-ENGINE", lambda: ctx_of("io.direct=true", hosts=hosts8(direct_ok=False)),
+     ["host h0: the I/O mode must work on the checkpoint filesystem of every host: O_DIRECT "
+      "(io.direct=true; use io.direct=false on e.g. tmpfs); got refused at ./mlckpt-checkpoints"]),
+    ("IO-ENGINE", lambda: ctx_of("io.direct=false", "io.dontcache=true", hosts=hosts8(dontcache_ok=False)),
+     ["host h0: the I/O mode must work on the checkpoint filesystem of every host: RWF_DONTCACHE "
+      "(io.dontcache=true; Linux 6.14+ and filesystem support); got not supported at ./mlckpt-checkpoints"]),
     # --- asynchronous and tiered checkpointing
     ("CLOSED-PARAMS", lambda: ctx_of("checkpoint.mode=async"),
      ["closed runs keep this parameter at checkpoint.mode=sync; got checkpoint.mode=async"]),
@@ -276,6 +284,8 @@ POSITIVE: list[tuple[str, Callable[[], Context]]] = [
     ("DISK-SPACE", lambda: ctx_of(hosts=hosts8(disk_free_bytes=2 * TiB))),
     ("DISK-SPACE", lambda: ctx_of(hosts=hosts8(disk_free_bytes=10 * P8B_TOTAL))),  # exactly enough
     ("FOLDER-USABLE", lambda: ctx_of(hosts=hosts8(folder_problem=None))),
+    ("IO-ENGINE", lambda: ctx_of("io.direct=true", hosts=hosts8(direct_ok=True))),
+    ("IO-ENGINE", lambda: ctx_of("io.direct=false", hosts=hosts8(direct_ok=False))),  # not asked for
     ("ASYNC-RESIDENCY", lambda: ctx_of("division=open", "checkpoint.mode=async")),  # residency=full
     ("ASYNC-RESIDENCY", lambda: ctx_of("division=open", "residency=stream")),  # sync: any residency
     ("TIERS-DISTINCT", lambda: ctx_of("division=open", "checkpoint.tiers.fast=/dev/shm/ckpt")),
@@ -331,6 +341,7 @@ PRE_IO_RULES = {
     "RANKS-MULTIPLE", "ZERO3-PIPELINE", "LAYERS-PIPELINE", "SCALE-RANGE", "COUNTS-POSITIVE",
     "CLOSED-WORKLOAD", "CLOSED-RANKS", "CLOSED-COUNTS", "CLOSED-PARAMS", "CLOSED-OVERRIDES",
     "CLOSED-RANKS-PER-HOST", "CLOSED-ACCELERATOR-MEMORY", "HOST-MEMORY", "DISK-SPACE", "FOLDER-USABLE",
+    "IO-ENGINE",
     "ASYNC-RESIDENCY", "TIERS-DISTINCT", "TIER-SPACE", "TIER-USABLE"}
 
 
@@ -365,7 +376,8 @@ def test_default_closed_plan_has_no_findings() -> None:
     ev = evaluate(ctx_of("workload=llama3_1t"))
     assert ev.findings == ()
     assert {r for r, _ in ev.not_checked} == {
-        "CLOSED-RANKS-PER-HOST", "CLOSED-ACCELERATOR-MEMORY", "HOST-MEMORY", "DISK-SPACE", "FOLDER-USABLE"}
+        "CLOSED-RANKS-PER-HOST", "CLOSED-ACCELERATOR-MEMORY", "HOST-MEMORY", "DISK-SPACE", "FOLDER-USABLE",
+        "TIER-SPACE", "TIER-USABLE", "IO-ENGINE"}  # measured by the runner's gates only
 
 
 def test_closed_rules_do_not_apply_to_open_division() -> None:
@@ -575,7 +587,7 @@ def test_rule_data_is_well_formed() -> None:
         assert set(r.divisions) <= {"closed", "open"} and r.divisions
         assert r.check in CHECKS
         assert "{actual}" in r.message
-    assert RS.version == "1.0"
+    assert RS.version == "1.1"
     assert RS.closed["num_writes"] == RS.closed["num_reads"] == 10
     assert RS.closed["min_ranks_per_host"] == 4
     assert {k: RS.accelerators[k] for k in ("h100", "h200", "b200", "mi300x", "mi355x")} == {
@@ -591,7 +603,7 @@ def test_structural_rules_are_invalid_in_every_division() -> None:
 def test_load_rules_unknown_version() -> None:
     with pytest.raises(ConfigError) as exc:
         load_rules("9.9")
-    assert str(exc.value) == "rules_version: unknown rules version '9.9'; known: 1.0"
+    assert str(exc.value) == "rules_version: unknown rules version '9.9'; known: 1.0, 1.1"
     assert exc.value.key == "rules_version"
     assert exc.value.exit_status == 2
 

@@ -244,7 +244,9 @@ def test_gates_refuse_a_host_without_memory() -> None:
 
 def test_gates_refuse_o_direct_where_the_filesystem_does_not_take_it() -> None:
     s = setup([*SMALL[:-1], "io.direct=true"])
-    with pytest.raises(UsageError, match=r"^\[IO-ENGINE\] host b: io.direct=true but the filesystem"):
+    with pytest.raises(UsageError, match=r"^\[IO-ENGINE\] host b: the I/O mode must work on the checkpoint "
+                       r"filesystem of every host: O_DIRECT \(io.direct=true; use io.direct=false on e.g. "
+                       r"tmpfs\); got refused at "):
         judge(s, ["a", "b", "b", "b"], [measured("a", direct_ok=True), measured("b", direct_ok=False)])
     assert io_engine_refusal([measured("a", dontcache_ok=False)], "/x").key == "io.dontcache"  # type: ignore[union-attr]
 

@@ -83,7 +83,8 @@ def collect(root: Path, trusted: Any, *, jobs: int = 1) -> Leaderboard:
         if b["verdict"] not in DIVISIONS:
             rules = sorted({f["rule"] for f in b["findings"] if f["severity"] in ("invalid", "internal")})
             if b.get("integrity") == "failed":
-                rules = sorted({f["rule"] for f in b["findings"]} & _integrity_rules()) or rules
+                trust = _integrity_rules(b.get("rules_version"))
+                rules = sorted({f["rule"] for f in b["findings"]} & trust) or rules
             excluded.append(Excluded(b["path"], b["verdict"], tuple(rules)))
             continue
         try:
@@ -100,9 +101,11 @@ def collect(root: Path, trusted: Any, *, jobs: int = 1) -> Leaderboard:
     return build(entries, excluded, versions)
 
 
-def _integrity_rules() -> set[str]:
-    from mlckpt.rules.checks.submission import INTEGRITY_RULES
+def _integrity_rules(version: str | None) -> frozenset[str]:
+    """The rules of the bundle's own rule set whose failure means its bytes cannot be trusted."""
+    from checker.rulesets import fallback_rules
+    from mlckpt.rules import load_rules
 
-    return set(INTEGRITY_RULES)
+    return (load_rules(version) if version else fallback_rules()).integrity_rules
 
 

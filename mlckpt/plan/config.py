@@ -31,9 +31,11 @@ class Setup:
     workload: Workload
     plan: Plan
 
-    def context(self, hosts: tuple[HostSpec, ...] | None = None, *, complete: bool = False) -> Context:
+    def context(self, hosts: tuple[HostSpec, ...] | None = None, *, complete: bool = False,
+                measured: bool = False) -> Context:
+        """``measured``: ``hosts`` carry the runner's own measurements of each host."""
         return Context(self.config, self.workload, self.overrides, self.plan,
-                       hosts if hosts is not None else self.declared, complete)
+                       hosts if hosts is not None else self.declared, complete, measured)
 
     @property
     def declared(self) -> tuple[HostSpec, ...] | None:

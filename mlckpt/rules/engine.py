@@ -25,7 +25,20 @@ from mlckpt.workload.model import Workload
 
 SEVERITIES = ("invalid", "open", "warning")
 STAGES = ("config", "host", "result", "submission")
-DEFAULT_RULES_VERSION = "1.0"
+DEFAULT_RULES_VERSION = "1.1"
+# A rule's exit class (rules.yaml ``exit``): a failed ``integrity`` rule means the bytes cannot
+# be trusted at all (mlckpt-check exits 3); a failed ``rules`` rule makes a result invalid or open.
+EXIT_CLASSES = ("rules", "integrity")
+# What a check may need (rules.yaml ``needs``), and the reason the engine gives, without calling
+# the check, when the context lacks it.
+NEEDS = {
+    "plan": "no plan",
+    "hosts": "host mapping unknown (give hosts= or ranks_per_host=)",
+    # measured by the runner's gates on each host before any I/O, recorded nowhere
+    "host_measurements": "no data in a bundle (the runner's gate refused the run otherwise)",
+    "run": "no run data",
+    "submission": "no submission facts (not run by the checker)",
+}
 
 
 @dataclass(frozen=True)
@@ -37,6 +50,8 @@ class Rule:
     check: str
     message: str
     params: Mapping[str, Any] = field(default_factory=dict)
+    exit_class: str = "rules"
+    needs: tuple[str, ...] = ()
 
 
 @dataclass(frozen=True)
@@ -85,6 +100,9 @@ class HostSpec:
     fast_free_bytes: int | None = None
     fast_problem: str | None = None
     fast_fs: str | None = None
+    # What the runner's probe found on the checkpoint filesystem (None: not probed).
+    direct_ok: bool | None = None
+    dontcache_ok: bool | None = None
 
 
 @dataclass(frozen=True)
@@ -98,6 +116,7 @@ class Context:
     plan: Plan | None = None
     hosts: tuple[HostSpec, ...] | None = None
     complete: bool = False
+    measured: bool = False  # hosts carry the runner's own measurements (its gates, on each host)
     run: Any = None  # checks.result.RunData for the result stage
     submission: Any = None  # checks.submission.SubmissionFacts for the submission stage
 
@@ -168,6 +187,11 @@ class RuleSet:
         for rule in self.rules:
             if ctx.division not in rule.divisions or not set(stages) & set(rule.stages):
                 continue
+            missing = next((n for n in rule.needs if not _has(ctx, n)), None)
+            if missing is not None:
+                if (rule.id, NEEDS[missing]) not in skipped:
+                    skipped.append((rule.id, NEEDS[missing]))
+                continue
             result = self.checks[rule.check](ctx, self, rule)
             items = [result] if isinstance(result, Outcome | NotChecked) else list(result)
             for item in items:
@@ -178,6 +202,11 @@ class RuleSet:
                     findings.append(make_finding(rule, item))
         return Evaluation(tuple(findings), tuple(skipped))
 
+    @property
+    def integrity_rules(self) -> frozenset[str]:
+        """The rules whose failure means the bytes cannot be trusted (exit class integrity)."""
+        return frozenset(r.id for r in self.rules if r.exit_class == "integrity")
+
     def require_structure(self, ctx: Context) -> None:
         """Raise RuleError for the first failed structural rule: no plan exists without them."""
         for rule in self.rules:
@@ -185,6 +214,12 @@ class RuleSet:
                 for item in _as_list(self.checks[rule.check](ctx, self, rule)):
                     if isinstance(item, Outcome) and not item.ok:
                         raise RuleError(rule.id, make_finding(rule, item).message)
+
+
+def _has(ctx: Context, need: str) -> bool:
+    if need == "host_measurements":
+        return ctx.measured and ctx.hosts is not None
+    return getattr(ctx, need) is not None
 
 
 def _as_list(result: CheckResult) -> list[Outcome | NotChecked]:
@@ -220,17 +255,8 @@ def load_rule_set(version: str, checks: Mapping[str, CheckFn]) -> RuleSet:
         raise ConfigError(f"rules_version: unknown rules version {version!r}; known: "
                           f"{', '.join(known)}", key="rules_version")
     data = strict.parse_yaml(path.read_bytes())  # released rule data, read like any input
-    rules = []
-    for raw in data["rules"]:
-        rule = Rule(id=raw["id"], severity=raw["severity"], divisions=tuple(raw["divisions"]),
-                    stages=tuple(raw["stages"]), check=raw["check"], message=raw["message"],
-                    params=raw.get("params", {}))
-        # A rules file naming an unknown check or severity is a defect of the rules data itself.
-        if rule.check not in checks:
-            raise ValueError(f"{path}: rule {rule.id} names unknown check {rule.check!r}")
-        if rule.severity not in SEVERITIES or not set(rule.stages) <= set(STAGES):
-            raise ValueError(f"{path}: rule {rule.id} has a bad severity or stage")
-        rules.append(rule)
+    facts = _sidecar_facts(folder)
+    rules = [_rule(raw, facts.get(raw["id"], {}), checks, path) for raw in data["rules"]]
     if data.get("version") != version:
         raise ValueError(f"{path}: declares version {data.get('version')!r}, folder is {version!r}")
     return RuleSet(version, tuple(rules), data, folder, checks)
@@ -238,6 +264,32 @@ def load_rule_set(version: str, checks: Mapping[str, CheckFn]) -> RuleSet:
 
 # --------------------------------------------------------------------------------------------
 # Host mapping (pure): block placement, as `mpiexec -ppn` does.
+
+def _sidecar_facts(folder: Path) -> dict[str, Any]:
+    """Facts about the rules of a version released before rules.yaml carried them (``exit``,
+    ``needs``), kept beside its folder in ``<version>.facts.yaml`` so the folder stays as released."""
+    sidecar = folder.parent / f"{folder.name}.facts.yaml"
+    if not sidecar.is_file():
+        return {}
+    return dict(strict.parse_yaml(sidecar.read_bytes())["rules"])
+
+
+def _rule(raw: Mapping[str, Any], extra: Mapping[str, Any], checks: Mapping[str, CheckFn],
+          path: Path) -> Rule:
+    facts = {**extra, **{k: raw[k] for k in ("exit", "needs") if k in raw}}
+    rule = Rule(id=raw["id"], severity=raw["severity"], divisions=tuple(raw["divisions"]),
+                stages=tuple(raw["stages"]), check=raw["check"], message=raw["message"],
+                params=raw.get("params", {}), exit_class=facts.get("exit", "rules"),
+                needs=tuple(facts.get("needs", ())))
+    # A rules file naming an unknown check, severity, exit class or need is a defect of the data.
+    if rule.check not in checks:
+        raise ValueError(f"{path}: rule {rule.id} names unknown check {rule.check!r}")
+    if rule.severity not in SEVERITIES or not set(rule.stages) <= set(STAGES):
+        raise ValueError(f"{path}: rule {rule.id} has a bad severity or stage")
+    if rule.exit_class not in EXIT_CLASSES or not set(rule.needs) <= set(NEEDS):
+        raise ValueError(f"{path}: rule {rule.id} has a bad exit class or need")
+    return rule
+
 
 def host_blocks(ranks: int, hosts: int | None, ranks_per_host: int | None) -> list[list[int]] | None:
     if hosts is None and ranks_per_host is None:

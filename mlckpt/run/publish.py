@@ -103,7 +103,7 @@ def judged(
     """Judge the run with the checker's result-stage rules; the manifest gets every finding and
     the verdict.  Returns the result-stage findings (to show them)."""
     data = RunData(manifest, setup.config, summary, list(records), system)
-    ctx = replace(setup.context(gates.hosts, complete=True), run=data)
+    ctx = replace(setup.context(gates.hosts, complete=True, measured=True), run=data)
     result = setup.rules.evaluate(ctx, ["result"]).findings
     manifest["findings"] = [f.to_dict() for f in (*gates.findings, *result)]
     manifest["verdict"] = verdict([*gates.findings, *result], str(setup.config["division"]))

@@ -127,7 +127,22 @@ def tier_usable(ctx: Context, rs: RuleSet, rule: Rule) -> Iterator[Outcome | Not
 
 
 
+def io_engine(ctx: Context, rs: RuleSet, rule: Rule) -> Iterator[Outcome]:
+    """The I/O mode asked for must work on every host's checkpoint filesystem, as probed there."""
+    folder = ctx.get("checkpoint.folder")
+    for h in ctx.hosts or ():
+        if ctx.get("io.direct") and h.direct_ok is False:
+            yield Outcome(False, "O_DIRECT (io.direct=true; use io.direct=false on e.g. tmpfs)",
+                          f"refused at {folder}", where=f"host {h.name}")
+        elif ctx.get("io.dontcache") and h.dontcache_ok is False:
+            yield Outcome(False, "RWF_DONTCACHE (io.dontcache=true; Linux 6.14+ and filesystem support)",
+                          f"not supported at {folder}", where=f"host {h.name}")
+        else:
+            yield Outcome(True)
+
+
 CHECKS = checks_table(
+    io_engine,
     closed_ranks_per_host,
     host_memory,
     disk_space,

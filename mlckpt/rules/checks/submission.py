@@ -19,9 +19,6 @@ from typing import Any
 
 from mlckpt.rules.engine import Context, NotChecked, Outcome, Rule, RuleSet, checks_table
 
-# Rules whose failure means the bytes cannot be trusted at all (exit status 3 in mlckpt-check).
-INTEGRITY_RULES = ("BUNDLE-SIGNATURE", "BUNDLE-KEY", "BUNDLE-FILES", "BUNDLE-PATHS")
-
 
 @dataclass(frozen=True)
 class Problem:
