@@ -21,6 +21,7 @@ import stat
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from mlckpt.bundle import display_name
 from mlckpt.rules.checks.submission import Problem
 
 DIVISIONS = ("closed", "open")
@@ -64,16 +65,6 @@ def _entries(folder: Path) -> list[os.DirEntry[str]]:
         return sorted(it, key=lambda e: e.name)
 
 
-def _shown(name: str) -> str:
-    if name.isprintable():
-        try:
-            name.encode("utf-8")
-            return name
-        except UnicodeEncodeError:
-            pass
-    return ascii(name)
-
-
 def _kind(entry: os.DirEntry[str]) -> str:
     try:
         mode = entry.stat(follow_symlinks=False).st_mode
@@ -105,7 +96,7 @@ class _Walker:
             return []
         out = []
         for e in entries:
-            child = f"{rel}/{_shown(e.name)}"
+            child = f"{rel}/{display_name(e.name)}"
             kind = _kind(e)
             if kind == "symlink":
                 self.problem(division, child, "no symlinks in the submission tree", "a symlink")
@@ -117,7 +108,7 @@ class _Walker:
         for e in _entries(self.root):
             if e.name.startswith(".") or _kind(e) == "file":
                 continue
-            name = _shown(e.name)
+            name = display_name(e.name)
             if e.name not in DIVISIONS:
                 kind = _kind(e)
                 self.problem("open", name, "closed/ or open/ (and top-level files)",
@@ -175,7 +166,7 @@ class _Walker:
         if not entries:
             self.problem(div, rel, "at least one bundle", "an empty workload folder")
         for e in entries:
-            child = f"{rel}/{_shown(e.name)}"
+            child = f"{rel}/{display_name(e.name)}"
             kind = _kind(e)
             archive = e.name.endswith(ARCHIVE_SUFFIX)
             run_dir = e.name[: -len(ARCHIVE_SUFFIX)] if archive else e.name
