@@ -88,3 +88,15 @@ def test_records_match_their_typed_dicts() -> None:
                 assert set(st) <= stage_keys
             seen.add(r["op"])
     assert seen == {"write", "read"}
+
+
+@pytest.mark.parametrize("version", sorted(RELEASED_RULES))
+def test_every_schema_is_a_valid_draft_2020_12_schema(version: str) -> None:
+    from jsonschema import Draft202012Validator
+
+    paths = sorted((rules_dir() / version / "schemas").glob("*.schema.json"))
+    assert len(paths) == 8
+    for path in paths:
+        schema = json.loads(path.read_text())
+        Draft202012Validator.check_schema(schema)
+        assert schema["$id"] == f"https://mlckpt.dev/rules/{version}/{path.name}"
