@@ -114,8 +114,7 @@ def closed_allowed_overrides(ctx: Context, rs: RuleSet, rule: Rule) -> Iterator[
 
 def accelerator_memory(ctx: Context, rs: RuleSet, rule: Rule) -> Outcome | NotChecked:
     acc = ctx.get("accelerator")
-    if ctx.plan is None:
-        return NotChecked("no plan")
+    assert ctx.plan is not None  # needs: [plan]
     need = ctx.plan.total_bytes
     if acc is None:
         if not ctx.complete:

@@ -22,21 +22,12 @@ from mlckpt.workload.pipeline import MEMORY_FILESYSTEMS, Pipeline
 
 def closed_ranks_per_host(ctx: Context, rs: RuleSet, rule: Rule) -> Iterator[Outcome | NotChecked]:
     minimum = rs.closed["min_ranks_per_host"]
-    if ctx.hosts is None:
-        yield NotChecked("host mapping unknown (give hosts= or ranks_per_host=)")
-        return
-    for h in ctx.hosts:
+    for h in ctx.hosts or ():  # needs: [hosts]
         yield Outcome(len(h.ranks) >= minimum, minimum, f"host {h.name} has {len(h.ranks)}")
 
 
 def host_memory(ctx: Context, rs: RuleSet, rule: Rule) -> Iterator[Outcome | NotChecked]:
-    if ctx.plan is None:
-        yield NotChecked("no plan")
-        return
-    if ctx.hosts is None:
-        yield NotChecked("host mapping unknown (give hosts= or ranks_per_host=)")
-        return
-    for h in ctx.hosts:
+    for h in ctx.hosts or ():  # needs: [plan, hosts]
         if h.mem_available_bytes is None:
             yield NotChecked("host memory unknown (give host_memory_gib=)")
             continue
@@ -74,11 +65,9 @@ def host_checkpoint_bytes(plan: Plan, host: HostSpec) -> int:
 
 
 def disk_space(ctx: Context, rs: RuleSet, rule: Rule) -> Iterator[Outcome | NotChecked]:
-    if ctx.plan is None or ctx.hosts is None:
-        yield NotChecked("no host measurements")
-        return
+    assert ctx.plan is not None  # needs: [plan, host_measurements]
     need = ctx.plan.total_bytes * int(ctx.get("checkpoint.num_writes") or 0)
-    for h in ctx.hosts:
+    for h in ctx.hosts or ():
         if h.disk_free_bytes is None:
             yield NotChecked("free space not measured")
             continue
@@ -87,10 +76,7 @@ def disk_space(ctx: Context, rs: RuleSet, rule: Rule) -> Iterator[Outcome | NotC
 
 
 def folder_usable(ctx: Context, rs: RuleSet, rule: Rule) -> Iterator[Outcome | NotChecked]:
-    if ctx.hosts is None:
-        yield NotChecked("no host measurements")
-        return
-    for h in ctx.hosts:
+    for h in ctx.hosts or ():  # needs: [host_measurements]
         yield Outcome(h.folder_problem is None, "writable, no foreign files", h.folder_problem,
                       where=f"host {h.name}")
 
@@ -100,11 +86,9 @@ def tier_space(ctx: Context, rs: RuleSet, rule: Rule) -> Iterator[Outcome | NotC
     if not pipe.tiered:
         yield Outcome(True)  # one tier: nothing to check
         return
-    if ctx.plan is None or ctx.hosts is None:
-        yield NotChecked("no host measurements")
-        return
+    assert ctx.plan is not None  # needs: [plan, host_measurements]
     peak = pipe.fast_peak_checkpoints(int(ctx.get("checkpoint.num_writes") or 1))
-    for h in ctx.hosts:
+    for h in ctx.hosts or ():
         if h.fast_free_bytes is None:
             yield NotChecked("fast-tier free space not measured")
             continue
@@ -118,10 +102,7 @@ def tier_usable(ctx: Context, rs: RuleSet, rule: Rule) -> Iterator[Outcome | Not
     if not Pipeline.of(ctx.config).tiered:
         yield Outcome(True)  # one tier: nothing to check
         return
-    if ctx.hosts is None:
-        yield NotChecked("no host measurements")
-        return
-    for h in ctx.hosts:
+    for h in ctx.hosts or ():  # needs: [host_measurements]
         yield Outcome(h.fast_problem is None, "writable, no foreign files", h.fast_problem,
                       where=f"host {h.name}")
 

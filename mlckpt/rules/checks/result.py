@@ -41,15 +41,16 @@ class RunData:
         return out
 
 
-def _run(ctx: Context) -> RunData | None:
-    return getattr(ctx, "run", None)
+def _run(ctx: Context) -> RunData:
+    """The run's data; every result rule declares ``needs: [run]``, so the engine never calls a
+    check without it (a rule that forgot the need is a defect of the rules data)."""
+    if not isinstance(ctx.run, RunData):
+        raise TypeError("a result-stage rule was evaluated without run data: declare needs: [run]")
+    return ctx.run
 
 
 def result_consistent(ctx: Context, rs: RuleSet, rule: Rule) -> Iterator[Outcome | NotChecked]:
     d = _run(ctx)
-    if d is None:
-        yield NotChecked("no run data")
-        return
     cfg = d.config
     pairs = (("workload", cfg.get("workload", {}).get("name")), ("division", cfg.get("division")),
              ("ranks", cfg.get("ranks")), ("scale", cfg.get("scale")),
@@ -69,9 +70,6 @@ def result_consistent(ctx: Context, rs: RuleSet, rule: Rule) -> Iterator[Outcome
 
 def result_counts(ctx: Context, rs: RuleSet, rule: Rule) -> Iterator[Outcome | NotChecked]:
     d = _run(ctx)
-    if d is None:
-        yield NotChecked("no run data")
-        return
     ranks = int(d.config["ranks"])
     for op, key in (("write", "num_writes"), ("read", "num_reads")):
         want = int(d.config["checkpoint"][key])
@@ -93,9 +91,6 @@ def result_counts(ctx: Context, rs: RuleSet, rule: Rule) -> Iterator[Outcome | N
 
 def result_times(ctx: Context, rs: RuleSet, rule: Rule) -> Iterator[Outcome | NotChecked]:
     d = _run(ctx)
-    if d is None:
-        yield NotChecked("no run data")
-        return
     bad = [r for r in d.records if not int(r["t1_ns"]) > int(r["t0_ns"])]
     yield Outcome(not bad, "t1_ns > t0_ns in every record",
                   f"{len(bad)} records out of order" + (
@@ -123,7 +118,7 @@ def result_times(ctx: Context, rs: RuleSet, rule: Rule) -> Iterator[Outcome | No
 
 def bytes_match_plan(ctx: Context, rs: RuleSet, rule: Rule) -> Iterator[Outcome | NotChecked]:
     d, plan = _run(ctx), ctx.plan
-    if d is None or plan is None:
+    if plan is None:
         yield NotChecked("no run data or plan")
         return
     shift = int(d.run.get("rank_shift", rank_shift(ctx)))
@@ -173,9 +168,6 @@ def _compare(path: str, want: Any, have: Any) -> Iterator[tuple[str, Any, Any]]:
 
 def metrics_recompute(ctx: Context, rs: RuleSet, rule: Rule) -> Iterator[Outcome | NotChecked]:
     d = _run(ctx)
-    if d is None:
-        yield NotChecked("no run data")
-        return
     want = summarize(d.records, max_resident_fraction=rs.data["cold_read"]["max_resident_fraction"])
     diffs = list(_compare("", want, d.summary))
     for path, exp, got in diffs[:5]:
@@ -186,8 +178,6 @@ def metrics_recompute(ctx: Context, rs: RuleSet, rule: Rule) -> Iterator[Outcome
 
 def fsync_every_write(ctx: Context, rs: RuleSet, rule: Rule) -> Outcome | NotChecked:
     d = _run(ctx)
-    if d is None:
-        return NotChecked("no run data")
     writes = [r for r in d.records if r["op"] == "write"]
     bad = [r for r in writes if r.get("fsync") is not True]
     return Outcome(not bad and bool(d.config["checkpoint"].get("fsync")),
@@ -196,9 +186,6 @@ def fsync_every_write(ctx: Context, rs: RuleSet, rule: Rule) -> Outcome | NotChe
 
 def cold_reads(ctx: Context, rs: RuleSet, rule: Rule) -> Iterator[Outcome | NotChecked]:
     d = _run(ctx)
-    if d is None:
-        yield NotChecked("no run data")
-        return
     bound = float(rs.data["cold_read"]["max_resident_fraction"])
     multiple = float(rs.data["cold_read"]["memory_multiple"])
     # Alternative from the rules: per-host data at least `multiple` × host memory.
@@ -226,9 +213,6 @@ def cold_reads(ctx: Context, rs: RuleSet, rule: Rule) -> Iterator[Outcome | NotC
 
 def data_verified(ctx: Context, rs: RuleSet, rule: Rule) -> Iterator[Outcome | NotChecked]:
     d = _run(ctx)
-    if d is None:
-        yield NotChecked("no run data")
-        return
     for r in d.records:
         if r["op"] != "read":
             continue
@@ -241,17 +225,12 @@ def data_verified(ctx: Context, rs: RuleSet, rule: Rule) -> Iterator[Outcome | N
 
 def data_unique(ctx: Context, rs: RuleSet, rule: Rule) -> Outcome | NotChecked:
     d = _run(ctx)
-    if d is None:
-        return NotChecked("no run data")
     scheme = d.run.get("data_scheme")
     return Outcome(scheme == DATA_SCHEME, f"data_scheme {DATA_SCHEME}", f"data_scheme {scheme!r}")
 
 
 def bandwidth_plausible(ctx: Context, rs: RuleSet, rule: Rule) -> Iterator[Outcome | NotChecked]:
     d = _run(ctx)
-    if d is None:
-        yield NotChecked("no run data")
-        return
     storage = (d.system.get("description") or {}).get("storage") or {}
     declared = False
     for op, key in (("write", "max_write_gib_s"), ("read", "max_read_gib_s")):
@@ -282,9 +261,6 @@ def pipeline_declared(ctx: Context, rs: RuleSet, rule: Rule) -> Iterator[Outcome
     """Every write record follows the configured pipeline: its mode, its stages in order, and a
     training interval at least as long as configured (overlap is only credited for real time)."""
     d = _run(ctx)
-    if d is None:
-        yield NotChecked("no run data")
-        return
     pipe = Pipeline.of(d.config)
     want = list(pipe.stages)
     least = int(pipe.compute_interval_s * 1e9)
@@ -309,9 +285,6 @@ def async_timeline(ctx: Context, rs: RuleSet, rule: Rule) -> Iterator[Outcome | 
     training waited through (exposed) is within the next one's back-pressure and never more than
     the background work itself."""
     d = _run(ctx)
-    if d is None:
-        yield NotChecked("no run data")
-        return
     for rank, recs in sorted(_writes_by_rank(d).items()):
         for i, r in enumerate(recs):
             where = f"write {r['index']} rank {rank}"
@@ -347,9 +320,6 @@ def async_timeline(ctx: Context, rs: RuleSet, rule: Rule) -> Iterator[Outcome | 
 
 def tier_drain_verified(ctx: Context, rs: RuleSet, rule: Rule) -> Iterator[Outcome | NotChecked]:
     d = _run(ctx)
-    if d is None:
-        yield NotChecked("no run data")
-        return
     if not Pipeline.of(d.config).tiered:
         yield Outcome(True)  # one tier: nothing to check
         return
@@ -371,7 +341,7 @@ def tier_drain_verified(ctx: Context, rs: RuleSet, rule: Rule) -> Iterator[Outco
 def tier_restore_source(ctx: Context, rs: RuleSet, rule: Rule) -> Iterator[Outcome | NotChecked]:
     """Each restore read from the nearest tier holding a copy (mlckpt/workload/pipeline.py: restore_tier)."""
     d, plan = _run(ctx), ctx.plan
-    if d is None or plan is None:
+    if plan is None:
         yield NotChecked("no run data or plan")
         return
     pipe = Pipeline.of(d.config)

@@ -61,17 +61,18 @@ class SubmissionFacts:
     duplicates: Problems | None = None
 
 
-def _facts(ctx: Context) -> SubmissionFacts | None:
-    facts = getattr(ctx, "submission", None)
-    return facts if isinstance(facts, SubmissionFacts) else None
+def _facts(ctx: Context) -> SubmissionFacts:
+    """The checker's facts; every submission rule declares ``needs: [submission]``, so the engine
+    never calls a check without them (a rule that forgot the need is a defect of the rules data)."""
+    if not isinstance(ctx.submission, SubmissionFacts):
+        raise TypeError("a submission-stage rule was evaluated without facts: declare needs: [submission]")
+    return ctx.submission
 
 
 def _report(ctx: Context, name: str) -> Iterator[Outcome | NotChecked]:
-    facts = _facts(ctx)
-    problems: Sequence[Problem] | None = getattr(facts, name) if facts is not None else None
+    problems: Sequence[Problem] | None = getattr(_facts(ctx), name)
     if problems is None:
-        yield NotChecked("not reached: an earlier stage stopped this bundle" if facts is not None
-                         else "no submission facts (not run by the checker)")
+        yield NotChecked("not reached: an earlier stage stopped this bundle")
         return
     if not problems:
         yield Outcome(True)
@@ -127,8 +128,7 @@ def _because(v: Verdicts) -> str:
 def division_placement(ctx: Context, rs: RuleSet, rule: Rule) -> Outcome | NotChecked:
     """A bundle under closed/ must earn the closed verdict.  Under open/ any valid verdict is
     fine: a closed-eligible run may always be published in the open division."""
-    facts = _facts(ctx)
-    v = facts.verdicts if facts is not None else None
+    v = _facts(ctx).verdicts
     if v is None:
         return NotChecked("rules not evaluated")
     if v.tree_division != "closed":
@@ -139,8 +139,7 @@ def division_placement(ctx: Context, rs: RuleSet, rule: Rule) -> Outcome | NotCh
 
 def result_verdict(ctx: Context, rs: RuleSet, rule: Rule) -> Outcome | NotChecked:
     """The verdict run.json records must be the one the same rules give on the same data."""
-    facts = _facts(ctx)
-    v = facts.verdicts if facts is not None else None
+    v = _facts(ctx).verdicts
     if v is None:
         return NotChecked("rules not evaluated")
     return Outcome(v.recorded == v.recomputed, f"{v.recomputed}{_because(v)}", v.recorded,
