@@ -203,13 +203,12 @@ def stage_rules_version(st: State) -> None:
 
 
 def stage_schema(st: State) -> None:
-    assert st.folder is not None and st.rules is not None
+    assert st.folder is not None and st.rules is not None and st.verified is not None
     version = st.rules.version
     bad = False
     for name, schema in DOCUMENTS:
         try:
-            data = loading.read_capped(st.folder / name, loading.CAPS[name])
-            doc = loading.parse_yaml(data) if name.endswith(".yaml") else loading.parse_json(data)
+            doc = bundle.parse_document(name, bundle.read_document(st.folder, name, st.verified))
         except ParseError as exc:
             st.problem("schema", name, "strict JSON/YAML within the checker's limits", str(exc))
             bad = True
@@ -236,10 +235,10 @@ def _schema_problems(st: State, name: str, schema: str, messages: Sequence[str])
 
 def _records(st: State, version: str) -> bool:
     """Parse and validate records.jsonl line by line; True when anything was wrong."""
-    assert st.folder is not None
+    assert st.folder is not None and st.verified is not None
     name = "records.jsonl"
     try:
-        data = loading.read_capped(st.folder / name, loading.CAPS[name])
+        data = bundle.read_document(st.folder, name, st.verified)
     except ParseError as exc:
         st.problem("schema", name, "JSON lines within the checker's limits", str(exc))
         return True

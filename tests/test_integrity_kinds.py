@@ -118,3 +118,19 @@ def test_one_set_of_archive_limits_for_every_reader(tree: Path, tmp_path: Path) 
     report = check_tree(tree, bundle.TrustedKeys.load(tree / "trusted-keys.yaml"))
     found = [f for b in report["bundles"] for f in b["findings"] if "more than 1000 members" in f["message"]]
     assert [f["rule"] for f in found] == ["BUNDLE-FILES"]
+
+
+def test_documents_are_read_as_signed(tree: Path) -> None:
+    """bundle.read_document: the one way the checker, compare and the leaderboard read a verified
+    bundle's files; a file swapped after verification is refused, not read."""
+    from mlckpt import strict
+
+    folder = tree / SYNC
+    vb = bundle.verify_bundle(folder)
+    run = bundle.parse_document("run.json", bundle.read_document(folder, "run.json", vb))
+    assert run["rules_version"] == "1.0"
+    (folder / "run.json").write_text((folder / "run.json").read_text().replace('"open"', '"closed"'))
+    with pytest.raises(strict.ParseError, match="changed since it was verified"):
+        bundle.read_document(folder, "run.json", vb)
+    with pytest.raises(strict.ParseError, match="not in the bundle"):
+        bundle.read_document(folder, "extra.json", vb)

@@ -3,7 +3,6 @@ the checker verified."""
 
 from __future__ import annotations
 
-import hashlib
 import os
 from dataclasses import dataclass
 from pathlib import Path
@@ -45,16 +44,8 @@ def read_bundle(path: Path, trusted: Any = None) -> BundleDocs:
         vb = bundle.verify_bundle(folder, trusted)
         docs: dict[str, Any] = {}
         for name in READ_FILES:
-            if name not in vb.files:
-                raise UsageError(f"{path}: {name}: not in the bundle")
             try:
-                data = loading.read_capped(folder / name, loading.CAPS[name])
-            except loading.ParseError as exc:
-                raise UsageError(f"{path}: {name}: {exc}") from None
-            if hashlib.sha256(data).hexdigest() != vb.files[name]:
-                raise UsageError(f"{path}: {name}: changed since it was verified")
-            try:
-                doc = loading.parse_yaml(data) if name.endswith(".yaml") else loading.parse_json(data)
+                doc = bundle.parse_document(name, bundle.read_document(folder, name, vb))
             except loading.ParseError as exc:
                 raise UsageError(f"{path}: {name}: {exc}") from None
             if not isinstance(doc, dict):

@@ -98,6 +98,7 @@ from mlckpt.bundle._common import (
 )
 from mlckpt.bundle.archive import find_bundle_root, open_bundle, pack, safe_unpack
 from mlckpt.bundle.digest import code_digest
+from mlckpt.bundle.documents import parse_document, read_document
 from mlckpt.bundle.keys import (
     TrustedKeys,
     default_key_path,
@@ -137,7 +138,9 @@ __all__ = [
     "open_bundle",
     "pack",
     "pae",
+    "parse_document",
     "public_key_text",
+    "read_document",
     "read_envelope_predicate",
     "safe_unpack",
     "sign_bundle",
