@@ -97,6 +97,7 @@ def plan_files_estimate(w: Workload, ranks: int) -> int:
 
 
 def stage_rules(st: State) -> None:
+    """The config, host and result rules over the bundle's own data (the runner's own rules)."""
     rs = st.rules
     assert rs is not None
     config, run, summary, system = (st.docs[n] for n in ("config.yaml", "run.json", "summary.json",
@@ -106,60 +107,16 @@ def stage_rules(st: State) -> None:
     except ConfigError as exc:  # pragma: no cover - the schema makes this unreachable
         st.problem("schema", "config.yaml", "a valid workload", str(exc))
         raise Stop from None
-    ranks = config["ranks"]
-
-    # Hosts: run.json's placement, with the memory each host measured (system.json).
-    placed = sorted(r for h in run["hosts"] for r in h["ranks"])
-    hosts: tuple[HostSpec, ...] | None = None
-    placement_ok = len(placed) == ranks and placed == list(range(ranks))
-    if placement_ok:  # else RESULT-CONSISTENT reports it; host rules are not checked
-        mem: dict[str, int | None] = {}
-        for h in system["hosts"]:
-            mem.setdefault(h["hostname"], h.get("memory_available_bytes"))
-        fast_fs = (run.get("pipeline") or {}).get("fast_fs") or {}  # a tmpfs fast tier takes memory
-        hosts = tuple(HostSpec(h["host"], tuple(h["ranks"]), mem.get(h["host"]),
-                               fast_fs=fast_fs.get(h["host"])) for h in run["hosts"])
-    else:
-        st.not_checked.append(("HOST-MEMORY", "run.json does not place every rank exactly once"))
-
-    # The plan, unless a structural rule fails (then there is none) or it is beyond our bounds.
-    overrides = tuple(run["overrides"])
-    ctx = Context(config, workload, overrides, None, hosts, True)
-    plan: Plan | None = None
-    if not placement_ok:
-        # No plan either: config.yaml's rank count is not the run's (and could be anything up to
-        # the schema's 10 M); the plan-dependent rules are not checked.
-        st.not_checked.append(("BYTES-PLAN", "run.json does not place every rank exactly once"))
-    elif not only(rs, structural_rule_ids(rs)).evaluate(ctx, ["config"]).findings:
-        est = plan_files_estimate(workload, ranks)
-        if est > MAX_PLAN_FILES:
-            st.problem("schema", "config.yaml", f"a plan of at most {MAX_PLAN_FILES} files (checker limit)",
-                       f"about {est} files ({ranks} ranks, {workload.model.num_layers} layers)")
-            raise Stop
-        plan = make_plan(workload, ranks, float(config["scale"]))
-
+    hosts = _bundle_hosts(st, run, system, config["ranks"])
+    ctx = Context(config, workload, tuple(run["overrides"]), None, hosts, True)
+    plan = _bundle_plan(st, ctx, hosts is not None)
     # The tree's description stands in for one the bundle does not embed (bandwidth bounds).
     if system.get("description") is None and st.task.system.doc is not None:
         system = {**system, "description": st.task.system.doc}
-    data = RunData(run, config, summary, st.records, system)
-    skip = []  # host rules measured only by the runner's gates: the engine reports them not checked
-    if any(r["t1_ns"] <= r["t0_ns"] for r in st.records) or any(
-            s["t1_ns"] <= s["t0_ns"] for r in st.records for s in r.get("stages", ())):
-        # Recomputing metrics divides by durations; RESULT-TIMES and ASYNC-TIMELINE report them.
-        skip.append("METRICS-RECOMPUTE")
-        st.not_checked.append(("METRICS-RECOMPUTE", "records with non-positive durations (see RESULT-TIMES)"))
-    stages = list(Pipeline.of(config).stages)
-    if "METRICS-RECOMPUTE" not in skip and any(
-            [s.get("tier") for s in r.get("stages", ())] != stages for r in st.records if r["op"] == "write"):
-        # Per-stage metrics need the same stages on every rank; PIPELINE-DECLARED reports them.
-        skip.append("METRICS-RECOMPUTE")
-        st.not_checked.append(("METRICS-RECOMPUTE", "write records without the configured stages "
-                               "(see PIPELINE-DECLARED)"))
-    ctx = dataclasses.replace(ctx, plan=plan, run=data)
-    ev = without(rs, skip).evaluate(ctx, ["config", "host", "result"])
+    ctx = dataclasses.replace(ctx, plan=plan, run=RunData(run, config, summary, st.records, system))
+    ev = without(rs, _unrecomputable(st, config)).evaluate(ctx, ["config", "host", "result"])
     st.rule_findings = ev.findings
     st.not_checked += ev.not_checked
-
     division = str(config["division"])
     recomputed = verdict(ev.findings, division)
     # What stands between this bundle and the closed verdict.
@@ -168,6 +125,57 @@ def stage_rules(st: State) -> None:
         reasons.append("division=open")
     st.verdicts = Verdicts(st.leaf.division, recomputed, run["verdict"], tuple(reasons))
     st.where_paths["run.json"] = f"{st.leaf.path}/run.json"
+
+
+def _bundle_hosts(st: State, run: dict[str, Any], system: dict[str, Any], ranks: int
+                  ) -> tuple[HostSpec, ...] | None:
+    """run.json's placement, with the memory each host measured (system.json); None (and the
+    host rules not checked) unless every rank is placed exactly once."""
+    placed = sorted(r for h in run["hosts"] for r in h["ranks"])
+    if len(placed) != ranks or placed != list(range(ranks)):  # RESULT-CONSISTENT reports it
+        st.not_checked.append(("HOST-MEMORY", "run.json does not place every rank exactly once"))
+        return None
+    mem: dict[str, int | None] = {}
+    for h in system["hosts"]:
+        mem.setdefault(h["hostname"], h.get("memory_available_bytes"))
+    fast_fs = (run.get("pipeline") or {}).get("fast_fs") or {}  # a tmpfs fast tier takes memory
+    return tuple(HostSpec(h["host"], tuple(h["ranks"]), mem.get(h["host"]), fast_fs=fast_fs.get(h["host"]))
+                 for h in run["hosts"])
+
+
+def _bundle_plan(st: State, ctx: Context, placement_ok: bool) -> Plan | None:
+    """The plan, unless a structural rule fails (then there is none) or it is beyond our bounds."""
+    assert st.rules is not None
+    if not placement_ok:
+        # No plan either: config.yaml's rank count is not the run's (and could be anything up to
+        # the schema's 10 M); the plan-dependent rules are not checked.
+        st.not_checked.append(("BYTES-PLAN", "run.json does not place every rank exactly once"))
+        return None
+    if only(st.rules, structural_rule_ids(st.rules)).evaluate(ctx, ["config"]).findings:
+        return None
+    ranks = int(ctx.config["ranks"])
+    est = plan_files_estimate(ctx.workload, ranks)
+    if est > MAX_PLAN_FILES:
+        st.problem("schema", "config.yaml", f"a plan of at most {MAX_PLAN_FILES} files (checker limit)",
+                   f"about {est} files ({ranks} ranks, {ctx.workload.model.num_layers} layers)")
+        raise Stop
+    return make_plan(ctx.workload, ranks, float(ctx.config["scale"]))
+
+
+def _unrecomputable(st: State, config: dict[str, Any]) -> list[str]:
+    """Rules whose recomputation is impossible on these records (another rule reports why)."""
+    if any(r["t1_ns"] <= r["t0_ns"] for r in st.records) or any(
+            s["t1_ns"] <= s["t0_ns"] for r in st.records for s in r.get("stages", ())):
+        # Recomputing metrics divides by durations; RESULT-TIMES and ASYNC-TIMELINE report them.
+        st.not_checked.append(("METRICS-RECOMPUTE", "records with non-positive durations (see RESULT-TIMES)"))
+        return ["METRICS-RECOMPUTE"]
+    stages = list(Pipeline.of(config).stages)
+    if any([s.get("tier") for s in r.get("stages", ())] != stages for r in st.records if r["op"] == "write"):
+        # Per-stage metrics need the same stages on every rank; PIPELINE-DECLARED reports them.
+        st.not_checked.append(("METRICS-RECOMPUTE", "write records without the configured stages "
+                               "(see PIPELINE-DECLARED)"))
+        return ["METRICS-RECOMPUTE"]
+    return []
 
 
 def finish(st: State) -> BundleResult:
