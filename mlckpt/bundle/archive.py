@@ -271,21 +271,7 @@ def _extract_all(
                 _fail(where, raw_name, "duplicate member")
             if name == SIGNATURE_FILE and member.isdir():
                 _fail(where, raw_name, "the envelope name cannot be a folder", IntegrityKind.PATHS)
-            # Parents: create as needed; a parent that is a file member is a conflict.
-            parts = name.split("/")
-            for i in range(1, len(parts)):
-                parent = "/".join(parts[:i])
-                kind = seen.get(parent)
-                if kind == "file":
-                    _fail(
-                        where,
-                        raw_name,
-                        f"parent {display_name(parent)} is a file member",
-                        IntegrityKind.PATHS,
-                    )
-                if kind is None:
-                    _mkdir_member(dest / parent, where, raw_name)
-                    seen[parent] = "implied dir"
+            _make_parents(name, raw_name, dest, where, seen)
             if member.isdir():
                 _mkdir_member(dest / name, where, raw_name)
                 seen[name] = "dir"
@@ -302,6 +288,19 @@ def _extract_all(
             total = _write_member(
                 tar, member, dest / name, where, raw_name, total, max_total_bytes, max_member_bytes
             )
+
+
+def _make_parents(name: str, raw_name: str, dest: Path, where: str, seen: dict[str, str]) -> None:
+    """Create a member's parent folders as needed; a parent that is a file member is a conflict."""
+    parts = name.split("/")
+    for i in range(1, len(parts)):
+        parent = "/".join(parts[:i])
+        kind = seen.get(parent)
+        if kind == "file":
+            _fail(where, raw_name, f"parent {display_name(parent)} is a file member", IntegrityKind.PATHS)
+        if kind is None:
+            _mkdir_member(dest / parent, where, raw_name)
+            seen[parent] = "implied dir"
 
 
 def _mkdir_member(path: Path, where: str, raw_name: str) -> None:
