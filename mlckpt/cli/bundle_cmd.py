@@ -20,6 +20,12 @@ from mlckpt.errors import BundleIntegrityError, IntegrityError, UsageError
 
 
 def register(subparsers: Any) -> None:
+    """keygen, sign, verify and pack, in the order ``mlckpt --help`` lists them."""
+    for add in (_add_keygen, _add_sign, _add_verify, _add_pack):
+        add(subparsers)
+
+
+def _add_keygen(subparsers: Any) -> None:
     p = subparsers.add_parser(
         "keygen",
         help="create an Ed25519 signing key for result bundles",
@@ -35,6 +41,8 @@ def register(subparsers: Any) -> None:
     )
     p.set_defaults(func=cmd_keygen)
 
+
+def _add_sign(subparsers: Any) -> None:
     p = subparsers.add_parser(
         "sign",
         help="(re-)sign a result bundle folder",
@@ -58,6 +66,8 @@ def register(subparsers: Any) -> None:
     )
     p.set_defaults(func=cmd_sign)
 
+
+def _add_verify(subparsers: Any) -> None:
     p = subparsers.add_parser(
         "verify",
         help="verify a result bundle folder or .tar.gz",
@@ -75,6 +85,8 @@ def register(subparsers: Any) -> None:
     p.add_argument("--org", default=None, help="require a key registered for this organisation")
     p.set_defaults(func=cmd_verify)
 
+
+def _add_pack(subparsers: Any) -> None:
     p = subparsers.add_parser(
         "pack",
         help="verify a bundle and pack it into a deterministic .tar.gz",

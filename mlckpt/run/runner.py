@@ -22,37 +22,22 @@ from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any, TextIO
 
-from mlckpt import __version__, bundle, engine
-from mlckpt.errors import MlckptError, UsageError
-from mlckpt.host.description import load_system_description
-from mlckpt.plan.config import Setup, setup
+from mlckpt import __version__, engine
+from mlckpt.errors import MlckptError
 from mlckpt.run.cleanup import RUN_MARKER, Created, sweep_run
 from mlckpt.run.collective import Job, MPIDone, OpTimer
+from mlckpt.run.configure import Configured, configure, mpi_library, resolve_signing_key
 from mlckpt.run.console import Console, headline
 from mlckpt.run.faults import NO_FAULTS, Faults
-from mlckpt.run.gates import Gates, judge, measure_host, output_problem
+from mlckpt.run.gates import Gates, judge, measure_host
 from mlckpt.run.guardian import Guardian
 from mlckpt.run.publish import BundleFiles, RunId, judged, manifest_of, summary_of, write_bundle
 from mlckpt.run.reads import ReadPhase
 from mlckpt.run.writes import WritePhase, WriteState
 from mlckpt.units import fmt_bytes
 from mlckpt.workload.layout import PAGE, pages
-from mlckpt.workload.pipeline import Pipeline
 
 ABORT_GRACE_S = 0.5  # between printing a fatal line and MPI_Abort (see Stalled)
-
-
-@dataclass(frozen=True)
-class Configured:
-    setup: Setup
-    pipe: Pipeline
-    overrides: tuple[str, ...]
-    description: Mapping[str, Any] | None  # the vendor's system description (rank 0)
-    signing_key: Any  # an explicit key path, loaded (rank 0); None: auto or none
-
-    @property
-    def config(self) -> Mapping[str, Any]:
-        return self.setup.config
 
 
 @dataclass(frozen=True)
@@ -79,57 +64,6 @@ def offsets(sizes: Sequence[int]) -> list[int]:
     for n in sizes:
         out.append(out[-1] + pages(n) * PAGE)
     return out
-
-
-def resolve_signing_key(setting: str, say: Any) -> Any:
-    """``auto``: the user's key (``mlckpt keygen``'s default path), created once; ``none``: no
-    signature; anything else: a PEM key path (passphrase from $MLCKPT_KEY_PASSPHRASE)."""
-    if setting == "none":
-        return None
-    if setting == "auto":
-        path = bundle.default_key_path()
-        if not path.exists():
-            info = bundle.generate_key(path)
-            say(
-                f"created signing key {path} (keyid {info.keyid[:16]}…); give {info.public_path} "
-                "to the committee that checks your results"
-            )
-        return bundle.load_private_key(path)
-    return bundle.load_private_key(Path(setting))
-
-
-def mpi_library() -> str:
-    try:
-        from mpi4py import MPI
-
-        return MPI.Get_library_version().strip().splitlines()[0]
-    except Exception:  # pragma: no cover - facts are best effort
-        return ""
-
-
-def configure(job: Job, overrides: Sequence[str]) -> Configured:
-    """The validated configuration; rank 0 also loads what must not fail after a whole run (the
-    system description, the output folder, an explicit signing key)."""
-    ovs = list(overrides)
-    if not any(o.split("=", 1)[0].lstrip("+") == "ranks" for o in ovs):
-        ovs.append(f"ranks={job.size}")
-    s = setup(ovs)
-    description, key = None, None
-    if job.rank == 0:
-        if s.config.get("system"):
-            description = load_system_description(s.config["system"], s.rules.version)
-        problem = output_problem(Path(s.config["output"]["root"]).absolute())
-        if problem:
-            raise UsageError(f"output.root: {problem}", key="output.root")
-        if str(s.config["signing"]["key"]) not in ("auto", "none"):
-            key = resolve_signing_key(str(s.config["signing"]["key"]), job.say)
-    if s.plan.ranks != job.size:
-        raise UsageError(
-            f"ranks={s.plan.ranks} but the MPI world has {job.size} ranks "
-            "(drop ranks= under mpiexec, or match -n)",
-            key="ranks",
-        )
-    return Configured(s, Pipeline.of(s.config), tuple(ovs), description, key)
 
 
 def gate(job: Job, c: Configured) -> Gates:
