@@ -19,7 +19,7 @@ from mlckpt.metrics import summarize
 from mlckpt.rules.engine import Context, NotChecked, Outcome, Rule, RuleSet, checks_table, rank_shift
 from mlckpt.workload.pipeline import DURABLE, FAST, MEMORY_FILESYSTEMS, Pipeline
 
-# The data scheme the runner declares in run.json; see mlckpt/engine.py (AES-128-CTR keystream per
+# The data scheme the runner declares in run.json; see mlckpt/engine/content.py (AES-128-CTR keystream per
 # run/rank/checkpoint/file, 32-byte tag on every 4 KiB page).
 DATA_SCHEME = formats.DATA_SCHEME.version
 REL_TOL = 1e-9
