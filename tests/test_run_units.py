@@ -244,9 +244,12 @@ def test_gates_refuse_a_host_without_memory() -> None:
 
 def test_gates_refuse_o_direct_where_the_filesystem_does_not_take_it() -> None:
     s = setup([*SMALL[:-1], "io.direct=true"])
-    with pytest.raises(UsageError, match=r"^\[IO-ENGINE\] host b: the I/O mode must work on the checkpoint "
-                       r"filesystem of every host: O_DIRECT \(io.direct=true; use io.direct=false on e.g. "
-                       r"tmpfs\); got refused at "):
+    with pytest.raises(
+        UsageError,
+        match=r"^\[IO-ENGINE\] host b: the I/O mode must work on the checkpoint "
+        r"filesystem of every host: O_DIRECT \(io.direct=true; use io.direct=false on e.g. "
+        r"tmpfs\); got refused at ",
+    ):
         judge(s, ["a", "b", "b", "b"], [measured("a", direct_ok=True), measured("b", direct_ok=False)])
     assert io_engine_refusal([measured("a", dontcache_ok=False)], "/x").key == "io.dontcache"  # type: ignore[union-attr]
 
@@ -359,3 +362,138 @@ def test_gates_value_is_frozen() -> None:
     g: Gates = judge(s, ["a"] * 4, [measured("a")])
     with pytest.raises(AttributeError):
         g.verdict = "closed"  # type: ignore[misc]
+
+
+# --------------------------------------------------------------------------------------------
+# The write and read phases on one rank, without MPI: real files, real fsync, every page verified
+
+
+class OneRank:
+    """A communicator of one rank: every collective returns this rank's own value."""
+
+    def Get_rank(self) -> int:
+        return 0
+
+    def Get_size(self) -> int:
+        return 1
+
+    def allgather(self, value: Any) -> list[Any]:
+        return [value]
+
+    def gather(self, value: Any, root: int = 0) -> list[Any]:
+        return [value]
+
+    def bcast(self, value: Any, root: int = 0) -> Any:
+        return value
+
+    def Barrier(self) -> None:
+        pass
+
+
+@pytest.mark.parametrize("mode", ["sync", "async", "sync+tiers", "async+tiers"])
+def test_write_and_read_phases_on_one_rank(tmp_path: Path, mode: str) -> None:
+    from mlckpt import engine
+    from mlckpt.run.collective import OpTimer
+    from mlckpt.run.reads import ReadPhase
+    from mlckpt.run.runner import offsets
+    from mlckpt.run.writes import WritePhase, WriteState
+    from mlckpt.workload.pipeline import DURABLE, FAST, Pipeline
+
+    ovs = [
+        "workload=llama3_8b",
+        "division=open",
+        "scale=0.0002",
+        "ranks=1",
+        "checkpoint.num_writes=2",
+        "checkpoint.num_reads=2",
+        "io.direct=false",
+        "io.threads=2",
+        f"checkpoint.mode={mode.split('+')[0]}",
+    ]
+    if mode.endswith("tiers"):
+        ovs.append(f"checkpoint.tiers.fast={tmp_path / 'fast'}")
+    s = setup(ovs)
+    pipe = Pipeline.of(s.config)
+    job = Job(OneRank(), Console())
+    key, run_id = bytes(range(16)), 0x1234
+    root, fast = tmp_path / "durable" / "run", (tmp_path / "fast" / "run" if pipe.tiered else None)
+    created = Created(keep=True)
+    for base in (root, fast):
+        if base is not None:
+            base.mkdir(parents=True)
+            created.add_dir(base, root=True)
+    mine = s.plan.rank_plans[0].files
+    own = offsets([f.bytes for f in mine])
+    arena = engine.alloc(own[-1])
+    opts = engine.IOOptions(direct=False, threads=2, block_size=1 << 20)
+    timer = OpTimer(job, 60.0, None, lambda *a: pytest.fail("no op may stall"))
+    w = WriteState(root, fast, mine, own, arena, key, opts, False, True)
+    writes = WritePhase(job, pipe, w, run_id, timer, created, False, s.plan.total_bytes).run(2)
+    assert [(r["op"], r["index"], r["mode"]) for r in writes] == [
+        ("write", 1, pipe.mode),
+        ("write", 2, pipe.mode),
+    ]
+    for r in writes:  # the durable stage ends each checkpoint; every stage took time
+        assert r["stages"][-1]["tier"] == DURABLE and r["t1_ns"] == r["stages"][-1]["t1_ns"]
+        assert all(st["t1_ns"] > st["t0_ns"] for st in r["stages"]) and r["fsync"]
+    on_disk = sorted(p.relative_to(root).as_posix() for p in root.rglob("*.pt"))
+    assert on_disk == sorted(f"ckpt-000{k}/{f.name}" for k in (1, 2) for f in mine)
+    reads = s.plan.restore_reads(0, "own", 0)
+    rd = offsets([r.file.bytes for r in reads])
+    records = ReadPhase(
+        job,
+        pipe,
+        run_id,
+        key,
+        root,
+        fast,
+        reads,
+        rd,
+        arena,
+        opts,
+        False,
+        timer,
+        False,
+        {},
+        frozenset({job.host}),
+    ).run(2, 2)
+    assert [(r["index"], r["checkpoint"], r["mismatches"]) for r in records] == [(1, 1, 0), (2, 2, 0)]
+    assert all(r["verified_bytes"] == r["bytes"] == sum(x.file.bytes for x in reads) for r in records)
+    # the newest checkpoint is restored from the fast tier when one keeps it (fast_keep=1)
+    assert [r["tier"] for r in records] == ([DURABLE, FAST] if pipe.tiered else [DURABLE, DURABLE])
+    lines = job.console.log_lines
+    assert any("write 1/2: " in ln or "checkpoint 1/2: training stalled" in ln for ln in lines)
+    assert any("read 2/2: " in ln and "verified" in ln for ln in lines)
+
+
+def test_console_lines() -> None:
+    from mlckpt.run.console import durable_line, headline, stall_line
+
+    recs = [
+        {
+            "t0_ns": 0,
+            "staged_ns": 250_000_000,
+            "t1_ns": 2_000_000_000,
+            "backpressure_ns": 50_000_000,
+            "bytes": 1 << 30,
+            "stages": [{"tier": "durable", "t0_ns": 500_000_000, "t1_ns": 1_500_000_000}],
+        }
+    ]
+    assert stall_line(recs, 2, 3, "memory") == (
+        "checkpoint 2/3: training stalled 0.250 s (memory; 0.050 s of it waiting for checkpoint 1)"
+    )
+    assert durable_line(recs, 2, 3) == (
+        "checkpoint 2/3: durable 2.00 s after it was taken; durable-tier "
+        "write 1.00 GiB in 1.00 s = 1.00 GiB/s"
+    )
+    s = {
+        "write_bandwidth_mean_gib_s": 2.0,
+        "write_duration_mean_s": 0.5,
+        "write_overlap_efficiency": None,
+        "read_bandwidth_mean_gib_s": 3.0,
+        "read_duration_mean_s": 0.25,
+        "read_valid": False,
+    }
+    assert headline(s) == (
+        "result: write 2.00 GiB/s mean (0.50 s per checkpoint); read 3.00 GiB/s mean (0.25 s) INVALID"
+    )
