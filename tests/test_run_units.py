@@ -428,7 +428,7 @@ def test_write_and_read_phases_on_one_rank(tmp_path: Path, mode: str) -> None:
     opts = engine.IOOptions(direct=False, threads=2, block_size=1 << 20)
     timer = OpTimer(job, 60.0, None, lambda *a: pytest.fail("no op may stall"))
     w = WriteState(root, fast, mine, own, arena, key, opts, False, True)
-    writes = WritePhase(job, pipe, w, run_id, timer, created, False, s.plan.total_bytes).run(2)
+    writes = WritePhase(job, pipe, w, run_id, timer, created, False).run(2)
     assert [(r["op"], r["index"], r["mode"]) for r in writes] == [
         ("write", 1, pipe.mode),
         ("write", 2, pipe.mode),

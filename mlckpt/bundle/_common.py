@@ -15,7 +15,7 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Any, BinaryIO, NoReturn
 
-from mlckpt import formats, strict
+from mlckpt import formats
 from mlckpt.errors import BundleIntegrityError, IntegrityKind, IntegrityProblem
 
 BUNDLE_FORMAT = formats.BUNDLE.version
@@ -160,11 +160,6 @@ def _canonical_json(obj: Any) -> bytes:
     return json.dumps(obj, sort_keys=True, separators=(",", ":"), ensure_ascii=False, allow_nan=False).encode(
         "utf-8"
     )
-
-
-def _strict_json(data: bytes) -> Any:
-    """Parse UTF-8 JSON with the one strict loader (mlckpt.strict); ValueError on anything odd."""
-    return strict.parse_json(data)
 
 
 def pae(payload_type: str, body: bytes) -> bytes:

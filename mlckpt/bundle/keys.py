@@ -23,7 +23,6 @@ from mlckpt.bundle._common import (
     _b64decode,
     _b64encode,
     _create_exclusive,
-    _strict_json,
 )
 from mlckpt.bundle.models import KeyInfo
 from mlckpt.errors import UsageError
@@ -192,7 +191,7 @@ class TrustedKeys:
             raise UsageError(f"{path}: trusted-keys file larger than 1 MiB")
         try:
             if path.suffix.lower() == ".json":
-                doc = _strict_json(data)
+                doc = strict.parse_json(data)
             else:
                 doc = strict.parse_yaml(data)
         except ValueError as exc:  # strict.ParseError

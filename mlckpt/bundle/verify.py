@@ -15,6 +15,7 @@ from cryptography.hazmat.primitives.asymmetric.ed25519 import (
     Ed25519PublicKey,
 )
 
+from mlckpt import strict
 from mlckpt.bundle._common import (
     _HEX64,
     MAX_ENVELOPE_BYTES,
@@ -28,7 +29,6 @@ from mlckpt.bundle._common import (
     _check_relpath,
     _fail,
     _raise_problems,
-    _strict_json,
     pae,
     problem,
 )
@@ -73,7 +73,7 @@ class _Envelope:
 def _parse_envelope(data: bytes) -> _Envelope:
     """Strict structural parse; ValueError saying what is wrong.  Verifies nothing."""
     try:
-        env = _strict_json(data)
+        env = strict.parse_json(data)
     except ValueError as exc:
         raise ValueError(f"not valid JSON ({exc}); truncated or corrupted?") from None
     if not isinstance(env, dict):
@@ -241,7 +241,7 @@ def _check_signature(where: str, env: _Envelope, key_raw: bytes) -> None:
 def _statement(where: str, payload: bytes) -> tuple[dict[str, Any], dict[str, Any]]:
     """The signed statement and its predicate, strictly parsed (the payload is authenticated)."""
     try:
-        stmt = _strict_json(payload)
+        stmt = strict.parse_json(payload)
     except ValueError as exc:
         _fail(where, SIGNATURE_FILE, f"signed payload is not valid JSON: {exc}")
     if not isinstance(stmt, dict) or set(stmt) != {"_type", "subject", "predicateType", "predicate"}:
@@ -311,7 +311,7 @@ def read_envelope_predicate(folder: Path) -> dict[str, Any]:
         os.close(root_fd)
     try:
         env = _parse_envelope(data)
-        stmt = _strict_json(env.payload)
+        stmt = strict.parse_json(env.payload)
     except ValueError as exc:
         _fail(str(folder), SIGNATURE_FILE, str(exc))
     pred = stmt.get("predicate") if isinstance(stmt, dict) else None

@@ -257,7 +257,7 @@ def phases(job: Job, c: Configured, gates: Gates, created: Created) -> tuple[Run
     leader, fast_direct = gates.leader(job.rank), gates.fast_direct.get(job.host, False)
     w = WriteState(folders.root, folders.fast_root, mine, own, arena, folders.key, opts, stream, leader)
     records = WritePhase(
-        job, c.pipe, w, folders.run.number, timer, created, fast_direct, plan.total_bytes
+        job, c.pipe, w, folders.run.number, timer, created, fast_direct
     ).run(nw)
     evict_written(job, c, folders, created, leader, nw)
     records += ReadPhase(

@@ -126,7 +126,6 @@ class WritePhase:
     timer: OpTimer
     created: Created
     fast_direct: bool  # this host's fast tier takes O_DIRECT
-    total_bytes: int  # all ranks' bytes per checkpoint
 
     def pid(self, k: int, i: int) -> engine.PageId:
         return engine.PageId(self.run_id, self.job.rank, k, i)
