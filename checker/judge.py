@@ -24,6 +24,7 @@ from mlckpt.rules import (
     HostSpec,
     verdict,
 )
+from mlckpt.rules.checks.evidence import fingerprints
 from mlckpt.rules.checks.result import RunData
 from mlckpt.rules.checks.submission import SubmissionFacts, Verdicts
 from mlckpt.workload.layout import Plan, make_plan
@@ -49,6 +50,15 @@ def stage_facts(st: State) -> None:
             st.problem("predicate", "run.json", f"{key}={pred[key]!r} as signed in the statement",
                        f"{key}={run.get(key)!r}")
     st.passed("predicate")
+
+    # RUNNER-RELEASED: made by a runner whose code digest the committee lists.
+    if st.task.released is not None:
+        digest = pred.get("runner_code_sha256")
+        if digest in st.task.released:
+            st.passed("runner")
+        else:
+            st.problem("runner", "bundle.dsse.json", "a runner_code_sha256 listed in released-runners.yaml",
+                       f"{clean_text(str(digest), 80)} (not a released runner)")
 
     # Folder names against the run they hold.
     if run["workload"] != leaf.workload:
@@ -183,6 +193,8 @@ def finish(st: State) -> BundleResult:
     rs = st.rules or fallback_rules(st.task.forced_rules)
     if st.verified is not None and st.facts["duplicates"] is None:
         st.facts["duplicates"] = []  # judged across the tree afterwards (add_duplicates)
+    if st.verified is not None and st.facts["content"] is None and st.records:
+        st.facts["content"] = []  # likewise
     facts = SubmissionFacts(
         **{k: (tuple(v) if v is not None else None) for k, v in st.facts.items()}, verdicts=st.verdicts)
     config = st.docs.get("config.yaml") if st.verdicts is not None else None
@@ -198,6 +210,8 @@ def finish(st: State) -> BundleResult:
                           statement_sha256=vb.statement_sha256 if vb else None,
                           declared_division=division)
     result.findings = findings
+    if st.verified is not None and st.records:
+        result.fingerprints = fingerprints(st.records)
     result.integrity = ("failed" if any(f["rule"] in rs.integrity_rules for f in findings)
                         else "ok" if vb else "not checked")
     seen = set()

@@ -31,6 +31,7 @@ class Task:
     trusted: bundle.TrustedKeys
     forced_rules: str | None
     system: SystemInfo
+    released: frozenset[str] | None = None  # runner code digests the tree's released-runners.yaml lists
 
 
 @dataclass
@@ -50,6 +51,7 @@ class BundleResult:
     keyid: str | None = None
     statement_sha256: str | None = None
     declared_division: str | None = None
+    fingerprints: tuple[str, ...] = ()  # of the measurements (DUPLICATE-CONTENT); not reported
 
     @property
     def valid(self) -> bool:
@@ -58,6 +60,7 @@ class BundleResult:
     def to_dict(self) -> dict[str, Any]:
         d = dataclasses.asdict(self)
         d.pop("declared_division")
+        d.pop("fingerprints")
         return d
 
 

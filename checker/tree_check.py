@@ -20,6 +20,15 @@ from mlckpt.errors import UsageError
 from mlckpt.rules.checks.submission import Problem, SubmissionFacts
 
 TRUSTED_KEYS_FILE = "trusted-keys.yaml"
+RELEASED_RUNNERS_FILE = "released-runners.yaml"  # RUNNER-RELEASED; not checked without it
+
+
+def load_released(root: Path) -> frozenset[str] | None:
+    """The runner digests ROOT/released-runners.yaml lists, or None without that file."""
+    from mlckpt.bundle.released import load_released as load
+
+    path = Path(root) / RELEASED_RUNNERS_FILE
+    return load(path) if path.is_file() else None
 
 
 def load_trusted(root: Path, given: Path | None) -> TrustedKeys:
@@ -40,8 +49,9 @@ def check_tree(root: Path, trusted: TrustedKeys, *, forced_rules: str | None = N
     scan = walk(root)
     fallback = fallback_rules(forced_rules)
     systems = _systems(root, scan, fallback.version)
+    released = load_released(root)
     tasks = [Task(str(root), leaf, trusted, forced_rules,
-                  systems[(leaf.division, leaf.org, leaf.system)]) for leaf in scan.leaves]
+                  systems[(leaf.division, leaf.org, leaf.system)], released) for leaf in scan.leaves]
     results = _run_tasks(tasks, jobs)
     add_duplicates(results, forced_rules)
     tree_findings = _tree_findings(scan, systems, fallback, {(t.leaf.division, t.leaf.org, t.leaf.system)

@@ -27,20 +27,25 @@ class Format:
             raise ValueError(f"{self.name}: must read its own version {self.version!r}")
 
 
-RUN = Format("run", "run.json: run_format", 2, (2,), (
+RUN = Format("run", "run.json: run_format", 3, (2, 3), (
     (1, "first version: run identity, status, workload, division, scaled, verdict, findings, overrides, "
         "host mapping, timings, file list"),
     (2, "pipeline: checkpoint mode, compute interval, fast tier (folder, fast_keep, filesystem type per "
         "host); records format 2"),
+    (3, "rules 1.2: records format 3; system.json's host facts add boot_id, block_device (MAJOR:MINOR of the "
+        "checkpoint folder's device), net_links_mbps and memory_copy_gib_s (measured at the gates)"),
 ))
 
-RECORDS = Format("records", "records.jsonl (run.json and summary.json: records_format)", 2, (2,), (
+RECORDS = Format("records", "records.jsonl (run.json and summary.json: records_format)", 3, (2, 3), (
     (1, "first version: op, index, checkpoint, rank, host, t0_ns/t1_ns (the host's monotonic clock), bytes, "
         "files, fsync, resident_bytes/cached_check_bytes (reads), verified_bytes/mismatches (reads); the "
         "field meanings are written out in mlckpt/metrics.py"),
     (2, "asynchronous and tiered checkpoints: writes add mode, staged_ns, backpressure_ns, exposed_ns, "
         "compute_ns and stages (one entry per stage: tier, t0_ns, t1_ns, bytes, verified_bytes/mismatches "
         "for a drain); t1_ns is when the checkpoint is durable; reads add tier"),
+    (3, "evidence (rules 1.2): each host's first rank adds host_counters to its records: the checkpoint "
+        "folder's block device and, before the op's barrier and after every rank ended it, that device's "
+        "bytes read and written and busy time and the page cache's size (/sys/dev/block, /proc/meminfo)"),
 ))
 
 SUMMARY = Format("summary", "summary.json: summary_format", 2, (2,), (
@@ -71,6 +76,12 @@ TRUSTED_KEYS = Format("trusted keys", "trusted-keys.yaml: mlckpt_trusted_keys", 
             "rules/1.0/schemas/trusted-keys.schema.json"),
 ))
 
+RELEASED_RUNNERS = Format("released runners", "released-runners.yaml: mlckpt_released_runners", "1.0",
+                          ("1.0",), (
+    ("1.0", "first version (rules 1.2): runners: list of {version, code_sha256, released, note}; "
+            "rules/1.2/schemas/released-runners.schema.json"),
+))
+
 PAGE_TAG = Format("page tag", "the 32-byte tag at the start of every 4 KiB page", 1, (1,), (
     (1, "magic MLCK, format u16, reserved u16, run_id u64, rank u32, checkpoint u16, file_index u16, "
         "page_index u64 (little-endian; see mlckpt/engine/content.py)"),
@@ -99,5 +110,6 @@ COMPARE = Format("compare", "mlckpt-check compare --json: compare_format", 1, (1
     (1, "first version: two bundles' rows side by side with ratios B/A"),
 ))
 
-ALL: tuple[Format, ...] = (RUN, RECORDS, SUMMARY, PLAN, BUNDLE, CODE_DIGEST, TRUSTED_KEYS, PAGE_TAG,
+ALL: tuple[Format, ...] = (RUN, RECORDS, SUMMARY, PLAN, BUNDLE, CODE_DIGEST, TRUSTED_KEYS, RELEASED_RUNNERS,
+                           PAGE_TAG,
                            DATA_SCHEME, SYSTEM_DESCRIPTION, REPORT, LEADERBOARD, COMPARE)

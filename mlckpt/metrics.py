@@ -21,6 +21,12 @@ history itself is kept in mlckpt/formats.py):
      per stage in order, ``{tier: memory|fast|durable, t0_ns, t1_ns, bytes}`` plus
      ``verified_bytes``/``mismatches`` for a drain (fast → durable, every page verified).  Reads
      add ``tier`` (fast|durable: where the restore read from).
+  3: evidence the checker cross-examines (rules 1.2).  The records of each host's first rank add
+     ``host_counters``: ``{device, before, after}``, the kernel's counters of that host sampled
+     before the op's barrier and after every rank agreed the op ended (so the window holds every
+     op of the host's ranks): ``t_ns`` (same clock as t0/t1), ``read_bytes``/``written_bytes``/
+     ``busy_ms`` of the checkpoint folder's block device ``device`` (MAJOR:MINOR; absent without
+     one), ``cached_bytes``/``dirty_bytes``/``writeback_bytes``/``shmem_bytes`` (/proc/meminfo).
 
 Per op k: ``duration = max_r(t1 - t0)``, ``bandwidth = Σ_r bytes / duration``, and the slowest
 rank's own bandwidth ``min_r(bytes_r / (t1_r - t0_r))``.  For writes, t0/t1 are those of the
@@ -247,14 +253,16 @@ def _io_block(out: dict[str, Any], name: str, group: list[OpStats]) -> None:
     out[f"{name}_bytes_per_op"] = group[0].bytes
 
 
-def summarize(records: Iterable[Mapping[str, Any]], *, max_resident_fraction: float) -> dict[str, Any]:
-    """The summary block of ``summary.json`` (everything but run identity), from raw records."""
+def summarize(records: Iterable[Mapping[str, Any]], *, max_resident_fraction: float,
+              records_format: int = RECORDS_FORMAT) -> dict[str, Any]:
+    """The summary block of ``summary.json`` (everything but run identity), from raw records (of
+    ``records_format``: a checker recomputing an older bundle passes the bundle's own)."""
     grouped = group_ops(records)
     ops = [op_stats(recs) for recs in grouped.values()]
     writes = [o for o in ops if o.op == "write"]
     reads = [o for o in ops if o.op == "read"]
     first_write = next((recs[0] for (op, _), recs in grouped.items() if op == "write"), None)
-    out: dict[str, Any] = {"summary_format": SUMMARY_FORMAT, "records_format": RECORDS_FORMAT,
+    out: dict[str, Any] = {"summary_format": SUMMARY_FORMAT, "records_format": records_format,
                            "num_writes": len(writes), "num_reads": len(reads)}
     if first_write is not None:
         out["mode"] = str(first_write["mode"])
@@ -289,6 +297,20 @@ def summarize(records: Iterable[Mapping[str, Any]], *, max_resident_fraction: fl
         out["read_verified"] = out["read_mismatches"] == 0
     out["ops"] = [o.to_dict() for o in ops]
     return out
+
+
+def complete_summary(records: Iterable[Mapping[str, Any]], *, max_resident_fraction: float,
+                     checkpoint_bytes: int, restore_bytes: int,
+                     records_format: int = RECORDS_FORMAT) -> dict[str, Any]:
+    """summary.json's whole content: the statistics, the plan's bytes (given: they come from the
+    plan of the run's own workload and scale), the read validity and the DLIO-named block.  The
+    runner writes it; the checker, ``compare`` and the leaderboard recompute it."""
+    summary = summarize(records, max_resident_fraction=max_resident_fraction, records_format=records_format)
+    summary["read_valid"] = bool(summary.get("read_cold", True) and summary.get("read_verified", True))
+    summary["checkpoint_bytes"] = checkpoint_bytes
+    summary["restore_bytes"] = restore_bytes
+    summary["dlio_compat"] = dlio_compat(summary, checkpoint_bytes)
+    return summary
 
 
 def dlio_compat(summary: Mapping[str, Any], checkpoint_bytes: int) -> dict[str, Any]:

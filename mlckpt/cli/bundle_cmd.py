@@ -20,8 +20,8 @@ from mlckpt.errors import BundleIntegrityError, IntegrityError, UsageError
 
 
 def register(subparsers: Any) -> None:
-    """keygen, sign, verify and pack, in the order ``mlckpt --help`` lists them."""
-    for add in (_add_keygen, _add_sign, _add_verify, _add_pack):
+    """keygen, sign, verify, pack and digest, in the order ``mlckpt --help`` lists them."""
+    for add in (_add_keygen, _add_sign, _add_verify, _add_pack, _add_digest):
         add(subparsers)
 
 
@@ -95,6 +95,34 @@ def _add_pack(subparsers: Any) -> None:
     p.add_argument("bundle", type=Path, metavar="BUNDLE")
     p.add_argument("--out", type=Path, default=None, help="archive path (default BUNDLE.tar.gz)")
     p.set_defaults(func=cmd_pack)
+
+
+def _add_digest(subparsers: Any) -> None:
+    p = subparsers.add_parser(
+        "digest",
+        help="print this runner's code digest (what a committee lists in released-runners.yaml)",
+        description="Print the code digest that this installed runner signs into every bundle "
+        "(runner_code_sha256), and the released-runners.yaml entry that lists it.",
+    )
+    p.add_argument("--entry", action="store_true", help="print only the paste-ready YAML entry")
+    p.set_defaults(func=cmd_digest)
+
+
+def cmd_digest(args: argparse.Namespace) -> int:
+    import datetime
+
+    from mlckpt import __version__
+    from mlckpt.bundle.released import entry
+
+    digest = bundle.code_digest()
+    text = entry(__version__, digest, datetime.date.today().isoformat())
+    if args.entry:
+        print(text, end="")
+        return 0
+    print(f"runner_code_sha256: {digest} (mlckpt {__version__})")
+    print("entry for released-runners.yaml (under runners:):")
+    print(text, end="")
+    return 0
 
 
 def cmd_keygen(args: argparse.Namespace) -> int:

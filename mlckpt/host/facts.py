@@ -6,6 +6,8 @@ import os
 import platform
 import socket
 import sys
+import time
+from concurrent.futures import ThreadPoolExecutor
 from importlib import metadata
 from pathlib import Path
 from typing import Any
@@ -90,6 +92,90 @@ def package_versions() -> dict[str, str]:
     return out
 
 
+def boot_id() -> str | None:
+    """This kernel's boot id: two "hosts" with one boot id are one machine."""
+    try:
+        return Path("/proc/sys/kernel/random/boot_id").read_text().strip()[:64] or None
+    except OSError:
+        return None
+
+
+def net_links_mbps() -> dict[str, int]:
+    """Link speed of every network interface that reports one (Mb/s; not the loopback)."""
+    out: dict[str, int] = {}
+    try:
+        names = sorted(os.listdir("/sys/class/net"))
+    except OSError:
+        return out
+    for name in names:
+        if name == "lo":
+            continue
+        try:
+            speed = int(Path(f"/sys/class/net/{name}/speed").read_text().strip())
+        except (OSError, ValueError):
+            continue
+        if speed > 0:
+            out[name[:64]] = speed
+    return out
+
+
+def block_device(path: Path) -> str | None:
+    """``MAJOR:MINOR`` of the block device holding ``path``, where the kernel keeps its counters
+    (/sys/dev/block/M:m/stat); None on filesystems without one (tmpfs, overlay, NFS, btrfs)."""
+    try:
+        st = os.stat(existing_ancestor(path))
+    except OSError:
+        return None
+    dev = f"{os.major(st.st_dev)}:{os.minor(st.st_dev)}"
+    return dev if os.path.exists(f"/sys/dev/block/{dev}/stat") else None
+
+
+# /sys/block/<dev>/stat fields (Documentation/block/stat.rst): sectors are 512 bytes whatever
+# the device's sector size; io_ticks is the time the device had I/O in flight.
+_SECTOR = 512
+_STAT_FIELDS = {"read_bytes": 2, "written_bytes": 6, "busy_ms": 9}
+_MEMINFO_FIELDS = {"cached_bytes": "Cached", "dirty_bytes": "Dirty", "writeback_bytes": "Writeback",
+                   "shmem_bytes": "Shmem"}
+
+
+def counters_sample(device: str | None) -> dict[str, int]:
+    """The host's kernel counters now: the device's bytes read and written and busy time (when
+    known), the page cache's size and dirty state; ``t_ns`` on the clock of the op records."""
+    out: dict[str, int] = {}
+    if device is not None:
+        try:
+            fields = Path(f"/sys/dev/block/{device}/stat").read_text().split()
+            for key, i in _STAT_FIELDS.items():
+                out[key] = int(fields[i]) * (_SECTOR if key.endswith("_bytes") else 1)
+        except (OSError, ValueError, IndexError):
+            pass
+    info = meminfo()
+    for key, name in _MEMINFO_FIELDS.items():
+        if name in info:
+            out[key] = info[name]
+    out["t_ns"] = time.perf_counter_ns()
+    return out
+
+
+def memory_copy_gib_s(threads: int | None = None, per_thread_bytes: int = 16 << 20) -> float:
+    """This host's memory copy rate (GiB/s copied, best of 3), with one copy per thread at once:
+    an upper bound for what the host can move between its memory and anything else."""
+    import numpy as np
+
+    n = max(1, min(threads or os.cpu_count() or 1, 64))
+    # Small enough to be quick at gate time; a cache-sized copy only overstates the rate, which
+    # keeps the bound it gives conservative.
+    src = [np.full(per_thread_bytes, 1, dtype=np.uint8) for _ in range(n)]
+    dst = [np.full(per_thread_bytes, 0, dtype=np.uint8) for _ in range(n)]
+    best = 0.0
+    for _ in range(3):
+        t0 = time.perf_counter()
+        with ThreadPoolExecutor(n) as pool:
+            list(pool.map(np.copyto, dst, src))
+        best = max(best, n * per_thread_bytes / (time.perf_counter() - t0) / 2**30)
+    return best
+
+
 def host_facts(target: Path, mpi_library: str = "") -> dict[str, Any]:
     info = meminfo()
     return {
@@ -105,4 +191,8 @@ def host_facts(target: Path, mpi_library: str = "") -> dict[str, Any]:
         "mpi_library": mpi_library,
         "python": sys.version.split()[0],
         "packages": package_versions(),
+        "boot_id": boot_id(),
+        "block_device": block_device(target),
+        "net_links_mbps": net_links_mbps(),
+        "memory_copy_gib_s": round(memory_copy_gib_s(), 3),
     }

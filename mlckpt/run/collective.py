@@ -203,6 +203,11 @@ class OpTimer:
     timeout_s: float
     channel: MPIDone | None
     on_stall: Callable[[str, int, int, list[int], float], None]
+    # On each host's first rank: the host's kernel counters (mlckpt.host.facts.counters_sample),
+    # taken before the op's barrier and after every rank agreed it ended, so the window they span
+    # holds the op of every rank of the host.  Untimed.  The device is the checkpoint folder's.
+    probe: Callable[[], dict[str, Any]] | None = None
+    device: str | None = None
 
     def __call__(
         self, op: str, index: int, ckpt: int, action: Callable[[], Any], nbytes: int, nfiles: int, opts: Any
@@ -219,6 +224,7 @@ class OpTimer:
                 lambda late, el: self.on_stall(op, index, ckpt, late, el),
             )
         sent = None
+        before = self.probe() if self.probe is not None else None
         try:
             job.comm.Barrier()
             wall = time.time()
@@ -239,7 +245,7 @@ class OpTimer:
                 watch.finish()
             elif sent is not None:
                 sent.wait()
-        return {
+        rec = {
             "op": op,
             "index": index,
             "checkpoint": ckpt,
@@ -254,6 +260,9 @@ class OpTimer:
             "direct": opts.direct,
             "dontcache": opts.dontcache,
         }
+        if self.probe is not None:
+            rec["host_counters"] = {"device": self.device, "before": before, "after": self.probe()}
+        return rec
 
 
 def _attempt(op: str, index: int, rank: int, action: Callable[[], Any]) -> BaseException | None:

@@ -14,7 +14,7 @@ from typing import Any
 import yaml
 
 from mlckpt import __version__, bundle, formats
-from mlckpt.metrics import RECORDS_FORMAT, dlio_compat, summarize
+from mlckpt.metrics import RECORDS_FORMAT, complete_summary
 from mlckpt.plan.config import Setup
 from mlckpt.rules import Finding, verdict
 from mlckpt.rules.checks.result import DATA_SCHEME, RunData
@@ -39,12 +39,9 @@ class RunId:
 def summary_of(setup: Setup, records: Sequence[Mapping[str, Any]]) -> dict[str, Any]:
     """The summary: every number from the records (mlckpt.metrics), plus the plan's bytes."""
     rules, cfg, plan = setup.rules, setup.config, setup.plan
-    summary = summarize(records, max_resident_fraction=rules.data["cold_read"]["max_resident_fraction"])
-    summary["read_valid"] = bool(summary.get("read_cold", True) and summary.get("read_verified", True))
-    summary["checkpoint_bytes"] = plan.total_bytes
-    summary["restore_bytes"] = plan.restore_bytes(cfg["checkpoint"]["restore"])
-    summary["dlio_compat"] = dlio_compat(summary, plan.total_bytes)
-    return summary
+    return complete_summary(records, max_resident_fraction=rules.data["cold_read"]["max_resident_fraction"],
+                            checkpoint_bytes=plan.total_bytes,
+                            restore_bytes=plan.restore_bytes(cfg["checkpoint"]["restore"]))
 
 
 def manifest_of(

@@ -19,11 +19,13 @@ import time
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from datetime import datetime, timezone
+from functools import partial
 from pathlib import Path
 from typing import Any, TextIO
 
 from mlckpt import __version__, engine
 from mlckpt.errors import MlckptError
+from mlckpt.host.facts import block_device, counters_sample
 from mlckpt.run.cleanup import RUN_MARKER, Created, sweep_run
 from mlckpt.run.collective import Job, MPIDone, OpTimer
 from mlckpt.run.configure import Configured, configure, mpi_library, resolve_signing_key
@@ -205,7 +207,12 @@ def op_timer(job: Job, c: Configured, gates: Gates, folders: Folders, created: C
             "warning: this MPI library does not provide MPI_THREAD_MULTIPLE: io.timeout_s is "
             "not enforced (a stalled rank will hang the job)"
         )
-    return OpTimer(job, float(c.config["io"]["timeout_s"]), channel, Stalled(job, c, gates, folders, created))
+    stalled = Stalled(job, c, gates, folders, created)
+    timer = OpTimer(job, float(c.config["io"]["timeout_s"]), channel, stalled)
+    if gates.leader(job.rank):  # the host's kernel counters around every op (records format 3)
+        timer.device = block_device(folders.root)
+        timer.probe = partial(counters_sample, timer.device)
+    return timer
 
 
 def evict_written(job: Job, c: Configured, folders: Folders, created: Created, leader: bool, nw: int) -> None:

@@ -168,7 +168,8 @@ def _compare(path: str, want: Any, have: Any) -> Iterator[tuple[str, Any, Any]]:
 
 def metrics_recompute(ctx: Context, rs: RuleSet, rule: Rule) -> Iterator[Outcome | NotChecked]:
     d = _run(ctx)
-    want = summarize(d.records, max_resident_fraction=rs.data["cold_read"]["max_resident_fraction"])
+    want = summarize(d.records, max_resident_fraction=rs.data["cold_read"]["max_resident_fraction"],
+                     records_format=int(d.run.get("records_format", formats.RECORDS.version)))
     diffs = list(_compare("", want, d.summary))
     for path, exp, got in diffs[:5]:
         yield Outcome(False, f"summary.{path} = {exp}", got)

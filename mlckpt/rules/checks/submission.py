@@ -59,6 +59,8 @@ class SubmissionFacts:
     system_description: Problems | None = None
     verdicts: Verdicts | None = None
     duplicates: Problems | None = None
+    runner: Problems | None = None  # RUNNER-RELEASED; None also where the tree lists no runners
+    content: Problems | None = None  # DUPLICATE-CONTENT
 
 
 def _facts(ctx: Context) -> SubmissionFacts:
@@ -121,6 +123,17 @@ def duplicate_run(ctx: Context, rs: RuleSet, rule: Rule) -> Iterator[Outcome | N
     yield from _report(ctx, "duplicates")
 
 
+def runner_released(ctx: Context, rs: RuleSet, rule: Rule) -> Iterator[Outcome | NotChecked]:
+    if _facts(ctx).runner is None:
+        yield NotChecked("the tree has no released-runners.yaml (or an earlier stage stopped this bundle)")
+        return
+    yield from _report(ctx, "runner")
+
+
+def duplicate_content(ctx: Context, rs: RuleSet, rule: Rule) -> Iterator[Outcome | NotChecked]:
+    yield from _report(ctx, "content")
+
+
 def _because(v: Verdicts) -> str:
     return f" ({', '.join(v.reasons)})" if v.reasons else ""
 
@@ -157,6 +170,8 @@ CHECKS = checks_table(
     bundle_predicate,
     system_description,
     duplicate_run,
+    runner_released,
+    duplicate_content,
     division_placement,
     result_verdict,
 )

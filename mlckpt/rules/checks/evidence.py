@@ -1,0 +1,485 @@
+"""Check functions that cross-examine a finished run's evidence (rules 1.2 on).  Pure.
+
+A trusted vendor can edit a bundle and re-sign it; every integrity rule then holds.  These checks
+look for what such an edit has to keep consistent and usually does not: the summary against its
+own records and plan, the records against each other (barrier skew, copied timings), against the
+flags the engine recorded, against each host's clocks and physics (memory copy rate, network
+links), and against the kernel's own counters sampled around every op.  Each bound comes from
+``rules.yaml`` (``evidence:``), where it is justified by measurements of honest runs.  What a
+coherent forger can still do is written down in the README ("What the checker can prove").
+"""
+
+from __future__ import annotations
+
+import datetime
+import hashlib
+import itertools
+import json
+import statistics
+from collections.abc import Iterator, Mapping, Sequence
+from typing import Any
+
+from mlckpt import formats
+from mlckpt.metrics import complete_summary
+from mlckpt.rules.checks.result import RunData, _compare, _run
+from mlckpt.rules.engine import Context, NotChecked, Outcome, Rule, RuleSet, checks_table
+from mlckpt.workload.pipeline import DURABLE, MEMORY, Pipeline
+
+Rec = Mapping[str, Any]
+# Filesystems whose bytes cross the host's network links (the link-speed bound applies).
+NETWORK_FILESYSTEMS = frozenset(
+    {
+        "nfs",
+        "nfs4",
+        "lustre",
+        "gpfs",
+        "beegfs",
+        "cifs",
+        "smb3",
+        "ceph",
+        "fuse.glusterfs",
+        "orangefs",
+        "panfs",
+        "wekafs",
+    }
+)
+
+
+def _bounds(rs: RuleSet) -> Mapping[str, Any]:
+    return rs.data["evidence"]
+
+
+def _ops(d: RunData) -> dict[tuple[str, int], list[Rec]]:
+    out: dict[tuple[str, int], list[Rec]] = {}
+    for r in d.records:
+        out.setdefault((str(r["op"]), int(r["index"])), []).append(r)
+    return out
+
+
+def _end(r: Rec) -> int:
+    """Where the timed op of a record ended on its rank: a write's stall ends at ``staged_ns``
+    (its background stages may go on), a read at ``t1_ns``."""
+    return int(r["staged_ns"]) if r["op"] == "write" and "staged_ns" in r else int(r["t1_ns"])
+
+
+def _by_host(recs: Sequence[Rec]) -> dict[str, list[Rec]]:
+    out: dict[str, list[Rec]] = {}
+    for r in recs:
+        out.setdefault(str(r["host"]), []).append(r)
+    return out
+
+
+def _host_facts(d: RunData) -> dict[str, Mapping[str, Any]]:
+    return {str(h.get("hostname")): h for h in d.system.get("hosts", [])}
+
+
+# ------------------------------------------------------------------------------ what is shown
+def summary_exact(ctx: Context, rs: RuleSet, rule: Rule) -> Iterator[Outcome | NotChecked]:
+    """summary.json is exactly what the checker recomputes: no key it does not recompute, the
+    plan's bytes, the read validity and the DLIO-named block (METRICS-RECOMPUTE covers the
+    statistics themselves)."""
+    d, plan = _run(ctx), ctx.plan
+    assert plan is not None  # needs: [plan]
+    want = complete_summary(
+        d.records,
+        max_resident_fraction=float(rs.data["cold_read"]["max_resident_fraction"]),
+        checkpoint_bytes=plan.total_bytes,
+        restore_bytes=plan.restore_bytes(str(d.config["checkpoint"]["restore"])),
+        records_format=int(d.run.get("records_format", formats.RECORDS.version)),
+    )
+    extra = sorted(set(d.summary) - set(want))
+    if extra:
+        yield Outcome(
+            False,
+            "only keys the checker recomputes",
+            f"summary.{extra[0]}" + (f" (and {len(extra) - 1} more)" if len(extra) > 1 else ""),
+        )
+    shown = {
+        k: want[k] for k in ("checkpoint_bytes", "restore_bytes", "read_valid", "dlio_compat") if k in want
+    }
+    diffs = list(_compare("", shown, d.summary))
+    for path, exp, got in diffs[:5]:
+        yield Outcome(False, f"summary.{path} = {exp}", got)
+    if not extra and not diffs:
+        yield Outcome(True)
+
+
+# ------------------------------------------------------------------------------ the records
+def records_mode(ctx: Context, rs: RuleSet, rule: Rule) -> Iterator[Outcome | NotChecked]:
+    """Every record carries the I/O mode the configuration asked for (the engine records what it
+    did per op), and every restore's residency was measured over every byte it read."""
+    d = _run(ctx)
+    io, fsync = d.config["io"], bool(d.config["checkpoint"]["fsync"])
+    want_direct, want_dontcache = bool(io["direct"]), bool(io["dontcache"]) and not bool(io["direct"])
+    for r in d.records:
+        where = f"{r['op']} {r['index']} rank {r['rank']}"
+        direct = r.get("direct")
+        if r["op"] == "read" and r.get("tier") != DURABLE:
+            direct = want_direct if direct is False else direct  # a fast tier may refuse O_DIRECT
+        if r["op"] == "write" and Pipeline.of(d.config).blocking != DURABLE:
+            direct = want_direct  # the stall's own stage is not the durable write: see stages
+        got = (bool(r.get("fsync")) if r["op"] == "write" else fsync, direct, r.get("dontcache"))
+        if got != (fsync, want_direct, want_dontcache):
+            yield Outcome(
+                False,
+                f"fsync={fsync}, direct={want_direct}, dontcache={want_dontcache} as configured",
+                f"fsync={got[0]}, direct={got[1]}, dontcache={got[2]}",
+                where=where,
+            )
+            return
+        for st in r.get("stages", ()):
+            if st.get("tier") == DURABLE and "direct" in st and st["direct"] is not want_direct:
+                yield Outcome(
+                    False, f"durable stage direct={want_direct}", f"direct={st['direct']}", where=where
+                )
+                return
+        if r["op"] == "read" and int(r.get("cached_check_bytes", -1)) != int(r["bytes"]):
+            yield Outcome(
+                False,
+                f"residency measured over all {r['bytes']} B read",
+                f"over {r.get('cached_check_bytes')} B",
+                where=where,
+            )
+            return
+
+
+def start_skew(ctx: Context, rs: RuleSet, rule: Rule) -> Iterator[Outcome | NotChecked]:
+    """The ranks of one host leave each op's barrier together (same clock): a rank that claims it
+    started late shortens its own duration."""
+    d, b = _run(ctx), _bounds(rs)["start_skew"]
+    for (op, idx), recs in sorted(_ops(d).items()):
+        for host, hr in sorted(_by_host(recs).items()):
+            t0 = [int(r["t0_ns"]) for r in hr]
+            dur = max(_end(r) - int(r["t0_ns"]) for r in hr)
+            bound = b["abs_s"] * 1e9 + b["rel"] * max(dur, 0)
+            if max(t0) - min(t0) > bound:
+                late = max(hr, key=lambda r: int(r["t0_ns"]))
+                yield Outcome(
+                    False,
+                    f"ranks of a host leave the barrier within {bound / 1e6:.1f} ms",
+                    f"rank {late['rank']} {(max(t0) - min(t0)) / 1e6:.1f} ms after the first",
+                    where=f"{op} {idx} on {host}",
+                )
+
+
+def _signature(r: Rec) -> tuple[int, ...]:
+    """A record's timings, relative to itself."""
+    t0 = int(r["t0_ns"])
+    sig = [int(r["t1_ns"]) - t0]
+    if r["op"] == "write":
+        sig += [int(r.get("staged_ns", t0)) - t0]
+        sig += [int(s["t1_ns"]) - int(s["t0_ns"]) for s in r.get("stages", ())]
+    return tuple(sig)
+
+
+def timing_copies(ctx: Context, rs: RuleSet, rule: Rule) -> Iterator[Outcome | NotChecked]:
+    """Nanosecond timings never repeat in honest runs: a record whose timings and start offset
+    equal another's, or an op whose per-rank durations equal another op's (or a rank's across
+    ops equal another rank's), was copied."""
+    d = _run(ctx)
+    ops = _ops(d)
+    seen: dict[tuple[Any, ...], Rec] = {}
+    for (op, idx), recs in sorted(ops.items()):
+        starts = {h: min(int(r["t0_ns"]) for r in hr) for h, hr in _by_host(recs).items()}
+        for r in recs:
+            key = (op, _signature(r), int(r["t0_ns"]) - starts[str(r["host"])])
+            if key in seen:
+                o = seen[key]
+                yield Outcome(
+                    False,
+                    "timings of its own",
+                    f"the same timings as {o['op']} {o['index']} rank {o['rank']}",
+                    where=f"{op} {idx} rank {r['rank']}",
+                )
+                return
+            seen[key] = r
+    vectors: dict[tuple[Any, ...], str] = {}
+    by_rank: dict[tuple[str, int], list[int]] = {}
+    for (op, idx), recs in sorted(ops.items()):
+        durs = tuple(int(r["t1_ns"]) - int(r["t0_ns"]) for r in sorted(recs, key=lambda r: int(r["rank"])))
+        for r in recs:
+            by_rank.setdefault((op, int(r["rank"])), []).append(int(r["t1_ns"]) - int(r["t0_ns"]))
+        if len(durs) >= 2:
+            if (op, durs) in vectors:
+                yield Outcome(
+                    False,
+                    "per-rank durations of its own",
+                    f"those of {vectors[(op, durs)]}",
+                    where=f"{op} {idx}",
+                )
+                return
+            vectors[(op, durs)] = f"{op} {idx}"
+    for (op, rank), durs in sorted(by_rank.items()):
+        if len(durs) >= 2:
+            key = ("rank", op, tuple(durs))
+            if key in vectors:
+                yield Outcome(
+                    False,
+                    "per-op durations of its own",
+                    f"those of {vectors[key]}",
+                    where=f"{op}s of rank {rank}",
+                )
+                return
+            vectors[key] = f"rank {rank}"
+
+
+def _iso(text: str) -> float | None:
+    try:
+        return datetime.datetime.fromisoformat(text.replace("Z", "+00:00")).timestamp()
+    except (ValueError, AttributeError):
+        return None
+
+
+def host_clocks(ctx: Context, rs: RuleSet, rule: Rule) -> Iterator[Outcome | NotChecked]:
+    """Each record's wall-clock start and monotonic t0 are read together, so on one host their
+    difference is the same for every record (up to NTP slew); every op lies inside the run's
+    started..ended; and hosts with different names are different machines (boot ids, clocks)."""
+    d, b = _run(ctx), _bounds(rs)["clocks"]
+    started, ended = _iso(str(d.run.get("started"))), _iso(str(d.run.get("ended")))
+    offsets: dict[str, list[float]] = {}
+    for r in d.records:
+        wall = float(r.get("wall_start", 0.0))
+        offsets.setdefault(str(r["host"]), []).append(wall - int(r["t0_ns"]) / 1e9)
+        if started is not None and ended is not None:
+            end = wall + (_end(r) - int(r["t0_ns"])) / 1e9
+            if wall < started - b["iso_s"] or end > ended + b["iso_s"]:
+                yield Outcome(
+                    False,
+                    f"inside the run ({d.run.get('started')} .. {d.run.get('ended')})",
+                    f"{wall - started:+.3f} s .. {end - ended:+.3f} s relative",
+                    where=f"{r['op']} {r['index']} rank {r['rank']}",
+                )
+                return
+    span = max((int(r["t1_ns"]) for r in d.records), default=0) - min(
+        (int(r["t0_ns"]) for r in d.records), default=0
+    )
+    allowed = b["offset_s"] + b["slew"] * span / 1e9
+    for host, offs in sorted(offsets.items()):
+        if max(offs) - min(offs) > allowed:
+            yield Outcome(
+                False,
+                f"one wall-minus-monotonic offset per host (within {allowed * 1e3:.1f} ms)",
+                f"{(max(offs) - min(offs)) * 1e3:.1f} ms apart",
+                where=f"host {host}",
+            )
+    facts = _host_facts(d)
+    hosts = sorted(offsets)
+    for i, a in enumerate(hosts):
+        for h in hosts[i + 1 :]:
+            ba, bb = facts.get(a, {}).get("boot_id"), facts.get(h, {}).get("boot_id")
+            if ba and ba == bb:
+                yield Outcome(False, "distinct machines", f"{a} and {h} share boot id {ba}")
+            elif abs(statistics.median(offsets[a]) - statistics.median(offsets[h])) < b["same_clock_s"]:
+                yield Outcome(
+                    False, "distinct machines", f"{a} and {h} run on one clock (booted the same instant)"
+                )
+
+
+def _host_rates(
+    d: RunData, op: str, recs: Sequence[Rec], tier: str | None = None
+) -> Iterator[tuple[str, float, int]]:
+    """(host, bytes per second, bytes) of each host in one op (its slowest rank's span)."""
+    for host, hr in sorted(_by_host(recs).items()):
+        if tier is None:
+            span = max(int(r["t1_ns"]) - int(r["t0_ns"]) for r in hr)
+        else:
+            spans = [
+                int(s["t1_ns"]) - int(s["t0_ns"])
+                for r in hr
+                for s in r.get("stages", ())
+                if s.get("tier") == tier
+            ]
+            if not spans:
+                continue
+            span = max(spans)
+        total = sum(int(r["bytes"]) for r in hr)
+        if span > 0 and total > 0:
+            yield host, total / (span / 1e9), total
+
+
+def host_physics(ctx: Context, rs: RuleSet, rule: Rule) -> Iterator[Outcome | NotChecked]:
+    """No host moves checkpoint bytes faster than its own memory can copy them (measured by the
+    runner on that host), nor faster than its network links where the storage is remote; a
+    snapshot into memory (the async stall) obeys the memory bound too."""
+    d, b = _run(ctx), _bounds(rs)["physics"]
+    facts = _host_facts(d)
+    measured = False
+    for (op, idx), recs in sorted(_ops(d).items()):
+        tiers = [None, MEMORY] if op == "write" else [None]
+        for tier in tiers:
+            for host, rate, _ in _host_rates(d, op, recs, tier):
+                f = facts.get(host, {})
+                copy = f.get("memory_copy_gib_s")
+                what = f"{op} {idx}" + (" (memory stage)" if tier == MEMORY else "") + f" on {host}"
+                if isinstance(copy, int | float) and copy > 0:
+                    measured = True
+                    limit = b["memory_copy_multiple"] * copy * 2**30
+                    if rate > limit:
+                        yield Outcome(
+                            False,
+                            f"at most {limit / 2**30:.1f} GiB/s ({b['memory_copy_multiple']}× "
+                            f"the host's measured memory copy rate)",
+                            f"{rate / 2**30:.1f} GiB/s",
+                            where=what,
+                        )
+                links = f.get("net_links_mbps") or {}
+                fs = (f.get("filesystem") or {}).get("fs_type")
+                if tier is None and links and fs in NETWORK_FILESYSTEMS:
+                    measured = True
+                    limit = b["link_margin"] * sum(links.values()) * 1e6 / 8
+                    if rate > limit:
+                        yield Outcome(
+                            False,
+                            f"at most {limit / 1e9:.2f} GB/s (the host's {fs} traffic over "
+                            f"links of {sum(links.values())} Mb/s)",
+                            f"{rate / 1e9:.2f} GB/s",
+                            where=what,
+                        )
+    if not measured:
+        yield NotChecked("no host facts with a measured memory copy rate or network links")
+
+
+def _counted(d: RunData, r: Rec) -> bool:
+    """Whether the op's bytes cross the durable tier's device inside the record's own op window:
+    sync one-tier writes with fsync or O_DIRECT, restores from the durable tier."""
+    if r["op"] == "read":
+        return r.get("tier") == DURABLE
+    pipe = Pipeline.of(d.config)
+    return pipe.blocking == DURABLE and bool(r.get("fsync") or r.get("direct"))
+
+
+def device_counters(ctx: Context, rs: RuleSet, rule: Rule) -> Iterator[Outcome | NotChecked]:
+    """The kernel's counters of each host, sampled around every op, agree with the records: the
+    window holds the op and ends soon after it; the device was not busy longer than the window;
+    a durable write put at least its bytes on the device, a cold restore read at least the bytes
+    that were not resident."""
+    d, b = _run(ctx), _bounds(rs)["counters"]
+    ops = _ops(d)
+    dur_all = {k: max(_end(r) - int(r["t0_ns"]) for r in recs) for k, recs in ops.items()}
+    sampled = False
+    for (op, idx), recs in sorted(ops.items()):
+        for host, hr in sorted(_by_host(recs).items()):
+            leaders = [r for r in hr if "host_counters" in r]
+            if len(leaders) != 1:
+                if d.run.get("records_format", 0) >= 3:
+                    yield Outcome(
+                        False,
+                        "one record with the host's counters",
+                        f"{len(leaders)}",
+                        where=f"{op} {idx} on {host}",
+                    )
+                continue
+            sampled = True
+            hc = leaders[0]["host_counters"]
+            before, after = hc["before"], hc["after"]
+            where = f"{op} {idx} on {host}"
+            c0, c1 = int(before["t_ns"]), int(after["t_ns"])
+            first, last = min(int(r["t0_ns"]) for r in hr), max(_end(r) for r in hr)
+            host_dur = max(_end(r) - int(r["t0_ns"]) for r in hr)
+            tail = (
+                b["tail_abs_s"] * 1e9 + b["tail_rel"] * dur_all[(op, idx)] + (dur_all[(op, idx)] - host_dur)
+            )
+            if not c0 <= first <= last <= c1:
+                yield Outcome(
+                    False,
+                    "the counters' window holds the op of every rank of the host",
+                    f"window {(first - c0) / 1e6:+.1f} ms .. {(c1 - last) / 1e6:+.1f} ms",
+                    where=where,
+                )
+                continue
+            if c1 - last > tail:
+                yield Outcome(
+                    False,
+                    f"the op ends at most {tail / 1e6:.1f} ms before the counters were read",
+                    f"{(c1 - last) / 1e6:.1f} ms",
+                    where=where,
+                )
+            if hc.get("device") is None or "busy_ms" not in after or "busy_ms" not in before:
+                continue
+            window_ms = (c1 - c0) / 1e6
+            busy = int(after["busy_ms"]) - int(before["busy_ms"])
+            if busy > window_ms * (1 + b["busy_rel"]) + b["busy_abs_ms"]:
+                yield Outcome(
+                    False,
+                    f"the device busy at most the window ({window_ms:.1f} ms)",
+                    f"busy {busy} ms",
+                    where=where,
+                )
+            counted = [r for r in hr if _counted(d, r)]
+            if not counted:
+                continue
+            key = "written_bytes" if op == "write" else "read_bytes"
+            moved = int(after[key]) - int(before[key])
+            need = sum(
+                int(r["bytes"]) - (int(r.get("resident_bytes", 0)) if op == "read" else 0) for r in counted
+            )
+            if moved < b["bytes_fraction"] * need:
+                yield Outcome(
+                    False,
+                    f"at least {b['bytes_fraction']:.0%} of {need} B {key.split('_')[0]} "
+                    f"by device {hc['device']}",
+                    f"{moved} B",
+                    where=where,
+                )
+    if not sampled:
+        yield NotChecked("the records carry no kernel counters (records format 2)")
+
+
+def async_evidence(ctx: Context, rs: RuleSet, rule: Rule) -> Iterator[Outcome | NotChecked]:
+    """On each rank, the training interval a write reports fits between its stall and the next
+    checkpoint's barrier; the back-pressure a write reports covers the wait for the previous
+    checkpoint to become durable."""
+    d = _run(ctx)
+    writes: dict[int, list[Rec]] = {}
+    for r in d.records:
+        if r["op"] == "write":
+            writes.setdefault(int(r["rank"]), []).append(r)
+    for rank, recs in sorted(writes.items()):
+        recs.sort(key=lambda r: int(r["index"]))
+        for a, nxt in itertools.pairwise(recs):
+            where = f"write {a['index']} rank {rank}"
+            over = int(a["staged_ns"]) + int(a["compute_ns"]) - int(nxt["t0_ns"])
+            if over > 0:
+                yield Outcome(
+                    False,
+                    "training ends before the next checkpoint's barrier",
+                    f"{over / 1e6:.1f} ms after it",
+                    where=where,
+                )
+                break
+            wait = int(a["t1_ns"]) - int(nxt["t0_ns"])
+            if wait > 0 and int(nxt["backpressure_ns"]) < wait:
+                yield Outcome(
+                    False,
+                    f"back-pressure of at least {wait / 1e6:.1f} ms (write {a['index']} "
+                    "was durable only then)",
+                    f"{int(nxt['backpressure_ns']) / 1e6:.1f} ms",
+                    where=f"write {nxt['index']} rank {rank}",
+                )
+                break
+
+
+# ------------------------------------------------------------------------------ fingerprints
+def fingerprints(records: Sequence[Rec]) -> tuple[str, ...]:
+    """Content fingerprints of a run's measurements, for duplicates across a tree: the timings
+    of every record (what a resubmission under a new id, system or organisation keeps), and the
+    absolute monotonic starts (unique to one run on its hosts)."""
+    timings = sorted((str(r["op"]), int(r["index"]), int(r["rank"]), _signature(r)) for r in records)
+    starts = sorted(int(r["t0_ns"]) for r in records)
+    out = []
+    for kind, value in (("timings", timings), ("starts", starts)):
+        if value:
+            out.append(kind + ":" + hashlib.sha256(json.dumps(value).encode()).hexdigest())
+    return tuple(out)
+
+
+CHECKS = checks_table(
+    summary_exact,
+    records_mode,
+    start_skew,
+    timing_copies,
+    host_clocks,
+    host_physics,
+    device_counters,
+    async_evidence,
+)
