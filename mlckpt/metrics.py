@@ -69,8 +69,32 @@ class StageRecord(TypedDict, total=False):
     mismatches: int
 
 
-class OpRecord(TypedDict):
-    """The fields every record has (records format 2), writes and reads alike."""
+class CounterSample(TypedDict, total=False):
+    """One host's kernel counters at ``t_ns`` (records format 3; mlckpt.host.facts.counters_sample)."""
+
+    t_ns: int
+    read_bytes: int
+    written_bytes: int
+    busy_ms: int
+    cached_bytes: int
+    dirty_bytes: int
+    writeback_bytes: int
+    shmem_bytes: int
+
+
+class HostCounters(TypedDict):
+    device: str | None  # MAJOR:MINOR of the checkpoint folder's block device
+    before: CounterSample
+    after: CounterSample
+
+
+class _Evidence(TypedDict, total=False):
+    host_counters: HostCounters  # on each host's first rank (records format 3)
+
+
+class OpRecord(_Evidence):
+    """The fields every record has (records format 2), writes and reads alike; ``host_counters``
+    on the records of each host's first rank (format 3)."""
 
     op: str  # write | read
     index: int

@@ -151,7 +151,7 @@ def test_unparsable_override() -> None:
 def test_unknown_rules_version() -> None:
     with pytest.raises(ConfigError) as exc:
         setup(["rules_version='9.9'"])
-    assert str(exc.value) == "rules_version: unknown rules version '9.9'; known: 1.0, 1.1"
+    assert str(exc.value) == "rules_version: unknown rules version '9.9'; known: 1.0, 1.1, 1.2"
 
 
 @pytest.mark.parametrize(("overrides", "rule", "fragment"), [

@@ -93,6 +93,12 @@ class Job:
         if any(allerr):
             raise CollectiveFailure(failures_of(allerr, self.comm.allgather(self.host)))
 
+    def idle_barrier(self, poll_s: float = 0.002) -> None:
+        """A barrier that waits asleep (a nonblocking barrier, polled), leaving the CPUs free."""
+        req = self.comm.Ibarrier()
+        while not req.Test():
+            time.sleep(poll_s)
+
     @contextmanager
     def step(self, what: str) -> Iterator[None]:
         self.note(step=what)
@@ -204,8 +210,9 @@ class OpTimer:
     channel: MPIDone | None
     on_stall: Callable[[str, int, int, list[int], float], None]
     # On each host's first rank: the host's kernel counters (mlckpt.host.facts.counters_sample),
-    # taken before the op's barrier and after every rank agreed it ended, so the window they span
-    # holds the op of every rank of the host.  Untimed.  The device is the checkpoint folder's.
+    # read on leaving the op's barrier (just before its own t0: a start moved later in an edit
+    # leaves a gap there) and after every rank agreed the op ended.  Untimed (tens of µs).  The
+    # device is the checkpoint folder's.
     probe: Callable[[], dict[str, Any]] | None = None
     device: str | None = None
 
@@ -224,9 +231,11 @@ class OpTimer:
                 lambda late, el: self.on_stall(op, index, ckpt, late, el),
             )
         sent = None
-        before = self.probe() if self.probe is not None else None
+        before = None
         try:
             job.comm.Barrier()
+            if self.probe is not None:
+                before = self.probe()
             wall = time.time()
             bar = ProgressBar(f"{op} {index}") if job.rank == 0 else None
             t0 = time.perf_counter_ns()

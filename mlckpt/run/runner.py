@@ -85,6 +85,9 @@ def gate(job: Job, c: Configured) -> Gates:
     with job.step("host measurement"):
         if names.index(job.host) == job.rank:
             local = measure_host(job.host, folder, cfg["io"], c.pipe.fast, mpi_library())
+        # The other ranks wait asleep: MPI's busy-polling collectives would halve the memory copy
+        # rate a leader measures on a host with as many ranks as cores.
+        job.idle_barrier()
     measured = [m for m in job.comm.allgather(local) if m]
     with job.step("gates"):
         return judge(c.setup, names, measured)
