@@ -172,19 +172,28 @@ def _bundle_plan(st: State, ctx: Context, placement_ok: bool) -> Plan | None:
     return make_plan(ctx.workload, ranks, float(ctx.config["scale"]))
 
 
+RECOMPUTING = ("METRICS-RECOMPUTE", "SUMMARY-EXACT")  # the rules that recompute the summary
+
+
+def _not_recomputed(st: State, why: str) -> list[str]:
+    assert st.rules is not None
+    ids = [r for r in RECOMPUTING if r in {x.id for x in st.rules.rules}]
+    st.not_checked += [(r, why) for r in ids]
+    return ids
+
+
 def _unrecomputable(st: State, config: dict[str, Any]) -> list[str]:
     """Rules whose recomputation is impossible on these records (another rule reports why)."""
     if any(r["t1_ns"] <= r["t0_ns"] for r in st.records) or any(
             s["t1_ns"] <= s["t0_ns"] for r in st.records for s in r.get("stages", ())):
         # Recomputing metrics divides by durations; RESULT-TIMES and ASYNC-TIMELINE report them.
-        st.not_checked.append(("METRICS-RECOMPUTE", "records with non-positive durations (see RESULT-TIMES)"))
-        return ["METRICS-RECOMPUTE"]
+        why = "records with non-positive durations (see RESULT-TIMES)"
+        return _not_recomputed(st, why)
     stages = list(Pipeline.of(config).stages)
     if any([s.get("tier") for s in r.get("stages", ())] != stages for r in st.records if r["op"] == "write"):
         # Per-stage metrics need the same stages on every rank; PIPELINE-DECLARED reports them.
-        st.not_checked.append(("METRICS-RECOMPUTE", "write records without the configured stages "
-                               "(see PIPELINE-DECLARED)"))
-        return ["METRICS-RECOMPUTE"]
+        why = "write records without the configured stages (see PIPELINE-DECLARED)"
+        return _not_recomputed(st, why)
     return []
 
 

@@ -50,7 +50,8 @@ def edit_records(folder: Path, fn: Callable[[list[Rec]], Any]) -> None:
     recs = read_records(folder)
     new = fn(recs)
     (folder / "records.jsonl").write_text(
-        "".join(json.dumps(r, sort_keys=True) + "\n" for r in (recs if new is None else new)))
+        "".join(json.dumps(r, sort_keys=True) + "\n" for r in (recs if new is None else new))
+    )
 
 
 def resummarize(folder: Path) -> None:
@@ -60,9 +61,12 @@ def resummarize(folder: Path) -> None:
     run = read_json(folder, "run.json")
     plan = make_plan(workload_from_config(config["workload"]), int(config["ranks"]), float(config["scale"]))
     summary = complete_summary(
-        recs, max_resident_fraction=load_rules(run["rules_version"]).data["cold_read"]["max_resident_fraction"],
-        checkpoint_bytes=plan.total_bytes, restore_bytes=plan.restore_bytes(config["checkpoint"]["restore"]),
-        records_format=run["records_format"])
+        recs,
+        max_resident_fraction=load_rules(run["rules_version"]).data["cold_read"]["max_resident_fraction"],
+        checkpoint_bytes=plan.total_bytes,
+        restore_bytes=plan.restore_bytes(config["checkpoint"]["restore"]),
+        records_format=run["records_format"],
+    )
     edit_json(folder, "summary.json", lambda _: summary)
 
 
@@ -115,7 +119,7 @@ def set_duration(r: Rec, new_ns: int, *, from_start: bool = False) -> None:
     sync_end = r["op"] == "write" and r["t1_ns"] == r["staged_ns"]
     if r["op"] == "write":
         r["staged_ns"] -= delta
-        r["compute_ns"] += delta  # training resumes earlier: a longer interval, same next barrier
+        r["compute_ns"] = max(0, r["compute_ns"] + delta)  # training resumes earlier: same next barrier
         if sync_end:
             r["t1_ns"] -= delta
             r["stages"][-1]["t1_ns"] -= delta
@@ -128,6 +132,7 @@ def set_duration(r: Rec, new_ns: int, *, from_start: bool = False) -> None:
 def disguise(folder: Path, n: int) -> None:
     """Give a copied bundle timings of its own without changing what any rule sees: every clock
     reading moves by n µs, every op lasts n ns longer; summary.json recomputed."""
+
     def edit(recs: list[Rec]) -> None:
         for r in recs:
             shift(r, (n + 1) * 1000, wall=False)
@@ -138,5 +143,6 @@ def disguise(folder: Path, n: int) -> None:
                     r["staged_ns"] += n + 1
             if "host_counters" in r:
                 r["host_counters"]["after"]["t_ns"] += n + 1
+
     edit_records(folder, edit)
     resummarize(folder)

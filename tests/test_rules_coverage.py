@@ -19,7 +19,7 @@ from mlckpt.resources import rules_dir
 from mlckpt.rules import CHECKS, load_rules
 
 TESTS = Path(__file__).resolve().parent
-NEGATIVE_TABLES = ("NEGATIVE", "NEGATIVE_CASES")
+NEGATIVE_TABLES = ("NEGATIVE", "NEGATIVE_CASES", "FORGERIES")
 
 
 def rule_versions() -> list[str]:
