@@ -668,7 +668,7 @@ FORGERIES: dict[str, list[Forgery]] = {
             "sync",
             recs_edit(slow_ranks_start_late),
             "leave the barrier within",
-            also=COUNTERS,
+            also=frozenset({"DEVICE-COUNTERS", "RECORDS-COPIES"}),
         ),
     ],
     "RECORDS-COPIES": [

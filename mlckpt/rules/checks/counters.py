@@ -1,0 +1,196 @@
+"""The DEVICE-COUNTERS check: each host's kernel counters, which the runner samples around every
+op (records format 3), against the records.  Pure.  Split from ``evidence`` (same bounds, under
+``evidence.counters`` in rules.yaml)."""
+
+from __future__ import annotations
+
+import itertools
+from collections.abc import Iterator, Mapping, Sequence
+from typing import Any
+
+from mlckpt.rules.checks.evidence import Rec, _bounds, _by_host, _end, _host_facts, _ops
+from mlckpt.rules.checks.result import RunData, _run
+from mlckpt.rules.engine import Context, NotChecked, Outcome, Rule, RuleSet, checks_table
+from mlckpt.workload.pipeline import DURABLE, MEMORY_FILESYSTEMS, Pipeline
+
+
+def _counted(d: RunData, r: Rec) -> bool:
+    """Whether the op's bytes cross the durable tier's device inside the record's own op window:
+    sync one-tier writes with fsync or O_DIRECT, restores from the durable tier."""
+    if r["op"] == "read":
+        return r.get("tier") == DURABLE
+    pipe = Pipeline.of(d.config)
+    return pipe.blocking == DURABLE and bool(r.get("fsync") or r.get("direct"))
+
+
+BLOCK_FILESYSTEMS = frozenset({"ext2", "ext3", "ext4", "xfs", "f2fs", "jfs", "reiserfs"})
+
+
+def _window(
+    d: RunData, b: Mapping[str, Any], key: tuple[str, int], hr: Sequence[Rec], leader: Rec, op_dur: int
+) -> Iterator[Outcome]:
+    """The counters' window against the records: read on leaving the barrier right before the
+    leader's own start, and again soon after the host's last rank ended (the wait for other hosts'
+    slower ranks allowed)."""
+    hc = leader["host_counters"]
+    c0, c1 = int(hc["before"]["t_ns"]), int(hc["after"]["t_ns"])
+    where = f"{key[0]} {key[1]} on {leader['host']}"
+    last = max(_end(r) for r in hr)
+    head = int(leader["t0_ns"]) - c0
+    if not 0 <= head <= b["head_abs_s"] * 1e9:
+        yield Outcome(
+            False,
+            f"the leader's start at most {b['head_abs_s'] * 1e3:.0f} ms after its counters",
+            f"{head / 1e6:+.1f} ms",
+            where=where,
+        )
+    host_dur = max(_end(r) - int(r["t0_ns"]) for r in hr)
+    tail = b["tail_abs_s"] * 1e9 + b["tail_rel"] * op_dur + (op_dur - host_dur)
+    if key[0] == "write" and Pipeline.of(d.config).background:
+        tail += b["tail_background_s"] * 1e9  # the ranks' background stages compete for the CPUs
+    if last > c1:
+        yield Outcome(
+            False,
+            "every rank of the host ended before the counters were read",
+            f"{(last - c1) / 1e6:.1f} ms after",
+            where=where,
+        )
+    elif c1 - last > tail:
+        yield Outcome(
+            False,
+            f"the op ends at most {tail / 1e6:.1f} ms before the counters were read",
+            f"{(c1 - last) / 1e6:.1f} ms",
+            where=where,
+        )
+
+
+def _device(
+    d: RunData,
+    b: Mapping[str, Any],
+    key: tuple[str, int],
+    hr: Sequence[Rec],
+    leader: Rec,
+    facts: Mapping[str, Any],
+) -> Iterator[Outcome]:
+    """The device and the page cache during the window against the op's bytes and mode."""
+    hc = leader["host_counters"]
+    before, after = hc["before"], hc["after"]
+    where = f"{key[0]} {key[1]} on {leader['host']}"
+    op = key[0]
+    counted = [r for r in hr if _counted(d, r)]
+    total = sum(int(r["bytes"]) for r in counted)
+    if op == "read" and total and (facts.get("filesystem") or {}).get("fs_type") in MEMORY_FILESYSTEMS:
+        resident = sum(int(r.get("resident_bytes", 0)) for r in counted)
+        if resident < total:  # the durable folder is memory: nothing in it is ever "cold"
+            yield Outcome(
+                False,
+                "restores from a memory filesystem resident in memory",
+                f"{total - resident} B claimed cold on {facts['filesystem']['fs_type']}",
+                where=where,
+            )
+    claimed_direct = [r for r in counted if r.get("direct")]
+    if claimed_direct and "cached_bytes" in after and "cached_bytes" in before:
+        grew = (int(after["cached_bytes"]) - int(before["cached_bytes"])) - (
+            int(after.get("shmem_bytes", 0)) - int(before.get("shmem_bytes", 0))
+        )
+        direct_bytes = sum(int(r["bytes"]) for r in claimed_direct)
+        if grew > b["direct_cache_fraction"] * direct_bytes:
+            yield Outcome(
+                False,
+                f"O_DIRECT: the page cache grows by less than "
+                f"{b['direct_cache_fraction']:.0%} of {direct_bytes} B",
+                f"it grew by {grew} B",
+                where=where,
+            )
+    if hc.get("device") is None or "busy_ms" not in after or "busy_ms" not in before:
+        return
+    synced = bool(d.config["checkpoint"]["fsync"]) or bool(d.config["io"]["direct"])
+    if counted and synced:
+        # Busy time only where the run leaves no dirty data behind (every op's bytes on the device
+        # by its end): the kernel books writeback still in flight from an unsynced op in lumps.
+        window_ms = (int(after["t_ns"]) - int(before["t_ns"])) / 1e6
+        busy = int(after["busy_ms"]) - int(before["busy_ms"])
+        if busy > window_ms * (1 + b["busy_rel"]) + b["busy_abs_ms"]:
+            yield Outcome(False, f"the device busy at most the window ({window_ms:.1f} ms)",
+                          f"busy {busy} ms", where=where)
+    if counted:
+        field = "written_bytes" if op == "write" else "read_bytes"
+        moved = int(after[field]) - int(before[field])
+        need = sum(
+            int(r["bytes"]) - (int(r.get("resident_bytes", 0)) if op == "read" else 0) for r in counted
+        )
+        if moved < b["bytes_fraction"] * need:
+            yield Outcome(
+                False,
+                f"at least {b['bytes_fraction']:.0%} of {need} B {field.split('_')[0]} "
+                f"by device {hc['device']}",
+                f"{moved} B",
+                where=where,
+            )
+
+
+def _between(
+    b: Mapping[str, Any], host: str, windows: Sequence[tuple[tuple[str, int], Rec, int]]
+) -> Iterator[Outcome]:
+    """Between two consecutive counted ops of a host, the device moved no checkpoint's worth of
+    bytes that no op accounts for (an op dropped and the rest renumbered)."""
+    for (ka, la, bytes_a), (kb, lb, bytes_b) in itertools.pairwise(windows):
+        after, before = la["host_counters"]["after"], lb["host_counters"]["before"]
+        if la["host_counters"].get("device") != lb["host_counters"].get("device"):
+            continue
+        for field in ("written_bytes", "read_bytes"):
+            if field in after and field in before:
+                gap = int(before[field]) - int(after[field])
+                limit = max(b["between_fraction"] * min(bytes_a, bytes_b), b["between_abs_bytes"])
+                if gap < 0 or gap > limit:
+                    yield Outcome(
+                        False,
+                        f"at most {limit:.0f} B {field.split('_')[0]} by the device between "
+                        "consecutive ops (counters only grow)",
+                        f"{gap} B",
+                        where=f"between {ka[0]} {ka[1]} and {kb[0]} {kb[1]} on {host}",
+                    )
+                    return
+
+
+def device_counters(ctx: Context, rs: RuleSet, rule: Rule) -> Iterator[Outcome | NotChecked]:
+    """The kernel's counters of each host, sampled around every op, agree with the records: the
+    window frames the op; the device was not busy longer than the window; a durable write put at
+    least its bytes on the device, a cold restore read at least the bytes not resident, and no op's
+    worth of bytes moved between ops; O_DIRECT did not fill the page cache; a memory filesystem
+    is never cold, and a block filesystem has its device."""
+    d, b = _run(ctx), _bounds(rs)["counters"]
+    if int(d.run.get("records_format", 0)) < 3:
+        yield NotChecked("the records carry no kernel counters (records format 2)")
+        return
+    facts = _host_facts(d)
+    for host, f in sorted(facts.items()):
+        fs = (f.get("filesystem") or {}).get("fs_type")
+        if fs in BLOCK_FILESYSTEMS and f.get("block_device") is None:
+            yield Outcome(
+                False, f"the block device of the {fs} checkpoint folder", "none", where=f"host {host}"
+            )
+    ops = _ops(d)
+    windows: dict[str, list[tuple[tuple[str, int], Rec, int]]] = {}
+    for key, recs in sorted(ops.items(), key=lambda kv: (kv[0][0] != "write", kv[0][1])):
+        op_dur = max(_end(r) - int(r["t0_ns"]) for r in recs)
+        for host, hr in sorted(_by_host(recs).items()):
+            leaders = [r for r in hr if "host_counters" in r]
+            if len(leaders) != 1 or leaders[0]["host_counters"]["before"] is None:
+                yield Outcome(
+                    False,
+                    "one record with the host's counters",
+                    f"{len(leaders)}",
+                    where=f"{key[0]} {key[1]} on {host}",
+                )
+                continue
+            yield from _window(d, b, key, hr, leaders[0], op_dur)
+            yield from _device(d, b, key, hr, leaders[0], facts.get(host, {}))
+            counted = sum(int(r["bytes"]) for r in hr if _counted(d, r))
+            if counted and leaders[0]["host_counters"].get("device") is not None:
+                windows.setdefault(host, []).append((key, leaders[0], counted))
+    for host, ws in sorted(windows.items()):
+        yield from _between(b, host, ws)
+
+
+CHECKS = checks_table(device_counters)
