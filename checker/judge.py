@@ -24,7 +24,7 @@ from mlckpt.rules import (
     HostSpec,
     verdict,
 )
-from mlckpt.rules.checks.evidence import fingerprints
+from mlckpt.rules.checks.evidence import fingerprints, recomputed_summary
 from mlckpt.rules.checks.result import RunData
 from mlckpt.rules.checks.submission import SubmissionFacts, Verdicts
 from mlckpt.workload.layout import Plan, make_plan
@@ -124,7 +124,10 @@ def stage_rules(st: State) -> None:
     if system.get("description") is None and st.task.system.doc is not None:
         system = {**system, "description": st.task.system.doc}
     ctx = dataclasses.replace(ctx, plan=plan, run=RunData(run, config, summary, st.records, system))
-    ev = without(rs, _unrecomputable(st, config)).evaluate(ctx, ["config", "host", "result"])
+    skip = _unrecomputable(st, config)
+    if plan is not None and not skip:  # what the report shows: recomputed, never the claim
+        st.recomputed = recomputed_summary(rs, config, st.records, plan, int(run["records_format"]))
+    ev = without(rs, skip).evaluate(ctx, ["config", "host", "result"])
     st.rule_findings = ev.findings
     st.not_checked += ev.not_checked
     division = str(config["division"])
@@ -231,7 +234,10 @@ def finish(st: State) -> BundleResult:
     result.verdict = verdict([_as_finding(f) for f in findings], division)
     summary = st.docs.get("summary.json")
     if st.facts["schema"] == [] and isinstance(summary, dict):  # schema-valid: safe to quote
-        metrics = {k: summary[k] for k in METRIC_KEYS if k in summary}
+        # The recomputed figures where the records allow it (the claimed ones otherwise: a bundle
+        # whose records cannot be recomputed is invalid anyway, and says so).
+        shown = st.recomputed if st.recomputed is not None else summary
+        metrics = {k: shown[k] for k in METRIC_KEYS if k in shown}
         metrics.update({k: run[k] for k in ("ranks", "scale", "scaled") if k in run})
         result.metrics = jsonable(metrics)
     return result

@@ -916,3 +916,34 @@ def test_honest_runs_pass_every_rule(runs: dict[str, Path], tmp_path: Path) -> N
 
 def test_forgery_suite_size() -> None:
     assert len(CASES) >= 40
+
+
+def test_compare_and_report_show_recomputed_figures(runs: dict[str, Path], tmp_path: Path,
+                                                    capsys: pytest.CaptureFixture[str]) -> None:
+    """A bundle whose summary claims 3× the bandwidth: ``compare`` and the check report show
+    what its records give (the same as the untouched bundle), never the claim."""
+    import json
+
+    from checker import cli
+
+    d = runs["dir"]
+    honest, forged = tmp_path / "honest", tmp_path / "forged"
+    shutil.copytree(runs["sync"], honest)
+    shutil.copytree(runs["sync"], forged)
+
+    def claim_3x(s: dict[str, Any]) -> None:
+        for k in ("write_bandwidth_mean_gib_s", "read_bandwidth_mean_gib_s"):
+            s[k] *= 3
+        s["dlio_compat"]["save_checkpoint_io_mean_GB_per_second"] *= 3
+    edit_json(forged, "summary.json", claim_3x)
+    resign(forged, bundle.load_private_key(d / "keys" / "org.pem"))
+    trusted = tmp_path / "trusted-keys.yaml"
+    pub = (d / "keys" / "org.pem.pub").read_text().strip()
+    trusted.write_text(f'mlckpt_trusted_keys: "1.0"\norganizations:\n  {ORG}: ["{pub}"]\n')
+    assert cli.run(["compare", str(honest), str(forged), "--json", "--trusted-keys", str(trusted)]) == 0
+    doc = json.loads(capsys.readouterr().out)
+    m = {x["key"]: x for x in doc["metrics"]}
+    claimed = read_json(forged, "summary.json")
+    for key in ("write_bandwidth_mean_gib_s", "read_bandwidth_mean_gib_s"):
+        assert m[key]["a"] == m[key]["b"] != claimed[key]
+        assert m[key]["ratio_b_over_a"] == pytest.approx(1.0)

@@ -51,15 +51,57 @@ def read_bundle(path: Path, trusted: Any = None) -> BundleDocs:
             if not isinstance(doc, dict):
                 raise UsageError(f"{path}: {name}: not an object")
             docs[name] = doc
-    version = docs["run.json"].get("rules_version")
-    if version not in known_rules_versions():
-        raise UsageError(f"{path}: run.json: unknown rules version {version!r}")
-    for name, schema in zip(READ_FILES, ("run", "config", "summary", "system"), strict=True):
-        problem = first_error(docs[name], schema, str(version))
-        if problem:
-            raise UsageError(f"{path}: {name}: {problem}")
-    return BundleDocs(docs["run.json"], docs["config.yaml"], docs["summary.json"], docs["system.json"],
+        version = docs["run.json"].get("rules_version")
+        if version not in known_rules_versions():
+            raise UsageError(f"{path}: run.json: unknown rules version {version!r}")
+        for name, schema in zip(READ_FILES, ("run", "config", "summary", "system"), strict=True):
+            problem = first_error(docs[name], schema, str(version))
+            if problem:
+                raise UsageError(f"{path}: {name}: {problem}")
+        records = _records(folder, vb, str(version), path)
+    summary = _recomputed(path, docs, records, str(version))
+    return BundleDocs(docs["run.json"], docs["config.yaml"], summary, docs["system.json"],
                       vb.statement_sha256, vb.keyid, vb.org)
+
+
+def _records(folder: Path, vb: Any, version: str, path: Path) -> list[dict[str, Any]]:
+    """records.jsonl, strictly, every line against the record schema."""
+    from mlckpt import bundle
+    from mlckpt import strict as loading
+    from mlckpt.schemas import first_error
+
+    out = []
+    try:
+        for lineno, rec in loading.iter_jsonl(bundle.read_document(folder, "records.jsonl", vb)):
+            problem = first_error(rec, "record", version)
+            if problem:
+                raise UsageError(f"{path}: records.jsonl line {lineno}: {problem}")
+            out.append(rec)
+    except loading.ParseError as exc:
+        raise UsageError(f"{path}: records.jsonl: {exc}") from None
+    return out
+
+
+def _recomputed(path: Path, docs: dict[str, Any], records: list[dict[str, Any]],
+                version: str) -> dict[str, Any]:
+    """The summary the records and the plan of the bundle's own workload and scale give: what the
+    tables and ``compare`` show, never what summary.json claims."""
+    from checker.judge import MAX_PLAN_FILES, plan_files_estimate
+    from mlckpt.rules import load_rules
+    from mlckpt.rules.checks.evidence import recomputed_summary
+    from mlckpt.workload.layout import make_plan
+    from mlckpt.workload.model import workload_from_config
+
+    config = docs["config.yaml"]
+    try:
+        workload = workload_from_config(config["workload"])
+        if plan_files_estimate(workload, int(config["ranks"])) > MAX_PLAN_FILES:
+            raise ValueError(f"a plan of more than {MAX_PLAN_FILES} files")
+        plan = make_plan(workload, int(config["ranks"]), float(config["scale"]))
+        return recomputed_summary(load_rules(version), config, records, plan,
+                                  int(docs["run.json"]["records_format"]))
+    except (MlckptError, KeyError, TypeError, ValueError, ZeroDivisionError, ArithmeticError) as exc:
+        raise UsageError(f"{path}: cannot recompute the summary from records.jsonl: {exc}") from None
 
 
 def collect(root: Path, trusted: Any, *, jobs: int = 1) -> Leaderboard:

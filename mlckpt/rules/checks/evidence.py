@@ -74,19 +74,24 @@ def _host_facts(d: RunData) -> dict[str, Mapping[str, Any]]:
 
 
 # ------------------------------------------------------------------------------ what is shown
+def recomputed_summary(rs: RuleSet, config: Mapping[str, Any], records: Sequence[Rec], plan: Any,
+                       records_format: int) -> dict[str, Any]:
+    """summary.json as the records and the plan of the run's own workload and scale give it: what
+    the checker, ``compare`` and the leaderboard show, whatever the bundle's summary claims."""
+    return complete_summary(
+        records, max_resident_fraction=float(rs.data["cold_read"]["max_resident_fraction"]),
+        checkpoint_bytes=plan.total_bytes,
+        restore_bytes=plan.restore_bytes(str(config["checkpoint"]["restore"])), records_format=records_format)
+
+
 def summary_exact(ctx: Context, rs: RuleSet, rule: Rule) -> Iterator[Outcome | NotChecked]:
     """summary.json is exactly what the checker recomputes: no key it does not recompute, the
     plan's bytes, the read validity and the DLIO-named block (METRICS-RECOMPUTE covers the
     statistics themselves)."""
     d, plan = _run(ctx), ctx.plan
     assert plan is not None  # needs: [plan]
-    want = complete_summary(
-        d.records,
-        max_resident_fraction=float(rs.data["cold_read"]["max_resident_fraction"]),
-        checkpoint_bytes=plan.total_bytes,
-        restore_bytes=plan.restore_bytes(str(d.config["checkpoint"]["restore"])),
-        records_format=int(d.run.get("records_format", formats.RECORDS.version)),
-    )
+    want = recomputed_summary(rs, d.config, d.records, plan,
+                              int(d.run.get("records_format", formats.RECORDS.version)))
     extra = sorted(set(d.summary) - set(want))
     if extra:
         yield Outcome(
