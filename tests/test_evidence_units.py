@@ -1,0 +1,94 @@
+"""The evidence the runner records (mlckpt.host.facts) and the pure pieces of the checker's
+cross-examination (mlckpt.rules.checks.evidence), without MPI.  The checks themselves are judged
+on real bundles by tests/test_forgeries.py."""
+
+from __future__ import annotations
+
+import os
+import time
+from pathlib import Path
+from typing import Any
+
+import pytest
+from hypothesis import given
+from hypothesis import strategies as st
+
+from mlckpt.host import facts
+from mlckpt.rules import load_rules
+from mlckpt.rules.checks.evidence import fingerprints, start_skew, timing_copies
+from mlckpt.rules.checks.result import RunData
+from mlckpt.rules.engine import Context, Outcome
+
+
+def read(rank: int, index: int, t0: int, dur: int, host: str = "h") -> dict[str, Any]:
+    return {"op": "read", "index": index, "checkpoint": 1, "rank": rank, "host": host, "t0_ns": t0,
+            "t1_ns": t0 + dur, "wall_start": 1e9 + t0 / 1e9, "bytes": 4096, "files": 1, "fsync": False,
+            "resident_bytes": 0, "cached_check_bytes": 4096, "verified_bytes": 4096, "mismatches": 0,
+            "tier": "durable"}
+
+
+def judge(check: Any, records: list[dict[str, Any]]) -> list[Outcome]:
+    rs = load_rules()
+    ctx = Context({}, None, (), run=RunData({}, {}, {}, records, {}))  # type: ignore[arg-type]
+    return [o for o in check(ctx, rs, rs.rule("RECORDS-SKEW")) if isinstance(o, Outcome) and not o.ok]
+
+
+def test_skew_within_the_bound_passes_beyond_it_fails() -> None:
+    b = load_rules().data["evidence"]["start_skew"]
+    dur = 1_000_000_000
+    bound = int(b["abs_s"] * 1e9 + b["rel"] * dur)
+    ok = [read(0, 1, 0, dur), read(1, 1, bound - 1000, dur - bound + 1000)]
+    late = [read(0, 1, 0, dur), read(1, 1, bound + 1000, dur - bound - 1000)]
+    assert judge(start_skew, ok) == []
+    [bad] = judge(start_skew, late)
+    assert "rank 1" in str(bad.actual)
+    # on different hosts the clocks are not comparable: no skew to judge
+    assert judge(start_skew, [read(0, 1, 0, dur), read(1, 1, 10 * dur, dur, host="other")]) == []
+
+
+def test_a_copied_record_and_a_copied_op_are_found() -> None:
+    honest = [read(r, k, k * 10**9 + 1000 * r + 7 * k, 300_000_000 + 12_345 * r + 999 * k)
+              for k in (1, 2) for r in range(4)]
+    assert judge(timing_copies, honest) == []
+    copied = [dict(r) for r in honest]
+    copied[3] = {**copied[2], "rank": 3}  # rank 3's record of read 1 is rank 2's
+    assert judge(timing_copies, copied)
+    op = [dict(r) for r in honest]
+    for a, b in zip(op[:4], op[4:], strict=True):  # read 2 lasts what read 1 lasted, rank by rank
+        b["t1_ns"] = b["t0_ns"] + (a["t1_ns"] - a["t0_ns"])
+    assert judge(timing_copies, op)
+
+
+@given(st.lists(st.integers(1, 10**10), min_size=2, max_size=20, unique=True), st.integers(1, 10**15))
+def test_fingerprints_survive_a_clock_shift_and_tell_runs_apart(durations: list[int], shift: int) -> None:
+    recs = [read(i, 1, 10**12 + i * 10**6, d) for i, d in enumerate(durations)]
+    moved = [{**r, "t0_ns": r["t0_ns"] + shift, "t1_ns": r["t1_ns"] + shift} for r in recs]
+    a, b = fingerprints(recs), fingerprints(moved)
+    assert a[0] == b[0] and a[0].startswith("timings:")  # the same measurements, wherever in time
+    assert a[1] != b[1]  # other clock readings
+    other = [{**r, "t1_ns": r["t1_ns"] + 1} if i == 0 else r for i, r in enumerate(recs)]
+    assert fingerprints(other)[0] != a[0]  # one nanosecond apart: another run
+
+
+def test_counters_sample_is_the_kernels() -> None:
+    dev = facts.block_device(Path("/"))
+    before = facts.counters_sample(dev)
+    (Path("/tmp") / f"mlckpt-ev-{os.getpid()}").write_bytes(b"x")
+    after = facts.counters_sample(dev)
+    assert after["t_ns"] > before["t_ns"] and abs(after["t_ns"] - time.perf_counter_ns()) < 10**9
+    assert {"cached_bytes", "dirty_bytes"} <= set(after)
+    if dev is not None:  # a block device: its counters only grow
+        assert after["written_bytes"] >= before["written_bytes"] >= 0 and "busy_ms" in after
+    os.unlink(Path("/tmp") / f"mlckpt-ev-{os.getpid()}")
+
+
+def test_memory_filesystems_have_no_block_device() -> None:
+    if not Path("/dev/shm").is_dir() or facts.mount_of(Path("/dev/shm")).get("fs_type") != "tmpfs":
+        pytest.skip("no tmpfs at /dev/shm")
+    assert facts.block_device(Path("/dev/shm")) is None
+
+
+def test_memory_copy_rate_is_measured() -> None:
+    rate = facts.memory_copy_gib_s(threads=1, per_thread_bytes=4 << 20)
+    assert 0.05 < rate < 10_000
+    assert facts.boot_id() is None or len(facts.boot_id() or "") >= 8
