@@ -92,3 +92,43 @@ def test_memory_copy_rate_is_measured() -> None:
     rate = facts.memory_copy_gib_s(threads=1, per_thread_bytes=4 << 20)
     assert 0.05 < rate < 10_000
     assert facts.boot_id() is None or len(facts.boot_id() or "") >= 8
+
+
+def test_digest_prints_a_paste_ready_released_runners_entry(tmp_path: Path) -> None:
+    import subprocess
+    import sys
+
+    from mlckpt import bundle
+    from mlckpt.bundle.released import load_released
+
+    exe = Path(sys.executable).parent / "mlckpt"
+    proc = subprocess.run([str(exe), "digest", "--entry"], text=True, capture_output=True, check=False,
+                          timeout=60)
+    assert proc.returncode == 0, proc.stderr
+    listed = tmp_path / "released-runners.yaml"
+    listed.write_text('mlckpt_released_runners: "1.0"\nrunners:\n' + proc.stdout)
+    assert load_released(listed) == frozenset({bundle.code_digest()})
+    full = subprocess.run([str(exe), "digest"], text=True, capture_output=True, check=False, timeout=60)
+    assert full.stdout.startswith(f"runner_code_sha256: {bundle.code_digest()} (mlckpt ")
+
+
+@pytest.mark.parametrize(("text", "fragment"), [
+    ("runners: []\n", "mlckpt_released_runners"),
+    ('mlckpt_released_runners: "1.0"\nrunners:\n  - {version: "1", code_sha256: "ABC"}\n', "code_sha256"),
+    ('mlckpt_released_runners: "1.0"\nrunners: []\nrunners: []\n', "cannot parse released runners"),
+    ('mlckpt_released_runners: "1.0"\nrunners:\n  - {version: "1", code_sha256: "' + "a" * 64
+     + '", signed_by: x}\n', "signed_by"),
+])
+def test_a_bad_released_runners_file_is_one_line_exit_2(text: str, fragment: str, tmp_path: Path) -> None:
+    import subprocess
+    import sys
+
+    root = tmp_path / "tree"
+    (root / "open").mkdir(parents=True)
+    (root / "trusted-keys.yaml").write_text('mlckpt_trusted_keys: "1.0"\norganizations: {}\n')
+    (root / "released-runners.yaml").write_text(text)
+    exe = Path(sys.executable).parent / "mlckpt-check"
+    proc = subprocess.run([str(exe), str(root)], text=True, capture_output=True, check=False, timeout=60)
+    assert proc.returncode == 2, (proc.stdout, proc.stderr)
+    [line] = proc.stderr.strip().splitlines()
+    assert "released-runners.yaml" in line and fragment in line and "Traceback" not in proc.stderr
