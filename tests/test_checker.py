@@ -25,8 +25,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-import yaml
-from forge import disguise, shift
+from forge import disguise, edit_json, edit_records, edit_yaml, resign, shift
 from test_forgeries import FORGERIES
 
 import checker.bundle_check
@@ -55,27 +54,6 @@ RING = 2 * 4 * 4 * 1024 * 1024
 def replace_step(name: str, step: Any) -> tuple[tuple[str, Any], ...]:
     """The checker's pipeline with one step replaced (to provoke a checker fault)."""
     return tuple((n, step if n == name else f) for n, f in checker.bundle_check.PIPELINE)
-
-def edit_json(folder: Path, name: str, fn: Callable[[Any], Any]) -> None:
-    p = folder / name
-    doc = json.loads(p.read_text())
-    new = fn(doc)
-    p.write_text(json.dumps(doc if new is None else new, indent=1, sort_keys=True) + "\n")
-
-
-def edit_yaml(folder: Path, name: str, fn: Callable[[Any], Any]) -> None:
-    p = folder / name
-    doc = yaml.safe_load(p.read_text())
-    new = fn(doc)
-    p.write_text(yaml.safe_dump(doc if new is None else new, sort_keys=False))
-
-
-def edit_records(folder: Path, fn: Callable[[list[dict[str, Any]]], Any]) -> None:
-    p = folder / "records.jsonl"
-    recs = [json.loads(line) for line in p.read_text().splitlines()]
-    new = fn(recs)
-    p.write_text("".join(json.dumps(r, sort_keys=True) + "\n" for r in (recs if new is None else new)))
-
 
 def resummarize(folder: Path) -> None:
     """Rewrite summary.json from records.jsonl as the runner does (so an edit of the records reaches
@@ -122,12 +100,6 @@ def each(op: str, index: int, fn: Callable[[dict[str, Any]], None]) -> Callable[
 
 def key(h: Mapping[str, Path], name: str) -> Any:
     return bundle.load_private_key(h["dir"] / "keys" / f"{name}.pem")
-
-
-def resign(folder: Path, k: Any, **predicate: Any) -> None:
-    pred = bundle.read_envelope_predicate(folder)
-    pred.update(predicate)
-    bundle.sign_bundle(folder, k, pred)
 
 
 def setitem(path: str, value: Any) -> Callable[[Any], None]:

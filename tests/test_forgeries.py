@@ -254,12 +254,14 @@ def rank_copied(recs: list[Rec]) -> None:
 
 
 def drop_op(op: str) -> Callable[[list[Rec]], list[Rec]]:
-    """The slowest ``op`` but the first removed, the later ones renumbered (the count is fixed in
-    the config).  (Dropping the first op leaves no gap between two ops' counters: see the README.)"""
+    """The slowest ``op`` but the first and the last removed, the later ones renumbered (the count
+    is fixed in the config).  (Dropping the first or the last op leaves no gap between two ops'
+    counters: see the README.)"""
 
     def fn(recs: list[Rec]) -> list[Rec]:
         groups = ops(recs, op)
-        worst = max((k for k in groups if k > 1), key=lambda k: max(dur(r) for r in groups[k]))
+        middle = [k for k in groups if 1 < k < len(groups)]
+        worst = max(middle, key=lambda k: max(dur(r) for r in groups[k]))
         kept = [r for r in recs if not (r["op"] == op and r["index"] == worst)]
         nw = len(ops(recs, "write")) - (op == "write")
         for r in kept:

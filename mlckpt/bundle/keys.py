@@ -34,6 +34,23 @@ def keyid_of(raw_public_key: bytes) -> str:
     return hashlib.sha256(raw_public_key).hexdigest()
 
 
+def read_trust_file(path: Path, what: str) -> Any:
+    """A committee's trust file (trusted keys, released runners) parsed strictly: at most 1 MiB,
+    YAML (JSON for a ``.json`` name); a usage error naming the file otherwise."""
+    try:
+        with open(path, "rb") as f:
+            data = f.read(MAX_TRUSTED_KEYS_BYTES + 1)
+    except OSError as exc:
+        raise UsageError(f"{path}: cannot read {what}: {exc.strerror or exc}") from None
+    if len(data) > MAX_TRUSTED_KEYS_BYTES:
+        raise UsageError(f"{path}: {what} file larger than 1 MiB")
+    try:
+        return strict.parse_json(data) if path.suffix.lower() == ".json" else strict.parse_yaml(data)
+    except ValueError as exc:  # strict.ParseError
+        first = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
+        raise UsageError(f"{path}: cannot parse {what}: {first}") from None
+
+
 def _raw_public(key: Ed25519PublicKey) -> bytes:
     return key.public_bytes(serialization.Encoding.Raw, serialization.PublicFormat.Raw)
 
@@ -182,21 +199,7 @@ class TrustedKeys:
     @classmethod
     def load(cls, path: Path) -> TrustedKeys:
         path = Path(path)
-        try:
-            with open(path, "rb") as f:
-                data = f.read(MAX_TRUSTED_KEYS_BYTES + 1)
-        except OSError as exc:
-            raise UsageError(f"{path}: cannot read trusted keys: {exc.strerror or exc}") from None
-        if len(data) > MAX_TRUSTED_KEYS_BYTES:
-            raise UsageError(f"{path}: trusted-keys file larger than 1 MiB")
-        try:
-            if path.suffix.lower() == ".json":
-                doc = strict.parse_json(data)
-            else:
-                doc = strict.parse_yaml(data)
-        except ValueError as exc:  # strict.ParseError
-            first = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
-            raise UsageError(f"{path}: cannot parse trusted keys: {first}") from None
+        doc = read_trust_file(path, "trusted keys")
         return cls.from_mapping(doc, source=str(path))
 
     @property

@@ -17,8 +17,8 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from mlckpt import formats, strict
-from mlckpt.bundle._common import MAX_TRUSTED_KEYS_BYTES
+from mlckpt import formats
+from mlckpt.bundle.keys import read_trust_file
 from mlckpt.errors import UsageError
 
 RELEASED_RUNNERS_FORMAT = formats.RELEASED_RUNNERS.version
@@ -30,19 +30,7 @@ def load_released(path: Path) -> frozenset[str]:
     malformed or not in the schema."""
     from mlckpt.schemas import first_error
 
-    path = Path(path)
-    try:
-        with open(path, "rb") as f:
-            data = f.read(MAX_TRUSTED_KEYS_BYTES + 1)
-    except OSError as exc:
-        raise UsageError(f"{path}: cannot read released runners: {exc.strerror or exc}") from None
-    if len(data) > MAX_TRUSTED_KEYS_BYTES:
-        raise UsageError(f"{path}: released-runners file larger than 1 MiB")
-    try:
-        doc = strict.parse_yaml(data)
-    except ValueError as exc:  # strict.ParseError
-        first = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
-        raise UsageError(f"{path}: cannot parse released runners: {first}") from None
+    doc = read_trust_file(Path(path), "released runners")
     problem = first_error(doc, "released-runners", SCHEMA_RULES)
     if problem:
         raise UsageError(f"{path}: {problem}")
