@@ -191,6 +191,12 @@ class TrustedKeys:
             raise UsageError(f"{source}: a trusted-keys file must be a mapping")
         if isinstance(data.get("mlckpt_trusted_keys"), float):  # YAML reads an unquoted 1.0 as a float
             data = {**data, "mlckpt_trusted_keys": repr(data["mlckpt_trusted_keys"])}
+        if data and "organizations" not in data and "mlckpt_trusted_keys" not in data:
+            # The obvious first try: organisations at the top level.  Say where they go.
+            first = sorted(map(str, data))[0]
+            raise UsageError(f"{source}: organisations go under organizations:, next to "
+                             f"mlckpt_trusted_keys: '1.0' (found {first!r} at the top level; "
+                             "`mlckpt keygen --org NAME` prints an entry)")
         problem = first_error(dict(data), "trusted-keys", TRUSTED_KEYS_SCHEMA_RULES)
         if problem:
             raise UsageError(f"{source}: {problem}")

@@ -39,6 +39,9 @@ def _add_keygen(subparsers: Any) -> None:
         default=None,
         help="encrypt the key with the passphrase held in environment variable NAME",
     )
+    p.add_argument("--org", default=None, metavar="NAME",
+                   help="your organisation's name in the submission tree (for the printed "
+                   "trusted-keys entry)")
     p.set_defaults(func=cmd_keygen)
 
 
@@ -139,6 +142,9 @@ def cmd_keygen(args: argparse.Namespace) -> int:
     print(f"private key: {info.path}" + (" (encrypted)" if passphrase else ""))
     print(f"public key: {info.public_path}: {info.public_key}")
     print(f"keyid: {info.keyid}")
+    org = args.org or "YOUR-ORG"
+    print("give the committee this entry for their trusted-keys.yaml (under organizations:):")
+    print(f'  {org}: ["{info.public_key}"]')
     return 0
 
 

@@ -1,0 +1,58 @@
+"""A committee's and a vendor's first hour: keys, trusted keys, a system description.  Run as a
+person would: the installed commands, their output pasted into the files they describe."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from mlckpt import bundle, strict
+from mlckpt.errors import UsageError
+from mlckpt.host.description import load_system_description
+from mlckpt.rules.engine import DEFAULT_RULES_VERSION
+
+BIN = Path(sys.executable).parent
+
+
+def run(*args: str, cwd: Path | None = None) -> subprocess.CompletedProcess[str]:
+    return subprocess.run([str(BIN / args[0]), *args[1:]], text=True, capture_output=True, cwd=cwd,
+                          check=False, timeout=120)
+
+
+def test_keygen_prints_an_entry_that_trusts_the_key(tmp_path: Path) -> None:
+    proc = run("mlckpt", "keygen", "--out", str(tmp_path / "k.pem"), "--org", "acme")
+    assert proc.returncode == 0, proc.stderr
+    lines = proc.stdout.splitlines()
+    entry = lines[lines.index(next(ln for ln in lines if "under organizations:" in ln)) + 1]
+    (tmp_path / "trusted-keys.yaml").write_text(f'mlckpt_trusted_keys: "1.0"\norganizations:\n{entry}\n')
+    trusted = bundle.TrustedKeys.load(tmp_path / "trusted-keys.yaml")
+    keyid = next(ln.split(": ", 1)[1] for ln in lines if ln.startswith("keyid: "))
+    assert trusted.org_for(keyid) == "acme"
+
+
+def test_organisations_at_the_top_level_are_told_where_they_go(tmp_path: Path) -> None:
+    path = tmp_path / "trusted-keys.yaml"
+    path.write_text('acme: ["ed25519:CyevH6lrq2mRN70CUc5kJyGp9Z6dM79HtyQbHL9udaw="]\n')
+    with pytest.raises(UsageError, match=r"organisations go under organizations:.*found 'acme'"):
+        bundle.TrustedKeys.load(path)
+    (tmp_path / "open").mkdir()
+    proc = run("mlckpt-check", str(tmp_path))
+    assert proc.returncode == 2 and len(proc.stderr.strip().splitlines()) == 1
+    assert "mlckpt keygen --org NAME" in proc.stderr
+
+
+def test_describe_system_drafts_a_valid_description(tmp_path: Path) -> None:
+    proc = run("mlckpt", "describe-system", str(tmp_path))
+    assert proc.returncode == 0, proc.stderr
+    doc = strict.loads_yaml(proc.stdout)
+    assert doc["storage"]["usable_capacity_tib"] > 0 and doc["clients"]["memory_gib"] > 0
+    assert "COMPLETE" in doc["submitter"]  # what only the vendor knows is marked
+    out = tmp_path / "system.yaml"
+    proc = run("mlckpt", "describe-system", str(tmp_path), "--out", str(out))
+    assert proc.returncode == 0 and "complete the lines marked COMPLETE" in proc.stdout
+    assert load_system_description(out, DEFAULT_RULES_VERSION)["description_format"] == 1
+    again = run("mlckpt", "describe-system", str(tmp_path), "--out", str(out))
+    assert again.returncode == 2 and "exists; not overwritten" in again.stderr
