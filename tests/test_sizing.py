@@ -3,6 +3,10 @@
 from __future__ import annotations
 
 import dataclasses
+import json
+import math
+import subprocess
+import sys
 from functools import cache
 from pathlib import Path
 
@@ -553,3 +557,46 @@ def test_layout_groups_1t() -> None:
     assert key == {"layer_0-model_{mp}_model_states.pt": E1T, "layer_1-model_{mp}_model_states.pt": B1T,
                    "layer_2-model_{mp}_model_states.pt": B1T,
                    "zero_pp_rank_{dp}_mp_rank_{mp}_optim_states.pt": O1T}
+
+
+# ---------------------------------------------------------------------- failures (Young/Daly)
+def test_failure_cost_known_values() -> None:
+    from mlckpt.plan.sizer import failure_cost
+
+    r = failure_cost(86_400, 60, 120, 3600)
+    assert r.young_interval_s == pytest.approx(math.sqrt(2 * 60 * 86_400))  # 3219.9 s
+    assert r.daly_interval_s == pytest.approx(3180.06, abs=0.01)
+    assert r.lost_per_failure_s == pytest.approx((3600 + 60) / 2 + 120)
+    assert r.wasted_fraction == pytest.approx(60 / 3600 + r.lost_per_failure_s / 86_400)
+    # asynchronous: training waits 2 s, but the checkpoint is safe only after 60 s
+    a = failure_cost(86_400, 2, 120, 3600, durable_after_s=60)
+    assert a.young_interval_s == pytest.approx(math.sqrt(2 * 2 * 86_400))
+    assert a.lost_per_failure_s == pytest.approx((3600 + 2) / 2 + 58 + 120)
+    assert failure_cost(10, 30, 0, 60).daly_interval_s == 10  # C ≥ 2M: checkpoint every M
+    with pytest.raises(ValueError):
+        failure_cost(0, 1, 1, 1)
+
+
+@given(st.floats(1, 600), st.floats(3600, 30 * 86_400), st.floats(0, 600))
+def test_the_daly_interval_wastes_least(cost: float, mtbf: float, restore: float) -> None:
+    from mlckpt.plan.sizer import failure_cost
+
+    best = failure_cost(mtbf, cost, restore, 1.0)
+    at = best.daly_interval_s
+    waste = failure_cost(mtbf, cost, restore, at).wasted_fraction
+    for other in (at / 2, at * 2):
+        assert waste <= failure_cost(mtbf, cost, restore, other).wasted_fraction + 1e-12
+
+
+def test_size_cli_with_mtbf_and_stall(tmp_path: Path) -> None:
+    exe = Path(sys.executable).parent / "mlckpt"
+    proc = subprocess.run([str(exe), "size", "workload=llama3_70b", "--interval", "1h", "--bandwidth",
+                           "20GiB/s", "--mtbf", "12h", "--stall", "3s", "--json"],
+                          text=True, capture_output=True, check=False, timeout=60)
+    assert proc.returncode == 0, proc.stderr
+    f = json.loads(proc.stdout)["failures"]
+    assert f["cost_s"] == 3 and f["durable_after_s"] == pytest.approx(978_406_572_032 / (20 * 2**30))
+    assert f["young_interval_s"] == pytest.approx(math.sqrt(2 * 3 * 12 * 3600))
+    bad = subprocess.run([str(exe), "size", "--interval", "1h", "--bandwidth", "1GiB/s", "--stall", "3s"],
+                         text=True, capture_output=True, check=False, timeout=60)
+    assert bad.returncode == 2 and "give --mtbf too" in bad.stderr

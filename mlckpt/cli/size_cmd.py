@@ -8,7 +8,7 @@ import sys
 
 from mlckpt.errors import UsageError
 from mlckpt.plan.config import setup
-from mlckpt.plan.sizer import size
+from mlckpt.plan.sizer import failure_cost, size
 from mlckpt.units import parse_bandwidth, parse_duration, parse_fraction
 
 
@@ -24,6 +24,10 @@ def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
     g = p.add_mutually_exclusive_group(required=True)
     g.add_argument("--overhead", help="acceptable overhead fraction, e.g. 5%% or 0.05")
     g.add_argument("--bandwidth", help="storage write/read bandwidth, e.g. 100GiB/s or 80GB/s")
+    p.add_argument("--mtbf", default=None, help="the job's mean time between failures, e.g. 12h: adds "
+                   "the optimal interval (Young/Daly) and the work a failure loses")
+    p.add_argument("--stall", default=None, help="asynchronous checkpointing: what training waits per "
+                   "checkpoint (e.g. a measured stall, 2s); the checkpoint is safe after the write time")
     p.add_argument("--json", action="store_true")
     p.set_defaults(func=handle)
 
@@ -33,15 +37,26 @@ def handle(args: argparse.Namespace) -> int:
         interval = parse_duration(args.interval)
         overhead = parse_fraction(args.overhead) if args.overhead is not None else None
         bw = parse_bandwidth(args.bandwidth) if args.bandwidth is not None else None
+        mtbf = parse_duration(args.mtbf) if args.mtbf is not None else None
+        stall = parse_duration(args.stall) if args.stall is not None else None
     except ValueError as exc:
         raise UsageError(str(exc)) from None
+    if stall is not None and mtbf is None:
+        raise UsageError("--stall: give --mtbf too (the stall only changes the failure arithmetic)")
     s = setup(args.overrides)
     r = size(s.plan, interval, overhead=overhead, bandwidth_bytes_s=bw)
+    f = None
+    if mtbf is not None:
+        f = failure_cost(mtbf, stall if stall is not None else r.write_time_s, r.restore_own_s, interval,
+                         durable_after_s=r.write_time_s)
     if args.json:
-        json.dump(r.to_dict(), sys.stdout)
+        doc = r.to_dict()
+        if f is not None:
+            doc["failures"] = f.to_dict()
+        json.dump(doc, sys.stdout)
         sys.stdout.write("\n")
         return 0
     print(f"{s.plan.workload.name} on {s.plan.ranks} ranks, checkpoint every {args.interval}:")
-    for step in r.steps:
+    for step in (*r.steps, *(f.steps if f is not None else ())):
         print(f"  {step}")
     return 0

@@ -7,6 +7,7 @@ bandwidth that keeps overhead at ``f``: ``bandwidth = checkpoint_bytes / (f · i
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 
 from mlckpt.units import GB, GiB, fmt_bytes, fmt_duration
@@ -67,3 +68,63 @@ def size(plan: Plan, interval_s: float, *, overhead: float | None = None,
     ]
     return SizerResult(ckpt, interval_s, bw, write_s, write_s / interval_s, own, rep,
                        own / bw, rep / bw, tuple(steps))
+
+
+# ---------------------------------------------------------------------- failures: the interval worth choosing
+@dataclass(frozen=True)
+class FailureResult:
+    """What failures cost at a checkpoint interval, and the interval that costs least.
+
+    ``cost_s`` is what training waits per checkpoint (the write time when synchronous, the stall
+    when asynchronous); ``durable_after_s`` when the checkpoint is safe (equal to the cost when
+    synchronous).  Young (1974): ``τ = √(2·C·M)``.  Daly (2006), for ``C < 2M``:
+    ``τ = √(2·C·M)·(1 + ⅓·√(C/2M) + (C/2M)/9) − C``, else ``τ = M``.  A failure loses, on average,
+    half a period of work plus the time until the last checkpoint was safe, plus the restore:
+    ``lost = (τ + C)/2 + (D − C) + R``.  Wasted share of the job: ``C/τ + lost/M``."""
+
+    mtbf_s: float
+    cost_s: float
+    durable_after_s: float
+    restore_s: float
+    interval_s: float
+    young_interval_s: float
+    daly_interval_s: float
+    lost_per_failure_s: float
+    wasted_fraction: float
+    daly_lost_per_failure_s: float
+    daly_wasted_fraction: float
+    steps: tuple[str, ...]
+
+    def to_dict(self) -> dict[str, object]:
+        d: dict[str, object] = {k: getattr(self, k) for k in self.__dataclass_fields__ if k != "steps"}
+        d["steps"] = list(self.steps)
+        return d
+
+
+def _lost_and_waste(interval: float, cost: float, durable: float, restore: float, mtbf: float
+                    ) -> tuple[float, float]:
+    lost = (interval + cost) / 2 + (durable - cost) + restore
+    return lost, cost / interval + lost / mtbf
+
+
+def failure_cost(mtbf_s: float, cost_s: float, restore_s: float, interval_s: float,
+                 durable_after_s: float | None = None) -> FailureResult:
+    """The cost of failures at ``interval_s`` and at the optimal interval (all in seconds)."""
+    if min(mtbf_s, cost_s, interval_s) <= 0 or restore_s < 0:
+        raise ValueError("mtbf, cost and interval must be positive, restore not negative")
+    durable = cost_s if durable_after_s is None else max(durable_after_s, cost_s)
+    young = math.sqrt(2 * cost_s * mtbf_s)
+    x = cost_s / (2 * mtbf_s)
+    daly = young * (1 + math.sqrt(x) / 3 + x / 9) - cost_s if cost_s < 2 * mtbf_s else mtbf_s
+    lost, waste = _lost_and_waste(interval_s, cost_s, durable, restore_s, mtbf_s)
+    d_lost, d_waste = _lost_and_waste(daly, cost_s, durable, restore_s, mtbf_s)
+    steps = (
+        f"cost per checkpoint C = {cost_s:.2f} s (training waits), safe after D = {durable:.2f} s, "
+        f"restore R = {restore_s:.2f} s, mean time between failures M = {fmt_duration(mtbf_s)}",
+        f"optimal interval (Young) = √(2·C·M) = {fmt_duration(young)}; (Daly) = {fmt_duration(daly)}",
+        f"at every {fmt_duration(interval_s)}: lost per failure = (τ + C)/2 + (D − C) + R = "
+        f"{fmt_duration(lost)}; wasted = C/τ + lost/M = {waste:.2%} of the job",
+        f"at the Daly interval: lost per failure = {fmt_duration(d_lost)}; wasted = {d_waste:.2%}",
+    )
+    return FailureResult(mtbf_s, cost_s, durable, restore_s, interval_s, young, daly, lost, waste,
+                         d_lost, d_waste, steps)
