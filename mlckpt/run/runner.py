@@ -39,6 +39,7 @@ from mlckpt.run.writes import WritePhase, WriteState
 from mlckpt.units import fmt_bytes
 from mlckpt.workload.layout import PAGE, pages
 
+INVALID_STATUS = 5  # the run completed, its verdict is invalid (README: Errors and exit statuses)
 ABORT_GRACE_S = 0.5  # between printing a fatal line and MPI_Abort (see Stalled)
 
 
@@ -324,7 +325,11 @@ def publish(
     for f in judged(s, gates, manifest, summary, records, system):
         job.say(f"finding: [{f.rule}] ({f.severity}) {f.message}")
     job.say(headline(summary) + f"; verdict {manifest['verdict']}")
-    files = BundleFiles(manifest, cfg, records, summary, system, job.console.log_lines)
+    log = list(job.console.log_lines)
+    if manifest["verdict"] == "invalid":  # the first thing anyone opening the bundle reads
+        rules = sorted({f["rule"] for f in manifest["findings"] if f["severity"] == "invalid"})
+        log.insert(0, f"INVALID RESULT: the rules find this run invalid ({', '.join(rules)})")
+    files = BundleFiles(manifest, cfg, records, summary, system, log)
     final = write_bundle(Path(cfg["output"]["root"]).absolute(), run.name, files, signing_key)
     if signing_key is None:
         print(
@@ -334,8 +339,8 @@ def publish(
     return final
 
 
-def run(job: Job, overrides: Sequence[str]) -> Path | None:
-    """The whole run on this rank; rank 0 returns the bundle's folder."""
+def run(job: Job, overrides: Sequence[str]) -> tuple[Path | None, str]:
+    """The whole run on this rank; rank 0 returns the bundle's folder; every rank the verdict."""
     started = now()
     with job.step("configuration"):
         c = configure(job, overrides)
@@ -354,9 +359,15 @@ def run(job: Job, overrides: Sequence[str]) -> Path | None:
             key = resolve_signing_key(str(cfg["signing"]["key"]), job.say)
     with Created(bool(cfg["checkpoint"]["keep"]), between=lambda: final_barrier(job)) as created:
         run_id, records = phases(job, c, gates, created)
-    if job.rank != 0:
-        return None
-    return publish(job, c, gates, run_id, records, started, key)
+    folder = publish(job, c, gates, run_id, records, started, key) if job.rank == 0 else None
+    verdict = job.comm.bcast(read_verdict(folder) if folder is not None else None)
+    return folder, str(verdict)
+
+
+def read_verdict(folder: Path) -> str:
+    import json
+
+    return str(json.loads((folder / "run.json").read_text())["verdict"])
 
 
 def final_barrier(job: Job) -> None:
@@ -376,13 +387,19 @@ def mpi_main(overrides: Sequence[str], faults: Faults = NO_FAULTS, out: TextIO |
 
         job = Job(MPI.COMM_WORLD, Console(out or sys.stdout), guardian, faults)
         try:
-            folder = run(job, overrides)
+            folder, verdict = run(job, overrides)
         except MlckptError as err:
             if job.rank == 0:
                 print(f"mlckpt: error: {err}", file=sys.stderr, flush=True)
             return err.exit_status
         if job.rank == 0 and folder is not None:
             print(f"bundle: {folder}", flush=True)
+        if verdict == "invalid":  # a bundle was written, but it is no valid result: never exit 0
+            if job.rank == 0:
+                print("mlckpt: error: the run's verdict is invalid (see its findings above and the "
+                      "first line of its run.log); the bundle is kept for diagnosis", file=sys.stderr,
+                      flush=True)
+            return INVALID_STATUS
         return 0
     finally:
         if guardian is not None:  # rank 0 got here: it reported and cleaned up itself
