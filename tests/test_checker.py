@@ -545,7 +545,8 @@ def test_every_rule_a_bundle_can_break_has_a_case() -> None:
     # see test_host_rules_without_bundle_data and test_tier_rules_without_bundle_data: rules that
     # need the runner's own host measurements (a fact in rules.yaml) cannot be broken by a bundle
     no_bundle_data = {r.id for r in load_rules().rules if "host_measurements" in r.needs}
-    assert no_bundle_data == {"DISK-SPACE", "FOLDER-USABLE", "TIER-SPACE", "TIER-USABLE", "IO-ENGINE"}
+    assert no_bundle_data == {"DISK-SPACE", "FOLDER-USABLE", "TIER-SPACE", "TIER-USABLE", "IO-ENGINE",
+                              "RESULTS-APART"}
     # the cross-examination rules (1.2) have their cases in the forgery suite
     assert {r.id for r in load_rules().rules} - no_bundle_data == set(NEGATIVE_CASES) | set(FORGERIES)
 

@@ -41,3 +41,17 @@ def test_a_valid_run_exits_0(tmp_path: Path) -> None:
     assert proc.returncode == 0, proc.stderr
     [bundle] = (tmp_path / "results").iterdir()
     assert not (bundle / "run.log").read_text().startswith("INVALID")
+
+
+def test_a_mistyped_checkpoint_folder_is_refused_at_once(tmp_path: Path) -> None:
+    import time
+
+    t0 = time.perf_counter()
+    proc = mlckpt("run", *SMALL, "checkpoint.folder=mnt/typo/ckpt", "output.root=results", cwd=tmp_path)
+    elapsed = time.perf_counter() - t0
+    assert proc.returncode == 2, proc.stderr
+    [line] = proc.stderr.strip().splitlines()
+    assert "[FOLDER-USABLE]" in line and f"its parent {tmp_path}/mnt/typo does not exist" in line
+    assert "mkdir -p" in line and "Traceback" not in proc.stderr
+    assert sorted(p.name for p in tmp_path.iterdir()) == []  # nothing created: no folder, no key
+    assert elapsed < 2.0, elapsed  # refused before mpiexec starts (about 0.7 s here)

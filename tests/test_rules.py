@@ -198,6 +198,10 @@ NEGATIVE: list[tuple[str, Callable[[], Context], list[str]]] = [
     ("FOLDER-USABLE", lambda: ctx_of(hosts=hosts8(folder_problem="/ckpt is not writable")),
      ["host h0: the checkpoint folder must be a writable directory holding no foreign files: "
       "/ckpt is not writable"]),
+    ("RESULTS-APART", lambda: ctx_of(hosts=hosts8(results_same_fs=True)),
+     ["host h0: closed runs keep checkpoints and results on different filesystems (output.root "
+      "elsewhere): expected the checkpoint folder and output.root on different filesystems, got one "
+      "filesystem"]),
     ("IO-ENGINE", lambda: ctx_of("io.direct=true", hosts=hosts8(direct_ok=False)),
      ["host h0: the I/O mode must work on the checkpoint filesystem of every host: O_DIRECT "
       "(io.direct=true; use io.direct=false on e.g. tmpfs); got refused at ./mlckpt-checkpoints"]),
@@ -284,6 +288,7 @@ POSITIVE: list[tuple[str, Callable[[], Context]]] = [
     ("DISK-SPACE", lambda: ctx_of(hosts=hosts8(disk_free_bytes=2 * TiB))),
     ("DISK-SPACE", lambda: ctx_of(hosts=hosts8(disk_free_bytes=10 * P8B_TOTAL))),  # exactly enough
     ("FOLDER-USABLE", lambda: ctx_of(hosts=hosts8(folder_problem=None))),
+    ("RESULTS-APART", lambda: ctx_of(hosts=hosts8(results_same_fs=False))),
     ("IO-ENGINE", lambda: ctx_of("io.direct=true", hosts=hosts8(direct_ok=True))),
     ("IO-ENGINE", lambda: ctx_of("io.direct=false", hosts=hosts8(direct_ok=False))),  # not asked for
     ("ASYNC-RESIDENCY", lambda: ctx_of("division=open", "checkpoint.mode=async")),  # residency=full
@@ -341,7 +346,7 @@ PRE_IO_RULES = {
     "RANKS-MULTIPLE", "ZERO3-PIPELINE", "LAYERS-PIPELINE", "SCALE-RANGE", "COUNTS-POSITIVE",
     "CLOSED-WORKLOAD", "CLOSED-RANKS", "CLOSED-COUNTS", "CLOSED-PARAMS", "CLOSED-OVERRIDES",
     "CLOSED-RANKS-PER-HOST", "CLOSED-ACCELERATOR-MEMORY", "HOST-MEMORY", "DISK-SPACE", "FOLDER-USABLE",
-    "IO-ENGINE",
+    "IO-ENGINE", "RESULTS-APART",
     "ASYNC-RESIDENCY", "TIERS-DISTINCT", "TIER-SPACE", "TIER-USABLE"}
 
 
@@ -377,7 +382,7 @@ def test_default_closed_plan_has_no_findings() -> None:
     assert ev.findings == ()
     assert {r for r, _ in ev.not_checked} == {
         "CLOSED-RANKS-PER-HOST", "CLOSED-ACCELERATOR-MEMORY", "HOST-MEMORY", "DISK-SPACE", "FOLDER-USABLE",
-        "TIER-SPACE", "TIER-USABLE", "IO-ENGINE"}  # measured by the runner's gates only
+        "TIER-SPACE", "TIER-USABLE", "IO-ENGINE", "RESULTS-APART"}  # measured by the runner's gates only
 
 
 def test_closed_rules_do_not_apply_to_open_division() -> None:

@@ -111,7 +111,8 @@ def launch(mpiexec: str, overrides: list[str], rank_command: Sequence[str] | Non
     # Every rank will be local: apply the same gates the ranks apply, before spawning any.
     folder = Path(s.config["checkpoint"]["folder"]).absolute()
     fast = s.config["checkpoint"]["tiers"]["fast"]
-    ctx = s.context((local_host(folder, range(s.plan.ranks), fast),), complete=True, measured=True)
+    results = Path(s.config["output"]["root"]).absolute()
+    ctx = s.context((local_host(folder, range(s.plan.ranks), fast, results),), complete=True, measured=True)
     refusal = blocking_message(s.rules.evaluate(ctx, ["config", "host"]).findings, str(s.config["division"]))
     if refusal:
         raise UsageError(refusal)

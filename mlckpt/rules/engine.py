@@ -103,6 +103,8 @@ class HostSpec:
     # What the runner's probe found on the checkpoint filesystem (None: not probed).
     direct_ok: bool | None = None
     dontcache_ok: bool | None = None
+    # Whether the checkpoint folder and output.root share a filesystem (None: not measured).
+    results_same_fs: bool | None = None
 
 
 @dataclass(frozen=True)

@@ -39,8 +39,8 @@ def blocking_message(findings: Sequence[Finding], division: str) -> str | None:
 
 def folder_problem(folder: Path) -> str | None:
     """Why ``folder`` can't hold checkpoints, or None.  It may be missing (created later) if its
-    nearest existing ancestor is a writable directory; if present it must be a writable directory
-    whose entries are all mlckpt run folders (carrying RUN_MARKER)."""
+    parent is a writable directory; if present it must be a writable directory whose entries are
+    all mlckpt run folders (carrying RUN_MARKER)."""
     if folder.is_symlink() and not folder.exists():
         return f"{folder} is a dangling link"
     if folder.exists():
@@ -58,11 +58,21 @@ def folder_problem(folder: Path) -> str | None:
             return f"{folder} holds files mlckpt did not write ({shown})"
         return None
     parent = existing_ancestor(folder)
+    if parent != folder.parent:
+        # mlckpt creates the folder itself, never the path to it: a mistyped path would otherwise
+        # be benchmarked on whatever disk holds its first existing ancestor.
+        return (f"{folder}: its parent {folder.parent} does not exist (a mistyped path? mlckpt creates "
+                f"only the last folder: create the rest first, e.g. mkdir -p {folder.parent})")
     if not parent.is_dir():
         return f"{parent} is not a directory"
     if not os.access(parent, os.W_OK | os.X_OK):
         return f"{parent} is not writable (needed to create {folder})"
     return None
+
+
+def same_filesystem(a: Path, b: Path) -> bool:
+    """Whether ``a`` and ``b`` (or, missing, the folders that will hold them) share a filesystem."""
+    return os.stat(existing_ancestor(a)).st_dev == os.stat(existing_ancestor(b)).st_dev
 
 
 def output_problem(root: Path) -> str | None:
@@ -103,7 +113,8 @@ def fast_tier_facts(fast: str | None, durable: Path) -> dict[str, Any]:
     return out
 
 
-def local_host(folder: Path, ranks: Sequence[int], fast: str | None = None) -> HostSpec:
+def local_host(folder: Path, ranks: Sequence[int], fast: str | None = None,
+               results: Path | None = None) -> HostSpec:
     """This host as the gates measure it (used by the self-launcher before spawning ranks)."""
     f = fast_tier_facts(fast, folder)
     return HostSpec(
@@ -115,11 +126,13 @@ def local_host(folder: Path, ranks: Sequence[int], fast: str | None = None) -> H
         f["fast_free_bytes"],
         f["fast_problem"],
         f["fast_fs"],
+        results_same_fs=same_filesystem(folder, results) if results is not None else None,
     )
 
 
 def measure_host(
-    host: str, folder: Path, io: Mapping[str, Any], fast: str | None, mpi_library: str
+    host: str, folder: Path, io: Mapping[str, Any], fast: str | None, mpi_library: str,
+    results: Path | None = None,
 ) -> dict[str, Any]:
     """Everything one host's leader measures for the gates (a plain dict: it crosses MPI)."""
     local: dict[str, Any] = {
@@ -130,6 +143,7 @@ def measure_host(
         "direct_ok": None,
         "dontcache_ok": None,
         "facts": host_facts(folder, mpi_library),
+        "results_same_fs": same_filesystem(folder, results) if results is not None else None,
         **fast_tier_facts(fast, folder),
     }
     if local["folder_problem"] is None:
@@ -156,6 +170,7 @@ def host_specs(names: Sequence[str], measured: Sequence[Mapping[str, Any]]) -> t
             by_host[h]["fast_fs"],
             by_host[h]["direct_ok"],
             by_host[h]["dontcache_ok"],
+            by_host[h].get("results_same_fs"),
         )
         for h in dict.fromkeys(names)
     )

@@ -85,7 +85,8 @@ def gate(job: Job, c: Configured) -> Gates:
     local = None
     with job.step("host measurement"):
         if names.index(job.host) == job.rank:
-            local = measure_host(job.host, folder, cfg["io"], c.pipe.fast, mpi_library())
+            local = measure_host(job.host, folder, cfg["io"], c.pipe.fast, mpi_library(),
+                                 Path(cfg["output"]["root"]).absolute())
         # The other ranks wait asleep: MPI's busy-polling collectives would halve the memory copy
         # rate a leader measures on a host with as many ranks as cores.
         job.idle_barrier()

@@ -81,6 +81,17 @@ def folder_usable(ctx: Context, rs: RuleSet, rule: Rule) -> Iterator[Outcome | N
                       where=f"host {h.name}")
 
 
+def results_apart(ctx: Context, rs: RuleSet, rule: Rule) -> Iterator[Outcome | NotChecked]:
+    """Checkpoints and results on different filesystems (MLPerf Storage keeps them apart): the
+    results' writes must not share the storage under test."""
+    for h in ctx.hosts or ():  # needs: [host_measurements]
+        if h.results_same_fs is None:
+            yield NotChecked(f"host {h.name}: not measured")
+        else:
+            yield Outcome(not h.results_same_fs, "the checkpoint folder and output.root on different "
+                          "filesystems", "one filesystem", where=f"host {h.name}")
+
+
 def tier_space(ctx: Context, rs: RuleSet, rule: Rule) -> Iterator[Outcome | NotChecked]:
     pipe = Pipeline.of(ctx.config)
     if not pipe.tiered:
@@ -128,6 +139,7 @@ CHECKS = checks_table(
     host_memory,
     disk_space,
     folder_usable,
+    results_apart,
     tier_space,
     tier_usable,
 )
