@@ -55,3 +55,32 @@ def test_a_mistyped_checkpoint_folder_is_refused_at_once(tmp_path: Path) -> None
     assert "mkdir -p" in line and "Traceback" not in proc.stderr
     assert sorted(p.name for p in tmp_path.iterdir()) == []  # nothing created: no folder, no key
     assert elapsed < 2.0, elapsed  # refused before mpiexec starts (about 0.7 s here)
+
+
+def test_the_laptop_preset_survives_overrides() -> None:
+    from mlckpt.cli.run_cmd import PRESETS, with_preset
+
+    laptop = list(PRESETS["laptop"])
+    assert with_preset([]) == (laptop, "laptop")
+    assert with_preset(["checkpoint.folder=/mnt/x"]) == ([*laptop, "checkpoint.folder=/mnt/x"], "laptop")
+    merged, _ = with_preset(["scale=0.5", "ranks=2"])  # the command line wins, key by key
+    assert "scale=0.5" in merged and "scale=0.0125" not in merged and "ranks=2" in merged
+    assert with_preset(["division=closed", "workload=llama3_70b"]) == (
+        ["division=closed", "workload=llama3_70b"], "none")
+    assert with_preset(["preset=none", "ranks=4"]) == (["ranks=4"], "none")
+
+
+def test_a_first_override_does_not_fall_off_the_quick_start_cliff(tmp_path: Path) -> None:
+    proc = mlckpt("run", "checkpoint.folder=ck", "scale=0.0005", "ranks=2", "checkpoint.num_writes=1",
+                  "checkpoint.num_reads=1", "output.root=results", cwd=tmp_path)
+    assert proc.returncode == 0, proc.stderr
+    assert proc.stdout.splitlines()[0] == (
+        "mlckpt run: preset laptop in force (workload=llama3_8b division=open; preset=none for the "
+        "workload's own configuration)")
+    assert "division open" in proc.stdout and "verdict open" in proc.stdout
+
+
+def test_unknown_preset_is_one_line(tmp_path: Path) -> None:
+    proc = mlckpt("run", "preset=huge", cwd=tmp_path)
+    assert proc.returncode == 2 and proc.stderr.strip() == (
+        "mlckpt: error: preset: unknown preset 'huge'; known: laptop, none")

@@ -254,19 +254,18 @@ def test_gates_refuse_o_direct_where_the_filesystem_does_not_take_it() -> None:
     assert io_engine_refusal([measured("a", dontcache_ok=False)], "/x").key == "io.dontcache"  # type: ignore[union-attr]
 
 
-def test_blocking_message_lists_the_first_and_counts_the_rest() -> None:
+def test_blocking_message_shows_every_blocking_finding() -> None:
     f = [Finding("A", "warning", "w"), Finding("B", "open", "b"), Finding("C", "invalid", "c")]
     assert blocking_message(f, "open") == "[C] c"
-    assert (
-        blocking_message(f, "closed")
-        == "[B] b (closed division: fix it, or run with division=open) [+1 more]"
-    )
+    assert blocking_message(f, "closed") == (
+        "[B] b (closed division: fix it, or run with division=open)\n  also: [C] c")
     assert blocking_message(f[:1], "closed") is None
     assert [h.name for h in host_specs(["x", "y", "x"], [measured("y"), measured("x")])] == ["x", "y"]
 
 
 def test_folder_problem(tmp_path: Path) -> None:
-    assert folder_problem(tmp_path / "new" / "deeper") is None
+    assert folder_problem(tmp_path / "new") is None  # mlckpt creates the last folder itself
+    assert "its parent" in str(folder_problem(tmp_path / "new" / "deeper"))  # never the path to it
     (tmp_path / "ours").mkdir()
     (tmp_path / "ours" / "run1").mkdir()
     (tmp_path / "ours" / "run1" / RUN_MARKER).touch()

@@ -19,10 +19,17 @@ from pathlib import Path
 
 from mlckpt.errors import UsageError
 
-# What `mlckpt run` with no overrides runs: the llama3_8b layout on its 8 ranks, open division,
-# scaled so one checkpoint is ~1.3 GiB, 3 writes and 3 reads (about a minute on a laptop).
-EMBEDDED_DEFAULT = ("workload=llama3_8b", "division=open", "scale=0.0125",
-                    "checkpoint.num_writes=3", "checkpoint.num_reads=3")
+# The presets of `mlckpt run`: keys set unless the command line sets them.  ``laptop``, the
+# default: the llama3_8b layout on its 8 ranks, open division, scaled so one checkpoint is ~1.3 GiB,
+# 3 writes and 3 reads (about 10 s on a 2-core VM).  It stays in force whatever else is overridden
+# (a checkpoint folder given for a first try must not turn the run into a full-scale closed one);
+# ``preset=none`` (or ``division=closed``) runs the workload's own configuration.
+PRESETS: dict[str, tuple[str, ...]] = {
+    "laptop": ("workload=llama3_8b", "division=open", "scale=0.0125", "checkpoint.num_writes=3",
+               "checkpoint.num_reads=3"),
+    "none": (),
+}
+EMBEDDED_DEFAULT = PRESETS["laptop"]
 
 _MPI_ENV = ("PMI_RANK", "PMI_SIZE", "PMIX_RANK", "OMPI_COMM_WORLD_SIZE", "MPI_LOCALNRANKS")
 
@@ -76,11 +83,27 @@ def expand_sweeps(overrides: Sequence[str]) -> list[list[str]]:
     return [list(combo) for combo in itertools.product(*axes)]
 
 
+def _key(override: str) -> str:
+    return override.split("=", 1)[0].lstrip("+~")
+
+
+def with_preset(overrides: Sequence[str]) -> tuple[list[str], str]:
+    """The overrides with the preset's keys the command line does not set, and the preset's name
+    (``preset=NAME`` given, else none for ``division=closed``, else laptop)."""
+    chosen = [o.split("=", 1)[1] for o in overrides if _key(o) == "preset"]
+    rest = [o for o in overrides if _key(o) != "preset"]
+    if len(chosen) > 1:
+        raise UsageError("preset: given more than once")
+    closed = any(_key(o) == "division" and o.split("=", 1)[1].strip() == "closed" for o in rest)
+    name = chosen[0] if chosen else ("none" if closed else "laptop")
+    if name not in PRESETS:
+        raise UsageError(f"preset: unknown preset {name!r}; known: {', '.join(PRESETS)}")
+    given = {_key(o) for o in rest}
+    return [*(o for o in PRESETS[name] if _key(o) not in given), *rest], name
+
+
 def handle(args: argparse.Namespace) -> int:
-    overrides = list(args.overrides) or list(EMBEDDED_DEFAULT)
-    if not args.overrides:
-        print("mlckpt run: no overrides, running the embedded default: " + " ".join(EMBEDDED_DEFAULT),
-              flush=True)
+    overrides, preset = with_preset(args.overrides)
     if under_mpi():
         if args.multirun:
             raise UsageError("-m/--multirun launches one mpiexec per configuration; "
@@ -89,6 +112,10 @@ def handle(args: argparse.Namespace) -> int:
 
         return mpi_main(overrides)
     combos = expand_sweeps(overrides) if args.multirun else [overrides]
+    if preset != "none":
+        added = [o for o in PRESETS[preset] if o in overrides]
+        print(f"mlckpt run: preset {preset} in force ({' '.join(added) or 'every key given'}; "
+              "preset=none for the workload's own configuration)", flush=True)
     mpiexec = find_mpiexec(args.mpiexec)
     status = 0
     for i, combo in enumerate(combos, 1):
@@ -116,7 +143,7 @@ def launch(mpiexec: str, overrides: list[str], rank_command: Sequence[str] | Non
     refusal = blocking_message(s.rules.evaluate(ctx, ["config", "host"]).findings, str(s.config["division"]))
     if refusal:
         raise UsageError(refusal)
-    ranks = list(rank_command or (sys.executable, "-m", "mlckpt", "run"))
+    ranks = list(rank_command or (sys.executable, "-m", "mlckpt", "run", "preset=none"))
     cmd = [mpiexec, "-n", str(s.plan.ranks), *ranks, *overrides]
     try:
         return subprocess.run(cmd, check=False).returncode

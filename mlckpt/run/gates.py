@@ -24,8 +24,9 @@ from mlckpt.run.cleanup import RUN_MARKER
 
 
 def blocking_message(findings: Sequence[Finding], division: str) -> str | None:
-    """The one-line refusal for findings that forbid running: any ``invalid`` one, and in the
-    closed division any ``open`` one (the run could never be a closed result)."""
+    """The refusal for findings that forbid running: any ``invalid`` one, and in the closed
+    division any ``open`` one (the run could never be a closed result).  The first on the error
+    line, every other on a line of its own."""
     blocking = [
         f for f in findings if f.severity == "invalid" or (f.severity == "open" and division == "closed")
     ]
@@ -33,8 +34,9 @@ def blocking_message(findings: Sequence[Finding], division: str) -> str | None:
         return None
     f = blocking[0]
     hint = " (closed division: fix it, or run with division=open)" if f.severity == "open" else ""
-    more = f" [+{len(blocking) - 1} more]" if len(blocking) > 1 else ""
-    return f"[{f.rule}] {f.message}{hint}{more}"
+    # Every blocking finding, one compact line each: fixing one must not reveal the next.
+    also = "".join(f"\n  also: [{g.rule}] {g.message}" for g in blocking[1:])
+    return f"[{f.rule}] {f.message}{hint}{also}"
 
 
 def folder_problem(folder: Path) -> str | None:
