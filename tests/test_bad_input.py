@@ -269,7 +269,8 @@ def test_the_table_is_broad() -> None:
 @pytest.mark.parametrize("name", [
     pytest.param(n, marks=pytest.mark.xfail(strict=True, reason=c.bug)) if c.bug else n
     for n, c in CASES.items()])
-def test_bad_input_is_refused_in_one_error_line_and_writes_nothing(name: str, outcomes: dict[str, Outcome]) -> None:
+def test_bad_input_is_refused_in_one_error_line_and_writes_nothing(name: str,
+                                                                   outcomes: dict[str, Outcome]) -> None:
     if name not in outcomes:
         pytest.skip("no read-only folder here (root, and no tmpfs mount)")
     case, out = CASES[name], outcomes[name]
