@@ -9,7 +9,8 @@ rank command; under mpiexec each rank runs :func:`mlckpt.run.runner.mpi_main` wi
 
 * ``MLCKPT_TEST_FAULT=KIND:R:OP:K`` (OP ``write``, ``read`` or ``drain``) acts on rank R inside
   its timed op OP K, after t0 and before its first byte.  KIND ``stall``: sleep forever (a stalled
-  rank); ``kill``: SIGKILL itself; ``pause``: wait until the ready file is removed, then do the op.
+  rank); ``kill``: SIGKILL itself; ``pause``: wait until the ready file is removed, then do the op;
+  ``slow``: a slowed storage path, the op takes ``MLCKPT_TEST_SLOW_S`` seconds (default 6) longer.
   With ``MLCKPT_TEST_FAULT_READY=PATH`` the rank first writes its pid to PATH.
 * ``MLCKPT_TEST_FLIP=R:I:OFF``: rank R flips one bit of byte OFF of its file I of checkpoint 1,
   between the writes and the restores.
@@ -73,7 +74,7 @@ class EnvFaults(Faults):
         if not spec:
             return action
         kind, frank, fop, findex = spec.split(":")
-        if kind not in ("stall", "kill", "pause"):
+        if kind not in ("stall", "kill", "pause", "slow"):
             raise ValueError(f"{FAULT}: unknown fault {kind!r}")
         if (int(frank), fop, int(findex)) != (rank, op, index):
             return action
@@ -84,6 +85,9 @@ class EnvFaults(Faults):
                 with open(f"{ready}.tmp", "w") as fh:
                     fh.write(f"{os.getpid()}\n")
                 os.replace(f"{ready}.tmp", ready)
+            if kind == "slow":
+                time.sleep(float(self.env.get("MLCKPT_TEST_SLOW_S", "6")))
+                return action()
             if kind == "kill":
                 os.kill(os.getpid(), signal.SIGKILL)
             if kind == "pause" and ready:

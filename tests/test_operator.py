@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+import itertools
 import os
 import subprocess
 import sys
@@ -84,3 +85,32 @@ def test_unknown_preset_is_one_line(tmp_path: Path) -> None:
     proc = mlckpt("run", "preset=huge", cwd=tmp_path)
     assert proc.returncode == 2 and proc.stderr.strip() == (
         "mlckpt: error: preset: unknown preset 'huge'; known: laptop, none")
+
+
+def test_a_piped_run_prints_a_line_at_least_every_5_s(tmp_path: Path) -> None:
+    """Under a pipe (as under mpiexec, Slurm or tee) a run with a slowed storage path still says
+    something at least every 5 s: a stage line at each stage and a heartbeat inside long ones."""
+    import time
+
+    sys.path.insert(0, str(Path(__file__).parent))
+    from conftest import mlckpt_command
+
+    env = {**os.environ, "XDG_CONFIG_HOME": str(tmp_path / "xdg"), "MLCKPT_TEST_FAULT": "slow:0:write:1",
+           "MLCKPT_TEST_SLOW_S": "7"}
+    env.pop("MLCKPT_PROGRESS_S", None)
+    cmd = [*mlckpt_command(env), "run", *SMALL, "checkpoint.folder=ck", "output.root=results"]
+    proc = subprocess.Popen(cmd, cwd=tmp_path, env=env, text=True, stdout=subprocess.PIPE,
+                            stderr=subprocess.STDOUT)
+    arrivals: list[tuple[float, str]] = []
+    assert proc.stdout is not None
+    for line in proc.stdout:
+        arrivals.append((time.monotonic(), line.rstrip("\n")))
+    assert proc.wait(timeout=300) == 0, "\n".join(line for _, line in arrivals)
+    text = [line for _, line in arrivals]
+    gaps = [b[0] - a[0] for a, b in itertools.pairwise(arrivals)]
+    assert max(gaps) < 6.0, (max(gaps), text)  # 5 s cadence, plus the heartbeat's own tick
+    heartbeat = [ln for ln in text if " write 1: " in ln and " s" in ln]
+    assert heartbeat, text  # inside the slowed write: elapsed time (and the device's progress)
+    for stage in ("gates", "prepare checkpoint 1", "write 1", "evict before restore 1", "read 1",
+                  "verify restore 1", "cleanup: removing this rank's"):
+        assert any(ln.split("   ", 1)[-1].startswith(stage) for ln in text), (stage, text)

@@ -8,6 +8,7 @@ import os
 import shutil
 import stat
 import sys
+import time
 from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
@@ -22,9 +23,11 @@ class Created:
     rank removes folders while another still has files in them), then its folders, unless
     ``keep``.  It touches nothing else and leaves a folder that is not empty in place."""
 
-    def __init__(self, keep: bool, between: Callable[[], None] = lambda: None) -> None:
+    def __init__(self, keep: bool, between: Callable[[], None] = lambda: None,
+                 stage: Callable[[str | None], None] = lambda _: None) -> None:
         self.keep = keep
         self.between = between
+        self.stage = stage  # rank 0's progress lines (Console.stage)
         self.files: list[str] = []
         self.dirs: list[Path] = []
         self.roots: list[Path] = []
@@ -34,7 +37,12 @@ class Created:
 
     def __exit__(self, *exc: Any) -> None:
         if not self.keep:
+            unique = len(set(self.files))
+            self.stage(f"cleanup: removing this rank's {unique} checkpoint file{'s' * (unique != 1)}")
+            t0 = time.monotonic()
             self.remove_files()
+            self.stage(f"cleanup: removed them in {time.monotonic() - t0:.1f} s")
+            self.stage(None)
         try:
             self.between()
         finally:

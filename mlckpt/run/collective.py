@@ -22,7 +22,7 @@ from typing import Any, Protocol
 
 from mlckpt.engine import StreamMismatch
 from mlckpt.errors import InternalError, IOFailure, MlckptError, VerificationError
-from mlckpt.run.console import Console, ProgressBar
+from mlckpt.run.console import Console, ProgressBar, device_progress
 from mlckpt.run.faults import NO_FAULTS, Faults
 from mlckpt.run.guardian import Guardian
 
@@ -102,6 +102,8 @@ class Job:
     @contextmanager
     def step(self, what: str) -> Iterator[None]:
         self.note(step=what)
+        if self.rank == 0:
+            self.console.stage(what)
         err: BaseException | None = None
         try:
             yield
@@ -195,6 +197,14 @@ class OpWatch:
             self.pending.clear()
 
 
+def op_progress(timer: OpTimer, op: str, nbytes: int) -> Callable[[float], str] | None:
+    """Rank 0's progress text for an op (None without a device to read)."""
+    if timer.probe is None or timer.device is None:
+        return None
+    field = "written_bytes" if op == "write" else "read_bytes"
+    return device_progress(timer.probe, field, nbytes * timer.host_ranks, nbytes * timer.job.size)
+
+
 @dataclass
 class OpTimer:
     """Runs one timed op on this rank, after a barrier; every rank agrees on failure.
@@ -215,6 +225,7 @@ class OpTimer:
     # device is the checkpoint folder's.
     probe: Callable[[], dict[str, Any]] | None = None
     device: str | None = None
+    host_ranks: int = 1  # ranks on this rank's host (rank 0's progress estimate)
 
     def __call__(
         self, op: str, index: int, ckpt: int, action: Callable[[], Any], nbytes: int, nfiles: int, opts: Any
@@ -232,6 +243,8 @@ class OpTimer:
             )
         sent = None
         before = None
+        if job.rank == 0:  # a progress line before the barrier, never inside the timing
+            job.console.stage(f"{op} {index}", op_progress(self, op, nbytes))
         try:
             job.comm.Barrier()
             if self.probe is not None:
@@ -254,6 +267,8 @@ class OpTimer:
                 watch.finish()
             elif sent is not None:
                 sent.wait()
+        if job.rank == 0:
+            job.console.stage(None)
         rec = {
             "op": op,
             "index": index,

@@ -3,10 +3,11 @@ and the pure formatting of each op's line and of the final headline."""
 
 from __future__ import annotations
 
+import os
 import sys
 import threading
 import time
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from datetime import datetime, timezone
 from typing import Any, TextIO
@@ -15,22 +16,80 @@ from mlckpt.units import GiB, fmt_bytes
 from mlckpt.workload.pipeline import DURABLE, FAST, MEMORY_FILESYSTEMS
 
 BAR_AFTER_S = 3.0  # show a progress bar inside an op that takes longer than this
+# Without a terminal (mpiexec, Slurm, tee, a log file): a stage line at every stage boundary and,
+# within a stage, a line at least this often.  MLCKPT_PROGRESS_S changes it (e.g. 1 or 30).
+PROGRESS_EVERY_S = 5.0
 
 
 def stamp() -> str:
     return datetime.now(timezone.utc).strftime("%H:%M:%S")
 
 
+def progress_every_s() -> float:
+    try:
+        return max(0.2, float(os.environ.get("MLCKPT_PROGRESS_S", PROGRESS_EVERY_S)))
+    except ValueError:
+        return PROGRESS_EVERY_S
+
+
 @dataclass
 class Console:
-    """Rank 0's output: every line is printed and kept, time-stamped, for the bundle's run.log."""
+    """Rank 0's output: every line is printed and kept, time-stamped, for the bundle's run.log.
+
+    Without a terminal it also prints progress, never kept in run.log: a time-stamped line at each
+    stage (:meth:`stage`) and, while a stage lasts, a line every :func:`progress_every_s` seconds
+    with its elapsed time and, for I/O ops, the bytes this host's device moved so far (read from
+    the kernel's counters by a thread of its own: nothing is added to the I/O path)."""
 
     out: TextIO = field(default=sys.stdout)
     log_lines: list[str] = field(default_factory=list)
+    plain: bool | None = None  # None: plain progress unless ``out`` is a terminal
+    _stage: tuple[str, float, Callable[[float], str] | None] | None = field(default=None, repr=False)
+    _last: float = field(default=0.0, repr=False)
+    _lock: threading.Lock = field(default_factory=threading.Lock, repr=False)
+    _beat: threading.Thread | None = field(default=None, repr=False)
+
+    def __post_init__(self) -> None:
+        if self.plain is None:
+            self.plain = not (hasattr(self.out, "isatty") and self.out.isatty())
+
+    def _print(self, line: str) -> None:
+        with self._lock:
+            print(line, file=self.out, flush=True)
+            self._last = time.monotonic()
 
     def say(self, line: str) -> None:
         self.log_lines.append(f"{stamp()} {line}")
-        print(line, file=self.out, flush=True)
+        self._print(line)
+
+    def stage(self, label: str | None, progress: Callable[[float], str] | None = None) -> None:
+        """Enter a stage (None: between stages).  Plain mode prints its line now and keeps the
+        heartbeat going while it lasts; ``progress(elapsed_s)`` adds to the heartbeat lines."""
+        if not self.plain:
+            return
+        self._stage = None if label is None else (label, time.monotonic(), progress)
+        if label is not None:
+            self._print(f"{stamp()}   {label}")
+        if self._beat is None:
+            self._beat = threading.Thread(target=self._heartbeat, name="mlckpt-progress", daemon=True)
+            self._beat.start()
+
+    def _heartbeat(self) -> None:
+        every = progress_every_s()
+        while True:
+            time.sleep(min(0.5, every / 4))
+            current = self._stage
+            if current is None or time.monotonic() - self._last < every:
+                continue
+            label, t0, progress = current
+            elapsed = time.monotonic() - t0
+            extra = ""
+            if progress is not None:
+                try:
+                    extra = progress(elapsed)
+                except Exception:  # progress is a courtesy: never let it break the run
+                    extra = ""
+            self._print(f"{stamp()}   {label}: {elapsed:.0f} s{', ' + extra if extra else ''}")
 
     def error(self, line: str) -> None:
         """A fatal line on stderr (also kept for the log)."""
@@ -71,6 +130,24 @@ class ProgressBar:
             self.thread.join()
             if self.shown:
                 sys.stderr.write("\r" + " " * 50 + "\r")
+
+
+def device_progress(read: Callable[[], dict[str, int]], field_name: str, host_bytes: int,
+                    total_bytes: int) -> Callable[[float], str]:
+    """A progress text for an op from this host's device counters: bytes done here so far, the
+    rate, and the time left at that rate (the host's share stands for the job's)."""
+    start = read().get(field_name)
+
+    def text(elapsed: float) -> str:
+        now = read().get(field_name)
+        if start is None or now is None or host_bytes <= 0 or elapsed <= 0:
+            return ""
+        done = min(max(now - start, 0), host_bytes)
+        rate = done / elapsed
+        left = (host_bytes - done) / rate if rate > 0 else float("inf")
+        return (f"{done / host_bytes:.0%} of this host's {fmt_bytes(host_bytes)} on its device "
+                f"(of {fmt_bytes(total_bytes)} in all), {rate / GiB:.2f} GiB/s, ~{left:.0f} s left")
+    return text
 
 
 def op_line(

@@ -217,6 +217,7 @@ def op_timer(job: Job, c: Configured, gates: Gates, folders: Folders, created: C
     if gates.leader(job.rank):  # the host's kernel counters around every op (records format 3)
         timer.device = block_device(folders.root)
         timer.probe = partial(counters_sample, timer.device)
+        timer.host_ranks = len(next(h for h in gates.hosts if job.rank in h.ranks).ranks)
     return timer
 
 
@@ -358,7 +359,8 @@ def run(job: Job, overrides: Sequence[str]) -> tuple[Path | None, str]:
         # After the gates (a refused run writes nothing, not even a new key), before any I/O.
         if job.rank == 0 and key is None:
             key = resolve_signing_key(str(cfg["signing"]["key"]), job.say)
-    with Created(bool(cfg["checkpoint"]["keep"]), between=lambda: final_barrier(job)) as created:
+    stage = job.console.stage if job.rank == 0 else (lambda _: None)
+    with Created(bool(cfg["checkpoint"]["keep"]), between=lambda: final_barrier(job), stage=stage) as created:
         run_id, records = phases(job, c, gates, created)
     folder = publish(job, c, gates, run_id, records, started, key) if job.rank == 0 else None
     verdict = job.comm.bcast(read_verdict(folder) if folder is not None else None)
