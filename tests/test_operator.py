@@ -114,3 +114,38 @@ def test_a_piped_run_prints_a_line_at_least_every_5_s(tmp_path: Path) -> None:
     for stage in ("gates", "prepare checkpoint 1", "write 1", "evict before restore 1", "read 1",
                   "verify restore 1", "cleanup: removing this rank's"):
         assert any(ln.split("   ", 1)[-1].startswith(stage) for ln in text), (stage, text)
+
+
+def test_a_terminal_run_shows_a_live_bar(tmp_path: Path) -> None:
+    """`mlckpt run` in a terminal (tmux, read back with capture-pane) shows a live bar of the
+    slowed write with the bytes its device moved, and takes it down before the last lines."""
+    import shutil as sh
+    import time
+
+    if sh.which("tmux") is None:
+        pytest.skip("tmux is not installed (.ci/run installs it)")
+    launcher = Path(__file__).parent / "fault_launcher.py"
+    session = f"mlckpt-{os.getpid()}"
+    socket = str(tmp_path / "tmux.sock")
+    command = (f"cd {tmp_path} && XDG_CONFIG_HOME={tmp_path}/xdg MLCKPT_TEST_FAULT=slow:0:write:1 "
+               f"MLCKPT_TEST_SLOW_S=6 {sys.executable} {launcher} run {' '.join(SMALL)} checkpoint.folder=ck "
+               f"output.root=results; echo EXIT=$?; sleep 60")
+    subprocess.run(["tmux", "-S", socket, "new-session", "-d", "-s", session, "-x", "150", "-y", "40",
+                    command], check=True, timeout=30)
+
+    def pane() -> str:
+        return subprocess.run(["tmux", "-S", socket, "capture-pane", "-p", "-t", session], text=True,
+                              capture_output=True, check=False, timeout=30).stdout
+
+    try:
+        seen_bar, deadline = "", time.monotonic() + 60
+        while time.monotonic() < deadline and "EXIT=" not in (screen := pane()):
+            bar = [ln for ln in screen.splitlines() if ln.strip().startswith("write 1 ") and "━" in ln]
+            seen_bar = seen_bar or (bar[0] if bar else "")
+            time.sleep(0.3)
+        assert "EXIT=0" in screen, screen
+        assert seen_bar and "MiB" in seen_bar, screen  # the live bar, with the device's bytes
+        assert "━" not in screen and "bundle: " in screen  # taken down; the last lines stay
+        assert "write 1/1: 53.61 MiB" in screen
+    finally:
+        subprocess.run(["tmux", "-S", socket, "kill-server"], check=False, timeout=30)

@@ -31,6 +31,7 @@ PRESETS: dict[str, tuple[str, ...]] = {
 }
 EMBEDDED_DEFAULT = PRESETS["laptop"]
 
+TERMINAL_ENV = "MLCKPT_TERMINAL"  # COLUMNSxLINES of the terminal `mlckpt run` was started in
 _MPI_ENV = ("PMI_RANK", "PMI_SIZE", "PMIX_RANK", "OMPI_COMM_WORLD_SIZE", "MPI_LOCALNRANKS")
 
 
@@ -145,7 +146,11 @@ def launch(mpiexec: str, overrides: list[str], rank_command: Sequence[str] | Non
         raise UsageError(refusal)
     ranks = list(rank_command or (sys.executable, "-m", "mlckpt", "run", "preset=none"))
     cmd = [mpiexec, "-n", str(s.plan.ranks), *ranks, *overrides]
+    env = dict(os.environ)
+    if sys.stdout.isatty():  # rank 0's output reaches this terminal through mpiexec's pipes
+        size = shutil.get_terminal_size()
+        env[TERMINAL_ENV] = f"{size.columns}x{size.lines}"
     try:
-        return subprocess.run(cmd, check=False).returncode
+        return subprocess.run(cmd, check=False, env=env).returncode
     except OSError as exc:
         raise UsageError(f"cannot start {mpiexec}: {exc.strerror}") from None

@@ -22,7 +22,7 @@ from typing import Any, Protocol
 
 from mlckpt.engine import StreamMismatch
 from mlckpt.errors import InternalError, IOFailure, MlckptError, VerificationError
-from mlckpt.run.console import Console, ProgressBar, device_progress
+from mlckpt.run.console import Console, DeviceMeter
 from mlckpt.run.faults import NO_FAULTS, Faults
 from mlckpt.run.guardian import Guardian
 
@@ -197,12 +197,12 @@ class OpWatch:
             self.pending.clear()
 
 
-def op_progress(timer: OpTimer, op: str, nbytes: int) -> Callable[[float], str] | None:
-    """Rank 0's progress text for an op (None without a device to read)."""
+def op_meter(timer: OpTimer, op: str, nbytes: int) -> DeviceMeter | None:
+    """Rank 0's meter of an op (None without a device to read)."""
     if timer.probe is None or timer.device is None:
         return None
     field = "written_bytes" if op == "write" else "read_bytes"
-    return device_progress(timer.probe, field, nbytes * timer.host_ranks, nbytes * timer.job.size)
+    return DeviceMeter(timer.probe, field, nbytes * timer.host_ranks, nbytes * timer.job.size)
 
 
 @dataclass
@@ -244,13 +244,12 @@ class OpTimer:
         sent = None
         before = None
         if job.rank == 0:  # a progress line before the barrier, never inside the timing
-            job.console.stage(f"{op} {index}", op_progress(self, op, nbytes))
+            job.console.stage(f"{op} {index}", op_meter(self, op, nbytes))
         try:
             job.comm.Barrier()
             if self.probe is not None:
                 before = self.probe()
             wall = time.time()
-            bar = ProgressBar(f"{op} {index}") if job.rank == 0 else None
             t0 = time.perf_counter_ns()
             err = _attempt(op, index, job.rank, action)
             t1 = time.perf_counter_ns()
@@ -259,8 +258,6 @@ class OpTimer:
                 watch.own_done()
             elif job.rank != 0 and self.channel is not None:
                 sent = self.channel.send_done(index)
-            if bar:
-                bar.stop()
             job.agree(err)
         finally:
             if watch is not None:

@@ -15,7 +15,6 @@ from typing import Any, TextIO
 from mlckpt.units import GiB, fmt_bytes
 from mlckpt.workload.pipeline import DURABLE, FAST, MEMORY_FILESYSTEMS
 
-BAR_AFTER_S = 3.0  # show a progress bar inside an op that takes longer than this
 # Without a terminal (mpiexec, Slurm, tee, a log file): a stage line at every stage boundary and,
 # within a stage, a line at least this often.  MLCKPT_PROGRESS_S changes it (e.g. 1 or 30).
 PROGRESS_EVERY_S = 5.0
@@ -33,121 +32,148 @@ def progress_every_s() -> float:
 
 
 @dataclass
+class DeviceMeter:
+    """An op's progress on this host, from its device's counters (``read``: the kernel's sample,
+    ``field``: written_bytes or read_bytes): the host's bytes done so far, out of ``host_bytes``;
+    the host's share stands for the job's ``total_bytes``."""
+
+    read: Callable[[], dict[str, int]]
+    field: str
+    host_bytes: int
+    total_bytes: int
+    start: int | None = None
+
+    def __post_init__(self) -> None:
+        self.start = self.read().get(self.field)
+
+    def done(self) -> int | None:
+        now = self.read().get(self.field)
+        if self.start is None or now is None or self.host_bytes <= 0:
+            return None
+        return min(max(now - self.start, 0), self.host_bytes)
+
+    def text(self, elapsed: float) -> str:
+        done = self.done()
+        if done is None or elapsed <= 0:
+            return ""
+        rate = done / elapsed
+        left = (self.host_bytes - done) / rate if rate > 0 else float("inf")
+        return (f"{done / self.host_bytes:.0%} of this host's {fmt_bytes(self.host_bytes)} on its device "
+                f"(of {fmt_bytes(self.total_bytes)} in all), {rate / GiB:.2f} GiB/s, ~{left:.0f} s left")
+
+
+@dataclass
 class Console:
     """Rank 0's output: every line is printed and kept, time-stamped, for the bundle's run.log.
 
-    Without a terminal it also prints progress, never kept in run.log: a time-stamped line at each
-    stage (:meth:`stage`) and, while a stage lasts, a line every :func:`progress_every_s` seconds
-    with its elapsed time and, for I/O ops, the bytes this host's device moved so far (read from
-    the kernel's counters by a thread of its own: nothing is added to the I/O path)."""
+    It also shows progress, never kept in run.log.  On a terminal: a live bar of the current stage
+    (rich), with an op's bytes done on this host's device, its rate and elapsed time.  Without one
+    (mpiexec, Slurm, tee, a log file): a time-stamped line at each stage (:meth:`stage`) and, while
+    a stage lasts, a line every :func:`progress_every_s` seconds with its elapsed time and the
+    same progress.  The device is read by a thread of its own: nothing is added to the I/O path."""
 
     out: TextIO = field(default=sys.stdout)
     log_lines: list[str] = field(default_factory=list)
     plain: bool | None = None  # None: plain progress unless ``out`` is a terminal
-    _stage: tuple[str, float, Callable[[float], str] | None] | None = field(default=None, repr=False)
+    _stage: tuple[str, float, DeviceMeter | None] | None = field(default=None, repr=False)
     _last: float = field(default=0.0, repr=False)
     _lock: threading.Lock = field(default_factory=threading.Lock, repr=False)
     _beat: threading.Thread | None = field(default=None, repr=False)
+    _live: Any = field(default=None, repr=False)  # rich.progress.Progress on a terminal
+    _task: Any = field(default=None, repr=False)
+    _terminal: str = field(default="", repr=False)
 
     def __post_init__(self) -> None:
+        # Under the self-launcher, rank 0's stdout is mpiexec's pipe to the launcher's terminal,
+        # whose size the launcher passes on (MLCKPT_TERMINAL=COLUMNSxLINES).
+        self._terminal = os.environ.get("MLCKPT_TERMINAL", "")
         if self.plain is None:
-            self.plain = not (hasattr(self.out, "isatty") and self.out.isatty())
+            self.plain = not (bool(self._terminal) or (hasattr(self.out, "isatty") and self.out.isatty()))
 
     def _print(self, line: str) -> None:
         with self._lock:
-            print(line, file=self.out, flush=True)
+            if self._live is not None:  # above the live bar
+                self._live.console.print(line, markup=False, highlight=False, soft_wrap=True)
+            else:
+                print(line, file=self.out, flush=True)
             self._last = time.monotonic()
 
     def say(self, line: str) -> None:
         self.log_lines.append(f"{stamp()} {line}")
         self._print(line)
 
-    def stage(self, label: str | None, progress: Callable[[float], str] | None = None) -> None:
-        """Enter a stage (None: between stages).  Plain mode prints its line now and keeps the
-        heartbeat going while it lasts; ``progress(elapsed_s)`` adds to the heartbeat lines."""
-        if not self.plain:
-            return
-        self._stage = None if label is None else (label, time.monotonic(), progress)
-        if label is not None:
-            self._print(f"{stamp()}   {label}")
-        if self._beat is None:
+    def stage(self, label: str | None, meter: DeviceMeter | None = None) -> None:
+        """Enter a stage (None: between stages), with its op's meter if it moves bytes."""
+        self._stage = None if label is None else (label, time.monotonic(), meter)
+        if self.plain:
+            if label is not None:
+                self._print(f"{stamp()}   {label}")
+        else:
+            self._show(label, meter)
+        if self._beat is None and label is not None:
             self._beat = threading.Thread(target=self._heartbeat, name="mlckpt-progress", daemon=True)
             self._beat.start()
+
+    def _show(self, label: str | None, meter: DeviceMeter | None) -> None:
+        from rich.progress import (
+            BarColumn,
+            DownloadColumn,
+            Progress,
+            TextColumn,
+            TimeElapsedColumn,
+            TransferSpeedColumn,
+        )
+
+        with self._lock:
+            if self._live is None:
+                self._live = Progress(TextColumn("  {task.description}"), BarColumn(),
+                                      DownloadColumn(binary_units=True), TransferSpeedColumn(),
+                                      TimeElapsedColumn(), transient=True, console=self._rich())
+                self._live.start()
+            if self._task is not None:
+                self._live.remove_task(self._task)
+                self._task = None
+            if label is not None:
+                total = meter.host_bytes if meter is not None and meter.done() is not None else None
+                self._task = self._live.add_task(label, total=total)
+
+    def _rich(self) -> Any:
+        from rich.console import Console as RichConsole
+
+        cols, _, lines = self._terminal.partition("x")
+        if cols.isdigit() and lines.isdigit():
+            return RichConsole(file=self.out, force_terminal=True, width=int(cols), height=int(lines))
+        return RichConsole(file=self.out)
+
+    def close(self) -> None:
+        """Take the live bar down (the run's last line is printed after it)."""
+        with self._lock:
+            if self._live is not None:
+                self._live.stop()
+                self._live = None
 
     def _heartbeat(self) -> None:
         every = progress_every_s()
         while True:
-            time.sleep(min(0.5, every / 4))
+            time.sleep(0.25 if not self.plain else min(0.5, every / 4))
             current = self._stage
-            if current is None or time.monotonic() - self._last < every:
+            if current is None:
                 continue
-            label, t0, progress = current
+            label, t0, meter = current
+            if not self.plain:
+                done = meter.done() if meter is not None else None
+                with self._lock:
+                    if self._live is not None and self._task is not None and done is not None:
+                        self._live.update(self._task, completed=done)
+                continue
+            if time.monotonic() - self._last < every:
+                continue
             elapsed = time.monotonic() - t0
-            extra = ""
-            if progress is not None:
-                try:
-                    extra = progress(elapsed)
-                except Exception:  # progress is a courtesy: never let it break the run
-                    extra = ""
+            try:
+                extra = meter.text(elapsed) if meter is not None else ""
+            except Exception:  # progress is a courtesy: never let it break the run
+                extra = ""
             self._print(f"{stamp()}   {label}: {elapsed:.0f} s{', ' + extra if extra else ''}")
-
-    def error(self, line: str) -> None:
-        """A fatal line on stderr (also kept for the log)."""
-        self.log_lines.append(f"{stamp()} error: {line}")
-        print(f"mlckpt: error: {line}", file=sys.stderr, flush=True)
-
-
-class ProgressBar:
-    """A bar on rank 0's terminal for ops longer than BAR_AFTER_S, driven by elapsed time (no
-    counters inside the timed I/O path).  Nothing is shown when stderr is not a terminal."""
-
-    def __init__(self, label: str) -> None:
-        self.stop_event = threading.Event()
-        self.shown = False
-        self.thread: threading.Thread | None = None
-        if not sys.stderr.isatty():
-            return
-        self.start = time.monotonic()
-        self.label = label
-        self.thread = threading.Thread(target=self._loop, daemon=True)
-        self.thread.start()
-
-    def _loop(self) -> None:
-        spin = 0
-        while not self.stop_event.wait(0.5):
-            el = time.monotonic() - self.start
-            if el < BAR_AFTER_S:
-                continue
-            spin = (spin + 1) % 20
-            bar = "".join("#" if i == spin else "." for i in range(20))
-            sys.stderr.write(f"\r  {self.label} [{bar}] {el:6.1f} s")
-            sys.stderr.flush()
-            self.shown = True
-
-    def stop(self) -> None:
-        self.stop_event.set()
-        if self.thread:
-            self.thread.join()
-            if self.shown:
-                sys.stderr.write("\r" + " " * 50 + "\r")
-
-
-def device_progress(read: Callable[[], dict[str, int]], field_name: str, host_bytes: int,
-                    total_bytes: int) -> Callable[[float], str]:
-    """A progress text for an op from this host's device counters: bytes done here so far, the
-    rate, and the time left at that rate (the host's share stands for the job's)."""
-    start = read().get(field_name)
-
-    def text(elapsed: float) -> str:
-        now = read().get(field_name)
-        if start is None or now is None or host_bytes <= 0 or elapsed <= 0:
-            return ""
-        done = min(max(now - start, 0), host_bytes)
-        rate = done / elapsed
-        left = (host_bytes - done) / rate if rate > 0 else float("inf")
-        return (f"{done / host_bytes:.0%} of this host's {fmt_bytes(host_bytes)} on its device "
-                f"(of {fmt_bytes(total_bytes)} in all), {rate / GiB:.2f} GiB/s, ~{left:.0f} s left")
-    return text
 
 
 def op_line(

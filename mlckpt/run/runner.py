@@ -390,7 +390,10 @@ def mpi_main(overrides: Sequence[str], faults: Faults = NO_FAULTS, out: TextIO |
 
         job = Job(MPI.COMM_WORLD, Console(out or sys.stdout), guardian, faults)
         try:
-            folder, verdict = run(job, overrides)
+            try:
+                folder, verdict = run(job, overrides)
+            finally:
+                job.console.close()  # the live bar (on a terminal) goes before the last lines
         except MlckptError as err:
             if job.rank == 0:
                 print(f"mlckpt: error: {err}", file=sys.stderr, flush=True)
