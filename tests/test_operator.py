@@ -149,3 +149,13 @@ def test_a_terminal_run_shows_a_live_bar(tmp_path: Path) -> None:
         assert "write 1/1: 53.61 MiB" in screen
     finally:
         subprocess.run(["tmux", "-S", socket, "kill-server"], check=False, timeout=30)
+
+
+def test_a_closed_run_without_a_system_description_is_refused() -> None:
+    from mlckpt.run.gates import description_refusal
+
+    err = description_refusal({"division": "closed", "system": None})
+    assert err is not None and err.exit_status == 2
+    assert str(err).startswith("system: a closed run needs a system description")
+    assert description_refusal({"division": "closed", "system": "sys.yaml"}) is None
+    assert description_refusal({"division": "open", "system": None}) is None

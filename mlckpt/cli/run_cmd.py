@@ -131,7 +131,7 @@ def launch(mpiexec: str, overrides: list[str], rank_command: Sequence[str] | Non
     ``mlckpt run``) on every rank under mpiexec."""
     from mlckpt.host.description import load_system_description
     from mlckpt.plan.config import setup
-    from mlckpt.run.gates import blocking_message, local_host
+    from mlckpt.run.gates import blocking_message, description_refusal, local_host
 
     s = setup(overrides)
     if s.config.get("system"):
@@ -144,6 +144,9 @@ def launch(mpiexec: str, overrides: list[str], rank_command: Sequence[str] | Non
     refusal = blocking_message(s.rules.evaluate(ctx, ["config", "host"]).findings, str(s.config["division"]))
     if refusal:
         raise UsageError(refusal)
+    missing = description_refusal(s.config)
+    if missing is not None:
+        raise missing
     ranks = list(rank_command or (sys.executable, "-m", "mlckpt", "run", "preset=none"))
     cmd = [mpiexec, "-n", str(s.plan.ranks), *ranks, *overrides]
     env = dict(os.environ)

@@ -39,6 +39,15 @@ def blocking_message(findings: Sequence[Finding], division: str) -> str | None:
     return f"[{f.rule}] {f.message}{hint}{also}"
 
 
+def description_refusal(config: Mapping[str, Any]) -> UsageError | None:
+    """A closed run needs the system description its result is published with: asked for before
+    any I/O, not discovered when the bundle cannot be submitted without a hand edit."""
+    if str(config["division"]) == "closed" and not config.get("system"):
+        return UsageError("system: a closed run needs a system description (system=FILE; "
+                          "`mlckpt describe-system FOLDER --out FILE` drafts one)", key="system")
+    return None
+
+
 def folder_problem(folder: Path) -> str | None:
     """Why ``folder`` can't hold checkpoints, or None.  It may be missing (created later) if its
     parent is a writable directory; if present it must be a writable directory whose entries are
@@ -225,6 +234,9 @@ def judge(setup: Setup, names: Sequence[str], measured: Sequence[Mapping[str, An
     refusal = blocking_message(findings, division)
     if refusal:
         raise UsageError(refusal)
+    missing = description_refusal(setup.config)
+    if missing is not None:
+        raise missing
     if not any(r.id == "IO-ENGINE" for r in setup.rules.rules):  # rules 1.0: refuse in our own words
         err = io_engine_refusal(measured, str(setup.config["checkpoint"]["folder"]))
         if err is not None:
