@@ -23,7 +23,7 @@ FIXTURE = Path(__file__).resolve().parent / "fixtures" / "tree-v0.1.0-fdb2ed2"
 RELEASED_RULES = {
     "1.0": "1e0d5492d0de07b9b1aedbc240db9e703c5cc66393abb033c6dc539a0025f2bb",
     "1.1": "454689ac70a2500d534fe3de9c45bf85802f596ad7e459b83ffc88c43ff76694",
-    "1.2": "7f851f2105ad91fd9284fc6dcfb2af1cb5a1c0167a9dbd7569ddcc5d19f860dd",
+    "1.2": "f8beab0301662afe7ca104cb97bba35b3216c715a8892a686884b843ceaec8a8",
 }
 
 

@@ -102,6 +102,11 @@ class Console:
         self.log_lines.append(f"{stamp()} {line}")
         self._print(line)
 
+    def error(self, line: str) -> None:
+        """A fatal line on stderr (also kept for the log)."""
+        self.log_lines.append(f"{stamp()} error: {line}")
+        print(f"mlckpt: error: {line}", file=sys.stderr, flush=True)
+
     def stage(self, label: str | None, meter: DeviceMeter | None = None) -> None:
         """Enter a stage (None: between stages), with its op's meter if it moves bytes."""
         self._stage = None if label is None else (label, time.monotonic(), meter)

@@ -102,17 +102,10 @@ def _device(
                 f"it grew by {grew} B",
                 where=where,
             )
-    if hc.get("device") is None or "busy_ms" not in after or "busy_ms" not in before:
+    # busy_ms is recorded but judges nothing: the kernel's io_ticks ran up to 35 % ahead of the
+    # wall clock in honest O_DIRECT runs here (and 2.5x in an unsynced one).
+    if hc.get("device") is None:
         return
-    synced = bool(d.config["checkpoint"]["fsync"]) or bool(d.config["io"]["direct"])
-    if counted and synced:
-        # Busy time only where the run leaves no dirty data behind (every op's bytes on the device
-        # by its end): the kernel books writeback still in flight from an unsynced op in lumps.
-        window_ms = (int(after["t_ns"]) - int(before["t_ns"])) / 1e6
-        busy = int(after["busy_ms"]) - int(before["busy_ms"])
-        if busy > window_ms * (1 + b["busy_rel"]) + b["busy_abs_ms"]:
-            yield Outcome(False, f"the device busy at most the window ({window_ms:.1f} ms)",
-                          f"busy {busy} ms", where=where)
     if counted:
         field = "written_bytes" if op == "write" else "read_bytes"
         moved = int(after[field]) - int(before[field])
@@ -155,10 +148,10 @@ def _between(
 
 def device_counters(ctx: Context, rs: RuleSet, rule: Rule) -> Iterator[Outcome | NotChecked]:
     """The kernel's counters of each host, sampled around every op, agree with the records: the
-    window frames the op; the device was not busy longer than the window; a durable write put at
-    least its bytes on the device, a cold restore read at least the bytes not resident, and no op's
-    worth of bytes moved between ops; O_DIRECT did not fill the page cache; a memory filesystem
-    is never cold, and a block filesystem has its device."""
+    window frames the op; a durable write put at least its bytes on the device, a cold restore
+    read at least the bytes not resident, and no op's worth of bytes moved between ops; O_DIRECT
+    did not fill the page cache; a memory filesystem is never cold, and a block filesystem has its
+    device."""
     d, b = _run(ctx), _bounds(rs)["counters"]
     if int(d.run.get("records_format", 0)) < 3:
         yield NotChecked("the records carry no kernel counters (records format 2)")
