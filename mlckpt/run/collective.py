@@ -111,7 +111,11 @@ class Job:
             err = exc
         except Exception as exc:  # a defect or an unexpected OS error: still agree, then stop
             err = InternalError(f"{what}: {type(exc).__name__}: {exc}")
-        self.agree(err)
+        try:
+            self.agree(err)
+        finally:
+            if self.rank == 0:
+                self.console.stage(None)
 
 
 class DoneChannel(Protocol):

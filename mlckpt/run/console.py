@@ -82,6 +82,7 @@ class Console:
     _live: Any = field(default=None, repr=False)  # rich.progress.Progress on a terminal
     _task: Any = field(default=None, repr=False)
     _terminal: str = field(default="", repr=False)
+    _closed: bool = field(default=False, repr=False)
 
     def __post_init__(self) -> None:
         # Under the self-launcher, rank 0's stdout is mpiexec's pipe to the launcher's terminal,
@@ -151,7 +152,9 @@ class Console:
         return RichConsole(file=self.out)
 
     def close(self) -> None:
-        """Take the live bar down (the run's last line is printed after it)."""
+        """Take the live bar down (the run's last line is printed after it); no more progress."""
+        self._stage = None
+        self._closed = True
         with self._lock:
             if self._live is not None:
                 self._live.stop()
@@ -159,7 +162,7 @@ class Console:
 
     def _heartbeat(self) -> None:
         every = progress_every_s()
-        while True:
+        while not self._closed:
             time.sleep(0.25 if not self.plain else min(0.5, every / 4))
             current = self._stage
             if current is None:
