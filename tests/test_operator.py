@@ -146,7 +146,7 @@ def test_a_terminal_run_shows_a_live_bar(tmp_path: Path) -> None:
         assert "EXIT=0" in screen, screen
         assert seen_bar and "MiB" in seen_bar, screen  # the live bar, with the device's bytes
         assert "━" not in screen and "bundle: " in screen  # taken down; the last lines stay
-        assert "write 1/1: 53.61 MiB" in screen
+        assert "write 1/1: 53.61 MiB from 2 ranks" in screen
     finally:
         subprocess.run(["tmux", "-S", socket, "kill-server"], check=False, timeout=30)
 

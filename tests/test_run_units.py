@@ -306,7 +306,8 @@ def test_op_line_labels_aggregate_and_slowest_rank() -> None:
     ]
     assert (
         op_line(recs, "write", 1, 3, {})
-        == "write 1/3: 4.00 GiB in 2.00 s = 2.00 GiB/s (slowest rank 1.00 GiB/s)"
+        == "write 1/3: 4.00 GiB from 2 ranks in 2.00 s = 2.00 GiB/s aggregate (slowest rank 1.00 GiB/s "
+        "on its own)"
     )
 
 

@@ -201,8 +201,8 @@ def op_line(
             where += " in memory"
         extra = f", verified, {cached / max(moved, 1):.1%} cached before{', ' + where if where else ''}"
     return (
-        f"{op} {k}/{n}: {fmt_bytes(moved)} in {dur:.2f} s = {moved / dur / GiB:.2f} GiB/s "
-        f"(slowest rank {slow / GiB:.2f} GiB/s{extra})"
+        f"{op} {k}/{n}: {fmt_bytes(moved)} from {len(recs)} rank{'s' * (len(recs) != 1)} in {dur:.2f} s = "
+        f"{moved / dur / GiB:.2f} GiB/s aggregate (slowest rank {slow / GiB:.2f} GiB/s on its own{extra})"
     )
 
 
