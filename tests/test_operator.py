@@ -159,3 +159,29 @@ def test_a_closed_run_without_a_system_description_is_refused() -> None:
     assert str(err).startswith("system: a closed run needs a system description")
     assert description_refusal({"division": "closed", "system": "sys.yaml"}) is None
     assert description_refusal({"division": "open", "system": None}) is None
+
+
+def test_a_sweep_with_a_bad_combination_is_refused_before_any_launch(tmp_path: Path) -> None:
+    proc = mlckpt("run", "-m", *SMALL, "io.threads=1,0,2", "checkpoint.folder=ck", cwd=tmp_path)
+    assert proc.returncode == 2, proc.stderr
+    assert proc.stderr.strip() == ("mlckpt: error: the sweep is refused before any launch: combination 2 "
+                                   "(io.threads=0): io.threads: 0 is less than the minimum of 1")
+    assert "--- multirun" not in proc.stdout and not (tmp_path / "mlckpt-results").exists()
+
+
+def test_a_sweep_goes_on_after_a_failed_launch_and_ends_with_its_table(tmp_path: Path) -> None:
+    shm = Path("/dev/shm")
+    if not shm.is_dir() or not os.access(shm, os.W_OK):
+        pytest.skip("no writable /dev/shm")
+    folders = f"{tmp_path}/ck,/dev/shm/mlckpt-sweep-{os.getpid()},{tmp_path}/ck2"
+    proc = mlckpt("run", "-m", *SMALL, f"checkpoint.folder={folders}", "output.root=results", cwd=tmp_path)
+    assert proc.returncode == 5, proc.stderr  # the worst launch: the tmpfs one is invalid
+    assert proc.stdout.count("--- multirun ") == 3 and "--- sweep of 3: 2 ok" in proc.stdout
+    [csv_file] = (tmp_path / "results").glob("sweep-*.csv")
+    import csv
+
+    rows = list(csv.reader(csv_file.open()))
+    assert rows[0][:2] == ["checkpoint.folder", "status"]
+    assert [r[1] for r in rows[1:]] == ["0 ok", "5 invalid", "0 ok"]
+    assert max(float(r[3]) for r in rows[1:] if r[1] == "0 ok") == 1.0  # ratios to the best valid run
+    assert all(r[6] for r in rows[1:])  # every launch left its bundle

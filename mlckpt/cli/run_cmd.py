@@ -16,6 +16,7 @@ import subprocess
 import sys
 from collections.abc import Sequence
 from pathlib import Path
+from typing import Any
 
 from mlckpt.errors import UsageError
 
@@ -118,17 +119,16 @@ def handle(args: argparse.Namespace) -> int:
         print(f"mlckpt run: preset {preset} in force ({' '.join(added) or 'every key given'}; "
               "preset=none for the workload's own configuration)", flush=True)
     mpiexec = find_mpiexec(args.mpiexec)
-    status = 0
-    for i, combo in enumerate(combos, 1):
-        if len(combos) > 1:
-            print(f"--- multirun {i}/{len(combos)}: {' '.join(combo)}", flush=True)
-        status = max(status, launch(mpiexec, combo))
-    return status
+    if len(combos) > 1:
+        from mlckpt.cli.sweep import run_sweep
+
+        return run_sweep(combos, validate, lambda combo: launch(mpiexec, combo))
+    return launch(mpiexec, combos[0])
 
 
-def launch(mpiexec: str, overrides: list[str], rank_command: Sequence[str] | None = None) -> int:
-    """Validate here (fail fast, nothing spawned), then run ``rank_command`` (default: this
-    ``mlckpt run``) on every rank under mpiexec."""
+def validate(overrides: list[str]) -> Any:
+    """Everything `mlckpt run` checks before it spawns a rank: the configuration, the system
+    description, and the gates every rank applies, on this host.  Returns the Setup."""
     from mlckpt.host.description import load_system_description
     from mlckpt.plan.config import setup
     from mlckpt.run.gates import blocking_message, description_refusal, local_host
@@ -147,6 +147,13 @@ def launch(mpiexec: str, overrides: list[str], rank_command: Sequence[str] | Non
     missing = description_refusal(s.config)
     if missing is not None:
         raise missing
+    return s
+
+
+def launch(mpiexec: str, overrides: list[str], rank_command: Sequence[str] | None = None) -> int:
+    """Validate here (fail fast, nothing spawned), then run ``rank_command`` (default: this
+    ``mlckpt run``) on every rank under mpiexec."""
+    s = validate(overrides)
     ranks = list(rank_command or (sys.executable, "-m", "mlckpt", "run", "preset=none"))
     cmd = [mpiexec, "-n", str(s.plan.ranks), *ranks, *overrides]
     env = dict(os.environ)

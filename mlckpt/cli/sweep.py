@@ -1,0 +1,110 @@
+"""`mlckpt run -m`: a sweep that validates every combination before it launches any, goes on when
+a launch fails, and ends with a table of the combinations (also written as CSV)."""
+
+from __future__ import annotations
+
+import csv
+import json
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from datetime import datetime, timezone
+from pathlib import Path
+from typing import Any
+
+from mlckpt.errors import MlckptError, UsageError
+
+STATUS_WORDS = {0: "ok", 1: "failed", 2: "refused", 3: "integrity", 4: "internal error", 5: "invalid"}
+
+
+@dataclass(frozen=True)
+class Done:
+    """One combination's launch: its exit status and, when it wrote one, its bundle's headline."""
+
+    combo: tuple[str, ...]
+    status: int
+    bundle: Path | None
+    write_gib_s: float | None
+    read_gib_s: float | None
+
+
+def swept_keys(combos: Sequence[Sequence[str]]) -> list[str]:
+    """The keys whose values differ between combinations (the table's first columns)."""
+    values: dict[str, set[str]] = {}
+    for combo in combos:
+        for o in combo:
+            key, _, value = o.partition("=")
+            values.setdefault(key, set()).add(value)
+    return [k for k, v in values.items() if len(v) > 1]
+
+
+def _values(combo: Sequence[str], keys: Sequence[str]) -> list[str]:
+    found = dict(o.partition("=")[::2] for o in combo)
+    return [found.get(k, "") for k in keys]
+
+
+def refusals(combos: Sequence[Sequence[str]], validate: Callable[[list[str]], Any]) -> list[str]:
+    """One line per combination the validation refuses (each named by its swept values)."""
+    keys = swept_keys(combos)
+    out = []
+    for i, combo in enumerate(combos, 1):
+        try:
+            validate(list(combo))
+        except MlckptError as exc:
+            named = " ".join(f"{k}={v}" for k, v in zip(keys, _values(combo, keys), strict=True))
+            out.append(f"combination {i} ({named}): {str(exc).splitlines()[0]}")
+    return out
+
+
+def _bundle(results: Path, before: set[Path]) -> tuple[Path | None, float | None, float | None]:
+    entries = results.iterdir() if results.is_dir() else iter(())
+    new = sorted(p for p in entries if p.is_dir() and p not in before and not p.name.startswith("."))
+    if not new:
+        return None, None, None
+    summary = json.loads((new[-1] / "summary.json").read_text())
+    return new[-1], summary.get("write_bandwidth_mean_gib_s"), summary.get("read_bandwidth_mean_gib_s")
+
+
+def table(done: Sequence[Done]) -> tuple[list[str], list[list[str]]]:
+    """The closing table: swept values, status, write and read GiB/s, each rate's ratio to the
+    best valid result of the sweep, and the bundle."""
+    keys = swept_keys([d.combo for d in done])
+    valid = [d for d in done if d.status == 0]  # an invalid result is nobody's reference
+    best_w = max((d.write_gib_s for d in valid if d.write_gib_s), default=None)
+    best_r = max((d.read_gib_s for d in valid if d.read_gib_s), default=None)
+    head = [*keys, "status", "write GiB/s", "vs best", "read GiB/s", "vs best", "bundle"]
+    rows = []
+    for d in done:
+        def rate(v: float | None, best: float | None) -> list[str]:
+            return ["", ""] if v is None or not best else [f"{v:.2f}", f"{v / best:.2f}"]
+        rows.append([*_values(d.combo, keys), f"{d.status} {STATUS_WORDS.get(d.status, '')}".strip(),
+                     *rate(d.write_gib_s, best_w), *rate(d.read_gib_s, best_r),
+                     d.bundle.name if d.bundle else ""])
+    return head, rows
+
+
+def run_sweep(combos: Sequence[Sequence[str]], validate: Callable[[list[str]], Any],
+              launch: Callable[[list[str]], int]) -> int:
+    """Validate every combination (refuse the sweep before any launch if one fails), launch each
+    in turn whatever the previous ones did, print the table and write it as CSV next to the
+    bundles.  The sweep's status is the worst of its launches."""
+    from tabulate import tabulate
+
+    bad = refusals(combos, validate)
+    if bad:
+        raise UsageError(f"the sweep is refused before any launch: {bad[0]}"
+                         + "".join(f"\n  also: {line}" for line in bad[1:]))
+    done = []
+    for i, combo in enumerate(combos, 1):
+        print(f"--- multirun {i}/{len(combos)}: {' '.join(combo)}", flush=True)
+        results = Path(validate(list(combo)).config["output"]["root"]).absolute()
+        before = set(results.iterdir()) if results.is_dir() else set()
+        status = launch(list(combo))
+        done.append(Done(tuple(combo), status, *_bundle(results, before)))
+    head, rows = table(done)
+    print(f"--- sweep of {len(done)}: {sum(d.status == 0 for d in done)} ok", flush=True)
+    print(tabulate(rows, headers=head, tablefmt="simple", disable_numparse=True), flush=True)
+    out = results / f"sweep-{datetime.now(timezone.utc).strftime('%Y%m%dT%H%M%SZ')}.csv"
+    with open(out, "w", newline="") as fh:
+        csv.writer(fh).writerows([head, *rows])
+    print(f"sweep table: {out}", flush=True)
+    return max(d.status for d in done)
