@@ -32,8 +32,9 @@ import yaml
 
 from mlckpt import bundle
 from mlckpt.bundle import released
-from mlckpt.metrics import complete_summary
 from mlckpt.rules import load_rules
+from mlckpt.rules.checks.evidence import recomputed_summary
+from mlckpt.rules.checks.result import RunData
 from mlckpt.workload.layout import make_plan
 from mlckpt.workload.model import workload_from_config
 
@@ -88,9 +89,8 @@ def disguise(folder: Path, i: int) -> None:
     (folder / "records.jsonl").write_text("".join(json.dumps(r, sort_keys=True) + "\n" for r in recs))
     config = yaml.safe_load((folder / "config.yaml").read_text())
     plan = make_plan(workload_from_config(config["workload"]), int(config["ranks"]), float(config["scale"]))
-    bound = load_rules().data["cold_read"]["max_resident_fraction"]
-    summary = complete_summary(recs, max_resident_fraction=bound, checkpoint_bytes=plan.total_bytes,
-                               restore_bytes=plan.restore_bytes(config["checkpoint"]["restore"]))
+    run = json.loads((folder / "run.json").read_text())
+    summary = recomputed_summary(load_rules(), RunData(run, config, {}, recs), plan)
     (folder / "summary.json").write_text(json.dumps(summary, indent=1, sort_keys=True) + "\n")
 
 

@@ -123,11 +123,12 @@ def stage_rules(st: State) -> None:
     # The tree's description stands in for one the bundle does not embed (bandwidth bounds).
     if system.get("description") is None and st.task.system.doc is not None:
         system = {**system, "description": st.task.system.doc}
-    ctx = dataclasses.replace(ctx, plan=plan, run=RunData(run, config, summary, st.records, system))
+    data = RunData(run, config, summary, st.records, system)
+    ctx = dataclasses.replace(ctx, plan=plan, run=data)
     skip = _unrecomputable(st, config)
-    if plan is not None and not skip:  # what the report shows: recomputed, never the claim
-        st.recomputed = recomputed_summary(rs, config, st.records, plan, int(run["records_format"]))
     ev = without(rs, skip).evaluate(ctx, ["config", "host", "result"])
+    if plan is not None and not skip:  # what the report shows: recomputed, never the claim
+        st.recomputed = recomputed_summary(rs, data, plan)  # the rules' own summarize, reused
     st.rule_findings = ev.findings
     st.not_checked += ev.not_checked
     division = str(config["division"])

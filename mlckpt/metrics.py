@@ -323,18 +323,16 @@ def summarize(records: Iterable[Mapping[str, Any]], *, max_resident_fraction: fl
     return out
 
 
-def complete_summary(records: Iterable[Mapping[str, Any]], *, max_resident_fraction: float,
-                     checkpoint_bytes: int, restore_bytes: int,
-                     records_format: int = RECORDS_FORMAT) -> dict[str, Any]:
-    """summary.json's whole content: the statistics, the plan's bytes (given: they come from the
-    plan of the run's own workload and scale), the read validity and the DLIO-named block.  The
-    runner writes it; the checker, ``compare`` and the leaderboard recompute it."""
-    summary = summarize(records, max_resident_fraction=max_resident_fraction, records_format=records_format)
-    summary["read_valid"] = bool(summary.get("read_cold", True) and summary.get("read_verified", True))
-    summary["checkpoint_bytes"] = checkpoint_bytes
-    summary["restore_bytes"] = restore_bytes
-    summary["dlio_compat"] = dlio_compat(summary, checkpoint_bytes)
-    return summary
+def completed(summary: Mapping[str, Any], checkpoint_bytes: int, restore_bytes: int) -> dict[str, Any]:
+    """summary.json's whole content from ``summarize``'s block: the plan's bytes (given: they come
+    from the plan of the run's own workload and scale), the read validity and the DLIO-named block.
+    A new dict (``summary`` is left as it is); see mlckpt.rules.checks.evidence.recomputed_summary."""
+    out = dict(summary)
+    out["read_valid"] = bool(out.get("read_cold", True) and out.get("read_verified", True))
+    out["checkpoint_bytes"] = checkpoint_bytes
+    out["restore_bytes"] = restore_bytes
+    out["dlio_compat"] = dlio_compat(out, checkpoint_bytes)
+    return out
 
 
 def dlio_compat(summary: Mapping[str, Any], checkpoint_bytes: int) -> dict[str, Any]:

@@ -16,8 +16,9 @@ from typing import Any
 import yaml
 
 from mlckpt import bundle
-from mlckpt.metrics import complete_summary
 from mlckpt.rules import load_rules
+from mlckpt.rules.checks.evidence import recomputed_summary
+from mlckpt.rules.checks.result import RunData
 from mlckpt.workload.layout import make_plan
 from mlckpt.workload.model import workload_from_config
 
@@ -56,17 +57,11 @@ def edit_records(folder: Path, fn: Callable[[list[Rec]], Any]) -> None:
 
 def resummarize(folder: Path) -> None:
     """summary.json as the runner would write it for the (edited) records and configuration."""
-    recs = read_records(folder)
     config = yaml.safe_load((folder / "config.yaml").read_text())
     run = read_json(folder, "run.json")
     plan = make_plan(workload_from_config(config["workload"]), int(config["ranks"]), float(config["scale"]))
-    summary = complete_summary(
-        recs,
-        max_resident_fraction=load_rules(run["rules_version"]).data["cold_read"]["max_resident_fraction"],
-        checkpoint_bytes=plan.total_bytes,
-        restore_bytes=plan.restore_bytes(config["checkpoint"]["restore"]),
-        records_format=run["records_format"],
-    )
+    data = RunData(run, config, {}, read_records(folder))
+    summary = recomputed_summary(load_rules(run["rules_version"]), data, plan)
     edit_json(folder, "summary.json", lambda _: summary)
 
 

@@ -89,6 +89,7 @@ def _recomputed(path: Path, docs: dict[str, Any], records: list[dict[str, Any]],
     from checker.judge import MAX_PLAN_FILES, plan_files_estimate
     from mlckpt.rules import load_rules
     from mlckpt.rules.checks.evidence import recomputed_summary
+    from mlckpt.rules.checks.result import RunData
     from mlckpt.workload.layout import make_plan
     from mlckpt.workload.model import workload_from_config
 
@@ -98,8 +99,7 @@ def _recomputed(path: Path, docs: dict[str, Any], records: list[dict[str, Any]],
         if plan_files_estimate(workload, int(config["ranks"])) > MAX_PLAN_FILES:
             raise ValueError(f"a plan of more than {MAX_PLAN_FILES} files")
         plan = make_plan(workload, int(config["ranks"]), float(config["scale"]))
-        return recomputed_summary(load_rules(version), config, records, plan,
-                                  int(docs["run.json"]["records_format"]))
+        return recomputed_summary(load_rules(version), RunData(docs["run.json"], config, {}, records), plan)
     except (MlckptError, KeyError, TypeError, ValueError, ZeroDivisionError, ArithmeticError) as exc:
         raise UsageError(f"{path}: cannot recompute the summary from records.jsonl: {exc}") from None
 

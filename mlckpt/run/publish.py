@@ -14,9 +14,10 @@ from typing import Any
 import yaml
 
 from mlckpt import __version__, bundle, formats
-from mlckpt.metrics import RECORDS_FORMAT, complete_summary
+from mlckpt.metrics import RECORDS_FORMAT
 from mlckpt.plan.config import Setup
 from mlckpt.rules import Finding, verdict
+from mlckpt.rules.checks.evidence import recomputed_summary
 from mlckpt.rules.checks.result import DATA_SCHEME, RunData
 from mlckpt.run.gates import Gates
 from mlckpt.workload.pipeline import Pipeline
@@ -38,10 +39,8 @@ class RunId:
 
 def summary_of(setup: Setup, records: Sequence[Mapping[str, Any]]) -> dict[str, Any]:
     """The summary: every number from the records (mlckpt.metrics), plus the plan's bytes."""
-    rules, cfg, plan = setup.rules, setup.config, setup.plan
-    return complete_summary(records, max_resident_fraction=rules.data["cold_read"]["max_resident_fraction"],
-                            checkpoint_bytes=plan.total_bytes,
-                            restore_bytes=plan.restore_bytes(cfg["checkpoint"]["restore"]))
+    # The checker's own recomputation, so what is written is what will be recomputed.
+    return recomputed_summary(setup.rules, RunData({}, setup.config, {}, list(records)), setup.plan)
 
 
 def manifest_of(

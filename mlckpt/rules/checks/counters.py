@@ -8,7 +8,8 @@ import itertools
 from collections.abc import Iterator, Mapping, Sequence
 from typing import Any
 
-from mlckpt.rules.checks.evidence import Rec, _bounds, _by_host, _end, _host_facts, _ops
+from mlckpt.metrics import group_ops
+from mlckpt.rules.checks.evidence import Rec, _bounds, _by_host, _end, _host_facts
 from mlckpt.rules.checks.result import RunData, _run
 from mlckpt.rules.engine import Context, NotChecked, Outcome, Rule, RuleSet, checks_table
 from mlckpt.workload.pipeline import DURABLE, MEMORY_FILESYSTEMS, Pipeline
@@ -163,9 +164,9 @@ def device_counters(ctx: Context, rs: RuleSet, rule: Rule) -> Iterator[Outcome |
             yield Outcome(
                 False, f"the block device of the {fs} checkpoint folder", "none", where=f"host {host}"
             )
-    ops = _ops(d)
+    ops = group_ops(d.records)
     windows: dict[str, list[tuple[tuple[str, int], Rec, int]]] = {}
-    for key, recs in sorted(ops.items(), key=lambda kv: (kv[0][0] != "write", kv[0][1])):
+    for key, recs in ops.items():  # writes first, each in index order
         op_dur = max(_end(r) - int(r["t0_ns"]) for r in recs)
         for host, hr in sorted(_by_host(recs).items()):
             leaders = [r for r in hr if "host_counters" in r]

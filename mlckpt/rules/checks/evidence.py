@@ -19,9 +19,8 @@ import statistics
 from collections.abc import Iterator, Mapping, Sequence
 from typing import Any
 
-from mlckpt import formats
-from mlckpt.metrics import complete_summary
-from mlckpt.rules.checks.result import RunData, _compare, _run
+from mlckpt.metrics import completed, group_ops
+from mlckpt.rules.checks.result import RunData, _compare, _run, _writes_by_rank
 from mlckpt.rules.engine import Context, NotChecked, Outcome, Rule, RuleSet, checks_table
 from mlckpt.workload.pipeline import DURABLE, MEMORY, Pipeline
 
@@ -49,13 +48,6 @@ def _bounds(rs: RuleSet) -> Mapping[str, Any]:
     return rs.data["evidence"]
 
 
-def _ops(d: RunData) -> dict[tuple[str, int], list[Rec]]:
-    out: dict[tuple[str, int], list[Rec]] = {}
-    for r in d.records:
-        out.setdefault((str(r["op"]), int(r["index"])), []).append(r)
-    return out
-
-
 def _end(r: Rec) -> int:
     """Where the timed op of a record ended on its rank: a write's stall ends at ``staged_ns``
     (its background stages may go on), a read at ``t1_ns``."""
@@ -74,14 +66,12 @@ def _host_facts(d: RunData) -> dict[str, Mapping[str, Any]]:
 
 
 # ------------------------------------------------------------------------------ what is shown
-def recomputed_summary(rs: RuleSet, config: Mapping[str, Any], records: Sequence[Rec], plan: Any,
-                       records_format: int) -> dict[str, Any]:
+def recomputed_summary(rs: RuleSet, d: RunData, plan: Any) -> dict[str, Any]:
     """summary.json as the records and the plan of the run's own workload and scale give it: what
-    the checker, ``compare`` and the leaderboard show, whatever the bundle's summary claims."""
-    return complete_summary(
-        records, max_resident_fraction=float(rs.data["cold_read"]["max_resident_fraction"]),
-        checkpoint_bytes=plan.total_bytes,
-        restore_bytes=plan.restore_bytes(str(config["checkpoint"]["restore"])), records_format=records_format)
+    the runner writes, and what the checker, ``compare`` and the leaderboard show, whatever the
+    bundle's summary claims."""
+    return completed(d.summarized(rs), plan.total_bytes,
+                     plan.restore_bytes(str(d.config["checkpoint"]["restore"])))
 
 
 def summary_exact(ctx: Context, rs: RuleSet, rule: Rule) -> Iterator[Outcome | NotChecked]:
@@ -90,8 +80,7 @@ def summary_exact(ctx: Context, rs: RuleSet, rule: Rule) -> Iterator[Outcome | N
     statistics themselves)."""
     d, plan = _run(ctx), ctx.plan
     assert plan is not None  # needs: [plan]
-    want = recomputed_summary(rs, d.config, d.records, plan,
-                              int(d.run.get("records_format", formats.RECORDS.version)))
+    want = recomputed_summary(rs, d, plan)
     extra = sorted(set(d.summary) - set(want))
     if extra:
         yield Outcome(
@@ -116,12 +105,13 @@ def records_mode(ctx: Context, rs: RuleSet, rule: Rule) -> Iterator[Outcome | No
     d = _run(ctx)
     io, fsync = d.config["io"], bool(d.config["checkpoint"]["fsync"])
     want_direct, want_dontcache = bool(io["direct"]), bool(io["dontcache"]) and not bool(io["direct"])
+    blocking_durable = Pipeline.of(d.config).blocking == DURABLE
     for r in d.records:
         where = f"{r['op']} {r['index']} rank {r['rank']}"
         direct = r.get("direct")
         if r["op"] == "read" and r.get("tier") != DURABLE:
             direct = want_direct if direct is False else direct  # a fast tier may refuse O_DIRECT
-        if r["op"] == "write" and Pipeline.of(d.config).blocking != DURABLE:
+        if r["op"] == "write" and not blocking_durable:
             direct = want_direct  # the stall's own stage is not the durable write: see stages
         got = (bool(r.get("fsync")) if r["op"] == "write" else fsync, direct, r.get("dontcache"))
         if got != (fsync, want_direct, want_dontcache):
@@ -152,7 +142,7 @@ def start_skew(ctx: Context, rs: RuleSet, rule: Rule) -> Iterator[Outcome | NotC
     """The ranks of one host leave each op's barrier together (same clock): a rank that claims it
     started late shortens its own duration."""
     d, b = _run(ctx), _bounds(rs)["start_skew"]
-    for (op, idx), recs in sorted(_ops(d).items()):
+    for (op, idx), recs in sorted(group_ops(d.records).items()):
         for host, hr in sorted(_by_host(recs).items()):
             t0 = [int(r["t0_ns"]) for r in hr]
             dur = max(_end(r) - int(r["t0_ns"]) for r in hr)
@@ -182,7 +172,7 @@ def timing_copies(ctx: Context, rs: RuleSet, rule: Rule) -> Iterator[Outcome | N
     equal another's, or an op whose per-rank durations equal another op's (or a rank's across
     ops equal another rank's), was copied."""
     d = _run(ctx)
-    ops = _ops(d)
+    ops = group_ops(d.records)
     seen: dict[tuple[Any, ...], Rec] = {}
     for (op, idx), recs in sorted(ops.items()):
         starts = {h: min(int(r["t0_ns"]) for r in hr) for h, hr in _by_host(recs).items()}
@@ -280,9 +270,7 @@ def host_clocks(ctx: Context, rs: RuleSet, rule: Rule) -> Iterator[Outcome | Not
                 )
 
 
-def _host_rates(
-    d: RunData, op: str, recs: Sequence[Rec], tier: str | None = None
-) -> Iterator[tuple[str, float, int]]:
+def _host_rates(recs: Sequence[Rec], tier: str | None = None) -> Iterator[tuple[str, float, int]]:
     """(host, bytes per second, bytes) of each host in one op (its slowest rank's span)."""
     for host, hr in sorted(_by_host(recs).items()):
         if tier is None:
@@ -309,10 +297,10 @@ def host_physics(ctx: Context, rs: RuleSet, rule: Rule) -> Iterator[Outcome | No
     d, b = _run(ctx), _bounds(rs)["physics"]
     facts = _host_facts(d)
     measured = False
-    for (op, idx), recs in sorted(_ops(d).items()):
+    for (op, idx), recs in sorted(group_ops(d.records).items()):
         tiers = [None, MEMORY] if op == "write" else [None]
         for tier in tiers:
-            for host, rate, _ in _host_rates(d, op, recs, tier):
+            for host, rate, _ in _host_rates(recs, tier):
                 f = facts.get(host, {})
                 copy = f.get("memory_copy_gib_s")
                 what = f"{op} {idx}" + (" (memory stage)" if tier == MEMORY else "") + f" on {host}"
@@ -349,12 +337,7 @@ def async_evidence(ctx: Context, rs: RuleSet, rule: Rule) -> Iterator[Outcome | 
     checkpoint's barrier; the back-pressure a write reports covers the wait for the previous
     checkpoint to become durable."""
     d = _run(ctx)
-    writes: dict[int, list[Rec]] = {}
-    for r in d.records:
-        if r["op"] == "write":
-            writes.setdefault(int(r["rank"]), []).append(r)
-    for rank, recs in sorted(writes.items()):
-        recs.sort(key=lambda r: int(r["index"]))
+    for rank, recs in sorted(_writes_by_rank(d).items()):
         for a, nxt in itertools.pairwise(recs):
             where = f"write {a['index']} rank {rank}"
             over = int(a["staged_ns"]) + int(a["compute_ns"]) - int(nxt["t0_ns"])

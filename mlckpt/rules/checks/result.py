@@ -32,6 +32,19 @@ class RunData:
     summary: Mapping[str, Any]
     records: Sequence[Mapping[str, Any]]
     system: Mapping[str, Any] = field(default_factory=dict)
+    # summarize() of the records, computed once for every rule (and report) that needs it
+    _summaries: dict[tuple[float, int], dict[str, Any]] = field(default_factory=dict, compare=False,
+                                                                repr=False)
+
+    def summarized(self, rs: RuleSet) -> dict[str, Any]:
+        """The statistics of the records (``mlckpt.metrics.summarize``), under ``rs``'s cold-read
+        bound and the records' own format; shared, not to be changed."""
+        key = (float(rs.data["cold_read"]["max_resident_fraction"]),
+               int(self.run.get("records_format", formats.RECORDS.version)))
+        if key not in self._summaries:
+            self._summaries[key] = summarize(self.records, max_resident_fraction=key[0],
+                                             records_format=key[1])
+        return self._summaries[key]
 
     def ops(self, op: str) -> dict[int, list[Mapping[str, Any]]]:
         out: dict[int, list[Mapping[str, Any]]] = {}
@@ -168,8 +181,7 @@ def _compare(path: str, want: Any, have: Any) -> Iterator[tuple[str, Any, Any]]:
 
 def metrics_recompute(ctx: Context, rs: RuleSet, rule: Rule) -> Iterator[Outcome | NotChecked]:
     d = _run(ctx)
-    want = summarize(d.records, max_resident_fraction=rs.data["cold_read"]["max_resident_fraction"],
-                     records_format=int(d.run.get("records_format", formats.RECORDS.version)))
+    want = d.summarized(rs)
     diffs = list(_compare("", want, d.summary))
     for path, exp, got in diffs[:5]:
         yield Outcome(False, f"summary.{path} = {exp}", got)
