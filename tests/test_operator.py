@@ -185,3 +185,115 @@ def test_a_sweep_goes_on_after_a_failed_launch_and_ends_with_its_table(tmp_path:
     assert [r[1] for r in rows[1:]] == ["0 ok", "5 invalid", "0 ok"]
     assert max(float(r[3]) for r in rows[1:] if r[1] == "0 ok") == 1.0  # ratios to the best valid run
     assert all(r[6] for r in rows[1:])  # every launch left its bundle
+
+
+# Real Hydra (item 4): Hydra's own flags, hydra.* honoured or refused, a user's workload folder.
+
+def _user_workload(folder: Path, name: str) -> Path:
+    from mlckpt.resources import workloads_dir
+
+    text = (workloads_dir() / "workload" / "llama3_8b.yaml").read_text()
+    (folder / "workload").mkdir(parents=True)
+    (folder / "workload" / f"{name}.yaml").write_text(
+        text.replace("name: llama3_8b", f"name: {name}").replace("num_layers: 32", "num_layers: 16"))
+    return folder
+
+
+def test_cfg_job_shows_what_would_run_and_resolve_resolves_it(tmp_path: Path) -> None:
+    import yaml
+
+    proc = mlckpt("run", "--cfg", "job", "--resolve", "io.threads=2", cwd=tmp_path)
+    assert proc.returncode == 0, proc.stderr
+    cfg = yaml.safe_load(proc.stdout)
+    assert (cfg["division"], cfg["scale"], cfg["io"]["threads"], cfg["ranks"]) == ("open", 0.0125, 2, 8)
+    hydra_cfg = yaml.safe_load(mlckpt("run", "--cfg", "hydra", "output.root=res", cwd=tmp_path).stdout)
+    assert hydra_cfg["hydra"]["run"]["dir"] == "${output.root}"
+    assert hydra_cfg["hydra"]["job"]["name"] == "mlckpt"
+    assert sorted(p.name for p in tmp_path.iterdir()) == []  # showing creates nothing
+
+
+def test_info_and_help_show_a_user_config_folder(tmp_path: Path) -> None:
+    user = _user_workload(tmp_path / "conf", "tiny_16l")
+    info = mlckpt("run", "--info", "searchpath", "-cd", str(user), cwd=tmp_path)
+    assert info.returncode == 0, info.stderr
+    assert f"file://{user}" in info.stdout and "Config search path" in info.stdout
+    helped = mlckpt("run", "--help", "-cd", str(user), cwd=tmp_path)
+    assert "tiny_16l" in helped.stdout and "llama3_8b" in helped.stdout
+    assert "tiny_16l" not in mlckpt("run", "--help", cwd=tmp_path).stdout
+
+
+def test_a_user_workload_runs_in_the_open_division(tmp_path: Path) -> None:
+    import yaml
+
+    user = _user_workload(tmp_path / "conf", "tiny_16l")
+    proc = mlckpt("run", "--config-dir", str(user), *SMALL, "workload=tiny_16l", "checkpoint.folder=ck",
+                  cwd=tmp_path)
+    assert proc.returncode == 0, proc.stderr
+    [bundle] = (tmp_path / "mlckpt-results").iterdir()
+    config = yaml.safe_load((bundle / "config.yaml").read_text())
+    assert config["workload"]["name"] == "tiny_16l"
+    assert config["workload"]["model"]["num_layers"] == 16  # the ranks composed the user's file
+    closed = mlckpt("run", "-cd", str(user), "workload=tiny_16l", "division=closed", cwd=tmp_path)
+    assert closed.returncode == 2 and "[CLOSED-WORKLOAD]" in closed.stderr, closed.stderr
+    plan = mlckpt("plan", "-cd", str(user), "workload=tiny_16l", "division=open", cwd=tmp_path)
+    assert plan.stdout.startswith("tiny_16l on 8 ranks"), plan.stdout
+    unknown = mlckpt("run", *SMALL, "workload=tiny_16l", cwd=tmp_path)  # without -cd: not known
+    assert unknown.returncode == 2 and "unknown workload 'tiny_16l'" in unknown.stderr
+
+
+def test_a_user_folder_may_not_shadow_a_shipped_workload(tmp_path: Path) -> None:
+    user = _user_workload(tmp_path / "conf", "llama3_8b")
+    proc = mlckpt("run", "-cd", str(user), *SMALL, "checkpoint.folder=ck", cwd=tmp_path)
+    assert proc.returncode == 2
+    assert proc.stderr.strip().endswith("shadows mlckpt's own workload/llama3_8b.yaml; give it another name")
+    assert not (tmp_path / "ck").exists() and not (tmp_path / "mlckpt-results").exists()
+
+
+def test_hydra_run_dir_is_the_results_folder(tmp_path: Path) -> None:
+    proc = mlckpt("run", *SMALL, "checkpoint.folder=ck", "hydra.run.dir=elsewhere", cwd=tmp_path)
+    assert proc.returncode == 0, proc.stderr
+    [bundle] = (tmp_path / "elsewhere").iterdir()
+    assert (bundle / "run.json").is_file() and not (tmp_path / "mlckpt-results").exists()
+    assert not (tmp_path / "outputs").exists() and not (tmp_path / "elsewhere" / ".hydra").exists()
+
+
+@pytest.mark.parametrize(("args", "says"), [
+    (("hydra/job_logging=default",), "hydra/job_logging: not honoured by mlckpt run"),
+    (("hydra.job.chdir=true",), "hydra.job.chdir: not honoured by mlckpt run"),
+    (("hydra.sweep.dir=x",), "hydra.sweep.dir: applies under -m; give hydra.run.dir=DIR"),
+    (("-m", "io.threads=1,2", "hydra.run.dir=x"), "hydra.run.dir: applies without -m; give hydra.sweep.dir=DIR"),
+    (("hydra.run.dir=a", "output.root=b"), "output.root: given twice with different folders (a, b)"),
+    (("-m", "output.root=a,b"), "output.root: cannot be swept"),
+    (("--config-path", "x"), "--config-path: give your own config folder with --config-dir DIR"),
+    (("--cfg", "jobs"), "argument --cfg/-c: invalid choice: 'jobs'"),
+    (("-cd", "no-such-folder"), "--config-dir:"),
+])
+def test_hydra_settings_are_honoured_or_refused_in_one_line(tmp_path: Path, args: tuple[str, ...],
+                                                           says: str) -> None:
+    proc = mlckpt("run", *SMALL, "checkpoint.folder=ck", *args, cwd=tmp_path)
+    assert proc.returncode == 2, proc.stderr
+    assert len(proc.stderr.strip().splitlines()) == 1 and says in proc.stderr, proc.stderr
+    assert sorted(p.name for p in tmp_path.iterdir()) == []
+
+
+def test_sweep_folders_are_named_by_the_swept_values(tmp_path: Path) -> None:
+    proc = mlckpt("run", "-m", *SMALL, "io.threads=1,2", "checkpoint.folder=ck", "output.root=res", cwd=tmp_path)
+    assert proc.returncode == 0, proc.stderr
+    res = tmp_path / "res"
+    assert sorted(p.name for p in res.iterdir() if p.is_dir()) == ["io.threads=1", "io.threads=2"]
+    for threads in (1, 2):
+        [bundle] = (res / f"io.threads={threads}").iterdir()
+        assert f"io.threads={threads}/{bundle.name}" in proc.stdout  # the table names it
+    assert (res / "multirun.yaml").is_file()  # Hydra's own record of the sweep
+
+
+def test_hydra_policy_units() -> None:
+    from mlckpt.cli.hydra_app import folder_name, quoted, split
+
+    assert split(["io.threads=2", "hydra.run.dir=/r"], multirun=False) == (["io.threads=2", "output.root=/r"], [])
+    assert split(["hydra.sweep.dir=/r", "hydra.sweep.subdir=x"], multirun=True) == (
+        ["output.root=/r"], ["hydra.sweep.subdir=x"])
+    assert split(["hydra.run.dir=/r", "output.root=/r"], multirun=False) == (["output.root=/r"], [])
+    assert folder_name("checkpoint.folder=/tmp/a,io.threads=1") == "checkpoint.folder=_tmp_a,io.threads=1"
+    assert folder_name("") == "combination"
+    assert quoted("/a/io.threads=1") == "'/a/io.threads=1'" and quoted("it's") == '"it\'s"'

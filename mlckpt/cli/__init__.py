@@ -32,6 +32,9 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def _dispatch(argv: Sequence[str] | None) -> int:
+    argv = list(sys.argv[1:] if argv is None else argv)
+    if argv[:1] == ["run"]:  # Hydra's own parser reads `mlckpt run`'s flags and overrides
+        return run_cmd.handle_argv(argv[1:])
     parser = build_parser()
     args = parser.parse_args(argv)
     if not getattr(args, "func", None):

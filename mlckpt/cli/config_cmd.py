@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 
+from mlckpt.cli import hydra_app
 from mlckpt.plan.config import compose, resolved_yaml, validate
 
 
@@ -12,10 +13,12 @@ def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
                        description="Compose workloads/config.yaml with the overrides and print "
                        "the resolved YAML (validated against the rules' config schema).")
     p.add_argument("overrides", nargs="*", metavar="KEY=VALUE")
+    hydra_app.add_source_flags(p)
     p.set_defaults(func=handle)
 
 
 def handle(args: argparse.Namespace) -> int:
-    validate(compose(args.overrides))
-    print(resolved_yaml(args.overrides), end="")
+    src = hydra_app.source(args)
+    validate(compose(args.overrides, src))
+    print(resolved_yaml(args.overrides, src), end="")
     return 0

@@ -6,6 +6,7 @@ import argparse
 import json
 import sys
 
+from mlckpt.cli import hydra_app
 from mlckpt.plan.config import setup
 from mlckpt.plan.report import plan_document, plan_text
 
@@ -19,11 +20,12 @@ def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
     p.add_argument("--json", action="store_true", help="print the plan as one JSON object")
     p.add_argument("--files", action=argparse.BooleanOptionalAction, default=None,
                    help="list each layout's files (default: when there are at most 8 layouts)")
+    hydra_app.add_source_flags(p)
     p.set_defaults(func=handle)
 
 
 def handle(args: argparse.Namespace) -> int:
-    s = setup(args.overrides)
+    s = setup(args.overrides, hydra_app.source(args))
     ctx = s.context()
     ev = s.rules.evaluate(ctx, ["config"])
     doc = plan_document(s.plan, dict(s.config), ev, ctx)

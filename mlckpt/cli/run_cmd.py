@@ -18,7 +18,9 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
+from mlckpt.cli import hydra_app
 from mlckpt.errors import UsageError
+from mlckpt.plan.config import SHIPPED, ConfigSource, compose
 
 # The presets of `mlckpt run`: keys set unless the command line sets them.  ``laptop``, the
 # default: the llama3_8b layout on its 8 ranks, open division, scaled so one checkpoint is ~1.3 GiB,
@@ -37,17 +39,10 @@ _MPI_ENV = ("PMI_RANK", "PMI_SIZE", "PMIX_RANK", "OMPI_COMM_WORLD_SIZE", "MPI_LO
 
 
 def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
-    p = sub.add_parser(
-        "run", help="run a checkpoint workload (self-launches under mpiexec)",
-        description="Run checkpoint writes and restores with real MPI ranks and real fsync, "
-        "verify every page read back, and write a result bundle. With no overrides: the embedded "
-        "laptop default (" + " ".join(EMBEDDED_DEFAULT) + ").")
-    p.add_argument("overrides", nargs="*", metavar="KEY=VALUE")
-    p.add_argument("-m", "--multirun", action="store_true",
-                   help="expand comma-separated sweeps (ranks=8,16 io.threads=1,4): one launch each")
-    p.add_argument("--mpiexec", default=None, help="mpiexec to self-launch with (default: the one "
-                   "installed next to this Python, else the first on PATH)")
-    p.set_defaults(func=handle)
+    # Listed in `mlckpt --help`; the command line itself goes to Hydra's parser (see handle_argv).
+    sub.add_parser(
+        "run", help="run a checkpoint workload (self-launches under mpiexec; Hydra flags: "
+        "--cfg job, --info, -cd DIR, -cn NAME, -m)", add_help=False)
 
 
 def under_mpi() -> bool:
@@ -67,7 +62,8 @@ def find_mpiexec(explicit: str | None) -> str:
 
 
 def expand_sweeps(overrides: Sequence[str]) -> list[list[str]]:
-    """Hydra's basic-sweeper semantics: the cartesian product of comma-separated values."""
+    """Hydra's basic-sweeper semantics and spelling: the cartesian product of comma-separated
+    values, each written ``key=value`` as the sweeper hands them to a job."""
     from hydra.core.override_parser.overrides_parser import OverridesParser
     from hydra.errors import OverrideParseException
 
@@ -79,9 +75,12 @@ def expand_sweeps(overrides: Sequence[str]) -> list[list[str]]:
     for o in parsed:
         key = o.get_key_element()
         if o.is_sweep_override():
+            if key == "output.root":
+                raise UsageError("output.root: cannot be swept (each combination gets its own "
+                                 "sub-folder of it)", key="output.root")
             axes.append([f"{key}={v}" for v in o.sweep_string_iterator()])
         else:
-            axes.append([o.input_line])
+            axes.append([f"{key}={o.get_value_element_as_str()}"])
     return [list(combo) for combo in itertools.product(*axes)]
 
 
@@ -104,42 +103,100 @@ def with_preset(overrides: Sequence[str]) -> tuple[list[str], str]:
     return [*(o for o in PRESETS[name] if _key(o) not in given), *rest], name
 
 
-def handle(args: argparse.Namespace) -> int:
+def handle_argv(argv: Sequence[str]) -> int:
+    """`mlckpt run ARGS`: ``--mpiexec PATH`` is mlckpt's own; everything else is Hydra's."""
+    mpiexec, rest = None, list(argv)
+    for i, a in enumerate(rest):
+        if a == "--mpiexec" and i + 1 < len(rest):
+            mpiexec, rest = rest[i + 1], rest[:i] + rest[i + 2:]
+            break
+        if a.startswith("--mpiexec="):
+            mpiexec, rest = a.split("=", 1)[1], rest[:i] + rest[i + 1:]
+            break
+    args = hydra_app.parse(rest)
+    src = hydra_app.source(args)
     overrides, preset = with_preset(args.overrides)
     if under_mpi():
-        if args.multirun:
-            raise UsageError("-m/--multirun launches one mpiexec per configuration; "
-                             "run it outside mpiexec")
+        if args.multirun or hydra_app.shows_only(args):
+            raise UsageError("-m and the showing flags start no ranks; run them outside mpiexec")
         from mlckpt.run.runner import mpi_main
 
-        return mpi_main(overrides)
-    combos = expand_sweeps(overrides) if args.multirun else [overrides]
+        return mpi_main(overrides, source=src)
+    task, passed = hydra_app.split(overrides, bool(args.multirun))
+    flags = [a for a in rest if a not in args.overrides]
+    if hydra_app.shows_only(args):
+        if args.cfg or args.info is not None:
+            compose(task, src)  # a bad override is one line and exit 2, as for a run
+        hydra_app.call([*task, *passed, *flags], lambda cfg: 0, info=args.info is not None)
+        return 0
     if preset != "none":
         added = [o for o in PRESETS[preset] if o in overrides]
         print(f"mlckpt run: preset {preset} in force ({' '.join(added) or 'every key given'}; "
               "preset=none for the workload's own configuration)", flush=True)
-    mpiexec = find_mpiexec(args.mpiexec)
-    if len(combos) > 1:
-        from mlckpt.cli.sweep import run_sweep
+    exe = find_mpiexec(mpiexec)
+    if not args.multirun:
+        s = validate(task, src)  # before Hydra creates the results folder
+        outcome: list[int] = []
 
-        return run_sweep(combos, validate, lambda combo: launch(mpiexec, combo))
-    return launch(mpiexec, combos[0])
+        def one(cfg: Any) -> int:
+            combo, out = hydra_app.job_context()
+            outcome.append(launch(exe, _in_folder(combo, out, s), src, s))
+            return outcome[-1]
+
+        hydra_app.call([*task, *flags], one)
+        return outcome[0]
+    return _multirun(exe, flags, task, passed, src)
 
 
-def validate(overrides: list[str]) -> Any:
+def _in_folder(combo: list[str], out: str, s: Any) -> list[str]:
+    """The job's overrides, with Hydra's output folder as its results folder."""
+    if Path(out).absolute() == Path(s.config["output"]["root"]).absolute():
+        return combo
+    return [o for o in combo if _key(o) != "output.root"] + [f"output.root={hydra_app.quoted(out)}"]
+
+
+def _multirun(exe: str, flags: list[str], task: list[str], passed: list[str], src: Any) -> int:
+    from mlckpt.cli import sweep
+
+    combos = expand_sweeps(task)
+    setups = sweep.validate_all(combos, lambda combo: validate(combo, src))
+    keys = sweep.swept_keys(combos)
+    naming = hydra_app.sweep_naming(keys, [_key(o) for o in combos[0]])
+    done: list[sweep.Done] = []
+
+    def one(cfg: Any) -> int:
+        combo, out = hydra_app.job_context()
+        s = setups[frozenset(combo)]
+        print(f"--- multirun {len(done) + 1}/{len(combos)}: {' '.join(combo)}", flush=True)
+        done.append(sweep.launched(combo, Path(out), lambda: launch(exe, _in_folder(combo, out, s), src, s)))
+        return done[-1].status
+
+    hydra_app.call([*task, *naming, *passed, *flags], one)
+    root = Path(next(iter(setups.values())).config["output"]["root"]).absolute()
+    return sweep.finish(done, root)
+
+
+def validate(overrides: list[str], source: ConfigSource = SHIPPED) -> Any:
     """Everything `mlckpt run` checks before it spawns a rank: the configuration, the system
     description, and the gates every rank applies, on this host.  Returns the Setup."""
     from mlckpt.host.description import load_system_description
     from mlckpt.plan.config import setup
-    from mlckpt.run.gates import blocking_message, description_refusal, local_host
+    from mlckpt.run.gates import blocking_message, description_refusal, local_host, output_problem
 
-    s = setup(overrides)
+    s = setup(overrides, source)
     if s.config.get("system"):
         load_system_description(s.config["system"], s.rules.version)
     # Every rank will be local: apply the same gates the ranks apply, before spawning any.
     folder = Path(s.config["checkpoint"]["folder"]).absolute()
     fast = s.config["checkpoint"]["tiers"]["fast"]
     results = Path(s.config["output"]["root"]).absolute()
+    problem = output_problem(results)  # before Hydra creates the results folder
+    if problem:
+        raise UsageError(f"output.root: {problem}", key="output.root")
+    if str(s.config["signing"]["key"]) not in ("auto", "none"):  # an unusable key file
+        from mlckpt.run.configure import resolve_signing_key
+
+        resolve_signing_key(str(s.config["signing"]["key"]), print)
     ctx = s.context((local_host(folder, range(s.plan.ranks), fast, results),), complete=True, measured=True)
     refusal = blocking_message(s.rules.evaluate(ctx, ["config", "host"]).findings, str(s.config["division"]))
     if refusal:
@@ -150,11 +207,12 @@ def validate(overrides: list[str]) -> Any:
     return s
 
 
-def launch(mpiexec: str, overrides: list[str], rank_command: Sequence[str] | None = None) -> int:
-    """Validate here (fail fast, nothing spawned), then run ``rank_command`` (default: this
-    ``mlckpt run``) on every rank under mpiexec."""
-    s = validate(overrides)
-    ranks = list(rank_command or (sys.executable, "-m", "mlckpt", "run", "preset=none"))
+def launch(mpiexec: str, overrides: list[str], source: ConfigSource = SHIPPED, s: Any = None,
+           rank_command: Sequence[str] | None = None) -> int:
+    """Validate here (fail fast, nothing spawned) unless ``s`` is the validated setup, then run
+    ``rank_command`` (default: this ``mlckpt run``) on every rank under mpiexec."""
+    s = s or validate(overrides, source)
+    ranks = list(rank_command or (sys.executable, "-m", "mlckpt", "run", *source.args(), "preset=none"))
     cmd = [mpiexec, "-n", str(s.plan.ranks), *ranks, *overrides]
     env = dict(os.environ)
     if sys.stdout.isatty():  # rank 0's output reaches this terminal through mpiexec's pipes

@@ -6,6 +6,7 @@ import argparse
 import json
 import sys
 
+from mlckpt.cli import hydra_app
 from mlckpt.errors import UsageError
 from mlckpt.plan.config import setup
 from mlckpt.plan.sizer import failure_cost, size
@@ -29,6 +30,7 @@ def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
     p.add_argument("--stall", default=None, help="asynchronous checkpointing: what training waits per "
                    "checkpoint (e.g. a measured stall, 2s); the checkpoint is safe after the write time")
     p.add_argument("--json", action="store_true")
+    hydra_app.add_source_flags(p)
     p.set_defaults(func=handle)
 
 
@@ -43,7 +45,7 @@ def handle(args: argparse.Namespace) -> int:
         raise UsageError(str(exc)) from None
     if stall is not None and mtbf is None:
         raise UsageError("--stall: give --mtbf too (the stall only changes the failure arithmetic)")
-    s = setup(args.overrides)
+    s = setup(args.overrides, hydra_app.source(args))
     r = size(s.plan, interval, overhead=overhead, bandwidth_bytes_s=bw)
     f = None
     if mtbf is not None:

@@ -1,5 +1,6 @@
 """`mlckpt run -m`: a sweep that validates every combination before it launches any, goes on when
-a launch fails, and ends with a table of the combinations (also written as CSV)."""
+a launch fails (Hydra's basic sweeper and launcher run the combinations), and ends with a table of
+the combinations (also written as CSV)."""
 
 from __future__ import annotations
 
@@ -42,17 +43,22 @@ def _values(combo: Sequence[str], keys: Sequence[str]) -> list[str]:
     return [found.get(k, "") for k in keys]
 
 
-def refusals(combos: Sequence[Sequence[str]], validate: Callable[[list[str]], Any]) -> list[str]:
-    """One line per combination the validation refuses (each named by its swept values)."""
+def validate_all(combos: Sequence[Sequence[str]],
+                 validate: Callable[[list[str]], Any]) -> dict[frozenset[str], Any]:
+    """Every combination's validated setup, keyed by its overrides; the sweep is refused before
+    any launch, with one line per refused combination (each named by its swept values)."""
     keys = swept_keys(combos)
-    out = []
+    bad, setups = [], {}
     for i, combo in enumerate(combos, 1):
         try:
-            validate(list(combo))
+            setups[frozenset(combo)] = validate(list(combo))
         except MlckptError as exc:
             named = " ".join(f"{k}={v}" for k, v in zip(keys, _values(combo, keys), strict=True))
-            out.append(f"combination {i} ({named}): {str(exc).splitlines()[0]}")
-    return out
+            bad.append(f"combination {i} ({named}): {str(exc).splitlines()[0]}")
+    if bad:
+        raise UsageError(f"the sweep is refused before any launch: {bad[0]}"
+                         + "".join(f"\n  also: {line}" for line in bad[1:]))
+    return setups
 
 
 def _bundle(results: Path, before: set[Path]) -> tuple[Path | None, float | None, float | None]:
@@ -64,9 +70,9 @@ def _bundle(results: Path, before: set[Path]) -> tuple[Path | None, float | None
     return new[-1], summary.get("write_bandwidth_mean_gib_s"), summary.get("read_bandwidth_mean_gib_s")
 
 
-def table(done: Sequence[Done]) -> tuple[list[str], list[list[str]]]:
+def table(done: Sequence[Done], root: Path | None = None) -> tuple[list[str], list[list[str]]]:
     """The closing table: swept values, status, write and read GiB/s, each rate's ratio to the
-    best valid result of the sweep, and the bundle."""
+    best valid result of the sweep, and the bundle (relative to the sweep's ``root``)."""
     keys = swept_keys([d.combo for d in done])
     valid = [d for d in done if d.status == 0]  # an invalid result is nobody's reference
     best_w = max((d.write_gib_s for d in valid if d.write_gib_s), default=None)
@@ -78,33 +84,32 @@ def table(done: Sequence[Done]) -> tuple[list[str], list[list[str]]]:
             return ["", ""] if v is None or not best else [f"{v:.2f}", f"{v / best:.2f}"]
         rows.append([*_values(d.combo, keys), f"{d.status} {STATUS_WORDS.get(d.status, '')}".strip(),
                      *rate(d.write_gib_s, best_w), *rate(d.read_gib_s, best_r),
-                     d.bundle.name if d.bundle else ""])
+                     _shown(d.bundle, root)])
     return head, rows
 
 
-def run_sweep(combos: Sequence[Sequence[str]], validate: Callable[[list[str]], Any],
-              launch: Callable[[list[str]], int]) -> int:
-    """Validate every combination (refuse the sweep before any launch if one fails), launch each
-    in turn whatever the previous ones did, print the table and write it as CSV next to the
-    bundles.  The sweep's status is the worst of its launches."""
+def _shown(bundle: Path | None, root: Path | None) -> str:
+    if bundle is None:
+        return ""
+    return str(bundle.relative_to(root)) if root and bundle.is_relative_to(root) else bundle.name
+
+
+def launched(combo: Sequence[str], results: Path, launch: Callable[[], int]) -> Done:
+    """Launch one combination whose bundle goes to ``results``; what it left there."""
+    before = set(results.iterdir()) if results.is_dir() else set()
+    return Done(tuple(combo), launch(), *_bundle(results, before))
+
+
+def finish(done: Sequence[Done], root: Path) -> int:
+    """Print the table, write it as CSV under the sweep's results folder; the sweep's status is
+    the worst of its launches."""
     from tabulate import tabulate
 
-    bad = refusals(combos, validate)
-    if bad:
-        raise UsageError(f"the sweep is refused before any launch: {bad[0]}"
-                         + "".join(f"\n  also: {line}" for line in bad[1:]))
-    done = []
-    for i, combo in enumerate(combos, 1):
-        print(f"--- multirun {i}/{len(combos)}: {' '.join(combo)}", flush=True)
-        results = Path(validate(list(combo)).config["output"]["root"]).absolute()
-        before = set(results.iterdir()) if results.is_dir() else set()
-        status = launch(list(combo))
-        done.append(Done(tuple(combo), status, *_bundle(results, before)))
-    head, rows = table(done)
+    head, rows = table(done, root)
     print(f"--- sweep of {len(done)}: {sum(d.status == 0 for d in done)} ok", flush=True)
     print(tabulate(rows, headers=head, tablefmt="simple", disable_numparse=True), flush=True)
-    out = results / f"sweep-{datetime.now(timezone.utc).strftime('%Y%m%dT%H%M%SZ')}.csv"
+    out = root / f"sweep-{datetime.now(timezone.utc).strftime('%Y%m%dT%H%M%SZ')}.csv"
     with open(out, "w", newline="") as fh:
         csv.writer(fh).writerows([head, *rows])
     print(f"sweep table: {out}", flush=True)
-    return max(d.status for d in done)
+    return max((d.status for d in done), default=0)

@@ -8,6 +8,7 @@ import logging
 import re
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 from mlckpt.errors import ConfigError, UsageError
@@ -42,12 +43,47 @@ class Setup:
         return declared_hosts(self.config, self.plan.ranks)
 
 
-def known_workloads() -> list[str]:
-    return sorted(p.stem for p in (workloads_dir() / "workload").glob("*.yaml"))
+@dataclass(frozen=True)
+class ConfigSource:
+    """Where the configuration comes from: the shipped ``workloads/`` folder, plus a user's own
+    folder (Hydra's ``--config-dir``) and the primary config's name (``--config-name``)."""
+
+    config_dir: str | None = None
+    config_name: str = "config"
+
+    def user_dir(self) -> Path | None:
+        if self.config_dir is None:
+            return None
+        d = Path(self.config_dir).expanduser().absolute()
+        if not d.is_dir():
+            raise UsageError(f"--config-dir: {d} is not a folder", key="--config-dir")
+        # The ranks append the user's folder to Hydra's search path while `mlckpt run` prepends it
+        # (Hydra's --config-dir), so a file in both would compose differently; and a canonical
+        # name must always mean the canonical workload.
+        shipped = {q.relative_to(workloads_dir()) for q in workloads_dir().rglob("*.yaml")}
+        for q in sorted(d.rglob("*.yaml")):
+            if q.relative_to(d) in shipped:
+                raise ConfigError(f"--config-dir: {q} shadows mlckpt's own {q.relative_to(d)}; give "
+                                  "it another name", key="--config-dir")
+        return d
+
+    def args(self) -> list[str]:
+        """The same source as Hydra flags (for the ranks' command line)."""
+        out = [] if self.config_dir is None else ["--config-dir", str(self.user_dir())]
+        return out + ([] if self.config_name == "config" else ["--config-name", self.config_name])
 
 
-def compose(overrides: Sequence[str]) -> dict[str, Any]:
-    """Hydra compose of ``workloads/config.yaml`` with ``overrides``; returns a plain dict."""
+SHIPPED = ConfigSource()
+
+
+def known_workloads(source: ConfigSource = SHIPPED) -> list[str]:
+    folders = [workloads_dir(), *filter(None, [source.user_dir()])]
+    return sorted({p.stem for d in folders for p in (d / "workload").glob("*.yaml")})
+
+
+def compose(overrides: Sequence[str], source: ConfigSource = SHIPPED) -> dict[str, Any]:
+    """Hydra compose of ``workloads/config.yaml`` (or ``source``'s primary config, with its own
+    folder on the search path) with ``overrides``; returns a plain dict."""
     # Hydra logs composition details at import; keep the CLI quiet.
     logging.getLogger("hydra").setLevel(logging.ERROR)
     from hydra import compose as hydra_compose
@@ -60,13 +96,15 @@ def compose(overrides: Sequence[str]) -> dict[str, Any]:
         if ("=" not in ov and not ov.startswith("~")) or ov.lstrip("+~").startswith("="):
             raise UsageError(f"override {ov!r}: expected KEY=VALUE (e.g. ranks=64)", key=ov)
         choice = re.fullmatch(r"workload=(.*)", ov)
-        if choice and choice.group(1) not in known_workloads():
+        if choice and choice.group(1) not in known_workloads(source):
             raise ConfigError(f"workload: unknown workload {choice.group(1)!r}; known: "
-                              f"{', '.join(known_workloads())}", key="workload")
+                              f"{', '.join(known_workloads(source))}", key="workload")
+    user = source.user_dir()
+    extra = [] if user is None else [f"hydra.searchpath=[file://{user}]"]
     try:
         with initialize_config_dir(config_dir=str(workloads_dir()), version_base="1.3",
                                    job_name="mlckpt"):
-            cfg = hydra_compose(config_name="config", overrides=list(overrides))
+            cfg = hydra_compose(config_name=source.config_name, overrides=[*overrides, *extra])
             resolved = OmegaConf.to_container(cfg, resolve=True)
     except OverrideParseException as exc:
         raise UsageError(f"cannot parse override: {_first_line(exc)}") from None
@@ -135,8 +173,8 @@ def declared_hosts(config: Mapping[str, Any], ranks: int) -> tuple[HostSpec, ...
                  for i, b in enumerate(blocks))
 
 
-def setup(overrides: Sequence[str]) -> Setup:
-    config = compose(overrides)
+def setup(overrides: Sequence[str], source: ConfigSource = SHIPPED) -> Setup:
+    config = compose(overrides, source)
     validate(config)
     rules = load_rules(str(config["rules_version"]))
     workload = workload_from_config(config["workload"])
@@ -147,7 +185,7 @@ def setup(overrides: Sequence[str]) -> Setup:
     return Setup(config, tuple(overrides), rules, workload, plan)
 
 
-def resolved_yaml(overrides: Sequence[str]) -> str:
+def resolved_yaml(overrides: Sequence[str], source: ConfigSource = SHIPPED) -> str:
     import yaml
 
-    return yaml.safe_dump(compose(overrides), sort_keys=False)
+    return yaml.safe_dump(compose(overrides, source), sort_keys=False)

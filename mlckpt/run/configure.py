@@ -12,7 +12,7 @@ from typing import Any
 from mlckpt import bundle
 from mlckpt.errors import UsageError
 from mlckpt.host.description import load_system_description
-from mlckpt.plan.config import Setup, setup
+from mlckpt.plan.config import SHIPPED, ConfigSource, Setup, setup
 from mlckpt.run.collective import Job
 from mlckpt.run.gates import output_problem
 from mlckpt.workload.pipeline import Pipeline
@@ -57,13 +57,13 @@ def mpi_library() -> str:
         return ""
 
 
-def configure(job: Job, overrides: Sequence[str]) -> Configured:
+def configure(job: Job, overrides: Sequence[str], source: ConfigSource = SHIPPED) -> Configured:
     """The validated configuration; rank 0 also loads what must not fail after a whole run (the
     system description, the output folder, an explicit signing key)."""
     ovs = list(overrides)
     if not any(o.split("=", 1)[0].lstrip("+") == "ranks" for o in ovs):
         ovs.append(f"ranks={job.size}")
-    s = setup(ovs)
+    s = setup(ovs, source)
     description, key = None, None
     if job.rank == 0:
         if s.config.get("system"):

@@ -26,6 +26,7 @@ from typing import Any, TextIO
 from mlckpt import __version__, engine
 from mlckpt.errors import MlckptError
 from mlckpt.host.facts import block_device, counters_sample
+from mlckpt.plan.config import SHIPPED, ConfigSource
 from mlckpt.run.cleanup import RUN_MARKER, Created, sweep_run
 from mlckpt.run.collective import Job, MPIDone, OpTimer
 from mlckpt.run.configure import Configured, configure, mpi_library, resolve_signing_key
@@ -341,11 +342,11 @@ def publish(
     return final
 
 
-def run(job: Job, overrides: Sequence[str]) -> tuple[Path | None, str]:
+def run(job: Job, overrides: Sequence[str], source: ConfigSource = SHIPPED) -> tuple[Path | None, str]:
     """The whole run on this rank; rank 0 returns the bundle's folder; every rank the verdict."""
     started = now()
     with job.step("configuration"):
-        c = configure(job, overrides)
+        c = configure(job, overrides, source)
     cfg = c.config
     job.say(
         f"mlckpt {__version__}: {cfg['workload']['name']} on {job.size} ranks, division "
@@ -382,7 +383,8 @@ def final_barrier(job: Job) -> None:
         pass
 
 
-def mpi_main(overrides: Sequence[str], faults: Faults = NO_FAULTS, out: TextIO | None = None) -> int:
+def mpi_main(overrides: Sequence[str], faults: Faults = NO_FAULTS, out: TextIO | None = None,
+             source: ConfigSource = SHIPPED) -> int:
     """Entry point on every rank under mpiexec (tests pass their own ``faults``)."""
     guardian = Guardian.start()  # rank 0 only, and before MPI starts (no fork after MPI_Init)
     try:
@@ -391,7 +393,7 @@ def mpi_main(overrides: Sequence[str], faults: Faults = NO_FAULTS, out: TextIO |
         job = Job(MPI.COMM_WORLD, Console(out or sys.stdout), guardian, faults)
         try:
             try:
-                folder, verdict = run(job, overrides)
+                folder, verdict = run(job, overrides, source)
             finally:
                 job.console.close()  # the live bar (on a terminal) goes before the last lines
         except MlckptError as err:
