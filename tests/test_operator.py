@@ -261,7 +261,8 @@ def test_hydra_run_dir_is_the_results_folder(tmp_path: Path) -> None:
     (("hydra/job_logging=default",), "hydra/job_logging: not honoured by mlckpt run"),
     (("hydra.job.chdir=true",), "hydra.job.chdir: not honoured by mlckpt run"),
     (("hydra.sweep.dir=x",), "hydra.sweep.dir: applies under -m; give hydra.run.dir=DIR"),
-    (("-m", "io.threads=1,2", "hydra.run.dir=x"), "hydra.run.dir: applies without -m; give hydra.sweep.dir=DIR"),
+    (("-m", "io.threads=1,2", "hydra.run.dir=x"),
+     "hydra.run.dir: applies without -m; give hydra.sweep.dir=DIR"),
     (("hydra.run.dir=a", "output.root=b"), "output.root: given twice with different folders (a, b)"),
     (("-m", "output.root=a,b"), "output.root: cannot be swept"),
     (("--config-path", "x"), "--config-path: give your own config folder with --config-dir DIR"),
@@ -277,7 +278,8 @@ def test_hydra_settings_are_honoured_or_refused_in_one_line(tmp_path: Path, args
 
 
 def test_sweep_folders_are_named_by_the_swept_values(tmp_path: Path) -> None:
-    proc = mlckpt("run", "-m", *SMALL, "io.threads=1,2", "checkpoint.folder=ck", "output.root=res", cwd=tmp_path)
+    proc = mlckpt("run", "-m", *SMALL, "io.threads=1,2", "checkpoint.folder=ck", "output.root=res",
+                  cwd=tmp_path)
     assert proc.returncode == 0, proc.stderr
     res = tmp_path / "res"
     assert sorted(p.name for p in res.iterdir() if p.is_dir()) == ["io.threads=1", "io.threads=2"]
@@ -290,7 +292,8 @@ def test_sweep_folders_are_named_by_the_swept_values(tmp_path: Path) -> None:
 def test_hydra_policy_units() -> None:
     from mlckpt.cli.hydra_app import folder_name, quoted, split
 
-    assert split(["io.threads=2", "hydra.run.dir=/r"], multirun=False) == (["io.threads=2", "output.root=/r"], [])
+    assert split(["io.threads=2", "hydra.run.dir=/r"], multirun=False) == (
+        ["io.threads=2", "output.root=/r"], [])
     assert split(["hydra.sweep.dir=/r", "hydra.sweep.subdir=x"], multirun=True) == (
         ["output.root=/r"], ["hydra.sweep.subdir=x"])
     assert split(["hydra.run.dir=/r", "output.root=/r"], multirun=False) == (["output.root=/r"], [])

@@ -436,7 +436,10 @@ def test_multirun_one_bundle_per_rank_count(tmp_path: Path) -> None:
     assert len(bundles) == 2 and all(b.is_dir() for b in bundles)
     results = sorted(p.name for p in (tmp_path / "mlckpt-results").iterdir())
     [table] = [n for n in results if n.startswith("sweep-") and n.endswith(".csv")]  # the sweep's table
-    assert [n for n in results if n != table] == sorted(b.name for b in bundles)
+    # one folder per combination, named by its swept value; Hydra's record of the sweep beside them
+    assert [n for n in results if n != table] == ["multirun.yaml", "ranks=4", "ranks=8"]
+    assert [(b.parent.name, b.parent.parent) for b in bundles] == [
+        ("ranks=4", tmp_path / "mlckpt-results"), ("ranks=8", tmp_path / "mlckpt-results")]
     runs = [Result.load(b) for b in bundles]
     assert [r.run["ranks"] for r in runs] == [4, 8]
     for r, n in zip(runs, (4, 8), strict=True):

@@ -18,7 +18,7 @@ def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
 
 
 def handle(args: argparse.Namespace) -> int:
-    src = hydra_app.source(args)
-    validate(compose(args.overrides, src))
-    print(resolved_yaml(args.overrides, src), end="")
+    src, overrides = hydra_app.source(args), hydra_app.aliased(args.overrides)
+    validate(compose(overrides, src))
+    print(resolved_yaml(overrides, src), end="")
     return 0

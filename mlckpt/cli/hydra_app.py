@@ -15,6 +15,7 @@ from collections.abc import Callable, Sequence
 from typing import Any
 
 from mlckpt.errors import UsageError
+from mlckpt.plan import aliases
 from mlckpt.plan.config import ConfigSource
 from mlckpt.resources import workloads_dir
 
@@ -53,6 +54,14 @@ def parse(argv: Sequence[str]) -> argparse.Namespace:
 
 def source(args: argparse.Namespace) -> ConfigSource:
     return ConfigSource(args.config_dir, args.config_name or "config")
+
+
+def aliased(overrides: Sequence[str]) -> list[str]:
+    """The overrides under mlckpt's names; a note on stderr for each mlpstorage or DLIO name."""
+    out, notes = aliases.canonical(overrides)
+    for note in notes:
+        print(f"mlckpt: note: {note}", file=sys.stderr, flush=True)
+    return out
 
 
 def add_source_flags(p: argparse.ArgumentParser) -> None:

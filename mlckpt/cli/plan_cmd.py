@@ -25,7 +25,7 @@ def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
 
 
 def handle(args: argparse.Namespace) -> int:
-    s = setup(args.overrides, hydra_app.source(args))
+    s = setup(hydra_app.aliased(args.overrides), hydra_app.source(args))
     ctx = s.context()
     ev = s.rules.evaluate(ctx, ["config"])
     doc = plan_document(s.plan, dict(s.config), ev, ctx)

@@ -115,7 +115,8 @@ def handle_argv(argv: Sequence[str]) -> int:
             break
     args = hydra_app.parse(rest)
     src = hydra_app.source(args)
-    overrides, preset = with_preset(args.overrides)
+    flags = [a for a in rest if a not in args.overrides]  # Hydra's own flags, in order
+    overrides, preset = with_preset(args.overrides if under_mpi() else hydra_app.aliased(args.overrides))
     if under_mpi():
         if args.multirun or hydra_app.shows_only(args):
             raise UsageError("-m and the showing flags start no ranks; run them outside mpiexec")
@@ -123,7 +124,6 @@ def handle_argv(argv: Sequence[str]) -> int:
 
         return mpi_main(overrides, source=src)
     task, passed = hydra_app.split(overrides, bool(args.multirun))
-    flags = [a for a in rest if a not in args.overrides]
     if hydra_app.shows_only(args):
         if args.cfg or args.info is not None:
             compose(task, src)  # a bad override is one line and exit 2, as for a run

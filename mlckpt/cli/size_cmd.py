@@ -45,7 +45,7 @@ def handle(args: argparse.Namespace) -> int:
         raise UsageError(str(exc)) from None
     if stall is not None and mtbf is None:
         raise UsageError("--stall: give --mtbf too (the stall only changes the failure arithmetic)")
-    s = setup(args.overrides, hydra_app.source(args))
+    s = setup(hydra_app.aliased(args.overrides), hydra_app.source(args))
     r = size(s.plan, interval, overhead=overhead, bandwidth_bytes_s=bw)
     f = None
     if mtbf is not None:

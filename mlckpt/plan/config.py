@@ -12,6 +12,7 @@ from pathlib import Path
 from typing import Any
 
 from mlckpt.errors import ConfigError, UsageError
+from mlckpt.plan import aliases
 from mlckpt.resources import workloads_dir
 from mlckpt.rules import Context, HostSpec, RuleSet, host_blocks, load_rules
 from mlckpt.schemas import first_error
@@ -92,6 +93,7 @@ def compose(overrides: Sequence[str], source: ConfigSource = SHIPPED) -> dict[st
     from omegaconf import OmegaConf
     from omegaconf.errors import OmegaConfBaseException
 
+    overrides = aliases.canonical(overrides)[0]  # the commands print the notes (cli.hydra_app)
     for ov in overrides:
         if ("=" not in ov and not ov.startswith("~")) or ov.lstrip("+~").startswith("="):
             raise UsageError(f"override {ov!r}: expected KEY=VALUE (e.g. ranks=64)", key=ov)

@@ -1,0 +1,53 @@
+"""The names users of mlpstorage and DLIO already type, mapped to mlckpt's own.  Pure.
+
+An alias is accepted on the command line and recorded under mlckpt's canonical name (the bundle
+never holds an alias), with a one-line note saying so.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+# workload=... : mlpstorage's model names, and DLIO's name of the workload llama3_8b is.
+WORKLOADS = {
+    "llama3-8b": "llama3_8b",
+    "llama3-70b": "llama3_70b",
+    "llama3-405b": "llama3_405b",
+    "llama3-1t": "llama3_1t",
+    "llama_8b_zero3": "llama3_8b",
+}
+
+# Keys: DLIO's checkpoint keys, bare or under workload. (as mlpstorage passes them to DLIO), and
+# `rules=` for `rules_version=`.
+_DLIO_KEYS = {
+    "checkpoint_folder": "checkpoint.folder",
+    "num_checkpoints_write": "checkpoint.num_writes",
+    "num_checkpoints_read": "checkpoint.num_reads",
+    "time_between_checkpoints": "checkpoint.compute_interval_s",
+}
+KEYS = {
+    "rules": "rules_version",
+    **{f"checkpoint.{k}": v for k, v in _DLIO_KEYS.items()},
+    **{f"workload.checkpoint.{k}": v for k, v in _DLIO_KEYS.items()},
+}
+
+
+def canonical(overrides: Sequence[str]) -> tuple[list[str], list[str]]:
+    """``overrides`` under mlckpt's names, and one note per alias used."""
+    out: list[str] = []
+    notes: list[str] = []
+    for o in overrides:
+        if "=" not in o:
+            out.append(o)
+            continue
+        raw_key, value = o.split("=", 1)
+        prefix = raw_key[: len(raw_key) - len(raw_key.lstrip("+~"))]
+        key = raw_key[len(prefix):]
+        new_key = KEYS.get(key, key)
+        new_value = WORKLOADS.get(value, value) if new_key == "workload" else value
+        if (new_key, new_value) != (key, value):
+            # '++' (DLIO's "add or override") on an alias: the canonical key always exists.
+            prefix = "" if new_key != key else prefix
+            notes.append(f"{o} is taken as {prefix}{new_key}={new_value} (mlckpt's name)")
+        out.append(f"{prefix}{new_key}={new_value}")
+    return out, notes
