@@ -9,12 +9,14 @@ from __future__ import annotations
 import json
 from collections.abc import Iterator
 from functools import cache
+from pathlib import Path
 from typing import Any
 
 from jsonschema import Draft202012Validator, validators
 from jsonschema.exceptions import ValidationError, best_match
 from referencing import Registry, Resource
 
+from mlckpt import strict
 from mlckpt.resources import rules_dir
 
 
@@ -30,13 +32,23 @@ StrictValidator = validators.extend(
 )
 
 
+def schema_folder(rules_version: str) -> Path:
+    """A rules version's schemas: its own ``schemas/``, or, for a rule set written on top of
+    another (``extends:`` in its rules.yaml, e.g. mlperf-storage-v3.0), the base's."""
+    folder = rules_dir() / rules_version
+    if (folder / "schemas").is_dir() or not (folder / "rules.yaml").is_file():
+        return folder / "schemas"
+    base = strict.parse_yaml((folder / "rules.yaml").read_bytes()).get("extends")
+    return schema_folder(str(base)) if base else folder / "schemas"
+
+
 @cache
 def _registry(rules_version: str) -> tuple[Registry, dict[str, Any]]:
     """Every schema of a rules version, by file stem, in one registry so that relative ``$ref``s
     resolve locally (never over the network)."""
     schemas: dict[str, Any] = {}
     registry: Registry = Registry()
-    for path in sorted((rules_dir() / rules_version / "schemas").glob("*.schema.json")):
+    for path in sorted(schema_folder(rules_version).glob("*.schema.json")):
         # Released schema files are fixed data: tests/test_formats.py checks each against the
         # draft 2020-12 metaschema and pins them, so loading need not (it cost ~70 ms a version).
         schema = json.loads(path.read_text(encoding="utf-8"))

@@ -24,6 +24,7 @@ RELEASED_RULES = {
     "1.0": "1e0d5492d0de07b9b1aedbc240db9e703c5cc66393abb033c6dc539a0025f2bb",
     "1.1": "454689ac70a2500d534fe3de9c45bf85802f596ad7e459b83ffc88c43ff76694",
     "1.2": "f8beab0301662afe7ca104cb97bba35b3216c715a8892a686884b843ceaec8a8",
+    "mlperf-storage-v3.0": "c67263fef9fed8bf837ca55263094217c46e8936fbf6daa714b6075dc5ecf65f",
 }
 
 
@@ -96,7 +97,8 @@ def test_records_match_their_typed_dicts() -> None:
     assert seen == {"write", "read"}
 
 
-@pytest.mark.parametrize("version", sorted(RELEASED_RULES))
+@pytest.mark.parametrize("version", sorted(v for v in RELEASED_RULES  # an `extends` set has none
+                                           if (rules_dir() / v / "schemas").is_dir()))
 def test_every_schema_is_a_valid_draft_2020_12_schema(version: str) -> None:
     from jsonschema import Draft202012Validator
 

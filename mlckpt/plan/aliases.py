@@ -17,8 +17,8 @@ WORKLOADS = {
     "llama_8b_zero3": "llama3_8b",
 }
 
-# Keys: DLIO's checkpoint keys, bare or under workload. (as mlpstorage passes them to DLIO), and
-# `rules=` for `rules_version=`.
+# Keys: DLIO's checkpoint keys, bare, under checkpoint. or under workload.checkpoint. (as
+# mlpstorage passes them to DLIO), and `rules=` for `rules_version=`.
 _DLIO_KEYS = {
     "checkpoint_folder": "checkpoint.folder",
     "num_checkpoints_write": "checkpoint.num_writes",
@@ -27,6 +27,7 @@ _DLIO_KEYS = {
 }
 KEYS = {
     "rules": "rules_version",
+    **_DLIO_KEYS,
     **{f"checkpoint.{k}": v for k, v in _DLIO_KEYS.items()},
     **{f"workload.checkpoint.{k}": v for k, v in _DLIO_KEYS.items()},
 }

@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Callable, Iterable, Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
@@ -261,7 +261,25 @@ def load_rule_set(version: str, checks: Mapping[str, CheckFn]) -> RuleSet:
     rules = [_rule(raw, facts.get(raw["id"], {}), checks, path) for raw in data["rules"]]
     if data.get("version") != version:
         raise ValueError(f"{path}: declares version {data.get('version')!r}, folder is {version!r}")
+    if "extends" in data:
+        return _extended(version, data, tuple(rules), folder, checks, path)
     return RuleSet(version, tuple(rules), data, folder, checks)
+
+
+def _extended(version: str, data: Mapping[str, Any], own: tuple[Rule, ...], folder: Path,
+              checks: Mapping[str, CheckFn], path: Path) -> RuleSet:
+    """A rule set written on top of another (``extends: BASE``): the base's rules less those it
+    ``omit``s (it states its own version of them), each rule named under ``cite`` with the source
+    section appended to its message, then its own rules; its data keys replace the base's."""
+    base = load_rule_set(str(data["extends"]), checks)
+    omit, cite = set(data.get("omit", ())), dict(data.get("cite", {}))
+    known = {r.id for r in base.rules}
+    if (omit | set(cite)) - known or known & {r.id for r in own}:
+        raise ValueError(f"{path}: omit/cite name unknown rules, or a rule id repeats the base's")
+    kept = tuple(replace(r, message=f"{r.message} ({cite[r.id]})") if r.id in cite else r
+                 for r in base.rules if r.id not in omit)
+    merged = {**base.data, **{k: v for k, v in data.items() if k not in ("omit", "cite")}}
+    return RuleSet(version, kept + own, merged, folder, checks)
 
 
 # --------------------------------------------------------------------------------------------

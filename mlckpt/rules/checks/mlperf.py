@@ -1,0 +1,124 @@
+"""Checks of MLPerf Storage's own checkpointing rules (rule set ``mlperf-storage-v3.0``), where
+mlckpt's checks do not already say the same thing.  Each rule's message cites its section of
+MLPerf Storage's Rules.md; the data (accelerator lists, counts, bounds) is under ``mlperf:`` in
+the rule set's rules.yaml.  Pure.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator, Mapping
+from typing import Any
+
+from mlckpt.rules.checks.result import _run
+from mlckpt.rules.engine import CheckFn, Context, NotChecked, Outcome, Rule, RuleSet
+from mlckpt.units import fmt_bytes
+
+
+def _mlperf(rs: RuleSet) -> Mapping[str, Any]:
+    return rs.data["mlperf"]
+
+
+def mlperf_processes(ctx: Context, rs: RuleSet, rule: Rule) -> Outcome | NotChecked:
+    """§4.6.1, with §4.3.5's subset mode as corrected upstream: fewer processes than the closed
+    count is a subset run, which only llama3_8b at 8 processes may be (and that is its full run)."""
+    canon = rs.canonical_workloads.get(ctx.workload.name)
+    if canon is None:
+        return NotChecked("not a canonical workload (see CLOSED-WORKLOAD)")
+    want = int(canon["closed_ranks"])
+    if ctx.ranks == want:
+        return Outcome(True)
+    subset = _mlperf(rs)["subset"]
+    why = (f"{ctx.ranks} processes: a subset run, which §4.3.5 admits for {subset['workload']} at "
+           f"{subset['ranks']} processes only (mlcommons/storage#841)" if ctx.ranks < want
+           else f"{ctx.ranks} processes")
+    return Outcome(False, f"{want} processes", why)
+
+
+def mlperf_accelerator(ctx: Context, rs: RuleSet, rule: Rule) -> Outcome | NotChecked:
+    """§4.3.4 Table 3: the closed division's accelerators; the others are what-if only."""
+    acc = ctx.get("accelerator")
+    closed = [str(a) for a in _mlperf(rs)["closed_accelerators"]]
+    if acc is None:
+        if not ctx.complete:
+            return NotChecked("accelerator not declared (give accelerator=NAME)")
+        return Outcome(False, " or ".join(closed), "no accelerator declared")
+    acc = str(acc).lower()
+    if acc in closed:
+        return Outcome(True)
+    whatif = [str(a) for a in _mlperf(rs)["whatif_accelerators"]]
+    return Outcome(False, " or ".join(closed),
+                   f"{acc} (what-if only)" if acc in whatif else f"{acc} (not in Table 3)")
+
+
+def mlperf_counts(ctx: Context, rs: RuleSet, rule: Rule) -> Outcome:
+    """§4.7.1: each phase 10 or 0 checkpoints, and not both 0 in one invocation."""
+    allowed = [int(n) for n in _mlperf(rs)["checkpoints_per_phase"]]
+    w, r = int(ctx.get("checkpoint.num_writes") or 0), int(ctx.get("checkpoint.num_reads") or 0)
+    ok = w in allowed and r in allowed and (w, r) != (0, 0)
+    return Outcome(ok, f"{' or '.join(map(str, allowed))} writes and reads per invocation, not both 0",
+                   f"{w} writes and {r} reads")
+
+
+def param_equals(ctx: Context, rs: RuleSet, rule: Rule) -> Outcome:
+    """A key the source rules fix, with the value in the rule's ``params``."""
+    key, want = str(rule.params["key"]), rule.params["value"]
+    have = ctx.get(key)
+    same = have == want or (isinstance(have, int | float) and isinstance(want, int | float)
+                            and float(have) == float(want))
+    return Outcome(same, f"{key}={want}", f"{key}={have}")
+
+
+def mlperf_memory_multiple(ctx: Context, rs: RuleSet, rule: Rule) -> Iterator[Outcome | NotChecked]:
+    """§4.3.1: where a client's checkpoint data is under 3× its memory, the page cache must be
+    cleared between the phases (mlckpt evicts and measures residency before every read)."""
+    d = _run(ctx)
+    multiple = float(_mlperf(rs)["memory_multiple"])
+    memory = {h.get("hostname"): int(h.get("memory_total_bytes") or 0) for h in d.system.get("hosts", [])}
+    first = min(d.ops("write"), default=None)
+    if first is None:
+        yield NotChecked("no write in this invocation")
+        return
+    per_host: dict[str, int] = {}
+    for r in d.ops("write")[first]:
+        per_host[str(r["host"])] = per_host.get(str(r["host"]), 0) + int(r["bytes"])
+    for host, data in sorted(per_host.items()):
+        mem = memory.get(host)
+        if not mem:
+            yield NotChecked(f"host {host}: memory not recorded")
+            continue
+        yield Outcome(data >= multiple * mem, f"at least {multiple:g} × {fmt_bytes(mem)} of memory",
+                      f"{fmt_bytes(data)} per checkpoint (caches must be cleared between phases; "
+                      "mlckpt evicted them before every read, see COLD-READ)", where=f"host {host}")
+
+
+def _phase_bounds(ctx: Context) -> tuple[float, float, float, float] | None:
+    """(first write start, last write end, first read start, last read end), wall seconds."""
+    d = _run(ctx)
+    def span(op: str) -> tuple[float, float] | None:
+        recs = [r for r in d.records if r.get("op") == op]
+        if not recs:
+            return None
+        return (min(float(r["wall_start"]) for r in recs),
+                max(float(r["wall_start"]) + (int(r["t1_ns"]) - int(r["t0_ns"])) / 1e9 for r in recs))
+    w, r = span("write"), span("read")
+    return None if w is None or r is None else (*w, *r)
+
+
+def mlperf_phase_gap(ctx: Context, rs: RuleSet, rule: Rule) -> Outcome | NotChecked:
+    """§4.7.1: at most 30 s from the end of the write phase to the start of the read phase."""
+    bounds = _phase_bounds(ctx)
+    if bounds is None:
+        return NotChecked("one phase only in this invocation")
+    limit = float(_mlperf(rs)["max_phase_gap_s"])
+    gap = bounds[2] - bounds[1]
+    return Outcome(gap <= limit, f"at most {limit:g} s", f"{gap:.1f} s")
+
+
+CHECKS: dict[str, CheckFn] = {
+    "mlperf_processes": mlperf_processes,
+    "mlperf_accelerator": mlperf_accelerator,
+    "mlperf_counts": mlperf_counts,
+    "param_equals": param_equals,
+    "mlperf_memory_multiple": mlperf_memory_multiple,
+    "mlperf_phase_gap": mlperf_phase_gap,
+}
