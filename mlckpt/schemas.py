@@ -34,7 +34,7 @@ StrictValidator = validators.extend(
 
 def schema_folder(rules_version: str) -> Path:
     """A rules version's schemas: its own ``schemas/``, or, for a rule set written on top of
-    another (``extends:`` in its rules.yaml, e.g. mlperf-storage-v3.0), the base's."""
+    another (``extends:`` in its rules.yaml, e.g. mlps-v3.0), the base's."""
     folder = rules_dir() / rules_version
     if (folder / "schemas").is_dir() or not (folder / "rules.yaml").is_file():
         return folder / "schemas"

@@ -24,7 +24,7 @@ RELEASED_RULES = {
     "1.0": "1e0d5492d0de07b9b1aedbc240db9e703c5cc66393abb033c6dc539a0025f2bb",
     "1.1": "454689ac70a2500d534fe3de9c45bf85802f596ad7e459b83ffc88c43ff76694",
     "1.2": "f8beab0301662afe7ca104cb97bba35b3216c715a8892a686884b843ceaec8a8",
-    "mlperf-storage-v3.0": "c67263fef9fed8bf837ca55263094217c46e8936fbf6daa714b6075dc5ecf65f",
+    "mlps-v3.0": "c912ddedaf17dcceb6d165321a59c22a1d4924aacdb4f7efe5866900a1b7320b",
 }
 
 

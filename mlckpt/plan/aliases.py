@@ -17,6 +17,9 @@ WORKLOADS = {
     "llama_8b_zero3": "llama3_8b",
 }
 
+# rules=/rules_version=: rule sets by the name their owners give them.
+RULE_SETS = {"mlperf-storage-v3.0": "mlps-v3.0"}
+
 # Keys: DLIO's checkpoint keys, bare, under checkpoint. or under workload.checkpoint. (as
 # mlpstorage passes them to DLIO), and `rules=` for `rules_version=`.
 _DLIO_KEYS = {
@@ -45,7 +48,7 @@ def canonical(overrides: Sequence[str]) -> tuple[list[str], list[str]]:
         prefix = raw_key[: len(raw_key) - len(raw_key.lstrip("+~"))]
         key = raw_key[len(prefix):]
         new_key = KEYS.get(key, key)
-        new_value = WORKLOADS.get(value, value) if new_key == "workload" else value
+        new_value = {"workload": WORKLOADS, "rules_version": RULE_SETS}.get(new_key, {}).get(value, value)
         if (new_key, new_value) != (key, value):
             # '++' (DLIO's "add or override") on an alias: the canonical key always exists.
             prefix = "" if new_key != key else prefix
