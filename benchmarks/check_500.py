@@ -90,7 +90,9 @@ def disguise(folder: Path, i: int) -> None:
     config = yaml.safe_load((folder / "config.yaml").read_text())
     plan = make_plan(workload_from_config(config["workload"]), int(config["ranks"]), float(config["scale"]))
     run = json.loads((folder / "run.json").read_text())
-    summary = recomputed_summary(load_rules(), RunData(run, config, {}, recs), plan)
+    system = json.loads((folder / "system.json").read_text())
+    data = RunData(run, config, {}, recs, system)
+    summary = recomputed_summary(load_rules(run["rules_version"]), data, plan)
     (folder / "summary.json").write_text(json.dumps(summary, indent=1, sort_keys=True) + "\n")
 
 

@@ -48,9 +48,12 @@ RECORDS = Format("records", "records.jsonl (run.json and summary.json: records_f
         "bytes read and written and busy time and the page cache's size (/sys/dev/block, /proc/meminfo)"),
 ))
 
-SUMMARY = Format("summary", "summary.json: summary_format", 2, (2,), (
+SUMMARY = Format("summary", "summary.json: summary_format", 3, (2, 3), (
     (1, "first version: per-op statistics and headlines recomputed from records.jsonl (mlckpt.metrics)"),
     (2, "stall, time to durable, overlap efficiency, back-pressure, per-stage bandwidth, read_fast_*"),
+    (3, "DLIO's summary.json shape (rules 1.3): dlio_compat becomes metric, under DLIO's key names and "
+        "units; start, end, num_accelerators, num_hosts, hostname, host_cpu_count, host_memory_GB, epochs "
+        "as DLIO writes them (one entry per host); mlckpt_timing_basis and mlckpt_read_guarantee"),
 ))
 
 PLAN = Format("plan", "mlckpt plan --json: plan_format", 2, (2,), (

@@ -144,7 +144,8 @@ class SummaryHead(TypedDict, total=False):
     read_valid: bool
     read_cold: bool
     read_verified: bool
-    dlio_compat: dict[str, Any]
+    dlio_compat: dict[str, Any]  # summary format 2; format 3: metric and DLIO's top-level keys
+    metric: dict[str, Any]
 
 
 @dataclass(frozen=True)
@@ -278,15 +279,16 @@ def _io_block(out: dict[str, Any], name: str, group: list[OpStats]) -> None:
 
 
 def summarize(records: Iterable[Mapping[str, Any]], *, max_resident_fraction: float,
-              records_format: int = RECORDS_FORMAT) -> dict[str, Any]:
+              records_format: int = RECORDS_FORMAT, summary_format: int = SUMMARY_FORMAT) -> dict[str, Any]:
     """The summary block of ``summary.json`` (everything but run identity), from raw records (of
-    ``records_format``: a checker recomputing an older bundle passes the bundle's own)."""
+    ``records_format``: a checker recomputing an older bundle passes the bundle's own, and the
+    summary format its rules pin)."""
     grouped = group_ops(records)
     ops = [op_stats(recs) for recs in grouped.values()]
     writes = [o for o in ops if o.op == "write"]
     reads = [o for o in ops if o.op == "read"]
     first_write = next((recs[0] for (op, _), recs in grouped.items() if op == "write"), None)
-    out: dict[str, Any] = {"summary_format": SUMMARY_FORMAT, "records_format": records_format,
+    out: dict[str, Any] = {"summary_format": summary_format, "records_format": records_format,
                            "num_writes": len(writes), "num_reads": len(reads)}
     if first_write is not None:
         out["mode"] = str(first_write["mode"])
@@ -323,15 +325,63 @@ def summarize(records: Iterable[Mapping[str, Any]], *, max_resident_fraction: fl
     return out
 
 
-def completed(summary: Mapping[str, Any], checkpoint_bytes: int, restore_bytes: int) -> dict[str, Any]:
+@dataclass(frozen=True)
+class DlioFacts:
+    """What DLIO's summary.json states beside its metric block (summary format 3), from run.json
+    and system.json: the invocation's start and end (ISO-8601 UTC), the ranks, and each host's
+    name, CPU cores and memory, in the run's host order."""
+
+    started: str
+    ended: str
+    ranks: int
+    hosts: tuple[tuple[str, int, int], ...]
+
+    @classmethod
+    def of(cls, run: Mapping[str, Any], system: Mapping[str, Any]) -> DlioFacts:
+        facts = {str(h.get("hostname")): h for h in system.get("hosts", [])}
+        hosts = []
+        for h in run.get("hosts", []):
+            f = facts.get(str(h["host"]), {})
+            hosts.append((str(h["host"]), int(f.get("cpu_cores") or 0),
+                          int(f.get("memory_total_bytes") or 0)))
+        return cls(str(run["started"]), str(run["ended"]), int(run["ranks"]), tuple(hosts))
+
+
+def dlio_time(iso_utc: str) -> str:
+    """run.json's '2026-07-22T18:57:02.533Z' in DLIO's form, '2026-07-22T18:57:02.533000' (UTC)."""
+    from datetime import datetime
+
+    return datetime.fromisoformat(iso_utc.replace("Z", "+00:00")).strftime("%Y-%m-%dT%H:%M:%S.%f")
+
+
+def completed(summary: Mapping[str, Any], checkpoint_bytes: int, restore_bytes: int,
+              facts: DlioFacts | None = None) -> dict[str, Any]:
     """summary.json's whole content from ``summarize``'s block: the plan's bytes (given: they come
-    from the plan of the run's own workload and scale), the read validity and the DLIO-named block.
-    A new dict (``summary`` is left as it is); see mlckpt.rules.checks.evidence.recomputed_summary."""
+    from the plan of the run's own workload and scale), the read validity and DLIO's shape: with
+    ``facts``, summary format 3 (DLIO's metric block and top-level keys); without, format 2 (the
+    block under dlio_compat, as a checker recomputes an older bundle).  A new dict (``summary`` is
+    left as it is); see mlckpt.rules.checks.evidence.recomputed_summary."""
     out = dict(summary)
     out["read_valid"] = bool(out.get("read_cold", True) and out.get("read_verified", True))
     out["checkpoint_bytes"] = checkpoint_bytes
     out["restore_bytes"] = restore_bytes
-    out["dlio_compat"] = dlio_compat(out, checkpoint_bytes)
+    if facts is None:
+        out["dlio_compat"] = dlio_compat(out, checkpoint_bytes)
+        return out
+    out["metric"] = dlio_compat(out, checkpoint_bytes)
+    out.update({
+        "start": dlio_time(facts.started), "end": dlio_time(facts.ended),
+        "num_accelerators": facts.ranks, "num_hosts": len(facts.hosts),
+        "hostname": facts.hosts[0][0] if facts.hosts else "",
+        "host_cpu_count": [cores for _, cores, _ in facts.hosts],
+        "host_memory_GB": [mem / GiB for _, _, mem in facts.hosts],  # DLIO's 'GB' are GiB
+        "epochs": 0,  # a checkpoint-only run trains no epoch (DLIO writes 0 for these too)
+        # What DLIO's own keys do not say: each duration ends at the slowest rank's durable end
+        # (DLIO times rank 0), and whether every restore started cold and was verified page by page.
+        "mlckpt_timing_basis": "slowest_rank",
+        "mlckpt_read_guarantee": ("no_reads" if not out.get("num_reads") else
+                                  "cold_verified" if out["read_valid"] else "not_cold_or_not_verified"),
+    })
     return out
 
 

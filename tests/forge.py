@@ -60,7 +60,7 @@ def resummarize(folder: Path) -> None:
     config = yaml.safe_load((folder / "config.yaml").read_text())
     run = read_json(folder, "run.json")
     plan = make_plan(workload_from_config(config["workload"]), int(config["ranks"]), float(config["scale"]))
-    data = RunData(run, config, {}, read_records(folder))
+    data = RunData(run, config, {}, read_records(folder), read_json(folder, "system.json"))
     summary = recomputed_summary(load_rules(run["rules_version"]), data, plan)
     edit_json(folder, "summary.json", lambda _: summary)
 

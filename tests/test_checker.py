@@ -25,13 +25,12 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from forge import disguise, edit_json, edit_records, edit_yaml, resign, shift
+from forge import disguise, edit_json, edit_records, edit_yaml, resign, resummarize, shift
 from test_forgeries import FORGERIES
 
 import checker.bundle_check
 from checker.cli import check_tree, run
 from mlckpt import bundle
-from mlckpt.metrics import dlio_compat, summarize
 from mlckpt.rules import load_rules
 from mlckpt.schemas import validator
 
@@ -54,20 +53,6 @@ RING = 2 * 4 * 4 * 1024 * 1024
 def replace_step(name: str, step: Any) -> tuple[tuple[str, Any], ...]:
     """The checker's pipeline with one step replaced (to provoke a checker fault)."""
     return tuple((n, step if n == name else f) for n, f in checker.bundle_check.PIPELINE)
-
-def resummarize(folder: Path) -> None:
-    """Rewrite summary.json from records.jsonl as the runner does (so an edit of the records reaches
-    its own rule, not METRICS-RECOMPUTE)."""
-    recs = [json.loads(line) for line in (folder / "records.jsonl").read_text().splitlines()]
-
-    def redo(old: dict[str, Any]) -> dict[str, Any]:
-        new = summarize(recs, max_resident_fraction=load_rules().data["cold_read"]["max_resident_fraction"])
-        new["read_valid"] = bool(new.get("read_cold", True) and new.get("read_verified", True))
-        new["checkpoint_bytes"], new["restore_bytes"] = old["checkpoint_bytes"], old["restore_bytes"]
-        new["dlio_compat"] = dlio_compat(new, old["checkpoint_bytes"])
-        return new
-    edit_json(folder, "summary.json", redo)
-
 
 def records(fn: Callable[[list[dict[str, Any]]], Any]) -> Callable[[Path], None]:
     """An edit of records.jsonl in place (``fn``'s result is ignored), with summary.json recomputed
@@ -187,6 +172,7 @@ def add_host(folder: Path) -> None:
                 shift(r, 10**12, wall=False)
     edit_records(folder, hostnames)
     edit_json(folder, "run.json", setitem("hosts.0.host", "vm"))
+    resummarize(folder)  # two hosts in DLIO's top-level keys too
 
 
 def first(op: str, fn: Callable[[dict[str, Any]], None]) -> Callable[[Path], None]:
@@ -444,7 +430,8 @@ NEGATIVE_CASES: dict[str, list[Case]] = {
         C("config.yaml", mutate=lambda f: (f / "config.yaml").write_text(
             "anchor: &a [1, 2]\n" + (f / "config.yaml").read_text() + "again: *a\n")),
     ],
-    "RULES-VERSION": [C("expected one of 1.0, 1.1, 1.2, got '9.9'", predicate={"rules_version": "9.9"})],
+    "RULES-VERSION": [C("expected one of 1.0, 1.1, 1.2, 1.3, mlps-v3.0, got '9.9'",
+                        predicate={"rules_version": "9.9"})],
     "BUNDLE-PREDICATE": [C("expected workload='llama3_70b' as signed in the statement, "
                            "got workload='llama3_8b'", predicate={"workload": "llama3_70b"})],
     "SYSTEM-DESCRIPTION": [
@@ -852,9 +839,9 @@ def test_missing_trusted_keys_is_a_usage_error(honest_bundles: dict[str, Path], 
 def test_forced_rules_version_and_jobs_agree(honest_bundles: dict[str, Path], tmp_path: Path) -> None:
     root = honest_tree(tmp_path / "t", honest_bundles)
     a = check(root, honest_bundles, jobs=1)
-    b = check(root, honest_bundles, jobs=2, forced_rules="1.2")
+    b = check(root, honest_bundles, jobs=2, forced_rules="1.3")
     assert a["bundles"] == b["bundles"] and a["exit_status"] == b["exit_status"] == 0
-    assert b["rules_versions"] == ["1.2"]
+    assert b["rules_versions"] == ["1.3"]
     # An older rules version judges these newer bundles by its own schemas: records format 3 is
     # not one of them, so they fail there (never silently pass).
     old = check(root, honest_bundles, jobs=2, forced_rules="1.1")

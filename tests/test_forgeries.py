@@ -474,26 +474,26 @@ FORGERIES: dict[str, list[Forgery]] = {
             "sync",
             doc_edit(
                 SUMMARY,
-                lambda s: s["dlio_compat"].update(
+                lambda s: s["metric"].update(
                     save_checkpoint_io_mean_GB_per_second=3
-                    * s["dlio_compat"]["save_checkpoint_io_mean_GB_per_second"]
+                    * s["metric"]["save_checkpoint_io_mean_GB_per_second"]
                 ),
             ),
-            "dlio_compat.save_checkpoint_io_mean_GB_per_second",
+            "metric.save_checkpoint_io_mean_GB_per_second",
         ),
         Forgery(
             "dlio-load-duration-3x",
             "sync",
             doc_edit(
                 SUMMARY,
-                lambda s: s["dlio_compat"].update(
-                    load_checkpoint_duration_mean_seconds=s["dlio_compat"][
+                lambda s: s["metric"].update(
+                    load_checkpoint_duration_mean_seconds=s["metric"][
                         "load_checkpoint_duration_mean_seconds"
                     ]
                     / 3
                 ),
             ),
-            "dlio_compat.load_checkpoint_duration_mean_seconds",
+            "metric.load_checkpoint_duration_mean_seconds",
         ),
         Forgery(
             "checkpoint-bytes-full-scale",
@@ -512,11 +512,25 @@ FORGERIES: dict[str, list[Forgery]] = {
             "sync",
             doc_edit(
                 SUMMARY,
-                lambda s: s["dlio_compat"].update(
-                    checkpoint_size_GB=500 * s["dlio_compat"]["checkpoint_size_GB"]
+                lambda s: s["metric"].update(
+                    checkpoint_size_GB=500 * s["metric"]["checkpoint_size_GB"]
                 ),
             ),
-            "dlio_compat.checkpoint_size_GB",
+            "metric.checkpoint_size_GB",
+        ),
+        Forgery(
+            "dlio-hosts-doubled",  # what MLPerf's tables read as the client count
+            "sync",
+            doc_edit(SUMMARY, lambda s: s.update(num_hosts=2 * s["num_hosts"],
+                                                 host_memory_GB=2 * s["host_memory_GB"])),
+            "summary.num_hosts",
+        ),
+        Forgery(
+            "dlio-read-guarantee-on-a-warm-run",
+            "tmpfs",
+            doc_edit(SUMMARY, lambda s: s.update(mlckpt_read_guarantee="cold_verified")),
+            "summary.mlckpt_read_guarantee",
+            also=frozenset({"COLD-READ"}),  # the honest run's own finding
         ),
         Forgery(
             "read-valid-on-a-warm-run",
@@ -701,7 +715,9 @@ FORGERIES: dict[str, list[Forgery]] = {
         Forgery(
             "wall-clock-narrowed",
             "sync",
-            doc_edit("run.json", lambda r: r.update(ended=r["started"])),
+            # summary.json's DLIO end follows run.json's, as a coherent forger writes it
+            chain(doc_edit("run.json", lambda r: r.update(ended=r["started"])),
+                  lambda folder, _: resummarize(folder)),
             "inside the run",
         ),
         Forgery(
@@ -900,7 +916,7 @@ def test_compare_and_report_show_recomputed_figures(runs: dict[str, Path], tmp_p
     def claim_3x(s: dict[str, Any]) -> None:
         for k in ("write_bandwidth_mean_gib_s", "read_bandwidth_mean_gib_s"):
             s[k] *= 3
-        s["dlio_compat"]["save_checkpoint_io_mean_GB_per_second"] *= 3
+        s["metric"]["save_checkpoint_io_mean_GB_per_second"] *= 3
     edit_json(forged, "summary.json", claim_3x)
     resign(forged, bundle.load_private_key(d / "keys" / "org.pem"))
     trusted = tmp_path / "trusted-keys.yaml"

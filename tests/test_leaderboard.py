@@ -38,9 +38,9 @@ from checker import cli, leaderboard
 from checker.leaderboard import COLUMN, COLUMNS, fmt, render, result_id, rounded
 from checker.leaderboard import command as leaderboard_command
 from mlckpt import __version__, bundle
-from mlckpt.metrics import dlio_compat, summarize
 from mlckpt.plan.config import setup
 from mlckpt.rules import HostSpec, rank_shift, verdict
+from mlckpt.rules.checks.evidence import recomputed_summary
 from mlckpt.rules.checks.result import DATA_SCHEME, RunData
 from mlckpt.units import GiB as GIB
 from mlckpt.workload.pipeline import DURABLE, FAST, MEMORY, Pipeline
@@ -245,12 +245,6 @@ def make_bundle(root: Path, *, org: str, system: str, workload: str, division: s
         op("read", k, ckpt, rd, fast_read_gib_s if set(tiers) == {FAST} else read_gib_s, tiers)
 
     rules = s.rules
-    summary = summarize(records, max_resident_fraction=rules.data["cold_read"]["max_resident_fraction"],
-                        records_format=SYNTHETIC_RECORDS_FORMAT)
-    summary["read_valid"] = bool(summary.get("read_cold", True) and summary.get("read_verified", True))
-    summary["checkpoint_bytes"] = plan.total_bytes
-    summary["restore_bytes"] = plan.restore_bytes(restore)
-    summary["dlio_compat"] = dlio_compat(summary, plan.total_bytes)
     # One description per system (the first bundle of a system writes it; later ones embed it).
     org_dir = root / (tree_division or division) / org
     desc_path = org_dir / "systems" / f"{system}.yaml"
@@ -269,6 +263,8 @@ def make_bundle(root: Path, *, org: str, system: str, workload: str, division: s
                      "fast_keep": pipe.fast_keep,
                      "fast_fs": {h.name: fast_fs for h in specs} if pipe.tiered else {}},
     }
+    # summary.json as the runner writes it: the checker's own recomputation
+    summary = recomputed_summary(rules, RunData(manifest, cfg, {}, records, sysdoc), plan)
     found = [*rules.evaluate(ctx, ["config", "host"]).findings,
              *rules.evaluate(replace(ctx, run=RunData(manifest, cfg, summary, records, sysdoc)),
                              ["result"]).findings]

@@ -5,6 +5,7 @@ DLIO's names."""
 from __future__ import annotations
 
 import dataclasses
+import json
 import subprocess
 import sys
 from collections.abc import Callable, Mapping
@@ -167,7 +168,7 @@ def test_the_rule_set_uses_the_schemas_of_the_rules_it_extends() -> None:
     from mlckpt.resources import rules_dir
     from mlckpt.schemas import schema_folder, validator
 
-    assert schema_folder(MLPERF) == schema_folder("1.2")
+    assert schema_folder(MLPERF) == schema_folder("1.3")
     # every rule set's name fits run.json's rules_version (the run schema bounds its length)
     names = [p.name for p in rules_dir().iterdir() if (p / "rules.yaml").is_file()]
     run = validator("run", "1.2")
@@ -260,3 +261,47 @@ def test_a_real_run_under_the_mlperf_rule_set_passes_the_checker(
     rules = {f["rule"] for f in report["findings"] if f["severity"] != "warning"}
     assert rules <= {"RUNNER-RELEASED"}, report["findings"]  # this tree lists no released runners
     assert [f["rule"] for f in report["findings"] if f["severity"] == "warning"] == ["MLPERF-MEMORY-MULTIPLE"]
+
+
+# --- DLIO's summary.json shape ---------------------------------------------------------------
+
+SHAPE = json.loads((Path(__file__).parent / "fixtures" / "dlio_summary_v3_shape.json").read_text())
+# Keys of a published DLIO summary.json that mlckpt does not write: training-only keys, and
+# host facts it does not collect (blank, never invented).
+NOT_WRITTEN = {"num_files_train", "num_files_eval", "num_samples_per_file", "host_processor_name",
+               "potential_caching", "host_cpuinfo", "host_meminfo", "data_size_per_host_GB"}
+
+
+def _is(value: Any, kind: str) -> bool:
+    if kind.startswith("array of "):
+        return isinstance(value, list) and all(_is(v, kind[len("array of "):]) for v in value)
+    types = {"string": str, "integer": int, "number": (int, float), "object": dict}[kind]
+    return isinstance(value, types) and not isinstance(value, bool)
+
+
+def test_the_summary_has_dlio_published_shape_key_for_key(honest_bundles: dict[str, Path]) -> None:
+    import re
+
+    summary = json.loads((honest_bundles["llama3_8b"] / "summary.json").read_text())
+    run = json.loads((honest_bundles["llama3_8b"] / "run.json").read_text())
+    top = SHAPE["top_level"]
+    assert summary["summary_format"] == 3
+    assert set(top) - set(summary) == NOT_WRITTEN
+    for key in set(top) & set(summary):
+        assert _is(summary[key], top[key]), (key, summary[key])
+    # the metric block: DLIO's names, for both phases of this write-and-read run, and nothing else
+    want = set(SHAPE["metric"]) | {k.replace("save_", "load_") for k in SHAPE["metric"]}
+    assert set(summary["metric"]) == want
+    m = summary["metric"]
+    assert m["save_checkpoint_io_mean_GB_per_second"] == summary["write_bandwidth_mean_gib_s"]
+    assert m["load_checkpoint_duration_stdev_seconds"] == summary["read_duration_stdev_s"]
+    assert m["checkpoint_size_GB"] == summary["checkpoint_bytes"] / GiB
+    # DLIO's timestamp form; the same instants as run.json's
+    pattern = re.sub(r"\d", r"\\d", SHAPE["start_example"])
+    assert re.fullmatch(pattern, summary["start"]) and re.fullmatch(pattern, summary["end"])
+    assert summary["start"][:23] == run["started"][:23] and summary["end"][:23] == run["ended"][:23]
+    assert (summary["num_accelerators"], summary["num_hosts"]) == (run["ranks"], len(run["hosts"]))
+    assert len(summary["host_memory_GB"]) == len(summary["host_cpu_count"]) == summary["num_hosts"]
+    # what DLIO's keys do not say, in keys of mlckpt's own
+    assert (summary["mlckpt_timing_basis"], summary["mlckpt_read_guarantee"]) == (
+        "slowest_rank", "cold_verified")

@@ -264,7 +264,7 @@ def test_kept_metrics_recompute_from_records(kept: Kept) -> None:
     assert_same_numbers(again, res.summary)
     assert res.summary["checkpoint_bytes"] == plan.total_bytes
     assert res.summary["restore_bytes"] == plan.restore_bytes("own")
-    assert_same_numbers(dlio_compat(again, plan.total_bytes), res.summary["dlio_compat"], "dlio_compat")
+    assert_same_numbers(dlio_compat(again, plan.total_bytes), res.summary["metric"], "metric")
     # independently, by hand, op by op
     ops = res.ops()
     assert [(o["op"], o["index"]) for o in res.summary["ops"]] == [

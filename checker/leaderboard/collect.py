@@ -99,7 +99,8 @@ def _recomputed(path: Path, docs: dict[str, Any], records: list[dict[str, Any]],
         if plan_files_estimate(workload, int(config["ranks"])) > MAX_PLAN_FILES:
             raise ValueError(f"a plan of more than {MAX_PLAN_FILES} files")
         plan = make_plan(workload, int(config["ranks"]), float(config["scale"]))
-        return recomputed_summary(load_rules(version), RunData(docs["run.json"], config, {}, records), plan)
+        return recomputed_summary(load_rules(version), RunData(docs["run.json"], config, {}, records,
+                                                               docs["system.json"]), plan)
     except (MlckptError, KeyError, TypeError, ValueError, ZeroDivisionError, ArithmeticError) as exc:
         raise UsageError(f"{path}: cannot recompute the summary from records.jsonl: {exc}") from None
 

@@ -37,10 +37,13 @@ class RunId:
         return f"{self.number:016x}"
 
 
-def summary_of(setup: Setup, records: Sequence[Mapping[str, Any]]) -> dict[str, Any]:
-    """The summary: every number from the records (mlckpt.metrics), plus the plan's bytes."""
+def summary_of(setup: Setup, records: Sequence[Mapping[str, Any]], manifest: Mapping[str, Any],
+               system: Mapping[str, Any]) -> dict[str, Any]:
+    """The summary: every number from the records (mlckpt.metrics), plus the plan's bytes and
+    what run.json and system.json say of the invocation and its hosts (DLIO's shape)."""
     # The checker's own recomputation, so what is written is what will be recomputed.
-    return recomputed_summary(setup.rules, RunData({}, setup.config, {}, list(records)), setup.plan)
+    return recomputed_summary(setup.rules, RunData(manifest, setup.config, {}, list(records), system),
+                              setup.plan)
 
 
 def manifest_of(

@@ -305,13 +305,6 @@ def publish(
 ) -> Path:
     """Rank 0: summary, manifest, the result-stage rules, then the signed bundle."""
     s, cfg = c.setup, c.config
-    summary = summary_of(s, records)
-    bound = s.rules.data["cold_read"]["max_resident_fraction"]
-    if summary.get("num_reads") and not summary["read_cold"]:
-        job.say(
-            f"warning: [COLD-READ] {summary['read_resident_fraction_max']:.1%} of the restored "
-            f"bytes were in the page cache before a restore (bound {bound:.0%}): read results are invalid"
-        )
     system: dict[str, Any] = {"hosts": list(gates.facts)}
     if c.description is not None:
         system["description"] = c.description
@@ -325,6 +318,13 @@ def publish(
         ended=now(),
         description=c.description,
     )
+    summary = summary_of(s, records, manifest, system)
+    bound = s.rules.data["cold_read"]["max_resident_fraction"]
+    if summary.get("num_reads") and not summary["read_cold"]:
+        job.say(
+            f"warning: [COLD-READ] {summary['read_resident_fraction_max']:.1%} of the restored "
+            f"bytes were in the page cache before a restore (bound {bound:.0%}): read results are invalid"
+        )
     for f in judged(s, gates, manifest, summary, records, system):
         job.say(f"finding: [{f.rule}] ({f.severity}) {f.message}")
     job.say(headline(summary) + f"; verdict {manifest['verdict']}")

@@ -19,10 +19,16 @@ import statistics
 from collections.abc import Iterator, Mapping, Sequence
 from typing import Any
 
-from mlckpt.metrics import completed, group_ops
-from mlckpt.rules.checks.result import RunData, _compare, _run, _writes_by_rank
+from mlckpt.metrics import DlioFacts, completed, group_ops
+from mlckpt.rules.checks.result import RunData, _compare, _run, _writes_by_rank, summary_format
 from mlckpt.rules.engine import Context, NotChecked, Outcome, Rule, RuleSet, checks_table
 from mlckpt.workload.pipeline import DURABLE, MEMORY, Pipeline
+
+# summary.json keys SUMMARY-EXACT compares with their recomputation (METRICS-RECOMPUTE compares
+# the statistics): the plan's bytes, the read validity, and DLIO's shape (format 2: dlio_compat).
+EXACT_KEYS = ("checkpoint_bytes", "restore_bytes", "read_valid")
+DLIO_KEYS = ("metric", "start", "end", "num_accelerators", "num_hosts", "hostname", "host_cpu_count",
+             "host_memory_GB", "epochs", "mlckpt_timing_basis", "mlckpt_read_guarantee")
 
 Rec = Mapping[str, Any]
 # Filesystems whose bytes cross the host's network links (the link-speed bound applies).
@@ -67,11 +73,14 @@ def _host_facts(d: RunData) -> dict[str, Mapping[str, Any]]:
 
 # ------------------------------------------------------------------------------ what is shown
 def recomputed_summary(rs: RuleSet, d: RunData, plan: Any) -> dict[str, Any]:
-    """summary.json as the records and the plan of the run's own workload and scale give it: what
-    the runner writes, and what the checker, ``compare`` and the leaderboard show, whatever the
-    bundle's summary claims."""
+    """summary.json as the records and the plan of the run's own workload and scale give it (and,
+    from summary format 3, run.json's times and system.json's hosts): what the runner writes, and
+    what the checker, ``compare`` and the leaderboard show, whatever the bundle's summary claims.
+    The summary format is the one the rule set's summary schema pins."""
+    facts = DlioFacts.of(d.run, d.system) if summary_format(rs) >= 3 else None
     return completed(d.summarized(rs), plan.total_bytes,
-                     plan.restore_bytes(str(d.config["checkpoint"]["restore"])))
+                     plan.restore_bytes(str(d.config["checkpoint"]["restore"])), facts)
+
 
 
 def summary_exact(ctx: Context, rs: RuleSet, rule: Rule) -> Iterator[Outcome | NotChecked]:
@@ -88,9 +97,7 @@ def summary_exact(ctx: Context, rs: RuleSet, rule: Rule) -> Iterator[Outcome | N
             "only keys the checker recomputes",
             f"summary.{extra[0]}" + (f" (and {len(extra) - 1} more)" if len(extra) > 1 else ""),
         )
-    shown = {
-        k: want[k] for k in ("checkpoint_bytes", "restore_bytes", "read_valid", "dlio_compat") if k in want
-    }
+    shown = {k: want[k] for k in (*EXACT_KEYS, "dlio_compat", *DLIO_KEYS) if k in want}
     diffs = list(_compare("", shown, d.summary))
     for path, exp, got in diffs[:5]:
         yield Outcome(False, f"summary.{path} = {exp}", got)

@@ -17,6 +17,7 @@ from typing import Any
 from mlckpt import formats
 from mlckpt.metrics import summarize
 from mlckpt.rules.engine import Context, NotChecked, Outcome, Rule, RuleSet, checks_table, rank_shift
+from mlckpt.schemas import validator
 from mlckpt.workload.pipeline import DURABLE, FAST, MEMORY_FILESYSTEMS, Pipeline
 
 # The data scheme the runner declares in run.json; see mlckpt/engine/content.py (AES-128-CTR keystream per
@@ -33,17 +34,17 @@ class RunData:
     records: Sequence[Mapping[str, Any]]
     system: Mapping[str, Any] = field(default_factory=dict)
     # summarize() of the records, computed once for every rule (and report) that needs it
-    _summaries: dict[tuple[float, int], dict[str, Any]] = field(default_factory=dict, compare=False,
+    _summaries: dict[tuple[float, int, int], dict[str, Any]] = field(default_factory=dict, compare=False,
                                                                 repr=False)
 
     def summarized(self, rs: RuleSet) -> dict[str, Any]:
         """The statistics of the records (``mlckpt.metrics.summarize``), under ``rs``'s cold-read
         bound and the records' own format; shared, not to be changed."""
         key = (float(rs.data["cold_read"]["max_resident_fraction"]),
-               int(self.run.get("records_format", formats.RECORDS.version)))
+               int(self.run.get("records_format", formats.RECORDS.version)), summary_format(rs))
         if key not in self._summaries:
             self._summaries[key] = summarize(self.records, max_resident_fraction=key[0],
-                                             records_format=key[1])
+                                             records_format=key[1], summary_format=key[2])
         return self._summaries[key]
 
     def ops(self, op: str) -> dict[int, list[Mapping[str, Any]]]:
@@ -52,6 +53,11 @@ class RunData:
             if r.get("op") == op:
                 out.setdefault(int(r["index"]), []).append(r)
         return out
+
+
+def summary_format(rs: RuleSet) -> int:
+    """The summary format a rule set's bundles carry (its summary schema's ``summary_format``)."""
+    return int(validator("summary", rs.version).schema["properties"]["summary_format"]["const"])
 
 
 def _run(ctx: Context) -> RunData:
