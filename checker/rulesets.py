@@ -13,12 +13,12 @@ from typing import Any, cast
 from checker.results import SystemInfo, clean_text, jsonable
 from checker.tree import SystemFile
 from mlckpt import strict as loading
-from mlckpt.resources import rules_dir
 from mlckpt.rules import (
     DEFAULT_RULES_VERSION,
     Context,
     Finding,
     RuleSet,
+    known_versions,
     load_rules,
 )
 from mlckpt.rules.checks.submission import SubmissionFacts
@@ -31,7 +31,7 @@ MAX_SCHEMA_ERRORS = 1000  # collected per document (then sorted by path): bounds
 
 @cache
 def known_rules_versions() -> tuple[str, ...]:
-    return tuple(sorted(p.name for p in rules_dir().iterdir() if (p / "rules.yaml").is_file()))
+    return tuple(known_versions())
 
 
 def fallback_rules(forced: str | None = None) -> RuleSet:

@@ -27,13 +27,15 @@ class Format:
             raise ValueError(f"{self.name}: must read its own version {self.version!r}")
 
 
-RUN = Format("run", "run.json: run_format", 3, (2, 3), (
+RUN = Format("run", "run.json: run_format", 4, (2, 3, 4), (
     (1, "first version: run identity, status, workload, division, scaled, verdict, findings, overrides, "
         "host mapping, timings, file list"),
     (2, "pipeline: checkpoint mode, compute interval, fast tier (folder, fast_keep, filesystem type per "
         "host); records format 2"),
     (3, "rules 1.2: records format 3; system.json's host facts add boot_id, block_device (MAJOR:MINOR of the "
         "checkpoint folder's device), net_links_mbps and memory_copy_gib_s (measured at the gates)"),
+    (4, "rules 1.3: restored_from (null, or for a read-only invocation the write invocation it restored: "
+        "run_id, name, the sha256 of its signed statement, when it ended)"),
 ))
 
 RECORDS = Format("records", "records.jsonl (run.json and summary.json: records_format)", 3, (2, 3), (

@@ -85,3 +85,21 @@ def errors(doc: Any, name: str, rules_version: str = "1.0") -> Iterator[Validati
 def first_error(doc: Any, name: str, rules_version: str = "1.0") -> str | None:
     err = best_match(validator(name, rules_version).iter_errors(doc))
     return None if err is None else describe(err)
+
+
+def pinned(name: str, key: str, rules_version: str) -> Any:
+    """The value a rules version's schema ``name`` pins for its top-level ``key`` (a format
+    version: what a runner judged by those rules writes, e.g. ``run_format``)."""
+    return validator(name, rules_version).schema["properties"][key]["const"]
+
+
+def drop_unknown_nulls(doc: dict[str, Any], name: str, rules_version: str) -> None:
+    """Remove, in place, the keys ``doc`` holds at null that schema ``name`` of ``rules_version``
+    does not know: a setting added by a later rules version, left off, means nothing to an older
+    one (``checkpoint.restore_from`` under rules 1.2)."""
+    for err in list(validator(name, rules_version).iter_errors(doc)):
+        if err.validator != "additionalProperties" or not isinstance(err.instance, dict):
+            continue
+        for key in set(err.instance) - set(err.schema.get("properties", {})):
+            if err.instance[key] is None:
+                del err.instance[key]

@@ -14,8 +14,8 @@ from typing import Any
 from mlckpt.errors import ConfigError, UsageError
 from mlckpt.plan import aliases
 from mlckpt.resources import workloads_dir
-from mlckpt.rules import Context, HostSpec, RuleSet, host_blocks, load_rules
-from mlckpt.schemas import first_error
+from mlckpt.rules import Context, HostSpec, RuleSet, host_blocks, known_versions, load_rules
+from mlckpt.schemas import drop_unknown_nulls, first_error
 from mlckpt.units import GiB
 from mlckpt.workload.layout import Plan, make_plan
 from mlckpt.workload.model import Workload, workload_from_config
@@ -122,6 +122,8 @@ def compose(overrides: Sequence[str], source: ConfigSource = SHIPPED) -> dict[st
         resolved["rules_version"] = str(version)
     if resolved.get("ranks") is None:  # ranks=null: the workload's canonical count
         resolved["ranks"] = resolved["workload"]["closed_ranks"]
+    if str(resolved.get("rules_version")) in known_versions():
+        drop_unknown_nulls(resolved, "config", str(resolved["rules_version"]))
     return resolved
 
 

@@ -17,6 +17,7 @@ from mlckpt.rules.engine import (
     Rule,
     RuleSet,
     host_blocks,
+    known_versions,
     make_finding,
     rank_shift,
     verdict,
@@ -26,6 +27,6 @@ from mlckpt.rules.registry import CHECKS, load_rules
 __all__ = [
     "CHECKS", "DEFAULT_RULES_VERSION", "SEVERITIES", "STAGES", "CheckFn", "Context", "Evaluation",
     "Finding", "HostSpec", "NotChecked", "Outcome", "Rule", "RuleSet", "host_blocks",
-    "host_checkpoint_bytes", "host_memory_need", "load_rules", "make_finding", "override_key",
-    "rank_shift", "verdict",
+    "host_checkpoint_bytes", "host_memory_need", "known_versions", "load_rules", "make_finding",
+    "override_key", "rank_shift", "verdict",
 ]

@@ -248,14 +248,18 @@ def verdict(findings: Iterable[Finding], division: str | None) -> str:
     return "closed"
 
 
+def known_versions() -> list[str]:
+    """Every rules version this installation holds (a folder under rules/ with a rules.yaml)."""
+    return sorted(p.name for p in rules_dir().iterdir() if (p / "rules.yaml").is_file())
+
+
 def load_rule_set(version: str, checks: Mapping[str, CheckFn]) -> RuleSet:
     """``rules/<version>/rules.yaml`` with its check functions (see mlckpt.rules.registry)."""
     folder = rules_dir() / version
     path = folder / "rules.yaml"
     if not path.is_file():
-        known = sorted(p.name for p in rules_dir().iterdir() if (p / "rules.yaml").is_file())
         raise ConfigError(f"rules_version: unknown rules version {version!r}; known: "
-                          f"{', '.join(known)}", key="rules_version")
+                          f"{', '.join(known_versions())}", key="rules_version")
     data = strict.parse_yaml(path.read_bytes())  # released rule data, read like any input
     facts = _sidecar_facts(folder)
     rules = [_rule(raw, facts.get(raw["id"], {}), checks, path) for raw in data["rules"]]

@@ -17,7 +17,7 @@ from typing import Any
 from mlckpt import formats
 from mlckpt.metrics import summarize
 from mlckpt.rules.engine import Context, NotChecked, Outcome, Rule, RuleSet, checks_table, rank_shift
-from mlckpt.schemas import validator
+from mlckpt.schemas import pinned
 from mlckpt.workload.pipeline import DURABLE, FAST, MEMORY_FILESYSTEMS, Pipeline
 
 # The data scheme the runner declares in run.json; see mlckpt/engine/content.py (AES-128-CTR keystream per
@@ -57,7 +57,7 @@ class RunData:
 
 def summary_format(rs: RuleSet) -> int:
     """The summary format a rule set's bundles carry (its summary schema's ``summary_format``)."""
-    return int(validator("summary", rs.version).schema["properties"]["summary_format"]["const"])
+    return int(pinned("summary", "summary_format", rs.version))
 
 
 def _run(ctx: Context) -> RunData:
