@@ -7,6 +7,7 @@ from __future__ import annotations
 import dataclasses
 from typing import Any
 
+from checker.pairs import pair_doc
 from checker.results import BundleResult, clean_text, jsonable
 from checker.rulesets import (
     _as_finding,
@@ -208,6 +209,8 @@ def finish(st: State) -> BundleResult:
         st.facts["duplicates"] = []  # judged across the tree afterwards (add_duplicates)
     if st.verified is not None and st.facts["content"] is None and st.records:
         st.facts["content"] = []  # likewise
+    if st.verified is not None and st.facts["split"] is None:
+        st.facts["split"] = []  # likewise (checker.pairs.add_pairs)
     facts = SubmissionFacts(
         **{k: (tuple(v) if v is not None else None) for k, v in st.facts.items()}, verdicts=st.verdicts)
     config = st.docs.get("config.yaml") if st.verdicts is not None else None
@@ -225,6 +228,8 @@ def finish(st: State) -> BundleResult:
     result.findings = findings
     if st.verified is not None and st.records:
         result.fingerprints = fingerprints(st.records)
+    if st.facts["schema"] == [] and isinstance(st.docs.get("config.yaml"), dict) and run:
+        result.pair = pair_doc(run, st.docs["config.yaml"])
     result.integrity = ("failed" if any(f["rule"] in rs.integrity_rules for f in findings)
                         else "ok" if vb else "not checked")
     seen = set()

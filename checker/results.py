@@ -52,6 +52,7 @@ class BundleResult:
     statement_sha256: str | None = None
     declared_division: str | None = None
     fingerprints: tuple[str, ...] = ()  # of the measurements (DUPLICATE-CONTENT); not reported
+    pair: dict[str, Any] | None = None  # what SPLIT-PAIR needs (checker.pairs.pair_doc); not reported
 
     @property
     def valid(self) -> bool:
@@ -61,6 +62,7 @@ class BundleResult:
         d = dataclasses.asdict(self)
         d.pop("declared_division")
         d.pop("fingerprints")
+        d.pop("pair")
         return d
 
 

@@ -12,6 +12,7 @@ from typing import Any
 from checker import report as rep
 from checker.bundle_check import check_bundle, internal_result
 from checker.duplicates import add_duplicates
+from checker.pairs import add_pairs
 from checker.results import BundleResult, SystemInfo, Task
 from checker.rulesets import fallback_rules, finding_dict, load_system_file, submission_findings
 from checker.tree import SystemFile, TreeScan, walk
@@ -54,6 +55,7 @@ def check_tree(root: Path, trusted: TrustedKeys, *, forced_rules: str | None = N
                   systems[(leaf.division, leaf.org, leaf.system)], released) for leaf in scan.leaves]
     results = _run_tasks(tasks, jobs)
     add_duplicates(results, forced_rules)
+    add_pairs(results, forced_rules)
     tree_findings = _tree_findings(scan, systems, fallback, {(t.leaf.division, t.leaf.org, t.leaf.system)
                                                              for t in tasks})
     return rep.build(str(root), results, tree_findings)

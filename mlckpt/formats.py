@@ -35,7 +35,7 @@ RUN = Format("run", "run.json: run_format", 4, (2, 3, 4), (
     (3, "rules 1.2: records format 3; system.json's host facts add boot_id, block_device (MAJOR:MINOR of the "
         "checkpoint folder's device), net_links_mbps and memory_copy_gib_s (measured at the gates)"),
     (4, "rules 1.3: restored_from (null, or for a read-only invocation the write invocation it restored: "
-        "run_id, name, the sha256 of its signed statement, when it ended)"),
+        "run_id, name, num_writes, the sha256 of its signed statement, when it ended)"),
 ))
 
 RECORDS = Format("records", "records.jsonl (run.json and summary.json: records_format)", 3, (2, 3), (

@@ -11,6 +11,7 @@ from typing import Any
 
 import pytest
 
+from mlckpt import formats
 from mlckpt.errors import IOFailure, UsageError
 from mlckpt.plan.config import setup
 from mlckpt.rules import Finding
@@ -19,7 +20,7 @@ from mlckpt.run.collective import CollectiveFailure, Job, OpWatch, failures_of
 from mlckpt.run.console import Console, op_line
 from mlckpt.run.gates import Gates, blocking_message, folder_problem, host_specs, io_engine_refusal, judge
 from mlckpt.run.guardian import GuardianState
-from mlckpt.run.publish import RUN_FORMAT, RunId, manifest_of
+from mlckpt.run.publish import RunId, manifest_of
 
 SMALL = [
     "workload=llama3_8b",
@@ -292,7 +293,7 @@ def test_manifest_is_a_pure_value() -> None:
         ended="e",
         description={"system_name": "sut"},
     )
-    assert m["run_format"] == RUN_FORMAT and m["run_id"] == "0000000000000abc"
+    assert m["run_format"] == formats.RUN.version and m["run_id"] == "0000000000000abc"
     assert m["hosts"] == [{"host": "a", "ranks": [0, 1, 2, 3]}] and m["rank_shift"] == 0
     assert (m["workload"], m["division"], m["scaled"], m["scale"]) == ("llama3_8b", "open", True, 0.001)
     assert m["system_name"] == "sut" and m["pipeline"]["mode"] == "sync" and m["pipeline"]["fast_fs"] == {}

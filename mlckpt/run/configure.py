@@ -15,6 +15,7 @@ from mlckpt.host.description import load_system_description
 from mlckpt.plan.config import SHIPPED, ConfigSource, Setup, setup
 from mlckpt.run.collective import Job
 from mlckpt.run.gates import output_problem
+from mlckpt.run.split import Source, load_source
 from mlckpt.workload.pipeline import Pipeline
 
 
@@ -25,6 +26,11 @@ class Configured:
     overrides: tuple[str, ...]
     description: Mapping[str, Any] | None  # the vendor's system description (rank 0)
     signing_key: Any  # an explicit key path, loaded (rank 0); None: auto or none
+    source: Source | None = None  # a read-only invocation: the write invocation it restores
+
+    @property
+    def read_only(self) -> bool:
+        return self.source is not None
 
     @property
     def config(self) -> Mapping[str, Any]:
@@ -64,7 +70,7 @@ def configure(job: Job, overrides: Sequence[str], source: ConfigSource = SHIPPED
     if not any(o.split("=", 1)[0].lstrip("+") == "ranks" for o in ovs):
         ovs.append(f"ranks={job.size}")
     s = setup(ovs, source)
-    description, key = None, None
+    description, key, source = None, None, None
     if job.rank == 0:
         if s.config.get("system"):
             description = load_system_description(s.config["system"], s.rules.version)
@@ -73,10 +79,13 @@ def configure(job: Job, overrides: Sequence[str], source: ConfigSource = SHIPPED
             raise UsageError(f"output.root: {problem}", key="output.root")
         if str(s.config["signing"]["key"]) not in ("auto", "none"):
             key = resolve_signing_key(str(s.config["signing"]["key"]), job.say)
+        restore_from = s.config["checkpoint"].get("restore_from")
+        if restore_from:  # the write invocation's bundle, verified, before any I/O
+            source = load_source(str(restore_from), Path(s.config["output"]["root"]).absolute(), s.config)
     if s.plan.ranks != job.size:
         raise UsageError(
             f"ranks={s.plan.ranks} but the MPI world has {job.size} ranks "
             "(drop ranks= under mpiexec, or match -n)",
             key="ranks",
         )
-    return Configured(s, Pipeline.of(s.config), tuple(ovs), description, key)
+    return Configured(s, Pipeline.of(s.config), tuple(ovs), description, key, source)

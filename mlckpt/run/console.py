@@ -230,8 +230,8 @@ def headline(s: Mapping[str, Any]) -> str:
     parts = [
         f"write {s['write_bandwidth_mean_gib_s']:.2f} GiB/s mean "
         f"({s['write_duration_mean_s']:.2f} s per checkpoint)"
-    ]
-    if s["write_overlap_efficiency"] is not None:  # something ran behind training
+    ] if "write_bandwidth_mean_gib_s" in s else ["no writes (a read-only invocation)"]
+    if s.get("write_overlap_efficiency") is not None:  # something ran behind training
         parts.append(
             f"training stalled {s['write_stall_mean_s']:.3f} s per checkpoint, durable after "
             f"{s['write_time_to_durable_mean_s']:.2f} s, "

@@ -13,16 +13,15 @@ from typing import Any
 
 import yaml
 
-from mlckpt import __version__, bundle, formats
+from mlckpt import __version__, bundle
 from mlckpt.metrics import RECORDS_FORMAT
 from mlckpt.plan.config import Setup
 from mlckpt.rules import Finding, verdict
 from mlckpt.rules.checks.evidence import recomputed_summary
 from mlckpt.rules.checks.result import DATA_SCHEME, RunData
 from mlckpt.run.gates import Gates
+from mlckpt.schemas import pinned
 from mlckpt.workload.pipeline import Pipeline
-
-RUN_FORMAT = formats.RUN.version  # run.json's format; its history is in mlckpt/formats.py
 
 
 @dataclass(frozen=True)
@@ -56,11 +55,16 @@ def manifest_of(
     started: str,
     ended: str,
     description: Mapping[str, Any] | None,
+    restored_from: Mapping[str, Any] | None = None,
 ) -> dict[str, Any]:
-    """run.json before the result-stage rules add their findings (pure)."""
+    """run.json before the result-stage rules add their findings (pure), in the run format the
+    rule set's schema pins (rules 1.2 bundles stay run format 3)."""
     cfg, pipe = setup.config, Pipeline.of(setup.config)
+    run_format = int(pinned("run", "run_format", setup.rules.version))
+    extra = {"restored_from": dict(restored_from) if restored_from else None} if run_format >= 4 else {}
     return {
-        "run_format": RUN_FORMAT,
+        "run_format": run_format,
+        **extra,
         "run_id": run.hex,
         "name": run.name,
         "status": "complete",

@@ -17,16 +17,17 @@ import secrets
 import sys
 import time
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from datetime import datetime, timezone
 from functools import partial
 from pathlib import Path
 from typing import Any, TextIO
 
 from mlckpt import __version__, engine
-from mlckpt.errors import MlckptError
+from mlckpt.errors import ConfigError, MlckptError
 from mlckpt.host.facts import block_device, counters_sample
 from mlckpt.plan.config import SHIPPED, ConfigSource
+from mlckpt.run import split
 from mlckpt.run.cleanup import RUN_MARKER, Created, sweep_run
 from mlckpt.run.collective import Job, MPIDone, OpTimer
 from mlckpt.run.configure import Configured, configure, mpi_library, resolve_signing_key
@@ -36,6 +37,7 @@ from mlckpt.run.gates import Gates, judge, measure_host
 from mlckpt.run.guardian import Guardian
 from mlckpt.run.publish import BundleFiles, RunId, judged, manifest_of, summary_of, write_bundle
 from mlckpt.run.reads import ReadPhase
+from mlckpt.run.split import keeps_key
 from mlckpt.run.writes import WritePhase, WriteState
 from mlckpt.units import fmt_bytes
 from mlckpt.workload.layout import PAGE, pages
@@ -101,6 +103,8 @@ def make_folders(job: Job, c: Configured, gates: Gates, created: Created) -> Fol
     key = job.comm.bcast(secrets.token_bytes(engine.KEY_BYTES) if job.rank == 0 else None)
     number = int.from_bytes(key[:8], "little")
     run = RunId(number, job.comm.bcast(run_name(cfg, number) if job.rank == 0 else None))
+    if c.source is not None:
+        return restored_folders(job, c, gates, run, created)
     root = Path(ck["folder"]).absolute() / run.name
     leader = gates.leader(job.rank)
     names = [[f.name for f in rp.files] for rp in c.setup.plan.rank_plans]
@@ -117,7 +121,7 @@ def make_folders(job: Job, c: Configured, gates: Gates, created: Created) -> Fol
                 names=names,
                 partial=partial_dir,
             )  # before the first mkdir: the guardian can undo all of it
-            make_run_folder(root, created)
+            make_run_folder(root, created, key if keeps_key(cfg) else None)
     fast_root = None
     if c.pipe.fast is not None:
         fast_root = Path(c.pipe.fast).absolute() / run.name
@@ -129,10 +133,42 @@ def make_folders(job: Job, c: Configured, gates: Gates, created: Created) -> Fol
     return Folders(run, key, root, fast_root)
 
 
-def make_run_folder(root: Path, created: Created) -> None:
+def make_run_folder(root: Path, created: Created, key: bytes | None = None) -> None:
     root.mkdir(parents=True, exist_ok=True)
-    (root / RUN_MARKER).touch()
+    # A write invocation to be restored by another leaves its content key in the marker.
+    (root / RUN_MARKER).write_text(key.hex() + "\n" if key else "")
     created.add_dir(root, root=True)
+
+
+def restored_folders(job: Job, c: Configured, gates: Gates, run: RunId, created: Created) -> Folders:
+    """A read-only invocation: the write invocation's run folder under this invocation's
+    checkpoint folder (the same storage, possibly remapped), its content key, and every file this
+    rank will read there at its size; before any I/O.  Without checkpoint.keep, the checkpoints are
+    removed once restored, each rank removing those its writer rank wrote."""
+    assert c.source is not None
+    ck, plan = c.config["checkpoint"], c.setup.plan
+    root = Path(ck["folder"]).absolute() / c.source.name
+    nw = c.source.num_writes
+    key = None
+    with job.step("the write invocation's checkpoints"):  # every rank fails if rank 0 does
+        if job.rank == 0:
+            key = split.read_key(root, c.source)
+    key = job.comm.bcast(key)
+    with job.step("checking the checkpoints to restore"):
+        reads = plan.restore_reads(job.rank, ck["restore"], gates.shift)
+        want = [(str(root / f"ckpt-{k:04d}" / rd.file.name), rd.file.bytes)
+                for k in range(1, nw + 1) for rd in reads]
+        problem = split.missing(want)
+        if problem:
+            raise ConfigError(f"{split.KEY}: {problem}", key=split.KEY)
+    created.add_files([str(root / f"ckpt-{k:04d}" / f.name) for k in range(1, nw + 1)
+                       for f in plan.rank_plans[job.rank].files])
+    for k in range(1, nw + 1):
+        created.add_dir(root / f"ckpt-{k:04d}")
+    created.add_dir(root, root=True)
+    job.note(run=str(root), keep=True, dirs=[], names=[], partial=str(
+        Path(c.config["output"]["root"]).absolute() / f".{run.name}.partial"))
+    return Folders(run, key, root, None)
 
 
 @dataclass
@@ -269,15 +305,17 @@ def phases(job: Job, c: Configured, gates: Gates, created: Created) -> tuple[Run
         )
     nw, nr = int(ck["num_writes"]), int(ck["num_reads"])
     leader, fast_direct = gates.leader(job.rank), gates.fast_direct.get(job.host, False)
-    w = WriteState(folders.root, folders.fast_root, mine, own, arena, folders.key, opts, stream, leader)
-    records = WritePhase(
-        job, c.pipe, w, folders.run.number, timer, created, fast_direct
-    ).run(nw)
-    evict_written(job, c, folders, created, leader, nw)
+    records: list[dict[str, Any]] = []
+    if c.source is None:
+        w = WriteState(folders.root, folders.fast_root, mine, own, arena, folders.key, opts, stream, leader)
+        records = WritePhase(job, c.pipe, w, folders.run.number, timer, created, fast_direct).run(nw)
+        evict_written(job, c, folders, created, leader, nw)
+    else:  # a read-only invocation restores the write invocation's checkpoints (each restore evicts first)
+        nw = c.source.num_writes
     records += ReadPhase(
         job,
         c.pipe,
-        folders.run.number,
+        int.from_bytes(folders.key[:8], "little"),  # whose content the pages carry
         folders.key,
         folders.root,
         folders.fast_root,
@@ -317,6 +355,7 @@ def publish(
         started=started,
         ended=now(),
         description=c.description,
+        restored_from=c.source.manifest_entry() if c.source else None,
     )
     summary = summary_of(s, records, manifest, system)
     bound = s.rules.data["cold_read"]["max_resident_fraction"]
@@ -347,6 +386,7 @@ def run(job: Job, overrides: Sequence[str], source: ConfigSource = SHIPPED) -> t
     started = now()
     with job.step("configuration"):
         c = configure(job, overrides, source)
+    c = replace(c, source=job.comm.bcast(c.source))  # rank 0 verified the write invocation's bundle
     cfg = c.config
     job.say(
         f"mlckpt {__version__}: {cfg['workload']['name']} on {job.size} ranks, division "
@@ -354,6 +394,9 @@ def run(job: Job, overrides: Sequence[str], source: ConfigSource = SHIPPED) -> t
         f"{fmt_bytes(c.setup.plan.total_bytes)} per checkpoint, "
         f"{cfg['checkpoint']['num_writes']} writes, {cfg['checkpoint']['num_reads']} reads"
     )
+    if c.source is not None:
+        job.say(f"read-only invocation: restoring the {c.source.num_writes} checkpoints of {c.source.name} "
+                f"(ended {c.source.ended})")
     gates = gate(job, c)
     key = c.signing_key
     with job.step("signing key"):
@@ -363,8 +406,15 @@ def run(job: Job, overrides: Sequence[str], source: ConfigSource = SHIPPED) -> t
     stage = job.console.stage if job.rank == 0 else (lambda _: None)
     with Created(bool(cfg["checkpoint"]["keep"]), between=lambda: final_barrier(job), stage=stage) as created:
         run_id, records = phases(job, c, gates, created)
-    folder = publish(job, c, gates, run_id, records, started, key) if job.rank == 0 else None
-    verdict = job.comm.bcast(read_verdict(folder) if folder is not None else None)
+    folder, failure = None, None
+    if job.rank == 0:
+        try:
+            folder = publish(job, c, gates, run_id, records, started, key)
+        except BaseException as exc:  # the other ranks wait for the verdict: tell them, then fail
+            failure = exc
+    verdict = job.comm.bcast(read_verdict(folder) if folder is not None else "no bundle")
+    if failure is not None:
+        raise failure
     return folder, str(verdict)
 
 

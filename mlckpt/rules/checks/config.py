@@ -44,9 +44,15 @@ def scale_in_range(ctx: Context, rs: RuleSet, rule: Rule) -> Outcome:
 
 def counts_valid(ctx: Context, rs: RuleSet, rule: Rule) -> Outcome:
     w, r = ctx.get("checkpoint.num_writes"), ctx.get("checkpoint.num_reads")
-    # Restores cycle through the written checkpoints, so num_reads may exceed num_writes.
+    source = ctx.get("checkpoint.restore_from")
+    # Restores cycle through the written checkpoints, so num_reads may exceed num_writes.  A
+    # read-only invocation (rules 1.3) writes none and restores another invocation's.
+    if source:
+        ok = isinstance(r, int) and w == 0 and r >= 1
+        return Outcome(ok, "num_writes=0 and num_reads >= 1 with restore_from",
+                       f"num_writes={w}, num_reads={r}")
     ok = isinstance(w, int) and isinstance(r, int) and w >= 1 and r >= 0
-    return Outcome(ok, "num_writes >= 1 and num_reads >= 0",
+    return Outcome(ok, "num_writes >= 1 and num_reads >= 0 (num_writes=0 needs restore_from)",
                    f"num_writes={w}, num_reads={r}")
 
 

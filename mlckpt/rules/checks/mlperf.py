@@ -114,6 +114,17 @@ def mlperf_phase_gap(ctx: Context, rs: RuleSet, rule: Rule) -> Outcome | NotChec
     return Outcome(gap <= limit, f"at most {limit:g} s", f"{gap:.1f} s")
 
 
+def mlperf_split_gap(ctx: Context, rs: RuleSet, rule: Rule) -> Outcome | NotChecked:
+    """§4.7.1 for split invocations: the read invocation starts within 30 s of the write
+    invocation's end (run.json times; the checker pairs the two, see SPLIT-PAIR)."""
+    facts = ctx.submission
+    gap = getattr(facts, "split_gap_s", None)
+    if gap is None:
+        return NotChecked("not a read-only invocation paired with its write invocation")
+    limit = float(_mlperf(rs)["max_phase_gap_s"])
+    return Outcome(gap <= limit, f"at most {limit:g} s", f"{gap:.1f} s")
+
+
 CHECKS: dict[str, CheckFn] = {
     "mlperf_processes": mlperf_processes,
     "mlperf_accelerator": mlperf_accelerator,
@@ -121,4 +132,5 @@ CHECKS: dict[str, CheckFn] = {
     "param_equals": param_equals,
     "mlperf_memory_multiple": mlperf_memory_multiple,
     "mlperf_phase_gap": mlperf_phase_gap,
+    "mlperf_split_gap": mlperf_split_gap,
 }

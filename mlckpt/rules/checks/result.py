@@ -55,6 +55,13 @@ class RunData:
         return out
 
 
+def written(d: RunData) -> int:
+    """The checkpoints the restores cycle through: this run's writes, or for a read-only
+    invocation (run format 4) those of the write invocation it restored."""
+    source = d.run.get("restored_from") or {}
+    return int(source.get("num_writes") or d.config["checkpoint"]["num_writes"])
+
+
 def summary_format(rs: RuleSet) -> int:
     """The summary format a rule set's bundles carry (its summary schema's ``summary_format``)."""
     return int(pinned("summary", "summary_format", rs.version))
@@ -100,7 +107,7 @@ def result_counts(ctx: Context, rs: RuleSet, rule: Rule) -> Iterator[Outcome | N
             ok = sorted(got) == list(range(ranks)) and all(c == 1 for c in got.values())
             yield Outcome(ok, f"one record per rank 0..{ranks - 1}",
                           f"{len(recs)} records for {len(got)} ranks", where=f"{op} {idx}")
-    nw = int(d.config["checkpoint"]["num_writes"])
+    nw = written(d)
     for idx, recs in d.ops("read").items():
         want_ckpt = (idx - 1) % nw + 1
         ok = all(int(r["checkpoint"]) == want_ckpt for r in recs)
@@ -364,7 +371,7 @@ def tier_restore_source(ctx: Context, rs: RuleSet, rule: Rule) -> Iterator[Outco
         yield NotChecked("no run data or plan")
         return
     pipe = Pipeline.of(d.config)
-    nw = int(d.config["checkpoint"]["num_writes"])
+    nw = written(d)
     host_of = {int(rank): str(h.get("host")) for h in d.run.get("hosts", []) for rank in h.get("ranks", [])}
     shift = int(d.run.get("rank_shift", rank_shift(ctx)))
     restore = str(d.config["checkpoint"]["restore"])

@@ -61,6 +61,8 @@ class SubmissionFacts:
     duplicates: Problems | None = None
     runner: Problems | None = None  # RUNNER-RELEASED; None also where the tree lists no runners
     content: Problems | None = None  # DUPLICATE-CONTENT
+    split: Problems | None = None  # SPLIT-PAIR (read-only invocations; () passes any other run)
+    split_gap_s: float | None = None  # a read-only invocation: from its write half's end to its start
 
 
 def _facts(ctx: Context) -> SubmissionFacts:

@@ -1,0 +1,79 @@
+"""SPLIT-PAIR across the bundles of a tree: each read-only invocation beside the write invocation
+whose checkpoints it restored (mlckpt.rules.checks.split)."""
+
+from __future__ import annotations
+
+import datetime
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+from checker.results import BundleResult
+from checker.rulesets import _as_finding, fallback_rules, finding_dict, submission_findings
+from mlckpt.rules import load_rules, verdict
+from mlckpt.rules.checks.split import pair_problems
+from mlckpt.rules.checks.submission import Problem, SubmissionFacts
+
+
+def pair_doc(run: Mapping[str, Any], config: Mapping[str, Any]) -> dict[str, Any]:
+    """What pairing needs of a schema-valid bundle (kept on its result, never reported)."""
+    keep = ("run_id", "name", "verdict", "restored_from", "started", "ended")
+    return {"run": {k: run.get(k) for k in keep}, "config": dict(config)}
+
+
+def _when(stamp: Any) -> datetime.datetime | None:
+    try:
+        return datetime.datetime.fromisoformat(str(stamp).replace("Z", "+00:00"))
+    except ValueError:
+        return None
+
+
+def gap_s(write: Mapping[str, Any], read: Mapping[str, Any]) -> float | None:
+    """Seconds from the write invocation's end to the read invocation's start (run.json times)."""
+    end, start = _when(write.get("ended")), _when(read.get("started"))
+    return None if end is None or start is None else (start - end).total_seconds()
+
+
+Writes = Mapping[tuple[str, ...], BundleResult]
+
+
+def _problems(r: BundleResult, writes: Writes) -> tuple[list[Problem], float | None]:
+    assert r.pair is not None
+    source = r.pair["run"]["restored_from"]
+    where = "run.json"
+    w = writes.get((r.division, r.org, r.system, r.workload, str(source.get("run_id"))))
+    named = f"{source.get('name')} (run_id {source.get('run_id')})"
+    if w is None or w.pair is None:
+        return [Problem(where, f"its write invocation {named} in {r.division}/{r.org}/results/{r.system}/"
+                        f"{r.workload}/", "not in the tree")], None
+    if w.integrity != "ok":
+        return [Problem(where, f"an intact write invocation {named}",
+                        f"{w.path} failed its integrity check")], None
+    if w.statement_sha256 != source.get("statement_sha256"):
+        signed = source.get("statement_sha256")
+        return [Problem(where, f"the write invocation it restored (statement {signed})",
+                        f"{w.path}, another bundle under that run id")], None
+    out = [Problem(where, f"a write invocation it can restore ({w.path})", p)
+           for p in pair_problems(w.pair["run"], w.pair["config"], r.pair["config"])]
+    gap = gap_s(w.pair["run"], r.pair["run"])
+    if gap is None or gap < 0:
+        out.append(Problem(where, f"restores that began after {w.path} ended",
+                           "no gap" if gap is None else f"began {-gap:.1f} s before it ended"))
+    return out, gap
+
+
+def add_pairs(results: Sequence[BundleResult], forced_rules: str | None = None) -> None:
+    """SPLIT-PAIR (and, under MLPerf's rules, MLPERF-SPLIT-GAP) for every read-only invocation,
+    with the gap between its halves in its metrics."""
+    writes = {(r.division, r.org, r.system, r.workload, str(r.pair["run"]["run_id"])): r
+              for r in results if r.pair is not None and not r.pair["run"].get("restored_from")}
+    for r in results:
+        if r.pair is None or not r.pair["run"].get("restored_from") or r.verdict == "internal-error":
+            continue
+        problems, gap = _problems(r, writes)
+        if r.metrics is not None:
+            r.metrics["split_gap_s"] = gap
+        rs = load_rules(r.rules_version) if r.rules_version else fallback_rules(forced_rules)
+        facts = SubmissionFacts(split=tuple(problems), split_gap_s=gap)
+        found, _ = submission_findings(rs, facts, r.declared_division or r.division)
+        r.findings += [finding_dict(f, r.path, {"run.json": f"{r.path}/run.json"}) for f in found]
+        r.verdict = verdict([_as_finding(f) for f in r.findings], r.declared_division or r.division)

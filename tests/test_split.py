@@ -1,0 +1,194 @@
+"""Split invocations on real MPI: a write invocation that keeps its checkpoints, a read-only
+invocation that restores them (checkpoint.num_writes=0 checkpoint.restore_from=...), and the
+checker pairing the two bundles (SPLIT-PAIR)."""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from checker.cli import check_tree
+from mlckpt import bundle
+
+BIN = Path(sys.executable).parent
+ORG, SYSTEM = "example-org", "laptop-ext4"
+SMALL = ("workload=llama3_8b", "division=open", "scale=0.0005", "ranks=4", "io.direct=false")
+
+
+def run(h: dict[str, Path], cwd: Path, *overrides: str) -> subprocess.CompletedProcess[str]:
+    env = {**os.environ, "XDG_CONFIG_HOME": str(h["dir"] / "xdg")}
+    env.pop("MLCKPT_DEBUG", None)
+    return subprocess.run(
+        [str(BIN / "mlckpt"), "run", *SMALL, f"system={h['dir'] / 'laptop-ext4.yaml'}",
+         f"signing.key={h['dir'] / 'keys' / 'org.pem'}", "checkpoint.folder=ck", "output.root=results",
+         *overrides], cwd=cwd, env=env, text=True, capture_output=True, timeout=300, check=False)
+
+
+def bundle_of(proc: subprocess.CompletedProcess[str]) -> Path:
+    [line] = [ln for ln in proc.stdout.splitlines() if ln.startswith("bundle: ")]
+    return Path(line[len("bundle: "):])
+
+
+def write_half(h: dict[str, Path], cwd: Path, writes: int = 2) -> Path:
+    proc = run(h, cwd, f"checkpoint.num_writes={writes}", "checkpoint.num_reads=0", "checkpoint.keep=true")
+    assert proc.returncode == 0, proc.stderr
+    return bundle_of(proc)
+
+
+def tree_of(h: dict[str, Path], root: Path, *bundles: Path) -> Path:
+    (root / "open" / ORG / "systems").mkdir(parents=True)
+    shutil.copy(h["dir"] / "laptop-ext4.yaml", root / "open" / ORG / "systems")
+    for b in bundles:
+        shutil.copytree(b, root / "open" / ORG / "results" / SYSTEM / "llama3_8b" / b.name)
+    return root
+
+
+def checked(h: dict[str, Path], root: Path) -> dict[str, Any]:
+    return check_tree(root, bundle.TrustedKeys.load(h["dir"] / "trusted-keys.yaml"), jobs=1)
+
+
+@pytest.fixture(scope="module")
+def pair(honest_bundles: dict[str, Path], tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
+    h = honest_bundles
+    cwd = tmp_path_factory.mktemp("split")
+    w = write_half(h, cwd)
+    kept = sorted(p.relative_to(cwd) for p in (cwd / "ck").rglob("*") if p.is_file())
+    proc = run(h, cwd, "checkpoint.num_writes=0", "checkpoint.num_reads=3",
+               f"checkpoint.restore_from={w.name}")
+    assert proc.returncode == 0, proc.stderr
+    return {"h": h, "cwd": cwd, "write": w, "read": bundle_of(proc), "out": proc.stdout, "kept": kept}
+
+
+def test_the_write_half_keeps_its_checkpoints_and_its_content_key(pair: dict[str, Any]) -> None:
+    w = pair["write"]
+    run_doc = json.loads((w / "run.json").read_text())
+    files = [str(p) for p in pair["kept"]]
+    assert f"ck/{w.name}/.mlckpt-run" in files
+    assert sum(f.startswith(f"ck/{w.name}/ckpt-0002/") for f in files) == 8  # 4 ranks × 2 files
+    assert run_doc["restored_from"] is None and run_doc["run_format"] == 4
+    summary = json.loads((w / "summary.json").read_text())
+    assert summary["num_reads"] == 0 and sorted(summary["metric"]) == [
+        "checkpoint_size_GB", "save_checkpoint_duration_mean_seconds",
+        "save_checkpoint_duration_stdev_seconds", "save_checkpoint_io_mean_GB_per_second",
+        "save_checkpoint_io_stdev_GB_per_second"]
+    assert summary["mlckpt_read_guarantee"] == "no_reads"
+
+
+def test_the_read_half_restores_and_verifies_the_write_halfs_content(pair: dict[str, Any]) -> None:
+    r, w = pair["read"], pair["write"]
+    run_doc = json.loads((r / "run.json").read_text())
+    wrun = json.loads((w / "run.json").read_text())
+    source = run_doc["restored_from"]
+    assert (source["run_id"], source["name"], source["num_writes"]) == (wrun["run_id"], w.name, 2)
+    assert source["statement_sha256"] == bundle.verify_bundle(w).statement_sha256
+    records = [json.loads(line) for line in (r / "records.jsonl").read_text().splitlines()]
+    assert {x["op"] for x in records} == {"read"} and len(records) == 3 * 4
+    restored = [sorted({x["checkpoint"] for x in records if x["index"] == k}) for k in (1, 2, 3)]
+    assert restored == [[1], [2], [1]]  # restores cycle through the write half's checkpoints
+    assert all(x["verified_bytes"] == x["bytes"] and x["mismatches"] == 0 for x in records)
+    summary = json.loads((r / "summary.json").read_text())
+    assert summary["num_writes"] == 0 and summary["mlckpt_read_guarantee"] == "cold_verified"
+    assert set(summary["metric"]) == {"checkpoint_size_GB", "load_checkpoint_duration_mean_seconds",
+                                      "load_checkpoint_duration_stdev_seconds",
+                                      "load_checkpoint_io_mean_GB_per_second",
+                                      "load_checkpoint_io_stdev_GB_per_second"}
+    assert f"read-only invocation: restoring the 2 checkpoints of {w.name}" in pair["out"]
+    # restored, so removed (checkpoint.keep=false): nothing of the pair is left
+    assert not list((pair["cwd"] / "ck").rglob("*"))
+
+
+def test_the_checker_pairs_the_two_halves(pair: dict[str, Any], tmp_path: Path) -> None:
+    report = checked(pair["h"], tree_of(pair["h"], tmp_path / "tree", pair["write"], pair["read"]))
+    by = {b["run_id"]: b for b in report["bundles"]}
+    read_id = json.loads((pair["read"] / "run.json").read_text())["run_id"]
+    assert all(b["verdict"] == "open" for b in report["bundles"]), report["findings"]
+    assert not [f for f in report["findings"] if f["rule"] == "SPLIT-PAIR"]
+    gap = by[read_id]["metrics"]["split_gap_s"]
+    assert 0 <= gap < 60
+
+
+def test_a_read_half_without_its_write_half_fails_split_pair(pair: dict[str, Any], tmp_path: Path) -> None:
+    report = checked(pair["h"], tree_of(pair["h"], tmp_path / "tree", pair["read"]))
+    [b] = report["bundles"]
+    hits = [f for f in report["findings"] if f["rule"] == "SPLIT-PAIR"]
+    assert b["verdict"] == "invalid" and len(hits) == 1
+    assert hits[0]["message"].endswith("got not in the tree"), hits[0]["message"]
+    assert pair["write"].name in hits[0]["message"]
+
+
+def test_a_write_half_other_than_the_one_restored_fails_split_pair(pair: dict[str, Any],
+                                                                    tmp_path: Path) -> None:
+    """The write half re-signed after an edit is another bundle under the same run id."""
+    from forge import resign
+
+    other = tmp_path / pair["write"].name
+    shutil.copytree(pair["write"], other)
+    with open(other / "run.log", "a") as fh:
+        fh.write("a line added afterwards\n")
+    resign(other, bundle.load_private_key(pair["h"]["dir"] / "keys" / "org.pem"))
+    report = checked(pair["h"], tree_of(pair["h"], tmp_path / "tree", other, pair["read"]))
+    hits = [f for f in report["findings"] if f["rule"] == "SPLIT-PAIR"]
+    assert hits and "another bundle under that run id" in hits[0]["message"], report["findings"]
+
+
+def test_a_read_only_invocation_of_a_missing_bundle_is_refused_before_any_io(
+        honest_bundles: dict[str, Path], tmp_path: Path) -> None:
+    proc = run(honest_bundles, tmp_path, "checkpoint.num_writes=0", "checkpoint.num_reads=1",
+               "checkpoint.restore_from=0123456789abcdef")
+    assert proc.returncode == 2
+    assert proc.stderr.strip().splitlines()[-1] == (
+        "mlckpt: error: checkpoint.restore_from: no bundle folder '0123456789abcdef' (nor a run of that "
+        f"name or id under {tmp_path / 'results'})")
+    assert not (tmp_path / "ck").exists() or not list((tmp_path / "ck").rglob("ckpt-*"))
+
+
+def test_a_tampered_write_half_is_refused_before_any_io(honest_bundles: dict[str, Path],
+                                                        tmp_path: Path) -> None:
+    w = write_half(honest_bundles, tmp_path, writes=1)
+    record = (w / "records.jsonl").read_text().replace('"bytes": ', '"bytes": 1', 1)
+    (w / "records.jsonl").write_text(record)
+    before = sorted((tmp_path / "ck").rglob("*"))
+    proc = run(honest_bundles, tmp_path, "checkpoint.num_writes=0", "checkpoint.num_reads=1",
+               f"checkpoint.restore_from={w}")
+    assert proc.returncode == 2
+    assert "checkpoint.restore_from: " in proc.stderr and "is not an intact signed bundle" in proc.stderr
+    assert "records.jsonl" in proc.stderr
+    assert sorted((tmp_path / "ck").rglob("*")) == before  # nothing read, nothing removed
+    assert "read 1/1" not in proc.stdout
+
+
+def test_an_incompatible_read_half_is_refused_naming_the_difference(
+        honest_bundles: dict[str, Path], tmp_path: Path) -> None:
+    w = write_half(honest_bundles, tmp_path, writes=1)
+    proc = run(honest_bundles, tmp_path, "checkpoint.num_writes=0", "checkpoint.num_reads=1",
+               f"checkpoint.restore_from={w}", "scale=0.001")
+    assert proc.returncode == 2
+    assert "cannot be restored here: scale differs (0.0005 there, 0.001 here)" in proc.stderr
+    assert len(list((tmp_path / "ck" / w.name).rglob("*.pt"))) == 8  # untouched
+
+
+def test_a_page_changed_between_the_halves_is_named(honest_bundles: dict[str, Path], tmp_path: Path) -> None:
+    w = write_half(honest_bundles, tmp_path, writes=1)
+    victim = sorted((tmp_path / "ck" / w.name / "ckpt-0001").glob("*.pt"))[0]
+    with open(victim, "r+b") as fh:
+        fh.seek(4096 * 3 + 100)
+        fh.write(b"\xff" * 8)
+    proc = run(honest_bundles, tmp_path, "checkpoint.num_writes=0", "checkpoint.num_reads=1",
+               f"checkpoint.restore_from={w}")
+    assert proc.returncode == 1, proc.stderr  # a verification mismatch: the run failed
+    assert victim.name in proc.stderr and "(page 3)" in proc.stderr and "payload corrupted" in proc.stderr
+    assert "bundle: " not in proc.stdout
+
+
+def test_num_writes_0_without_restore_from_is_refused(tmp_path: Path) -> None:
+    proc = subprocess.run([str(BIN / "mlckpt"), "plan", *SMALL, "checkpoint.num_writes=0"],
+                          capture_output=True, text=True, check=False, cwd=tmp_path)
+    assert proc.returncode == 2, proc.stdout + proc.stderr
+    assert "(num_writes=0 needs restore_from)" in proc.stderr
