@@ -58,7 +58,7 @@ CASES: dict[str, Case] = {
     "plan-scale-zero": mk(M, "plan", "division=open", "scale=0", says="scale"),
     "plan-scale-above-one": mk(M, "plan", "division=open", "scale=2", says="scale"),
     "plan-division": mk(M, "plan", "division=semi", says="division"),
-    "plan-writes-zero": mk(M, "plan", "checkpoint.num_writes=0", says="checkpoint.num_writes"),
+    "plan-writes-zero": mk(M, "plan", "checkpoint.num_writes=0", says="[COUNTS-POSITIVE]"),
     "plan-writes-absurd": mk(M, "plan", "checkpoint.num_writes=1000000000", says="checkpoint.num_writes"),
     "plan-reads-negative": mk(M, "plan", "checkpoint.num_reads=-1", says="checkpoint.num_reads"),
     "plan-threads-zero": mk(M, "plan", "io.threads=0", says="io.threads"),
