@@ -31,7 +31,7 @@ from test_forgeries import FORGERIES
 import checker.bundle_check
 from checker.cli import check_tree, run
 from mlckpt import bundle
-from mlckpt.rules import load_rules
+from mlckpt.rules import DEFAULT_RULES_VERSION, load_rules
 from mlckpt.schemas import validator
 
 ORG = "example-org"
@@ -128,7 +128,7 @@ def check(root: Path, h: Mapping[str, Path], **kw: Any) -> dict[str, Any]:
 
 def assert_report_valid(report: Mapping[str, Any]) -> None:
     errors = [f"{'.'.join(map(str, e.absolute_path))}: {e.message}"
-              for e in validator("report").iter_errors(report)]
+              for e in validator("report", DEFAULT_RULES_VERSION).iter_errors(report)]
     assert not errors, errors[:5]
     json.dumps(report, allow_nan=False)  # strict JSON
 
@@ -266,6 +266,11 @@ NEGATIVE_CASES: dict[str, list[Case]] = {
             parallelism={"tensor": 1, "pipeline": 4, "zero_stage": 1})))],
     "SCALE-RANGE": [C("scale must be in (0, 1]; got 1.5",
                       mutate=lambda f: edit_yaml(f, "config.yaml", setitem("scale", 1.5)))],
+    # a run claiming to have restored another whose bundle is not in the tree
+    "SPLIT-PAIR": [C("got not in the tree", mutate=lambda f: edit_json(f, "run.json", setitem(
+        "restored_from", {"run_id": "00000000000000aa", "num_writes": 1, "statement_sha256": "0" * 64,
+                          "name": "20260101T000000Z-llama3_8b-4r-00000000000000aa",
+                          "ended": "2026-01-01T00:00:00.000Z"})))],
     "COUNTS-POSITIVE": [C("got num_writes=0, num_reads=1",
                           mutate=lambda f: edit_yaml(f, "config.yaml", setitem("checkpoint.num_writes", 0)))],
     # --- closed-division eligibility: closed-shaped copies of a tiny open run

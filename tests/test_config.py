@@ -105,7 +105,7 @@ def test_appended_unknown_key_is_refused_by_the_schema() -> None:
     ("ranks=0", "ranks: 0 is less than the minimum of 1"),
     ("scale=0", "scale: 0 is less than or equal to the minimum of 0"),
     ("scale=1.5", "scale: 1.5 is greater than the maximum of 1"),
-    ("checkpoint.num_writes=0", "checkpoint.num_writes: 0 is less than the minimum of 1"),
+    ("checkpoint.num_writes=-1", "checkpoint.num_writes: -1 is less than the minimum of 0"),
     ("io.block_size=5000", "io.block_size: 5000 is not a multiple of 4096"),
     ("host_memory_gib=lots", "host_memory_gib: 'lots' is not of type 'number', 'null'"),
 ])

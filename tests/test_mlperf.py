@@ -65,6 +65,12 @@ def only(rule_id: str) -> RuleSet:
     return dataclasses.replace(RS, rules=(RS.rule(rule_id),))
 
 
+def submitted(gap_s: float) -> Context:
+    from mlckpt.rules.checks.submission import SubmissionFacts
+
+    return dataclasses.replace(ctx(), submission=SubmissionFacts(split=(), split_gap_s=gap_s))
+
+
 def findings(c: Context, rule_id: str, stages: tuple[str, ...] = ("config", "host")) -> list[str]:
     return [f.message for f in only(rule_id).evaluate(c, stages).findings]
 
@@ -95,6 +101,9 @@ NEGATIVE: list[tuple[str, Callable[[], Context], str]] = [
      "§4.3.1: checkpoint data per client under at least 3 × 64.00 GiB of memory"),
     ("MLPERF-PHASE-GAP", lambda: result_ctx(run_data(2.0, 40.0, 1, 10 * GiB)),
      "§4.7.1: the read phase starts within 30 s of the write phase's end: expected at most 30 s, got 38.0 s"),
+    ("MLPERF-SPLIT-GAP", lambda: submitted(226.0),
+     "§4.7.1: the read invocation starts within 30 s of the write invocation's end (failover, remap and "
+     "cache flushing included): expected at most 30 s, got 226.0 s"),
 ]
 POSITIVE: list[tuple[str, Callable[[], Context]]] = [
     ("MLPERF-PROCESSES", lambda: ctx()),
@@ -107,6 +116,7 @@ POSITIVE: list[tuple[str, Callable[[], Context]]] = [
     ("MLPERF-INTERVAL", lambda: ctx("checkpoint.compute_interval_s=5.0")),
     ("MLPERF-MEMORY-MULTIPLE", lambda: result_ctx(run_data(2.0, 3.0, 1, 10 * GiB))),
     ("MLPERF-PHASE-GAP", lambda: result_ctx(run_data(2.0, 31.0, 1, 10 * GiB))),
+    ("MLPERF-SPLIT-GAP", lambda: submitted(29.5)),
 ]
 
 

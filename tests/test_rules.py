@@ -128,11 +128,20 @@ NEGATIVE: list[tuple[str, Callable[[], Context], list[str]]] = [
     ("SCALE-RANGE", lambda: raw_ctx("division=open", edits={"scale": "0.5"}),
      ["scale must be in (0, 1]; got 0.5"]),
     ("COUNTS-POSITIVE", lambda: raw_ctx("division=open", edits={"checkpoint.num_writes": 0}),
-     ["a run writes at least one checkpoint and reads zero or more; expected num_writes >= 1 and "
-      "num_reads >= 0, got num_writes=0, num_reads=10"]),
+     ["a run writes at least one checkpoint and reads zero or more, or (checkpoint.restore_from) restores "
+      "another invocation's; expected num_writes >= 1 and num_reads >= 0 (num_writes=0 needs "
+      "restore_from), got num_writes=0, num_reads=10"]),
     ("COUNTS-POSITIVE", lambda: raw_ctx("division=open", edits={"checkpoint.num_reads": -1}),
-     ["a run writes at least one checkpoint and reads zero or more; expected num_writes >= 1 and "
-      "num_reads >= 0, got num_writes=10, num_reads=-1"]),
+     ["a run writes at least one checkpoint and reads zero or more, or (checkpoint.restore_from) restores "
+      "another invocation's; expected num_writes >= 1 and num_reads >= 0 (num_writes=0 needs "
+      "restore_from), got num_writes=10, num_reads=-1"]),
+    # a read-only invocation writes none and restores at least one
+    ("COUNTS-POSITIVE", lambda: raw_ctx("division=open", edits={"checkpoint.restore_from": "x",
+                                                                 "checkpoint.num_writes": 0,
+                                                                 "checkpoint.num_reads": 0}),
+     ["got num_writes=0, num_reads=0"]),
+    ("COUNTS-POSITIVE", lambda: raw_ctx("division=open", edits={"checkpoint.restore_from": "x"}),
+     ["got num_writes=10, num_reads=10"]),
     ("CLOSED-WORKLOAD", lambda: ctx_of("workload=llama_70b"),
      ["closed runs use a canonical workload unchanged; expected one of llama3_8b, llama3_70b, "
       "llama3_405b, llama3_1t, got llama_70b"]),
@@ -267,6 +276,8 @@ POSITIVE: list[tuple[str, Callable[[], Context]]] = [
                                        "division=open")),
     ("COUNTS-POSITIVE", lambda: ctx_of("checkpoint.num_writes=2", "checkpoint.num_reads=5",
                                        "division=open")),
+    ("COUNTS-POSITIVE", lambda: raw_ctx("division=open", edits={"checkpoint.restore_from": "x",
+                                                                 "checkpoint.num_writes": 0})),
     *[("CLOSED-WORKLOAD", (lambda n=n: ctx_of(f"workload={n}")))
       for n in ("llama3_8b", "llama3_70b", "llama3_405b", "llama3_1t")],
     ("CLOSED-RANKS", lambda: ctx_of("workload=llama3_405b", "ranks=512")),

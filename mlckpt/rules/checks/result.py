@@ -59,7 +59,9 @@ def written(d: RunData) -> int:
     """The checkpoints the restores cycle through: this run's writes, or for a read-only
     invocation (run format 4) those of the write invocation it restored."""
     source = d.run.get("restored_from") or {}
-    return int(source.get("num_writes") or d.config["checkpoint"]["num_writes"])
+    # At least 1: a bundle claiming no writes and restores anyway fails COUNTS-POSITIVE; the
+    # other rules must still judge its records, not divide by zero.
+    return max(1, int(source.get("num_writes") or d.config["checkpoint"]["num_writes"] or 0))
 
 
 def summary_format(rs: RuleSet) -> int:
