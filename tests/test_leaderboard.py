@@ -987,3 +987,33 @@ def test_pass_line_names_stall_and_time_to_durable_when_training_did_not_wait() 
     assert line({"write_bandwidth_mean_gib_s": 2.0, "write_stall_mean_s": 0.25,
                  "write_time_to_durable_mean_s": 1.0}) == (
         "PASS x (open: write 2.00 GiB/s, stall 0.250 s, time to durable 1.000 s)")
+
+
+def test_the_csv_leads_with_mlperfs_results_table(tmp_path: Path) -> None:
+    """MLPerf Storage's columns first, in their order and spelling, blank where mlckpt has no data
+    (never invented); mlckpt's own columns after them."""
+    import csv
+    import io
+
+    from checker.leaderboard.sut import MLPERF_COLUMNS
+
+    root = build_tree(tmp_path / "tree")
+    rows = list(csv.reader(io.StringIO(lb_cli(root, "csv", tmp_path / "lb.csv"))))
+    head = rows[0]
+    assert tuple(head[:len(MLPERF_COLUMNS)]) == MLPERF_COLUMNS
+    assert head[:3] == ["Public ID", "Organization", "Division"] and head[len(MLPERF_COLUMNS)] == "Class"
+    assert "Slowest rank write (GiB/s)" in head and "Verification" in head  # mlckpt's extras stay
+    recs = [dict(zip(head, r, strict=True)) for r in rows[1:]]
+    for rec in recs:
+        blank = ("Public ID", "RU's", "Integrated Client Storage", "Checkpointing - Code")
+        assert [rec[k] for k in blank] == ["", "", "", ""]
+        assert rec["Benchmark Type"] == "Checkpointing" and rec["Access Protocol"] == "file"
+        assert rec["Checkpointing - # Client Nodes"] == rec["Hosts"]
+        assert rec["Checkpointing - Write B/W (GiB/s)"] == rec["Write (GiB/s)"]
+        assert rec["Checkpointing - Read Duration (secs)"] == rec["Read duration (s)"]
+        assert rec["Checkpointing - Logs"] == rec["Bundle"]
+    by_workload = {rec["Workload"]: rec for rec in recs}
+    r8 = by_workload["llama3_8b"]
+    mode, dp = r8["Checkpointing - Checkpoint Mode"], r8["Checkpointing - DP Instances"]
+    assert (r8["Model"], dp, mode) == ("8B", r8["Ranks"], "Full")  # TP 1 × PP 1: every rank a DP instance
+    assert by_workload["llama3_8b"]["Name"].endswith(" storage")  # the description's storage product

@@ -99,7 +99,8 @@ def _figures(d: Any) -> dict[str, Any]:
 def _table_cells(d: Any, class_id: str) -> list[list[str]]:
     return d.execute_script(
         "return Array.from(document.querySelectorAll('#table-' + arguments[0] + ' tbody tr'))"
-        ".map(r => Array.from(r.cells).map(c => c.textContent));", class_id)
+        # a cell's own value: the System cell's is its <summary> (the SUT block opens below it)
+        ".map(r => Array.from(r.cells).map(c => (c.querySelector('summary') || c).textContent));", class_id)
 
 
 def _column(d: Any, class_id: str, key: str) -> list[str]:
@@ -137,6 +138,23 @@ def test_charts_are_drawn(loaded: Any, site: dict[str, Any]) -> None:
             lines = loaded.execute_script(
                 "return document.querySelectorAll('#' + arguments[0] + ' g.trace.scatter').length", cid)
             assert lines == len(fig["data"])
+
+
+def test_a_system_cell_opens_its_system_under_test(loaded: Any, site: dict[str, Any]) -> None:
+    """The System cell shows the system's name; a click opens what its description says."""
+    cell = loaded.find_element("css selector", "table.lb tbody tr td.col-system details.sut")
+    summary = cell.find_element("css selector", "summary")
+    facts = cell.find_element("css selector", "dl")
+    assert not facts.is_displayed()  # closed: the table stays one line per result
+    summary.click()
+    assert facts.is_displayed()
+    text = facts.text
+    assert "Storage product" in text and "Usable capacity (TiB)" in text and "Availability" in text
+    row = loaded.execute_script("return arguments[0].closest('tr').dataset.id", cell)
+    [entry] = [r for cls in site["json"]["classes"] for r in cls["rows"] if r["result_id"] == row]
+    assert f"{entry['system']} storage" in text  # this system's own description (the test tree's)
+    summary.click()
+    assert not facts.is_displayed()
 
 
 def test_table_values_match_the_json_output(loaded: Any, site: dict[str, Any]) -> None:

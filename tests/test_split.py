@@ -192,3 +192,30 @@ def test_num_writes_0_without_restore_from_is_refused(tmp_path: Path) -> None:
                           capture_output=True, text=True, check=False, cwd=tmp_path)
     assert proc.returncode == 2, proc.stdout + proc.stderr
     assert "(num_writes=0 needs restore_from)" in proc.stderr
+
+
+def test_the_leaderboard_shows_a_pair_as_one_row(pair: dict[str, Any], tmp_path: Path) -> None:
+    import csv
+    import io
+
+    from checker.leaderboard import collect
+    from checker.leaderboard.render import render_csv
+
+    h = pair["h"]
+    trusted = bundle.TrustedKeys.load(h["dir"] / "trusted-keys.yaml")
+    board = collect(tree_of(h, tmp_path / "tree", pair["write"], pair["read"]), trusted)
+    [table] = board.tables
+    [entry] = table.entries
+    w = json.loads((pair["write"] / "summary.json").read_text())
+    r = json.loads((pair["read"] / "summary.json").read_text())
+    assert entry.m("write_bandwidth_mean_gib_s") == w["write_bandwidth_mean_gib_s"]
+    assert entry.m("read_bandwidth_mean_gib_s") == r["read_bandwidth_mean_gib_s"]
+    assert (entry.num_writes, entry.num_reads, entry.verification) == (2, 3, "verified, cold")
+    [row] = list(csv.DictReader(io.StringIO(render_csv(board))))
+    assert row["Checkpointing - Logs"] == " + ".join(entry.halves)
+    assert pair["write"].name in entry.halves[0] and pair["read"].name in entry.halves[1]
+    assert row["Checkpointing - Read B/W (GiB/s)"] == f"{r['read_bandwidth_mean_gib_s']:.2f}"
+    # the write half alone is no row: a leaderboard row needs both halves
+    alone = collect(tree_of(h, tmp_path / "alone", pair["write"]), trusted)
+    assert alone.tables == () and [x.reason for x in alone.excluded] == [
+        "a write half without its read half (checkpoint.restore_from) among the passing results"]

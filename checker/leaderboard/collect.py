@@ -8,6 +8,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from checker.leaderboard.halves import pair_halves
 from checker.leaderboard.model import DIVISIONS, Entry, Excluded, Leaderboard, build, entry_from_docs
 from mlckpt.errors import MlckptError, UsageError
 
@@ -132,7 +133,8 @@ def collect(root: Path, trusted: Any, *, jobs: int = 1) -> Leaderboard:
             continue
         entries.append(entry)
         versions.add(entry.rules_version)
-    return build(entries, excluded, versions)
+    entries, unpaired = pair_halves(entries)  # split invocations: one row per pair
+    return build(entries, [*excluded, *unpaired], versions)
 
 
 def _integrity_rules(version: str | None) -> frozenset[str]:

@@ -12,6 +12,7 @@ from typing import Any
 
 import pandas as pd
 
+from checker.leaderboard.sut import sut_facts
 from mlckpt import formats
 from mlckpt.errors import InternalError
 from mlckpt.workload.model import ModelShape
@@ -185,6 +186,14 @@ class Entry:
     compute_interval_s: float = 0.0
     fast_fs: tuple[str, ...] = ()  # the fast tier's filesystem type(s), as the runner measured
     fast_reads: int = 0  # restores not (or not only) from the durable tier
+    dp: int | None = None  # data-parallel instances: ranks / (TP × PP)
+    sut: tuple[tuple[str, str], ...] = ()  # the system description's facts, as SUT_FIELDS names them
+    restored_from: str | None = None  # a read-only invocation: its write half's run id
+    write_half: bool = False  # a write invocation kept for a read-only one (num_reads 0, keep)
+    halves: tuple[str, ...] = ()  # a pair's two bundles (write, read); empty for one invocation
+
+    def sut_value(self, key: str) -> str:
+        return dict(self.sut).get(key, "")
 
     @property
     def result_id(self) -> str:
@@ -327,6 +336,9 @@ def entry_from_docs(path: str, org: str, system: str, run: Mapping[str, Any], co
     fast_reads = sum(1 for o in ops if isinstance(o, Mapping) and o.get("op") == "read"
                      and o.get("tier", DURABLE) != DURABLE)
 
+    parallel = workload.get("parallelism") or {}
+    mp = int(parallel.get("tensor") or 1) * int(parallel.get("pipeline") or 1)
+    ck = config.get("checkpoint") or {}
     return Entry(
         path=path, org=org, system=system, division=division or str(run["division"]),
         workload=str(run["workload"]), run_id=str(run["run_id"]),
@@ -346,6 +358,10 @@ def entry_from_docs(path: str, org: str, system: str, run: Mapping[str, Any], co
         compute_interval_s=pipe.compute_interval_s,
         fast_fs=tuple(sorted({t for t in (_text(v) for v in fast_fs.values()) if t})),
         fast_reads=fast_reads,
+        dp=int(run["ranks"]) // mp if mp and int(run["ranks"]) % mp == 0 else None,
+        sut=sut_facts(system_doc.get("description")),
+        restored_from=str(_get(run, "restored_from", "run_id")) if _get(run, "restored_from") else None,
+        write_half=int(summary.get("num_reads", 0)) == 0 and bool(ck.get("keep")),
     )
 
 

@@ -24,7 +24,7 @@ import html
 import io
 import json
 import math
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 from urllib.parse import quote
@@ -44,6 +44,7 @@ from checker.leaderboard.model import (
     rounded,
     scaling_series,
 )
+from checker.leaderboard.sut import MLPERF_COLUMNS, SUT_FIELDS, mlperf_row
 
 ASSETS = Path(__file__).parent / "assets"
 DIVISION_TITLE = {"closed": "Closed division", "open": "Open division"}
@@ -130,14 +131,18 @@ CSV_LEAD = ("Class", "Workload", "Scale")
 
 
 def render_csv(board: Leaderboard) -> str:
+    """MLPerf Storage's results-table columns first (their order and spelling, blank where mlckpt
+    has no data), then mlckpt's own."""
     records = []
     for t in board.tables:
-        for rec in t.frame.to_dict("records"):
-            row = {"Class": t.key.id, "Workload": t.key.workload, "Scale": t.key.scale}
+        for entry, rec in zip(t.entries, t.frame.to_dict("records"), strict=True):
+            row = mlperf_row(entry, rec, lambda v, key: fmt(v, COLUMN[key], missing=""))
+            row.update({"Class": t.key.id, "Workload": t.key.workload, "Scale": t.key.scale})
             row.update({c.label: fmt(rec[c.key], c, missing="") for c in COLUMNS})
             row["Bundle"] = rec["bundle"]
             records.append(row)
-    frame = pd.DataFrame(records, columns=[*CSV_LEAD, *(c.label for c in COLUMNS), "Bundle"], dtype=object)
+    frame = pd.DataFrame(records, columns=[*MLPERF_COLUMNS, *CSV_LEAD, *(c.label for c in COLUMNS), "Bundle"],
+                         dtype=object)
     buf = io.StringIO()
     frame.to_csv(buf, index=False, lineterminator="\n")
     return buf.getvalue()
@@ -324,7 +329,8 @@ def _th(c: Column, sorted_desc: bool) -> str:
 BAR_COLUMNS = {"write_gib_s": "w", "read_gib_s": "r"}
 
 
-def _td(rec: Mapping[str, Any], c: Column, link: str | None, maxima: Mapping[str, float]) -> str:
+def _td(rec: Mapping[str, Any], c: Column, link: str | None, maxima: Mapping[str, float],
+        sut: Sequence[tuple[str, str]] = ()) -> str:
     value = rec[c.key]
     text = fmt(value, c)
     missing = text == "—"
@@ -343,6 +349,10 @@ def _td(rec: Mapping[str, Any], c: Column, link: str | None, maxima: Mapping[str
     if c.key == "result_id" and link is not None:
         href = _e(quote(link, safe="/.-_~"))
         body = f'<a href="{href}" title="open the bundle: {_e(rec["bundle"])}">{body}</a>'
+    if c.key == "system" and sut:  # the system under test, from its description, one click away
+        labels = {key: label for key, label, _ in SUT_FIELDS}
+        facts = "".join(f"<dt>{_e(labels[k])}</dt><dd>{_e(v)}</dd>" for k, v in sut)
+        body = f'<details class="sut"><summary>{body}</summary><dl>{facts}</dl></details>'
     return f'<td class="{" ".join(classes)}"{attrs}>{body}</td>'
 
 
@@ -351,8 +361,8 @@ def _table_html(t: ClassTable, links: Mapping[str, str]) -> str:
     maxima = {k: float(t.frame[k].max()) for k in BAR_COLUMNS if t.frame[k].notna().any()}
     head = "".join(_th(c, c.key == "write_gib_s") for c in COLUMNS)
     rows = []
-    for i, rec in enumerate(recs):
-        cells = "".join(_td(rec, c, links.get(rec["bundle"]), maxima) for c in COLUMNS)
+    for i, (entry, rec) in enumerate(zip(t.entries, recs, strict=True)):
+        cells = "".join(_td(rec, c, links.get(rec["bundle"]), maxima, entry.sut) for c in COLUMNS)
         rows.append(f'<tr data-order="{i}" data-id="{_e(rec["result_id"])}">{cells}</tr>')
     caption = (f'<caption>{_e(t.key.describe())}: {len(recs)} result{"s" if len(recs) != 1 else ""}, '
                f'{_e(SORT_NOTE)}.</caption>')
