@@ -2,9 +2,10 @@
 
     mlckpt-check compare A B [--json] [--trusted-keys FILE]
 
-A and B are bundle folders or packed ``.tar.gz`` bundles.  Both are first checked to *be*
-bundles (a folder holding ``bundle.dsse.json``, or a gzip archive): otherwise one line and exit
-2.  Then both are verified (signature, every file's digest, paths; with ``--trusted-keys`` the
+A and B are bundle folders or packed ``.tar.gz`` bundles; one of them may be a DLIO or
+mlpstorage result folder (``checker.foreign``: labelled unverified, only the rows it states).
+Both are first checked to *be* bundles (a folder holding ``bundle.dsse.json``, or a gzip archive)
+or such a folder: otherwise one line and exit 2.  Then both are verified (signature, every file's digest, paths; with ``--trusted-keys`` the
 signer must also be registered): a failure is one line naming the bundle and exit 3.  Only then
 are their files parsed (strictly, and against their JSON Schemas).
 
@@ -36,6 +37,7 @@ from typing import Any
 
 from tabulate import tabulate
 
+from checker import foreign
 from checker.leaderboard import BundleDocs, Entry, entry_from_docs, read_bundle
 from mlckpt import formats
 from mlckpt.errors import BundleIntegrityError, IntegrityError, UsageError
@@ -176,6 +178,16 @@ def _is_bundle(path: Path, which: str) -> None:
         raise UsageError(f"{which} {path}: not a bundle (neither a bundle folder nor a .tar.gz)")
 
 
+def _is_foreign(path: Path, which: str) -> bool:
+    """A DLIO / mlpstorage result folder (True) or a bundle (False); else one line, exit 2."""
+    from mlckpt.bundle import SIGNATURE_FILE
+
+    if path.is_dir() and not os.path.lexists(path / SIGNATURE_FILE) and foreign.is_foreign(path):
+        return True
+    _is_bundle(path, which)
+    return False
+
+
 def _load(path: Path, which: str, trusted: Any) -> BundleDocs:
     try:
         return read_bundle(path, trusted)
@@ -188,7 +200,8 @@ def _load(path: Path, which: str, trusted: Any) -> BundleDocs:
 
 
 def compare(a: tuple[str, BundleDocs], b: tuple[str, BundleDocs]) -> dict[str, Any]:
-    """The comparison as a JSON-ready dict (pure)."""
+    """The comparison as a JSON-ready dict (pure).  A side without a key id is a DLIO or
+    mlpstorage result folder (checker.foreign): unverified, and labelled so."""
     sides = []
     for path, docs in (a, b):
         entry = entry_from_docs(path, docs.org or "", str(docs.run.get("system_name") or ""), docs.run,
@@ -196,7 +209,7 @@ def compare(a: tuple[str, BundleDocs], b: tuple[str, BundleDocs]) -> dict[str, A
         sides.append((path, docs, entry))
     metrics = []
     for row in ROWS:
-        va, vb = (row.get(e, d) for _, d, e in sides)
+        va, vb = (_value(row, e, d) for _, d, e in sides)
         if row.decimals is not None:
             va = va if _finite(va) else None
             vb = vb if _finite(vb) else None
@@ -208,21 +221,36 @@ def compare(a: tuple[str, BundleDocs], b: tuple[str, BundleDocs]) -> dict[str, A
     return {
         "compare_format": COMPARE_FORMAT,
         "a": _side(sides[0]), "b": _side(sides[1]),
-        "same_class": ea.class_key == eb.class_key,
+        "same_class": ea.class_key == eb.class_key and bool(sides[0][1].keyid and sides[1][1].keyid),
         "metrics": metrics,
     }
 
 
+def _value(row: Row, entry: Entry, docs: BundleDocs) -> Any:
+    if docs.keyid:
+        return row.get(entry, docs)
+    if row.key == "verification":  # a DLIO / mlpstorage folder: what it states, nothing guessed
+        return "none (DLIO verifies no page)"
+    return row.get(entry, docs) if row.key in docs.run.get("stated", ()) else None
+
+
 def _side(side: tuple[str, BundleDocs, Entry]) -> dict[str, Any]:
     path, docs, entry = side
-    return {"path": path, "run_id": entry.run_id, "name": docs.run.get("name"), "keyid": docs.keyid,
-            "org": docs.org, "class": entry.class_key.id, "started": docs.run.get("started")}
+    return {"path": path, "run_id": entry.run_id, "name": docs.run.get("name"), "keyid": docs.keyid or None,
+            "org": docs.org, "class": entry.class_key.id if docs.keyid else None,
+            "started": docs.run.get("started"),
+            "verified": bool(docs.keyid), "source": "mlckpt bundle" if docs.keyid else foreign.LABEL}
 
 
 def render_text(result: dict[str, Any]) -> str:
     a, b = result["a"], result["b"]
-    out = [f"A: {a['path']} (run {a['run_id']}{', org ' + a['org'] if a['org'] else ''})",
-           f"B: {b['path']} (run {b['run_id']}{', org ' + b['org'] if b['org'] else ''})", ""]
+
+    def head(name: str, side: dict[str, Any]) -> str:
+        if not side["verified"]:
+            return f"{name}: {side['path']} ({side['source']})"
+        return f"{name}: {side['path']} (run {side['run_id']}{', org ' + side['org'] if side['org'] else ''})"
+
+    out = [head("A", a), head("B", b), ""]
     by_key = {r.key: r for r in ROWS}
     text_rows, num_rows = [], []
     for m in result["metrics"]:
@@ -238,9 +266,14 @@ def render_text(result: dict[str, Any]) -> str:
     out.append("")
     out.append(tabulate(num_rows, headers=["metric", "A", "B", "B/A"], tablefmt="simple",
                         colalign=("left", "right", "right", "right"), disable_numparse=True))
-    if not result["same_class"]:
+    if not result["same_class"] and a["verified"] and b["verified"]:
         out += ["", f"note: A is in class {a['class']}, B in {b['class']}: the leaderboard never ranks "
                     "these against each other"]
+    for name, side in (("A", a), ("B", b)):
+        if not side["verified"]:
+            out.append(f"note: {name} is not an mlckpt bundle: nothing of it is signed or recomputed, its "
+                       "durations are rank 0's (mlckpt's: the slowest rank's), its restores may have read "
+                       "the page cache, and no page was verified")
     out.append("note: compare verifies integrity only; `mlckpt-check ROOT` judges the rules")
     return "\n".join(out) + "\n"
 
@@ -254,8 +287,10 @@ def register(subparsers: Any) -> None:
         "compare", help="two result bundles side by side, with ratios B/A",
         description="Verify two bundles (folders or .tar.gz) and show their metrics side by side, "
         "with the ratio B/A. Exit 2 if either is not a bundle, 3 if either fails integrity.")
-    p.add_argument("a", type=Path, metavar="A", help="bundle folder or .tar.gz")
-    p.add_argument("b", type=Path, metavar="B", help="bundle folder or .tar.gz")
+    p.add_argument("a", type=Path, metavar="A", help="bundle folder or .tar.gz (or a DLIO / mlpstorage "
+                   "result folder: shown unverified)")
+    p.add_argument("b", type=Path, metavar="B", help="bundle folder or .tar.gz (or a DLIO / mlpstorage "
+                   "result folder)")
     p.add_argument("--json", action="store_true", help="print JSON instead of a text table")
     p.add_argument("--trusted-keys", type=Path, default=None, metavar="FILE",
                    help="also require each signer to be registered in FILE (default: integrity "
@@ -266,11 +301,13 @@ def register(subparsers: Any) -> None:
 def cmd_compare(args: argparse.Namespace) -> int:
     from mlckpt.bundle import TrustedKeys
 
-    _is_bundle(args.a, "A")
-    _is_bundle(args.b, "B")
     trusted = TrustedKeys.load(args.trusted_keys) if args.trusted_keys is not None else None
-    da = _load(args.a, "A", trusted)
-    db = _load(args.b, "B", trusted)
+    sides = [(path, which, _is_foreign(path, which)) for path, which in ((args.a, "A"), (args.b, "B"))]
+    # Both are known to be bundles or result folders before either is verified or read.
+    da, db = (foreign.load_foreign(path, which) if other else _load(path, which, trusted)
+              for path, which, other in sides)
+    if not (da.keyid or db.keyid):
+        raise UsageError("compare needs at least one mlckpt bundle (both are DLIO / mlpstorage folders)")
     result = compare((str(args.a), da), (str(args.b), db))
     if args.json:
         sys.stdout.write(json.dumps(result, indent=1, ensure_ascii=False, allow_nan=False) + "\n")

@@ -111,8 +111,10 @@ LEADERBOARD = Format("leaderboard", "mlckpt-check leaderboard --format json: lea
     (2, "classes split by checkpoint mode; Stall and Time to durable columns"),
 ))
 
-COMPARE = Format("compare", "mlckpt-check compare --json: compare_format", 1, (1,), (
+COMPARE = Format("compare", "mlckpt-check compare --json: compare_format", 2, (2,), (
     (1, "first version: two bundles' rows side by side with ratios B/A"),
+    (2, "each side says whether it is verified and what it is (an mlckpt bundle, or a DLIO / mlpstorage "
+        "result folder: unverified, only the rows it states)"),
 ))
 
 ALL: tuple[Format, ...] = (RUN, RECORDS, SUMMARY, PLAN, BUNDLE, CODE_DIGEST, TRUSTED_KEYS, RELEASED_RUNNERS,

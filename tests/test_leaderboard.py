@@ -1017,3 +1017,44 @@ def test_the_csv_leads_with_mlperfs_results_table(tmp_path: Path) -> None:
     mode, dp = r8["Checkpointing - Checkpoint Mode"], r8["Checkpointing - DP Instances"]
     assert (r8["Model"], dp, mode) == ("8B", r8["Ranks"], "Full")  # TP 1 × PP 1: every rank a DP instance
     assert by_workload["llama3_8b"]["Name"].endswith(" storage")  # the description's storage product
+
+
+def test_compare_puts_a_dlio_result_beside_a_bundle_labelled_unverified(
+        pair: tuple[Path, Path, Path], tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """mlckpt-check compare A B where B is a DLIO / mlpstorage result folder (summary.json in
+    DLIO's shape, mlpstorage's metadata): its figures as stated, nothing it does not state, and
+    the side said to be unverified."""
+    a = pair[0]
+    dlio = tmp_path / "dlio-run"
+    dlio.mkdir()
+    metric = {"save_checkpoint_io_mean_GB_per_second": 20.0, "save_checkpoint_io_stdev_GB_per_second": 1.0,
+              "save_checkpoint_duration_mean_seconds": 5.2, "save_checkpoint_duration_stdev_seconds": 0.1,
+              "checkpoint_size_GB": 104.70}
+    (dlio / "summary.json").write_text(json.dumps({
+        "start": "2026-07-22T18:57:02.533707", "num_accelerators": 8, "num_hosts": 2, "hostname": "c1",
+        "metric": metric, "epochs": 0, "end": "2026-07-22T18:59:25.491152"}))
+    checkpoint = {"num_checkpoints_write": 10, "num_checkpoints_read": 0, "fsync": True}
+    (dlio / "checkpointing_20260722_185605_metadata.json").write_text(json.dumps({
+        "args": {"model": "llama3-8b"}, "num_processes": 8, "verification": "CLOSED",
+        "parameters": {"checkpoint": checkpoint}}))
+    assert cli.run(["compare", str(a), str(dlio), "--json"]) == 0
+    out = json.loads(capsys.readouterr().out)
+    assert out["compare_format"] == 2 and out["a"]["verified"] and not out["b"]["verified"]
+    assert "UNVERIFIED" in out["b"]["source"] and out["b"]["keyid"] is None and out["same_class"] is False
+    m = {row["key"]: row for row in out["metrics"]}
+    assert m["workload"]["b"] == "llama3_8b" and m["division"]["b"] == "closed"  # mlpstorage's names, ours
+    assert (m["ranks"]["b"], m["hosts"]["b"], m["num_writes"]["b"]) == (8, 2, 10)
+    assert m["write_bandwidth_mean_gib_s"]["b"] == 20.0 and m["write_duration_mean_s"]["b"] == 5.2
+    assert m["checkpoint_gib"]["b"] == pytest.approx(104.70)
+    assert m["num_reads"]["b"] is None and m["read_bandwidth_mean_gib_s"]["b"] is None  # not stated
+    assert m["write_slowest_rank_bandwidth_mean_gib_s"]["b"] is None  # never guessed
+    assert m["mode"]["b"] is None and m["verification"]["b"] == "none (DLIO verifies no page)"
+    assert cli.run(["compare", str(a), str(dlio)]) == 0
+    text = capsys.readouterr().out
+    assert f"B: {dlio} (DLIO / mlpstorage result folder, UNVERIFIED" in text
+    assert "note: B is not an mlckpt bundle: nothing of it is signed or recomputed" in text
+    bad = tmp_path / "not-a-result"
+    bad.mkdir()
+    (bad / "summary.json").write_text("{}")
+    assert cli.run(["compare", str(a), str(bad)]) == 2
+    assert "neither an mlckpt bundle nor a DLIO checkpointing result" in capsys.readouterr().err
