@@ -163,8 +163,9 @@ def test_closed_under_mlckpt_rules_is_not_closed_under_mlperf() -> None:
     """The issue's example: h100 is closed for mlckpt's rules 1.2, what-if only for MLPerf v3.0."""
     mine = setup(["workload=llama3_70b", "ranks=64", "accelerator=h100"])
     assert not [f for f in mine.rules.evaluate(mine.context(complete=True), ["config"]).findings]
+    # the issue's command as given: the rule set's own default waits 5 s between checkpoints
     proc = subprocess.run([str(BIN / "mlckpt"), "plan", "rules=mlperf-storage-v3.0", "workload=llama3-70b",
-                           "ranks=64", "accelerator=h100", "time_between_checkpoints=5"],
+                           "ranks=64", "accelerator=h100"],
                           capture_output=True, text=True, check=False)
     assert proc.returncode == 0, proc.stderr  # open is an answer, not an error
     verdict = proc.stdout[proc.stdout.index("Verdict:"):].splitlines()
@@ -172,6 +173,13 @@ def test_closed_under_mlckpt_rules_is_not_closed_under_mlperf() -> None:
     assert verdict[1] == ("  [MLPERF-ACCELERATOR] (open) MLPerf Storage v3.0 §4.3.4 (Table 3): the closed "
                           "division admits b200 or mi355; got h100 (what-if only)")
     assert not [ln for ln in verdict[2:] if ln.startswith("  [")]  # that one reason, one line
+
+
+def test_the_rule_set_sets_mlperfs_interval_by_default_and_the_command_line_wins() -> None:
+    assert setup(["rules_version=mlps-v3.0"]).config["checkpoint"]["compute_interval_s"] == 5.0
+    assert setup(["rules=mlperf-storage-v3.0", "time_between_checkpoints=2"]).config["checkpoint"][
+        "compute_interval_s"] == 2
+    assert setup([]).config["checkpoint"]["compute_interval_s"] == 0.0  # mlckpt's own rules: none
 
 
 def test_the_rule_set_uses_the_schemas_of_the_rules_it_extends() -> None:

@@ -124,7 +124,22 @@ def compose(overrides: Sequence[str], source: ConfigSource = SHIPPED) -> dict[st
         resolved["ranks"] = resolved["workload"]["closed_ranks"]
     if str(resolved.get("rules_version")) in known_versions():
         drop_unknown_nulls(resolved, "config", str(resolved["rules_version"]))
+        _rule_set_defaults(resolved, overrides)
     return resolved
+
+
+def _rule_set_defaults(config: dict[str, Any], overrides: Sequence[str]) -> None:
+    """A rule set's own defaults (``defaults:`` in its rules.yaml, e.g. MLPerf's 5 s between
+    checkpoints), for the keys the command line does not set."""
+    given = {o.split("=", 1)[0].lstrip("+~") for o in overrides}
+    for dotted, value in load_rules(str(config["rules_version"])).data.get("defaults", {}).items():
+        if dotted in given:
+            continue
+        node = config
+        *parents, last = str(dotted).split(".")
+        for part in parents:
+            node = node[part]
+        node[last] = value
 
 
 def _first_line(exc: BaseException) -> str:
