@@ -5,9 +5,10 @@
 A and B are bundle folders or packed ``.tar.gz`` bundles; one of them may be a DLIO or
 mlpstorage result folder (``checker.foreign``: labelled unverified, only the rows it states).
 Both are first checked to *be* bundles (a folder holding ``bundle.dsse.json``, or a gzip archive)
-or such a folder: otherwise one line and exit 2.  Then both are verified (signature, every file's digest, paths; with ``--trusted-keys`` the
-signer must also be registered): a failure is one line naming the bundle and exit 3.  Only then
-are their files parsed (strictly, and against their JSON Schemas).
+or such a folder: otherwise one line and exit 2.  Then the bundles are verified (signature, every
+file's digest, paths; with ``--trusted-keys`` the signer must also be registered): a failure is
+one line naming the bundle and exit 3.  Only then are their files parsed (strictly, and against
+their JSON Schemas).
 
 Every numeric row shows A, B and the ratio B/A (``—`` when either is missing or A is 0).  This
 is not the checker: a signed bundle can still break the rules; ``mlckpt-check ROOT`` judges that.
