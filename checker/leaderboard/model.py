@@ -12,6 +12,7 @@ from typing import Any
 
 import pandas as pd
 
+from checker.leaderboard.sut import dig as _get
 from checker.leaderboard.sut import sut_facts
 from mlckpt import formats
 from mlckpt.errors import InternalError
@@ -285,14 +286,6 @@ def _number(value: Any) -> float:
         return math.nan
     v = float(value)
     return v if math.isfinite(v) else math.nan
-
-
-def _get(doc: Any, *keys: str) -> Any:
-    for k in keys:
-        if not isinstance(doc, Mapping):
-            return None
-        doc = doc.get(k)
-    return doc
 
 
 def _text(value: Any) -> str | None:

@@ -7,7 +7,8 @@ from collections.abc import Mapping
 from typing import Any
 
 
-def _get(doc: Any, *keys: str) -> Any:
+def dig(doc: Any, *keys: str) -> Any:
+    """``doc[k1][k2]...``, or None where a level is missing or not a mapping (untrusted YAML)."""
     for k in keys:
         if not isinstance(doc, Mapping):
             return None
@@ -39,7 +40,7 @@ SUT_FIELDS: tuple[tuple[str, str, tuple[str, ...]], ...] = (
 def sut_facts(description: Any) -> tuple[tuple[str, str], ...]:
     out = []
     for key, _, where in SUT_FIELDS:
-        value = _get(description, *where)
+        value = dig(description, *where)
         if value is not None and not isinstance(value, Mapping | list):
             text = " ".join(str(value).split())[:500]
             if text:
