@@ -117,6 +117,12 @@ COMPARE = Format("compare", "mlckpt-check compare --json: compare_format", 2, (2
         "result folder: unverified, only the rows it states)"),
 ))
 
+WITNESS = Format("witness", "witness journal lines, receipts and transcripts: witness_format", 1, (1,), (
+    (1, "first version: a journal line per event (seq, kind open|start|end|rtt|close, the witness's "
+        "t_wall_ns and t_mono_ns, op and index, a write start's nonce, the previous line's sha256); "
+        "receipts and transcripts are DSSE envelopes of their own payload types"),
+))
+
 ALL: tuple[Format, ...] = (RUN, RECORDS, SUMMARY, PLAN, BUNDLE, CODE_DIGEST, TRUSTED_KEYS, RELEASED_RUNNERS,
-                           PAGE_TAG,
+                           PAGE_TAG, WITNESS,
                            DATA_SCHEME, SYSTEM_DESCRIPTION, REPORT, LEADERBOARD, COMPARE)

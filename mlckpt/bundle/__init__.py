@@ -109,7 +109,7 @@ from mlckpt.bundle.keys import (
 )
 from mlckpt.bundle.models import KeyInfo, Predicate, VerifiedBundle
 from mlckpt.bundle.sign import make_envelope, make_statement, sign_bundle
-from mlckpt.bundle.verify import read_envelope_predicate, verify_bundle
+from mlckpt.bundle.verify import open_envelope, read_envelope_predicate, verify_bundle
 
 __all__ = [
     "BUNDLE_FORMAT",
@@ -136,6 +136,7 @@ __all__ = [
     "make_envelope",
     "make_statement",
     "open_bundle",
+    "open_envelope",
     "pack",
     "pae",
     "parse_document",

@@ -41,19 +41,21 @@ def make_statement(files: Mapping[str, str], predicate: Mapping[str, Any]) -> di
     }
 
 
-def make_envelope(statement: Mapping[str, Any], key: Ed25519PrivateKey) -> dict[str, Any]:
-    """Serialise ``statement`` deterministically and sign it into a DSSE envelope."""
+def make_envelope(statement: Mapping[str, Any], key: Ed25519PrivateKey,
+                  payload_type: str = PAYLOAD_TYPE) -> dict[str, Any]:
+    """Serialise ``statement`` deterministically and sign it into a DSSE envelope (``payload_type``:
+    a bundle's in-toto statement by default; the witness signs its receipts under its own)."""
     if not isinstance(key, Ed25519PrivateKey):
         raise TypeError(f"expected an Ed25519PrivateKey, got {type(key).__name__}")
     payload = _canonical_json(statement)
     raw = _raw_public(key.public_key())
     return {
-        "payloadType": PAYLOAD_TYPE,
+        "payloadType": payload_type,
         "payload": _b64encode(payload),
         "signatures": [
             {
                 "keyid": keyid_of(raw),
-                "sig": _b64encode(key.sign(pae(PAYLOAD_TYPE, payload))),
+                "sig": _b64encode(key.sign(pae(payload_type, payload))),
                 "public_key": _b64encode(raw),
             }
         ],

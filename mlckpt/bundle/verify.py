@@ -70,7 +70,19 @@ class _Envelope:
     public_key: bytes
 
 
-def _parse_envelope(data: bytes) -> _Envelope:
+def open_envelope(data: bytes, payload_type: str) -> tuple[Any, str, str]:
+    """A DSSE envelope of ``payload_type`` (the witness's receipts and transcripts): its document,
+    after the signature over it is checked against the key it embeds, with that key's id and
+    text.  ValueError saying what is wrong; whether the key is trusted is the caller's question."""
+    env = _parse_envelope(data, payload_type)
+    try:
+        Ed25519PublicKey.from_public_bytes(env.public_key).verify(env.sig, pae(payload_type, env.payload))
+    except InvalidSignature:
+        raise ValueError(f"bad signature by key {env.keyid}: document or signature altered") from None
+    return strict.parse_json(env.payload), env.keyid, public_key_text(env.public_key)
+
+
+def _parse_envelope(data: bytes, payload_type: str = PAYLOAD_TYPE) -> _Envelope:
     """Strict structural parse; ValueError saying what is wrong.  Verifies nothing."""
     try:
         env = strict.parse_json(data)
@@ -91,8 +103,8 @@ def _parse_envelope(data: bytes) -> _Envelope:
             if s
         )
         raise ValueError(f"envelope fields must be exactly payloadType, payload, signatures ({detail})")
-    if env["payloadType"] != PAYLOAD_TYPE:
-        raise ValueError(f"payloadType must be {PAYLOAD_TYPE!r}, got {env['payloadType']!r:.80}")
+    if env["payloadType"] != payload_type:
+        raise ValueError(f"payloadType must be {payload_type!r}, got {env['payloadType']!r:.80}")
     payload = _b64decode(env["payload"], "payload")
     sigs = env["signatures"]
     if not isinstance(sigs, list) or len(sigs) != 1:

@@ -12,11 +12,11 @@ import sys
 from collections.abc import Sequence
 
 from mlckpt import __version__
-from mlckpt.cli import bundle_cmd, config_cmd, describe_cmd, plan_cmd, run_cmd, size_cmd
+from mlckpt.cli import bundle_cmd, config_cmd, describe_cmd, plan_cmd, run_cmd, size_cmd, witness_cmd
 from mlckpt.command import OneLineParser, run_guarded
 
 # Subcommand modules, in the order `mlckpt --help` lists them.
-COMMAND_MODULES = (plan_cmd, size_cmd, config_cmd, run_cmd, bundle_cmd, describe_cmd)
+COMMAND_MODULES = (plan_cmd, size_cmd, config_cmd, run_cmd, bundle_cmd, describe_cmd, witness_cmd)
 
 
 def build_parser() -> argparse.ArgumentParser:

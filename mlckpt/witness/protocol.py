@@ -1,0 +1,101 @@
+"""The witness protocol: requests, the order a run's events must follow, receipts and the
+transcript (witness format 1; history in mlckpt/formats.py).  Pure.
+
+A client never states a time: requests carry what happened (an op started, an op is durable) and
+the witness stamps every event with its own clocks when the request reaches it.  A write's start
+receipt carries a fresh nonce that the runner binds into that checkpoint's content.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+from jsonschema import Draft202012Validator
+
+from mlckpt import formats
+
+WITNESS_FORMAT = formats.WITNESS.version
+RECEIPT_TYPE = "application/vnd.mlckpt.witness-receipt+json"
+TRANSCRIPT_TYPE = "application/vnd.mlckpt.witness-transcript+json"
+MAX_REQUEST_BYTES = 64 << 10  # a configuration fits many times over; anything larger is refused
+MAX_EVENTS = 100_000  # per run: ten thousand checkpoints and restores, with pings
+
+_HEX = {"type": "string", "pattern": "^[0-9a-f]{64}$"}
+REQUESTS: dict[str, dict[str, Any]] = {
+    "open": {
+        "type": "object", "required": ["plan_digest", "config"],
+        "properties": {"plan_digest": _HEX, "config": {"type": "object", "maxProperties": 64},
+                       "client": {"type": "string", "maxLength": 200}},
+        "additionalProperties": False,
+    },
+    "event": {
+        "type": "object", "required": ["kind", "op", "index"],
+        "properties": {"kind": {"enum": ["start", "end"]}, "op": {"enum": ["write", "read"]},
+                       "index": {"type": "integer", "minimum": 1, "maximum": 100_000},
+                       "bytes": {"type": "integer", "minimum": 0, "maximum": 1 << 60}},
+        "additionalProperties": False,
+    },
+    "pong": {
+        "type": "object", "required": ["token"],
+        "properties": {"token": {"type": "string", "pattern": "^[0-9a-f]{32}$"}},
+        "additionalProperties": False,
+    },
+    "close": {"type": "object", "properties": {}, "additionalProperties": False},
+}
+_VALIDATORS = {name: Draft202012Validator(schema) for name, schema in REQUESTS.items()}
+
+
+def request_problem(kind: str, body: Any) -> str | None:
+    """Why ``body`` is not a valid ``kind`` request (one line), or None."""
+    errors = sorted(_VALIDATORS[kind].iter_errors(body), key=lambda e: list(e.absolute_path))
+    if not errors:
+        return None
+    err = errors[0]
+    where = ".".join(str(p) for p in err.absolute_path) or "request"
+    if err.validator == "additionalProperties" and isinstance(err.instance, Mapping):
+        extra = sorted(set(err.instance) - set(err.schema.get("properties", {})))
+        return f"{where}: unknown key(s) {', '.join(extra)} (a client states no time: the witness stamps it)"
+    return f"{where}: {err.message}"
+
+
+def order_problem(entries: Sequence[Mapping[str, Any]], event: Mapping[str, Any]) -> str | None:
+    """Why ``event`` cannot follow the run's journal ``entries`` (one line), or None.
+
+    A run opens once; each op starts, then ends, one at a time; writes and restores each count
+    1, 2, 3… in order; nothing follows the close."""
+    kinds = [e["kind"] for e in entries]
+    if not kinds or kinds[0] != "open":
+        return "the run was never opened"
+    if "close" in kinds:
+        return "the run is closed"
+    if len(entries) >= MAX_EVENTS:
+        return f"more than {MAX_EVENTS} events in one run"
+    if event["kind"] not in ("start", "end"):
+        return None
+    ops = [e for e in entries if e["kind"] in ("start", "end")]
+    current = ops[-1] if ops and ops[-1]["kind"] == "start" else None
+    if event["kind"] == "end":
+        if current is None or (current["op"], current["index"]) != (event["op"], event["index"]):
+            return f"{event['op']} {event['index']} ends, but it is not the op in progress"
+        return None
+    if current is not None:
+        return (f"{event['op']} {event['index']} starts while {current['op']} {current['index']} "
+                "is in progress")
+    done = [e["index"] for e in ops if e["op"] == event["op"] and e["kind"] == "end"]
+    want = (max(done) if done else 0) + 1
+    if event["index"] != want:
+        return f"{event['op']} {event['index']} starts; the next {event['op']} is {want}"
+    return None
+
+
+def receipt(run: str, entry: Mapping[str, Any]) -> dict[str, Any]:
+    """What the witness signs for one journal entry."""
+    return {"_type": "mlckpt-witness-receipt", "witness_format": WITNESS_FORMAT, "run": run,
+            **{k: v for k, v in entry.items() if k != "body"}}
+
+
+def transcript(run: str, entries: Sequence[Mapping[str, Any]], witness_keyid: str) -> dict[str, Any]:
+    """The whole run as the witness saw it: every journal entry with the witness's own times."""
+    return {"_type": "mlckpt-witness-transcript", "witness_format": WITNESS_FORMAT, "run": run,
+            "witness_keyid": witness_keyid, "entries": [dict(e) for e in entries]}

@@ -1,0 +1,226 @@
+"""The witness service (issue 16, part 1): a real `mlckpt witness serve` on the loopback address,
+its journal, its receipts and transcript, restarts, bad requests, concurrent runs."""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import signal
+import subprocess
+import sys
+import threading
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from mlckpt import bundle
+from mlckpt.witness.client import Client, WitnessError, receipt_of, transcript_of
+
+BIN = Path(sys.executable).parent
+PLAN = "ab" * 32
+
+
+class Witness:
+    """A witness process; ``restart`` starts it again on the same journal (a new port)."""
+
+    def __init__(self, tmp: Path) -> None:
+        self.key = tmp / "witness.pem"
+        self.keyid = bundle.generate_key(self.key).keyid
+        self.journal = tmp / "journal"
+        self.proc: subprocess.Popen[str] | None = None
+        self.url = ""
+        self.banner = ""
+
+    def start(self) -> None:
+        self.proc = subprocess.Popen(
+            [str(BIN / "mlckpt"), "witness", "serve", "--listen", "127.0.0.1:0", "--key", str(self.key),
+             "--journal", str(self.journal)], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+        assert self.proc.stdout is not None
+        self.banner = self.proc.stdout.readline()
+        m = re.search(r"listening on (http://127\.0\.0\.1:\d+)", self.banner)
+        assert m, (self.banner, self.proc.stderr.read() if self.proc.poll() is not None else "")
+        self.url = m.group(1)
+
+    def kill(self) -> None:
+        assert self.proc is not None
+        self.proc.send_signal(signal.SIGKILL)
+        self.proc.wait(timeout=10)
+
+    def stop(self) -> None:
+        if self.proc is not None and self.proc.poll() is None:
+            self.proc.terminate()
+            self.proc.wait(timeout=10)
+
+    def lines(self) -> list[dict[str, Any]]:
+        return [json.loads(line) for p in sorted(self.journal.glob("*.jsonl"))
+                for line in p.read_text().splitlines()]
+
+
+@pytest.fixture
+def witness(tmp_path: Path) -> Iterator[Witness]:
+    w = Witness(tmp_path)
+    w.start()
+    yield w
+    w.stop()
+
+
+def a_run(c: Client, writes: int = 2, reads: int = 1) -> list[dict[str, Any]]:
+    answers = [c.open(PLAN, {"workload": "llama3_8b", "ranks": 4})]
+    answers.append(c.round_trip())
+    for op, n in (("write", writes), ("read", reads)):
+        for k in range(1, n + 1):
+            answers.append(c.event("start", op, k))
+            answers.append(c.event("end", op, k, nbytes=1 << 20))
+    return answers
+
+
+def test_a_witnessed_run_gets_signed_receipts_and_a_transcript(witness: Witness) -> None:
+    c = Client(witness.url)
+    keyid = c.info()["keyid"]
+    assert keyid == witness.keyid  # the key the witnessing party made with `mlckpt keygen`
+    answers = a_run(c)
+    receipts = [receipt_of(a, keyid) for a in answers]
+    assert [r["seq"] for r in receipts] == list(range(1, len(receipts) + 1))
+    assert [r["kind"] for r in receipts] == ["open", "rtt", "start", "end", "start", "end", "start", "end"]
+    # the witness's clocks only, never going back; a nonce for each write's start and nothing else
+    monos = [r["t_mono_ns"] for r in receipts]
+    assert monos == sorted(monos) and all(r["t_wall_ns"] > 1.7e18 for r in receipts)
+    assert [bool(r.get("nonce")) for r in receipts] == [False, False, True, False, True, False, False, False]
+    assert answers[2]["nonce"] == receipts[2]["nonce"] and answers[2]["nonce"] != answers[4]["nonce"]
+    assert receipts[1]["rtt_ns"] > 0
+    closing = c.close()
+    t = transcript_of(closing, keyid)
+    assert t["run"] == c.run and t["witness_keyid"] == keyid
+    assert [e["seq"] for e in t["entries"]] == list(range(1, 10)) and t["entries"][-1]["kind"] == "close"
+    assert t["entries"][0]["plan_digest"] == PLAN and t["entries"][0]["config"]["ranks"] == 4
+    # the transcript again, from the journal: the same signed bytes
+    assert c.call("GET", f"/v1/runs/{c.run}/transcript") == closing["transcript"]
+    with pytest.raises(ValueError, match="not by the witness"):
+        transcript_of(closing, "0" * 64)
+
+
+def test_a_client_states_no_time_and_follows_the_order(witness: Witness) -> None:
+    c = Client(witness.url)
+    c.open(PLAN, {})
+    before = witness.lines()
+    timed = {"kind": "start", "op": "write", "index": 1, "t_wall_ns": 5}
+    for body, says in ((timed, "unknown key(s) t_wall_ns"),
+                       ({"kind": "end", "op": "write", "index": 1}, "not the op in progress"),
+                       ({"kind": "start", "op": "write", "index": 2}, "the next write is 1"),
+                       ({"kind": "start", "op": "copy", "index": 1}, "is not one of")):
+        with pytest.raises(WitnessError, match=re.escape(says)) as exc:
+            c.call("POST", f"/v1/runs/{c.run}/events", body)
+        assert exc.value.status in (400, 409)
+    assert witness.lines() == before  # nothing refused reaches the journal
+    c.event("start", "write", 1)
+    with pytest.raises(WitnessError, match="starts while write 1 is in progress"):
+        c.event("start", "read", 1)
+    with pytest.raises(WitnessError, match="no witnessed run 0000000000000000") as exc:
+        c.call("POST", "/v1/runs/0000000000000000/close", {})
+    assert exc.value.status == 404
+
+
+def test_malformed_and_oversized_requests_leave_the_journal_intact(witness: Witness) -> None:
+    import urllib.request
+
+    c = Client(witness.url)
+    a_run(c, 1, 0)
+    before = witness.lines()
+    for data, status, says in ((b"{not json", 400, "not JSON"), (b"[1, 2]", 400, "is not of type 'object'"),
+                               (b"x" * (70 << 10), 413, "larger than 65536 bytes")):
+        req = urllib.request.Request(f"{witness.url}/v1/runs/{c.run}/events", data=data, method="POST")
+        with pytest.raises(urllib.error.HTTPError) as exc:
+            urllib.request.urlopen(req, timeout=5)
+        assert exc.value.code == status and says in json.loads(exc.value.read())["error"]
+    assert witness.lines() == before
+    c.event("start", "read", 1)  # the run goes on
+
+
+def test_a_restarted_witness_loses_nothing_it_acknowledged(witness: Witness) -> None:
+    c = Client(witness.url)
+    acked = a_run(c, 2, 0)
+    witness.kill()  # SIGKILL mid-run: no chance to flush anything
+    witness.start()
+    assert "1 runs on record" in witness.banner
+    c.url = witness.url
+    c.event("start", "read", 1)
+    c.event("end", "read", 1)
+    t = transcript_of(c.close())
+    got = [(e["seq"], e["kind"]) for e in t["entries"]]
+    assert got[:len(acked)] == [(receipt_of(a)["seq"], receipt_of(a)["kind"]) for a in acked]
+    assert [k for _, k in got] == ["open", "rtt", "start", "end", "start", "end", "start", "end", "close"]
+
+
+def test_a_torn_last_line_is_dropped_and_an_edited_journal_refused(witness: Witness) -> None:
+    c = Client(witness.url)
+    a_run(c, 1, 0)
+    witness.stop()
+    [path] = witness.journal.glob("*.jsonl")
+    whole = path.read_bytes()
+    path.write_bytes(whole + b'{"seq": 99, "kind": "end"')  # a crash mid-write: never acknowledged
+    witness.start()
+    assert path.read_bytes() == whole
+    witness.stop()
+    path.write_bytes(whole.replace(b'"kind":"start"', b'"kind":"end"', 1))
+    proc = subprocess.run([str(BIN / "mlckpt"), "witness", "serve", "--listen", "127.0.0.1:0", "--key",
+                           str(witness.key), "--journal", str(witness.journal)],
+                          capture_output=True, text=True, timeout=30)
+    assert proc.returncode == 2
+    assert proc.stderr.strip() == (f"mlckpt: error: witness journal {path} line 4: the hash chain is broken "
+                                   "(edited?)")
+
+
+def test_many_runs_at_once_keep_their_own_events(witness: Witness) -> None:
+    errors: list[BaseException] = []
+    runs: list[str] = []
+
+    def one() -> None:
+        try:
+            c = Client(witness.url)
+            a_run(c, 3, 2)
+            c.close()
+            runs.append(str(c.run))
+        except BaseException as exc:  # reported below
+            errors.append(exc)
+
+    threads = [threading.Thread(target=one) for _ in range(24)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(timeout=60)
+    assert not errors and len(set(runs)) == 24
+    for run in runs:
+        lines = (witness.journal / f"{run}.jsonl").read_text().splitlines()
+        kinds = [json.loads(line)["kind"] for line in lines]
+        assert kinds == ["open", "rtt", *["start", "end"] * 5, "close"], run
+        assert [json.loads(line)["seq"] for line in lines] == list(range(1, 14))
+
+
+def test_an_unreachable_witness_fails_in_bounded_time(tmp_path: Path) -> None:
+    import socket
+    import time
+
+    with socket.socket() as s:  # a port that accepts connections and never answers
+        s.bind(("127.0.0.1", 0))
+        s.listen()
+        port = s.getsockname()[1]
+        c = Client(f"http://127.0.0.1:{port}", timeout_s=0.5)
+        t0 = time.monotonic()
+        with pytest.raises(WitnessError, match="unreachable"):
+            c.open(PLAN, {})
+        assert time.monotonic() - t0 < 2.0
+    with pytest.raises(WitnessError, match="unreachable"):
+        Client("http://127.0.0.1:1", timeout_s=0.5).info()
+
+
+def test_serve_refuses_a_bad_address_in_one_line(tmp_path: Path) -> None:
+    key = tmp_path / "w.pem"
+    bundle.generate_key(key)
+    proc = subprocess.run([str(BIN / "mlckpt"), "witness", "serve", "--listen", "nowhere", "--key", str(key)],
+                          capture_output=True, text=True, timeout=30, cwd=tmp_path)
+    assert proc.returncode == 2 and proc.stderr.strip() == (
+        "mlckpt: error: --listen: expected HOST:PORT, got 'nowhere'")
+    assert not os.listdir(tmp_path / "mlckpt-witness") if (tmp_path / "mlckpt-witness").exists() else True
