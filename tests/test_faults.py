@@ -20,6 +20,7 @@ import json
 import os
 import re
 import resource
+import shutil
 import signal
 import subprocess
 import sys
@@ -511,3 +512,23 @@ def test_rank_killed_in_an_async_tiered_run_cleans_both_tiers(tmp_path: Path, by
     assert not ck.exists() and (not fast.exists() or list(fast.iterdir()) == [])
     assert snapshot(bystander) == before
     no_bundle(tmp_path)
+
+
+def test_a_failed_publish_on_rank_0_ends_every_rank(tmp_path: Path) -> None:
+    """Rank 0 fails while writing the bundle (its results folder turned into a file during the
+    restores): the other ranks, waiting for the verdict, are told and end; nothing hangs."""
+    results = tmp_path / "results"
+    ovs = [*BASE, f"checkpoint.folder={tmp_path / 'ck'}", f"output.root={results}"]
+    ready = tmp_path / "rank0.pid"
+    job = Job(ovs, tmp_path, {"MLCKPT_TEST_FAULT": "pause:0:read:1", "MLCKPT_TEST_FAULT_READY": str(ready)})
+    wait_for(ready.exists, "rank 0 to reach read 1")
+    if results.is_dir():
+        shutil.rmtree(results)
+    results.write_text("not a folder\n")
+    ready.unlink()
+    done = job.wait(timeout=120)  # before the fix, ranks 1-3 waited for the verdict for ever
+    assert done.returncode != 0, done.stdout
+    assert "bundle:" not in done.stdout
+    assert done.elapsed_s < 60
+    line = done.error_line()  # one line, no traceback
+    assert line.startswith("mlckpt: error: ") and str(results) in line, done.stderr

@@ -24,7 +24,7 @@ from pathlib import Path
 from typing import Any, TextIO
 
 from mlckpt import __version__, engine
-from mlckpt.errors import ConfigError, MlckptError
+from mlckpt.errors import ConfigError, MlckptError, RunFailure
 from mlckpt.host.facts import block_device, counters_sample
 from mlckpt.plan.config import SHIPPED, ConfigSource
 from mlckpt.run import split
@@ -372,7 +372,12 @@ def publish(
         rules = sorted({f["rule"] for f in manifest["findings"] if f["severity"] == "invalid"})
         log.insert(0, f"INVALID RESULT: the rules find this run invalid ({', '.join(rules)})")
     files = BundleFiles(manifest, cfg, records, summary, system, log)
-    final = write_bundle(Path(cfg["output"]["root"]).absolute(), run.name, files, signing_key)
+    root = Path(cfg["output"]["root"]).absolute()
+    try:
+        final = write_bundle(root, run.name, files, signing_key)
+    except OSError as exc:  # the results folder changed under the run (removed, replaced, full)
+        raise RunFailure(f"output.root: cannot write the bundle in {root}: "
+                         f"{exc.strerror or exc}{f' ({exc.filename})' if exc.filename else ''}") from None
     if signing_key is None:
         print(
             "mlckpt: warning: signing.key=none: the bundle is NOT signed and no checker will accept it",
