@@ -498,3 +498,25 @@ def test_console_lines() -> None:
     assert headline(s) == (
         "result: write 2.00 GiB/s mean (0.50 s per checkpoint); read 3.00 GiB/s mean (0.25 s) INVALID"
     )
+
+
+def test_one_blas_thread_per_process_unless_the_user_says_otherwise() -> None:
+    """numpy's OpenBLAS would start (and spin) a thread per core in every rank; the command line
+    asks for one before numpy loads, keeps what the user set, and mpiexec's children inherit it."""
+    import subprocess
+    import sys
+
+    from mlckpt.cli._threads import one_blas_thread
+
+    env = {"OMP_NUM_THREADS": "8"}
+    one_blas_thread(env)
+    assert env == {"OPENBLAS_NUM_THREADS": "1", "OMP_NUM_THREADS": "8", "MKL_NUM_THREADS": "1"}
+    clean = {k: v for k, v in __import__("os").environ.items()
+             if k not in ("OPENBLAS_NUM_THREADS", "OMP_NUM_THREADS", "MKL_NUM_THREADS")}
+    grandchild = "import os; print(os.environ['OPENBLAS_NUM_THREADS'], os.environ['MKL_NUM_THREADS'])"
+    child = subprocess.run(
+        [sys.executable, "-c", "import mlckpt.cli, subprocess, sys; "
+         f"print(subprocess.run([sys.executable, '-c', {grandchild!r}], capture_output=True, "
+         "text=True).stdout.strip())"],
+        env={**clean, "MKL_NUM_THREADS": "4"}, capture_output=True, text=True, check=True)
+    assert child.stdout.strip() == "1 4"  # set for the ranks; the user's own value kept

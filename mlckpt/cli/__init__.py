@@ -11,6 +11,7 @@ import argparse
 import sys
 from collections.abc import Sequence
 
+import mlckpt.cli._threads  # noqa: F401  (first: one BLAS thread per process, before numpy loads)
 from mlckpt import __version__
 from mlckpt.cli import bundle_cmd, config_cmd, describe_cmd, plan_cmd, run_cmd, size_cmd, witness_cmd
 from mlckpt.command import OneLineParser, run_guarded
