@@ -351,7 +351,10 @@ def dlio_time(iso_utc: str) -> str:
     """run.json's '2026-07-22T18:57:02.533Z' in DLIO's form, '2026-07-22T18:57:02.533000' (UTC)."""
     from datetime import datetime
 
-    return datetime.fromisoformat(iso_utc.replace("Z", "+00:00")).strftime("%Y-%m-%dT%H:%M:%S.%f")
+    try:
+        return datetime.fromisoformat(iso_utc.replace("Z", "+00:00")).strftime("%Y-%m-%dT%H:%M:%S.%f")
+    except ValueError:  # a hostile run.json: the mismatch is SUMMARY-EXACT's to report, not a crash
+        return iso_utc
 
 
 def completed(summary: Mapping[str, Any], checkpoint_bytes: int, restore_bytes: int,

@@ -323,3 +323,16 @@ def test_the_summary_has_dlio_published_shape_key_for_key(honest_bundles: dict[s
     # what DLIO's keys do not say, in keys of mlckpt's own
     assert (summary["mlckpt_timing_basis"], summary["mlckpt_read_guarantee"]) == (
         "slowest_rank", "cold_verified")
+
+
+def test_dlio_times_of_a_hostile_run_json_do_not_crash_the_checker() -> None:
+    """A run.json whose start is no time (found by the fuzzer: '' passes the schema's format
+    check without a date-time validator) is reported as a mismatch, never a checker fault."""
+    from mlckpt.metrics import DlioFacts, completed, dlio_time
+
+    assert dlio_time("2026-07-22T18:57:02.533Z") == "2026-07-22T18:57:02.533000"
+    assert dlio_time("") == "" and dlio_time("yesterday") == "yesterday"
+    facts = DlioFacts.of({"started": "", "ended": "x", "ranks": 4, "hosts": [{"host": "a", "ranks": [0]}]},
+                         {"hosts": [{"hostname": "a", "cpu_cores": 2, "memory_total_bytes": GiB}]})
+    out = completed({"num_reads": 0}, 4096, 0, facts)
+    assert (out["start"], out["end"], out["host_memory_GB"], out["host_cpu_count"]) == ("", "x", [1.0], [2])
