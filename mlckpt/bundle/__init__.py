@@ -104,6 +104,7 @@ from mlckpt.bundle.keys import (
     default_key_path,
     generate_key,
     keyid_of,
+    keyid_of_key,
     load_private_key,
     public_key_text,
 )
@@ -132,6 +133,7 @@ __all__ = [
     "find_bundle_root",
     "generate_key",
     "keyid_of",
+    "keyid_of_key",
     "load_private_key",
     "make_envelope",
     "make_statement",

@@ -55,6 +55,13 @@ def _raw_public(key: Ed25519PublicKey) -> bytes:
     return key.public_bytes(serialization.Encoding.Raw, serialization.PublicFormat.Raw)
 
 
+def keyid_of_key(key: Ed25519PublicKey | Ed25519PrivateKey) -> str:
+    """The key id of a key (its public half's raw bytes, hashed as :func:`keyid_of` does)."""
+    if isinstance(key, Ed25519PrivateKey):
+        key = key.public_key()
+    return keyid_of(_raw_public(key))
+
+
 def public_key_text(key: Ed25519PublicKey | Ed25519PrivateKey | bytes) -> str:
     """``ed25519:<base64 raw key>``: the one-line form used in ``.pub`` and trusted-keys files."""
     if isinstance(key, Ed25519PrivateKey):

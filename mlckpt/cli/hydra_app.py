@@ -18,6 +18,7 @@ from mlckpt.errors import UsageError
 from mlckpt.plan import aliases
 from mlckpt.plan.config import ConfigSource
 from mlckpt.resources import workloads_dir
+from mlckpt.rules import override_key
 
 # hydra.* keys mlckpt honours, and what they become.  Everything else under hydra is refused:
 # Hydra's logging, working-directory and callback settings would change nothing mlckpt measures
@@ -78,10 +79,6 @@ def shows_only(args: argparse.Namespace) -> bool:
                 or args.shell_completion)
 
 
-def _key(override: str) -> str:
-    return override.split("=", 1)[0].lstrip("+~")
-
-
 def split(overrides: Sequence[str], multirun: bool) -> tuple[list[str], list[str]]:
     """The job's own overrides (a results folder given as ``hydra.run.dir``/``hydra.sweep.dir``
     becomes ``output.root``) and the hydra.* overrides handed to Hydra."""
@@ -89,7 +86,7 @@ def split(overrides: Sequence[str], multirun: bool) -> tuple[list[str], list[str
     passed: list[str] = []
     folders: list[str] = []
     for o in overrides:
-        key = _key(o)
+        key = override_key(o)
         if not (key == "hydra" or key.startswith(("hydra.", "hydra/"))):
             task.append(o)
         elif key in RESULTS_FOLDER:
@@ -106,12 +103,12 @@ def split(overrides: Sequence[str], multirun: bool) -> tuple[list[str], list[str
             raise UsageError(f"{key}: not honoured by mlckpt run (it keeps its own run.log and "
                              f"records its configuration in the bundle); honoured: {', '.join(HONOURED)}",
                              key=key)
-    given = [o.split("=", 1)[1] for o in task if _key(o) == "output.root"]
+    given = [o.split("=", 1)[1] for o in task if override_key(o) == "output.root"]
     if folders:
         if len(set(folders + given)) > 1:
             raise UsageError(f"output.root: given twice with different folders "
                              f"({', '.join(sorted(set(folders + given)))})", key="output.root")
-        task = [o for o in task if _key(o) != "output.root"] + [f"output.root={folders[-1]}"]
+        task = [o for o in task if override_key(o) != "output.root"] + [f"output.root={folders[-1]}"]
     return task, passed
 
 

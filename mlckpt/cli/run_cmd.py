@@ -21,6 +21,7 @@ from typing import Any
 from mlckpt.cli import hydra_app
 from mlckpt.errors import UsageError
 from mlckpt.plan.config import SHIPPED, ConfigSource, compose
+from mlckpt.rules import override_key
 
 # The presets of `mlckpt run`: keys set unless the command line sets them.  ``laptop``, the
 # default: the llama3_8b layout on its 8 ranks, open division, scaled so one checkpoint is ~1.3 GiB,
@@ -84,23 +85,19 @@ def expand_sweeps(overrides: Sequence[str]) -> list[list[str]]:
     return [list(combo) for combo in itertools.product(*axes)]
 
 
-def _key(override: str) -> str:
-    return override.split("=", 1)[0].lstrip("+~")
-
-
 def with_preset(overrides: Sequence[str]) -> tuple[list[str], str]:
     """The overrides with the preset's keys the command line does not set, and the preset's name
     (``preset=NAME`` given, else none for ``division=closed``, else laptop)."""
-    chosen = [o.split("=", 1)[1] for o in overrides if _key(o) == "preset"]
-    rest = [o for o in overrides if _key(o) != "preset"]
+    chosen = [o.split("=", 1)[1] for o in overrides if override_key(o) == "preset"]
+    rest = [o for o in overrides if override_key(o) != "preset"]
     if len(chosen) > 1:
         raise UsageError("preset: given more than once")
-    closed = any(_key(o) == "division" and o.split("=", 1)[1].strip() == "closed" for o in rest)
+    closed = any(override_key(o) == "division" and o.split("=", 1)[1].strip() == "closed" for o in rest)
     name = chosen[0] if chosen else ("none" if closed else "laptop")
     if name not in PRESETS:
         raise UsageError(f"preset: unknown preset {name!r}; known: {', '.join(PRESETS)}")
-    given = {_key(o) for o in rest}
-    return [*(o for o in PRESETS[name] if _key(o) not in given), *rest], name
+    given = {override_key(o) for o in rest}
+    return [*(o for o in PRESETS[name] if override_key(o) not in given), *rest], name
 
 
 def handle_argv(argv: Sequence[str]) -> int:
@@ -152,7 +149,7 @@ def _in_folder(combo: list[str], out: str, s: Any) -> list[str]:
     """The job's overrides, with Hydra's output folder as its results folder."""
     if Path(out).absolute() == Path(s.config["output"]["root"]).absolute():
         return combo
-    return [o for o in combo if _key(o) != "output.root"] + [f"output.root={hydra_app.quoted(out)}"]
+    return [o for o in combo if override_key(o) != "output.root"] + [f"output.root={hydra_app.quoted(out)}"]
 
 
 def _multirun(exe: str, flags: list[str], task: list[str], passed: list[str], src: Any) -> int:
@@ -161,7 +158,7 @@ def _multirun(exe: str, flags: list[str], task: list[str], passed: list[str], sr
     combos = expand_sweeps(task)
     setups = sweep.validate_all(combos, lambda combo: validate(combo, src))
     keys = sweep.swept_keys(combos)
-    naming = hydra_app.sweep_naming(keys, [_key(o) for o in combos[0]])
+    naming = hydra_app.sweep_naming(keys, [override_key(o) for o in combos[0]])
     done: list[sweep.Done] = []
 
     def one(cfg: Any) -> int:

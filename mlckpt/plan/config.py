@@ -14,7 +14,7 @@ from typing import Any
 from mlckpt.errors import ConfigError, UsageError
 from mlckpt.plan import aliases
 from mlckpt.resources import workloads_dir
-from mlckpt.rules import Context, HostSpec, RuleSet, host_blocks, known_versions, load_rules
+from mlckpt.rules import Context, HostSpec, RuleSet, host_blocks, known_versions, load_rules, override_key
 from mlckpt.schemas import drop_unknown_nulls, first_error
 from mlckpt.units import GiB
 from mlckpt.workload.layout import Plan, make_plan
@@ -131,7 +131,7 @@ def compose(overrides: Sequence[str], source: ConfigSource = SHIPPED) -> dict[st
 def _rule_set_defaults(config: dict[str, Any], overrides: Sequence[str]) -> None:
     """A rule set's own defaults (``defaults:`` in its rules.yaml, e.g. MLPerf's 5 s between
     checkpoints), for the keys the command line does not set."""
-    given = {o.split("=", 1)[0].lstrip("+~") for o in overrides}
+    given = {override_key(o) for o in overrides}
     for dotted, value in load_rules(str(config["rules_version"])).data.get("defaults", {}).items():
         if dotted in given:
             continue

@@ -29,10 +29,6 @@ class Configured:
     source: Source | None = None  # a read-only invocation: the write invocation it restores
 
     @property
-    def read_only(self) -> bool:
-        return self.source is not None
-
-    @property
     def config(self) -> Mapping[str, Any]:
         return self.setup.config
 
@@ -70,7 +66,7 @@ def configure(job: Job, overrides: Sequence[str], source: ConfigSource = SHIPPED
     if not any(o.split("=", 1)[0].lstrip("+") == "ranks" for o in ovs):
         ovs.append(f"ranks={job.size}")
     s = setup(ovs, source)
-    description, key, source = None, None, None
+    description, key, restored = None, None, None
     if job.rank == 0:
         if s.config.get("system"):
             description = load_system_description(s.config["system"], s.rules.version)
@@ -81,11 +77,11 @@ def configure(job: Job, overrides: Sequence[str], source: ConfigSource = SHIPPED
             key = resolve_signing_key(str(s.config["signing"]["key"]), job.say)
         restore_from = s.config["checkpoint"].get("restore_from")
         if restore_from:  # the write invocation's bundle, verified, before any I/O
-            source = load_source(str(restore_from), Path(s.config["output"]["root"]).absolute(), s.config)
+            restored = load_source(str(restore_from), Path(s.config["output"]["root"]).absolute(), s.config)
     if s.plan.ranks != job.size:
         raise UsageError(
             f"ranks={s.plan.ranks} but the MPI world has {job.size} ranks "
             "(drop ranks= under mpiexec, or match -n)",
             key="ranks",
         )
-    return Configured(s, Pipeline.of(s.config), tuple(ovs), description, key, source)
+    return Configured(s, Pipeline.of(s.config), tuple(ovs), description, key, restored)

@@ -46,7 +46,7 @@ class Witness:
     def __init__(self, journal: Journal, key: Any) -> None:
         self.journal = journal
         self.key = key
-        self.keyid = bundle.keyid_of(bytes.fromhex(_raw_hex(key)))  # the id trusted-witness files name
+        self.keyid = bundle.keyid_of_key(key)  # the id trusted-witness files will name
         self.runs = journal.load()
         self.locks: dict[str, asyncio.Lock] = {}
         self.pings: dict[tuple[str, str], int] = {}
@@ -168,12 +168,6 @@ class Witness:
             web.get("/v1/runs/{run}/transcript", self.get_transcript),
         ])
         return app
-
-
-def _raw_hex(key: Any) -> str:
-    from cryptography.hazmat.primitives.serialization import Encoding, PublicFormat
-
-    return str(key.public_key().public_bytes(Encoding.Raw, PublicFormat.Raw).hex())
 
 
 async def _serve(host: str, port: int, witness: Witness) -> None:
