@@ -12,6 +12,8 @@ stops the pipeline; at the end the rules judge the facts.
 6. rules      the runner's own rules module: config, host and result stages on a Context built
               from the bundle (recomputation and plausibility are result-stage rules), then the
               recomputed verdict against the recorded one and the division folder
+   witness    (rules 1.4) the witness's transcript opened: its signature, its schema, whether
+              its key is a trusted witness's (checker/witness_check.py)
 7. submission the ``submission`` stage rules over the collected facts (mlckpt/rules/checks/submission.py)
 
 Any unexpected exception is a checker fault: an ``INTERNAL`` finding for that bundle only.
@@ -41,6 +43,7 @@ from checker.rulesets import (
 )
 from checker.state import State, Stop
 from checker.tree import Leaf
+from checker.witness_check import stage_witness
 from mlckpt import bundle
 from mlckpt import strict as loading
 from mlckpt.errors import BundleIntegrityError, ConfigError, IntegrityKind, MlckptError
@@ -288,4 +291,4 @@ def _structural_anyway(st: State) -> None:
 
 PIPELINE: tuple[tuple[str, Callable[[State], None]], ...] = (
     ("layout", stage_layout), ("integrity", stage_integrity), ("rules version", stage_rules_version),
-    ("schema", stage_schema), ("facts", stage_facts), ("rules", stage_rules))
+    ("schema", stage_schema), ("facts", stage_facts), ("rules", stage_rules), ("witness", stage_witness))

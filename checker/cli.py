@@ -1,6 +1,7 @@
 """``mlckpt-check``: validate a submission tree.
 
-    mlckpt-check ROOT [--json FILE] [--trusted-keys FILE] [--rules VERSION] [--jobs N] [--quiet]
+    mlckpt-check ROOT [--json FILE] [--trusted-keys FILE] [--trusted-witnesses FILE] [--rules VERSION]
+                 [--jobs N] [--quiet]
     mlckpt-check check ROOT ...          (the same; ``check`` is the default subcommand)
 
 Subcommands are modules listed in :data:`SUBCOMMAND_MODULES`, each exposing
@@ -25,7 +26,13 @@ from typing import Any
 
 from checker import report as rep
 from checker.rulesets import known_rules_versions
-from checker.tree_check import TRUSTED_KEYS_FILE, check_tree, load_trusted
+from checker.tree_check import (
+    TRUSTED_KEYS_FILE,
+    TRUSTED_WITNESSES_FILE,
+    check_tree,
+    load_trusted,
+    load_witnesses,
+)
 from mlckpt import __version__
 from mlckpt.command import OneLineParser, run_guarded
 from mlckpt.errors import UsageError
@@ -65,6 +72,9 @@ def register(subparsers: Any) -> None:
                    help="also write the JSON report to FILE ('-' for stdout)")
     p.add_argument("--trusted-keys", type=Path, default=None, metavar="FILE",
                    help=f"organisation -> public keys (default: ROOT/{TRUSTED_KEYS_FILE})")
+    p.add_argument("--trusted-witnesses", type=Path, default=None, metavar="FILE",
+                   help=f"witness -> public keys: witnessed runs signed by these count as witnessed "
+                   f"(default: ROOT/{TRUSTED_WITNESSES_FILE} if present)")
     p.add_argument("--rules", default=None, metavar="VERSION",
                    help="judge every bundle with this rules version (default: the one each bundle declares)")
     p.add_argument("--jobs", type=int, default=None, metavar="N",
@@ -134,7 +144,8 @@ def cmd_check(args: argparse.Namespace) -> int:
         if not parent.is_dir() or args.json.is_dir():
             raise UsageError(f"--json {args.json}: cannot write there (no such folder, or a folder)")
     trusted = load_trusted(root, args.trusted_keys)
-    report = check_tree(root, trusted, forced_rules=args.rules, jobs=jobs)
+    witnesses = load_witnesses(root, args.trusted_witnesses)
+    report = check_tree(root, trusted, forced_rules=args.rules, jobs=jobs, witnesses=witnesses)
     text = rep.render_text(report, quiet=args.quiet)
     if args.json is not None:
         body = json.dumps(report, indent=1, ensure_ascii=False, allow_nan=False) + "\n"

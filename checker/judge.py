@@ -19,6 +19,7 @@ from checker.rulesets import (
     without,
 )
 from checker.state import State, Stop
+from checker.witness_check import witness_doc
 from mlckpt.errors import ConfigError
 from mlckpt.rules import (
     Context,
@@ -126,6 +127,7 @@ def stage_rules(st: State) -> None:
         system = {**system, "description": st.task.system.doc}
     data = RunData(run, config, summary, st.records, system)
     ctx = dataclasses.replace(ctx, plan=plan, run=data)
+    st.plan_digest = plan.digest if plan is not None else None
     skip = _unrecomputable(st, config)
     ev = without(rs, skip).evaluate(ctx, ["config", "host", "result"])
     if plan is not None and not skip:  # what the report shows: recomputed, never the claim
@@ -212,7 +214,8 @@ def finish(st: State) -> BundleResult:
     if st.verified is not None and st.facts["split"] is None:
         st.facts["split"] = []  # likewise (checker.pairs.add_pairs)
     facts = SubmissionFacts(
-        **{k: (tuple(v) if v is not None else None) for k, v in st.facts.items()}, verdicts=st.verdicts)
+        **{k: (tuple(v) if v is not None else None) for k, v in st.facts.items()}, verdicts=st.verdicts,
+        witness=st.witness)
     config = st.docs.get("config.yaml") if st.verdicts is not None else None
     division = str(config["division"]) if isinstance(config, dict) else leaf.division
     sub, sub_not_checked = submission_findings(rs, facts, division)
@@ -246,6 +249,8 @@ def finish(st: State) -> BundleResult:
         metrics = {k: shown[k] for k in METRIC_KEYS if k in shown}
         metrics.update({k: run[k] for k in ("ranks", "scale", "scaled") if k in run})
         result.metrics = jsonable(metrics)
+    if st.witness is not None and st.witness.claimed:
+        result.witness = witness_doc(st.witness)
     return result
 
 

@@ -1,8 +1,8 @@
 """Findings → the JSON report, the human report and the exit status.
 
-JSON report (``report_format`` 1, schema ``rules/<version>/schemas/report.schema.json``)::
+JSON report (``report_format`` 2, schema ``rules/<version>/schemas/report.schema.json``)::
 
-    {"report_format": 1, "checker": {...}, "root": "...",
+    {"report_format": 2, "checker": {...}, "root": "...",
      "verdict": "valid" | "invalid" | "integrity-failure" | "internal-error",
      "exit_status": 0 | 1 | 3 | 4, "rules_versions": ["1.0"],
      "bundles": [{"path", "org", "system", "workload", "division", "run_id", "rules_version",

@@ -32,6 +32,7 @@ class Task:
     forced_rules: str | None
     system: SystemInfo
     released: frozenset[str] | None = None  # runner code digests the tree's released-runners.yaml lists
+    witnesses: bundle.TrustedKeys | None = None  # --trusted-witnesses (None: witnesses not judged)
 
 
 @dataclass
@@ -53,6 +54,7 @@ class BundleResult:
     declared_division: str | None = None
     fingerprints: tuple[str, ...] = ()  # of the measurements (DUPLICATE-CONTENT); not reported
     pair: dict[str, Any] | None = None  # what SPLIT-PAIR needs (checker.pairs.pair_doc); not reported
+    witness: dict[str, Any] | None = None  # a run that says it was witnessed (checker.witness_check)
 
     @property
     def valid(self) -> bool:

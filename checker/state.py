@@ -15,6 +15,7 @@ from mlckpt.rules import (
     RuleSet,
 )
 from mlckpt.rules.checks.submission import Problem, SubmissionFacts, Verdicts
+from mlckpt.rules.checks.witness import WitnessFacts
 
 
 class Stop(Exception):
@@ -26,7 +27,7 @@ class State:
     task: Task
     folder: Path | None = None
     facts: dict[str, list[Problem] | None] = field(default_factory=lambda: {
-        f.name: None for f in dataclasses.fields(SubmissionFacts) if f.name != "verdicts"})
+        f.name: None for f in dataclasses.fields(SubmissionFacts) if f.name not in ("verdicts", "witness")})
     where_paths: dict[str, str] = field(default_factory=dict)  # finding prefix -> report path
     verified: bundle.VerifiedBundle | None = None
     rules: RuleSet | None = None
@@ -36,6 +37,8 @@ class State:
     rule_findings: tuple[Finding, ...] = ()
     not_checked: list[tuple[str, str]] = field(default_factory=list)
     verdicts: Verdicts | None = None
+    plan_digest: str | None = None  # the layout's digest, recomputed from config.yaml (a witness saw it)
+    witness: WitnessFacts | None = None
     stage: str = "layout"
     tmp: str | None = None  # where an archive was unpacked
 

@@ -16,11 +16,12 @@ from checker.pairs import add_pairs
 from checker.results import BundleResult, SystemInfo, Task
 from checker.rulesets import fallback_rules, finding_dict, load_system_file, submission_findings
 from checker.tree import SystemFile, TreeScan, walk
-from mlckpt.bundle import TrustedKeys
+from mlckpt.bundle import WITNESSES, TrustedKeys
 from mlckpt.errors import UsageError
 from mlckpt.rules.checks.submission import Problem, SubmissionFacts
 
 TRUSTED_KEYS_FILE = "trusted-keys.yaml"
+TRUSTED_WITNESSES_FILE = "trusted-witnesses.yaml"  # WITNESS-TRUSTED; not checked without it
 RELEASED_RUNNERS_FILE = "released-runners.yaml"  # RUNNER-RELEASED; not checked without it
 
 
@@ -43,8 +44,17 @@ def load_trusted(root: Path, given: Path | None) -> TrustedKeys:
     return TrustedKeys.load(path)
 
 
+def load_witnesses(root: Path, given: Path | None) -> TrustedKeys | None:
+    """``given``, or ROOT/trusted-witnesses.yaml when there is one; None without either (no
+    result is then counted as witnessed)."""
+    path = given if given is not None else Path(root) / TRUSTED_WITNESSES_FILE
+    if given is None and not path.is_file():
+        return None
+    return TrustedKeys.load(path, WITNESSES)
+
+
 def check_tree(root: Path, trusted: TrustedKeys, *, forced_rules: str | None = None,
-               jobs: int = 1) -> dict[str, Any]:
+               jobs: int = 1, witnesses: TrustedKeys | None = None) -> dict[str, Any]:
     """Check every bundle under ``root``; the report as a dict (see :mod:`checker.report`)."""
     root = Path(root)
     scan = walk(root)
@@ -52,7 +62,8 @@ def check_tree(root: Path, trusted: TrustedKeys, *, forced_rules: str | None = N
     systems = _systems(root, scan, fallback.version)
     released = load_released(root)
     tasks = [Task(str(root), leaf, trusted, forced_rules,
-                  systems[(leaf.division, leaf.org, leaf.system)], released) for leaf in scan.leaves]
+                  systems[(leaf.division, leaf.org, leaf.system)], released, witnesses)
+             for leaf in scan.leaves]
     results = _run_tasks(tasks, jobs)
     add_duplicates(results, forced_rules)
     add_pairs(results, forced_rules)

@@ -27,7 +27,7 @@ class Format:
             raise ValueError(f"{self.name}: must read its own version {self.version!r}")
 
 
-RUN = Format("run", "run.json: run_format", 4, (2, 3, 4), (
+RUN = Format("run", "run.json: run_format", 5, (2, 3, 4, 5), (
     (1, "first version: run identity, status, workload, division, scaled, verdict, findings, overrides, "
         "host mapping, timings, file list"),
     (2, "pipeline: checkpoint mode, compute interval, fast tier (folder, fast_keep, filesystem type per "
@@ -36,6 +36,9 @@ RUN = Format("run", "run.json: run_format", 4, (2, 3, 4), (
         "checkpoint folder's device), net_links_mbps and memory_copy_gib_s (measured at the gates)"),
     (4, "rules 1.3: restored_from (null, or for a read-only invocation the write invocation it restored: "
         "run_id, name, num_writes, the sha256 of its signed statement, when it ended)"),
+    (5, "rules 1.4: witness (null, or the witness's endpoint without credentials, key id, run at the "
+        "witness, status witnessed|lost, the reason it was lost, each write's nonce, and the transcript "
+        "file witness.dsse.json); a witnessed write's page tags carry run_id XOR the nonce's first 8 bytes"),
 ))
 
 RECORDS = Format("records", "records.jsonl (run.json and summary.json: records_format)", 3, (2, 3), (
@@ -76,6 +79,12 @@ CODE_DIGEST = Format("code digest", "predicate.runner_code_hash_alg", "mlckpt-tr
                               "package, sorted by name, data folders as _data/workloads and _data/rules"),
 ))
 
+TRUSTED_WITNESSES = Format("trusted witnesses", "trusted-witnesses.yaml: mlckpt_trusted_witnesses", "1.0",
+                           ("1.0",), (
+    ("1.0", "witnesses: witness name -> list of ed25519:<base64> keys, as trusted keys are; defined by "
+            "rules/1.4/schemas/trusted-witnesses.schema.json"),
+))
+
 TRUSTED_KEYS = Format("trusted keys", "trusted-keys.yaml: mlckpt_trusted_keys", "1.0", ("1.0",), (
     ("1.0", "organizations: organisation -> list of ed25519:<base64> keys; defined by "
             "rules/1.0/schemas/trusted-keys.schema.json"),
@@ -102,8 +111,10 @@ SYSTEM_DESCRIPTION = Format("system description", "systems/<system>.yaml: descri
     (1, "first version (rules/1.0/schemas/system-description.schema.json)"),
 ))
 
-REPORT = Format("check report", "mlckpt-check --json: report_format", 1, (1,), (
+REPORT = Format("check report", "mlckpt-check --json: report_format", 2, (1, 2), (
     (1, "first version (rules/1.0/schemas/report.schema.json)"),
+    (2, "rules 1.4: each bundle's witness (null, or by whom, whether counted as witnessed, and the "
+        "witness-conservative bandwidths)"),
 ))
 
 LEADERBOARD = Format("leaderboard", "mlckpt-check leaderboard --format json: leaderboard_format", 2, (2,), (
@@ -120,9 +131,11 @@ COMPARE = Format("compare", "mlckpt-check compare --json: compare_format", 2, (2
 WITNESS = Format("witness", "witness journal lines, receipts and transcripts: witness_format", 1, (1,), (
     (1, "first version: a journal line per event (seq, kind open|start|end|rtt|close, the witness's "
         "t_wall_ns and t_mono_ns, op and index, a write start's nonce, the previous line's sha256); "
-        "receipts and transcripts are DSSE envelopes of their own payload types"),
+        "receipts and transcripts are DSSE envelopes of their own payload types; the transcript's schema "
+        "is rules/1.4/schemas/witness-transcript.schema.json"),
 ))
 
-ALL: tuple[Format, ...] = (RUN, RECORDS, SUMMARY, PLAN, BUNDLE, CODE_DIGEST, TRUSTED_KEYS, RELEASED_RUNNERS,
+ALL: tuple[Format, ...] = (RUN, RECORDS, SUMMARY, PLAN, BUNDLE, CODE_DIGEST, TRUSTED_KEYS, TRUSTED_WITNESSES,
+                           RELEASED_RUNNERS,
                            PAGE_TAG, WITNESS,
                            DATA_SCHEME, SYSTEM_DESCRIPTION, REPORT, LEADERBOARD, COMPARE)

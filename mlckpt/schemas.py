@@ -94,12 +94,14 @@ def pinned(name: str, key: str, rules_version: str) -> Any:
 
 
 def drop_unknown_nulls(doc: dict[str, Any], name: str, rules_version: str) -> None:
-    """Remove, in place, the keys ``doc`` holds at null that schema ``name`` of ``rules_version``
-    does not know: a setting added by a later rules version, left off, means nothing to an older
-    one (``checkpoint.restore_from`` under rules 1.2)."""
+    """Remove, in place, the keys ``doc`` holds at null (or as a block of nulls) that schema
+    ``name`` of ``rules_version`` does not know: a setting added by a later rules version, left
+    off, means nothing to an older one (``checkpoint.restore_from`` under rules 1.2, ``witness``
+    under 1.3)."""
     for err in list(validator(name, rules_version).iter_errors(doc)):
         if err.validator != "additionalProperties" or not isinstance(err.instance, dict):
             continue
         for key in set(err.instance) - set(err.schema.get("properties", {})):
-            if err.instance[key] is None:
+            value = err.instance[key]
+            if value is None or (isinstance(value, dict) and all(v is None for v in value.values())):
                 del err.instance[key]

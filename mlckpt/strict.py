@@ -37,6 +37,7 @@ CAPS: dict[str, int] = {
     "system.json": 16 * MiB,
     "config.yaml": 1 * MiB,
     "records.jsonl": 512 * MiB,
+    "witness.dsse.json": 32 * MiB,  # a transcript of 100,000 events
     "system-description": 1 * MiB,  # systems/<system>.yaml
 }
 MAX_RECORD_LINES = 10_000_000

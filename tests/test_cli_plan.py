@@ -134,7 +134,7 @@ KNOWN = ("llama3_1t, llama3_405b, llama3_70b, llama3_8b, llama_1t, llama_405b, l
     (["host_memory_gib=lots"], "host_memory_gib: 'lots' is not of type 'number', 'null'"),
     (["hosts=2.0"], "hosts: 2.0 is not of type 'integer', 'null'"),
     (["ranks"], "override 'ranks': expected KEY=VALUE (e.g. ranks=64)"),
-    (["rules_version='2.0'"], "rules_version: unknown rules version '2.0'; known: 1.0, 1.1, 1.2, 1.3, "
+    (["rules_version='2.0'"], "rules_version: unknown rules version '2.0'; known: 1.0, 1.1, 1.2, 1.3, 1.4, "
      "mlps-v3.0"),
     (["--bogus"], "mlckpt: unrecognized arguments: --bogus"),
 ])

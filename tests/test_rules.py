@@ -227,6 +227,16 @@ NEGATIVE: list[tuple[str, Callable[[], Context], list[str]]] = [
                                    hosts=hosts8(mem_available_bytes=200 * GiB)),
      [f"host h0: host memory must hold the resident state of its ranks: expected at least "
       f"{fmt_bytes(16 * P8B_RANK_RESIDENT)}, got 200.00 GiB available"]),
+    ("WITNESS-MODE", lambda: raw_ctx("division=open", edits={"checkpoint.mode": "async",
+                                                             "witness.url": "http://127.0.0.1:8470"}),
+     ["a witnessed run is synchronous on one tier under rules 1.4 (the witness's interval of an "
+      "asynchronous write would not be the write's): expected checkpoint.mode=sync with no fast tier, "
+      "got checkpoint.mode=async"]),
+    ("WITNESS-MODE", lambda: raw_ctx("division=open", edits={"checkpoint.tiers.fast": "/dev/shm/ckpt",
+                                                             "witness.url": "http://127.0.0.1:8470"}),
+     ["a witnessed run is synchronous on one tier under rules 1.4 (the witness's interval of an "
+      "asynchronous write would not be the write's): expected checkpoint.mode=sync with no fast tier, "
+      "got checkpoint.mode=sync, checkpoint.tiers.fast=/dev/shm/ckpt"]),
     ("ASYNC-RESIDENCY", lambda: raw_ctx("division=open", edits={"checkpoint.mode": "async",
                                                                 "residency": "stream"}),
      ["an asynchronous checkpoint snapshots the resident state into host staging: expected "
@@ -303,6 +313,8 @@ POSITIVE: list[tuple[str, Callable[[], Context]]] = [
     ("IO-ENGINE", lambda: ctx_of("io.direct=true", hosts=hosts8(direct_ok=True))),
     ("IO-ENGINE", lambda: ctx_of("io.direct=false", hosts=hosts8(direct_ok=False))),  # not asked for
     ("ASYNC-RESIDENCY", lambda: ctx_of("division=open", "checkpoint.mode=async")),  # residency=full
+    ("WITNESS-MODE", lambda: ctx_of("witness.url=http://127.0.0.1:8470")),  # sync, one tier
+    ("WITNESS-MODE", lambda: ctx_of("division=open", "checkpoint.mode=async")),  # not witnessed
     ("ASYNC-RESIDENCY", lambda: ctx_of("division=open", "residency=stream")),  # sync: any residency
     ("TIERS-DISTINCT", lambda: ctx_of("division=open", "checkpoint.tiers.fast=/dev/shm/ckpt")),
     # a sibling whose name merely starts with the durable folder's name is apart from it
@@ -358,7 +370,7 @@ PRE_IO_RULES = {
     "CLOSED-WORKLOAD", "CLOSED-RANKS", "CLOSED-COUNTS", "CLOSED-PARAMS", "CLOSED-OVERRIDES",
     "CLOSED-RANKS-PER-HOST", "CLOSED-ACCELERATOR-MEMORY", "HOST-MEMORY", "DISK-SPACE", "FOLDER-USABLE",
     "IO-ENGINE", "RESULTS-APART",
-    "ASYNC-RESIDENCY", "TIERS-DISTINCT", "TIER-SPACE", "TIER-USABLE"}
+    "ASYNC-RESIDENCY", "TIERS-DISTINCT", "TIER-SPACE", "TIER-USABLE", "WITNESS-MODE"}
 
 
 def test_every_pre_io_rule_has_a_failing_and_a_passing_case() -> None:
@@ -603,7 +615,7 @@ def test_rule_data_is_well_formed() -> None:
         assert set(r.divisions) <= {"closed", "open"} and r.divisions
         assert r.check in CHECKS
         assert "{actual}" in r.message
-    assert RS.version == "1.3"
+    assert RS.version == "1.4"
     assert RS.closed["num_writes"] == RS.closed["num_reads"] == 10
     assert RS.closed["min_ranks_per_host"] == 4
     assert {k: RS.accelerators[k] for k in ("h100", "h200", "b200", "mi300x", "mi355x")} == {
@@ -619,7 +631,7 @@ def test_structural_rules_are_invalid_in_every_division() -> None:
 def test_load_rules_unknown_version() -> None:
     with pytest.raises(ConfigError) as exc:
         load_rules("9.9")
-    assert str(exc.value) == ("rules_version: unknown rules version '9.9'; known: 1.0, 1.1, 1.2, 1.3, "
+    assert str(exc.value) == ("rules_version: unknown rules version '9.9'; known: 1.0, 1.1, 1.2, 1.3, 1.4, "
                               "mlps-v3.0")
     assert exc.value.key == "rules_version"
     assert exc.value.exit_status == 2

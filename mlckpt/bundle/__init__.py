@@ -100,7 +100,10 @@ from mlckpt.bundle.archive import find_bundle_root, open_bundle, pack, safe_unpa
 from mlckpt.bundle.digest import code_digest
 from mlckpt.bundle.documents import parse_document, read_document
 from mlckpt.bundle.keys import (
+    KEYS,
+    WITNESSES,
     TrustedKeys,
+    TrustKind,
     default_key_path,
     generate_key,
     keyid_of,
@@ -116,6 +119,7 @@ __all__ = [
     "BUNDLE_FORMAT",
     "CODE_DIGEST_ALG",
     "DEFAULT_PASSPHRASE_ENV",
+    "KEYS",
     "PAYLOAD_TYPE",
     "PREDICATE_TYPE",
     "REQUIRED_PREDICATE_KEYS",
@@ -123,8 +127,10 @@ __all__ = [
     "STATEMENT_TYPE",
     "SUPPORTED_BUNDLE_FORMATS",
     "TRUSTED_KEYS_FORMAT",
+    "WITNESSES",
     "KeyInfo",
     "Predicate",
+    "TrustKind",
     "TrustedKeys",
     "VerifiedBundle",
     "code_digest",

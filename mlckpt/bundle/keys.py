@@ -5,6 +5,7 @@ from __future__ import annotations
 import hashlib
 import os
 from collections.abc import Iterable, Mapping
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -158,28 +159,46 @@ def load_private_key(path: Path, passphrase_env: str = DEFAULT_PASSPHRASE_ENV) -
         raise UsageError(f"{path}: not an Ed25519 key ({type(key).__name__})")
     return key
 
-# The rules folder whose schemas/ holds the trusted-keys format (format 1.0 never changes).
-TRUSTED_KEYS_SCHEMA_RULES = "1.0"
+@dataclass(frozen=True)
+class TrustKind:
+    """One strict trust-file format: its version marker, the mapping of names to keys under
+    ``group``, and the schema that defines it (in the rules folder ``rules``)."""
+
+    marker: str
+    group: str
+    schema: str
+    rules: str
+    what: str  # "organisation", "witness"
+    hint: str
+
+
+# Format 1.0 of each never changes (mlckpt/formats.py).
+KEYS = TrustKind("mlckpt_trusted_keys", "organizations", "trusted-keys", "1.0", "organisation",
+                 "`mlckpt keygen --org NAME` prints an entry")
+WITNESSES = TrustKind("mlckpt_trusted_witnesses", "witnesses", "trusted-witnesses", "1.4", "witness",
+                      "`mlckpt witness serve` prints its key; `mlckpt keygen --org NAME` an entry")
+TRUSTED_KEYS_SCHEMA_RULES = KEYS.rules
 
 
 class TrustedKeys:
-    """Organisation -> Ed25519 public keys, as pinned by the committee (see module docstring)."""
+    """Name (an organisation, or a witness) -> Ed25519 public keys, as pinned by the committee."""
 
-    def __init__(self, organisations: Mapping[str, Iterable[str]], *, source: str = "<mapping>"):
+    def __init__(self, organisations: Mapping[str, Iterable[str]], *, source: str = "<mapping>",
+                 kind: TrustKind = KEYS):
         self.source = source
         self._by_keyid: dict[str, tuple[str, bytes]] = {}
         self._by_org: dict[str, list[KeyInfo]] = {}
         for org, keys in organisations.items():
             if not isinstance(org, str) or not org.strip():
-                raise UsageError(f"{source}: organisation names must be non-empty strings: {org!r}")
+                raise UsageError(f"{source}: {kind.what} names must be non-empty strings: {org!r}")
             if isinstance(keys, (str, bytes)) or not isinstance(keys, Iterable):
-                raise UsageError(f"{source}: organizations.{org} must be a list of public keys")
+                raise UsageError(f"{source}: {kind.group}.{org} must be a list of public keys")
             infos = self._by_org.setdefault(org, [])
             for i, text in enumerate(keys):
                 try:
                     raw = _parse_public_key_text(text)
                 except ValueError as exc:
-                    raise UsageError(f"{source}: organizations.{org}[{i}]: {exc}") from None
+                    raise UsageError(f"{source}: {kind.group}.{org}[{i}]: {exc}") from None
                 kid = keyid_of(raw)
                 if kid in self._by_keyid:
                     other = self._by_keyid[kid][0]
@@ -190,30 +209,29 @@ class TrustedKeys:
                 infos.append(KeyInfo(keyid=kid, public_key=public_key_text(raw)))
 
     @classmethod
-    def from_mapping(cls, data: Any, *, source: str = "<mapping>") -> TrustedKeys:
-        """Validate a parsed trusted-keys document against its schema, the one definition of the
-        format (``rules/1.0/schemas/trusted-keys.schema.json``); the code adds only what a schema
-        cannot say (a key decodes to 32 bytes, and belongs to one organisation)."""
+    def from_mapping(cls, data: Any, *, source: str = "<mapping>", kind: TrustKind = KEYS) -> TrustedKeys:
+        """Validate a parsed trust document against its schema, the one definition of the format
+        (``rules/<kind.rules>/schemas/<kind.schema>.schema.json``); the code adds only what a
+        schema cannot say (a key decodes to 32 bytes, and belongs to one name)."""
         if not isinstance(data, Mapping):
-            raise UsageError(f"{source}: a trusted-keys file must be a mapping")
-        if isinstance(data.get("mlckpt_trusted_keys"), float):  # YAML reads an unquoted 1.0 as a float
-            data = {**data, "mlckpt_trusted_keys": repr(data["mlckpt_trusted_keys"])}
-        if data and "organizations" not in data and "mlckpt_trusted_keys" not in data:
-            # The obvious first try: organisations at the top level.  Say where they go.
+            raise UsageError(f"{source}: a {kind.schema} file must be a mapping")
+        if isinstance(data.get(kind.marker), float):  # YAML reads an unquoted 1.0 as a float
+            data = {**data, kind.marker: repr(data[kind.marker])}
+        if data and kind.group not in data and kind.marker not in data:
+            # The obvious first try: names at the top level.  Say where they go.
             first = sorted(map(str, data))[0]
-            raise UsageError(f"{source}: organisations go under organizations:, next to "
-                             f"mlckpt_trusted_keys: '1.0' (found {first!r} at the top level; "
-                             "`mlckpt keygen --org NAME` prints an entry)")
-        problem = first_error(dict(data), "trusted-keys", TRUSTED_KEYS_SCHEMA_RULES)
+            raise UsageError(f"{source}: {kind.what}s go under {kind.group}:, next to "
+                             f"{kind.marker}: '1.0' (found {first!r} at the top level; {kind.hint})")
+        problem = first_error(dict(data), kind.schema, kind.rules)
         if problem:
             raise UsageError(f"{source}: {problem}")
-        return cls(data["organizations"], source=source)
+        return cls(data[kind.group], source=source, kind=kind)
 
     @classmethod
-    def load(cls, path: Path) -> TrustedKeys:
+    def load(cls, path: Path, kind: TrustKind = KEYS) -> TrustedKeys:
         path = Path(path)
-        doc = read_trust_file(path, "trusted keys")
-        return cls.from_mapping(doc, source=str(path))
+        doc = read_trust_file(path, kind.schema.replace("-", " "))
+        return cls.from_mapping(doc, source=str(path), kind=kind)
 
     @property
     def organisations(self) -> tuple[str, ...]:

@@ -62,6 +62,7 @@ from mlckpt.engine.content import (
     alloc,
     decode_tag,
     fill,
+    seal,
     verify,
 )
 from mlckpt.engine.files import (
@@ -112,6 +113,7 @@ __all__ = [
     "read_files",
     "read_stream",
     "resident_bytes",
+    "seal",
     "snapshot",
     "stream_ring_bytes",
     "verify",

@@ -51,6 +51,9 @@ _TAG_DTYPE = np.dtype(
 assert _TAG.size == TAG_BYTES and _TAG_DTYPE.itemsize == TAG_BYTES
 
 
+_RUN_ID = slice(_TAG_DTYPE.fields["run_id"][1], _TAG_DTYPE.fields["run_id"][1] + 8)  # bytes 8..16 of a tag
+
+
 # Content is generated in 1 MiB pieces: the keystream just written is still in L2 when the tags
 # are stamped over it (fill) or when it is compared (verify).
 _GEN_CHUNK = 1 << 20
@@ -183,6 +186,25 @@ def fill(buf: np.ndarray, nbytes: int, key: bytes, pid: PageId) -> None:
     _check_buf(buf, nbytes, "fill", writable=True)
     _Content(key, pid).produce(buf[:nbytes], 0)
     buf[nbytes : min(len(buf), _round_up(nbytes))] = 0
+
+
+def seal(buf: np.ndarray, nbytes: int, tag_run_id: int) -> None:
+    """Restamp the ``run_id`` field of every page tag in ``buf[:nbytes]`` (content ``fill`` made).
+
+    A witnessed checkpoint's tags carry a value derived from the nonce the witness issues when the
+    checkpoint starts (:func:`mlckpt.witness.protocol.tag_run_id`): the keystream can be made
+    ahead, untimed, yet no page of the checkpoint can be written before the witness's clock
+    started.  Eight bytes per page, so it costs a few ms per GiB, outside the timed region.
+    """
+    _check_buf(buf, nbytes, "seal", writable=True)
+    if not 0 <= tag_run_id <= _U64:
+        raise InternalError(f"seal: tag run id out of range: {tag_run_id}")
+    value = np.frombuffer(struct.pack("<Q", tag_run_id), dtype=np.uint8)
+    full, tail = divmod(nbytes, PAGE)
+    if full:
+        buf[: full * PAGE].reshape(full, PAGE)[:, _RUN_ID] = value
+    if tail >= TAG_BYTES:
+        buf[full * PAGE :][_RUN_ID] = value
 
 
 def decode_tag(page: bytes | bytearray | memoryview | np.ndarray) -> tuple[PageId, int] | None:

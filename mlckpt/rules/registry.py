@@ -5,11 +5,11 @@ from __future__ import annotations
 
 from functools import cache
 
-from mlckpt.rules.checks import config, counters, evidence, host, mlperf, result, split, submission
+from mlckpt.rules.checks import config, counters, evidence, host, mlperf, result, split, submission, witness
 from mlckpt.rules.engine import DEFAULT_RULES_VERSION, CheckFn, RuleSet, load_rule_set
 
 CHECKS: dict[str, CheckFn] = {}
-for _module in (config, host, result, evidence, counters, submission, mlperf, split):
+for _module in (config, host, result, evidence, counters, submission, mlperf, split, witness):
     _clash = CHECKS.keys() & _module.CHECKS.keys()
     if _clash:  # a defect of the code, caught at import
         raise ImportError(f"check names defined twice: {sorted(_clash)}")

@@ -230,11 +230,20 @@ class OpTimer:
     probe: Callable[[], dict[str, Any]] | None = None
     device: str | None = None
     host_ranks: int = 1  # ranks on this rank's host (rank 0's progress estimate)
+    # A witnessed run (mlckpt.run.witnessing.Witnessing): each op's start is reported before its
+    # barrier (a write's nonce comes back and ``seal`` binds it into the content, untimed), its
+    # end once every rank agreed it is over.
+    witness: Any = None
 
     def __call__(
-        self, op: str, index: int, ckpt: int, action: Callable[[], Any], nbytes: int, nfiles: int, opts: Any
+        self, op: str, index: int, ckpt: int, action: Callable[[], Any], nbytes: int, nfiles: int, opts: Any,
+        seal: Callable[[str], None] | None = None,
     ) -> dict[str, Any]:
         job = self.job
+        if self.witness is not None:
+            nonce = self.witness.start(op, index)
+            if nonce is not None and seal is not None:
+                seal(nonce)  # the same numpy stores on every rank: nothing to agree on
         action = job.faults.timed_action(job.rank, op, index, action)
         job.note(step=f"{op} {index}", ckpt=ckpt)
         watch = None
@@ -270,6 +279,8 @@ class OpTimer:
                 sent.wait()
         if job.rank == 0:
             job.console.stage(None)
+            if self.witness is not None:
+                self.witness.end(op, index)
         rec = {
             "op": op,
             "index": index,

@@ -56,12 +56,17 @@ def manifest_of(
     ended: str,
     description: Mapping[str, Any] | None,
     restored_from: Mapping[str, Any] | None = None,
+    witness: Mapping[str, Any] | None = None,
 ) -> dict[str, Any]:
     """run.json before the result-stage rules add their findings (pure), in the run format the
     rule set's schema pins (rules 1.2 bundles stay run format 3)."""
     cfg, pipe = setup.config, Pipeline.of(setup.config)
     run_format = int(pinned("run", "run_format", setup.rules.version))
-    extra = {"restored_from": dict(restored_from) if restored_from else None} if run_format >= 4 else {}
+    extra: dict[str, Any] = {}
+    if run_format >= 4:
+        extra["restored_from"] = dict(restored_from) if restored_from else None
+    if run_format >= 5:  # rules 1.4: who witnessed the run (null: not witnessed)
+        extra["witness"] = dict(witness) if witness else None
     return {
         "run_format": run_format,
         **extra,
@@ -127,6 +132,7 @@ class BundleFiles:
     summary: Mapping[str, Any]
     system: Mapping[str, Any]
     log_lines: Sequence[str]
+    transcript: bytes | None = None  # a witnessed run: the witness's signed transcript
 
 
 def write_bundle(out_root: Path, name: str, files: BundleFiles, signing_key: Any) -> Path:
@@ -143,6 +149,8 @@ def write_bundle(out_root: Path, name: str, files: BundleFiles, signing_key: Any
         write_json(tmp / "summary.json", files.summary)
         write_json(tmp / "system.json", files.system)
         (tmp / "run.log").write_text("\n".join(files.log_lines) + "\n")
+        if files.transcript is not None:
+            (tmp / "witness.dsse.json").write_bytes(files.transcript)
         if signing_key is not None:
             bundle.sign_bundle(
                 tmp,

@@ -35,6 +35,11 @@ class ReadPhase:
     fast_direct: bool
     fast_fs: Mapping[str, str | None]
     writer_hosts: frozenset[str]
+    tags: Mapping[int, int]  # checkpoint -> the run id its page tags carry, when witnessed
+
+    def pid(self, rd: Any, c: int) -> engine.PageId:
+        """What the pages of ``rd`` in checkpoint ``c`` must carry (its writer stamped it)."""
+        return engine.PageId(self.tags.get(c, self.run_id), rd.writer, c, rd.index)
 
     def run(self, nw: int, nr: int) -> list[dict[str, Any]]:
         """Every restore; returns all ranks' records on rank 0, else []."""
@@ -61,7 +66,7 @@ class ReadPhase:
             resident = sum(engine.resident_bytes(path)[0] for path in paths)
         if self.stream:
             sfiles = [
-                engine.StreamFile(p, rd.file.bytes, engine.PageId(self.run_id, rd.writer, c, rd.index))
+                engine.StreamFile(p, rd.file.bytes, self.pid(rd, c))
                 for p, rd in zip(paths, self.reads, strict=True)
             ]
             rec = self.timer(
@@ -96,7 +101,7 @@ class ReadPhase:
     def verify(self, k: int, c: int, files: Sequence[engine.FileIO], scratch: Any) -> dict[str, int]:
         verified = 0
         for fio, rd in zip(files, self.reads, strict=True):
-            pid = engine.PageId(self.run_id, rd.writer, c, rd.index)
+            pid = self.pid(rd, c)
             bad = engine.verify(fio.buf, fio.nbytes, self.key, pid, scratch)
             if bad is not None:
                 raise VerificationError(

@@ -38,6 +38,7 @@ from mlckpt.run.guardian import Guardian
 from mlckpt.run.publish import BundleFiles, RunId, judged, manifest_of, summary_of, write_bundle
 from mlckpt.run.reads import ReadPhase
 from mlckpt.run.split import keeps_key
+from mlckpt.run.witnessing import Witnessing
 from mlckpt.run.writes import WritePhase, WriteState
 from mlckpt.units import fmt_bytes
 from mlckpt.workload.layout import PAGE, pages
@@ -98,11 +99,15 @@ def gate(job: Job, c: Configured) -> Gates:
         return judge(c.setup, names, measured)
 
 
-def make_folders(job: Job, c: Configured, gates: Gates, created: Created) -> Folders:
-    cfg, ck = c.config, c.config["checkpoint"]
+def identity(job: Job, cfg: Mapping[str, Any]) -> tuple[RunId, bytes]:
+    """This run's content key (rank 0's, broadcast) and the id and name derived from it."""
     key = job.comm.bcast(secrets.token_bytes(engine.KEY_BYTES) if job.rank == 0 else None)
     number = int.from_bytes(key[:8], "little")
-    run = RunId(number, job.comm.bcast(run_name(cfg, number) if job.rank == 0 else None))
+    return RunId(number, job.comm.bcast(run_name(cfg, number) if job.rank == 0 else None)), key
+
+
+def make_folders(job: Job, c: Configured, gates: Gates, created: Created, run: RunId, key: bytes) -> Folders:
+    cfg, ck = c.config, c.config["checkpoint"]
     if c.source is not None:
         return restored_folders(job, c, gates, run, created)
     root = Path(ck["folder"]).absolute() / run.name
@@ -277,7 +282,8 @@ def evict_written(job: Job, c: Configured, folders: Folders, created: Created, l
         job.faults.after_writes(job.rank, folders.root, fast, c.setup.plan, nw)
 
 
-def phases(job: Job, c: Configured, gates: Gates, created: Created) -> tuple[RunId, list[dict[str, Any]]]:
+def phases(job: Job, c: Configured, gates: Gates, created: Created, ident: tuple[RunId, bytes],
+           witness: Witnessing | None) -> tuple[RunId, list[dict[str, Any]]]:
     """Folders, allocation, the writes, eviction, the restores.  Returns the run's identity and
     the records (rank 0; other ranks: none)."""
     cfg, plan, ck = c.config, c.setup.plan, c.config["checkpoint"]
@@ -288,8 +294,9 @@ def phases(job: Job, c: Configured, gates: Gates, created: Created) -> tuple[Run
         block_size=cfg["io"]["block_size"],
         fsync=ck["fsync"],
     )
-    folders = make_folders(job, c, gates, created)
+    folders = make_folders(job, c, gates, created, *ident)
     timer = op_timer(job, c, gates, folders, created)
+    timer.witness = witness
     mine = plan.rank_plans[job.rank].files
     reads = plan.restore_reads(job.rank, ck["restore"], gates.shift)
     stream = cfg["residency"] == "stream"
@@ -308,10 +315,11 @@ def phases(job: Job, c: Configured, gates: Gates, created: Created) -> tuple[Run
     records: list[dict[str, Any]] = []
     if c.source is None:
         w = WriteState(folders.root, folders.fast_root, mine, own, arena, folders.key, opts, stream, leader)
-        records = WritePhase(job, c.pipe, w, folders.run.number, timer, created, fast_direct).run(nw)
+        writes = WritePhase(job, c.pipe, w, folders.run.number, timer, created, fast_direct)
+        records, tags = writes.run(nw), writes.tags
         evict_written(job, c, folders, created, leader, nw)
     else:  # a read-only invocation restores the write invocation's checkpoints (each restore evicts first)
-        nw = c.source.num_writes
+        nw, tags = c.source.num_writes, dict(c.source.tags)
     records += ReadPhase(
         job,
         c.pipe,
@@ -328,6 +336,7 @@ def phases(job: Job, c: Configured, gates: Gates, created: Created) -> tuple[Run
         fast_direct,
         gates.fast_fs,
         frozenset(gates.rank_hosts[rd.writer] for rd in reads),
+        tags,
     ).run(nw, nr)
     return folders.run, records
 
@@ -340,6 +349,7 @@ def publish(
     records: list[dict[str, Any]],
     started: str,
     signing_key: Any,
+    witness: Witnessing | None = None,
 ) -> Path:
     """Rank 0: summary, manifest, the result-stage rules, then the signed bundle."""
     s, cfg = c.setup, c.config
@@ -356,6 +366,7 @@ def publish(
         ended=now(),
         description=c.description,
         restored_from=c.source.manifest_entry() if c.source else None,
+        witness=witness.block(int(cfg["checkpoint"]["num_writes"])) if witness else None,
     )
     summary = summary_of(s, records, manifest, system)
     bound = s.rules.data["cold_read"]["max_resident_fraction"]
@@ -371,7 +382,8 @@ def publish(
     if manifest["verdict"] == "invalid":  # the first thing anyone opening the bundle reads
         rules = sorted({f["rule"] for f in manifest["findings"] if f["severity"] == "invalid"})
         log.insert(0, f"INVALID RESULT: the rules find this run invalid ({', '.join(rules)})")
-    files = BundleFiles(manifest, cfg, records, summary, system, log)
+    files = BundleFiles(manifest, cfg, records, summary, system, log,
+                        witness.transcript_bytes() if witness else None)
     root = Path(cfg["output"]["root"]).absolute()
     try:
         final = write_bundle(root, run.name, files, signing_key)
@@ -408,13 +420,18 @@ def run(job: Job, overrides: Sequence[str], source: ConfigSource = SHIPPED) -> t
         # After the gates (a refused run writes nothing, not even a new key), before any I/O.
         if job.rank == 0 and key is None:
             key = resolve_signing_key(str(cfg["signing"]["key"]), job.say)
+    ident = identity(job, cfg)
+    # Before any I/O: a witness asked for but not reachable refuses the run on every rank.
+    witness = Witnessing.open(job, cfg, c.setup.plan.digest, ident[0].number, ident[0].name)
     stage = job.console.stage if job.rank == 0 else (lambda _: None)
     with Created(bool(cfg["checkpoint"]["keep"]), between=lambda: final_barrier(job), stage=stage) as created:
-        run_id, records = phases(job, c, gates, created)
+        run_id, records = phases(job, c, gates, created, ident, witness)
     folder, failure = None, None
     if job.rank == 0:
         try:
-            folder = publish(job, c, gates, run_id, records, started, key)
+            if witness is not None:
+                witness.close()
+            folder = publish(job, c, gates, run_id, records, started, key, witness)
         except BaseException as exc:  # the other ranks wait for the verdict: tell them, then fail
             failure = exc
     verdict = job.comm.bcast(read_verdict(folder) if folder is not None else "no bundle")

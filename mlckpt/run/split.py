@@ -21,6 +21,7 @@ from mlckpt import bundle
 from mlckpt.errors import BundleIntegrityError, ConfigError, MlckptError
 from mlckpt.rules.checks.split import pair_problems
 from mlckpt.run.cleanup import RUN_MARKER
+from mlckpt.witness import protocol
 
 KEY = "checkpoint.restore_from"
 _NAME = re.compile(r"^[0-9]{8}T[0-9]{6}Z-.+-[0-9]+r-[0-9a-f]{16}$")
@@ -36,6 +37,9 @@ class Source:
     statement_sha256: str
     ended: str
     num_writes: int
+    # Checkpoint -> the run id its page tags carry (the writes a witness sealed; run.json's
+    # witness.nonces)
+    tags: tuple[tuple[int, int], ...] = ()
 
     def manifest_entry(self) -> dict[str, Any]:
         """run.json's ``restored_from``."""
@@ -84,8 +88,11 @@ def load_source(value: str, output_root: Path, read_config: Mapping[str, Any]) -
     if problems:
         raise ConfigError(f"{KEY}: {run.get('name')} cannot be restored here: {problems[0]}"
                           + "".join(f"; {p}" for p in problems[1:3]), key=KEY)
-    return Source(folder, int(run["run_id"], 16), str(run["name"]), vb.statement_sha256,
-                  str(run["ended"]), int(config["checkpoint"]["num_writes"]))
+    run_id = int(run["run_id"], 16)
+    nonces = (run.get("witness") or {}).get("nonces") or []
+    tags = tuple((k, protocol.tag_run_id(run_id, n)) for k, n in enumerate(nonces, 1) if n)
+    return Source(folder, run_id, str(run["name"]), vb.statement_sha256,
+                  str(run["ended"]), int(config["checkpoint"]["num_writes"]), tags)
 
 
 def read_key(root: Path, source: Source) -> bytes:

@@ -17,7 +17,7 @@ import threading
 import time
 from collections.abc import Callable, Sequence
 from contextlib import suppress
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 from functools import partial
 from pathlib import Path
 from typing import Any
@@ -27,6 +27,7 @@ from mlckpt.errors import VerificationError
 from mlckpt.run.cleanup import Created
 from mlckpt.run.collective import Job, OpTimer
 from mlckpt.run.console import durable_line, op_line, stall_line
+from mlckpt.witness import protocol
 from mlckpt.workload.layout import PAGE
 from mlckpt.workload.pipeline import DURABLE, FAST, MEMORY, Pipeline
 
@@ -126,9 +127,21 @@ class WritePhase:
     timer: OpTimer
     created: Created
     fast_direct: bool  # this host's fast tier takes O_DIRECT
+    # Checkpoint -> the run id its page tags carry, for writes sealed with a witness's nonce.
+    tags: dict[int, int] = field(default_factory=dict)
 
     def pid(self, k: int, i: int) -> engine.PageId:
-        return engine.PageId(self.run_id, self.job.rank, k, i)
+        return engine.PageId(self.tags.get(k, self.run_id), self.job.rank, k, i)
+
+    def seal(self, k: int, nonce: str) -> None:
+        """Bind checkpoint k's content to the witness's nonce: its page tags carry
+        ``protocol.tag_run_id`` (the state restamped, untimed; stream residency makes its content
+        inside the timed region, from ``pid``, and needs no restamp)."""
+        self.tags[k] = protocol.tag_run_id(self.run_id, nonce)
+        w = self.w
+        if not w.stream:
+            for i, f in enumerate(w.mine):
+                engine.seal(w.arena[w.offsets[i] : w.offsets[i + 1]], f.bytes, self.tags[k])
 
     def prepare(self, k: int) -> None:
         """Checkpoint k's content (new bytes in every page) and folders; untimed.  Collective."""
@@ -333,6 +346,7 @@ class WritePhase:
             self.w.nbytes,
             len(self.w.mine),
             self.w.opts,
+            seal=partial(self.seal, k),
         )
         if bg is None:  # sync, one tier: the stage is the whole op, barrier to durable
             info["stage"].update(t0_ns=rec["t0_ns"], t1_ns=rec["t1_ns"])

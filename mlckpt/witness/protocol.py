@@ -89,6 +89,12 @@ def order_problem(entries: Sequence[Mapping[str, Any]], event: Mapping[str, Any]
     return None
 
 
+def tag_run_id(run_id: int, nonce: str) -> int:
+    """What a witnessed write's page tags carry in their ``run_id`` field: the run's id XOR the
+    first eight bytes of the nonce the witness issued at that write's start (little-endian)."""
+    return run_id ^ int.from_bytes(bytes.fromhex(nonce)[:8], "little")
+
+
 def receipt(run: str, entry: Mapping[str, Any]) -> dict[str, Any]:
     """What the witness signs for one journal entry."""
     return {"_type": "mlckpt-witness-receipt", "witness_format": WITNESS_FORMAT, "run": run,

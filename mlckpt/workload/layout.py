@@ -18,6 +18,8 @@ least one page), keeping the layout and file count.
 
 from __future__ import annotations
 
+import hashlib
+import json
 from collections.abc import Iterator
 from dataclasses import dataclass
 from functools import cached_property
@@ -104,6 +106,14 @@ class Plan:
     @property
     def zero_stage(self) -> int:
         return self.workload.parallelism.zero_stage
+
+    @cached_property
+    def digest(self) -> str:
+        """SHA-256 of the layout (workload, ranks, scale, every rank's file names and sizes): what
+        a witness is told at a run's start, recomputed by the checker from the bundle's config."""
+        doc = [self.workload.name, self.ranks, self.scale,
+               [[rp.rank, [[f.name, f.bytes] for f in rp.files]] for rp in self.rank_plans]]
+        return hashlib.sha256(json.dumps(doc, separators=(",", ":")).encode()).hexdigest()
 
     @cached_property
     def model_bytes(self) -> int:

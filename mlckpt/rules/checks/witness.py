@@ -1,0 +1,291 @@
+"""Witnessed runs (rules 1.4): the bundle's records held against the witness's signed transcript.
+Pure.
+
+The checker opens ``witness.dsse.json`` (the witness's own signature, then the transcript's
+schema) and collects :class:`WitnessFacts`; the checks below judge the rest from plain values.
+What a witness's interval for an op means: from the witness receiving the op's start (the runner
+sends it before the op's barrier) to the witness receiving its end (sent once every rank's last
+byte is durable or read), on the witness's monotonic clock.  It contains the op.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator, Mapping, Sequence
+from dataclasses import dataclass
+from datetime import datetime, timezone
+from typing import Any
+
+from mlckpt.rules.engine import CheckFn, Context, NotChecked, Outcome, Rule, RuleSet, checks_table
+from mlckpt.units import GiB
+
+TRANSCRIPT = "witness.dsse.json"
+
+
+@dataclass(frozen=True)
+class WitnessFacts:
+    """What the checker found of a bundle's witness."""
+
+    claim: Mapping[str, Any] | None  # run.json's ``witness`` (None: the run claims none)
+    present: bool  # the bundle holds witness.dsse.json
+    problem: str | None = None  # why the transcript cannot be read or its signature fails
+    signer: str | None = None  # the key id whose signature over the transcript holds
+    transcript: Mapping[str, Any] | None = None  # signature valid and schema-valid
+    trusted_as: str | None = None  # the witness's name in the trusted-witnesses file
+    trust_list: bool = False  # a trusted-witnesses file was given
+    run: Mapping[str, Any] | None = None  # run.json
+    records: Sequence[Mapping[str, Any]] = ()
+    plan_digest: str | None = None  # recomputed from the bundle's config (None: no plan)
+
+    @property
+    def claimed(self) -> bool:
+        return bool(self.claim) and self.claim.get("status") == "witnessed"  # type: ignore[union-attr]
+
+    @property
+    def witnessed(self) -> bool:
+        """Counted as witnessed: claimed, transcript signed by a trusted witness."""
+        return self.claimed and self.transcript is not None and self.trusted_as is not None
+
+
+@dataclass(frozen=True)
+class OpSpan:
+    """One op as the records and the witness see it."""
+
+    op: str
+    index: int
+    duration_s: float  # the records': the slowest rank, barrier to last byte
+    interval_s: float  # the witness's: start received to end received
+    bytes: int
+    wall_start: tuple[float, float]  # earliest and latest rank wall clock at the op's start
+    start_wall_s: float  # the witness's wall clock at the start and at the end
+    end_wall_s: float
+
+
+def _facts(ctx: Context) -> WitnessFacts | None:
+    return getattr(ctx.submission, "witness", None)
+
+
+def entries(doc: Mapping[str, Any]) -> list[Mapping[str, Any]]:
+    return list(doc.get("entries", ()))
+
+
+def max_rtt_s(doc: Mapping[str, Any]) -> float:
+    rtts = [e["rtt_ns"] for e in entries(doc) if e.get("kind") == "rtt"]
+    return max(rtts, default=0) / 1e9
+
+
+def spans(doc: Mapping[str, Any], records: Sequence[Mapping[str, Any]]) -> list[OpSpan]:
+    """Every op the witness saw start and end that the records hold, in the witness's order."""
+    recs: dict[tuple[str, int], list[Mapping[str, Any]]] = {}
+    for r in records:
+        recs.setdefault((str(r.get("op")), int(r.get("index", 0))), []).append(r)
+    out, started = [], {}
+    for e in entries(doc):
+        if e.get("kind") == "start":
+            started[(e["op"], e["index"])] = e
+        elif e.get("kind") == "end" and (e["op"], e["index"]) in started and (e["op"], e["index"]) in recs:
+            s, rs = started[(e["op"], e["index"])], recs[(e["op"], e["index"])]
+            walls = [float(r.get("wall_start", 0)) for r in rs]
+            out.append(OpSpan(e["op"], e["index"], max((r["t1_ns"] - r["t0_ns"]) / 1e9 for r in rs),
+                              (e["t_mono_ns"] - s["t_mono_ns"]) / 1e9, sum(int(r["bytes"]) for r in rs),
+                              (min(walls), max(walls)), s["t_wall_ns"] / 1e9, e["t_wall_ns"] / 1e9))
+    return out
+
+
+def figures(f: WitnessFacts) -> dict[str, Any]:
+    """The witness-conservative bandwidths (bytes over the witness's own interval), GiB/s."""
+    if f.transcript is None:
+        return {}
+    out: dict[str, Any] = {}
+    for op in ("write", "read"):
+        bws = [s.bytes / s.interval_s / GiB for s in spans(f.transcript, f.records)
+               if s.op == op and s.interval_s > 0]
+        if bws:
+            out[f"{op}_bandwidth_witnessed_mean_gib_s"] = sum(bws) / len(bws)
+    out["witness_max_rtt_ms"] = max_rtt_s(f.transcript) * 1e3
+    return out
+
+
+def witness_mode(ctx: Context, rs: RuleSet, rule: Rule) -> Outcome:
+    """WITNESS-MODE: witness.url only with checkpoint.mode=sync and no fast tier."""
+    if not ctx.get("witness.url"):
+        return Outcome(True)
+    mode, fast = ctx.get("checkpoint.mode"), ctx.get("checkpoint.tiers.fast")
+    return Outcome(mode == "sync" and not fast, "checkpoint.mode=sync with no fast tier",
+                   f"checkpoint.mode={mode}" + (f", checkpoint.tiers.fast={fast}" if fast else ""))
+
+
+def witness_transcript(ctx: Context, rs: RuleSet, rule: Rule) -> Iterator[Outcome | NotChecked]:
+    f = _facts(ctx)
+    if f is None:
+        yield NotChecked("not reached: an earlier stage stopped this bundle")
+        return
+    if not f.claimed:
+        yield Outcome(not f.present, "no transcript (run.json: not witnessed)", f"{TRANSCRIPT} present",
+                      where=TRANSCRIPT)
+        return
+    if not f.present:
+        yield Outcome(False, f"{TRANSCRIPT} (run.json: witnessed by {f.claim['endpoint']})",  # type: ignore[index]
+                      "no transcript", where="run.json")
+        return
+    yield Outcome(True)
+
+
+def _opened(f: WitnessFacts | None) -> NotChecked | None:
+    if f is None:
+        return NotChecked("not reached: an earlier stage stopped this bundle")
+    if f.claimed and f.transcript is None:
+        return NotChecked("no transcript whose witness signature holds "
+                          "(see WITNESS-TRANSCRIPT, WITNESS-SIGNATURE)")
+    return None
+
+
+def witness_signature(ctx: Context, rs: RuleSet, rule: Rule) -> Outcome | NotChecked:
+    f = _facts(ctx)
+    if f is None or not f.claimed or not f.present:
+        return Outcome(True) if f is not None else NotChecked("not reached")
+    keyid = f.claim["keyid"]  # type: ignore[index]
+    if f.problem is not None:
+        return Outcome(False, f"a transcript signed by {keyid[:16]}…", f.problem, where=TRANSCRIPT)
+    return Outcome(f.signer == keyid, f"signed by {keyid[:16]}… (run.json's witness)",
+                   f"signed by {str(f.signer)[:16]}…", where=TRANSCRIPT)
+
+
+def witness_trusted(ctx: Context, rs: RuleSet, rule: Rule) -> Outcome | NotChecked:
+    f = _facts(ctx)
+    skip = _opened(f)
+    if skip is not None:
+        return skip
+    assert f is not None
+    if not f.claimed:
+        return Outcome(True)
+    if not f.trust_list:
+        return NotChecked("no --trusted-witnesses file given: the result is not counted as witnessed")
+    return Outcome(f.trusted_as is not None, "a key of the trusted-witnesses file",
+                   f"key {str(f.signer)[:16]}… (not a trusted witness)", where=TRANSCRIPT)
+
+
+def witness_run(ctx: Context, rs: RuleSet, rule: Rule) -> Iterator[Outcome | NotChecked]:
+    f = _facts(ctx)
+    skip = _opened(f)
+    if skip is not None or not f.claimed:  # type: ignore[union-attr]
+        yield skip or Outcome(True)
+        return
+    doc, claim, run = f.transcript, f.claim, f.run or {}  # type: ignore[union-attr]
+    assert doc is not None and claim is not None
+    opening = entries(doc)[0]
+    said = opening.get("config", {})
+    pairs = [("the witness's run", claim["run"], doc["run"]),
+             ("run_id", run.get("run_id"), said.get("run_id")),
+             ("name", run.get("name"), said.get("name"))]
+    if f.plan_digest is not None:
+        pairs.append(("plan digest", f.plan_digest, opening.get("plan_digest")))
+    bad = [(what, want, got) for what, want, got in pairs if want != got]
+    for what, want, got in bad:
+        yield Outcome(False, f"{what} {want}", f"{what} {got} in the transcript", where=TRANSCRIPT)
+    if not bad:
+        yield Outcome(True)
+
+
+def _expected_ops(records: Sequence[Mapping[str, Any]]) -> list[tuple[str, str, int]]:
+    out = []
+    for op in ("write", "read"):
+        for k in sorted({int(r["index"]) for r in records if r.get("op") == op}):
+            out += [("start", op, k), ("end", op, k)]
+    return out
+
+
+def witness_events(ctx: Context, rs: RuleSet, rule: Rule) -> Iterator[Outcome | NotChecked]:
+    f = _facts(ctx)
+    skip = _opened(f)
+    if skip is not None or not f.claimed:  # type: ignore[union-attr]
+        yield skip or Outcome(True)
+        return
+    doc, claim = f.transcript, f.claim  # type: ignore[union-attr]
+    assert doc is not None and claim is not None
+    es = entries(doc)
+    seen = [(e["kind"], e["op"], e["index"]) for e in es if e.get("kind") in ("start", "end")]
+    want = _expected_ops(f.records)
+    ok = True
+    if seen != want:
+        at = next((i for i, (a, b) in enumerate(zip(seen, want, strict=False)) if a != b),
+                  min(len(seen), len(want)))
+        show = lambda xs: " ".join(f"{k} {o} {i}" for k, o, i in xs[at:at + 2]) or "nothing"  # noqa: E731
+        yield Outcome(False, f"{len(want)} op events ({show(want)} at event {at + 1})",
+                      f"{len(seen)} ({show(seen)} at event {at + 1})", where=TRANSCRIPT)
+        ok = False
+    if not es or es[-1].get("kind") != "close":
+        yield Outcome(False, "a closed run", "no close", where=TRANSCRIPT)
+        ok = False
+    issued = [e.get("nonce") for e in es if e.get("kind") == "start" and e.get("op") == "write"]
+    if list(claim["nonces"]) != issued:
+        yield Outcome(False, f"the run's write nonces as issued ({len(issued)})",
+                      f"run.json's witness.nonces ({len(claim['nonces'])}, other values)", where="run.json")
+        ok = False
+    if ok:
+        yield Outcome(True)
+
+
+def witness_times(ctx: Context, rs: RuleSet, rule: Rule) -> Iterator[Outcome | NotChecked]:
+    f = _facts(ctx)
+    skip = _opened(f)
+    if skip is not None or not f.claimed:  # type: ignore[union-attr]
+        yield skip or Outcome(True)
+        return
+    assert f is not None and f.transcript is not None
+    b = rs.data["witness"]
+    rtt = max_rtt_s(f.transcript)
+    ok = True
+    for s in spans(f.transcript, f.records):
+        short = b["rtt_multiple"] * rtt + b["slack_s"] + b["slack_fraction"] * s.interval_s
+        if s.duration_s > s.interval_s + b["over_s"] or s.interval_s - s.duration_s > short:
+            ok = False
+            yield Outcome(False, f"{s.op} {s.index}: a duration within {s.interval_s - short:.3f}.."
+                          f"{s.interval_s + b['over_s']:.3f} s (the witness's interval {s.interval_s:.3f} s, "
+                          f"largest round trip {rtt * 1e3:.1f} ms)", f"{s.duration_s:.3f} s",
+                          where="records.jsonl")
+    if ok:
+        yield Outcome(True)
+
+
+def _epoch(stamp: Any) -> float | None:
+    try:
+        return datetime.fromisoformat(str(stamp).replace("Z", "+00:00")).timestamp()
+    except ValueError:
+        return None
+
+
+def witness_clock(ctx: Context, rs: RuleSet, rule: Rule) -> Iterator[Outcome | NotChecked]:
+    f = _facts(ctx)
+    skip = _opened(f)
+    if skip is not None or not f.claimed:  # type: ignore[union-attr]
+        yield skip or Outcome(True)
+        return
+    assert f is not None and f.transcript is not None
+    skew = float(rs.data["witness"]["clock_skew_s"])
+    es, run = entries(f.transcript), f.run or {}
+    opened, closed = es[0]["t_wall_ns"] / 1e9, es[-1]["t_wall_ns"] / 1e9
+    started, ended = _epoch(run.get("started")), _epoch(run.get("ended"))
+    ok = True
+    if started is None or ended is None or started > opened + skew or ended < closed - skew:
+        ok = False
+        yield Outcome(False, f"started before the witness's open and ended after its close (± {skew:g} s)",
+                      f"started {run.get('started')}, ended {run.get('ended')}; the witness opened "
+                      f"{_iso(opened)} and closed {_iso(closed)}", where="run.json")
+    for s in spans(f.transcript, f.records):
+        if s.wall_start[0] < s.start_wall_s - skew or s.wall_start[1] > s.end_wall_s + skew:
+            ok = False
+            yield Outcome(False, f"{s.op} {s.index} starting between {_iso(s.start_wall_s)} and "
+                          f"{_iso(s.end_wall_s)} (± {skew:g} s)",
+                          f"rank wall clocks {_iso(s.wall_start[0])}.."
+                          f"{_iso(s.wall_start[1])}", where="records.jsonl")
+    if ok:
+        yield Outcome(True)
+
+
+def _iso(t: float) -> str:
+    return datetime.fromtimestamp(t, timezone.utc).isoformat(timespec="milliseconds").replace("+00:00", "Z")
+
+
+CHECKS: dict[str, CheckFn] = checks_table(witness_mode, witness_transcript, witness_signature,
+                                          witness_trusted, witness_run, witness_events, witness_times,
+                                          witness_clock)

@@ -1,0 +1,142 @@
+"""A witnessed run as the ranks see it (``witness.url``).
+
+Rank 0 alone talks to the witness; the other ranks learn each write's nonce from it through a
+broadcast before the op's barrier.  Per op: the start is reported before the barrier (the witness's
+clock starts before any byte of the op moves) and the end after every rank agreed the op is over
+(durable, for writes).  The first failure of the witness (unreachable, a refusal, a timeout of
+``witness.timeout_s``) ends the witnessing: the run goes on, says so once, and its bundle is not
+witnessed.  What goes into the bundle: run.json's ``witness`` block (:meth:`Witnessing.block`)
+and the signed transcript (``witness.dsse.json``).
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass, field
+from typing import Any
+from urllib.parse import urlsplit
+
+from mlckpt import __version__
+from mlckpt.errors import ConfigError
+from mlckpt.run.collective import Job
+from mlckpt.witness import protocol
+from mlckpt.witness.client import DEFAULT_TIMEOUT_S, Client, WitnessError
+
+TRANSCRIPT_FILE = "witness.dsse.json"
+KEY = "witness.url"
+
+
+def endpoint(url: str) -> str:
+    """What run.json records of the URL: scheme, host and port (never credentials or a path)."""
+    parts = urlsplit(url)
+    return f"{parts.scheme}://{parts.hostname}{f':{parts.port}' if parts.port else ''}"
+
+
+@dataclass
+class Witnessing:
+    job: Job
+    url: str
+    client: Client | None = None  # rank 0 while the witness answers
+    keyid: str = ""
+    run: str = ""
+    lost: str | None = None
+    nonces: dict[int, str] = field(default_factory=dict)  # write index -> nonce
+    transcript: dict[str, Any] | None = None  # the signed envelope, once closed
+
+    @classmethod
+    def open(cls, job: Job, cfg: dict[str, Any], plan_digest: str, run_id: int, name: str
+             ) -> Witnessing | None:
+        """Open the witnessed run before any I/O (collective); None when no witness is asked for.
+        A witness that cannot be reached now refuses the run (one line, exit 2): the operator
+        asked for a witnessed result."""
+        w = cfg.get("witness") or {}
+        if not w.get("url"):
+            return None
+        url, timeout = str(w["url"]), float(w.get("timeout_s") or DEFAULT_TIMEOUT_S)
+        me = cls(job, url)
+        problem = None
+        if job.rank == 0:
+            try:
+                client = Client(url, timeout)
+                info = client.info()
+                opened = client.open(plan_digest, _opening(cfg, run_id, name), f"mlckpt {__version__}")
+                me.client, me.keyid, me.run = client, str(info["keyid"]), str(opened["run"])
+            except (WitnessError, KeyError, TypeError) as exc:
+                problem = f"{KEY}: cannot open a witnessed run at {endpoint(url)}: {exc}"
+        problem = job.comm.bcast(problem)
+        if problem:
+            raise ConfigError(problem, key=KEY)
+        job.say(f"witnessed by {endpoint(url)} (witness key {me.keyid[:16]}, run {me.run})")
+        return me
+
+    def _lose(self, what: str, exc: Exception) -> None:
+        self.lost = f"{what}: {exc}"
+        self.client = None
+        self.job.say(f"warning: the witness {endpoint(self.url)} failed at {what} ({exc}): the run goes "
+                     "on; its bundle will not be witnessed")
+
+    def start(self, op: str, index: int) -> str | None:
+        """Report an op's start (rank 0) before its barrier; every rank gets a write's nonce
+        (collective), or None once the witness is lost."""
+        nonce = None
+        if self.client is not None:
+            try:
+                nonce = self.client.event("start", op, index).get("nonce")
+            except WitnessError as exc:
+                self._lose(f"{op} {index} start", exc)
+        nonce = self.job.comm.bcast(nonce)
+        if nonce is not None:
+            self.nonces[index] = str(nonce)
+        return nonce
+
+    def end(self, op: str, index: int) -> None:
+        """Report an op's end (rank 0), once every rank agreed it is over."""
+        if self.client is not None:
+            try:
+                self.client.event("end", op, index)
+            except WitnessError as exc:
+                self._lose(f"{op} {index} end", exc)
+
+    def close(self) -> None:
+        """Rank 0, after the last op: two measured round trips, then the close and its signed
+        transcript."""
+        if self.client is None:
+            return
+        try:
+            for _ in range(2):
+                self.client.round_trip()
+            self.transcript = self.client.close()["transcript"]
+        except (WitnessError, KeyError, TypeError) as exc:
+            self._lose("close", exc if isinstance(exc, WitnessError) else WitnessError(repr(exc)))
+            self.transcript = None
+
+    def block(self, num_writes: int) -> dict[str, Any]:
+        """run.json's ``witness``: who witnessed, and whether the transcript is in the bundle."""
+        return {
+            "endpoint": endpoint(self.url),
+            "keyid": self.keyid,
+            "run": self.run,
+            "status": "witnessed" if self.transcript is not None and self.lost is None else "lost",
+            "reason": self.lost,
+            "nonces": [self.nonces.get(k) for k in range(1, num_writes + 1)],
+            "transcript": TRANSCRIPT_FILE if self.transcript is not None and self.lost is None else None,
+        }
+
+    def transcript_bytes(self) -> bytes | None:
+        if self.transcript is None or self.lost is not None:
+            return None
+        return json.dumps(self.transcript, indent=1).encode() + b"\n"
+
+
+def _opening(cfg: dict[str, Any], run_id: int, name: str) -> dict[str, Any]:
+    """What the witness is told about the run at its opening (bound into the transcript)."""
+    ck = cfg["checkpoint"]
+    return {"run_id": f"{run_id:016x}", "name": name, "workload": cfg["workload"]["name"],
+            "ranks": cfg["ranks"], "division": cfg["division"], "scale": cfg["scale"],
+            "num_writes": ck["num_writes"], "num_reads": ck["num_reads"],
+            "rules_version": cfg["rules_version"], "mlckpt_version": __version__}
+
+
+def tag_ids(run_id: int, nonces: dict[int, str]) -> dict[int, int]:
+    """Checkpoint -> the run id its page tags carry (witnessed writes only)."""
+    return {k: protocol.tag_run_id(run_id, n) for k, n in nonces.items()}
