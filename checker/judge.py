@@ -249,7 +249,7 @@ def finish(st: State) -> BundleResult:
         metrics = {k: shown[k] for k in METRIC_KEYS if k in shown}
         metrics.update({k: run[k] for k in ("ranks", "scale", "scaled") if k in run})
         result.metrics = jsonable(metrics)
-    if st.witness is not None and st.witness.claimed:
+    if st.witness is not None and st.witness.claim:
         result.witness = witness_doc(st.witness)
     return result
 

@@ -47,7 +47,7 @@ def _opened(st: State, facts: WitnessFacts) -> WitnessFacts:
 
 
 def witness_doc(f: WitnessFacts) -> dict[str, Any]:
-    """The report's ``witness`` of a bundle that says it was witnessed."""
+    """The report's ``witness`` of a bundle whose run asked for one (witnessed, or lost mid-run)."""
     claim = f.claim or {}
     return {"by": f.trusted_as, "keyid": str(claim.get("keyid")), "endpoint": str(claim.get("endpoint")),
-            "counted": f.witnessed, **figures(f)}
+            "status": str(claim.get("status")), "counted": f.witnessed, **figures(f)}

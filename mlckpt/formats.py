@@ -130,7 +130,8 @@ COMPARE = Format("compare", "mlckpt-check compare --json: compare_format", 2, (2
 
 WITNESS = Format("witness", "witness journal lines, receipts and transcripts: witness_format", 1, (1,), (
     (1, "first version: a journal line per event (seq, kind open|start|end|rtt|close, the witness's "
-        "t_wall_ns and t_mono_ns, op and index, a write start's nonce, the previous line's sha256); "
+        "t_wall_ns and t_mono_ns, op and index, a write start's nonce, an end's start_service_ns (how "
+        "long the witness took to answer the op's start), the previous line's sha256); "
         "receipts and transcripts are DSSE envelopes of their own payload types; the transcript's schema "
         "is rules/1.4/schemas/witness-transcript.schema.json"),
 ))

@@ -25,6 +25,7 @@ from mlckpt.engine import (
     decode_tag,
     fill,
     read_files,
+    seal,
     verify,
     write_files,
 )
@@ -473,3 +474,26 @@ def test_drain_refuses_a_fast_copy_of_the_wrong_size(tmp_path: Path) -> None:
     os.truncate(files[0].path, MiB - 1)
     with pytest.raises(IOFailure, match="truncated checkpoint file"):
         engine.drain(files, [str(tmp_path / "t")], KEY, opts, opts, alloc(2 * MiB))
+
+
+def test_seal_binds_a_witness_nonce_into_every_page_tag() -> None:
+    """A witnessed write's content: the fill's keystream, its tags restamped with the run id the
+    witness's nonce gives (every page, the tail page too); verification against the sealed id
+    passes, against the unsealed one names the first page."""
+    from mlckpt.witness.protocol import tag_run_id
+
+    key = bytes(range(16))
+    nbytes = 5 * PAGE + 100  # a tail page long enough for a tag
+    pid = PageId(0x1234, 3, 2, 1)
+    buf = alloc(nbytes)
+    fill(buf, nbytes, key, pid)
+    sealed = tag_run_id(pid.run_id, "0f" * 16)
+    assert sealed == 0x1234 ^ 0x0F0F0F0F0F0F0F0F
+    seal(buf, nbytes, sealed)
+    want = alloc(nbytes)
+    fill(want, nbytes, key, PageId(sealed, 3, 2, 1))
+    assert np.array_equal(buf[:nbytes], want[:nbytes])
+    assert verify(buf, nbytes, key, PageId(sealed, 3, 2, 1)) is None
+    bad = verify(buf, nbytes, key, pid)
+    assert bad is not None and bad.offset == 8 and "data from another run" in bad.describe()
+    assert decode_tag(buf[5 * PAGE:])[0].run_id == sealed  # type: ignore[index]

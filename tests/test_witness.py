@@ -34,9 +34,9 @@ class Witness:
         self.url = ""
         self.banner = ""
 
-    def start(self) -> None:
+    def start(self, port: int = 0) -> None:
         self.proc = subprocess.Popen(
-            [str(BIN / "mlckpt"), "witness", "serve", "--listen", "127.0.0.1:0", "--key", str(self.key),
+            [str(BIN / "mlckpt"), "witness", "serve", "--listen", f"127.0.0.1:{port}", "--key", str(self.key),
              "--journal", str(self.journal)], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
         assert self.proc.stdout is not None
         self.banner = self.proc.stdout.readline()

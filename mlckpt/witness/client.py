@@ -4,6 +4,7 @@ bounded timeout per request, so a witness that never answers cannot hold a run u
 from __future__ import annotations
 
 import json
+import time
 import urllib.error
 import urllib.request
 from typing import Any
@@ -29,20 +30,32 @@ class Client:
         self.run: str | None = None
 
     def call(self, method: str, path: str, body: Any = None) -> Any:
+        """One request.  A refused or reset connection (a witness restarting: its journal keeps
+        what it acknowledged) is tried again until ``timeout_s`` has passed since the first try;
+        an answer the witness gives, or a connection it accepts and never answers, is final."""
         data = None if body is None else json.dumps(body).encode()
-        req = urllib.request.Request(self.url + path, data=data, method=method,
-                                     headers={"Content-Type": "application/json"})
-        try:
-            with urllib.request.urlopen(req, timeout=self.timeout_s) as resp:
-                return json.loads(resp.read())
-        except urllib.error.HTTPError as exc:
+        deadline = time.monotonic() + self.timeout_s
+        pause = 0.05
+        while True:
+            req = urllib.request.Request(self.url + path, data=data, method=method,
+                                         headers={"Content-Type": "application/json"})
+            left = deadline - time.monotonic()
             try:
-                reason = json.loads(exc.read()).get("error", exc.reason)
-            except ValueError:
-                reason = exc.reason
-            raise WitnessError(str(reason), exc.code) from None
-        except (urllib.error.URLError, OSError, ValueError) as exc:
-            raise WitnessError(f"witness {self.url} unreachable: {getattr(exc, 'reason', exc)}") from None
+                with urllib.request.urlopen(req, timeout=max(left, 0.01)) as resp:
+                    return json.loads(resp.read())
+            except urllib.error.HTTPError as exc:
+                try:
+                    reason = json.loads(exc.read()).get("error", exc.reason)
+                except ValueError:
+                    reason = exc.reason
+                raise WitnessError(str(reason), exc.code) from None
+            except (urllib.error.URLError, OSError, ValueError) as exc:
+                why = getattr(exc, "reason", exc)
+                if isinstance(why, ConnectionRefusedError | ConnectionResetError) and left > pause:
+                    time.sleep(pause)
+                    pause = min(pause * 2, 0.5)
+                    continue
+                raise WitnessError(f"witness {self.url} unreachable: {why}") from None
 
     def info(self) -> dict[str, Any]:
         return dict(self.call("GET", "/v1/witness"))

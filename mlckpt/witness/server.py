@@ -50,6 +50,9 @@ class Witness:
         self.runs = journal.load()
         self.locks: dict[str, asyncio.Lock] = {}
         self.pings: dict[tuple[str, str], int] = {}
+        # (run, op, index) -> ns from an op's start arriving to its answer being ready (not kept
+        # across a restart: an end after one carries none, and the checker uses the arrival)
+        self.served: dict[tuple[str, str, int], int] = {}
 
     def sign(self, doc: dict[str, Any], payload_type: str) -> dict[str, Any]:
         return bundle.make_envelope(doc, self.key, payload_type)
@@ -108,7 +111,14 @@ class Witness:
             fields: dict[str, Any] = {**body}
             if body["kind"] == "start" and body["op"] == "write":
                 fields["nonce"] = secrets.token_hex(16)  # bound into this checkpoint's content
+            op = (run, body["op"], body["index"])
+            if body["kind"] == "end" and op in self.served:
+                # How long the start took the witness to answer (its journal's fsync, the
+                # signature): the op could not begin before that answer reached the runner.
+                fields["start_service_ns"] = self.served.pop(op)
             out = await self.record(run, fields, t_wall, t_mono)
+            if body["kind"] == "start":
+                self.served[op] = time.monotonic_ns() - t_mono
         if "nonce" in fields:
             out["nonce"] = fields["nonce"]
         return web.json_response(out)

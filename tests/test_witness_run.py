@@ -1,0 +1,419 @@
+"""Witnessed runs end to end (issue 16): a real `mlckpt witness serve` on the loopback address, real
+runs under mpiexec that it witnesses, and the checker holding their bundles against its signed
+transcripts, honest and forged."""
+
+from __future__ import annotations
+
+import base64
+import json
+import os
+import re
+import shutil
+import signal
+import socket
+import subprocess
+import threading
+import time
+from collections.abc import Callable, Iterator
+from datetime import datetime, timedelta
+from pathlib import Path
+from typing import Any
+
+import pytest
+from conftest import CHECKER_DESCRIPTION, MLCKPT, _cli_env
+from forge import edit_json, edit_records, read_json, read_records, resign, resummarize, set_duration
+from test_witness import Witness
+
+from checker.tree_check import check_tree
+from mlckpt import bundle
+from mlckpt.witness.protocol import TRANSCRIPT_TYPE
+
+ORG, SYSTEM = "example-org", "laptop-ext4"
+RUN = ("workload=llama3_8b", "division=open", "scale=0.002", "ranks=4", "checkpoint.num_writes=2",
+       "checkpoint.num_reads=2", "io.direct=false", f"system={SYSTEM}.yaml", "output.root=results")
+
+
+def run(d: Path, *extra: str, timeout: float = 240) -> subprocess.CompletedProcess[str]:
+    return subprocess.run([str(MLCKPT), "run", *RUN, f"signing.key={d / 'org.pem'}", *extra], cwd=d,
+                          env={**_cli_env(), "XDG_CONFIG_HOME": str(d / "xdg")}, text=True,
+                          capture_output=True, timeout=timeout, check=False)
+
+
+def bundle_of(proc: subprocess.CompletedProcess[str]) -> Path:
+    [line] = [ln for ln in proc.stdout.splitlines() if ln.startswith("bundle: ")]
+    return Path(line.removeprefix("bundle: "))
+
+
+@pytest.fixture(scope="module")
+def runs(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, Any]]:
+    """Two witnessed runs and an unwitnessed one of the same workload, the witness, the keys."""
+    d = tmp_path_factory.mktemp("witnessed")
+    org = bundle.generate_key(d / "org.pem")
+    (d / f"{SYSTEM}.yaml").write_text(CHECKER_DESCRIPTION)
+    (d / "witness").mkdir()
+    w = Witness(d / "witness")
+    w.start()
+    try:
+        out: dict[str, Any] = {"dir": d, "witness": w, "org": org}
+        for name in ("a", "b"):
+            proc = run(d, f"witness.url={w.url}")
+            assert proc.returncode == 0, proc.stderr
+            out[name], out[f"{name}_out"] = bundle_of(proc), proc.stdout
+        proc = run(d)
+        assert proc.returncode == 0, proc.stderr
+        out["plain"] = bundle_of(proc)
+        yield out
+    finally:
+        w.stop()
+
+
+def tree(r: dict[str, Any], root: Path, *bundles: Path, trusted_witness: str | None = "committee",
+         witness: Witness | None = None) -> Path:
+    (root / "open" / ORG / "systems").mkdir(parents=True)
+    shutil.copy(r["dir"] / f"{SYSTEM}.yaml", root / "open" / ORG / "systems")
+    for b in bundles:
+        shutil.copytree(b, root / "open" / ORG / "results" / SYSTEM / "llama3_8b" / b.name)
+    (root / "trusted-keys.yaml").write_text(
+        f'mlckpt_trusted_keys: "1.0"\norganizations:\n  {ORG}: ["{r["org"].public_key}"]\n')
+    if trusted_witness:
+        pub = ((witness or r["witness"]).key.parent / "witness.pem.pub").read_text().strip()
+        (root / "trusted-witnesses.yaml").write_text(
+            f'mlckpt_trusted_witnesses: "1.0"\nwitnesses:\n  {trusted_witness}: ["{pub}"]\n')
+    return root
+
+
+def checked(root: Path) -> list[dict[str, Any]]:
+    from checker.tree_check import load_witnesses
+
+    report = check_tree(root, bundle.TrustedKeys.load(root / "trusted-keys.yaml"),
+                        witnesses=load_witnesses(root, None))
+    return list(report["bundles"])
+
+
+def rules_of(b: dict[str, Any]) -> set[str]:
+    return {f["rule"] for f in b["findings"]}
+
+
+def transcript_doc(folder: Path) -> dict[str, Any]:
+    env = json.loads((folder / "witness.dsse.json").read_text())
+    return dict(json.loads(base64.b64decode(env["payload"])))
+
+
+# --------------------------------------------------------------------------------------- honest
+
+
+def test_a_witnessed_run_passes_and_counts_as_witnessed(runs: dict[str, Any], tmp_path: Path) -> None:
+    a = runs["a"]
+    claim = read_json(a, "run.json")["witness"]
+    doc = transcript_doc(a)
+    assert claim["status"] == "witnessed" and claim["transcript"] == "witness.dsse.json"
+    assert claim["keyid"] == runs["witness"].keyid == doc["witness_keyid"] and claim["run"] == doc["run"]
+    kinds = [(e["kind"], e.get("op"), e.get("index")) for e in doc["entries"]]
+    assert kinds[0] == ("open", None, None) and kinds[-1] == ("close", None, None)
+    assert [k for k in kinds if k[0] in ("start", "end")] == [
+        (k, op, i) for op in ("write", "read") for i in (1, 2) for k in ("start", "end")]
+    issued = [e["nonce"] for e in doc["entries"] if e["kind"] == "start" and e["op"] == "write"]
+    assert claim["nonces"] == issued
+    assert len(set(claim["nonces"])) == 2
+    assert f"witnessed by {runs['witness'].url}" in runs["a_out"]
+    [b] = checked(tree(runs, tmp_path / "t", a))
+    assert b["verdict"] == "open" and not b["findings"], b["findings"]
+    w = b["witness"]
+    assert (w["by"], w["counted"], w["keyid"]) == ("committee", True, runs["witness"].keyid)
+    # The witness-conservative bandwidth: the same bytes over a longer interval, never faster.
+    assert 0 < w["write_bandwidth_witnessed_mean_gib_s"] <= b["metrics"]["write_bandwidth_mean_gib_s"]
+    assert 0 < w["read_bandwidth_witnessed_mean_gib_s"] <= b["metrics"]["read_bandwidth_mean_gib_s"]
+    assert "WITNESS-TRUSTED" not in {n["rule"] for n in b["not_checked"]}
+
+
+def test_the_page_tags_carry_the_witness_nonce(runs: dict[str, Any]) -> None:
+    """The restores verified every page against tags sealed with the nonce of its write: a write
+    whose nonce were different would have failed verification (see test_engine's seal test)."""
+    recs = read_records(runs["a"])
+    reads = [r for r in recs if r["op"] == "read"]
+    assert reads and all(r["verified_bytes"] == r["bytes"] and r["mismatches"] == 0 for r in reads)
+
+
+def test_without_trusted_witnesses_a_witnessed_run_passes_uncounted(runs: dict[str, Any],
+                                                                     tmp_path: Path) -> None:
+    [b] = checked(tree(runs, tmp_path / "t", runs["a"], trusted_witness=None))
+    assert b["verdict"] == "open" and not b["findings"]
+    assert b["witness"]["counted"] is False and b["witness"]["by"] is None
+    assert "WITNESS-TRUSTED" in {n["rule"] for n in b["not_checked"]}
+
+
+def test_an_unwitnessed_run_says_so_and_passes(runs: dict[str, Any], tmp_path: Path) -> None:
+    assert read_json(runs["plain"], "run.json")["witness"] is None
+    assert not (runs["plain"] / "witness.dsse.json").exists()
+    [b] = checked(tree(runs, tmp_path / "t", runs["plain"]))
+    assert b["verdict"] == "open" and not b["findings"] and b["witness"] is None
+
+
+# --------------------------------------------------------------------------------------- forged
+# Each forgery edits a copy of witnessed run "a" as a dishonest vendor with the project's own code
+# would, and re-signs it with the vendor's trusted key: only the witness can contradict it.
+
+Edit = Callable[[Path, dict[str, Any], Path], None]
+
+
+def halve_writes(recs: list[dict[str, Any]]) -> None:
+    """Every write record half as long (its end earlier, the host counters' last reading too)."""
+    for r in recs:
+        if r["op"] == "write":
+            old_end = r["t1_ns"]
+            set_duration(r, int((r["t1_ns"] - r["t0_ns"]) * 0.5))
+            if "host_counters" in r:
+                r["host_counters"]["after"]["t_ns"] -= old_end - r["t1_ns"]
+
+
+def shrunk_writes(work: Path, runs: dict[str, Any], tmp: Path) -> None:
+    edit_records(work, halve_writes)
+    resummarize(work)
+
+
+def another_runs_transcript(work: Path, runs: dict[str, Any], tmp: Path) -> None:
+    shutil.copy(runs["b"] / "witness.dsse.json", work / "witness.dsse.json")
+    other = read_json(runs["b"], "run.json")["witness"]
+    edit_json(work, "run.json", lambda r: r["witness"].update(run=other["run"], nonces=other["nonces"]))
+
+
+def edited_transcript_time(work: Path, runs: dict[str, Any], tmp: Path) -> None:
+    env = json.loads((work / "witness.dsse.json").read_text())
+    doc = transcript_doc(work)
+    end = next(e for e in doc["entries"] if e["kind"] == "end" and e["op"] == "write")
+    end["t_mono_ns"] -= 10_000_000
+    env["payload"] = base64.b64encode(json.dumps(doc).encode()).decode()
+    (work / "witness.dsse.json").write_text(json.dumps(env))
+
+
+def rogue_witness(work: Path, runs: dict[str, Any], tmp: Path) -> None:
+    """The forger's own witness key (nobody trusts it) re-signs the transcript, named in run.json:
+    the signature holds, the key is nobody's."""
+    rogue = bundle.generate_key(tmp / "rogue.pem")
+    doc = transcript_doc(work)
+    doc["witness_keyid"] = rogue.keyid
+    env = bundle.make_envelope(doc, bundle.load_private_key(tmp / "rogue.pem"), TRANSCRIPT_TYPE)
+    (work / "witness.dsse.json").write_text(json.dumps(env))
+    edit_json(work, "run.json", lambda r: r["witness"].update(keyid=rogue.keyid))
+
+
+def transcript_removed(work: Path, runs: dict[str, Any], tmp: Path) -> None:
+    (work / "witness.dsse.json").unlink()
+
+
+def said_lost(work: Path, runs: dict[str, Any], tmp: Path) -> None:
+    edit_json(work, "run.json", lambda r: r["witness"].update(status="lost", reason="forged"))
+
+
+def nonce_replaced(work: Path, runs: dict[str, Any], tmp: Path) -> None:
+    edit_json(work, "run.json",
+              lambda r: r["witness"].update(nonces=["00" * 16, r["witness"]["nonces"][1]]))
+
+
+def an_hour_earlier(work: Path, runs: dict[str, Any], tmp: Path) -> None:
+    """Every wall-clock field an hour earlier (records, run.json, summary, statement): coherent,
+    but not when the witness's clock saw the run (the monotonic clocks stay)."""
+
+    def earlier(stamp: str) -> str:
+        t = datetime.fromisoformat(stamp.replace("Z", "+00:00")) - timedelta(hours=1)
+        return t.isoformat(timespec="milliseconds").replace("+00:00", "Z")
+
+    edit_records(work, lambda recs: [r.update(wall_start=r["wall_start"] - 3600) for r in recs] and None)
+    edit_json(work, "run.json", lambda r: r.update(started=earlier(r["started"]), ended=earlier(r["ended"])))
+    resummarize(work)
+
+
+# rule -> (edit, a fragment of the finding's message, whether it is the only finding)
+FORGERIES: dict[str, list[tuple[Edit, str, bool]]] = {
+    "WITNESS-TIMES": [(shrunk_writes, "the witness's interval", False)],
+    # another run's intervals are not this run's either (WITNESS-TIMES too)
+    "WITNESS-RUN": [(another_runs_transcript, "expected run_id", False)],
+    "WITNESS-SIGNATURE": [(edited_transcript_time, "bad signature by key", True)],
+    "WITNESS-TRUSTED": [(rogue_witness, "(not a trusted witness)", True)],
+    "WITNESS-TRANSCRIPT": [(transcript_removed, "run.json: a run that says it was witnessed", True),
+                           (said_lost, "got witness.dsse.json present", True)],
+    "WITNESS-EVENTS": [(nonce_replaced, "run.json's witness.nonces", True)],
+    "WITNESS-CLOCK": [(an_hour_earlier, "the witness opened", False)],
+}
+CASES = [(rule, *case) for rule, cases in FORGERIES.items() for case in cases]
+
+
+@pytest.mark.parametrize(("rule", "edit", "fragment", "alone"), CASES,
+                         ids=[f"{c[0]}-{c[1].__name__}" for c in CASES])
+def test_a_forged_witnessed_bundle_fails_its_witness_rule(runs: dict[str, Any], tmp_path: Path, rule: str,
+                                                          edit: Edit, fragment: str, alone: bool) -> None:
+    work = tmp_path / "work" / runs["a"].name
+    shutil.copytree(runs["a"], work)
+    edit(work, runs, tmp_path)
+    run_doc = read_json(work, "run.json")
+    resign(work, bundle.load_private_key(runs["dir"] / "org.pem"), started=run_doc["started"],
+           ended=run_doc["ended"])
+    [b] = checked(tree(runs, tmp_path / "t", work))
+    found = [f for f in b["findings"] if f["rule"] == rule]
+    assert found and fragment in found[0]["message"], b["findings"]
+    if alone:
+        assert rules_of(b) == {rule}, b["findings"]
+    assert b["verdict"] == "invalid" and b["integrity"] == "failed"
+
+
+def test_shrunk_durations_name_the_op_and_the_bounds(runs: dict[str, Any], tmp_path: Path) -> None:
+    work = tmp_path / "work" / runs["a"].name
+    shutil.copytree(runs["a"], work)
+    shrunk_writes(work, runs, tmp_path)
+    resign(work, bundle.load_private_key(runs["dir"] / "org.pem"))
+    [b] = checked(tree(runs, tmp_path / "t", work))
+    msgs = [f["message"] for f in b["findings"] if f["rule"] == "WITNESS-TIMES"]
+    assert msgs  # the writes long enough for half of them to exceed the slack; never a restore
+    for msg in msgs:
+        assert re.search(r"records\.jsonl: .*expected write [12]: a duration within [0-9.]+\.\.[0-9.]+ s "
+                         r"\(the witness's interval [0-9.]+ s from answering the start, largest round trip "
+                         r"[0-9.]+ ms\), got [0-9.]+ s", msg), msg
+    # The same surgery on the unwitnessed run: nothing but a witness could have said it.
+    plain = tmp_path / "plain" / runs["plain"].name
+    shutil.copytree(runs["plain"], plain)
+    shrunk_writes(plain, runs, tmp_path)
+    resign(plain, bundle.load_private_key(runs["dir"] / "org.pem"))
+    [p] = checked(tree(runs, tmp_path / "tp", plain))
+    assert not {r for r in rules_of(p) if r.startswith("WITNESS-")}
+
+
+# ------------------------------------------------------------------------------- witness faults
+
+
+def test_a_witness_restarted_mid_run_loses_nothing_and_the_run_stays_witnessed(tmp_path: Path,
+                                                                               runs: dict[str, Any]) -> None:
+    """The witness is killed (SIGKILL) while the run trains between checkpoints and started again
+    on the same port and journal: the runner's next report waits for it (within witness.timeout_s),
+    the journal holds every acknowledged event once, and the bundle is witnessed and passes."""
+    d = runs["dir"]
+    (tmp_path / "w").mkdir()
+    w = Witness(tmp_path / "w")
+    w.start()
+    port = int(w.url.rsplit(":", 1)[1])
+    try:
+        proc = subprocess.Popen(
+            [str(MLCKPT), "run", *RUN, f"signing.key={d / 'org.pem'}", f"witness.url={w.url}",
+             "witness.timeout_s=20", "checkpoint.num_writes=3", "checkpoint.compute_interval_s=1.5"],
+            cwd=d, env={**_cli_env(), "XDG_CONFIG_HOME": str(d / "xdg")}, text=True,
+            stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+        assert proc.stdout is not None
+        lines = []
+        for line in proc.stdout:
+            lines.append(line)
+            if line.startswith("write 1/3"):
+                break
+        before = len(w.lines())
+        w.kill()
+        time.sleep(0.5)
+        w.start(port)
+        out, err = proc.communicate(timeout=240)
+        lines.append(out)
+        assert proc.returncode == 0, err
+        assert "failed at" not in "".join(lines) and "will not be witnessed" not in "".join(lines)
+    finally:
+        w.stop()
+    entries = w.lines()
+    assert before >= 3 and len(entries) > before
+    seqs = [e["seq"] for e in entries]
+    assert seqs == list(range(1, len(entries) + 1))  # nothing lost, nothing twice
+    folder = bundle_of(subprocess.CompletedProcess([], 0, "".join(lines), ""))
+    assert read_json(folder, "run.json")["witness"]["status"] == "witnessed"
+    [b] = checked(tree(runs, tmp_path / "t", folder, witness=w))
+    assert not b["findings"] and b["witness"]["counted"] is True
+
+
+def test_a_witness_that_stops_answering_does_not_hang_the_run(tmp_path: Path, runs: dict[str, Any]) -> None:
+    """SIGSTOP after the open: the next report times out (witness.timeout_s=1), the run says so
+    once and goes on unwitnessed; its bundle passes, not counted as witnessed."""
+    d = runs["dir"]
+    (tmp_path / "w").mkdir()
+    w = Witness(tmp_path / "w")
+    w.start()
+    assert w.proc is not None
+    try:
+        proc = subprocess.Popen(
+            [str(MLCKPT), "run", *RUN, f"signing.key={d / 'org.pem'}", f"witness.url={w.url}",
+             "witness.timeout_s=1", "checkpoint.compute_interval_s=1"],
+            cwd=d, env={**_cli_env(), "XDG_CONFIG_HOME": str(d / "xdg")}, text=True,
+            stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+        assert proc.stdout is not None
+        lines = []
+        for line in proc.stdout:
+            lines.append(line)
+            if line.startswith("write 1/2"):
+                break
+        os.kill(w.proc.pid, signal.SIGSTOP)
+        t0 = time.monotonic()
+        out, err = proc.communicate(timeout=120)
+        took = time.monotonic() - t0
+        os.kill(w.proc.pid, signal.SIGCONT)
+    finally:
+        w.stop()
+    text = "".join(lines) + out
+    assert proc.returncode == 0, err
+    assert text.count("will not be witnessed") == 1
+    assert took < 15, took  # one timeout of 1 s, then the rest of the run at its own pace
+    folder = bundle_of(subprocess.CompletedProcess([], 0, text, ""))
+    claim = read_json(folder, "run.json")["witness"]
+    assert claim["status"] == "lost" and claim["transcript"] is None and "write 2 start" in claim["reason"]
+    assert not (folder / "witness.dsse.json").exists()
+    [b] = checked(tree(runs, tmp_path / "t", folder))
+    assert not b["findings"] and b["witness"]["counted"] is False
+
+
+def test_a_witness_that_never_answers_refuses_the_run_in_bounded_time(tmp_path: Path,
+                                                                      runs: dict[str, Any]) -> None:
+    """A listener that accepts connections and never answers: the open times out after
+    witness.timeout_s; one line, exit 2, nothing written."""
+    sock = socket.socket()
+    sock.bind(("127.0.0.1", 0))
+    sock.listen(16)
+    stop = threading.Event()
+    held: list[socket.socket] = []
+
+    def accept() -> None:
+        sock.settimeout(0.2)
+        while not stop.is_set():
+            try:
+                held.append(sock.accept()[0])
+            except OSError:
+                pass
+
+    t = threading.Thread(target=accept, daemon=True)
+    t.start()
+    cwd = tmp_path / "c"
+    cwd.mkdir()
+    shutil.copy(runs["dir"] / f"{SYSTEM}.yaml", cwd)
+    shutil.copy(runs["dir"] / "org.pem", cwd)
+    try:
+        t0 = time.monotonic()
+        proc = subprocess.run([str(MLCKPT), "run", *RUN, f"signing.key={cwd / 'org.pem'}",
+                               f"witness.url=http://127.0.0.1:{sock.getsockname()[1]}",
+                               "witness.timeout_s=2"],
+                              cwd=cwd, env=_cli_env(), text=True, capture_output=True, timeout=120)
+        took = time.monotonic() - t0
+    finally:
+        stop.set()
+        t.join()
+        for c in held:
+            c.close()
+        sock.close()
+    assert proc.returncode == 2, proc.stderr
+    [line] = [ln for ln in proc.stderr.splitlines() if ln.startswith("mlckpt: error:")]
+    assert line.startswith("mlckpt: error: witness.url: cannot open a witnessed run at http://127.0.0.1:")
+    assert "timed out" in line and took < 30
+    assert not (cwd / "results").exists() or not any((cwd / "results").iterdir())
+    assert not (cwd / "mlckpt-checkpoints").exists() or not any((cwd / "mlckpt-checkpoints").iterdir())
+
+
+def test_a_witnessed_asynchronous_run_is_refused_before_any_io(tmp_path: Path, runs: dict[str, Any]) -> None:
+    cwd = tmp_path / "c"
+    cwd.mkdir()
+    shutil.copy(runs["dir"] / f"{SYSTEM}.yaml", cwd)
+    proc = subprocess.run([str(MLCKPT), "run", *RUN, "signing.key=none", "checkpoint.mode=async",
+                           f"witness.url={runs['witness'].url}"],
+                          cwd=cwd, env=_cli_env(), text=True, capture_output=True, timeout=120)
+    assert proc.returncode == 2, proc.stderr
+    assert "[WITNESS-MODE]" in proc.stderr
+    assert "expected checkpoint.mode=sync with no fast tier" in proc.stderr
+    assert not (cwd / "results").exists()
