@@ -189,9 +189,9 @@ def _is_foreign(path: Path, which: str) -> bool:
     return False
 
 
-def _load(path: Path, which: str, trusted: Any) -> BundleDocs:
+def _load(path: Path, which: str, trusted: Any, witnesses: Any = None) -> BundleDocs:
     try:
-        return read_bundle(path, trusted)
+        return read_bundle(path, trusted, witnesses)
     except BundleIntegrityError as err:
         raise IntegrityError(f"{which} {path}: integrity failure: {err.summary}") from None
     except IntegrityError as err:
@@ -240,7 +240,8 @@ def _side(side: tuple[str, BundleDocs, Entry]) -> dict[str, Any]:
     return {"path": path, "run_id": entry.run_id, "name": docs.run.get("name"), "keyid": docs.keyid or None,
             "org": docs.org, "class": entry.class_key.id if docs.keyid else None,
             "started": docs.run.get("started"),
-            "verified": bool(docs.keyid), "source": "mlckpt bundle" if docs.keyid else foreign.LABEL}
+            "verified": bool(docs.keyid), "source": "mlckpt bundle" if docs.keyid else foreign.LABEL,
+            "witness": docs.witness}
 
 
 def render_text(result: dict[str, Any]) -> str:
@@ -271,12 +272,29 @@ def render_text(result: dict[str, Any]) -> str:
         out += ["", f"note: A is in class {a['class']}, B in {b['class']}: the leaderboard never ranks "
                     "these against each other"]
     for name, side in (("A", a), ("B", b)):
+        w = side.get("witness")
+        if w:
+            out.append(f"note: {name} {_witness_text(w)}")
+    for name, side in (("A", a), ("B", b)):
         if not side["verified"]:
             out.append(f"note: {name} is not an mlckpt bundle: nothing of it is signed or recomputed, its "
                        "durations are rank 0's (mlckpt's: the slowest rank's), its restores may have read "
                        "the page cache, and no page was verified")
     out.append("note: compare verifies integrity only; `mlckpt-check ROOT` judges the rules")
     return "\n".join(out) + "\n"
+
+
+def _witness_text(w: dict[str, Any]) -> str:
+    if w["status"] != "witnessed":
+        return f"asked {w['endpoint']} to witness it; the witness was lost, it is not witnessed"
+    if w["transcript"] != "signature holds":
+        return f"says {w['endpoint']} witnessed it, but its transcript: {w['transcript']}"
+    who = (f"{w['by']} (a trusted witness)" if w["by"]
+           else f"key {str(w['keyid'])[:16]}… (not checked as trusted)")
+    keys = (("write", "write_bandwidth_witnessed_mean_gib_s"),
+            ("read", "read_bandwidth_witnessed_mean_gib_s"))
+    figs = [f"{op} ≥ {w[k]:.2f} GiB/s" for op, k in keys if k in w]
+    return f"witnessed by {who}: {', '.join(figs) or 'no ops'} by the witness's clock"
 
 
 # ----------------------------------------------------------------------------------------------
@@ -293,6 +311,8 @@ def register(subparsers: Any) -> None:
     p.add_argument("b", type=Path, metavar="B", help="bundle folder or .tar.gz (or a DLIO / mlpstorage "
                    "result folder)")
     p.add_argument("--json", action="store_true", help="print JSON instead of a text table")
+    p.add_argument("--trusted-witnesses", type=Path, default=None, metavar="FILE",
+                   help="name the witness of a witnessed bundle from FILE (witness -> public keys)")
     p.add_argument("--trusted-keys", type=Path, default=None, metavar="FILE",
                    help="also require each signer to be registered in FILE (default: integrity "
                    "against the key embedded in each bundle)")
@@ -300,12 +320,14 @@ def register(subparsers: Any) -> None:
 
 
 def cmd_compare(args: argparse.Namespace) -> int:
-    from mlckpt.bundle import TrustedKeys
+    from mlckpt.bundle import WITNESSES, TrustedKeys
 
     trusted = TrustedKeys.load(args.trusted_keys) if args.trusted_keys is not None else None
+    witnesses = (TrustedKeys.load(args.trusted_witnesses, WITNESSES)
+                 if args.trusted_witnesses is not None else None)
     sides = [(path, which, _is_foreign(path, which)) for path, which in ((args.a, "A"), (args.b, "B"))]
     # Both are known to be bundles or result folders before either is verified or read.
-    da, db = (foreign.load_foreign(path, which) if other else _load(path, which, trusted)
+    da, db = (foreign.load_foreign(path, which) if other else _load(path, which, trusted, witnesses)
               for path, which, other in sides)
     if not (da.keyid or db.keyid):
         raise UsageError("compare needs at least one mlckpt bundle (both are DLIO / mlpstorage folders)")

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import itertools
 from dataclasses import replace
+from pathlib import Path
 from typing import Any
 
 from checker.rulesets import schema_message
@@ -32,18 +33,47 @@ def stage_witness(st: State) -> None:
     st.witness = facts
 
 
-def _opened(st: State, facts: WitnessFacts) -> WitnessFacts:
-    assert st.verified is not None and st.rules is not None and st.folder is not None
+def open_transcript(folder: Path, vb: bundle.VerifiedBundle, version: str
+                    ) -> tuple[dict[str, Any] | None, str | None, str | None]:
+    """The bundle's transcript: (document, signer's key id, None) when the witness's signature
+    over it holds and it matches its schema; otherwise (None, signer or None, why not)."""
     try:
-        data = bundle.read_document(st.folder, TRANSCRIPT, st.verified)
+        data = bundle.read_document(folder, TRANSCRIPT, vb)
         doc, signer, _ = bundle.open_envelope(data, TRANSCRIPT_TYPE)
     except (ParseError, ValueError) as exc:
-        return replace(facts, problem=str(exc))
-    errors = list(itertools.islice(validator("witness-transcript", st.rules.version).iter_errors(doc), 1))
+        return None, None, str(exc)
+    errors = list(itertools.islice(validator("witness-transcript", version).iter_errors(doc), 1))
     if errors:
-        return replace(facts, signer=signer, problem=f"not a witness transcript: {schema_message(errors[0])}")
-    trusted = st.task.witnesses.org_for(signer) if st.task.witnesses is not None else None
+        return None, signer, f"not a witness transcript: {schema_message(errors[0])}"
+    return dict(doc), signer, None
+
+
+def _opened(st: State, facts: WitnessFacts) -> WitnessFacts:
+    assert st.verified is not None and st.rules is not None and st.folder is not None
+    doc, signer, problem = open_transcript(st.folder, st.verified, st.rules.version)
+    if doc is None:
+        return replace(facts, signer=signer, problem=problem)
+    trusted = st.task.witnesses.org_for(str(signer)) if st.task.witnesses is not None else None
     return replace(facts, signer=signer, transcript=doc, trusted_as=trusted)
+
+
+def compare_side(folder: Path, vb: bundle.VerifiedBundle, run: dict[str, Any], records: list[dict[str, Any]],
+                 witnesses: bundle.TrustedKeys | None) -> dict[str, Any] | None:
+    """What ``compare`` shows of a bundle's witness (integrity only, as compare is): the claim,
+    whether the transcript's signature holds, who signed it, the witness-conservative figures."""
+    claim = run.get("witness")
+    if not isinstance(claim, dict):
+        return None
+    out: dict[str, Any] = {"status": claim.get("status"), "endpoint": claim.get("endpoint"),
+                           "keyid": claim.get("keyid"), "transcript": None, "by": None}
+    if claim.get("status") == "witnessed" and TRANSCRIPT in vb.files:
+        doc, signer, problem = open_transcript(folder, vb, str(run.get("rules_version")))
+        out["transcript"] = problem or ("signature holds" if signer == claim.get("keyid")
+                                        else f"signed by {str(signer)[:16]}…, not run.json's witness")
+        if doc is not None and signer == claim.get("keyid"):
+            out["by"] = witnesses.org_for(str(signer)) if witnesses is not None else None
+            out.update(figures(WitnessFacts(claim, True, transcript=doc, records=records)))
+    return out
 
 
 def witness_doc(f: WitnessFacts) -> dict[str, Any]:

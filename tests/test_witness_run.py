@@ -417,3 +417,44 @@ def test_a_witnessed_asynchronous_run_is_refused_before_any_io(tmp_path: Path, r
     assert "[WITNESS-MODE]" in proc.stderr
     assert "expected checkpoint.mode=sync with no fast tier" in proc.stderr
     assert not (cwd / "results").exists()
+
+
+# ------------------------------------------------------------------------- leaderboard, compare
+
+
+def cli(*args: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run([str(MLCKPT.parent / "mlckpt-check"), *args], env=_cli_env(), text=True,
+                          capture_output=True, timeout=120)
+
+
+def test_the_leaderboard_marks_witnessed_results_and_can_list_only_them(runs: dict[str, Any],
+                                                                        tmp_path: Path) -> None:
+    root = tree(runs, tmp_path / "t", runs["a"], runs["plain"])
+    proc = cli("leaderboard", str(root), "--format", "json")
+    assert proc.returncode == 0, proc.stderr
+    rows = {r["result_id"]: r for t in json.loads(proc.stdout)["classes"] for r in t["rows"]}
+    marks = sorted(r["verification"] for r in rows.values())
+    assert len(marks) == 2 and marks[0] == "verified, cold"
+    assert re.fullmatch(r"verified, cold; witnessed by committee \(write ≥ [0-9.]+, read ≥ [0-9.]+ GiB/s\)",
+                        marks[1]), marks
+    only = cli("leaderboard", str(root), "--witnessed-only", "--format", "md")
+    assert only.returncode == 0, only.stderr
+    assert only.stdout.count("witnessed by committee (write ≥") == 1
+    assert f"`open/{ORG}/results/{SYSTEM}/llama3_8b/{runs['plain'].name}`: not witnessed" in only.stdout
+    assert "leaderboard: 1 result in 1 class; 1 bundle excluded" in only.stderr
+    (root / "trusted-witnesses.yaml").unlink()
+    refused = cli("leaderboard", str(root), "--witnessed-only")
+    assert refused.returncode == 2
+    assert refused.stderr.startswith("mlckpt-check: error: --witnessed-only: no trusted")
+
+
+def test_compare_says_who_witnessed_each_side(runs: dict[str, Any], tmp_path: Path) -> None:
+    tw = tree(runs, tmp_path / "t") / "trusted-witnesses.yaml"
+    proc = cli("compare", str(runs["a"]), str(runs["plain"]), "--trusted-witnesses", str(tw))
+    assert proc.returncode == 0, proc.stderr
+    assert re.search(r"note: A witnessed by committee \(a trusted witness\): write ≥ [0-9.]+ GiB/s, "
+                     r"read ≥ [0-9.]+ GiB/s by the witness's clock", proc.stdout), proc.stdout
+    assert "note: B" not in proc.stdout  # not witnessed: nothing to say
+    js = json.loads(cli("compare", str(runs["a"]), str(runs["plain"]), "--json").stdout)
+    assert js["a"]["witness"]["transcript"] == "signature holds" and js["a"]["witness"]["by"] is None
+    assert js["b"]["witness"] is None

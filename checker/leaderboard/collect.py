@@ -3,8 +3,9 @@ the checker verified."""
 
 from __future__ import annotations
 
+import math
 import os
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
@@ -24,17 +25,19 @@ class BundleDocs:
     statement_sha256: str
     keyid: str
     org: str | None
+    witness: dict[str, Any] | None = None  # checker.witness_check.compare_side (compare shows it)
 
 
 def is_archive(path: Path) -> bool:
     return path.name.endswith(".tar.gz")
 
 
-def read_bundle(path: Path, trusted: Any = None) -> BundleDocs:
+def read_bundle(path: Path, trusted: Any = None, witnesses: Any = None) -> BundleDocs:
     """Verify the bundle at ``path`` (folder or .tar.gz) and parse the files the tables use, each
     checked against its signed digest, strictly (:mod:`mlckpt.strict`) and against its JSON
     Schema.  Raises BundleIntegrityError (exit 3) or UsageError (not a bundle, malformed)."""
     from checker.rulesets import known_rules_versions
+    from checker.witness_check import compare_side
     from mlckpt import bundle
     from mlckpt import strict as loading
     from mlckpt.schemas import first_error
@@ -60,9 +63,10 @@ def read_bundle(path: Path, trusted: Any = None) -> BundleDocs:
             if problem:
                 raise UsageError(f"{path}: {name}: {problem}")
         records = _records(folder, vb, str(version), path)
+        witness = compare_side(folder, vb, docs["run.json"], records, witnesses)
     summary = _recomputed(path, docs, records, str(version))
     return BundleDocs(docs["run.json"], docs["config.yaml"], summary, docs["system.json"],
-                      vb.statement_sha256, vb.keyid, vb.org)
+                      vb.statement_sha256, vb.keyid, vb.org, witness)
 
 
 def _records(folder: Path, vb: Any, version: str, path: Path) -> list[dict[str, Any]]:
@@ -106,11 +110,13 @@ def _recomputed(path: Path, docs: dict[str, Any], records: list[dict[str, Any]],
         raise UsageError(f"{path}: cannot recompute the summary from records.jsonl: {exc}") from None
 
 
-def collect(root: Path, trusted: Any, *, jobs: int = 1) -> Leaderboard:
-    """Check the tree in-process and build the leaderboard from the bundles that pass."""
+def collect(root: Path, trusted: Any, *, jobs: int = 1, witnesses: Any = None,
+            witnessed_only: bool = False) -> Leaderboard:
+    """Check the tree in-process and build the leaderboard from the bundles that pass (only those
+    a trusted witness witnessed, with ``witnessed_only``)."""
     from checker.tree_check import check_tree
 
-    report = check_tree(root, trusted, jobs=jobs)
+    report = check_tree(root, trusted, jobs=jobs, witnesses=witnesses)
     entries: list[Entry] = []
     excluded: list[Excluded] = []
     versions: set[str] = set()
@@ -130,6 +136,15 @@ def collect(root: Path, trusted: Any, *, jobs: int = 1) -> Leaderboard:
                                     docs.summary, docs.system, division=b["division"])
         except (MlckptError, KeyError, TypeError, ValueError) as exc:
             excluded.append(Excluded(b["path"], "unreadable", (), str(exc).splitlines()[0][:200]))
+            continue
+        w = b.get("witness") or {}
+        if w.get("counted"):
+            entry = replace(entry, witnessed_by=str(w["by"]), witnessed_gib_s=(
+                float(w.get("write_bandwidth_witnessed_mean_gib_s", math.nan)),
+                float(w.get("read_bandwidth_witnessed_mean_gib_s", math.nan))))
+        elif witnessed_only:
+            excluded.append(Excluded(b["path"], "not witnessed", (),
+                                     "--witnessed-only: no trusted witness counted it"))
             continue
         entries.append(entry)
         versions.add(entry.rules_version)

@@ -10,7 +10,7 @@ from typing import Any
 
 from checker.leaderboard import render
 from checker.leaderboard.collect import collect, is_archive
-from checker.tree_check import load_trusted
+from checker.tree_check import TRUSTED_WITNESSES_FILE, load_trusted, load_witnesses
 from mlckpt.errors import UsageError
 
 FORMATS = ("md", "csv", "json", "html")
@@ -28,6 +28,11 @@ def register(subparsers: Any) -> None:
                    help="write to PATH (default: stdout); html links to bundles relative to it")
     p.add_argument("--trusted-keys", type=Path, default=None, metavar="FILE",
                    help="organisation -> public keys (default: ROOT/trusted-keys.yaml)")
+    p.add_argument("--trusted-witnesses", type=Path, default=None, metavar="FILE",
+                   help="witness -> public keys: results they witnessed are marked "
+                   "(default: ROOT/trusted-witnesses.yaml if present)")
+    p.add_argument("--witnessed-only", action="store_true",
+                   help="publish only results a trusted witness witnessed")
     p.add_argument("--jobs", type=int, default=None, metavar="N",
                    help="bundles checked in parallel (default: the number of CPUs)")
     p.set_defaults(func=cmd_leaderboard)
@@ -43,7 +48,11 @@ def cmd_leaderboard(args: argparse.Namespace) -> int:
     if args.out is not None and (args.out.is_dir() or not args.out.parent.is_dir()):
         raise UsageError(f"--out {args.out}: not a file in an existing folder")
     trusted = load_trusted(root, args.trusted_keys)
-    board = collect(root, trusted, jobs=jobs)
+    witnesses = load_witnesses(root, args.trusted_witnesses)
+    if args.witnessed_only and witnesses is None:
+        raise UsageError("--witnessed-only: no trusted witnesses (give --trusted-witnesses FILE or put "
+                         f"{TRUSTED_WITNESSES_FILE} in {root})")
+    board = collect(root, trusted, jobs=jobs, witnesses=witnesses, witnessed_only=args.witnessed_only)
     base = Path(os.path.abspath(args.out)).parent if args.out is not None else Path(os.path.abspath("."))
     links = {e.path: _link(Path(os.path.abspath(root)) / e.path, base, is_archive(Path(e.path)))
              for t in board.tables for e in t.entries}

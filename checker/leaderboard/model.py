@@ -85,7 +85,8 @@ COLUMNS: tuple[Column, ...] = (
                 "rank duration (1 = no straggler)"),
     Column("verification", "Verification", "text",
            help="reads: every byte verified and read cold (page cache emptied, residency measured); "
-                "how many restores a fast tier served"),
+                "how many restores a fast tier served; witnessed by NAME: a trusted witness timed every "
+                "op on its own clock (≥: the bytes over the witness's interval)"),
     Column("mode", "Mode", "text",
            help="checkpoint mode (sync / async; +tiers: written to a fast tier first, drained to the "
                 "durable one in the background), residency (full state / stream), I/O path "
@@ -192,6 +193,10 @@ class Entry:
     restored_from: str | None = None  # a read-only invocation: its write half's run id
     write_half: bool = False  # a write invocation kept for a read-only one (num_reads 0, keep)
     halves: tuple[str, ...] = ()  # a pair's two bundles (write, read); empty for one invocation
+    # Counted as witnessed by the checker (rules 1.4): the trusted witness's name, and the
+    # witness-conservative mean bandwidths (bytes over the witness's own intervals), GiB/s.
+    witnessed_by: str | None = None
+    witnessed_gib_s: tuple[float, float] = (math.nan, math.nan)  # write, read
 
     def sut_value(self, key: str) -> str:
         return dict(self.sut).get(key, "")
@@ -220,15 +225,24 @@ class Entry:
     @property
     def verification(self) -> str:
         if self.num_reads == 0:
-            return "no reads"
+            return "no reads" + self.witness_note
         if not self.read_verified:
-            return "not verified"
+            return "not verified" + self.witness_note
         if self.fast_reads >= self.num_reads:
-            return "verified, all from the fast tier"
+            return "verified, all from the fast tier" + self.witness_note
         text = "verified, cold" if self.read_cold else "verified, not cold"
         if self.fast_reads:
             text += f", {self.fast_reads} of {self.num_reads} from the fast tier"
-        return text
+        return text + self.witness_note
+
+    @property
+    def witness_note(self) -> str:
+        """``; witnessed by NAME (write ≥ x, read ≥ y GiB/s)``, or nothing."""
+        if self.witnessed_by is None:
+            return ""
+        figs = [f"{op} ≥ {v:.2f}" for op, v in zip(("write", "read"), self.witnessed_gib_s, strict=True)
+                if math.isfinite(v)]
+        return f"; witnessed by {self.witnessed_by}" + (f" ({', '.join(figs)} GiB/s)" if figs else "")
 
     @property
     def mode(self) -> str:
