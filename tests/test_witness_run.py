@@ -12,6 +12,7 @@ import shutil
 import signal
 import socket
 import subprocess
+import tempfile
 import threading
 import time
 from collections.abc import Callable, Iterator
@@ -22,6 +23,8 @@ from typing import Any
 import pytest
 from conftest import CHECKER_DESCRIPTION, MLCKPT, _cli_env
 from forge import edit_json, edit_records, read_json, read_records, resign, resummarize, set_duration
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
 from test_witness import Witness
 
 from checker.tree_check import check_tree
@@ -458,3 +461,61 @@ def test_compare_says_who_witnessed_each_side(runs: dict[str, Any], tmp_path: Pa
     js = json.loads(cli("compare", str(runs["a"]), str(runs["plain"]), "--json").stdout)
     assert js["a"]["witness"]["transcript"] == "signature holds" and js["a"]["witness"]["by"] is None
     assert js["b"]["witness"] is None
+
+
+# ------------------------------------------------------------------------------ hostile transcripts
+
+_entry = st.fixed_dictionaries(
+    {"seq": st.integers(-2, 10), "t_wall_ns": st.integers(-5, 2**63 - 1), "t_mono_ns": st.integers(-5, 2**64),
+     "kind": st.sampled_from(["open", "start", "end", "rtt", "close", "oops"]),
+     "prev": st.sampled_from(["0" * 64, "x"])},
+    optional={"op": st.sampled_from(["write", "read", 3]), "index": st.integers(-1, 4),
+              "nonce": st.sampled_from(["0f" * 16, "zz"]), "rtt_ns": st.integers(-1, 10**12),
+              "start_service_ns": st.integers(0, 10**12), "plan_digest": st.sampled_from(["ab" * 32]),
+              "config": st.dictionaries(st.sampled_from(["run_id", "name"]), st.text(max_size=20))})
+
+
+@settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(entries=st.lists(_entry, max_size=12), run_id=st.sampled_from(["00" * 8, "zz"]),
+       keep_claim=st.booleans())
+def test_a_hostile_transcript_never_breaks_the_checker(runs: dict[str, Any], entries: list[Any], run_id: str,
+                                                       keep_claim: bool) -> None:
+    """Any transcript a witness key (here the trusted one: the worst case) might sign: findings
+    under the WITNESS-* rules or none, never a checker fault."""
+    with tempfile.TemporaryDirectory() as t:
+        tmp = Path(t)
+        work = tmp / "work" / runs["a"].name
+        shutil.copytree(runs["a"], work)
+        doc = {"_type": "mlckpt-witness-transcript", "witness_format": 1, "run": run_id,
+               "witness_keyid": runs["witness"].keyid, "entries": entries}
+        key = bundle.load_private_key(runs["witness"].key)
+        (work / "witness.dsse.json").write_text(json.dumps(bundle.make_envelope(doc, key, TRANSCRIPT_TYPE)))
+        if not keep_claim:
+            edit_json(work, "run.json", lambda r: r["witness"].update(nonces=[]))
+        resign(work, bundle.load_private_key(runs["dir"] / "org.pem"))
+        [b] = checked(tree(runs, tmp / "t", work))
+    assert b["verdict"] != "internal-error" and "INTERNAL" not in rules_of(b), b["findings"]
+    assert rules_of(b) <= {"WITNESS-SIGNATURE", "WITNESS-RUN", "WITNESS-EVENTS", "WITNESS-TIMES",
+                           "WITNESS-CLOCK", "WITNESS-TRANSCRIPT"}, b["findings"]
+    assert rules_of(b), "a transcript that is not the run's never passes"
+
+
+def test_a_read_only_invocation_restores_a_witnessed_write_half(runs: dict[str, Any], tmp_path: Path) -> None:
+    """The write half witnessed (its pages carry its nonces); the read-only half verifies every
+    page against the tags run.json's witness.nonces give, unwitnessed or witnessed itself."""
+    d = runs["dir"]
+    base = ("checkpoint.folder=split-ck",)
+    w = run(d, *base, "checkpoint.num_reads=0", "checkpoint.keep=true", f"witness.url={runs['witness'].url}")
+    assert w.returncode == 0, w.stderr
+    half = bundle_of(w)
+    assert all(read_json(half, "run.json")["witness"]["nonces"])
+    r = run(d, *base, "checkpoint.num_writes=0", "checkpoint.num_reads=2", f"checkpoint.restore_from={half}",
+            f"witness.url={runs['witness'].url}")
+    assert r.returncode == 0, r.stderr
+    reads = [x for x in read_records(bundle_of(r)) if x["op"] == "read"]
+    assert reads and all(x["verified_bytes"] == x["bytes"] for x in reads)
+    claim = read_json(bundle_of(r), "run.json")["witness"]
+    assert claim["status"] == "witnessed" and claim["nonces"] == []
+    both = checked(tree(runs, tmp_path / "t", half, bundle_of(r)))
+    assert [b["findings"] for b in both] == [[], []]
+    assert all(b["witness"]["counted"] for b in both)
