@@ -25,6 +25,7 @@ RELEASED_RULES = {
     "1.1": "454689ac70a2500d534fe3de9c45bf85802f596ad7e459b83ffc88c43ff76694",
     "1.2": "f8beab0301662afe7ca104cb97bba35b3216c715a8892a686884b843ceaec8a8",
     "1.3": "6a15d88197117b2aecc49235e41480b8ea8b2d4190c141cec4923ddfd42f5c3f",
+    "1.4": "089bce14851dd47dcb8ebfd1af2e94854007bf172c9ce7f1de1fe7535d01dba0",
     "mlps-v3.0": "4bb01ebeb340f687cf6a601214b0d95e77e820d10216f4c813bd9edb228b736c",
 }
 
@@ -104,7 +105,8 @@ def test_every_schema_is_a_valid_draft_2020_12_schema(version: str) -> None:
     from jsonschema import Draft202012Validator
 
     paths = sorted((rules_dir() / version / "schemas").glob("*.schema.json"))
-    assert len(paths) == (8 if version in ("1.0", "1.1") else 9)  # 1.2: released-runners
+    # 1.2: released-runners; 1.4: trusted-witnesses, witness-transcript
+    assert len(paths) == {"1.0": 8, "1.1": 8, "1.2": 9, "1.3": 9}.get(version, 11)
     for path in paths:
         schema = json.loads(path.read_text())
         Draft202012Validator.check_schema(schema)
