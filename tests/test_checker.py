@@ -344,6 +344,10 @@ NEGATIVE_CASES: dict[str, list[Case]] = {
             system_name="slow-ext4", storage={**s["description"]["storage"], "max_write_gib_s": 0.001})),
         edit_json(f, "run.json", setitem("system_name", "slow-ext4"))))],
     # --- asynchronous and tiered checkpointing (the async_tiers run)
+    # a witness asked for on an asynchronous run (only a forger's edit gets it past the gates)
+    "WITNESS-MODE": [C("expected checkpoint.mode=sync with no fast tier, got checkpoint.mode=async",
+                       source=ASYNC, mutate=lambda f: edit_yaml(f, "config.yaml", setitem(
+                           "witness.url", "http://127.0.0.1:8470")))],
     "ASYNC-RESIDENCY": [C("expected residency=full with checkpoint.mode=async, got residency=stream",
                           source=ASYNC, mutate=lambda f: edit_yaml(f, "config.yaml",
                                                                    setitem("residency", "stream")))],
@@ -539,8 +543,12 @@ def test_every_rule_a_bundle_can_break_has_a_case() -> None:
     no_bundle_data = {r.id for r in load_rules().rules if "host_measurements" in r.needs}
     assert no_bundle_data == {"DISK-SPACE", "FOLDER-USABLE", "TIER-SPACE", "TIER-USABLE", "IO-ENGINE",
                               "RESULTS-APART"}
-    # the cross-examination rules (1.2) have their cases in the forgery suite
-    assert {r.id for r in load_rules().rules} - no_bundle_data == set(NEGATIVE_CASES) | set(FORGERIES)
+    # the cross-examination rules (1.2) have their cases in the forgery suite, the transcript
+    # rules (1.4) theirs in tests/test_witness_run.py (bundles of real witnessed runs)
+    from test_witness_run import FORGERIES as WITNESS_FORGERIES
+
+    assert {r.id for r in load_rules().rules} - no_bundle_data == (
+        set(NEGATIVE_CASES) | set(FORGERIES) | set(WITNESS_FORGERIES))
 
 
 def test_mutated_tree_exit_status_and_counts(mutated: Any) -> None:

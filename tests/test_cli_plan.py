@@ -175,7 +175,7 @@ def test_plan_text(run_cli) -> None:  # type: ignore[no-untyped-def]
     r = run_cli("plan", "workload=llama3_8b")
     assert r.returncode == 0, r.stderr
     out = r.stdout
-    assert out.startswith("llama3_8b on 8 ranks: TP 1 × PP 1 × DP 8, ZeRO 3, division closed, rules 1.3\n")
+    assert out.startswith("llama3_8b on 8 ranks: TP 1 × PP 1 × DP 8, ZeRO 3, division closed, rules 1.4\n")
     assert "  parameters          8,030,261,248\n" in out
     assert "  checkpoint          104.70 GiB / 112.43 GB  (112,425,623,552 B in 16 files)\n" in out
     assert "Layouts (1 distinct; names with {dp}/{mp} vary by rank):" in out

@@ -457,6 +457,7 @@ def test_write_and_read_phases_on_one_rank(tmp_path: Path, mode: str) -> None:
         False,
         {},
         frozenset({job.host}),
+        {},
     ).run(2, 2)
     assert [(r["index"], r["checkpoint"], r["mismatches"]) for r in records] == [(1, 1, 0), (2, 2, 0)]
     assert all(r["verified_bytes"] == r["bytes"] == sum(x.file.bytes for x in reads) for r in records)

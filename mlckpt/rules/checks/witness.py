@@ -10,7 +10,7 @@ byte is durable or read), on the witness's monotonic clock.  It contains the op.
 
 from __future__ import annotations
 
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from datetime import datetime, timezone
 from typing import Any
@@ -142,6 +142,17 @@ def _opened(f: WitnessFacts | None) -> NotChecked | None:
     return None
 
 
+def _claimed(ctx: Context) -> tuple[WitnessFacts, None] | tuple[None, Outcome | NotChecked]:
+    """The facts of a run that claims a witness whose transcript opened; else what the check
+    yields instead (not checked, or a pass for a run that claims none)."""
+    f = _facts(ctx)
+    skip = _opened(f)
+    if skip is not None:
+        return None, skip
+    assert f is not None
+    return (f, None) if f.claimed else (None, Outcome(True))
+
+
 def witness_signature(ctx: Context, rs: RuleSet, rule: Rule) -> Outcome | NotChecked:
     f = _facts(ctx)
     if f is None or not f.claimed or not f.present:
@@ -167,26 +178,36 @@ def witness_trusted(ctx: Context, rs: RuleSet, rule: Rule) -> Outcome | NotCheck
                    f"key {str(f.signer)[:16]}… (not a trusted witness)", where=TRANSCRIPT)
 
 
-def witness_run(ctx: Context, rs: RuleSet, rule: Rule) -> Iterator[Outcome | NotChecked]:
-    f = _facts(ctx)
-    skip = _opened(f)
-    if skip is not None or not f.claimed:  # type: ignore[union-attr]
-        yield skip or Outcome(True)
-        return
-    doc, claim, run = f.transcript, f.claim, f.run or {}  # type: ignore[union-attr]
-    assert doc is not None and claim is not None
-    opening = entries(doc)[0]
+Failures = Iterator[Outcome]
+
+
+def _on_transcript(judge: Callable[[WitnessFacts, RuleSet], Failures]) -> CheckFn:
+    """A check of a claimed witness against its opened transcript: ``judge`` yields the failures;
+    none is a pass.  Runs that claim no witness pass; no opened transcript: not checked."""
+
+    def check(ctx: Context, rs: RuleSet, rule: Rule) -> Outcome | NotChecked | list[Outcome]:
+        f, early = _claimed(ctx)
+        if f is None:
+            return early
+        assert f.transcript is not None and f.claim is not None
+        return list(judge(f, rs)) or Outcome(True)
+
+    check.__name__ = judge.__name__
+    return check
+
+
+def witness_run(f: WitnessFacts, rs: RuleSet) -> Failures:
+    doc, claim, run = f.transcript, f.claim, f.run or {}
+    opening = entries(doc)[0]  # type: ignore[arg-type]
     said = opening.get("config", {})
-    pairs = [("the witness's run", claim["run"], doc["run"]),
+    pairs = [("the witness's run", claim["run"], doc["run"]),  # type: ignore[index]
              ("run_id", run.get("run_id"), said.get("run_id")),
              ("name", run.get("name"), said.get("name"))]
     if f.plan_digest is not None:
         pairs.append(("plan digest", f.plan_digest, opening.get("plan_digest")))
-    bad = [(what, want, got) for what, want, got in pairs if want != got]
-    for what, want, got in bad:
-        yield Outcome(False, f"{what} {want}", f"{what} {got} in the transcript", where=TRANSCRIPT)
-    if not bad:
-        yield Outcome(True)
+    for what, want, got in pairs:
+        if want != got:
+            yield Outcome(False, f"{what} {want}", f"{what} {got} in the transcript", where=TRANSCRIPT)
 
 
 def _expected_ops(records: Sequence[Mapping[str, Any]]) -> list[tuple[str, str, int]]:
@@ -197,57 +218,35 @@ def _expected_ops(records: Sequence[Mapping[str, Any]]) -> list[tuple[str, str, 
     return out
 
 
-def witness_events(ctx: Context, rs: RuleSet, rule: Rule) -> Iterator[Outcome | NotChecked]:
-    f = _facts(ctx)
-    skip = _opened(f)
-    if skip is not None or not f.claimed:  # type: ignore[union-attr]
-        yield skip or Outcome(True)
-        return
-    doc, claim = f.transcript, f.claim  # type: ignore[union-attr]
-    assert doc is not None and claim is not None
-    es = entries(doc)
+def witness_events(f: WitnessFacts, rs: RuleSet) -> Failures:
+    es = entries(f.transcript)  # type: ignore[arg-type]
     seen = [(e["kind"], e["op"], e["index"]) for e in es if e.get("kind") in ("start", "end")]
     want = _expected_ops(f.records)
-    ok = True
     if seen != want:
         at = next((i for i, (a, b) in enumerate(zip(seen, want, strict=False)) if a != b),
                   min(len(seen), len(want)))
         show = lambda xs: " ".join(f"{k} {o} {i}" for k, o, i in xs[at:at + 2]) or "nothing"  # noqa: E731
         yield Outcome(False, f"{len(want)} op events ({show(want)} at event {at + 1})",
                       f"{len(seen)} ({show(seen)} at event {at + 1})", where=TRANSCRIPT)
-        ok = False
     if not es or es[-1].get("kind") != "close":
         yield Outcome(False, "a closed run", "no close", where=TRANSCRIPT)
-        ok = False
     issued = [e.get("nonce") for e in es if e.get("kind") == "start" and e.get("op") == "write"]
-    if list(claim["nonces"]) != issued:
+    nonces = list(f.claim["nonces"])  # type: ignore[index]
+    if nonces != issued:
         yield Outcome(False, f"the run's write nonces as issued ({len(issued)})",
-                      f"run.json's witness.nonces ({len(claim['nonces'])}, other values)", where="run.json")
-        ok = False
-    if ok:
-        yield Outcome(True)
+                      f"run.json's witness.nonces ({len(nonces)}, other values)", where="run.json")
 
 
-def witness_times(ctx: Context, rs: RuleSet, rule: Rule) -> Iterator[Outcome | NotChecked]:
-    f = _facts(ctx)
-    skip = _opened(f)
-    if skip is not None or not f.claimed:  # type: ignore[union-attr]
-        yield skip or Outcome(True)
-        return
-    assert f is not None and f.transcript is not None
+def witness_times(f: WitnessFacts, rs: RuleSet) -> Failures:
     b = rs.data["witness"]
-    rtt = max_rtt_s(f.transcript)
-    ok = True
-    for s in spans(f.transcript, f.records):
+    rtt = max_rtt_s(f.transcript)  # type: ignore[arg-type]
+    for s in spans(f.transcript, f.records):  # type: ignore[arg-type]
         short = b["rtt_multiple"] * rtt + b["slack_s"] + b["slack_fraction"] * s.answered_s
         if s.duration_s > s.interval_s + b["over_s"] or s.answered_s - s.duration_s > short:
-            ok = False
             yield Outcome(False, f"{s.op} {s.index}: a duration within {s.answered_s - short:.3f}.."
                           f"{s.interval_s + b['over_s']:.3f} s (the witness's interval {s.answered_s:.3f} s "
                           f"from answering the start, largest round trip {rtt * 1e3:.1f} ms)",
                           f"{s.duration_s:.3f} s", where="records.jsonl")
-    if ok:
-        yield Outcome(True)
 
 
 def _epoch(stamp: Any) -> float | None:
@@ -257,38 +256,27 @@ def _epoch(stamp: Any) -> float | None:
         return None
 
 
-def witness_clock(ctx: Context, rs: RuleSet, rule: Rule) -> Iterator[Outcome | NotChecked]:
-    f = _facts(ctx)
-    skip = _opened(f)
-    if skip is not None or not f.claimed:  # type: ignore[union-attr]
-        yield skip or Outcome(True)
-        return
-    assert f is not None and f.transcript is not None
+def witness_clock(f: WitnessFacts, rs: RuleSet) -> Failures:
     skew = float(rs.data["witness"]["clock_skew_s"])
-    es, run = entries(f.transcript), f.run or {}
+    es, run = entries(f.transcript), f.run or {}  # type: ignore[arg-type]
     opened, closed = es[0]["t_wall_ns"] / 1e9, es[-1]["t_wall_ns"] / 1e9
     started, ended = _epoch(run.get("started")), _epoch(run.get("ended"))
-    ok = True
     if started is None or ended is None or started > opened + skew or ended < closed - skew:
-        ok = False
         yield Outcome(False, f"started before the witness's open and ended after its close (± {skew:g} s)",
                       f"started {run.get('started')}, ended {run.get('ended')}; the witness opened "
                       f"{_iso(opened)} and closed {_iso(closed)}", where="run.json")
-    for s in spans(f.transcript, f.records):
+    for s in spans(f.transcript, f.records):  # type: ignore[arg-type]
         if s.wall_start[0] < s.start_wall_s - skew or s.wall_start[1] > s.end_wall_s + skew:
-            ok = False
             yield Outcome(False, f"{s.op} {s.index} starting between {_iso(s.start_wall_s)} and "
                           f"{_iso(s.end_wall_s)} (± {skew:g} s)",
-                          f"rank wall clocks {_iso(s.wall_start[0])}.."
-                          f"{_iso(s.wall_start[1])}", where="records.jsonl")
-    if ok:
-        yield Outcome(True)
+                          f"rank wall clocks {_iso(s.wall_start[0])}..{_iso(s.wall_start[1])}",
+                          where="records.jsonl")
 
 
 def _iso(t: float) -> str:
     return datetime.fromtimestamp(t, timezone.utc).isoformat(timespec="milliseconds").replace("+00:00", "Z")
 
 
-CHECKS: dict[str, CheckFn] = checks_table(witness_mode, witness_transcript, witness_signature,
-                                          witness_trusted, witness_run, witness_events, witness_times,
-                                          witness_clock)
+CHECKS: dict[str, CheckFn] = checks_table(
+    witness_mode, witness_transcript, witness_signature, witness_trusted,
+    *(_on_transcript(judge) for judge in (witness_run, witness_events, witness_times, witness_clock)))
