@@ -41,7 +41,7 @@ RUN = Format("run", "run.json: run_format", 5, (2, 3, 4, 5), (
         "file witness.dsse.json); a witnessed write's page tags carry run_id XOR the nonce's first 8 bytes"),
 ))
 
-RECORDS = Format("records", "records.jsonl (run.json and summary.json: records_format)", 3, (2, 3), (
+RECORDS = Format("records", "records.jsonl (run.json and summary.json: records_format)", 4, (2, 3, 4), (
     (1, "first version: op, index, checkpoint, rank, host, t0_ns/t1_ns (the host's monotonic clock), bytes, "
         "files, fsync, resident_bytes/cached_check_bytes (reads), verified_bytes/mismatches (reads); the "
         "field meanings are written out in mlckpt/metrics.py"),
@@ -51,14 +51,21 @@ RECORDS = Format("records", "records.jsonl (run.json and summary.json: records_f
     (3, "evidence (rules 1.2): each host's first rank adds host_counters to its records: the checkpoint "
         "folder's block device and, before the op's barrier and after every rank ended it, that device's "
         "bytes read and written and busy time and the page cache's size (/sys/dev/block, /proc/meminfo)"),
+    (4, "rules 1.4: every write and read record adds cpu_ns (the rank process's CPU time, user and "
+        "system, all threads, over [t0, t1]) and state_bytes/state_huge_bytes (the rank's state "
+        "buffer and how much of it transparent huge pages back, from /proc/self/smaps before the op)"),
 ))
 
-SUMMARY = Format("summary", "summary.json: summary_format", 3, (2, 3), (
+SUMMARY = Format("summary", "summary.json: summary_format", 4, (2, 3, 4), (
     (1, "first version: per-op statistics and headlines recomputed from records.jsonl (mlckpt.metrics)"),
     (2, "stall, time to durable, overlap efficiency, back-pressure, per-stage bandwidth, read_fast_*"),
     (3, "DLIO's summary.json shape (rules 1.3): dlio_compat becomes metric, under DLIO's key names and "
         "units; start, end, num_accelerators, num_hosts, hostname, host_cpu_count, host_memory_GB, epochs "
         "as DLIO writes them (one entry per host); mlckpt_timing_basis and mlckpt_read_guarantee"),
+    (4, "rules 1.4 (records format 4): the first write apart (write_first_duration_s, "
+        "write_first_bandwidth_gib_s) and the later ones (write_steady_bandwidth_mean_gib_s, null with "
+        "one write); CPU seconds per GiB moved (write_cpu_s_per_gib, read_cpu_s_per_gib); the smallest "
+        "huge-page share of a rank's state buffer (state_hugepage_fraction_min)"),
 ))
 
 PLAN = Format("plan", "mlckpt plan --json: plan_format", 2, (2,), (

@@ -27,6 +27,10 @@ history itself is kept in mlckpt/formats.py):
      op of the host's ranks): ``t_ns`` (same clock as t0/t1), ``read_bytes``/``written_bytes``/
      ``busy_ms`` of the checkpoint folder's block device ``device`` (MAJOR:MINOR; absent without
      one), ``cached_bytes``/``dirty_bytes``/``writeback_bytes``/``shmem_bytes`` (/proc/meminfo).
+  4: what changes the figure (rules 1.4).  Every write and read record adds ``cpu_ns`` (the rank
+     process's CPU time, user + system, all its threads, over [t0, t1]) and, where
+     /proc/self/smaps could be read, ``state_bytes``/``state_huge_bytes`` (the rank's state
+     buffer, and how much of it transparent huge pages back, sampled before the op's barrier).
 
 Per op k: ``duration = max_r(t1 - t0)``, ``bandwidth = Σ_r bytes / duration``, and the slowest
 rank's own bandwidth ``min_r(bytes_r / (t1_r - t0_r))``.  For writes, t0/t1 are those of the
@@ -37,6 +41,14 @@ the other stages are measured the same way.  Training's view: ``stall = max_r(st
 behind training.  Headline = mean over ops (MLPerf convention), with median, stdev (population,
 as numpy's default), min and max alongside.  Read headlines cover durable-tier restores; restores
 served by the fast tier are summarised under ``read_fast_*``.
+
+Summary format 4 (records format 4) adds: the first write apart, ``write_first_duration_s`` and
+``write_first_bandwidth_gib_s`` (write 1, durable stage), and ``write_steady_bandwidth_mean_gib_s``
+(mean over writes 2..n; null with one write): a first write slower than the rest (file creation,
+allocation, a cold array cache) is visible instead of diluted; CPU per GiB moved,
+``{write|read}_cpu_s_per_gib = Σ_r,k cpu_ns / 1e9 ÷ (Σ_r,k bytes / GiB)`` over the op's records;
+and ``state_hugepage_fraction_min = min_r,k state_huge_bytes / state_bytes`` (null where no record
+says).
 """
 
 from __future__ import annotations
@@ -90,6 +102,9 @@ class HostCounters(TypedDict):
 
 class _Evidence(TypedDict, total=False):
     host_counters: HostCounters  # on each host's first rank (records format 3)
+    cpu_ns: int  # records format 4
+    state_bytes: int  # records format 4, where /proc/self/smaps could be read
+    state_huge_bytes: int
 
 
 class OpRecord(_Evidence):
@@ -321,7 +336,33 @@ def summarize(records: Iterable[Mapping[str, Any]], *, max_resident_fraction: fl
         out["read_cold"] = worst <= max_resident_fraction
         out["read_mismatches"] = sum(o.mismatches or 0 for o in reads)
         out["read_verified"] = out["read_mismatches"] == 0
+    if summary_format >= 4 and records_format >= 4:
+        out.update(_what_changes_the_figure(grouped, writes))
     out["ops"] = [o.to_dict() for o in ops]
+    return out
+
+
+def _what_changes_the_figure(grouped: Mapping[tuple[str, int], list[Mapping[str, Any]]],
+                             writes: list[OpStats]) -> dict[str, Any]:
+    """Summary format 4: the first write apart, CPU per GiB, the huge-page share (see the module
+    docstring)."""
+    out: dict[str, Any] = {}
+    if writes:
+        first = min(writes, key=lambda o: o.index)
+        out["write_first_duration_s"] = first.duration_s
+        out["write_first_bandwidth_gib_s"] = first.bandwidth_gib_s
+        steady = [o.bandwidth_gib_s for o in writes if o is not first]
+        out["write_steady_bandwidth_mean_gib_s"] = statistics.fmean(steady) if steady else None
+    for op in ("write", "read"):
+        recs = [r for (o, _), rs in grouped.items() if o == op for r in rs]
+        if recs:
+            moved = sum(int(r["bytes"]) for r in recs) / GiB
+            cpu = [r.get("cpu_ns") for r in recs]
+            out[f"{op}_cpu_s_per_gib"] = (sum(int(c) for c in cpu) / 1e9 / moved  # type: ignore[arg-type]
+                                          if moved > 0 and None not in cpu else None)
+    shares = [min(int(r["state_huge_bytes"]), int(r["state_bytes"])) / int(r["state_bytes"])
+              for rs in grouped.values() for r in rs if r.get("state_bytes")]
+    out["state_hugepage_fraction_min"] = min(shares) if shares else None
     return out
 
 

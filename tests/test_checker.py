@@ -337,6 +337,9 @@ NEGATIVE_CASES: dict[str, list[Case]] = {
               records(each("read", 2, lambda r: r.update(resident_bytes=r["cached_check_bytes"]))))),
     ],
     "DATA-VERIFIED": [C("0 mismatches", mutate=first("read", lambda r: r.update(mismatches=3)))],
+    # a warning: the run stays valid (records format 4: a rank's state on 4 KiB pages)
+    "STATE-HUGEPAGES": [C("expected at least 50% of every rank's state on huge pages, got 0% on one rank",
+                          mutate=records(lambda rs: rs[0].update(state_huge_bytes=0)))],
     "DATA-UNIQUE": [C("data_scheme 'zeros'",
                       mutate=lambda f: edit_json(f, "run.json", setitem("data_scheme", "zeros")))],
     "BANDWIDTH-PLAUSIBLE": [C("(declared, +5%)", system="slow-ext4", mutate=lambda f: (

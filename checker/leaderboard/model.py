@@ -64,6 +64,9 @@ COLUMNS: tuple[Column, ...] = (
                 "slowest rank's time; async or tiered: the persist that runs behind training)"),
     Column("write_duration_s", "Write duration", "num", 3, "s",
            help="mean time of one checkpoint's write to the durable tier"),
+    Column("write_first_gib_s", "First write", "num", 2, "GiB/s",
+           help="the first checkpoint's write bandwidth alone (file creation, allocation, cold caches "
+                "fall on it; rules 1.4 bundles, — before)"),
     Column("read_gib_s", "Read", "num", 2, "GiB/s",
            help="restore bandwidth from the durable tier, mean over those restores (cold, every byte "
                 "verified; restores served by a fast tier are not counted)"),
@@ -262,6 +265,7 @@ class Entry:
             "accelerator": self.accelerator,
             "write_gib_s": self.m("write_bandwidth_mean_gib_s"),
             "write_duration_s": self.m("write_duration_mean_s"),
+            "write_first_gib_s": self.m("write_first_bandwidth_gib_s"),
             "read_gib_s": self.m("read_bandwidth_mean_gib_s"),
             "read_duration_s": self.m("read_duration_mean_s"),
             "stall_s": self.m("write_stall_mean_s"),
@@ -292,6 +296,8 @@ SUMMARY_NUMBERS = (
     *(f"write_{what}_{stat}_s" for what in ("stall", "time_to_durable") for stat in STATS),
     "write_overlap_efficiency", "write_backpressure_ops", "write_backpressure_total_s",
     "write_compute_mean_s", "read_resident_fraction_max",
+    "write_first_bandwidth_gib_s", "write_first_duration_s", "write_steady_bandwidth_mean_gib_s",
+    "write_cpu_s_per_gib", "read_cpu_s_per_gib", "state_hugepage_fraction_min",
 )
 
 

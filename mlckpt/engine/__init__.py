@@ -62,6 +62,7 @@ from mlckpt.engine.content import (
     alloc,
     decode_tag,
     fill,
+    huge_bytes,
     seal,
     verify,
 )
@@ -108,6 +109,7 @@ __all__ = [
     "drop_caches",
     "evict",
     "fill",
+    "huge_bytes",
     "probe_direct",
     "probe_dontcache",
     "read_files",

@@ -20,6 +20,7 @@ from contextlib import contextmanager
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
+from mlckpt import engine
 from mlckpt.engine import StreamMismatch
 from mlckpt.errors import InternalError, IOFailure, MlckptError, VerificationError
 from mlckpt.run.console import Console, DeviceMeter
@@ -234,6 +235,10 @@ class OpTimer:
     # barrier (a write's nonce comes back and ``seal`` binds it into the content, untimed), its
     # end once every rank agreed it is over.
     witness: Any = None
+    # Records format 4 (rules 1.4): each record adds the rank's CPU time over the op and the
+    # huge-page share of ``state`` (the rank's arena), sampled before the barrier.
+    records_format: int = 3
+    state: Any = None
 
     def __call__(
         self, op: str, index: int, ckpt: int, action: Callable[[], Any], nbytes: int, nfiles: int, opts: Any,
@@ -258,14 +263,18 @@ class OpTimer:
         before = None
         if job.rank == 0:  # a progress line before the barrier, never inside the timing
             job.console.stage(f"{op} {index}", op_meter(self, op, nbytes))
+        fmt4 = self.records_format >= 4
+        huge = engine.huge_bytes(self.state) if fmt4 and self.state is not None else None
         try:
             job.comm.Barrier()
             if self.probe is not None:
                 before = self.probe()
             wall = time.time()
             t0 = time.perf_counter_ns()
+            c0 = time.process_time_ns()
             err = _attempt(op, index, job.rank, action)
             t1 = time.perf_counter_ns()
+            c1 = time.process_time_ns()
             # Timing is over: tell rank 0's watch that this rank is done.
             if watch is not None:
                 watch.own_done()
@@ -298,6 +307,10 @@ class OpTimer:
         }
         if self.probe is not None:
             rec["host_counters"] = {"device": self.device, "before": before, "after": self.probe()}
+        if fmt4:
+            rec["cpu_ns"] = c1 - c0
+            if huge is not None:  # (None: /proc/self/smaps unreadable)
+                rec["state_bytes"], rec["state_huge_bytes"] = int(self.state.nbytes), int(huge)
         return rec
 
 

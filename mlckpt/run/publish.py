@@ -14,7 +14,6 @@ from typing import Any
 import yaml
 
 from mlckpt import __version__, bundle
-from mlckpt.metrics import RECORDS_FORMAT
 from mlckpt.plan.config import Setup
 from mlckpt.rules import Finding, verdict
 from mlckpt.rules.checks.evidence import recomputed_summary
@@ -87,7 +86,7 @@ def manifest_of(
         "overrides": list(overrides),
         "started": started,
         "ended": ended,
-        "records_format": RECORDS_FORMAT,
+        "records_format": int(pinned("run", "records_format", setup.rules.version)),
         "data_scheme": DATA_SCHEME,
         "system_name": (description or {}).get("system_name"),
         "pipeline": {

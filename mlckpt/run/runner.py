@@ -282,6 +282,13 @@ def evict_written(job: Job, c: Configured, folders: Folders, created: Created, l
         job.faults.after_writes(job.rank, folders.root, fast, c.setup.plan, nw)
 
 
+def records_format(c: Configured) -> int:
+    """The records format the rule set's schema pins (rules 1.3 and older: 3)."""
+    from mlckpt.schemas import pinned
+
+    return int(pinned("run", "records_format", c.setup.rules.version))
+
+
 def phases(job: Job, c: Configured, gates: Gates, created: Created, ident: tuple[RunId, bytes],
            witness: Witnessing | None) -> tuple[RunId, list[dict[str, Any]]]:
     """Folders, allocation, the writes, eviction, the restores.  Returns the run's identity and
@@ -297,6 +304,7 @@ def phases(job: Job, c: Configured, gates: Gates, created: Created, ident: tuple
     folders = make_folders(job, c, gates, created, *ident)
     timer = op_timer(job, c, gates, folders, created)
     timer.witness = witness
+    timer.records_format = records_format(c)
     mine = plan.rank_plans[job.rank].files
     reads = plan.restore_reads(job.rank, ck["restore"], gates.shift)
     stream = cfg["residency"] == "stream"
@@ -305,6 +313,7 @@ def phases(job: Job, c: Configured, gates: Gates, created: Created, ident: tuple
         arena = engine.alloc(
             int(cfg["stream_buffer_bytes"]) if stream else max(own[-1], rd_offsets[-1], PAGE)
         )
+    timer.state = arena
     if stream:
         job.say(
             "residency=stream: content generation (writes) and verification (reads) run "

@@ -391,7 +391,18 @@ def tier_restore_source(ctx: Context, rs: RuleSet, rule: Rule) -> Iterator[Outco
                           where=f"read {r['index']} rank {rank}")
 
 
+def state_hugepages(ctx: Context, rs: RuleSet, rule: Rule) -> Outcome | NotChecked:
+    """STATE-HUGEPAGES (rules 1.4): the smallest huge-page share of a rank's state buffer."""
+    share = _run(ctx).summarized(rs).get("state_hugepage_fraction_min")
+    if share is None:
+        return NotChecked("no huge-page share in the records (records format 4, /proc/self/smaps)")
+    bound = float(rs.data["memory"]["min_hugepage_fraction"])
+    return Outcome(share >= bound, f"at least {bound:.0%} of every rank's state on huge pages",
+                   f"{share:.0%} on one rank")
+
+
 CHECKS = checks_table(
+    state_hugepages,
     result_consistent,
     result_counts,
     result_times,
