@@ -53,7 +53,8 @@ RECORDS = Format("records", "records.jsonl (run.json and summary.json: records_f
         "bytes read and written and busy time and the page cache's size (/sys/dev/block, /proc/meminfo)"),
     (4, "rules 1.4: every write and read record adds cpu_ns (the rank process's CPU time, user and "
         "system, all threads, over [t0, t1]) and state_bytes/state_huge_bytes (the rank's state "
-        "buffer and how much of it transparent huge pages back, from /proc/self/smaps before the op)"),
+        "buffer and how much of it transparent huge pages back, from /proc/self/smaps, on the first write "
+        "and the first restore)"),
 ))
 
 SUMMARY = Format("summary", "summary.json: summary_format", 4, (2, 3, 4), (
@@ -63,8 +64,8 @@ SUMMARY = Format("summary", "summary.json: summary_format", 4, (2, 3, 4), (
         "units; start, end, num_accelerators, num_hosts, hostname, host_cpu_count, host_memory_GB, epochs "
         "as DLIO writes them (one entry per host); mlckpt_timing_basis and mlckpt_read_guarantee"),
     (4, "rules 1.4 (records format 4): the first write apart (write_first_duration_s, "
-        "write_first_bandwidth_gib_s) and the later ones (write_steady_bandwidth_mean_gib_s, null with "
-        "one write); CPU seconds per GiB moved (write_cpu_s_per_gib, read_cpu_s_per_gib); the smallest "
+        "write_first_bandwidth_gib_s) and the later ones (write_steady_bandwidth_mean_gib_s, absent "
+        "with one write); CPU seconds per GiB moved (write_cpu_s_per_gib, read_cpu_s_per_gib); the smallest "
         "huge-page share of a rank's state buffer (state_hugepage_fraction_min)"),
 ))
 

@@ -30,7 +30,8 @@ history itself is kept in mlckpt/formats.py):
   4: what changes the figure (rules 1.4).  Every write and read record adds ``cpu_ns`` (the rank
      process's CPU time, user + system, all its threads, over [t0, t1]) and, where
      /proc/self/smaps could be read, ``state_bytes``/``state_huge_bytes`` (the rank's state
-     buffer, and how much of it transparent huge pages back, sampled before the op's barrier).
+     buffer, and how much of it transparent huge pages back, read before the barrier of the rank's
+     first write and of its first restore, on those records only).
 
 Per op k: ``duration = max_r(t1 - t0)``, ``bandwidth = Σ_r bytes / duration``, and the slowest
 rank's own bandwidth ``min_r(bytes_r / (t1_r - t0_r))``.  For writes, t0/t1 are those of the
@@ -44,11 +45,11 @@ served by the fast tier are summarised under ``read_fast_*``.
 
 Summary format 4 (records format 4) adds: the first write apart, ``write_first_duration_s`` and
 ``write_first_bandwidth_gib_s`` (write 1, durable stage), and ``write_steady_bandwidth_mean_gib_s``
-(mean over writes 2..n; null with one write): a first write slower than the rest (file creation,
+(mean over writes 2..n; absent with one write): a first write slower than the rest (file creation,
 allocation, a cold array cache) is visible instead of diluted; CPU per GiB moved,
 ``{write|read}_cpu_s_per_gib = Σ_r,k cpu_ns / 1e9 ÷ (Σ_r,k bytes / GiB)`` over the op's records;
-and ``state_hugepage_fraction_min = min_r,k state_huge_bytes / state_bytes`` (null where no record
-says).
+and ``state_hugepage_fraction_min = min_r,k state_huge_bytes / state_bytes``.  A figure the records
+cannot give (a record without ``cpu_ns``, no ``state_bytes`` anywhere) is absent.
 """
 
 from __future__ import annotations
@@ -352,18 +353,25 @@ def _what_changes_the_figure(grouped: Mapping[tuple[str, int], list[Mapping[str,
         out["write_first_duration_s"] = first.duration_s
         out["write_first_bandwidth_gib_s"] = first.bandwidth_gib_s
         steady = [o.bandwidth_gib_s for o in writes if o is not first]
-        out["write_steady_bandwidth_mean_gib_s"] = statistics.fmean(steady) if steady else None
+        if steady:
+            out["write_steady_bandwidth_mean_gib_s"] = statistics.fmean(steady)
     for op in ("write", "read"):
         recs = [r for (o, _), rs in grouped.items() if o == op for r in rs]
-        if recs:
-            moved = sum(int(r["bytes"]) for r in recs) / GiB
-            cpu = [r.get("cpu_ns") for r in recs]
-            out[f"{op}_cpu_s_per_gib"] = (sum(int(c) for c in cpu) / 1e9 / moved  # type: ignore[arg-type]
-                                          if moved > 0 and None not in cpu else None)
-    shares = [min(int(r["state_huge_bytes"]), int(r["state_bytes"])) / int(r["state_bytes"])
-              for rs in grouped.values() for r in rs if r.get("state_bytes")]
-    out["state_hugepage_fraction_min"] = min(shares) if shares else None
+        moved = sum(int(r["bytes"]) for r in recs) / GiB
+        cpu = [r.get("cpu_ns") for r in recs]
+        if recs and moved > 0 and None not in cpu:
+            out[f"{op}_cpu_s_per_gib"] = sum(int(c) for c in cpu) / 1e9 / moved  # type: ignore[arg-type]
+    share = hugepage_share_min(r for rs in grouped.values() for r in rs)
+    if share is not None:
+        out["state_hugepage_fraction_min"] = share
     return out
+
+
+def hugepage_share_min(records: Iterable[Mapping[str, Any]]) -> float | None:
+    """``min_r state_huge_bytes / state_bytes`` over the records that say (records format 4)."""
+    shares = [min(int(r["state_huge_bytes"]), int(r["state_bytes"])) / int(r["state_bytes"])
+              for r in records if r.get("state_bytes") and "state_huge_bytes" in r]
+    return min(shares) if shares else None
 
 
 @dataclass(frozen=True)

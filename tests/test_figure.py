@@ -45,17 +45,17 @@ def test_the_first_write_cpu_per_gib_and_huge_pages_are_summarised() -> None:
     assert s["write_cpu_s_per_gib"] == pytest.approx(1.6 / 6) and s["read_cpu_s_per_gib"] == 0.1
     assert s["state_hugepage_fraction_min"] == 0.25  # a rank's 4 KiB pages are not averaged away
     one = summarize(recs[:2], max_resident_fraction=0.01, records_format=4, summary_format=4)
-    assert one["write_steady_bandwidth_mean_gib_s"] is None
+    assert "write_steady_bandwidth_mean_gib_s" not in one
     for fmt in ((3, 4), (4, 3)):  # older records, or an older summary format: no such keys
         old = summarize(recs, max_resident_fraction=0.01, records_format=fmt[0], summary_format=fmt[1])
         assert not {k for k in old if "first" in k or "cpu" in k or "hugepage" in k}
 
 
-def test_cpu_per_gib_is_null_when_a_record_lacks_it_and_the_share_capped() -> None:
+def test_cpu_per_gib_is_absent_when_a_record_lacks_it_and_the_share_capped() -> None:
     recs = [rec("write", 1, 0, 1000, GiB, 100, huge=GiB * 2), rec("write", 1, 1, 1000, GiB, 100)]
     del recs[1]["cpu_ns"]
     s = summarize(recs, max_resident_fraction=0.01, records_format=4, summary_format=4)
-    assert s["write_cpu_s_per_gib"] is None and s["state_hugepage_fraction_min"] == 1.0
+    assert "write_cpu_s_per_gib" not in s and s["state_hugepage_fraction_min"] == 1.0
 
 
 def test_huge_bytes_reads_this_process_s_smaps(tmp_path: Path) -> None:
@@ -79,7 +79,7 @@ def test_a_real_run_records_them_and_the_checker_recomputes_them(honest_bundles:
     assert all(r["cpu_ns"] > 0 and 0 <= r["state_huge_bytes"] <= r["state_bytes"] > 0 for r in recs)
     summary = json.loads((folder / "summary.json").read_text())
     assert summary["summary_format"] == 4 and summary["write_first_bandwidth_gib_s"] > 0
-    assert summary["write_steady_bandwidth_mean_gib_s"] is None  # one write
+    assert "write_steady_bandwidth_mean_gib_s" not in summary  # one write
     assert summary["write_cpu_s_per_gib"] > 0 and summary["read_cpu_s_per_gib"] > 0
     # a first write claimed faster than the records say fails the recomputation
     from test_checker import check, honest_tree
@@ -93,3 +93,28 @@ def test_a_real_run_records_them_and_the_checker_recomputes_them(honest_bundles:
     msgs = [f["message"] for f in b["findings"] if f["rule"] == "METRICS-RECOMPUTE"]
     assert msgs and "summary.write_first_bandwidth_gib_s" in msgs[0]
     shutil.rmtree(root)
+
+
+# A warning (the run stays valid), so not one of test_checker's NEGATIVE_CASES (they count the
+# verdicts they break): the rule ID heads a row here for the rule-coverage test.
+NEGATIVE = [("STATE-HUGEPAGES", 0)]
+
+
+@pytest.mark.parametrize(("rule", "huge"), NEGATIVE)
+def test_a_state_on_small_pages_is_a_warning(honest_bundles: dict[str, Path], tmp_path: Path, rule: str,
+                                             huge: int) -> None:
+    from forge import edit_records, resummarize
+    from test_checker import check, honest_tree
+
+    root = honest_tree(tmp_path / "t", honest_bundles, pack_7b=False)
+    name = honest_bundles["llama3_8b"].name
+    work = root / "open" / "example-org" / "results" / "laptop-ext4" / "llama3_8b" / name
+    edit_records(work, lambda rs: [r.update(state_huge_bytes=huge) for r in rs if "state_bytes" in r]
+                 and None)
+    resummarize(work)
+    resign(work, bundle.load_private_key(honest_bundles["dir"] / "keys" / "org.pem"))
+    [b] = [b for b in check(root, honest_bundles)["bundles"] if b["path"].endswith(work.name)]
+    assert [(f["rule"], f["severity"]) for f in b["findings"]] == [(rule, "warning")]
+    assert b["findings"][0]["message"].endswith(
+        "expected at least 50% of every rank's state on huge pages, got 0% on one rank")
+    assert b["verdict"] == "open"  # a warning changes nothing

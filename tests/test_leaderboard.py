@@ -682,7 +682,7 @@ def test_non_sync_classes_carry_a_mode_badge(outputs: dict[str, str]) -> None:
     assert [(c["pipeline"], c["title"]) for c in doc["classes"] if c["pipeline"] != "sync"] == [
         ("sync+tiers", "llama3_8b · scaled · sync+tiers"), ("async", "llama3_8b · scaled · async"),
         ("async+tiers", "llama3_8b · scaled · async+tiers")]
-    assert [c["label"] for c in doc["columns"]][11:13] == ["Stall (s)", "Time to durable (s)"]
+    assert [c["label"] for c in doc["columns"]][12:14] == ["Stall (s)", "Time to durable (s)"]
 
 
 def test_every_format_shows_the_same_rounded_numbers(outputs: dict[str, str]) -> None:
@@ -698,8 +698,8 @@ def test_every_format_shows_the_same_rounded_numbers(outputs: dict[str, str]) ->
             if c.kind == "num" and jr[c.key] is not None:
                 assert f"| {fmt(jr[c.key], c)} |".replace(" ", "") in md.replace(" ", "")
                 assert f">{fmt(jr[c.key], c)}</td>" in page
-    assert [c["label"] for c in doc["columns"]][7:11] == [
-        "Write (GiB/s)", "Write duration (s)", "Read (GiB/s)", "Read duration (s)"]
+    assert [c["label"] for c in doc["columns"]][7:12] == [
+        "Write (GiB/s)", "Write duration (s)", "First write (GiB/s)", "Read (GiB/s)", "Read duration (s)"]
 
 
 def test_markup_in_submitted_text_is_escaped(outputs: dict[str, str]) -> None:

@@ -64,9 +64,8 @@ COLUMNS: tuple[Column, ...] = (
                 "slowest rank's time; async or tiered: the persist that runs behind training)"),
     Column("write_duration_s", "Write duration", "num", 3, "s",
            help="mean time of one checkpoint's write to the durable tier"),
-    Column("write_first_gib_s", "First write", "num", 2, "GiB/s",
-           help="the first checkpoint's write bandwidth alone (file creation, allocation, cold caches "
-                "fall on it; rules 1.4 bundles, — before)"),
+    Column("write_first_gib_s", "First write", "num", 2, "GiB/s", help="the first checkpoint's write "
+           "bandwidth alone (file creation, allocation, cold caches fall on it; rules 1.4 on)"),
     Column("read_gib_s", "Read", "num", 2, "GiB/s",
            help="restore bandwidth from the durable tier, mean over those restores (cold, every byte "
                 "verified; restores served by a fast tier are not counted)"),

@@ -109,6 +109,8 @@ def huge_bytes(buf: np.ndarray, smaps: str = "/proc/self/smaps") -> int | None:
                 if "-" in head and not head.endswith(":"):
                     a, _, b = head.partition("-")
                     start, end = int(a, 16), int(b, 16)
+                    if start >= hi:
+                        break  # mappings are listed in address order: the rest lie above buf
                     overlap = max(0, min(hi, end) - max(lo, start))
                 elif overlap and head == "AnonHugePages:":
                     total += min(int(line.split()[1]) * 1024, overlap)

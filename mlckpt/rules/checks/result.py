@@ -15,7 +15,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from mlckpt import formats
-from mlckpt.metrics import summarize
+from mlckpt.metrics import hugepage_share_min, summarize
 from mlckpt.rules.engine import Context, NotChecked, Outcome, Rule, RuleSet, checks_table, rank_shift
 from mlckpt.schemas import pinned
 from mlckpt.workload.pipeline import DURABLE, FAST, MEMORY_FILESYSTEMS, Pipeline
@@ -393,7 +393,7 @@ def tier_restore_source(ctx: Context, rs: RuleSet, rule: Rule) -> Iterator[Outco
 
 def state_hugepages(ctx: Context, rs: RuleSet, rule: Rule) -> Outcome | NotChecked:
     """STATE-HUGEPAGES (rules 1.4): the smallest huge-page share of a rank's state buffer."""
-    share = _run(ctx).summarized(rs).get("state_hugepage_fraction_min")
+    share = hugepage_share_min(_run(ctx).records)  # from the records: no summary needed
     if share is None:
         return NotChecked("no huge-page share in the records (records format 4, /proc/self/smaps)")
     bound = float(rs.data["memory"]["min_hugepage_fraction"])
