@@ -40,6 +40,7 @@ class Witness:
              "--journal", str(self.journal)], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
         assert self.proc.stdout is not None
         self.banner = self.proc.stdout.readline()
+        self.entry = self.proc.stdout.readline()
         m = re.search(r"listening on (http://127\.0\.0\.1:\d+)", self.banner)
         assert m, (self.banner, self.proc.stderr.read() if self.proc.poll() is not None else "")
         self.url = m.group(1)

@@ -133,6 +133,8 @@ def test_a_witnessed_run_passes_and_counts_as_witnessed(runs: dict[str, Any], tm
     assert claim["nonces"] == issued
     assert len(set(claim["nonces"])) == 2
     assert f"witnessed by {runs['witness'].url}" in runs["a_out"]
+    pub = (runs["witness"].key.parent / "witness.pem.pub").read_text().strip()
+    assert runs["witness"].entry == f'trusted-witnesses entry: NAME: ["{pub}"]\n'  # paste-ready
     [b] = checked(tree(runs, tmp_path / "t", a))
     assert b["verdict"] == "open" and not b["findings"], b["findings"]
     w = b["witness"]
