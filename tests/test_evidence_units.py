@@ -132,3 +132,25 @@ def test_a_bad_released_runners_file_is_one_line_exit_2(text: str, fragment: str
     assert proc.returncode == 2, (proc.stdout, proc.stderr)
     [line] = proc.stderr.strip().splitlines()
     assert "released-runners.yaml" in line and fragment in line and "Traceback" not in proc.stderr
+
+
+def write(rank: int, index: int, t0: int, stall: int, durable: int) -> dict[str, Any]:
+    return {"op": "write", "index": index, "checkpoint": index, "rank": rank, "host": "h", "t0_ns": t0,
+            "t1_ns": t0 + durable, "staged_ns": t0 + stall, "wall_start": 1e9 + t0 / 1e9, "bytes": 4096,
+            "files": 1, "fsync": True, "mode": "async", "backpressure_ns": 0, "exposed_ns": 0,
+            "compute_ns": 0, "stages": []}
+
+
+def test_a_barrier_overlapped_by_background_persists_gets_the_busy_allowance() -> None:
+    """Rules 1.4: ranks leaving write 2's barrier while their own persists of checkpoint 1 still
+    run may be 0.15 s apart (start_skew_busy); once checkpoint 1 is durable, 30 ms + 15 % again."""
+    ms = 1_000_000
+    base = [write(0, 1, 0, 10 * ms, 500 * ms), write(1, 1, 0, 10 * ms, 500 * ms)]
+    busy = [*base, write(0, 2, 100 * ms, 10 * ms, 500 * ms), write(1, 2, 190 * ms, 10 * ms, 500 * ms)]
+    assert judge(start_skew, busy) == []  # 90 ms apart, checkpoint 1 durable only at 500 ms
+    idle = [write(0, 1, 0, 10 * ms, 50 * ms), write(1, 1, 0, 10 * ms, 50 * ms),
+            write(0, 2, 100 * ms, 10 * ms, 50 * ms), write(1, 2, 190 * ms, 10 * ms, 50 * ms)]
+    [bad] = judge(start_skew, idle)  # durable at 50 ms: nothing overlaps write 2's barrier
+    assert "rank 1 90.0 ms" in str(bad.actual)
+    too_late = [*base, write(0, 2, 100 * ms, 10 * ms, 500 * ms), write(1, 2, 260 * ms, 10 * ms, 500 * ms)]
+    assert len(judge(start_skew, too_late)) == 1  # 160 ms: beyond even the busy allowance

@@ -149,11 +149,18 @@ def start_skew(ctx: Context, rs: RuleSet, rule: Rule) -> Iterator[Outcome | NotC
     """The ranks of one host leave each op's barrier together (same clock): a rank that claims it
     started late shortens its own duration."""
     d, b = _run(ctx), _bounds(rs)["start_skew"]
+    # Rules 1.4: a write whose barrier the ranks' own background persists overlap (the previous
+    # checkpoint not yet durable on some rank) gets the larger allowance ``busy_abs_s``: those
+    # threads compete with the ranks for the host's cores as they leave the barrier.
+    busy_abs = float(rs.data.get("start_skew_busy", {}).get("abs_s", b["abs_s"]))
+    durable = {(int(r["rank"]), int(r["index"])): int(r["t1_ns"]) for r in d.records if r["op"] == "write"}
     for (op, idx), recs in sorted(group_ops(d.records).items()):
         for host, hr in sorted(_by_host(recs).items()):
             t0 = [int(r["t0_ns"]) for r in hr]
             dur = max(_end(r) - int(r["t0_ns"]) for r in hr)
-            bound = b["abs_s"] * 1e9 + b["rel"] * max(dur, 0)
+            busy = op == "write" and any(durable.get((int(r["rank"]), idx - 1), 0) > int(r["t0_ns"])
+                                         for r in hr)
+            bound = (busy_abs if busy else b["abs_s"]) * 1e9 + b["rel"] * max(dur, 0)
             if max(t0) - min(t0) > bound:
                 late = max(hr, key=lambda r: int(r["t0_ns"]))
                 yield Outcome(
