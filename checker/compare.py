@@ -191,7 +191,7 @@ def _is_foreign(path: Path, which: str) -> bool:
 
 def _load(path: Path, which: str, trusted: Any, witnesses: Any = None) -> BundleDocs:
     try:
-        return read_bundle(path, trusted, witnesses)
+        return read_bundle(path, trusted, witnesses, witness=True)
     except BundleIntegrityError as err:
         raise IntegrityError(f"{which} {path}: integrity failure: {err.summary}") from None
     except IntegrityError as err:

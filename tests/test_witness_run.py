@@ -520,3 +520,28 @@ def test_a_read_only_invocation_restores_a_witnessed_write_half(runs: dict[str, 
     both = checked(tree(runs, tmp_path / "t", half, bundle_of(r)))
     assert [b["findings"] for b in both] == [[], []]
     assert all(b["witness"]["counted"] for b in both)
+
+
+@pytest.mark.parametrize(("text", "fragment"), [
+    ('witnesses:\n  a: ["nope"]\n', "'mlckpt_trusted_witnesses' is a required property"),
+    ('committee: ["x"]\n', "witnesses go under witnesses:, next to mlckpt_trusted_witnesses: '1.0'"),
+    ('mlckpt_trusted_witnesses: "1.0"\nwitnesses:\n  a: ["ed25519:short"]\n',
+     "witnesses.a.0: 'ed25519:short'"),
+])
+def test_a_bad_trusted_witnesses_file_is_one_line_exit_2(runs: dict[str, Any], tmp_path: Path, text: str,
+                                                         fragment: str) -> None:
+    root = tree(runs, tmp_path / "t", runs["a"], trusted_witness=None)
+    (root / "trusted-witnesses.yaml").write_text(text)
+    proc = cli(str(root))
+    [line] = proc.stderr.splitlines()
+    assert proc.returncode == 2 and line.startswith("mlckpt-check: error: ") and fragment in line, line
+
+
+@pytest.mark.parametrize("url", ["ftp://witness:8470", "http://user:secret@witness:8470", "witness:8470"])
+def test_a_witness_url_that_is_not_plain_http_is_refused_before_anything_runs(url: str,
+                                                                             tmp_path: Path) -> None:
+    proc = subprocess.run([str(MLCKPT), "run", *RUN, "signing.key=none", f"witness.url={url}"], cwd=tmp_path,
+                          env=_cli_env(), text=True, capture_output=True, timeout=60)
+    [line] = [ln for ln in proc.stderr.splitlines() if ln.startswith("mlckpt: error:")]
+    assert proc.returncode == 2 and line.startswith("mlckpt: error: witness.url: "), proc.stderr
+    assert not (tmp_path / "mlckpt-checkpoints").exists()

@@ -32,7 +32,8 @@ def is_archive(path: Path) -> bool:
     return path.name.endswith(".tar.gz")
 
 
-def read_bundle(path: Path, trusted: Any = None, witnesses: Any = None) -> BundleDocs:
+def read_bundle(path: Path, trusted: Any = None, witnesses: Any = None, *, witness: bool = False
+                ) -> BundleDocs:
     """Verify the bundle at ``path`` (folder or .tar.gz) and parse the files the tables use, each
     checked against its signed digest, strictly (:mod:`mlckpt.strict`) and against its JSON
     Schema.  Raises BundleIntegrityError (exit 3) or UsageError (not a bundle, malformed)."""
@@ -63,10 +64,11 @@ def read_bundle(path: Path, trusted: Any = None, witnesses: Any = None) -> Bundl
             if problem:
                 raise UsageError(f"{path}: {name}: {problem}")
         records = _records(folder, vb, str(version), path)
-        witness = compare_side(folder, vb, docs["run.json"], records, witnesses)
+        # compare's view of the witness; the leaderboard has the checker's report instead
+        seen = compare_side(folder, vb, docs["run.json"], records, witnesses) if witness else None
     summary = _recomputed(path, docs, records, str(version))
     return BundleDocs(docs["run.json"], docs["config.yaml"], summary, docs["system.json"],
-                      vb.statement_sha256, vb.keyid, vb.org, witness)
+                      vb.statement_sha256, vb.keyid, vb.org, seen)
 
 
 def _records(folder: Path, vb: Any, version: str, path: Path) -> list[dict[str, Any]]:

@@ -170,13 +170,14 @@ class TrustKind:
     rules: str
     what: str  # "organisation", "witness"
     hint: str
+    plural: str
 
 
 # Format 1.0 of each never changes (mlckpt/formats.py).
 KEYS = TrustKind("mlckpt_trusted_keys", "organizations", "trusted-keys", "1.0", "organisation",
-                 "`mlckpt keygen --org NAME` prints an entry")
+                 "`mlckpt keygen --org NAME` prints an entry", "organisations")
 WITNESSES = TrustKind("mlckpt_trusted_witnesses", "witnesses", "trusted-witnesses", "1.4", "witness",
-                      "`mlckpt witness serve` prints its key; `mlckpt keygen --org NAME` an entry")
+                      "`mlckpt witness serve` prints the entry", "witnesses")
 TRUSTED_KEYS_SCHEMA_RULES = KEYS.rules
 
 
@@ -220,7 +221,7 @@ class TrustedKeys:
         if data and kind.group not in data and kind.marker not in data:
             # The obvious first try: names at the top level.  Say where they go.
             first = sorted(map(str, data))[0]
-            raise UsageError(f"{source}: {kind.what}s go under {kind.group}:, next to "
+            raise UsageError(f"{source}: {kind.plural} go under {kind.group}:, next to "
                              f"{kind.marker}: '1.0' (found {first!r} at the top level; {kind.hint})")
         problem = first_error(dict(data), kind.schema, kind.rules)
         if problem:

@@ -44,6 +44,11 @@ def summary_of(setup: Setup, records: Sequence[Mapping[str, Any]], manifest: Map
                               setup.plan)
 
 
+def records_format(rules_version: str) -> int:
+    """The records format a rule set's run schema pins (what the runner records under it)."""
+    return int(pinned("run", "records_format", rules_version))
+
+
 def manifest_of(
     setup: Setup,
     gates: Gates,
@@ -86,7 +91,7 @@ def manifest_of(
         "overrides": list(overrides),
         "started": started,
         "ended": ended,
-        "records_format": int(pinned("run", "records_format", setup.rules.version)),
+        "records_format": records_format(setup.rules.version),
         "data_scheme": DATA_SCHEME,
         "system_name": (description or {}).get("system_name"),
         "pipeline": {

@@ -35,7 +35,15 @@ from mlckpt.run.console import Console, headline
 from mlckpt.run.faults import NO_FAULTS, Faults
 from mlckpt.run.gates import Gates, judge, measure_host
 from mlckpt.run.guardian import Guardian
-from mlckpt.run.publish import BundleFiles, RunId, judged, manifest_of, summary_of, write_bundle
+from mlckpt.run.publish import (
+    BundleFiles,
+    RunId,
+    judged,
+    manifest_of,
+    records_format,
+    summary_of,
+    write_bundle,
+)
 from mlckpt.run.reads import ReadPhase
 from mlckpt.run.split import keeps_key
 from mlckpt.run.witnessing import Witnessing
@@ -282,13 +290,6 @@ def evict_written(job: Job, c: Configured, folders: Folders, created: Created, l
         job.faults.after_writes(job.rank, folders.root, fast, c.setup.plan, nw)
 
 
-def records_format(c: Configured) -> int:
-    """The records format the rule set's schema pins (rules 1.3 and older: 3)."""
-    from mlckpt.schemas import pinned
-
-    return int(pinned("run", "records_format", c.setup.rules.version))
-
-
 def phases(job: Job, c: Configured, gates: Gates, created: Created, ident: tuple[RunId, bytes],
            witness: Witnessing | None) -> tuple[RunId, list[dict[str, Any]]]:
     """Folders, allocation, the writes, eviction, the restores.  Returns the run's identity and
@@ -304,7 +305,7 @@ def phases(job: Job, c: Configured, gates: Gates, created: Created, ident: tuple
     folders = make_folders(job, c, gates, created, *ident)
     timer = op_timer(job, c, gates, folders, created)
     timer.witness = witness
-    timer.records_format = records_format(c)
+    timer.records_format = records_format(c.setup.rules.version)
     mine = plan.rank_plans[job.rank].files
     reads = plan.restore_reads(job.rank, ck["restore"], gates.shift)
     stream = cfg["residency"] == "stream"

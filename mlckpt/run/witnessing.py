@@ -19,7 +19,6 @@ from urllib.parse import urlsplit
 from mlckpt import __version__
 from mlckpt.errors import ConfigError
 from mlckpt.run.collective import Job
-from mlckpt.witness import protocol
 from mlckpt.witness.client import DEFAULT_TIMEOUT_S, Client, WitnessError
 
 TRANSCRIPT_FILE = "witness.dsse.json"
@@ -110,20 +109,25 @@ class Witnessing:
             self._lose("close", exc if isinstance(exc, WitnessError) else WitnessError(repr(exc)))
             self.transcript = None
 
+    @property
+    def witnessed(self) -> bool:
+        """The witness answered to the end: its transcript goes into the bundle."""
+        return self.transcript is not None and self.lost is None
+
     def block(self, num_writes: int) -> dict[str, Any]:
         """run.json's ``witness``: who witnessed, and whether the transcript is in the bundle."""
         return {
             "endpoint": endpoint(self.url),
             "keyid": self.keyid,
             "run": self.run,
-            "status": "witnessed" if self.transcript is not None and self.lost is None else "lost",
+            "status": "witnessed" if self.witnessed else "lost",
             "reason": self.lost,
             "nonces": [self.nonces.get(k) for k in range(1, num_writes + 1)],
-            "transcript": TRANSCRIPT_FILE if self.transcript is not None and self.lost is None else None,
+            "transcript": TRANSCRIPT_FILE if self.witnessed else None,
         }
 
     def transcript_bytes(self) -> bytes | None:
-        if self.transcript is None or self.lost is not None:
+        if not self.witnessed:
             return None
         return json.dumps(self.transcript, indent=1).encode() + b"\n"
 
@@ -136,7 +140,3 @@ def _opening(cfg: dict[str, Any], run_id: int, name: str) -> dict[str, Any]:
             "num_writes": ck["num_writes"], "num_reads": ck["num_reads"],
             "rules_version": cfg["rules_version"], "mlckpt_version": __version__}
 
-
-def tag_ids(run_id: int, nonces: dict[int, str]) -> dict[int, int]:
-    """Checkpoint -> the run id its page tags carry (witnessed writes only)."""
-    return {k: protocol.tag_run_id(run_id, n) for k, n in nonces.items()}

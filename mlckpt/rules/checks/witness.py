@@ -165,13 +165,9 @@ def witness_signature(ctx: Context, rs: RuleSet, rule: Rule) -> Outcome | NotChe
 
 
 def witness_trusted(ctx: Context, rs: RuleSet, rule: Rule) -> Outcome | NotChecked:
-    f = _facts(ctx)
-    skip = _opened(f)
-    if skip is not None:
-        return skip
-    assert f is not None
-    if not f.claimed:
-        return Outcome(True)
+    f, early = _claimed(ctx)
+    if f is None:
+        return early
     if not f.trust_list:
         return NotChecked("no --trusted-witnesses file given: the result is not counted as witnessed")
     return Outcome(f.trusted_as is not None, "a key of the trusted-witnesses file",
