@@ -175,7 +175,9 @@ class HostBed:
         _sh("nsenter", "-t", str(self.switch), "-n", "ip", "link", "set", f"v{host}", "master", "br0")
 
     def power_off(self, host: str) -> None:
-        """Every process on ``host`` dies at once (PID 1 of its namespace is killed)."""
+        """Every process on ``host`` dies at once (PID 1 of its namespace is killed), its cable
+        cut first: a host without power closes no connection, nobody hears from it again."""
+        self.cut(host)
         os.kill(self.pids[host], signal.SIGKILL)
 
     def down(self) -> None:
@@ -197,7 +199,12 @@ while [ $# -gt 0 ]; do case "$1" in -*) shift ;; *) break ;; esac; done
 host=$1; shift
 pid=$(awk -v h="$host" '$1 == h {{ print $2 }}' {pids})
 [ -n "$pid" ] || {{ echo "launch: no such host: $host" >&2; exit 255; }}
-exec nsenter -t "$pid" -n -u -m -p -T --wd="$PWD" -- sh -c "$*"
+nsenter -t "$pid" -n -u -m -p -T --wd="$PWD" -- sh -c "exec $*" &
+wait $!
+status=$?
+# A host that went down answers nothing: ssh would wait (for its keepalive timeout), so do we.
+[ -d /proc/"$pid" ] || exec sleep infinity
+exit $status
 """
 
 

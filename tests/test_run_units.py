@@ -38,7 +38,7 @@ SMALL = [
 
 
 def started_state(tmp_path: Path) -> GuardianState:
-    st = GuardianState(hosts={0: "h0"})
+    st = GuardianState(hosts={0: "h0"}, leader_pid=100)
     watch = st.handle({"ranks": [[0, 100, "h0", 3], [1, 101, "h0", 3], [2, 102, "h1", 3]], "host": "h0"})
     assert watch == [(1, 101, 3)]  # this host's ranks but rank 0 (the guardian's parent)
     st.handle(
@@ -61,7 +61,7 @@ def test_guardian_names_the_first_rank_and_its_file(tmp_path: Path) -> None:
     st.ended([1])  # later deaths do not change who was first
     assert st.first == [0] and st.ckpt == 2
     assert st.what() == (
-        f"rank 0 on h0 (pid ?) died during write 2 (killed by signal 9, SIGKILL), "
+        f"rank 0 on h0 (pid 100) died during write 2 (killed by signal 9, SIGKILL), "
         f"writing {tmp_path / 'run' / 'ckpt-0002' / 'a.pt'} (+1 more)"
     )
 

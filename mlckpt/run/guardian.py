@@ -1,18 +1,28 @@
-"""Rank 0's guardian: a helper process that names a rank killed mid-run and cleans up after it.
+"""Every host's guardian: a helper process that names a rank killed mid-run, notices a host lost
+from the job, and cleans up after either.
 
-When a rank dies (SIGKILL, the OOM killer, a crash), mpiexec kills every other rank at once, rank
-0 included, so no rank can say what happened nor remove the run's files.  So rank 0 forks, before
-MPI starts, a small process in its own session (mpiexec's cleanup signals the ranks' process
-groups, not it).  Rank 0 tells it over a pipe the ranks' pids and hosts, this run's planned paths
-and the step in progress.  When rank 0 ends without saying goodbye, the guardian waits for this
-host's ranks to be gone, prints one line naming the first local rank that died (life-pipe order),
-its exit and the step it was in, removes this run's planned checkpoint files (``sweep_run``;
-unless checkpoint.keep) and exits.  Its stdout and stderr are rank 0's, so mpiexec forwards that
-line.  Ranks on other hosts are not watched: if none of this host's ranks died first, the line
-says so.
+When a rank dies (SIGKILL, the OOM killer, a crash), mpiexec kills every other rank at once, so no
+rank can say what happened nor remove the run's files; when a host drops off the network, its ranks
+spin in MPI for ever while mpiexec has long returned.  So each host's first rank (its *leader*, by
+the launcher's local rank) forks, before MPI starts, a small process in its own session (mpiexec's
+cleanup signals the ranks' process groups, not it).  The leader tells it over a socket pair its
+host's ranks' pids and life pipes, this run's planned paths and the step in progress.  Rank 0's
+guardian is the *hub*; every other host's guardian connects to it before any I/O and both ends
+exchange heartbeats (:mod:`mlckpt.run.guardlink`).
 
-:class:`GuardianState` is the pure part (messages in, who died first, the report line), unit
-tested without processes; :func:`guardian_main` is the thin poll loop around it.
+* A rank of this host dies first: the guardian reports it to the hub, which decides which report
+  was first and tells every guardian; the guardian of the host where it happened prints the one
+  line (rank, host, op, file), after removing this run's files, and exits.  Its stdout and stderr
+  are its leader's, so mpiexec forwards the line (and waits for it: MPICH's proxy ends once every
+  copy of its ranks' output pipes is closed).
+* A spoke no longer hears the hub (``CONTACT_S``): it kills its host's ranks and their MPI proxy,
+  removes what it can reach of this run, says so and exits, so nothing of the run keeps running on
+  a cut-off host.  The hub no longer hears a spoke: it ends the job (kills rank 0, so mpiexec ends
+  every rank it can reach) and prints a line naming the lost host.
+
+Only one guardian prints, and the shared checkpoint folder is swept by that one only (the others
+sweep what lies on their own host); :class:`mlckpt.run.guardstate.GuardianState` holds those
+decisions, unit tested without processes; the loop here is the thin part around it.
 """
 
 from __future__ import annotations
@@ -24,241 +34,149 @@ import signal
 import socket
 import sys
 import time
-from dataclasses import dataclass, field
-from pathlib import Path
 from typing import Any
 
-from mlckpt.run.cleanup import sweep_run
+from mlckpt.run import guardlink
+from mlckpt.run.guardlink import CONNECT_S, Contact, Link
+from mlckpt.run.guardstate import GuardianState, ranks_text
+from mlckpt.run.proctools import comm_of, exit_how, launcher_rank, local_rank, realtime
 
-SETTLE_S = 5.0  # how long the guardian lets this host's other ranks end before it sweeps
+SETTLE_S = 5.0  # how long a guardian lets this host's other ranks end before it sweeps
+PROXY_GRACE_S = 2.0  # how long a cut-off spoke lets its MPI proxy forward its line and end by itself
+PROXIES = ("hydra_pmi_proxy", "orted", "prted")  # MPI launchers' per-host daemons a spoke may stop
 
 
 class Guardian:
-    """Rank 0's end of the control pipe (see the module docstring)."""
+    """The leader's end of the control socket (see the module docstring)."""
 
-    def __init__(self, wfd: int | None = None) -> None:
-        self.wfd = wfd
+    def __init__(self, sock: socket.socket | None = None, port: int = 0) -> None:
+        self.sock, self.port = sock, port
+
+    @property
+    def hub(self) -> bool:
+        return self.port != 0
 
     @classmethod
     def start(cls) -> Guardian | None:
-        if launcher_rank() != 0 or not hasattr(os, "pidfd_open"):
+        rank, local = launcher_rank(), local_rank()
+        leader = local == 0 if local is not None else rank == 0
+        if rank is None or not leader or not hasattr(os, "pidfd_open"):
             return None
-        rfd, wfd = os.pipe()
-        parent = os.getpid()
+        try:
+            listener = guardlink.listen() if rank == 0 else None
+            ours, theirs = socket.socketpair()
+        except OSError:
+            return None
+        parent, proxy = os.getpid(), os.getppid()
         try:
             pid = os.fork()
         except OSError:
-            os.close(rfd)
-            os.close(wfd)
+            ours.close()
+            theirs.close()
             return None
         if pid == 0:  # the guardian
             code = 0
             try:
-                os.close(wfd)
-                guardian_main(rfd, parent)
+                ours.close()
+                guardian_main(theirs, parent, proxy, listener)
             except BaseException:
                 code = 1
             finally:
                 os._exit(code)
-        os.close(rfd)
-        return cls(wfd)
+        theirs.close()
+        port = listener.getsockname()[1] if listener is not None else 0
+        if listener is not None:
+            listener.close()
+        return cls(ours, port)
 
     def send(self, **msg: Any) -> None:
-        if self.wfd is None:
+        if self.sock is None:
             return
-        data = (json.dumps(msg, separators=(",", ":")) + "\n").encode()
         try:
-            while data:
-                data = data[os.write(self.wfd, data) :]
+            self.sock.sendall(guardlink.encode(msg))
         except OSError:  # the guardian is gone: carry on without it
             self.close()
 
+    def ask(self, timeout_s: float, **msg: Any) -> dict[str, Any] | None:
+        """Send ``msg`` and wait for the guardian's one-line answer."""
+        self.send(**msg)
+        if self.sock is None:
+            return None
+        buf = b""
+        self.sock.settimeout(timeout_s)
+        try:
+            while b"\n" not in buf:
+                data = self.sock.recv(1 << 16)
+                if not data:
+                    return None
+                buf += data
+        except OSError:
+            return None
+        finally:
+            if self.sock is not None:
+                self.sock.settimeout(None)
+        answer = json.loads(buf.split(b"\n", 1)[0])
+        return answer if isinstance(answer, dict) else None
+
+    def addresses(self) -> list[tuple[str, int]]:
+        return guardlink.hub_addresses(self.port) if self.hub else []
+
     def end(self, how: str) -> None:
-        """Goodbye: ``clean`` (rank 0 finished and cleaned up) or ``reported`` (rank 0 reported the
-        failure itself and is aborting the job)."""
+        """Goodbye: ``clean`` (the leader finished and cleaned up) or ``reported`` (rank 0
+        reported the failure itself and is aborting the job)."""
         self.send(end=how)
         self.close()
 
     def close(self) -> None:
-        if self.wfd is not None:
-            fd, self.wfd = self.wfd, None
+        if self.sock is not None:
+            sock, self.sock = self.sock, None
             try:
-                os.close(fd)
+                sock.close()
             except OSError:
                 pass
 
 
-def launcher_rank() -> int | None:
-    """This process's rank as the MPI launcher announces it (before MPI starts), if it does."""
-    for var in ("PMI_RANK", "PMIX_RANK", "OMPI_COMM_WORLD_RANK"):
-        value = os.environ.get(var, "")
-        if value.isdigit():
-            return int(value)
-    return None
-
-
-_KEPT = ("run", "names", "keep", "dirs", "partial", "end", "final", "fast_run", "fast_dirs")
-
-
-@dataclass
-class GuardianState:
-    """What the guardian knows: the messages rank 0 sent, and which rank ended first while the
-    run was going on.  Pure: no processes, no files."""
-
-    hosts: dict[int, str] = field(default_factory=dict)
-    pids: dict[int, int] = field(default_factory=dict)
-    how: dict[int, str] = field(default_factory=dict)  # rank -> "killed by signal 9, SIGKILL"
-    step: str = "start-up"
-    ckpt: int = 0  # the last checkpoint whose write started (files may exist up to it)
-    cur: int = 0  # the checkpoint of the step in progress
-    info: dict[str, Any] = field(default_factory=dict)  # the _KEPT keys rank 0 sent
-    first: list[int] = field(default_factory=list)
-
-    def handle(self, msg: dict[str, Any]) -> list[tuple[int, int, int | None]]:
-        """Take one message; returns the (rank, pid, life-pipe fd) of this host's ranks to watch."""
-        watch: list[tuple[int, int, int | None]] = []
-        if "ranks" in msg:
-            for rank, pid, host, life_fd in msg["ranks"]:
-                self.hosts[rank] = host
-                if host == msg["host"] and rank != 0:
-                    self.pids[rank] = pid
-                    watch.append((rank, pid, life_fd))
-        if "step" in msg:
-            self.step = str(msg["step"])
-            self.cur = int(msg.get("ckpt", 0))
-            if self.step.startswith("write "):
-                self.ckpt = max(self.ckpt, self.cur)
-        for k in _KEPT:
-            if k in msg:
-                self.info[k] = msg[k]
-        return watch
-
-    def ended(self, ranks: list[int]) -> None:
-        """Ranks seen ending together; only the first such batch before the final step counts."""
-        if ranks and not self.first and not self.info.get("final"):
-            self.first.extend(sorted(ranks))
-
-    @property
-    def said_goodbye(self) -> bool:
-        return bool(self.info.get("end"))
-
-    def what(self) -> str:
-        """Who died, during which step and (for a write or read) in which file."""
-        culprits = self.first or [0]
-        if len(culprits) == 1:
-            rank = culprits[0]
-            what = (
-                f"rank {rank} on {self.hosts.get(rank, '?')} (pid {self.pids.get(rank, '?')}) "
-                f"died during {self.step}"
-            )
-            what += f" ({self.how[rank]})" if self.how.get(rank) else ""
-        else:
-            what = (
-                f"ranks {', '.join(map(str, culprits))} on {self.hosts.get(culprits[0], '?')} "
-                f"died at the same moment during {self.step}"
-            )
-        op = self.step.split()[0] if self.step else ""
-        run = self.info.get("run")
-        if op in ("write", "read") and run and self.cur:
-            cdir = Path(run) / f"ckpt-{self.cur:04d}"
-            names = self.info.get("names") or []
-            rank = culprits[0]
-            if op == "write" and rank < len(names) and names[rank]:
-                more = len(names[rank]) - 1
-                what += f", writing {cdir / names[rank][0]}" + (f" (+{more} more)" if more else "")
-            else:
-                what += f", reading from {cdir}"
-        return what
-
-    def sweep(self) -> str:
-        """Remove this run's planned files (effects: the files named by rank 0's messages)."""
-        i = self.info
-        names = [n for ns in i.get("names", []) for n in ns]
-        note = "; " + sweep_run(
-            Path(i["run"]),
-            names,
-            self.ckpt,
-            keep=bool(i.get("keep")),
-            dirs=i.get("dirs", []),
-            partial=i.get("partial"),
-        )
-        if i.get("fast_run"):
-            fast = sweep_run(
-                Path(i["fast_run"]), names, self.ckpt, keep=bool(i.get("keep")), dirs=i.get("fast_dirs", [])
-            )
-            note += f" (fast tier: {fast.removeprefix('removed ')})"
-        return note
-
-    def report(self) -> str:
-        line = f"mlckpt: error: {self.what()}; the MPI job was ended"
-        if self.info.get("run"):
-            try:
-                line += self.sweep()
-            except Exception as exc:  # never let cleanup hide the report
-                line += f"; cleanup failed: {exc}"
-        return line
-
-
-def exit_how(pid: int) -> str:
-    """How a process that just ended did so, read while it is a zombie (best effort)."""
-    try:
-        with open(f"/proc/{pid}/stat", "rb") as fh:
-            raw = fh.read().decode("ascii", "replace")
-        code = int(raw[raw.rindex(")") + 2 :].split()[-1])  # field 52, exit_code
-    except (OSError, ValueError, IndexError):
-        return ""
-    if os.WIFSIGNALED(code):
-        sig = os.WTERMSIG(code)
-        try:
-            name = signal.Signals(sig).name
-        except ValueError:
-            name = "?"
-        return f"killed by signal {sig}, {name}"
-    if os.WIFEXITED(code):
-        return f"exited with status {os.WEXITSTATUS(code)}"
-    return ""
-
-
-def _realtime(on: bool) -> None:
-    """Switch this process to the lowest real-time priority (SCHED_FIFO 1) or back; best effort:
-    without the privilege it stays an ordinary process."""
-    try:
-        if on:
-            os.sched_setscheduler(0, os.SCHED_FIFO, os.sched_param(1))
-        else:
-            os.sched_setscheduler(0, os.SCHED_OTHER, os.sched_param(0))
-    except (OSError, AttributeError):
-        pass
-
-
 class _Watcher:
-    """The guardian's file descriptors: the control pipe, pidfds and life pipes, in one poller.
-    Who died first is told by the *life pipes*: each rank holds the write end of a pipe whose read
-    end the guardian opens through /proc; it reports end of file the moment the rank's files are
-    closed as it dies, before mpiexec can even notice and kill the others (pidfds only fire once a
-    process is completely gone, which for a rank with a large address space can come after
-    mpiexec has killed the rest).  The control pipe is rank 0's life pipe."""
+    """The guardian's file descriptors in one poller: the control socket, this host's ranks'
+    pidfds and life pipes, the hub's listening socket and the links.  Who died first is told by
+    the *life pipes*: each rank holds the write end of a pipe whose read end the guardian opens
+    through /proc; it reports end of file the moment the rank's files are closed as it dies,
+    before mpiexec can even notice and kill the others (pidfds only fire once a process is
+    completely gone, which for a rank with a large address space can come after mpiexec has killed
+    the rest).  The control socket is the leader's life pipe."""
 
-    def __init__(self, rfd: int, parent: int, state: GuardianState) -> None:
-        self.rfd, self.state = rfd, state
+    def __init__(self, ctl: socket.socket, parent: int, listener: socket.socket | None) -> None:
+        self.ctl, self.listener = ctl, listener
+        self.state = GuardianState(hub=listener is not None, leader_pid=parent)
+        if listener is not None:
+            self.state.pids[0] = parent
+        self.bye: set[str] = set()  # peers that said goodbye before closing
         self.poller = select.poll()
-        self.poller.register(rfd, select.POLLIN)
+        self.poller.register(ctl.fileno(), select.POLLIN)
+        if listener is not None:
+            listener.setblocking(False)
+            self.poller.register(listener.fileno(), select.POLLIN)
         self.life: dict[int, int] = {}  # life-pipe fd -> rank
         self.pidfds: dict[int, tuple[int, int]] = {}  # pidfd -> (rank, pid)
-        self.buf = b""
-        state.pids[0] = parent
+        self.links: dict[int, Link] = {}  # socket fd -> link (peer "" until its hello)
+        self.contact = Contact()
+        self.buf = bytearray()
+        self.expect: tuple[set[str], float] | None = None
+        self.leader_gone = False
         try:
             pfd = os.pidfd_open(parent)
-            self.pidfds[pfd] = (0, parent)
+            self.pidfds[pfd] = (-1, parent)  # the leader's rank is known once its notes arrive
             self.poller.register(pfd, select.POLLIN)
         except OSError:
             pass
+
+    # -- this host's ranks
 
     def watch(self, rank: int, pid: int, life_fd: int | None) -> None:
         try:
             fd = os.pidfd_open(pid)
         except ProcessLookupError:  # gone already
-            self.state.ended([rank])
+            self.died([rank])
             return
         except OSError:  # no pidfds here (old kernel): the life pipe alone will do
             pass
@@ -277,9 +195,12 @@ class _Watcher:
         """A pidfd fired: that process is completely gone.  Returns its rank if it has no life pipe."""
         rank, pid = self.pidfds.pop(fd)
         self.poller.unregister(fd)
-        self.state.how[rank] = exit_how(pid)
         os.close(fd)
-        return rank if rank not in self.life.values() else None  # rank 0: see run_until_rank0_gone
+        if rank < 0:  # the leader
+            rank = self.state.leader
+            self.leader_gone = True
+        self.state.how[rank] = exit_how(pid)
+        return rank if rank not in self.life.values() else None
 
     def drop_life(self, fd: int) -> int:
         rank = self.life.pop(fd)
@@ -287,38 +208,197 @@ class _Watcher:
         os.close(fd)
         return rank
 
-    def read_control(self) -> bool:
-        """Read rank 0's messages; False at end of file (rank 0 is gone)."""
-        data = os.read(self.rfd, 1 << 16)
-        if not data:
-            self.poller.unregister(self.rfd)
-            return False
-        self.buf += data
-        *lines, self.buf = self.buf.split(b"\n")
-        for line in lines:
-            for rank, pid, life_fd in self.state.handle(json.loads(line)):
-                self.watch(rank, pid, life_fd)
-        return True
+    def died(self, ranks: list[int]) -> None:
+        if not self.state.ended(sorted(set(ranks))):
+            return
+        report = self.state.report_msg()
+        if self.state.hub:
+            self.broadcast({"first": report})
+        else:
+            self.broadcast(report)
 
-    def run_until_rank0_gone(self) -> None:
-        rank0_gone = False
-        while not rank0_gone:
-            batch: list[int] = []
-            for fd, _ev in self.poller.poll():
-                if fd == self.rfd:
-                    if not self.read_control():
-                        rank0_gone = True
-                        batch.append(0)
-                elif fd in self.life:
-                    batch.append(self.drop_life(fd))
-                elif fd in self.pidfds:
-                    rank = self.gone(fd)
-                    if rank == 0 and not rank0_gone:  # its control pipe is still open elsewhere
-                        rank0_gone = True
-                        batch.append(0)
-                    elif rank:
-                        batch.append(rank)
-            self.state.ended(sorted(set(batch)))
+    def stop_host(self, proxy: int) -> None:
+        """A spoke cut off from the job: say so (if it is the one to), then stop this host's ranks
+        and their MPI proxy (only a known launcher daemon, never anything else)."""
+        st = self.state
+        ranks = sorted(r for r in st.pids if r >= 0)
+        comm = comm_of(proxy)
+        st.stopped = f"rank{'s' if len(ranks) > 1 else ''} {ranks_text(ranks)}" + (
+            f" and their MPI proxy ({comm})" if comm in PROXIES else "")
+        for pid in st.pids.values():
+            try:
+                os.kill(pid, signal.SIGKILL)
+            except OSError:
+                pass
+        if st.printer:  # while the proxy is there to forward it
+            self.say(st.headline() + "; removing this run's files")
+        if comm in PROXIES:  # it may still reach mpiexec and end by itself; if not, it goes
+            until = time.monotonic() + PROXY_GRACE_S
+            while comm_of(proxy) == comm and time.monotonic() < until:
+                time.sleep(0.05)
+            try:
+                os.kill(proxy, signal.SIGKILL)
+            except OSError:
+                pass
+
+    # -- the leader's notes
+
+    def read_control(self) -> None:
+        try:
+            data = self.ctl.recv(1 << 16)
+        except OSError:
+            data = b""
+        if not data:  # the leader is gone (or said goodbye and closed)
+            self.poller.unregister(self.ctl.fileno())
+            self.leader_gone = True
+            return
+        for msg in guardlink.lines(self.buf, data):
+            for rank, pid, life_fd in self.state.handle(msg):
+                self.watch(rank, pid, life_fd)
+            if "hub" in msg:
+                self.link_to_hub(msg["hub"])
+            if "expect" in msg:
+                self.expect = ({str(h) for h in msg["expect"]}, time.monotonic() + CONNECT_S + 2)
+                self.check_expect()
+
+    def answer(self, **msg: Any) -> None:
+        try:
+            self.ctl.sendall(guardlink.encode(msg))
+        except OSError:
+            pass
+
+    # -- links
+
+    def link_to_hub(self, addresses: list[list[Any]]) -> None:
+        got = guardlink.connect([(str(a), int(p)) for a, p in addresses], self.state.host)
+        if isinstance(got, str):
+            self.answer(linked=False, why=got)
+            return
+        got.send({"hello": self.state.host})
+        self.add_link(got, "hub")
+        self.answer(linked=True)
+
+    def add_link(self, link: Link, peer: str) -> None:
+        link.peer = peer
+        self.links[link.fileno()] = link
+        self.poller.register(link.fileno(), select.POLLIN)
+        if peer:
+            self.contact.add(peer, time.monotonic())
+
+    def drop_link(self, link: Link) -> None:
+        self.links.pop(link.fileno(), None)
+        self.poller.unregister(link.fileno())
+        self.contact.drop(link.peer)
+        link.close()
+
+    def accept(self) -> None:
+        assert self.listener is not None
+        try:
+            sock, _ = self.listener.accept()
+        except OSError:
+            return
+        self.add_link(Link(sock), "")
+
+    def peers(self) -> list[Link]:
+        return [link for link in self.links.values() if link.peer]
+
+    def broadcast(self, msg: dict[str, Any]) -> None:
+        for link in self.peers():
+            link.send(msg)
+
+    def on_link(self, link: Link) -> None:
+        msgs = link.receive()
+        if msgs is None:  # closed: a goodbye, or the peer died (then it counts as lost)
+            peer = link.peer
+            self.drop_link(link)
+            if peer and not self.state.said_goodbye and not self.state.job_end and peer not in self.bye:
+                self.lose([peer])
+            return
+        if link.peer:
+            self.contact.heard[link.peer] = time.monotonic()
+        for msg in msgs:
+            self.on_message(link, msg)
+
+    def on_message(self, link: Link, msg: dict[str, Any]) -> None:
+        st = self.state
+        if "hello" in msg and not link.peer:
+            link.peer = str(msg["hello"])
+            self.contact.add(link.peer, time.monotonic())
+            self.check_expect()
+        elif "bye" in msg:
+            self.bye.add(link.peer)
+        elif "dead" in msg and st.hub and st.arbitrate(msg):
+            self.broadcast({"first": msg})
+        elif "first" in msg and not st.hub:
+            st.verdict(msg["first"])
+        elif "end" in msg and not st.hub:
+            st.job_end = str(msg["end"])
+
+    def check_expect(self) -> None:
+        if self.expect is None:
+            return
+        hosts, until = self.expect
+        have = {link.peer for link in self.peers()}
+        if hosts <= have or time.monotonic() >= until:
+            self.answer(linked=sorted(have & hosts))
+            self.expect = None
+
+    def lose(self, peers: list[str]) -> None:
+        st = self.state
+        if st.quiet or st.said_goodbye or not peers:
+            return
+        new = [p for p in peers if p not in st.lost]
+        if not new:
+            return
+        st.lost.extend(new)
+        if st.hub:  # end the job: mpiexec ends every rank it can reach once rank 0 is gone
+            try:
+                os.kill(st.leader_pid, signal.SIGKILL)
+            except OSError:
+                pass
+
+    def tick(self) -> None:
+        now = time.monotonic()
+        for link in self.peers():
+            if link.peer in self.contact.due(now):
+                link.send({"hb": 1})
+                self.contact.sent[link.peer] = now
+        self.lose(self.contact.lost(now))
+        self.check_expect()
+
+    # -- the loop
+
+    def poll_once(self, timeout_s: float) -> None:
+        batch: list[int] = []
+        for fd, _ev in self.poller.poll(max(1, int(timeout_s * 1000))):
+            if fd == self.ctl.fileno():
+                self.read_control()
+                if self.leader_gone:
+                    batch.append(self.state.leader)
+            elif self.listener is not None and fd == self.listener.fileno():
+                self.accept()
+            elif fd in self.links:
+                self.on_link(self.links[fd])
+            elif fd in self.life:
+                batch.append(self.drop_life(fd))
+            elif fd in self.pidfds:
+                rank = self.gone(fd)
+                if rank is not None:
+                    batch.append(rank)
+        self.died(batch)
+        self.tick()
+
+    def run_until_leader_gone(self) -> None:
+        while not self.leader_gone and not (self.state.lost and not self.state.hub):
+            self.poll_once(min(self.contact.wait_s(time.monotonic()), 1.0))
+
+    def await_verdict(self) -> None:
+        """A spoke whose rank died first waits for the hub's word (at most until the hub is lost)."""
+        while self.state.waiting_for_verdict:
+            if not self.peers():  # no hub to ask (never linked, or gone): this host's line it is
+                self.state.confirmed = True
+                break
+            self.poll_once(min(self.contact.wait_s(time.monotonic()), 0.2))
 
     def settle(self, seconds: float) -> None:
         """Let this host's other ranks end (mpiexec is killing them), so nothing writes while the
@@ -331,27 +411,57 @@ class _Watcher:
                 elif fd in self.life:
                     self.drop_life(fd)
 
+    @property
+    def several_hosts(self) -> bool:
+        return not self.state.hub or bool(self.peers()) or bool(self.state.lost) or bool(self.bye)
 
-def guardian_main(rfd: int, parent: int) -> None:
+    def say(self, line: str) -> None:
+        try:
+            print(line, file=sys.stderr, flush=True)
+        except OSError:
+            pass
+
+    def finish(self) -> None:
+        """The end without the leader's goodbye: the line if it is ours, and the sweep.  On several
+        hosts the line goes out at once: MPICH's mpiexec may tear down this host's proxy (which
+        forwards it) as soon as another host reports its side of the failure; the account of the
+        cleanup follows on a line of its own.  On one host the proxy waits for it: one line."""
+        early = self.several_hosts and self.state.printer
+        if early and not self.state.stopped:  # (a spoke that stopped its host said it already)
+            self.say(self.state.headline() + "; removing this run's files")
+        realtime(False)  # cleanup is ordinary work
+        self.settle(SETTLE_S)
+        if self.state.printer:
+            self.say(f"mlckpt: cleanup: {self.state.swept().removeprefix('; ')}" if early
+                     else self.state.report())
+        else:
+            self.state.swept()
+        for link in self.peers():
+            link.send({"bye": 1})
+
+
+def guardian_main(ctl: socket.socket, parent: int, proxy: int, listener: socket.socket | None) -> None:
     """The guardian process (see the module docstring)."""
     os.setsid()
-    for sig in (signal.SIGINT, signal.SIGHUP):
+    for sig in (signal.SIGINT, signal.SIGHUP, signal.SIGPIPE):
         signal.signal(sig, signal.SIG_IGN)
     # Who died first is only known if the guardian runs the moment a life pipe closes, before
     # mpiexec's proxy (woken by the same death) kills the rest: on a busy host a normal-priority
     # guardian can wake too late and see two deaths at once.  A real-time priority (where allowed)
     # makes it preempt the ranks and the proxy; it only ever sleeps in poll, so it costs nothing.
-    _realtime(True)
-    os.closerange(3, rfd)
-    os.closerange(rfd + 1, 1 << 16)
-    state = GuardianState(hosts={0: socket.gethostname()})
-    watcher = _Watcher(rfd, parent, state)
-    watcher.run_until_rank0_gone()
-    _realtime(False)  # cleanup is ordinary work
-    if state.said_goodbye:
+    realtime(True)
+    low = 3
+    for fd in sorted({ctl.fileno(), *([listener.fileno()] if listener is not None else [])}):
+        os.closerange(low, fd)
+        low = fd + 1
+    os.closerange(low, 1 << 16)
+    w = _Watcher(ctl, parent, listener)
+    w.run_until_leader_gone()
+    if w.state.said_goodbye:  # the leader finished (or rank 0 reported a failure itself)
+        how = str(w.state.info.get("end"))
+        w.broadcast({"end": how} if w.state.hub else {"bye": 1})
         return
-    watcher.settle(SETTLE_S)
-    try:
-        print(state.report(), file=sys.stderr, flush=True)
-    except OSError:
-        pass
+    if w.state.lost and not w.state.hub:
+        w.stop_host(proxy)
+    w.await_verdict()
+    w.finish()

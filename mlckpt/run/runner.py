@@ -35,6 +35,7 @@ from mlckpt.run.console import Console, headline
 from mlckpt.run.faults import NO_FAULTS, Faults
 from mlckpt.run.gates import Gates, judge, measure_host
 from mlckpt.run.guardian import Guardian
+from mlckpt.run.hostwatch import link_guardians, tell_shared
 from mlckpt.run.publish import (
     BundleFiles,
     RunId,
@@ -86,7 +87,7 @@ def gate(job: Job, c: Configured) -> Gates:
     cfg = c.config
     folder = Path(cfg["checkpoint"]["folder"]).absolute()
     names = job.comm.allgather(job.host)
-    # The life pipe: its write end closes when this process dies, which rank 0's guardian sees
+    # The life pipe: its write end closes when this process dies, which its host's guardian sees
     # at once (it opens the read end through /proc).  Both ends stay open for good.
     life = os.pipe()
     pids = job.comm.allgather((os.getpid(), life[0]))
@@ -94,6 +95,8 @@ def gate(job: Job, c: Configured) -> Gates:
         ranks=[[r, pid, h, fd] for r, ((pid, fd), h) in enumerate(zip(pids, names, strict=True))],
         host=job.host,
     )
+    with job.step("guardians"):
+        link_guardians(job, names)
     local = None
     with job.step("host measurement"):
         if names.index(job.host) == job.rank:
@@ -123,26 +126,23 @@ def make_folders(job: Job, c: Configured, gates: Gates, created: Created, run: R
     names = [[f.name for f in rp.files] for rp in c.setup.plan.rank_plans]
     partial_dir = str(Path(cfg["output"]["root"]).absolute() / f".{run.name}.partial")
     with job.step("checkpoint folder"):
+        # Folders this run creates (the configured folder too, if missing) are removed at the
+        # end when empty; pre-existing ones are never touched.
+        missing = created.missing_above(root) if leader else []
+        job.note(run=str(root), keep=bool(ck["keep"]), dirs=[str(d) for d in missing], names=names,
+                 partial=partial_dir)  # before the first mkdir: the guardian can undo all of it
         if leader:
-            # Folders this run creates (the configured folder too, if missing) are removed at the
-            # end when empty; pre-existing ones are never touched.
-            missing = created.missing_above(root)
-            job.note(
-                run=str(root),
-                keep=bool(ck["keep"]),
-                dirs=[str(d) for d in missing],
-                names=names,
-                partial=partial_dir,
-            )  # before the first mkdir: the guardian can undo all of it
             make_run_folder(root, created, key if keeps_key(cfg) else None)
+    tell_shared(job, root, leader, "shared")
     fast_root = None
     if c.pipe.fast is not None:
         fast_root = Path(c.pipe.fast).absolute() / run.name
         with job.step("fast-tier folder"):
+            missing = created.missing_above(fast_root) if leader else []
+            job.note(fast_run=str(fast_root), fast_dirs=[str(d) for d in missing])
             if leader:
-                missing = created.missing_above(fast_root)
-                job.note(fast_run=str(fast_root), fast_dirs=[str(d) for d in missing])
                 make_run_folder(fast_root, created)
+        tell_shared(job, fast_root, leader, "fast_shared")
     return Folders(run, key, root, fast_root)
 
 
@@ -468,7 +468,7 @@ def final_barrier(job: Job) -> None:
 def mpi_main(overrides: Sequence[str], faults: Faults = NO_FAULTS, out: TextIO | None = None,
              source: ConfigSource = SHIPPED) -> int:
     """Entry point on every rank under mpiexec (tests pass their own ``faults``)."""
-    guardian = Guardian.start()  # rank 0 only, and before MPI starts (no fork after MPI_Init)
+    guardian = Guardian.start()  # each host's first rank, before MPI starts (no fork after MPI_Init)
     try:
         from mpi4py import MPI
 
@@ -492,5 +492,5 @@ def mpi_main(overrides: Sequence[str], faults: Faults = NO_FAULTS, out: TextIO |
             return INVALID_STATUS
         return 0
     finally:
-        if guardian is not None:  # rank 0 got here: it reported and cleaned up itself
+        if guardian is not None:  # the leader got here: its failure was reported and cleaned up
             guardian.end("clean")
