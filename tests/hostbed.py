@@ -1,8 +1,8 @@
 #!/usr/bin/env python3
 """TEST-ONLY: several simulated hosts on one machine, for the multi-host fault tests.
 
-    python tests/hostbed.py up N DIR     bring up a login host h0 and hosts h1..hN, print their pids
-    python tests/hostbed.py down DIR     take them down
+    python tests/hostbed.py up N DIR     bring up a login host h0 and hosts h1..hN, print their
+                                         pids, keep them up until interrupted
 
 Each host is a ``sleep`` holding its own network, UTS (hostname), mount and PID namespaces, so a
 process on it sees its own hostname, its own loopback and address, its own node-local tmpfs at
@@ -159,13 +159,30 @@ class HostBed:
             assert time.monotonic() < until, f"{host}: its node-local tmpfs never appeared"
             time.sleep(0.02)
 
-    def enter(self, host: str) -> list[str]:
-        """The argv prefix that runs a command on ``host``."""
+    def enter(self, host: str, wd: Path | None = None) -> list[str]:
+        """The argv prefix that runs a command on ``host`` (in ``wd``, default this folder)."""
         pid = ["-p", "-T"] if host != "h0" else []
-        return ["nsenter", "-t", str(self.pids[host]), "-n", "-u", "-m", *pid, f"--wd={os.getcwd()}", "--"]
+        return ["nsenter", "-t", str(self.pids[host]), "-n", "-u", "-m", *pid, f"--wd={wd or os.getcwd()}", "--"]
 
     def run(self, host: str, *argv: str) -> subprocess.CompletedProcess[str]:
         return subprocess.run([*self.enter(host), *argv], capture_output=True, text=True, timeout=60)
+
+    def host_pid(self, host: str, pid: int) -> int:
+        """The machine's pid of the process that ``host`` knows as ``pid``."""
+        ns = os.readlink(f"/proc/{self.pids[host]}/ns/pid")
+        for entry in os.listdir("/proc"):
+            if not entry.isdigit():
+                continue
+            try:
+                if os.readlink(f"/proc/{entry}/ns/pid") != ns:
+                    continue
+                status = Path(f"/proc/{entry}/status").read_text()
+            except OSError:
+                continue
+            nspid = next((ln.split()[1:] for ln in status.splitlines() if ln.startswith("NSpid:")), [])
+            if nspid and int(nspid[-1]) == pid:
+                return int(entry)
+        raise ProcessLookupError(f"{host} has no process {pid}")
 
     def cut(self, host: str) -> None:
         """Unplug ``host``'s cable at the switch: its packets go nowhere, nothing tells it so."""
