@@ -35,6 +35,7 @@ from pathlib import Path
 
 SUBNET = "10.77.0"
 LOCAL_MIB = 64  # each host's node-local tmpfs
+FAKETIME = "/usr/lib/x86_64-linux-gnu/faketime/libfaketime.so.1"  # Debian's libfaketime
 
 
 def _sh(*argv: str) -> None:
@@ -122,7 +123,8 @@ class HostBed:
         for host in ["h0", *self.names]:
             self._host(host, hosts)
         (self.root / "pids").write_text("".join(f"{h} {p}\n" for h, p in self.pids.items()))
-        self.launcher.write_text(_LAUNCH.format(pids=self.root / "pids"))
+        self.launcher.write_text(_LAUNCH.format(pids=self.root / "pids", clocks=self.root / "clocks",
+                                                faketime=FAKETIME))
         self.launcher.chmod(0o755)
         return self
 
@@ -162,7 +164,8 @@ class HostBed:
     def enter(self, host: str, wd: Path | None = None) -> list[str]:
         """The argv prefix that runs a command on ``host`` (in ``wd``, default this folder)."""
         pid = ["-p", "-T"] if host != "h0" else []
-        return ["nsenter", "-t", str(self.pids[host]), "-n", "-u", "-m", *pid, f"--wd={wd or os.getcwd()}", "--"]
+        where = f"--wd={wd or os.getcwd()}"
+        return ["nsenter", "-t", str(self.pids[host]), "-n", "-u", "-m", *pid, where, "--"]
 
     def run(self, host: str, *argv: str) -> subprocess.CompletedProcess[str]:
         return subprocess.run([*self.enter(host), *argv], capture_output=True, text=True, timeout=60)
@@ -183,6 +186,16 @@ class HostBed:
             if nspid and int(nspid[-1]) == pid:
                 return int(entry)
         raise ProcessLookupError(f"{host} has no process {pid}")
+
+    def set_clock(self, host: str, offset_s: float) -> None:
+        """Processes started on ``host`` from now on read its wall clock ``offset_s`` off (Debian's
+        libfaketime, preloaded by the launcher: a real clock cannot be set per namespace).  Their
+        monotonic clock moves by the same constant (libfaketime's sleeps fail with EINVAL when it
+        is left alone), which no duration sees."""
+        path = self.root / "clocks"
+        clocks = dict(ln.split() for ln in path.read_text().splitlines()) if path.exists() else {}
+        clocks[host] = f"{offset_s:+g}"
+        path.write_text("".join(f"{h} {o}\n" for h, o in clocks.items() if float(o) != 0))
 
     def cut(self, host: str) -> None:
         """Unplug ``host``'s cable at the switch: its packets go nowhere, nothing tells it so."""
@@ -216,6 +229,10 @@ while [ $# -gt 0 ]; do case "$1" in -*) shift ;; *) break ;; esac; done
 host=$1; shift
 pid=$(awk -v h="$host" '$1 == h {{ print $2 }}' {pids})
 [ -n "$pid" ] || {{ echo "launch: no such host: $host" >&2; exit 255; }}
+offset=$(awk -v h="$host" '$1 == h {{ print $2 }}' {clocks} 2>/dev/null)
+if [ -n "$offset" ]; then
+  export LD_PRELOAD={faketime} FAKETIME="$offset"
+fi
 nsenter -t "$pid" -n -u -m -p -T --wd="$PWD" -- sh -c "exec $*" &
 wait $!
 status=$?

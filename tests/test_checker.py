@@ -542,7 +542,7 @@ def test_every_rule_a_bundle_can_break_has_a_case() -> None:
     # need the runner's own host measurements (a fact in rules.yaml) cannot be broken by a bundle
     no_bundle_data = {r.id for r in load_rules().rules if "host_measurements" in r.needs}
     assert no_bundle_data == {"DISK-SPACE", "FOLDER-USABLE", "TIER-SPACE", "TIER-USABLE", "IO-ENGINE",
-                              "RESULTS-APART"}
+                              "RESULTS-APART", "HOST-CLOCK-OFFSET"}
     # the cross-examination rules (1.2) have their cases in the forgery suite, the transcript
     # rules (1.4) theirs in tests/test_witness_run.py (bundles of real witnessed runs)
     from test_witness_run import FORGERIES as WITNESS_FORGERIES

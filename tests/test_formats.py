@@ -15,6 +15,7 @@ from mlckpt import formats
 from mlckpt.metrics import ReadRecord, StageRecord, WriteRecord
 from mlckpt.resources import rules_dir
 from mlckpt.rules.engine import DEFAULT_RULES_VERSION
+from mlckpt.schemas import schema_folder
 
 FIXTURE = Path(__file__).resolve().parent / "fixtures" / "tree-v0.1.0-fdb2ed2"
 
@@ -26,6 +27,7 @@ RELEASED_RULES = {
     "1.2": "f8beab0301662afe7ca104cb97bba35b3216c715a8892a686884b843ceaec8a8",
     "1.3": "6a15d88197117b2aecc49235e41480b8ea8b2d4190c141cec4923ddfd42f5c3f",
     "1.4": "9e787ba6446185da35135e2a41be62071a847957b4ecf00d7ee00aa573c2d9de",
+    "1.5": "76fe0f38daa883d437bbf6d229ee83883f76d02ca03cd902c2391aba975bc55f",
     "mlps-v3.0": "4bb01ebeb340f687cf6a601214b0d95e77e820d10216f4c813bd9edb228b736c",
 }
 
@@ -56,7 +58,7 @@ def test_a_history_must_end_at_the_current_version() -> None:
 
 
 def test_the_schemas_pin_the_current_versions() -> None:
-    schemas = rules_dir() / DEFAULT_RULES_VERSION / "schemas"
+    schemas = schema_folder(DEFAULT_RULES_VERSION)  # rules 1.5 keep 1.4's (they extend them)
     run = json.loads((schemas / "run.schema.json").read_text())["properties"]
     summary = json.loads((schemas / "summary.schema.json").read_text())["properties"]
     desc = json.loads((schemas / "system-description.schema.json").read_text())["properties"]

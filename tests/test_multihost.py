@@ -25,7 +25,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
-from hostbed import HostBed, unavailable
+from hostbed import FAKETIME, HostBed, unavailable
 from test_faults import snapshot, tagged_pids, wait_for
 
 REPO = Path(__file__).resolve().parents[1]
@@ -179,7 +179,8 @@ def test_a_rank_killed_on_another_host_is_named_there(bed: HostBed, work: Path, 
     host = f"h{rank // PER_HOST + 1}"
     line = end.error_line()
     assert re.match(rf"mlckpt: error: rank {rank} on {host} \(pid \d+\) died during {op}"
-                    rf"( \(killed by signal 9, SIGKILL\))?, (writing|reading from) .*{work / 'ckpt'}", line), line
+                    rf"( \(killed by signal 9, SIGKILL\))?, (writing|reading from) .*{work / 'ckpt'}",
+                    line), line
     assert line.endswith("the MPI job was ended; removing this run's files"), line
     assert end.returncode in DIED_STATUSES, end.out
     no_process_within(job.token)
@@ -243,7 +244,8 @@ def test_a_nearly_full_node_local_disk_is_refused_before_any_io(bed: HostBed, wo
         job = MultiJob(bed, 2, [f"checkpoint.folder={local}", "checkpoint.rank_shift=0"], work)
         end = job.wait()
         assert re.match(r"mlckpt: error: \[DISK-SPACE\] host h2: the checkpoint filesystem needs free space "
-                        r"for all checkpoints: expected at least [\d.]+ MiB, got 4.00 MiB free", end.error_line())
+                        r"for all checkpoints: expected at least [\d.]+ MiB, got 4.00 MiB free",
+                        end.error_line())
         assert end.returncode == 2, end.out
         no_process_within(job.token, 3)
         nothing_left(bed, local, 2, 0)
@@ -297,3 +299,21 @@ def test_rank_0s_host_going_down_ends_every_other_host(tmp_path_factory: pytest.
         nothing_left(own, work / "ckpt", 3)
     finally:
         own.down()
+
+
+@pytest.mark.skipif(not Path(FAKETIME).exists(), reason="needs Debian's libfaketime (package faketime)")
+def test_a_host_whose_clock_is_off_is_refused_before_any_io(bed: HostBed, work: Path) -> None:
+    """h2's wall clock is 90 s ahead: HOST-CLOCK-OFFSET names it before a byte is written (its
+    records would fall outside the run on rank 0's clock), exit 2, nothing left."""
+    bed.set_clock("h2", 90)
+    try:
+        job = MultiJob(bed, 2, [f"checkpoint.folder={work / 'ckpt'}"], work)
+        end = job.wait()
+        assert re.match(r"mlckpt: error: \[HOST-CLOCK-OFFSET\] host h2: every host's wall clock agrees with "
+                        r"rank 0's host's .*: expected within 1 s of rank 0's host, got \+(89|90)\.\d{3} s",
+                        end.error_line()), end.out
+        assert end.returncode == 2, end.out
+        no_process_within(job.token, 3)
+        nothing_left(bed, work / "ckpt", 2, 0)
+    finally:
+        bed.set_clock("h2", 0)

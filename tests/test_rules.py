@@ -204,6 +204,10 @@ NEGATIVE: list[tuple[str, Callable[[], Context], list[str]]] = [
                                   hosts=hosts8(disk_free_bytes=300 * GiB)),
      ["host h0: the checkpoint filesystem needs free space for all checkpoints: expected at least "
       "314.11 GiB, got 300.00 GiB free"]),
+    ("HOST-CLOCK-OFFSET", lambda: ctx_of(hosts=(HostSpec("h0", tuple(range(8)), clock_offset_s=0.0),
+                                                HostSpec("h1", tuple(range(8, 16)), clock_offset_s=-1.25))),
+     ["host h1: every host's wall clock agrees with rank 0's host's (fix its time sync: NTP, chrony), or its "
+      "records fall outside the run: expected within 1 s of rank 0's host, got -1.250 s"]),
     ("FOLDER-USABLE", lambda: ctx_of(hosts=hosts8(folder_problem="/ckpt is not writable")),
      ["host h0: the checkpoint folder must be a writable directory holding no foreign files: "
       "/ckpt is not writable"]),
@@ -309,6 +313,8 @@ POSITIVE: list[tuple[str, Callable[[], Context]]] = [
     ("DISK-SPACE", lambda: ctx_of(hosts=hosts8(disk_free_bytes=2 * TiB))),
     ("DISK-SPACE", lambda: ctx_of(hosts=hosts8(disk_free_bytes=10 * P8B_TOTAL))),  # exactly enough
     ("FOLDER-USABLE", lambda: ctx_of(hosts=hosts8(folder_problem=None))),
+    ("HOST-CLOCK-OFFSET", lambda: ctx_of(hosts=(HostSpec("h0", tuple(range(8)), clock_offset_s=0.0),
+                                                HostSpec("h1", tuple(range(8, 16)), clock_offset_s=0.999)))),
     ("RESULTS-APART", lambda: ctx_of(hosts=hosts8(results_same_fs=False))),
     ("IO-ENGINE", lambda: ctx_of("io.direct=true", hosts=hosts8(direct_ok=True))),
     ("IO-ENGINE", lambda: ctx_of("io.direct=false", hosts=hosts8(direct_ok=False))),  # not asked for
@@ -370,7 +376,7 @@ PRE_IO_RULES = {
     "CLOSED-WORKLOAD", "CLOSED-RANKS", "CLOSED-COUNTS", "CLOSED-PARAMS", "CLOSED-OVERRIDES",
     "CLOSED-RANKS-PER-HOST", "CLOSED-ACCELERATOR-MEMORY", "HOST-MEMORY", "DISK-SPACE", "FOLDER-USABLE",
     "IO-ENGINE", "RESULTS-APART",
-    "ASYNC-RESIDENCY", "TIERS-DISTINCT", "TIER-SPACE", "TIER-USABLE", "WITNESS-MODE"}
+    "ASYNC-RESIDENCY", "TIERS-DISTINCT", "TIER-SPACE", "TIER-USABLE", "WITNESS-MODE", "HOST-CLOCK-OFFSET"}
 
 
 def test_every_pre_io_rule_has_a_failing_and_a_passing_case() -> None:
@@ -405,7 +411,8 @@ def test_default_closed_plan_has_no_findings() -> None:
     assert ev.findings == ()
     assert {r for r, _ in ev.not_checked} == {
         "CLOSED-RANKS-PER-HOST", "CLOSED-ACCELERATOR-MEMORY", "HOST-MEMORY", "DISK-SPACE", "FOLDER-USABLE",
-        "TIER-SPACE", "TIER-USABLE", "IO-ENGINE", "RESULTS-APART"}  # measured by the runner's gates only
+        "TIER-SPACE", "TIER-USABLE", "IO-ENGINE", "RESULTS-APART",
+        "HOST-CLOCK-OFFSET"}  # measured by the runner's gates only
 
 
 def test_closed_rules_do_not_apply_to_open_division() -> None:
@@ -615,7 +622,7 @@ def test_rule_data_is_well_formed() -> None:
         assert set(r.divisions) <= {"closed", "open"} and r.divisions
         assert r.check in CHECKS
         assert "{actual}" in r.message
-    assert RS.version == "1.4"
+    assert RS.version == "1.5"
     assert RS.closed["num_writes"] == RS.closed["num_reads"] == 10
     assert RS.closed["min_ranks_per_host"] == 4
     assert {k: RS.accelerators[k] for k in ("h100", "h200", "b200", "mi300x", "mi355x")} == {
@@ -632,7 +639,7 @@ def test_load_rules_unknown_version() -> None:
     with pytest.raises(ConfigError) as exc:
         load_rules("9.9")
     assert str(exc.value) == ("rules_version: unknown rules version '9.9'; known: 1.0, 1.1, 1.2, 1.3, 1.4, "
-                              "mlps-v3.0")
+                              "1.5, mlps-v3.0")
     assert exc.value.key == "rules_version"
     assert exc.value.exit_status == 2
 

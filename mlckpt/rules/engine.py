@@ -25,7 +25,7 @@ from mlckpt.workload.model import Workload
 
 SEVERITIES = ("invalid", "open", "warning")
 STAGES = ("config", "host", "result", "submission")
-DEFAULT_RULES_VERSION = "1.4"
+DEFAULT_RULES_VERSION = "1.5"
 # A rule's exit class (rules.yaml ``exit``): a failed ``integrity`` rule means the bytes cannot
 # be trusted at all (mlckpt-check exits 3); a failed ``rules`` rule makes a result invalid or open.
 EXIT_CLASSES = ("rules", "integrity")
@@ -105,6 +105,8 @@ class HostSpec:
     dontcache_ok: bool | None = None
     # Whether the checkpoint folder and output.root share a filesystem (None: not measured).
     results_same_fs: bool | None = None
+    # Its wall clock minus rank 0's host's, both read on leaving one barrier (None: not measured).
+    clock_offset_s: float | None = None
 
 
 @dataclass(frozen=True)

@@ -169,6 +169,7 @@ def measure_host(
 def host_specs(names: Sequence[str], measured: Sequence[Mapping[str, Any]]) -> tuple[HostSpec, ...]:
     """The hosts in first-rank order, each with its ranks and its leader's measurements."""
     by_host = {m["host"]: m for m in measured}
+    zero = by_host[names[0]].get("wall_s") if names else None
     return tuple(
         HostSpec(
             h,
@@ -182,6 +183,7 @@ def host_specs(names: Sequence[str], measured: Sequence[Mapping[str, Any]]) -> t
             by_host[h]["direct_ok"],
             by_host[h]["dontcache_ok"],
             by_host[h].get("results_same_fs"),
+            None if zero is None or by_host[h].get("wall_s") is None else by_host[h]["wall_s"] - zero,
         )
         for h in dict.fromkeys(names)
     )

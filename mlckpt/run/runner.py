@@ -105,6 +105,8 @@ def gate(job: Job, c: Configured) -> Gates:
         # The other ranks wait asleep: MPI's busy-polling collectives would halve the memory copy
         # rate a leader measures on a host with as many ranks as cores.
         job.idle_barrier()
+        if local is not None:  # every host's clock, read on leaving one barrier (HOST-CLOCK-OFFSET)
+            local["wall_s"] = time.time()
     measured = [m for m in job.comm.allgather(local) if m]
     with job.step("gates"):
         return judge(c.setup, names, measured)

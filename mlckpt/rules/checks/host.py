@@ -133,7 +133,18 @@ def io_engine(ctx: Context, rs: RuleSet, rule: Rule) -> Iterator[Outcome]:
             yield Outcome(True)
 
 
+def host_clock_offset(ctx: Context, rs: RuleSet, rule: Rule) -> Iterator[Outcome | NotChecked]:
+    bound = float(rs.data["clocks_gate"]["max_offset_s"])
+    for h in ctx.hosts or ():  # needs: [host_measurements]
+        if h.clock_offset_s is None:
+            yield NotChecked(f"host {h.name}: not measured")
+        else:
+            yield Outcome(abs(h.clock_offset_s) <= bound, f"within {bound:g} s of rank 0's host",
+                          f"{h.clock_offset_s:+.3f} s", where=f"host {h.name}")
+
+
 CHECKS = checks_table(
+    host_clock_offset,
     io_engine,
     closed_ranks_per_host,
     host_memory,
