@@ -210,6 +210,25 @@ def test_a_stopped_rank_on_another_host_is_named_by_rank_0(bed: HostBed, work: P
     nothing_left(bed, work / "ckpt", 2)
 
 
+def test_ranks_whose_mpi_proxy_died_are_stopped_when_the_job_fails(bed: HostBed, work: Path) -> None:
+    """h2's MPI proxy dies while rank 4 is stuck: mpiexec can no longer reach h2's ranks.  Rank 0
+    names rank 4 at io.timeout_s and aborts; h2's guardian, told the job failed, stops its ranks."""
+    ready = work / "ready"
+    job = MultiJob(bed, 2, [f"checkpoint.folder={work / 'ckpt'}", "io.timeout_s=5"], work,
+                   fault_env("pause:4:write:1", ready))  # rank 4 stays paused: the ready file stays
+    rank4 = bed.host_pid("h2", ready_pid(ready))
+    proxy = int(Path(f"/proc/{rank4}/stat").read_text().rsplit(")", 1)[1].split()[1])
+    assert Path(f"/proc/{proxy}/comm").read_text().strip() == "hydra_pmi_proxy"
+    os.kill(proxy, signal.SIGKILL)
+    end = job.wait()
+    assert re.match(r"mlckpt: error: rank 4 on h2: write 1 did not finish within io.timeout_s=5 ",
+                    end.error_line()), end.out
+    assert end.returncode in {1, 255}, end.out
+    assert tagged_pids(job.token)  # h2's ranks outlived mpiexec: nobody could reach them
+    no_process_within(job.token)  # ... until their guardian stopped them
+    nothing_left(bed, work / "ckpt", 2)
+
+
 def test_a_host_cut_off_mid_write_ends_everywhere(bed: HostBed, work: Path) -> None:
     """h2's cable is unplugged while its ranks write: rank 0's guardian names h2 after 5 s of
     silence and ends the job; h2's guardian stops its ranks and its MPI proxy on its own."""

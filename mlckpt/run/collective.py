@@ -46,8 +46,9 @@ class CollectiveFailure(MlckptError):
     def __init__(self, failures: list[Failure]) -> None:
         first = failures[0]
         n = len(failures) - 1
-        more = f" (and {n} more rank{'s' if n > 1 else ''})" if n else ""
-        # Bad input is the same on every rank: name the problem, not a rank.
+        # Bad input is the same on every rank (every rank judges the same data): name the
+        # problem, not a rank, nor how many ranks found it.
+        more = f" (and {n} more rank{'s' if n > 1 else ''})" if n and first.status != 2 else ""
         where = "" if first.status == 2 else f"rank {first.rank} on {first.host}: "
         super().__init__(f"{where}{first.message}{more}")
         self.exit_status = first.status

@@ -12,13 +12,17 @@ exchange heartbeats (:mod:`mlckpt.run.guardlink`).
 
 * A rank of this host dies first: the guardian reports it to the hub, which decides which report
   was first and tells every guardian; the guardian of the host where it happened prints the one
-  line (rank, host, op, file), after removing this run's files, and exits.  Its stdout and stderr
-  are its leader's, so mpiexec forwards the line (and waits for it: MPICH's proxy ends once every
-  copy of its ranks' output pipes is closed).
+  line (rank, host, op, file), removes this run's files and exits.  Its stdout and stderr are its
+  leader's, so mpiexec forwards the line.  On one host the proxy waits for it (MPICH's proxy ends
+  once every copy of its ranks' output pipes is closed), so the line comes after the sweep and
+  says what was removed; on several hosts mpiexec may tear the proxy down at once, so the line
+  goes out first and the account of the sweep follows on its own line.
 * A spoke no longer hears the hub (``CONTACT_S``): it kills its host's ranks and their MPI proxy,
   removes what it can reach of this run, says so and exits, so nothing of the run keeps running on
   a cut-off host.  The hub no longer hears a spoke: it ends the job (kills rank 0, so mpiexec ends
   every rank it can reach) and prints a line naming the lost host.
+* The hub says the job failed, and this host's ranks are still running ``CONTACT_S`` later (mpiexec
+  could not reach them): the spoke stops them and their proxy, quietly (the line was printed).
 
 Only one guardian prints, and the shared checkpoint folder is swept by that one only (the others
 sweep what lies on their own host); :class:`mlckpt.run.guardstate.GuardianState` holds those
@@ -37,7 +41,7 @@ import time
 from typing import Any
 
 from mlckpt.run import guardlink
-from mlckpt.run.guardlink import CONNECT_S, Contact, Link
+from mlckpt.run.guardlink import CONNECT_S, CONTACT_S, Contact, Link
 from mlckpt.run.guardstate import GuardianState, ranks_text
 from mlckpt.run.proctools import comm_of, exit_how, launcher_rank, local_rank, realtime
 
@@ -151,6 +155,7 @@ class _Watcher:
         if listener is not None:
             self.state.pids[0] = parent
         self.bye: set[str] = set()  # peers that said goodbye before closing
+        self.orphan_at = 0.0  # when this host's ranks, still running after the job failed, are stopped
         self.poller = select.poll()
         self.poller.register(ctl.fileno(), select.POLLIN)
         if listener is not None:
@@ -333,6 +338,8 @@ class _Watcher:
             st.verdict(msg["first"])
         elif "end" in msg and not st.hub:
             st.job_end = str(msg["end"])
+            if st.job_end != "clean":  # the job failed: this host's ranks have CONTACT_S to end
+                self.orphan_at = time.monotonic() + CONTACT_S
 
     def check_expect(self) -> None:
         if self.expect is None:
@@ -388,8 +395,14 @@ class _Watcher:
         self.died(batch)
         self.tick()
 
+    @property
+    def orphaned(self) -> bool:
+        """The hub said the job failed, and this host's ranks are still running CONTACT_S later
+        (mpiexec could not reach them: their proxy died, say)."""
+        return bool(self.orphan_at) and time.monotonic() >= self.orphan_at
+
     def run_until_leader_gone(self) -> None:
-        while not self.leader_gone and not (self.state.lost and not self.state.hub):
+        while not (self.leader_gone or self.orphaned or (self.state.lost and not self.state.hub)):
             self.poll_once(min(self.contact.wait_s(time.monotonic()), 1.0))
 
     def await_verdict(self) -> None:
@@ -437,7 +450,7 @@ class _Watcher:
         else:
             self.state.swept()
         for link in self.peers():
-            link.send({"bye": 1})
+            link.send({"end": "failed"} if self.state.hub else {"bye": 1})
 
 
 def guardian_main(ctl: socket.socket, parent: int, proxy: int, listener: socket.socket | None) -> None:
@@ -461,7 +474,7 @@ def guardian_main(ctl: socket.socket, parent: int, proxy: int, listener: socket.
         how = str(w.state.info.get("end"))
         w.broadcast({"end": how} if w.state.hub else {"bye": 1})
         return
-    if w.state.lost and not w.state.hub:
+    if (w.state.lost and not w.state.hub) or w.orphaned:
         w.stop_host(proxy)
     w.await_verdict()
     w.finish()

@@ -33,7 +33,7 @@ def link_guardians(job: Job, names: list[str]) -> None:
             raise ConfigError(
                 f"{KEY}: the guardian{'s' if len(missing) > 1 else ''} of {', '.join(missing)} "
                 f"could not reach rank 0's host {names[0]} over TCP within {CONNECT_S:g} s "
-                f"(ports {g.port} and up must be open between the hosts, as for MPI itself)",
+                f"(it listens on port {g.port}: TCP between the hosts must be open, as MPI needs)",
                 key=KEY,
             )
     else:
