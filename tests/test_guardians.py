@@ -218,3 +218,13 @@ def test_a_spoke_that_cannot_reach_the_hub_says_why() -> None:
                                           r"\(h1:41234: Connection refused\)$"):
         link_guardians(fake_job(4, spoke), names)  # type: ignore[arg-type]
     assert spoke.asked == [{"hub": [["h1", 41234]]}]
+
+
+def test_a_lost_host_is_the_first_failure_for_every_other_spoke(tmp_path: Path) -> None:
+    """The hub tells the spokes it lost h2 (and ends the job): h3's ranks, then killed by mpiexec,
+    are no news and h3 does not wait for a verdict."""
+    hub, h3 = state("h1", True, tmp_path), state("h3", False, tmp_path)
+    hub.lost.append("h2")
+    h3.verdict({"host": "h2", "line": hub.what()})
+    assert h3.elsewhere.startswith("lost contact with h2") and not h3.ended([8])
+    assert not h3.waiting_for_verdict and not h3.printer

@@ -190,6 +190,21 @@ def test_a_rank_killed_on_another_host_is_named_there(bed: HostBed, work: Path, 
     nothing_left(bed, work / "ckpt", hosts)
 
 
+def test_a_killed_rank_in_a_tiered_run_leaves_no_tier_behind(bed: HostBed, work: Path) -> None:
+    """Asynchronous, two tiers: the durable folder shared, the fast tier node-local on each host.
+    Rank 5 dies on h2: h2's guardian sweeps the shared folder and its own fast tier, h1's its own."""
+    fast = bed.local / f"fast-{uuid.uuid4().hex[:8]}"
+    job = MultiJob(bed, 2, [f"checkpoint.folder={work / 'ckpt'}", f"checkpoint.tiers.fast={fast}",
+                            "checkpoint.mode=async", "checkpoint.compute_interval_s=0"], work,
+                   {"MLCKPT_TEST_FAULT": "kill:5:write:2"})
+    end = job.wait()
+    assert re.match(r"mlckpt: error: rank 5 on h2 \(pid \d+\) died during write 2", end.error_line()), end.out
+    assert end.returncode in DIED_STATUSES, end.out
+    no_process_within(job.token)
+    nothing_left(bed, work / "ckpt", 2)
+    nothing_left(bed, fast, 2)
+
+
 def test_a_stopped_rank_on_another_host_is_named_by_rank_0(bed: HostBed, work: Path) -> None:
     ready = work / "ready"
     job = MultiJob(bed, 2, [f"checkpoint.folder={work / 'ckpt'}", "io.timeout_s=5"], work,
@@ -229,11 +244,13 @@ def test_ranks_whose_mpi_proxy_died_are_stopped_when_the_job_fails(bed: HostBed,
     nothing_left(bed, work / "ckpt", 2)
 
 
-def test_a_host_cut_off_mid_write_ends_everywhere(bed: HostBed, work: Path) -> None:
+@pytest.mark.parametrize("hosts", [2, 3], ids=["2-hosts", "3-hosts"])
+def test_a_host_cut_off_mid_write_ends_everywhere(bed: HostBed, work: Path, hosts: int) -> None:
     """h2's cable is unplugged while its ranks write: rank 0's guardian names h2 after 5 s of
-    silence and ends the job; h2's guardian stops its ranks and its MPI proxy on its own."""
+    silence and ends the job; h2's guardian stops its ranks and its MPI proxy on its own (and on
+    3 hosts, h3 stays quiet: the hub told it the failure was h2's)."""
     ready = work / "ready"
-    job = MultiJob(bed, 2, [f"checkpoint.folder={work / 'ckpt'}", "io.timeout_s=20"], work,
+    job = MultiJob(bed, hosts, [f"checkpoint.folder={work / 'ckpt'}", "io.timeout_s=20"], work,
                    fault_env("pause:4:write:1", ready))
     ready_pid(ready)
     bed.cut("h2")
@@ -248,7 +265,7 @@ def test_a_host_cut_off_mid_write_ends_everywhere(bed: HostBed, work: Path) -> N
         assert end.ended - cut < 20 + 10  # io.timeout_s plus at most 10 s
         assert end.returncode in {9, 255}, end.out
         no_process_within(job.token)  # h2's too, while it is still cut off
-        nothing_left(bed, work / "ckpt", 2)
+        nothing_left(bed, work / "ckpt", hosts)
     finally:
         bed.heal("h2")
 

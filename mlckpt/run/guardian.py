@@ -359,6 +359,7 @@ class _Watcher:
             return
         st.lost.extend(new)
         if st.hub:  # end the job: mpiexec ends every rank it can reach once rank 0 is gone
+            self.broadcast({"first": {"host": ",".join(new), "line": st.what()}})  # (no news, then)
             try:
                 os.kill(st.leader_pid, signal.SIGKILL)
             except OSError:
