@@ -26,7 +26,7 @@ from pathlib import Path
 
 import pytest
 from hostbed import FAKETIME, HostBed, unavailable
-from test_faults import snapshot, tagged_pids, wait_for
+from test_faults import _private_config_home, snapshot, tagged_pids, wait_for  # noqa: F401 (autouse)
 
 REPO = Path(__file__).resolve().parents[1]
 LAUNCHER = REPO / "tests" / "fault_launcher.py"
@@ -40,14 +40,6 @@ pytestmark = [pytest.mark.mpi, pytest.mark.skipif(WHY is not None, reason=WHY or
 # the status of a rank that the failure took down (a transport's crash, 11).  README: "several hosts".
 DIED_STATUSES = {9, 11, 255}
 MPICH_LINE = re.compile(r"^(Abort\(|=+$|=   |\[proxy:|\[mpiexec@|YOUR APPLICATION|This typically|Please see)")
-
-
-@pytest.fixture(scope="module", autouse=True)
-def _private_config_home(tmp_path_factory: pytest.TempPathFactory) -> Iterator[None]:
-    mp = pytest.MonkeyPatch()
-    mp.setenv("XDG_CONFIG_HOME", str(tmp_path_factory.mktemp("config-home")))
-    yield
-    mp.undo()
 
 
 @pytest.fixture(scope="module")
