@@ -164,9 +164,11 @@ def test_ranks_text(ranks: list[int], text: str) -> None:
 class FakeComm:
     def __init__(self, rank: int, size: int) -> None:
         self.rank, self.size = rank, size
+        self.sent = [[["h1", 41234]], "secret"]  # what rank 0 broadcasts: the hub's address, the token
 
     def bcast(self, value: object) -> object:
-        return value if self.rank == 0 else [["h1", 41234]]
+        sent = self.sent.pop(0)
+        return value if self.rank == 0 else sent
 
     def allgather(self, value: object) -> list[object]:
         return [True] * self.size
@@ -200,7 +202,8 @@ def test_rank_0_refuses_a_host_whose_guardian_never_linked() -> None:
     hub = FakeGuardian({"linked": ["h3"]})
     with pytest.raises(ConfigError) as exc:
         link_guardians(fake_job(0, hub), names)  # type: ignore[arg-type]
-    assert hub.asked == [{"expect": ["h2", "h3"]}]
+    assert [m["expect"] for m in hub.asked] == [["h2", "h3"]]
+    assert len(str(hub.asked[0]["token"])) == 32  # a fresh secret from rank 0
     assert str(exc.value) == ("guardians: the guardian of h2 could not reach rank 0's host h1 over TCP "
                               "within 10 s (it listens on port 41234: TCP between the hosts must be open, "
                               "as MPI needs)")
@@ -217,7 +220,7 @@ def test_a_spoke_that_cannot_reach_the_hub_says_why() -> None:
     with pytest.raises(ConfigError, match=r"^guardians: h2 cannot reach rank 0's guardian on h1 "
                                           r"\(h1:41234: Connection refused\)$"):
         link_guardians(fake_job(4, spoke), names)  # type: ignore[arg-type]
-    assert spoke.asked == [{"hub": [["h1", 41234]]}]
+    assert spoke.asked == [{"hub": [["h1", 41234]], "token": "secret"}]
 
 
 def test_a_lost_host_is_the_first_failure_for_every_other_spoke(tmp_path: Path) -> None:
@@ -228,3 +231,14 @@ def test_a_lost_host_is_the_first_failure_for_every_other_spoke(tmp_path: Path) 
     h3.verdict({"host": "h2", "line": hub.what()})
     assert h3.elsewhere.startswith("lost contact with h2") and not h3.ended([8])
     assert not h3.waiting_for_verdict and not h3.printer
+
+
+def test_the_hub_takes_hellos_from_the_jobs_own_hosts_only(tmp_path: Path) -> None:
+    hub = state("h1", True, tmp_path)
+    assert hub.hello_from({"hello": "h2", "token": "s3cret"}, "s3cret", set()) == "h2"
+    assert hub.hello_from({"hello": "h2", "token": "guess"}, "s3cret", set()) is None  # not this job's
+    assert hub.hello_from({"hello": "h2"}, "s3cret", set()) is None
+    assert hub.hello_from({"hello": "h9", "token": "s3cret"}, "s3cret", set()) is None  # no such host
+    assert hub.hello_from({"hello": "h1", "token": "s3cret"}, "s3cret", set()) is None  # the hub's own
+    assert hub.hello_from({"hello": "h2", "token": "s3cret"}, "s3cret", {"h2"}) is None  # linked already
+    assert hub.hello_from({"hello": "h2", "token": ""}, "", set()) is None  # no secret yet: nobody

@@ -7,8 +7,10 @@ spin in MPI for ever while mpiexec has long returned.  So each host's first rank
 the launcher's local rank) forks, before MPI starts, a small process in its own session (mpiexec's
 cleanup signals the ranks' process groups, not it).  The leader tells it over a socket pair its
 host's ranks' pids and life pipes, this run's planned paths and the step in progress.  Rank 0's
-guardian is the *hub*; every other host's guardian connects to it before any I/O and both ends
-exchange heartbeats (:mod:`mlckpt.run.guardlink`).
+guardian is the *hub*; every other host's guardian connects to it before any I/O with the job's
+secret and both ends exchange heartbeats (:mod:`mlckpt.run.guardlink`).  Only silence loses a
+host: a closed connection means a guardian ended while its host still answers, and a healthy job
+is not ended for that.
 
 * A rank of this host dies first: the guardian reports it to the hub, which decides which report
   was first and tells every guardian; the guardian of the host where it happened prints the one
@@ -155,6 +157,8 @@ class _Watcher:
         if listener is not None:
             self.state.pids[0] = parent
         self.bye: set[str] = set()  # peers that said goodbye before closing
+        self.token = ""  # the job's secret: a hello without it is not one of this job's guardians
+        self.early: list[tuple[Link, dict[str, Any]]] = []
         self.orphan_at = 0.0  # when this host's ranks, still running after the job failed, are stopped
         self.poller = select.poll()
         self.poller.register(ctl.fileno(), select.POLLIN)
@@ -261,8 +265,13 @@ class _Watcher:
             for rank, pid, life_fd in self.state.handle(msg):
                 self.watch(rank, pid, life_fd)
             if "hub" in msg:
-                self.link_to_hub(msg["hub"])
+                self.link_to_hub(msg["hub"], str(msg.get("token", "")))
             if "expect" in msg:
+                self.token = str(msg.get("token", ""))
+                early, self.early = self.early, []
+                for link, hello in early:  # hellos that arrived before rank 0 told the secret
+                    if link.fileno() in self.links:
+                        self.on_message(link, hello)
                 self.expect = ({str(h) for h in msg["expect"]}, time.monotonic() + CONNECT_S + 2)
                 self.check_expect()
 
@@ -274,12 +283,12 @@ class _Watcher:
 
     # -- links
 
-    def link_to_hub(self, addresses: list[list[Any]]) -> None:
-        got = guardlink.connect([(str(a), int(p)) for a, p in addresses], self.state.host)
+    def link_to_hub(self, addresses: list[list[Any]], token: str) -> None:
+        got = guardlink.connect([(str(a), int(p)) for a, p in addresses])
         if isinstance(got, str):
             self.answer(linked=False, why=got)
             return
-        got.send({"hello": self.state.host})
+        got.send({"hello": self.state.host, "token": token})
         self.add_link(got, "hub")
         self.answer(linked=True)
 
@@ -313,11 +322,12 @@ class _Watcher:
 
     def on_link(self, link: Link) -> None:
         msgs = link.receive()
-        if msgs is None:  # closed: a goodbye, or the peer died (then it counts as lost)
-            peer = link.peer
+        if msgs is None:
+            # Closed.  A host that goes down or off the network closes nothing (it falls silent,
+            # and silence is what loses it); a close means its guardian process ended while its
+            # host still answers.  That guardian's end is no reason to end a job that may be
+            # healthy: watch on without it.
             self.drop_link(link)
-            if peer and not self.state.said_goodbye and not self.state.job_end and peer not in self.bye:
-                self.lose([peer])
             return
         if link.peer:
             self.contact.heard[link.peer] = time.monotonic()
@@ -326,9 +336,15 @@ class _Watcher:
 
     def on_message(self, link: Link, msg: dict[str, Any]) -> None:
         st = self.state
-        if "hello" in msg and not link.peer:
-            link.peer = str(msg["hello"])
-            self.contact.add(link.peer, time.monotonic())
+        if "hello" in msg and not link.peer and not self.token:
+            self.early.append((link, msg))
+        elif "hello" in msg and not link.peer:
+            host = st.hello_from(msg, self.token, {p.peer for p in self.peers()})
+            if host is None:
+                self.drop_link(link)  # a stranger on the port (or a second hello): never a peer
+                return
+            link.peer = host
+            self.contact.add(host, time.monotonic())
             self.check_expect()
         elif "bye" in msg:
             self.bye.add(link.peer)

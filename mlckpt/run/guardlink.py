@@ -137,8 +137,8 @@ def hub_addresses(port: int) -> list[tuple[str, int]]:
     return [(a, port) for a in found]
 
 
-def connect(addresses: list[tuple[str, int]], host: str, within_s: float = CONNECT_S) -> Link | str:
-    """Reach the hub at one of ``addresses`` and say hello; the link, or why not."""
+def connect(addresses: list[tuple[str, int]], within_s: float = CONNECT_S) -> Link | str:
+    """Reach the hub at one of ``addresses``; the link, or why not."""
     until = time.monotonic() + within_s
     why = "no address"
     while True:
@@ -151,7 +151,5 @@ def connect(addresses: list[tuple[str, int]], host: str, within_s: float = CONNE
             except OSError as exc:
                 why = f"{addr[0]}:{addr[1]}: {exc.strerror or exc}"
                 continue
-            link = Link(sock, "hub")
-            link.send({"hello": host})
-            return link
+            return Link(sock, "hub")
         time.sleep(0.2)

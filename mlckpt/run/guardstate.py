@@ -87,6 +87,15 @@ class GuardianState:
         """Ends from now on are expected: the run is finishing, or rank 0 ended the job itself."""
         return bool(self.info.get("final") or self.info.get("end") or self.job_end or self.elsewhere)
 
+    def hello_from(self, msg: dict[str, Any], token: str, linked: set[str]) -> str | None:
+        """The host a spoke's hello names, if the hub takes it: the job's secret, one of the job's
+        other hosts, not linked yet.  Anything else on the port (a scanner, another job) is not a
+        peer: were it taken, its silence would end a healthy job."""
+        host = str(msg.get("hello", ""))
+        ok = (bool(token) and msg.get("token") == token and host in self.hosts.values()
+              and host != self.host and host not in linked)
+        return host if ok else None
+
     def ended(self, ranks: list[int]) -> bool:
         """Ranks seen ending together; only the first such batch counts, and only while a death
         is news.  True when this batch is the first (to be reported to the hub)."""

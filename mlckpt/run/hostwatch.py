@@ -20,6 +20,8 @@ def link_guardians(job: Job, names: list[str]) -> None:
     Inside a collective step: every rank fails alike."""
     g = job.guardian
     hub = job.comm.bcast(g.addresses() if job.rank == 0 and g is not None else None)
+    # The job's secret, so that nothing else on the network can pose as one of its guardians.
+    token = job.comm.bcast(secrets.token_hex(16) if job.rank == 0 else None)
     has = job.comm.allgather(g is not None)
     if not hub or g is None:
         return  # no hub (rank 0 could not fork one): each host's guardian still watches its ranks
@@ -27,7 +29,7 @@ def link_guardians(job: Job, names: list[str]) -> None:
         expect = sorted({names[r] for r, yes in enumerate(has) if yes and names[r] != names[0]})
         if not expect:
             return
-        got = g.ask(CONNECT_S + 5, expect=expect) or {}
+        got = g.ask(CONNECT_S + 5, expect=expect, token=token) or {}
         missing = sorted(set(expect) - set(got.get("linked", [])))
         if missing:
             raise ConfigError(
@@ -37,7 +39,7 @@ def link_guardians(job: Job, names: list[str]) -> None:
                 key=KEY,
             )
     else:
-        got = g.ask(CONNECT_S + 5, hub=hub) or {}
+        got = g.ask(CONNECT_S + 5, hub=hub, token=token) or {}
         if not got.get("linked"):
             raise ConfigError(
                 f"{KEY}: {job.host} cannot reach rank 0's guardian on {names[0]} "
