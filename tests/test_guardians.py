@@ -242,3 +242,21 @@ def test_the_hub_takes_hellos_from_the_jobs_own_hosts_only(tmp_path: Path) -> No
     assert hub.hello_from({"hello": "h1", "token": "s3cret"}, "s3cret", set()) is None  # the hub's own
     assert hub.hello_from({"hello": "h2", "token": "s3cret"}, "s3cret", {"h2"}) is None  # linked already
     assert hub.hello_from({"hello": "h2", "token": ""}, "", set()) is None  # no secret yet: nobody
+
+
+@pytest.mark.parametrize("env,local", [
+    ({"MPI_LOCALRANKID": "0"}, 0),  # MPICH's hydra
+    ({"OMPI_COMM_WORLD_LOCAL_RANK": "3"}, 3),  # Open MPI
+    ({"SLURM_LOCALID": "1"}, 1),  # srun
+    ({}, None),  # unknown: only rank 0 gets a guardian
+])
+def test_each_launchers_local_rank(env: dict[str, str], local: int | None,
+                                   monkeypatch: pytest.MonkeyPatch) -> None:
+    from mlckpt.run.proctools import local_rank
+
+    for var in ("MPI_LOCALRANKID", "OMPI_COMM_WORLD_LOCAL_RANK", "PMIX_LOCAL_RANK", "PMI_LOCAL_RANK",
+                "SLURM_LOCALID"):
+        monkeypatch.delenv(var, raising=False)
+    for k, v in env.items():
+        monkeypatch.setenv(k, v)
+    assert local_rank() == local

@@ -18,7 +18,8 @@ def launcher_rank() -> int | None:
 
 def local_rank() -> int | None:
     """This process's rank among its host's ranks, as the launcher announces it, if it does."""
-    for var in ("MPI_LOCALRANKID", "OMPI_COMM_WORLD_LOCAL_RANK", "PMIX_LOCAL_RANK", "PMI_LOCAL_RANK"):
+    for var in ("MPI_LOCALRANKID", "OMPI_COMM_WORLD_LOCAL_RANK", "PMIX_LOCAL_RANK", "PMI_LOCAL_RANK",
+                "SLURM_LOCALID"):
         value = os.environ.get(var, "")
         if value.isdigit():
             return int(value)
