@@ -53,11 +53,17 @@ def tell_shared(job: Job, root: Path, leader: bool, what: str) -> None:
     probe in it, every other leader looks for it.  The guardians are told (``what``: ``shared``
     for the run folder, ``fast_shared`` for the fast tier)."""
     probe = root / f".mlckpt-probe-{job.comm.bcast(secrets.token_hex(6) if job.rank == 0 else None)}"
+    made = False
     if job.rank == 0:
-        probe.touch()
-    job.comm.Barrier()
-    seen = probe.exists() if leader else True
-    shared = all(job.comm.allgather(seen))
-    if job.rank == 0:
-        probe.unlink(missing_ok=True)
+        try:
+            probe.touch()
+            made = True
+        except OSError:  # a full disk, say (the writes will say so)
+            pass
+    shared = False  # unknown: every guardian sweeps what it sees (a shared folder, more than once)
+    if job.comm.bcast(made):  # (a collective: every rank gets here, whatever rank 0 met)
+        seen = probe.exists() if leader else True
+        shared = all(job.comm.allgather(seen))
+        if job.rank == 0:
+            probe.unlink(missing_ok=True)
     job.note(**{what: shared})
