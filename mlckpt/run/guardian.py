@@ -226,29 +226,39 @@ class _Watcher:
         else:
             self.broadcast(report)
 
+    def kill(self, leader_only: bool = False) -> None:
+        """SIGKILL this host's ranks still alive (or only the leader), through their pidfds: a pid
+        that ended and was reused by another process is never signalled."""
+        for fd, (rank, _pid) in list(self.pidfds.items()):
+            if rank < 0 or not leader_only:
+                try:
+                    signal.pidfd_send_signal(fd, signal.SIGKILL)
+                except OSError:
+                    pass
+
     def stop_host(self, proxy: int) -> None:
         """A spoke cut off from the job: say so (if it is the one to), then stop this host's ranks
         and their MPI proxy (only a known launcher daemon, never anything else)."""
         st = self.state
         ranks = sorted(r for r in st.pids if r >= 0)
-        comm = comm_of(proxy)
+        try:
+            pfd: int | None = os.pidfd_open(proxy)  # held: the name checked is the process signalled
+        except OSError:
+            pfd = None
+        comm = comm_of(proxy) if pfd is not None else ""
         st.stopped = f"rank{'s' if len(ranks) > 1 else ''} {ranks_text(ranks)}" + (
             f" and their MPI proxy ({comm})" if comm in PROXIES else "")
-        for pid in st.pids.values():
-            try:
-                os.kill(pid, signal.SIGKILL)
-            except OSError:
-                pass
+        self.kill()
         if st.printer:  # while the proxy is there to forward it
             self.say(st.headline() + "; removing this run's files")
-        if comm in PROXIES:  # it may still reach mpiexec and end by itself; if not, it goes
-            until = time.monotonic() + PROXY_GRACE_S
-            while comm_of(proxy) == comm and time.monotonic() < until:
-                time.sleep(0.05)
+        # It may still reach mpiexec and end by itself; if not, it goes.
+        if pfd is not None and comm in PROXIES and not select.select([pfd], [], [], PROXY_GRACE_S)[0]:
             try:
-                os.kill(proxy, signal.SIGKILL)
+                signal.pidfd_send_signal(pfd, signal.SIGKILL)
             except OSError:
                 pass
+        if pfd is not None:
+            os.close(pfd)
 
     # -- the leader's notes
 
@@ -323,10 +333,8 @@ class _Watcher:
     def on_link(self, link: Link) -> None:
         msgs = link.receive()
         if msgs is None:
-            # Closed.  A host that goes down or off the network closes nothing (it falls silent,
-            # and silence is what loses it); a close means its guardian process ended while its
-            # host still answers.  That guardian's end is no reason to end a job that may be
-            # healthy: watch on without it.
+            # Closed: a host that goes down closes nothing (silence loses it); a close means only
+            # its guardian ended, no reason to end a job that may be healthy.  Watch on without it.
             self.drop_link(link)
             return
         if link.peer:
@@ -376,10 +384,7 @@ class _Watcher:
         st.lost.extend(new)
         if st.hub:  # end the job: mpiexec ends every rank it can reach once rank 0 is gone
             self.broadcast({"first": {"host": ",".join(new), "line": st.what()}})  # (no news, then)
-            try:
-                os.kill(st.leader_pid, signal.SIGKILL)
-            except OSError:
-                pass
+            self.kill(leader_only=True)
 
     def tick(self) -> None:
         now = time.monotonic()
@@ -441,10 +446,6 @@ class _Watcher:
                 elif fd in self.life:
                     self.drop_life(fd)
 
-    @property
-    def several_hosts(self) -> bool:
-        return not self.state.hub or bool(self.peers()) or bool(self.state.lost) or bool(self.bye)
-
     def say(self, line: str) -> None:
         try:
             print(line, file=sys.stderr, flush=True)
@@ -456,18 +457,19 @@ class _Watcher:
         hosts the line goes out at once: MPICH's mpiexec may tear down this host's proxy (which
         forwards it) as soon as another host reports its side of the failure; the account of the
         cleanup follows on a line of its own.  On one host the proxy waits for it: one line."""
-        early = self.several_hosts and self.state.printer
-        if early and not self.state.stopped:  # (a spoke that stopped its host said it already)
-            self.say(self.state.headline() + "; removing this run's files")
+        st = self.state
+        early = st.printer and (not st.hub or bool(self.peers() or st.lost or self.bye))  # several hosts
+        if early and not st.stopped:  # (a spoke that stopped its host said it already)
+            self.say(st.headline() + "; removing this run's files")
         realtime(False)  # cleanup is ordinary work
         self.settle(SETTLE_S)
-        if self.state.printer:
-            self.say(f"mlckpt: cleanup: {self.state.swept().removeprefix('; ')}" if early
-                     else self.state.report())
+        if st.printer:
+            self.say(f"mlckpt: cleanup: {st.swept().removeprefix('; ')}" if early
+                     else st.report())
         else:
-            self.state.swept()
+            st.swept()
         for link in self.peers():
-            link.send({"end": "failed"} if self.state.hub else {"bye": 1})
+            link.send({"end": "failed"} if st.hub else {"bye": 1})
 
 
 def guardian_main(ctl: socket.socket, parent: int, proxy: int, listener: socket.socket | None) -> None:
