@@ -44,7 +44,7 @@ from typing import Any
 
 from mlckpt.run import guardlink
 from mlckpt.run.guardlink import CONNECT_S, CONTACT_S, Contact, Link
-from mlckpt.run.guardstate import GuardianState, ranks_text
+from mlckpt.run.guardstate import GuardianState, ranks_phrase
 from mlckpt.run.proctools import comm_of, exit_how, launcher_rank, local_rank, realtime
 
 SETTLE_S = 5.0  # how long a guardian lets this host's other ranks end before it sweeps
@@ -239,15 +239,13 @@ class _Watcher:
     def stop_host(self, proxy: int) -> None:
         """A spoke cut off from the job: say so (if it is the one to), then stop this host's ranks
         and their MPI proxy (only a known launcher daemon, never anything else)."""
-        st = self.state
-        ranks = sorted(r for r in st.pids if r >= 0)
+        st, ranks = self.state, sorted(r for r in self.state.pids if r >= 0)
         try:
             pfd: int | None = os.pidfd_open(proxy)  # held: the name checked is the process signalled
         except OSError:
             pfd = None
         comm = comm_of(proxy) if pfd is not None else ""
-        st.stopped = f"rank{'s' if len(ranks) > 1 else ''} {ranks_text(ranks)}" + (
-            f" and their MPI proxy ({comm})" if comm in PROXIES else "")
+        st.stopped = ranks_phrase(ranks) + (f" and their MPI proxy ({comm})" if comm in PROXIES else "")
         self.kill()
         if st.printer:  # while the proxy is there to forward it
             self.say(st.headline() + "; removing this run's files")
@@ -340,6 +338,8 @@ class _Watcher:
         if link.peer:
             self.contact.heard[link.peer] = time.monotonic()
         for msg in msgs:
+            if link.fileno() not in self.links:  # dropped by an earlier message of this batch
+                break
             self.on_message(link, msg)
 
     def on_message(self, link: Link, msg: dict[str, Any]) -> None:
@@ -388,8 +388,9 @@ class _Watcher:
 
     def tick(self) -> None:
         now = time.monotonic()
+        due = set(self.contact.due(now))
         for link in self.peers():
-            if link.peer in self.contact.due(now):
+            if link.peer in due:
                 link.send({"hb": 1})
                 self.contact.sent[link.peer] = now
         self.lose(self.contact.lost(now))

@@ -4,9 +4,9 @@ Rank 0's guardian (the hub) listens; every other host's guardian (a spoke) conne
 job has started and says which host it is.  Over each link both ends send JSON lines: a heartbeat
 every :data:`HEARTBEAT_S`, a rank's death the moment it is seen, the hub's verdict on which death
 came first, and the job's end.  A link on which nothing arrived for :data:`CONTACT_S` is *lost*: a
-partition, a host that went down, or a guardian that died.  On a healthy network one second of
-silence is already far outside anything TCP does on its own, so five of them mean the other host
-cannot take part in the job any more.
+partition, or a host that went down (a guardian that merely ended closes its link: not a loss).
+On a healthy network one second of silence is already far outside anything TCP does on its own,
+so five of them mean the other host cannot take part in the job any more.
 
 :class:`Contact` is the pure part (who was heard when, who is due a heartbeat, who is lost);
 :class:`Link` is the thin socket around one connection.

@@ -17,6 +17,7 @@ job has ended without the leader's goodbye:
 
 from __future__ import annotations
 
+import shutil
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -33,6 +34,11 @@ def ranks_text(ranks: list[int]) -> str:
     if len(ranks) > 1 and ranks == list(range(ranks[0], ranks[-1] + 1)):
         return f"{ranks[0]}-{ranks[-1]}"
     return ", ".join(map(str, ranks))
+
+
+def ranks_phrase(ranks: list[int]) -> str:
+    """``rank 4`` / ``ranks 4-7``."""
+    return f"rank{'s' if len(ranks) > 1 else ''} {ranks_text(ranks)}"
 
 
 @dataclass
@@ -188,11 +194,10 @@ class GuardianState:
         silent = f"nothing heard for {CONTACT_S:g} s: a network partition, or that host is down"
         if not self.hub:
             mine = self.ranks_on(self.host)
-            return (f"rank{'s' if len(mine) > 1 else ''} {ranks_text(mine)} on {self.host} lost contact "
-                    f"with rank 0's host {self.hosts.get(0, '?')} during {self.step} ({silent}; "
+            return (f"{ranks_phrase(mine)} on {self.host} lost contact with rank 0's host "
+                    f"{self.hosts.get(0, '?')} during {self.step} ({silent}; "
                     f"every host's guardian stops its own ranks)")
-        who = "; ".join(f"{h} (rank{'s' if len(self.ranks_on(h)) > 1 else ''} {ranks_text(self.ranks_on(h))})"
-                        for h in self.lost)
+        who = "; ".join(f"{h} ({ranks_phrase(self.ranks_on(h))})" for h in self.lost)
         return f"lost contact with {who} during {self.step} ({silent})"
 
     def sweep_parts(self) -> tuple[bool, bool]:
@@ -211,8 +216,8 @@ class GuardianState:
         if run_part and i.get("run"):
             note = "; " + sweep_run(Path(i["run"]), names, self.ckpt, keep=bool(i.get("keep")),
                                     dirs=i.get("dirs", []), partial=i.get("partial") if self.hub else None)
-        elif self.hub and i.get("partial"):
-            sweep_run(Path(i["run"]), [], 0, keep=True, partial=i["partial"])
+        elif self.hub and i.get("partial"):  # rank 0's unfinished result folder is the hub's alone
+            shutil.rmtree(i["partial"], ignore_errors=True)
         if fast_part and i.get("fast_run"):
             fast = sweep_run(Path(i["fast_run"]), names, self.ckpt, keep=bool(i.get("keep")),
                              dirs=i.get("fast_dirs", []))
