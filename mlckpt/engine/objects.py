@@ -1,0 +1,384 @@
+"""Timed object writes and reads on S3-compatible storage: the second storage backend, beside
+``files``.  Same shape as the file engine: every request of one rank's objects in one queue,
+``inflight`` workers each issuing blocking requests (botocore releases the GIL while it waits on
+the network), buffers written from and read into in place.
+
+The client is botocore's (boto3), chosen by measurement (``benchmarks/s3_clients.py``; the
+figures are in ``benchmarks/README.md``): against the same store, in alternated rounds, it moved
+the same bytes at least as fast as boto3's transfer manager, obstore and s3dlio, with the lowest
+read CPU of the Python clients; it reads the AWS SDKs' own configuration (``AWS_ENDPOINT_URL``,
+``AWS_ACCESS_KEY_ID``/``AWS_SECRET_ACCESS_KEY``, ``AWS_PROFILE`` and the shared config files).
+
+Semantics (rules 1.6, README: Object storage):
+
+- A write of an object is durable when the store acknowledged its completion: the single
+  PutObject (objects up to one part) or the CompleteMultipartUpload returned.  Both happen inside
+  the timed call.  There is no fsync: the acknowledgement is the durability point.
+- A read is ranged GETs of ``part_size`` bytes, ``inflight`` in parallel, into the state buffer.
+  Each answer's Content-Range must name the object's planned size.
+- No call here lists the bucket.  Listing is only for cleanup (:func:`abort_uploads`), after or
+  outside the timed operations.
+
+Effects only: no MPI, no printing, no clock.
+"""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any
+from urllib.parse import urlsplit
+
+import numpy as np
+
+from mlckpt.engine.content import _check_buf, _round_up
+from mlckpt.engine.files import FileResult, _run
+from mlckpt.errors import ConfigError, IOFailure
+from mlckpt.locations import ObjectPath
+
+MIN_PART = 5 << 20  # S3: every part but the last is at least 5 MiB
+MAX_PART = 5 << 30
+MAX_PARTS = 10_000
+ADDRESSING = ("path", "virtual", "auto")
+CLIENT = "botocore"
+
+
+@dataclass(frozen=True)
+class S3Options:
+    """``storage.s3.*``: how the client talks to the store.  ``endpoint``/``region`` None: the AWS
+    SDK's own chain (``AWS_ENDPOINT_URL``, ``AWS_REGION``, profiles)."""
+
+    part_size: int = 16 << 20
+    inflight: int = 8  # requests in flight per rank
+    addressing_style: str = "path"
+    verify_tls: bool = True
+    endpoint: str | None = None
+    region: str | None = None
+    timeout_s: float = 120.0  # per request (connect and each read)
+    pool: str = "main"  # worker pool, as IOOptions.pool
+
+    def __post_init__(self) -> None:
+        if not MIN_PART <= self.part_size <= MAX_PART:
+            raise ConfigError(f"storage.s3.part_size must be between 5 MiB and 5 GiB, got {self.part_size}",
+                              key="storage.s3.part_size")
+        if self.inflight < 1:
+            raise ConfigError(f"storage.s3.inflight must be >= 1, got {self.inflight}", key="storage.s3.inflight")
+        if self.addressing_style not in ADDRESSING:
+            raise ConfigError(f"storage.s3.addressing_style must be one of {', '.join(ADDRESSING)}, got "
+                              f"{self.addressing_style!r}", key="storage.s3.addressing_style")
+
+    def parts(self, nbytes: int) -> int:
+        """Requests that write (or read) an object of ``nbytes``: one PutObject up to a part."""
+        return max(1, -(-nbytes // self.part_size))
+
+
+# eq=False: comparing or hashing a frozen dataclass that holds a numpy buffer is meaningless.
+@dataclass(frozen=True, eq=False)
+class ObjectIO:
+    where: ObjectPath
+    buf: np.ndarray  # len >= nbytes rounded up to a page (as for files)
+    nbytes: int
+
+
+def client_version() -> str:
+    import botocore
+
+    return f"{CLIENT} {botocore.__version__}"
+
+
+class Store:
+    """One bucket through one botocore client (thread-safe; one per process, shared by the
+    workers).  Made lazily: a file run never imports boto3."""
+
+    def __init__(self, bucket: str, opts: S3Options) -> None:
+        try:
+            import boto3
+            from botocore.config import Config
+        except ImportError:
+            raise ConfigError("checkpoint.folder: s3:// needs the S3 client: pip install 'mlckpt[s3]'",
+                              key="checkpoint.folder") from None
+        self.bucket, self.opts = bucket, opts
+        cfg = Config(
+            s3={"addressing_style": opts.addressing_style},
+            max_pool_connections=max(10, 2 * opts.inflight),
+            connect_timeout=min(opts.timeout_s, 30.0),
+            read_timeout=opts.timeout_s,
+            retries={"mode": "standard", "max_attempts": 3},
+            # Pages are verified end to end on every restore; per-request checksums would only add
+            # CPU inside the timed region (the store still checks each request's signature).
+            request_checksum_calculation="when_required",
+            response_checksum_validation="when_required",
+        )
+        self.session = boto3.session.Session()
+        self.client = self.session.client("s3", endpoint_url=opts.endpoint, region_name=opts.region,
+                                          verify=opts.verify_tls, config=cfg)
+
+    @property
+    def endpoint_host(self) -> str:
+        """The endpoint's host and port, never credentials (what the bundle records)."""
+        parts = urlsplit(str(self.client.meta.endpoint_url))
+        return parts.hostname + (f":{parts.port}" if parts.port else "") if parts.hostname else ""
+
+    def credentials_present(self) -> bool:
+        return self.session.get_credentials() is not None
+
+    def describe(self) -> dict[str, Any]:
+        return {
+            "client": client_version(),
+            "endpoint_host": self.endpoint_host,
+            "region": self.client.meta.region_name,
+            "bucket": self.bucket,
+            "part_size": self.opts.part_size,
+            "inflight": self.opts.inflight,
+            "addressing_style": self.opts.addressing_style,
+            "verify_tls": self.opts.verify_tls,
+        }
+
+
+def failure(op: str, where: ObjectPath | str, exc: BaseException, offset: int | None = None) -> IOFailure:
+    """An S3 error as the run reports it: the operation, the object's URL, the store's code."""
+    at = f" at offset {offset}" if offset is not None else ""
+    err = getattr(exc, "response", {}).get("Error", {}) if hasattr(exc, "response") else {}
+    reason = f"{err.get('Code', '?')}: {err.get('Message') or ''}".rstrip(": ") if err else str(exc)
+    return IOFailure(f"{op} failed on {where}{at}: {reason}", op=op, path=str(where), offset=offset)
+
+
+def _check(objs: Sequence[ObjectIO], opts: S3Options, what: str, writable: bool) -> None:
+    for o in objs:
+        _check_buf(o.buf, _round_up(o.nbytes), f"{what} {o.where}", writable=writable)
+        if opts.parts(o.nbytes) > MAX_PARTS:
+            raise ConfigError(f"storage.s3.part_size: {o.where} ({o.nbytes} bytes) would need more than "
+                              f"{MAX_PARTS} parts of {opts.part_size} bytes; use larger parts",
+                              key="storage.s3.part_size")
+
+
+class _Requests:
+    """Every request of several objects as one numbered queue: i -> (object, part number, start, end)."""
+
+    def __init__(self, objs: Sequence[ObjectIO], part: int) -> None:
+        self.items = [(k, n + 1, s, min(s + part, o.nbytes)) for k, o in enumerate(objs)
+                      for n, s in enumerate(range(0, max(o.nbytes, 1), part))]
+
+
+def put_objects(store: Store, objs: Sequence[ObjectIO]) -> list[FileResult]:
+    """The timed part of one rank's checkpoint on object storage: every object written and its
+    completion acknowledged.  Objects of one part are single PUTs; larger ones multipart uploads
+    whose parts share the queue.  On failure, the uploads this call started are aborted (no part
+    stays behind); objects already complete are left to the runner's cleanup."""
+    opts, c, bucket = store.opts, store.client, store.bucket
+    _check(objs, opts, "write", writable=False)
+    reqs = _Requests(objs, opts.part_size)
+    uploads: dict[int, str] = {}
+    etags: dict[tuple[int, int], str] = {}
+    views = [memoryview(o.buf) for o in objs]
+
+    def start(k: int) -> None:
+        if opts.parts(objs[k].nbytes) > 1:
+            try:
+                uploads[k] = c.create_multipart_upload(Bucket=bucket, Key=objs[k].where.key)["UploadId"]
+            except Exception as exc:
+                raise failure("create_upload", objs[k].where, exc) from exc
+
+    def send(i: int) -> None:
+        k, n, s, e = reqs.items[i]
+        o = objs[k]
+        body = bytes(views[k][s:e])  # botocore takes bytes (or a file), not a memoryview
+        try:
+            if k in uploads:
+                etags[k, n] = c.upload_part(Bucket=bucket, Key=o.where.key, UploadId=uploads[k], PartNumber=n,
+                                            Body=body)["ETag"]
+            else:
+                c.put_object(Bucket=bucket, Key=o.where.key, Body=body)
+        except Exception as exc:
+            raise failure("write", o.where, exc, s) from exc
+
+    def complete(k: int) -> None:
+        if k not in uploads:
+            return
+        parts = [{"ETag": etags[k, n], "PartNumber": n} for n in range(1, opts.parts(objs[k].nbytes) + 1)]
+        try:
+            c.complete_multipart_upload(Bucket=bucket, Key=objs[k].where.key, UploadId=uploads[k],
+                                        MultipartUpload={"Parts": parts})
+        except Exception as exc:
+            raise failure("complete_upload", objs[k].where, exc) from exc
+        del uploads[k]
+
+    try:
+        _run(len(objs), start, opts.inflight, opts.pool)
+        _run(len(reqs.items), send, opts.inflight, opts.pool)
+        _run(len(objs), complete, opts.inflight, opts.pool)
+    except BaseException:
+        for k, upload in list(uploads.items()):
+            try:
+                c.abort_multipart_upload(Bucket=bucket, Key=objs[k].where.key, UploadId=upload)
+            except Exception:
+                pass  # the sweep aborts what is left under the run's prefix
+        raise
+    return [FileResult(str(o.where), o.nbytes, True, opts.parts(o.nbytes), o.nbytes) for o in objs]
+
+
+def _content_total(where: ObjectPath, resp: dict[str, Any], offset: int) -> int:
+    text = str(resp.get("ContentRange") or "")
+    total = text.rpartition("/")[2]
+    if not total.isdigit():
+        raise IOFailure(f"read failed on {where} at offset {offset}: the store answered a ranged GET "
+                        f"without a Content-Range ({text!r})", op="read", path=str(where), offset=offset)
+    return int(total)
+
+
+def get_objects(store: Store, objs: Sequence[ObjectIO]) -> list[FileResult]:
+    """The timed restore of one rank from object storage: every object read back in place into its
+    buffer with ranged GETs.  An object whose size is not the planned one fails, naming it."""
+    opts, c, bucket = store.opts, store.client, store.bucket
+    _check(objs, opts, "read", writable=True)
+    reqs = _Requests(objs, opts.part_size)
+    views = [memoryview(o.buf) for o in objs]
+
+    def fetch(i: int) -> None:
+        k, _n, s, e = reqs.items[i]
+        o = objs[k]
+        if o.nbytes == 0:
+            _check_empty(store, o)
+            return
+        try:
+            resp = c.get_object(Bucket=bucket, Key=o.where.key, Range=f"bytes={s}-{e - 1}")
+        except Exception as exc:
+            raise failure("read", o.where, exc, s) from exc
+        total = _content_total(o.where, resp, s)
+        if total != o.nbytes:
+            resp["Body"].close()
+            how = "truncated" if total < o.nbytes else "extended"
+            raise IOFailure(f"size check failed on {o.where}: expected {o.nbytes} bytes, found {total} ({how} "
+                            "checkpoint object)", op="size", path=str(o.where))
+        _receive(o.where, resp["Body"], views[k], s, e)
+
+    _run(len(reqs.items), fetch, opts.inflight, opts.pool)
+    return [FileResult(str(o.where), o.nbytes, False, opts.parts(o.nbytes), o.nbytes) for o in objs]
+
+
+def _receive(where: ObjectPath, body: Any, mv: memoryview, pos: int, end: int) -> None:
+    """Read one answer's body into ``mv[pos:end]`` without an intermediate copy where the HTTP
+    layer allows it (urllib3's ``readinto``)."""
+    start = pos
+    raw = getattr(body, "_raw_stream", None)
+    try:
+        while pos < end:
+            if raw is not None and hasattr(raw, "readinto"):
+                n = raw.readinto(mv[pos:end])
+            else:
+                chunk = body.read(end - pos)
+                n = len(chunk)
+                mv[pos:pos + n] = chunk
+            if not n:
+                raise IOFailure(f"read failed on {where} at offset {pos}: the answer ended after "
+                                f"{pos - start} of {end - start} bytes", op="read", path=str(where), offset=pos)
+            pos += n
+    except IOFailure:
+        raise
+    except Exception as exc:
+        raise failure("read", where, exc, pos) from exc
+    finally:
+        body.close()
+
+
+def _check_empty(store: Store, o: ObjectIO) -> None:
+    try:
+        size = int(store.client.head_object(Bucket=store.bucket, Key=o.where.key)["ContentLength"])
+    except Exception as exc:
+        raise failure("stat", o.where, exc) from exc
+    if size:
+        raise IOFailure(f"size check failed on {o.where}: expected 0 bytes, found {size}", op="size",
+                        path=str(o.where))
+
+
+def sizes(store: Store, paths: Sequence[ObjectPath]) -> dict[str, int | None]:
+    """Each object's size (None: missing), by HEAD requests (a restore's check before any I/O)."""
+    out: dict[str, int | None] = {}
+    for p in paths:
+        try:
+            out[str(p)] = int(store.client.head_object(Bucket=store.bucket, Key=p.key)["ContentLength"])
+        except Exception as exc:
+            if getattr(exc, "response", {}).get("Error", {}).get("Code") in ("404", "NoSuchKey", "NotFound"):
+                out[str(p)] = None
+            else:
+                raise failure("stat", p, exc) from exc
+    return out
+
+
+def delete_objects(store: Store, paths: Sequence[ObjectPath]) -> tuple[int, list[str]]:
+    """Delete exactly these objects, one DeleteObject each, ``inflight`` at a time (a missing key
+    is no error).  Not DeleteObjects: stores differ on the checksum header it requires (Swift's
+    S3 API wants Content-MD5, botocore now sends CRC32).  Returns (deleted, the URLs that could
+    not be deleted, each with the store's reason)."""
+    left: list[str] = []
+    lock = threading.Lock()
+
+    def one(i: int) -> None:
+        try:
+            store.client.delete_object(Bucket=store.bucket, Key=paths[i].key)
+        except Exception as exc:
+            with lock:
+                left.append(failure("delete", paths[i], exc).args[0])
+
+    _run(len(paths), one, store.opts.inflight, "cleanup")
+    return len(paths) - len(left), left
+
+
+def abort_uploads(store: Store, prefix: str) -> int:
+    """Abort every unfinished multipart upload under ``prefix`` (a killed writer's parts); returns
+    how many.  Lists uploads, never objects, and only under this run's own prefix."""
+    n = 0
+    pages = store.client.get_paginator("list_multipart_uploads").paginate(Bucket=store.bucket, Prefix=prefix)
+    for page in pages:
+        for up in page.get("Uploads") or []:
+            if not str(up.get("Key", "")).startswith(prefix):
+                continue  # a store that ignores Prefix must not make us touch others' uploads
+            store.client.abort_multipart_upload(Bucket=store.bucket, Key=up["Key"], UploadId=up["UploadId"])
+            n += 1
+    return n
+
+
+def probe(store: Store, where: ObjectPath) -> str | None:
+    """Why this store cannot take the run, or None: credentials present, the endpoint answers, the
+    bucket exists, and one small object can be written, read back and deleted (it is deleted
+    whatever happens)."""
+    if not store.credentials_present():
+        return ("no S3 credentials found (set AWS_ACCESS_KEY_ID and AWS_SECRET_ACCESS_KEY, or AWS_PROFILE "
+                "with a shared credentials file)")
+    c, body = store.client, b"mlckpt probe\n"
+    try:
+        c.head_bucket(Bucket=store.bucket)
+    except Exception as exc:
+        return _probe_problem(store, exc, "bucket")
+    try:
+        c.put_object(Bucket=store.bucket, Key=where.key, Body=body)
+    except Exception as exc:
+        return _probe_problem(store, exc, "write")
+    try:
+        got = c.get_object(Bucket=store.bucket, Key=where.key)["Body"].read()
+        if got != body:
+            return f"{where}: the probe object read back other bytes than were written"
+        return None
+    except Exception as exc:
+        return _probe_problem(store, exc, "read")
+    finally:
+        try:
+            c.delete_object(Bucket=store.bucket, Key=where.key)
+        except Exception:
+            pass
+
+
+def _probe_problem(store: Store, exc: BaseException, step: str) -> str:
+    endpoint = store.client.meta.endpoint_url
+    code = str(getattr(exc, "response", {}).get("Error", {}).get("Code", "")) if hasattr(exc, "response") else ""
+    status = getattr(exc, "response", {}).get("ResponseMetadata", {}).get("HTTPStatusCode") \
+        if hasattr(exc, "response") else None
+    if not code:
+        return f"the S3 endpoint {endpoint} cannot be reached ({type(exc).__name__}: {exc})"
+    if step == "bucket" and (code in ("404", "NoSuchBucket", "NotFound") or status == 404):
+        return f"the bucket {store.bucket} does not exist at {endpoint} (create it first)"
+    if code in ("403", "AccessDenied", "InvalidAccessKeyId", "SignatureDoesNotMatch") or status == 403:
+        return (f"the S3 credentials are refused by {endpoint} for bucket {store.bucket} "
+                f"({code}{' on ' + step if step != 'bucket' else ''})")
+    return f"the bucket {store.bucket} at {endpoint} refuses the probe's {step} ({code})"
