@@ -47,16 +47,26 @@ class Spec:
         self.endpoint = os.environ["AWS_ENDPOINT_URL"]
 
     def ranges(self) -> list[tuple[int, int, int]]:
-        return [(o, s, min(s + self.part, self.size)) for o in range(self.n) for s in range(0, self.size, self.part)]
+        return [
+            (o, s, min(s + self.part, self.size))
+            for o in range(self.n)
+            for s in range(0, self.size, self.part)
+        ]
 
 
 def boto_client(spec: Spec) -> Any:
     import boto3
     from botocore.config import Config
 
-    return boto3.client("s3", config=Config(s3={"addressing_style": "path"}, max_pool_connections=spec.inflight * 2,
-                                            request_checksum_calculation="when_required",
-                                            response_checksum_validation="when_required"))
+    return boto3.client(
+        "s3",
+        config=Config(
+            s3={"addressing_style": "path"},
+            max_pool_connections=spec.inflight * 2,
+            request_checksum_calculation="when_required",
+            response_checksum_validation="when_required",
+        ),
+    )
 
 
 def boto3_parts(spec: Spec) -> tuple[Callable[..., None], Callable[..., None]]:
@@ -71,14 +81,23 @@ def boto3_parts(spec: Spec) -> tuple[Callable[..., None], Callable[..., None]]:
         def part(r: tuple[int, int, int]) -> None:
             o, s, e = r
             base = o * spec.size
-            etags[o, s] = s3.upload_part(Bucket=spec.bucket, Key=keys[o], UploadId=ids[o],
-                                         PartNumber=s // spec.part + 1,
-                                         Body=_BufferFile(mv[base + s: base + e]))["ETag"]
+            etags[o, s] = s3.upload_part(
+                Bucket=spec.bucket,
+                Key=keys[o],
+                UploadId=ids[o],
+                PartNumber=s // spec.part + 1,
+                Body=_BufferFile(mv[base + s : base + e]),
+            )["ETag"]
 
         list(pool.map(part, spec.ranges()))
         for o, k in enumerate(keys):
-            parts = [{"ETag": etags[o, s], "PartNumber": s // spec.part + 1} for s in range(0, spec.size, spec.part)]
-            s3.complete_multipart_upload(Bucket=spec.bucket, Key=k, UploadId=ids[o], MultipartUpload={"Parts": parts})
+            parts = [
+                {"ETag": etags[o, s], "PartNumber": s // spec.part + 1}
+                for s in range(0, spec.size, spec.part)
+            ]
+            s3.complete_multipart_upload(
+                Bucket=spec.bucket, Key=k, UploadId=ids[o], MultipartUpload={"Parts": parts}
+            )
 
     def read(keys: list[str], buf: np.ndarray) -> None:
         mv = memoryview(buf)
@@ -122,13 +141,13 @@ class _BufferFile(io.RawIOBase):
 
     def readinto(self, b: Any) -> int:
         n = min(len(b), len(self.mv) - self.pos)
-        b[:n] = self.mv[self.pos:self.pos + n]
+        b[:n] = self.mv[self.pos : self.pos + n]
         self.pos += n
         return n
 
     def write(self, b: Any) -> int:
         n = len(b)
-        self.mv[self.pos:self.pos + n] = b
+        self.mv[self.pos : self.pos + n] = b
         self.pos += n
         return n
 
@@ -138,21 +157,29 @@ def boto3_transfer(spec: Spec) -> tuple[Callable[..., None], Callable[..., None]
     from s3transfer.manager import TransferManager
 
     s3 = boto_client(spec)
-    cfg = TransferConfig(multipart_threshold=spec.part, multipart_chunksize=spec.part, max_concurrency=spec.inflight,
-                         use_threads=True)
+    cfg = TransferConfig(
+        multipart_threshold=spec.part,
+        multipart_chunksize=spec.part,
+        max_concurrency=spec.inflight,
+        use_threads=True,
+    )
     tm = TransferManager(s3, cfg)
 
     def write(keys: list[str], buf: np.ndarray) -> None:
         mv = memoryview(buf)
-        futs = [tm.upload(_BufferFile(mv[o * spec.size:(o + 1) * spec.size]), spec.bucket, k)
-                for o, k in enumerate(keys)]
+        futs = [
+            tm.upload(_BufferFile(mv[o * spec.size : (o + 1) * spec.size]), spec.bucket, k)
+            for o, k in enumerate(keys)
+        ]
         for f in futs:
             f.result()
 
     def read(keys: list[str], buf: np.ndarray) -> None:
         mv = memoryview(buf)
-        futs = [tm.download(spec.bucket, k, _BufferFile(mv[o * spec.size:(o + 1) * spec.size]))
-                for o, k in enumerate(keys)]
+        futs = [
+            tm.download(spec.bucket, k, _BufferFile(mv[o * spec.size : (o + 1) * spec.size]))
+            for o, k in enumerate(keys)
+        ]
         for f in futs:
             f.result()
 
@@ -163,21 +190,35 @@ def obstore_client(spec: Spec) -> tuple[Callable[..., None], Callable[..., None]
     import obstore
     from obstore.store import S3Store
 
-    store = S3Store(spec.bucket, endpoint=spec.endpoint, virtual_hosted_style_request=False,
-                    client_options={"allow_http": True, "pool_max_idle_per_host": str(spec.inflight * 2)})
+    store = S3Store(
+        spec.bucket,
+        endpoint=spec.endpoint,
+        virtual_hosted_style_request=False,
+        client_options={"allow_http": True, "pool_max_idle_per_host": str(spec.inflight * 2)},
+    )
 
     def write(keys: list[str], buf: np.ndarray) -> None:
         mv = memoryview(buf)
         for o, k in enumerate(keys):
-            obstore.put(store, k, mv[o * spec.size:(o + 1) * spec.size], chunk_size=spec.part,
-                        max_concurrency=spec.inflight, use_multipart=True)
+            obstore.put(
+                store,
+                k,
+                mv[o * spec.size : (o + 1) * spec.size],
+                chunk_size=spec.part,
+                max_concurrency=spec.inflight,
+                use_multipart=True,
+            )
 
     def read(keys: list[str], buf: np.ndarray) -> None:
         for o, k in enumerate(keys):
             starts = list(range(0, spec.size, spec.part))
             ends = [min(s + spec.part, spec.size) for s in starts]
-            for s, got in zip(starts, obstore.get_ranges(store, k, starts=starts, ends=ends, coalesce=0), strict=True):
-                buf[o * spec.size + s: o * spec.size + s + len(got)] = np.frombuffer(memoryview(got), np.uint8)
+            for s, got in zip(
+                starts, obstore.get_ranges(store, k, starts=starts, ends=ends, coalesce=0), strict=True
+            ):
+                buf[o * spec.size + s : o * spec.size + s + len(got)] = np.frombuffer(
+                    memoryview(got), np.uint8
+                )
 
     return write, read
 
@@ -192,14 +233,14 @@ def s3dlio_client(spec: Spec) -> tuple[Callable[..., None], Callable[..., None]]
         mv = memoryview(buf)
         for o, k in enumerate(keys):
             w = s3dlio.MultipartUploadWriter(spec.bucket, k, part_size=spec.part, max_in_flight=spec.inflight)
-            w.write(mv[o * spec.size:(o + 1) * spec.size])
+            w.write(mv[o * spec.size : (o + 1) * spec.size])
             w.close()
 
     def read(keys: list[str], buf: np.ndarray) -> None:
         def get(r: tuple[int, int, int]) -> None:
             o, s, e = r
             got = s3dlio.get_range(f"s3://{spec.bucket}/{keys[o]}", s, e - s)
-            buf[o * spec.size + s: o * spec.size + e] = np.frombuffer(memoryview(got), np.uint8)
+            buf[o * spec.size + s : o * spec.size + e] = np.frombuffer(memoryview(got), np.uint8)
 
         list(pool.map(get, spec.ranges()))
 
@@ -248,10 +289,14 @@ def main() -> int:
         impls = {n: CLIENTS[n](spec) for n in names}
         src = np.random.default_rng(1).integers(0, 256, spec.n * spec.size, dtype=np.uint8)
         dst = np.empty_like(src)
-        res: dict[str, dict[str, list[float]]] = {n: {"write": [], "read": [], "wcpu": [], "rcpu": []} for n in names}
+        res: dict[str, dict[str, list[float]]] = {
+            n: {"write": [], "read": [], "wcpu": [], "rcpu": []} for n in names
+        }
         gib = spec.n * spec.size / (1 << 30)
-        print(f"{spec.n} objects x {a.object_mib} MiB, parts of {a.part_mib} MiB, {spec.inflight} in flight, "
-              f"endpoint {spec.endpoint}")
+        print(
+            f"{spec.n} objects x {a.object_mib} MiB, parts of {a.part_mib} MiB, {spec.inflight} in flight, "
+            f"endpoint {spec.endpoint}"
+        )
         for r in range(a.rounds):
             for n in names:
                 w, rd = impls[n]
@@ -269,16 +314,22 @@ def main() -> int:
                 res[n]["read"].append(gib / (t3 - t2))
                 res[n]["wcpu"].append((c1 - c0) / gib)
                 res[n]["rcpu"].append((c3 - c2) / gib)
-                print(f"round {r + 1} {n:15s} write {gib / (t1 - t0):6.3f} GiB/s  read {gib / (t3 - t2):6.3f} GiB/s"
-                      f"  client CPU s/GiB write {(c1 - c0) / gib:5.2f} read {(c3 - c2) / gib:5.2f}"
-                      f"{'' if ok else '  READ BACK OTHER BYTES'}", flush=True)
+                print(
+                    f"round {r + 1} {n:15s} write {gib / (t1 - t0):6.3f} GiB/s  "
+                    f"read {gib / (t3 - t2):6.3f} GiB/s"
+                    f"  client CPU s/GiB write {(c1 - c0) / gib:5.2f} read {(c3 - c2) / gib:5.2f}"
+                    f"{'' if ok else '  READ BACK OTHER BYTES'}",
+                    flush=True,
+                )
                 if not ok:
                     res[n]["write"].append(0.0)
         print("median over rounds: GiB/s, and the client's CPU seconds per GiB")
         for n in names:
             m = {k: statistics.median(v) for k, v in res[n].items()}
-            print(f"  {n:15s} write {m['write']:6.3f} ({m['wcpu']:5.2f} s/GiB)  read {m['read']:6.3f} "
-                  f"({m['rcpu']:5.2f} s/GiB)")
+            print(
+                f"  {n:15s} write {m['write']:6.3f} ({m['wcpu']:5.2f} s/GiB)  read {m['read']:6.3f} "
+                f"({m['rcpu']:5.2f} s/GiB)"
+            )
     finally:
         if store is not None:
             store.stop()

@@ -27,7 +27,7 @@ class Format:
             raise ValueError(f"{self.name}: must read its own version {self.version!r}")
 
 
-RUN = Format("run", "run.json: run_format", 5, (2, 3, 4, 5), (
+RUN = Format("run", "run.json: run_format", 6, (2, 3, 4, 5, 6), (
     (1, "first version: run identity, status, workload, division, scaled, verdict, findings, overrides, "
         "host mapping, timings, file list"),
     (2, "pipeline: checkpoint mode, compute interval, fast tier (folder, fast_keep, filesystem type per "
@@ -39,6 +39,10 @@ RUN = Format("run", "run.json: run_format", 5, (2, 3, 4, 5), (
     (5, "rules 1.4: witness (null, or the witness's endpoint without credentials, key id, run at the "
         "witness, status witnessed|lost, the reason it was lost, each write's nonce, and the transcript "
         "file witness.dsse.json); a witnessed write's page tags carry run_id XOR the nonce's first 8 bytes"),
+    (6, "rules 1.6: storage (kind posix, or kind s3 with the client library and version, the endpoint's "
+        "host and port without credentials, region, bucket, key prefix, part_size, inflight, "
+        "addressing_style, verify_tls); system.json's filesystem of an object run is fs_type s3, source "
+        "the endpoint's host, mount_point the s3:// folder"),
 ))
 
 RECORDS = Format("records", "records.jsonl (run.json and summary.json: records_format)", 4, (2, 3, 4), (

@@ -10,7 +10,9 @@ with the same relative name and size.
 from __future__ import annotations
 
 import re
+from collections.abc import Mapping
 from dataclasses import dataclass
+from typing import Any
 
 from mlckpt.errors import ConfigError
 
@@ -20,6 +22,17 @@ SCHEME = "s3://"
 _BUCKET = re.compile(r"^[a-z0-9][a-z0-9.-]{1,61}[a-z0-9]$")
 _SEGMENT = re.compile(r"^[A-Za-z0-9!_.*'()+,=@-]+$")
 KEY = "checkpoint.folder"
+
+# storage.s3.* when left at null (workloads/config.yaml): the object engine's settings.  16 MiB
+# parts: S3's minimum is 5 MiB, and larger parts cost fewer requests per GiB.
+S3_DEFAULTS: dict[str, Any] = {
+    "endpoint": None,  # the AWS SDK's own chain: AWS_ENDPOINT_URL, the profile's endpoint_url
+    "region": None,  # AWS_REGION, the profile's region
+    "part_size": 16 << 20,
+    "inflight": 8,  # requests in flight per rank
+    "addressing_style": "path",
+    "verify_tls": True,
+}
 
 
 def is_object_url(text: object) -> bool:
@@ -57,14 +70,26 @@ def parse_object_url(url: str, key: str = KEY) -> ObjectPath:
     ``key`` (one line, exit 2, before anything runs)."""
     if not is_object_url(url):
         raise ConfigError(f"{key}: {url!r} is not an s3://bucket/prefix URL", key=key)
-    rest = url[len(SCHEME):].rstrip("/")
+    rest = url[len(SCHEME) :].rstrip("/")
     bucket, _, prefix = rest.partition("/")
     if not _BUCKET.match(bucket) or ".." in bucket:
-        raise ConfigError(f"{key}: {bucket!r} is not a valid S3 bucket name (3-63 characters: lower-case "
-                          "letters, digits, dots and hyphens)", key=key)
+        raise ConfigError(
+            f"{key}: {bucket!r} is not a valid S3 bucket name (3-63 characters: lower-case "
+            "letters, digits, dots and hyphens)",
+            key=key,
+        )
     segments = prefix.split("/") if prefix else []
     for seg in segments:
         if seg in ("", ".", "..") or not _SEGMENT.match(seg):
-            raise ConfigError(f"{key}: {url!r}: the key prefix segment {seg!r} is not allowed (letters, "
-                              "digits and !_.*'()+,=@- only; no empty, '.' or '..' segments)", key=key)
+            raise ConfigError(
+                f"{key}: {url!r}: the key prefix segment {seg!r} is not allowed (letters, "
+                "digits and !_.*'()+,=@- only; no empty, '.' or '..' segments)",
+                key=key,
+            )
     return ObjectPath(bucket, "/".join(segments))
+
+
+def s3_settings(config: Mapping[str, Any]) -> dict[str, Any]:
+    """``storage.s3`` with every null replaced by its default: what an object run uses and records."""
+    given = (config.get("storage") or {}).get("s3") or {}
+    return {k: (given.get(k) if given.get(k) is not None else v) for k, v in S3_DEFAULTS.items()}

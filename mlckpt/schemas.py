@@ -102,6 +102,10 @@ def drop_unknown_nulls(doc: dict[str, Any], name: str, rules_version: str) -> No
         if err.validator != "additionalProperties" or not isinstance(err.instance, dict):
             continue
         for key in set(err.instance) - set(err.schema.get("properties", {})):
-            value = err.instance[key]
-            if value is None or (isinstance(value, dict) and all(v is None for v in value.values())):
+            if _all_null(err.instance[key]):
                 del err.instance[key]
+
+
+def _all_null(value: Any) -> bool:
+    """null, or a block (of blocks) of nulls: ``storage: {s3: {part_size: null, ...}}``."""
+    return value is None or (isinstance(value, dict) and all(_all_null(v) for v in value.values()))

@@ -5,8 +5,9 @@ from __future__ import annotations
 import os
 import subprocess
 import sys
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -104,3 +105,36 @@ def honest_bundles(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
     [line] = [ln for ln in proc.stdout.splitlines() if ln.startswith("bundle: ")]
     out["async_tiers"] = Path(line[len("bundle: "):])
     return out
+
+
+# --- object storage (tests/test_objects*.py): one real S3 store (Swift's all-in-one) per session --
+
+S3_BUCKET = "mlckpt-test"
+
+
+@pytest.fixture(scope="session")
+def s3_store(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Any]:
+    """A real S3-compatible store on the loopback address (tests/s3local.py: OpenStack Swift with
+    its S3 API) holding the bucket ``S3_BUCKET``; ``.env`` is what a client (and mlckpt) needs."""
+    import s3local
+
+    why = s3local.unavailable()
+    if why:
+        pytest.skip(why)
+    store = s3local.start(tmp_path_factory.mktemp("s3store"))
+    try:
+        s3_client(store.env).create_bucket(Bucket=S3_BUCKET)
+        yield store
+    finally:
+        store.stop()
+
+
+def s3_client(env: dict[str, str]) -> Any:
+    """A plain boto3 client on the test store (the tests' own view, independent of mlckpt's)."""
+    import boto3
+    from botocore.config import Config
+
+    return boto3.client("s3", endpoint_url=env["AWS_ENDPOINT_URL"], region_name=env["AWS_REGION"],
+                        aws_access_key_id=env["AWS_ACCESS_KEY_ID"],
+                        aws_secret_access_key=env["AWS_SECRET_ACCESS_KEY"],
+                        config=Config(s3={"addressing_style": "path"}))

@@ -10,10 +10,11 @@ rank command; under mpiexec each rank runs :func:`mlckpt.run.runner.mpi_main` wi
 * ``MLCKPT_TEST_FAULT=KIND:R:OP:K`` (OP ``write``, ``read`` or ``drain``) acts on rank R inside
   its timed op OP K, after t0 and before its first byte.  KIND ``stall``: sleep forever (a stalled
   rank); ``kill``: SIGKILL itself; ``pause``: wait until the ready file is removed, then do the op;
-  ``slow``: a slowed storage path, the op takes ``MLCKPT_TEST_SLOW_S`` seconds (default 6) longer.
+  ``slow``: a slowed storage path, the op takes ``MLCKPT_TEST_SLOW_S`` seconds (default 6) longer;
+  ``killmid``: start the op, SIGKILL itself ``MLCKPT_TEST_KILL_AFTER_S`` seconds (default 0.5) later.
   With ``MLCKPT_TEST_FAULT_READY=PATH`` the rank first writes its pid to PATH.
 * ``MLCKPT_TEST_FLIP=R:I:OFF``: rank R flips one bit of byte OFF of its file I of checkpoint 1,
-  between the writes and the restores.
+  between the writes and the restores (an object on object storage: read, flipped, put back).
 * ``MLCKPT_TEST_FAST_FLIP=WHEN:R:K:I:OFF``: the same on the fast tier's copy of checkpoint K, at
   WHEN ``drain`` (before it is drained) or ``restore`` (before the restores).
 * ``MLCKPT_TEST_CORRUPT``: ``truncate:R:I:N``, ``swap:R:S:I``, ``stale:R:I``, ``foreign:R:I:PATH``
@@ -26,6 +27,7 @@ import os
 import shutil
 import signal
 import sys
+import threading
 import time
 from collections.abc import Callable, Sequence
 from pathlib import Path
@@ -39,10 +41,25 @@ from mlckpt.run.runner import mpi_main
 
 FAULT, READY, CORRUPT = "MLCKPT_TEST_FAULT", "MLCKPT_TEST_FAULT_READY", "MLCKPT_TEST_CORRUPT"
 FLIP, FAST_FLIP = "MLCKPT_TEST_FLIP", "MLCKPT_TEST_FAST_FLIP"
-ALL = (FAULT, READY, CORRUPT, FLIP, FAST_FLIP)
+ALL = (FAULT, READY, CORRUPT, FLIP, FAST_FLIP, "MLCKPT_TEST_KILL_AFTER_S", "MLCKPT_TEST_SLOW_S")
+
+
+def flip_object_bit(url: str, offset: int) -> None:
+    """The same on object storage: the object read, one bit flipped, the object put back whole."""
+    import boto3
+    from botocore.config import Config
+
+    bucket, _, key = url.removeprefix("s3://").partition("/")
+    c = boto3.client("s3", config=Config(s3={"addressing_style": "path"}))
+    data = bytearray(c.get_object(Bucket=bucket, Key=key)["Body"].read())
+    data[offset] ^= 0x01
+    c.put_object(Bucket=bucket, Key=key, Body=bytes(data))
 
 
 def flip_bit(path: str, offset: int) -> None:
+    if path.startswith("s3://"):
+        flip_object_bit(path, offset)
+        return
     fd = os.open(path, os.O_RDWR | os.O_CLOEXEC)
     try:
         old = os.pread(fd, 1, offset)
@@ -74,7 +91,7 @@ class EnvFaults(Faults):
         if not spec:
             return action
         kind, frank, fop, findex = spec.split(":")
-        if kind not in ("stall", "kill", "pause", "slow"):
+        if kind not in ("stall", "kill", "killmid", "pause", "slow"):
             raise ValueError(f"{FAULT}: unknown fault {kind!r}")
         if (int(frank), fop, int(findex)) != (rank, op, index):
             return action
@@ -89,6 +106,10 @@ class EnvFaults(Faults):
                 time.sleep(float(self.env.get("MLCKPT_TEST_SLOW_S", "6")))
                 return action()
             if kind == "kill":
+                os.kill(os.getpid(), signal.SIGKILL)
+            if kind == "killmid":  # killed while its requests are in flight (parts sent, none complete)
+                threading.Thread(target=action, daemon=True).start()
+                time.sleep(float(self.env.get("MLCKPT_TEST_KILL_AFTER_S", "0.5")))
                 os.kill(os.getpid(), signal.SIGKILL)
             if kind == "pause" and ready:
                 while os.path.exists(ready):

@@ -34,11 +34,17 @@ PROXY = "/usr/bin/swift-proxy-server"
 
 def unavailable() -> str | None:
     """Why no Swift store can be started here, or None."""
-    missing = [p for p in (PROXY, *(f"/usr/bin/swift-{s}-server" for s in SERVERS), "/usr/bin/swift-ring-builder")
-               if not os.path.exists(p)]
+    missing = [
+        p
+        for p in (PROXY, *(f"/usr/bin/swift-{s}-server" for s in SERVERS), "/usr/bin/swift-ring-builder")
+        if not os.path.exists(p)
+    ]
     if missing:
-        return f"OpenStack Swift is not installed ({missing[0]} missing; apt-get install swift-proxy swift-object " \
-               "swift-container swift-account)"
+        return (
+            f"OpenStack Swift is not installed ({missing[0]} missing; "
+            "apt-get install swift-proxy swift-object "
+            "swift-container swift-account)"
+        )
     return None
 
 
@@ -82,8 +88,11 @@ class Store:
         self.procs.clear()
 
     def logs(self) -> str:
-        return "".join((self.root / f"{n}.log").read_text(errors="replace")[-3000:]
-                       for n in (*SERVERS, "proxy") if (self.root / f"{n}.log").exists())
+        return "".join(
+            (self.root / f"{n}.log").read_text(errors="replace")[-3000:]
+            for n in (*SERVERS, "proxy")
+            if (self.root / f"{n}.log").exists()
+        )
 
 
 _COMMON = """[DEFAULT]
@@ -101,17 +110,23 @@ log_name = {name}
 user = {user}
 """
 
-_SERVER = _COMMON + """
+_SERVER = (
+    _COMMON
+    + """
 [pipeline:main]
 pipeline = {name}-server
 
 [app:{name}-server]
 use = egg:swift#{name}
 """
+)
 
-_PROXY = _COMMON + """
+_PROXY = (
+    _COMMON
+    + """
 [pipeline:main]
-pipeline = catch_errors gatekeeper healthcheck proxy-logging cache listing_formats bulk s3api tempauth copy slo dlo proxy-logging proxy-server
+pipeline = catch_errors gatekeeper healthcheck proxy-logging cache listing_formats bulk s3api tempauth
+    copy slo dlo proxy-logging proxy-server
 
 [app:proxy-server]
 use = egg:swift#proxy
@@ -152,6 +167,7 @@ max_manifest_segments = 10000
 [filter:dlo]
 use = egg:swift#dlo
 """
+)
 
 _SWIFT_CONF = """[swift-hash]
 swift_hash_path_suffix = mlckpt-test
@@ -169,8 +185,9 @@ max_file_size = 5368709122
 def _ring(etc: Path, name: str, port: int) -> None:
     builder = str(etc / f"{name}.builder")
     for args in (["create", "6", "1", "1"], ["add", f"r1z1-127.0.0.1:{port}/d1", "1"], ["rebalance"]):
-        r = subprocess.run(["/usr/bin/swift-ring-builder", builder, *args], capture_output=True, text=True,
-                           check=False)
+        r = subprocess.run(
+            ["/usr/bin/swift-ring-builder", builder, *args], capture_output=True, text=True, check=False
+        )
         if r.returncode not in (0, 1):  # 1: rebalance's warnings
             raise RuntimeError(f"swift-ring-builder {name} {args[0]}: {r.stdout}{r.stderr}")
 
@@ -191,16 +208,33 @@ def start(root: Path, workers: int = 2, timeout_s: float = 60.0) -> Store:
         for name in SERVERS:
             _ring(etc, name, ports[name])
             conf = etc / f"{name}-server.conf"
-            conf.write_text(_SERVER.format(port=ports[name], etc=etc, srv=srv, name=name, workers=workers,
-                                               user=_user()))
-            store.procs.append(_spawn([f"/usr/bin/swift-{name}-server", str(conf), "--verbose"], root / f"{name}.log"))
+            conf.write_text(
+                _SERVER.format(port=ports[name], etc=etc, srv=srv, name=name, workers=workers, user=_user())
+            )
+            store.procs.append(
+                _spawn([f"/usr/bin/swift-{name}-server", str(conf), "--verbose"], root / f"{name}.log")
+            )
         if shutil.which("memcached"):  # tempauth keeps s3api's tokens there; optional
-            store.procs.append(_spawn(["memcached", "-l", "127.0.0.1", "-p", str(ports["memcache"]), "-U", "0",
-                                       "-u", "root"], root / "memcache.log"))
+            store.procs.append(
+                _spawn(
+                    ["memcached", "-l", "127.0.0.1", "-p", str(ports["memcache"]), "-U", "0", "-u", "root"],
+                    root / "memcache.log",
+                )
+            )
         conf = etc / "proxy-server.conf"
-        conf.write_text(_PROXY.format(port=ports["proxy"], etc=etc, srv=srv, name="proxy", workers=workers,
-                                      region=REGION, secret=SECRET_KEY, memcache=ports["memcache"],
-                                      user=_user()))
+        conf.write_text(
+            _PROXY.format(
+                port=ports["proxy"],
+                etc=etc,
+                srv=srv,
+                name="proxy",
+                workers=workers,
+                region=REGION,
+                secret=SECRET_KEY,
+                memcache=ports["memcache"],
+                user=_user(),
+            )
+        )
         store.procs.append(_spawn([PROXY, str(conf), "--verbose"], root / "proxy.log"))
         _wait_healthy(store, timeout_s)
     except BaseException:

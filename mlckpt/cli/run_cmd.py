@@ -184,7 +184,7 @@ def validate(overrides: list[str], source: ConfigSource = SHIPPED) -> Any:
     if s.config.get("system"):
         load_system_description(s.config["system"], s.rules.version)
     # Every rank will be local: apply the same gates the ranks apply, before spawning any.
-    folder = Path(s.config["checkpoint"]["folder"]).absolute()
+    folder = Path(str(s.config["checkpoint"]["folder"])).absolute()
     fast = s.config["checkpoint"]["tiers"]["fast"]
     results = Path(s.config["output"]["root"]).absolute()
     problem = output_problem(results)  # before Hydra creates the results folder
@@ -194,7 +194,8 @@ def validate(overrides: list[str], source: ConfigSource = SHIPPED) -> Any:
         from mlckpt.run.configure import resolve_signing_key
 
         resolve_signing_key(str(s.config["signing"]["key"]), print)
-    ctx = s.context((local_host(folder, range(s.plan.ranks), fast, results),), complete=True, measured=True)
+    here = local_host(folder, range(s.plan.ranks), fast, results, s.config)
+    ctx = s.context((here,), complete=True, measured=True)
     refusal = blocking_message(s.rules.evaluate(ctx, ["config", "host"]).findings, str(s.config["division"]))
     if refusal:
         raise UsageError(refusal)

@@ -1,8 +1,8 @@
 """I/O engine: checkpoint content (fill, verify), timed file writes and reads, page-cache control.
 
 Modules: ``content`` (buffers, fill, verify), ``files`` (timed writes and reads), ``stream``
-(the bounded ring, snapshot, drain), ``cache`` (eviction, residency, probes).  A second storage
-backend (object storage) will sit beside ``files``.
+(the bounded ring, snapshot, drain), ``cache`` (eviction, residency, probes), ``objects`` (the
+second storage backend: S3-compatible object storage, same request queue; see its docstring).
 
 Effects on files only: no MPI, no printing, no clock.  The runner times the calls.
 
@@ -75,6 +75,7 @@ from mlckpt.engine.files import (
     read_files,
     write_files,
 )
+from mlckpt.engine.objects import ObjectIO, S3Options, Store, get_objects, put_objects
 from mlckpt.engine.stream import (
     SNAPSHOT_CHUNK,
     DrainResult,
@@ -100,7 +101,10 @@ __all__ = [
     "FileResult",
     "IOOptions",
     "Mismatch",
+    "ObjectIO",
     "PageId",
+    "S3Options",
+    "Store",
     "StreamFile",
     "StreamMismatch",
     "alloc",
@@ -109,9 +113,11 @@ __all__ = [
     "drop_caches",
     "evict",
     "fill",
+    "get_objects",
     "huge_bytes",
     "probe_direct",
     "probe_dontcache",
+    "put_objects",
     "read_files",
     "read_stream",
     "resident_bytes",

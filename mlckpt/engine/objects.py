@@ -24,9 +24,10 @@ Effects only: no MPI, no printing, no clock.
 
 from __future__ import annotations
 
+import copy
 import threading
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 from urllib.parse import urlsplit
 
@@ -60,13 +61,20 @@ class S3Options:
 
     def __post_init__(self) -> None:
         if not MIN_PART <= self.part_size <= MAX_PART:
-            raise ConfigError(f"storage.s3.part_size must be between 5 MiB and 5 GiB, got {self.part_size}",
-                              key="storage.s3.part_size")
+            raise ConfigError(
+                f"storage.s3.part_size must be between 5 MiB and 5 GiB, got {self.part_size}",
+                key="storage.s3.part_size",
+            )
         if self.inflight < 1:
-            raise ConfigError(f"storage.s3.inflight must be >= 1, got {self.inflight}", key="storage.s3.inflight")
+            raise ConfigError(
+                f"storage.s3.inflight must be >= 1, got {self.inflight}", key="storage.s3.inflight"
+            )
         if self.addressing_style not in ADDRESSING:
-            raise ConfigError(f"storage.s3.addressing_style must be one of {', '.join(ADDRESSING)}, got "
-                              f"{self.addressing_style!r}", key="storage.s3.addressing_style")
+            raise ConfigError(
+                f"storage.s3.addressing_style must be one of {', '.join(ADDRESSING)}, got "
+                f"{self.addressing_style!r}",
+                key="storage.s3.addressing_style",
+            )
 
     def parts(self, nbytes: int) -> int:
         """Requests that write (or read) an object of ``nbytes``: one PutObject up to a part."""
@@ -96,8 +104,10 @@ class Store:
             import boto3
             from botocore.config import Config
         except ImportError:
-            raise ConfigError("checkpoint.folder: s3:// needs the S3 client: pip install 'mlckpt[s3]'",
-                              key="checkpoint.folder") from None
+            raise ConfigError(
+                "checkpoint.folder: s3:// needs the S3 client: pip install 'mlckpt[s3]'",
+                key="checkpoint.folder",
+            ) from None
         self.bucket, self.opts = bucket, opts
         cfg = Config(
             s3={"addressing_style": opts.addressing_style},
@@ -111,8 +121,15 @@ class Store:
             response_checksum_validation="when_required",
         )
         self.session = boto3.session.Session()
-        self.client = self.session.client("s3", endpoint_url=opts.endpoint, region_name=opts.region,
-                                          verify=opts.verify_tls, config=cfg)
+        self.client = self.session.client(
+            "s3", endpoint_url=opts.endpoint, region_name=opts.region, verify=opts.verify_tls, config=cfg
+        )
+
+    def with_pool(self, pool: str) -> Store:
+        """The same client, its requests run by another worker pool (a background persist)."""
+        other = copy.copy(self)
+        other.opts = replace(self.opts, pool=pool)
+        return other
 
     @property
     def endpoint_host(self) -> str:
@@ -148,17 +165,22 @@ def _check(objs: Sequence[ObjectIO], opts: S3Options, what: str, writable: bool)
     for o in objs:
         _check_buf(o.buf, _round_up(o.nbytes), f"{what} {o.where}", writable=writable)
         if opts.parts(o.nbytes) > MAX_PARTS:
-            raise ConfigError(f"storage.s3.part_size: {o.where} ({o.nbytes} bytes) would need more than "
-                              f"{MAX_PARTS} parts of {opts.part_size} bytes; use larger parts",
-                              key="storage.s3.part_size")
+            raise ConfigError(
+                f"storage.s3.part_size: {o.where} ({o.nbytes} bytes) would need more than "
+                f"{MAX_PARTS} parts of {opts.part_size} bytes; use larger parts",
+                key="storage.s3.part_size",
+            )
 
 
 class _Requests:
     """Every request of several objects as one numbered queue: i -> (object, part number, start, end)."""
 
     def __init__(self, objs: Sequence[ObjectIO], part: int) -> None:
-        self.items = [(k, n + 1, s, min(s + part, o.nbytes)) for k, o in enumerate(objs)
-                      for n, s in enumerate(range(0, max(o.nbytes, 1), part))]
+        self.items = [
+            (k, n + 1, s, min(s + part, o.nbytes))
+            for k, o in enumerate(objs)
+            for n, s in enumerate(range(0, max(o.nbytes, 1), part))
+        ]
 
 
 def put_objects(store: Store, objs: Sequence[ObjectIO]) -> list[FileResult]:
@@ -186,8 +208,9 @@ def put_objects(store: Store, objs: Sequence[ObjectIO]) -> list[FileResult]:
         body = bytes(views[k][s:e])  # botocore takes bytes (or a file), not a memoryview
         try:
             if k in uploads:
-                etags[k, n] = c.upload_part(Bucket=bucket, Key=o.where.key, UploadId=uploads[k], PartNumber=n,
-                                            Body=body)["ETag"]
+                etags[k, n] = c.upload_part(
+                    Bucket=bucket, Key=o.where.key, UploadId=uploads[k], PartNumber=n, Body=body
+                )["ETag"]
             else:
                 c.put_object(Bucket=bucket, Key=o.where.key, Body=body)
         except Exception as exc:
@@ -198,8 +221,9 @@ def put_objects(store: Store, objs: Sequence[ObjectIO]) -> list[FileResult]:
             return
         parts = [{"ETag": etags[k, n], "PartNumber": n} for n in range(1, opts.parts(objs[k].nbytes) + 1)]
         try:
-            c.complete_multipart_upload(Bucket=bucket, Key=objs[k].where.key, UploadId=uploads[k],
-                                        MultipartUpload={"Parts": parts})
+            c.complete_multipart_upload(
+                Bucket=bucket, Key=objs[k].where.key, UploadId=uploads[k], MultipartUpload={"Parts": parts}
+            )
         except Exception as exc:
             raise failure("complete_upload", objs[k].where, exc) from exc
         del uploads[k]
@@ -222,8 +246,13 @@ def _content_total(where: ObjectPath, resp: dict[str, Any], offset: int) -> int:
     text = str(resp.get("ContentRange") or "")
     total = text.rpartition("/")[2]
     if not total.isdigit():
-        raise IOFailure(f"read failed on {where} at offset {offset}: the store answered a ranged GET "
-                        f"without a Content-Range ({text!r})", op="read", path=str(where), offset=offset)
+        raise IOFailure(
+            f"read failed on {where} at offset {offset}: the store answered a ranged GET "
+            f"without a Content-Range ({text!r})",
+            op="read",
+            path=str(where),
+            offset=offset,
+        )
     return int(total)
 
 
@@ -249,8 +278,12 @@ def get_objects(store: Store, objs: Sequence[ObjectIO]) -> list[FileResult]:
         if total != o.nbytes:
             resp["Body"].close()
             how = "truncated" if total < o.nbytes else "extended"
-            raise IOFailure(f"size check failed on {o.where}: expected {o.nbytes} bytes, found {total} ({how} "
-                            "checkpoint object)", op="size", path=str(o.where))
+            raise IOFailure(
+                f"size check failed on {o.where}: expected {o.nbytes} bytes, found {total} ({how} "
+                "checkpoint object)",
+                op="size",
+                path=str(o.where),
+            )
         _receive(o.where, resp["Body"], views[k], s, e)
 
     _run(len(reqs.items), fetch, opts.inflight, opts.pool)
@@ -269,10 +302,15 @@ def _receive(where: ObjectPath, body: Any, mv: memoryview, pos: int, end: int) -
             else:
                 chunk = body.read(end - pos)
                 n = len(chunk)
-                mv[pos:pos + n] = chunk
+                mv[pos : pos + n] = chunk
             if not n:
-                raise IOFailure(f"read failed on {where} at offset {pos}: the answer ended after "
-                                f"{pos - start} of {end - start} bytes", op="read", path=str(where), offset=pos)
+                raise IOFailure(
+                    f"read failed on {where} at offset {pos}: the answer ended after "
+                    f"{pos - start} of {end - start} bytes",
+                    op="read",
+                    path=str(where),
+                    offset=pos,
+                )
             pos += n
     except IOFailure:
         raise
@@ -288,8 +326,9 @@ def _check_empty(store: Store, o: ObjectIO) -> None:
     except Exception as exc:
         raise failure("stat", o.where, exc) from exc
     if size:
-        raise IOFailure(f"size check failed on {o.where}: expected 0 bytes, found {size}", op="size",
-                        path=str(o.where))
+        raise IOFailure(
+            f"size check failed on {o.where}: expected 0 bytes, found {size}", op="size", path=str(o.where)
+        )
 
 
 def sizes(store: Store, paths: Sequence[ObjectPath]) -> dict[str, int | None]:
@@ -344,8 +383,10 @@ def probe(store: Store, where: ObjectPath) -> str | None:
     bucket exists, and one small object can be written, read back and deleted (it is deleted
     whatever happens)."""
     if not store.credentials_present():
-        return ("no S3 credentials found (set AWS_ACCESS_KEY_ID and AWS_SECRET_ACCESS_KEY, or AWS_PROFILE "
-                "with a shared credentials file)")
+        return (
+            "no S3 credentials found (set AWS_ACCESS_KEY_ID and AWS_SECRET_ACCESS_KEY, or AWS_PROFILE "
+            "with a shared credentials file)"
+        )
     c, body = store.client, b"mlckpt probe\n"
     try:
         c.head_bucket(Bucket=store.bucket)
@@ -371,14 +412,21 @@ def probe(store: Store, where: ObjectPath) -> str | None:
 
 def _probe_problem(store: Store, exc: BaseException, step: str) -> str:
     endpoint = store.client.meta.endpoint_url
-    code = str(getattr(exc, "response", {}).get("Error", {}).get("Code", "")) if hasattr(exc, "response") else ""
-    status = getattr(exc, "response", {}).get("ResponseMetadata", {}).get("HTTPStatusCode") \
-        if hasattr(exc, "response") else None
+    code = (
+        str(getattr(exc, "response", {}).get("Error", {}).get("Code", "")) if hasattr(exc, "response") else ""
+    )
+    status = (
+        getattr(exc, "response", {}).get("ResponseMetadata", {}).get("HTTPStatusCode")
+        if hasattr(exc, "response")
+        else None
+    )
     if not code:
         return f"the S3 endpoint {endpoint} cannot be reached ({type(exc).__name__}: {exc})"
     if step == "bucket" and (code in ("404", "NoSuchBucket", "NotFound") or status == 404):
         return f"the bucket {store.bucket} does not exist at {endpoint} (create it first)"
     if code in ("403", "AccessDenied", "InvalidAccessKeyId", "SignatureDoesNotMatch") or status == 403:
-        return (f"the S3 credentials are refused by {endpoint} for bucket {store.bucket} "
-                f"({code}{' on ' + step if step != 'bucket' else ''})")
+        return (
+            f"the S3 credentials are refused by {endpoint} for bucket {store.bucket} "
+            f"({code}{' on ' + step if step != 'bucket' else ''})"
+        )
     return f"the bucket {store.bucket} at {endpoint} refuses the probe's {step} ({code})"

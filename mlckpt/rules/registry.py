@@ -5,11 +5,22 @@ from __future__ import annotations
 
 from functools import cache
 
-from mlckpt.rules.checks import config, counters, evidence, host, mlperf, result, split, submission, witness
+from mlckpt.rules.checks import (
+    config,
+    counters,
+    evidence,
+    host,
+    mlperf,
+    objects,
+    result,
+    split,
+    submission,
+    witness,
+)
 from mlckpt.rules.engine import DEFAULT_RULES_VERSION, CheckFn, RuleSet, load_rule_set
 
 CHECKS: dict[str, CheckFn] = {}
-for _module in (config, host, result, evidence, counters, submission, mlperf, split, witness):
+for _module in (config, host, result, evidence, counters, submission, mlperf, split, witness, objects):
     _clash = CHECKS.keys() & _module.CHECKS.keys()
     if _clash:  # a defect of the code, caught at import
         raise ImportError(f"check names defined twice: {sorted(_clash)}")

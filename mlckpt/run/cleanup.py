@@ -31,6 +31,7 @@ class Created:
         self.files: list[str] = []
         self.dirs: list[Path] = []
         self.roots: list[Path] = []
+        self.store: Any = None  # object storage: the engine's Store that deletes ``files`` (s3:// URLs)
 
     def __enter__(self) -> Created:
         return self
@@ -38,7 +39,8 @@ class Created:
     def __exit__(self, *exc: Any) -> None:
         if not self.keep:
             unique = len(set(self.files))
-            self.stage(f"cleanup: removing this rank's {unique} checkpoint file{'s' * (unique != 1)}")
+            what = "object" if self.store is not None else "file"
+            self.stage(f"cleanup: removing this rank's {unique} checkpoint {what}{'s' * (unique != 1)}")
             t0 = time.monotonic()
             self.remove_files()
             self.stage(f"cleanup: removed them in {time.monotonic() - t0:.1f} s")
@@ -65,6 +67,12 @@ class Created:
         self.files.extend(paths)
 
     def remove_files(self) -> None:
+        if self.store is not None:  # this rank's objects, by their planned keys
+            from mlckpt.run.objectstore import remove
+
+            for line in remove(self.store, self.files):
+                print(f"mlckpt: warning: could not remove {line}", file=sys.stderr)
+            return
         for path in self.files:
             try:
                 os.unlink(path)

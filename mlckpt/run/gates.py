@@ -20,6 +20,7 @@ from mlckpt.errors import UsageError
 from mlckpt.host.facts import disk_free_bytes, existing_ancestor, host_facts, mem_available_bytes, mount_of
 from mlckpt.plan.config import Setup
 from mlckpt.rules import Finding, HostSpec, rank_shift, verdict
+from mlckpt.run import objectstore
 from mlckpt.run.cleanup import RUN_MARKER
 
 
@@ -125,8 +126,13 @@ def fast_tier_facts(fast: str | None, durable: Path) -> dict[str, Any]:
 
 
 def local_host(folder: Path, ranks: Sequence[int], fast: str | None = None,
-               results: Path | None = None) -> HostSpec:
-    """This host as the gates measure it (used by the self-launcher before spawning ranks)."""
+               results: Path | None = None, config: Mapping[str, Any] | None = None) -> HostSpec:
+    """This host as the gates measure it (used by the self-launcher before spawning ranks);
+    ``config``: a run on object storage, whose store is probed instead of a folder."""
+    if config is not None and objectstore.is_objects(config["checkpoint"]["folder"]):
+        m = measure_object_host(socket.gethostname(), config, "", results)
+        return HostSpec(m["host"], tuple(ranks), m["mem_available_bytes"], results_same_fs=False,
+                        store_problem=m["store_problem"])
     f = fast_tier_facts(fast, folder)
     return HostSpec(
         socket.gethostname(),
@@ -166,6 +172,23 @@ def measure_host(
     return local
 
 
+def measure_object_host(host: str, config: Mapping[str, Any], mpi_library: str,
+                        results: Path | None = None) -> dict[str, Any]:
+    """measure_host for a run on object storage: no folder, free space or I/O-mode probes; the
+    store's probe instead (OBJECT-STORE-USABLE)."""
+    return {
+        "host": host,
+        "mem_available_bytes": mem_available_bytes(),
+        "disk_free_bytes": None,
+        "folder_problem": None,
+        "direct_ok": None,
+        "dontcache_ok": None,
+        "results_same_fs": False,  # results are files, checkpoints objects: never one filesystem
+        **fast_tier_facts(None, Path(".")),
+        **objectstore.measure(config, host, mpi_library, results),
+    }
+
+
 def host_specs(names: Sequence[str], measured: Sequence[Mapping[str, Any]]) -> tuple[HostSpec, ...]:
     """The hosts in first-rank order, each with its ranks and its leader's measurements."""
     by_host = {m["host"]: m for m in measured}
@@ -184,6 +207,7 @@ def host_specs(names: Sequence[str], measured: Sequence[Mapping[str, Any]]) -> t
             by_host[h]["dontcache_ok"],
             by_host[h].get("results_same_fs"),
             None if zero is None or by_host[h].get("wall_s") is None else by_host[h]["wall_s"] - zero,
+            by_host[h].get("store_problem"),
         )
         for h in dict.fromkeys(names)
     )

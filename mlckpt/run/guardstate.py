@@ -22,11 +22,12 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from mlckpt.run import objectstore
 from mlckpt.run.cleanup import sweep_run
 from mlckpt.run.guardlink import CONTACT_S
 
 _KEPT = ("run", "names", "keep", "dirs", "partial", "end", "final", "fast_run", "fast_dirs",
-         "shared", "fast_shared")
+         "shared", "fast_shared", "s3")
 
 
 def ranks_text(ranks: list[int]) -> str:
@@ -161,11 +162,11 @@ class GuardianState:
         run = self.info.get("run")
         if op not in ("write", "read") or not run or not self.cur:
             return ""
-        cdir = Path(run) / f"ckpt-{self.cur:04d}"
+        cdir = f"{str(run).rstrip('/')}/ckpt-{self.cur:04d}"  # a folder or an s3:// prefix alike
         names = self.info.get("names") or []
         if op == "write" and culprit < len(names) and names[culprit]:
             more = len(names[culprit]) - 1
-            return f", writing {cdir / names[culprit][0]}" + (f" (+{more} more)" if more else "")
+            return f", writing {cdir}/{names[culprit][0]}" + (f" (+{more} more)" if more else "")
         return f", reading from {cdir}"
 
     def what(self) -> str:
@@ -213,7 +214,12 @@ class GuardianState:
         names = [n for ns in i.get("names", []) for n in ns]
         run_part, fast_part = self.sweep_parts()
         note = ""
-        if run_part and i.get("run"):
+        if run_part and str(i.get("run", "")).startswith("s3://"):  # object storage (rules 1.6)
+            note = "; " + objectstore.sweep(str(i["run"]), names, self.ckpt, i.get("s3") or {},
+                                            keep=bool(i.get("keep")))
+            if self.hub and i.get("partial"):
+                shutil.rmtree(i["partial"], ignore_errors=True)
+        elif run_part and i.get("run"):
             note = "; " + sweep_run(Path(i["run"]), names, self.ckpt, keep=bool(i.get("keep")),
                                     dirs=i.get("dirs", []), partial=i.get("partial") if self.hub else None)
         elif self.hub and i.get("partial"):  # rank 0's unfinished result folder is the hub's alone

@@ -61,6 +61,7 @@ def manifest_of(
     description: Mapping[str, Any] | None,
     restored_from: Mapping[str, Any] | None = None,
     witness: Mapping[str, Any] | None = None,
+    storage: Mapping[str, Any] | None = None,
 ) -> dict[str, Any]:
     """run.json before the result-stage rules add their findings (pure), in the run format the
     rule set's schema pins (rules 1.2 bundles stay run format 3)."""
@@ -71,6 +72,8 @@ def manifest_of(
         extra["restored_from"] = dict(restored_from) if restored_from else None
     if run_format >= 5:  # rules 1.4: who witnessed the run (null: not witnessed)
         extra["witness"] = dict(witness) if witness else None
+    if run_format >= 6:  # rules 1.6: where the checkpoints went (a folder, or an object store)
+        extra["storage"] = dict(storage) if storage else {"kind": "posix"}
     return {
         "run_format": run_format,
         **extra,

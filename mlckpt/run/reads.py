@@ -4,6 +4,7 @@ against the content its writer stamped."""
 
 from __future__ import annotations
 
+import itertools
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from functools import partial
@@ -15,7 +16,7 @@ from mlckpt.errors import VerificationError
 from mlckpt.run.collective import Job, OpTimer
 from mlckpt.run.console import op_line
 from mlckpt.run.writes import fast_opts
-from mlckpt.workload.pipeline import FAST, Pipeline
+from mlckpt.workload.pipeline import DURABLE, FAST, Pipeline
 
 
 @dataclass
@@ -36,6 +37,7 @@ class ReadPhase:
     fast_fs: Mapping[str, str | None]
     writer_hosts: frozenset[str]
     tags: Mapping[int, int]  # checkpoint -> the run id its page tags carry, when witnessed
+    store: Any = None  # object storage (rules 1.6): the engine's Store; root is then an ObjectPath
 
     def pid(self, rd: Any, c: int) -> engine.PageId:
         """What the pages of ``rd`` in checkpoint ``c`` must carry (its writer stamped it)."""
@@ -60,6 +62,8 @@ class ReadPhase:
         cdir = (self.fast_root if tier == FAST else self.root) / f"ckpt-{c:04d}"  # type: ignore[operator]
         paths = [str(cdir / rd.file.name) for rd in self.reads]
         nbytes = sum(rd.file.bytes for rd in self.reads)
+        if self.store is not None:  # no page cache holds objects: nothing to evict, 0 resident
+            return self.restore_objects(k, c, cdir, nbytes, scratch)
         with self.job.step(f"evict before restore {k}"):
             for path in paths:
                 engine.evict(path)
@@ -94,6 +98,20 @@ class ReadPhase:
             "read", k, c, partial(engine.read_files, files, ropts), nbytes, len(self.reads), ropts
         )
         rec.update(resident_bytes=resident, cached_check_bytes=nbytes, tier=tier)
+        with self.job.step(f"verify restore {k}"):
+            rec.update(self.verify(k, c, files, scratch))
+        return rec
+
+    def restore_objects(self, k: int, c: int, cdir: Any, nbytes: int, scratch: Any) -> dict[str, Any]:
+        """Restore k of checkpoint c from object storage: ranged GETs (timed), then verify."""
+        objs = [
+            engine.ObjectIO(cdir / rd.file.name, self.arena[a:b], rd.file.bytes)
+            for rd, (a, b) in zip(self.reads, itertools.pairwise(self.offsets), strict=True)
+        ]
+        rec = self.timer("read", k, c, partial(engine.get_objects, self.store, objs), nbytes, len(self.reads),
+                         self.opts)
+        rec.update(resident_bytes=0, cached_check_bytes=nbytes, tier=DURABLE)
+        files = [engine.FileIO(str(o.where), o.buf, o.nbytes) for o in objs]
         with self.job.step(f"verify restore {k}"):
             rec.update(self.verify(k, c, files, scratch))
         return rec

@@ -24,18 +24,20 @@ from pathlib import Path
 from typing import Any, TextIO
 
 from mlckpt import __version__, engine
-from mlckpt.errors import ConfigError, MlckptError, RunFailure
+from mlckpt.errors import MlckptError, RunFailure
 from mlckpt.host.facts import block_device, counters_sample
+from mlckpt.locations import s3_settings
 from mlckpt.plan.config import SHIPPED, ConfigSource
-from mlckpt.run import split
-from mlckpt.run.cleanup import RUN_MARKER, Created, sweep_run
+from mlckpt.run import objectstore
+from mlckpt.run.cleanup import Created, sweep_run
 from mlckpt.run.collective import Job, MPIDone, OpTimer
 from mlckpt.run.configure import Configured, configure, mpi_library, resolve_signing_key
 from mlckpt.run.console import Console, headline
 from mlckpt.run.faults import NO_FAULTS, Faults
-from mlckpt.run.gates import Gates, judge, measure_host
+from mlckpt.run.folders import Folders, make_folders
+from mlckpt.run.gates import Gates, judge, measure_host, measure_object_host
 from mlckpt.run.guardian import Guardian
-from mlckpt.run.hostwatch import link_guardians, tell_shared
+from mlckpt.run.hostwatch import link_guardians
 from mlckpt.run.publish import (
     BundleFiles,
     RunId,
@@ -46,7 +48,6 @@ from mlckpt.run.publish import (
     write_bundle,
 )
 from mlckpt.run.reads import ReadPhase
-from mlckpt.run.split import keeps_key
 from mlckpt.run.witnessing import Witnessing
 from mlckpt.run.writes import WritePhase, WriteState
 from mlckpt.units import fmt_bytes
@@ -54,16 +55,6 @@ from mlckpt.workload.layout import PAGE, pages
 
 INVALID_STATUS = 5  # the run completed, its verdict is invalid (README: Errors and exit statuses)
 ABORT_GRACE_S = 0.5  # between printing a fatal line and MPI_Abort (see Stalled)
-
-
-@dataclass(frozen=True)
-class Folders:
-    """This run's identity, content key and folders (durable tier, fast tier)."""
-
-    run: RunId
-    key: bytes
-    root: Path
-    fast_root: Path | None
 
 
 def now() -> str:
@@ -85,7 +76,7 @@ def offsets(sizes: Sequence[int]) -> list[int]:
 def gate(job: Job, c: Configured) -> Gates:
     """Each host's leader measures its host; every rank judges every host (before any I/O)."""
     cfg = c.config
-    folder = Path(cfg["checkpoint"]["folder"]).absolute()
+    folder = Path(str(cfg["checkpoint"]["folder"])).absolute()
     names = job.comm.allgather(job.host)
     # The life pipe: its write end closes when this process dies, which its host's guardian sees
     # at once (it opens the read end through /proc).  Both ends stay open for good.
@@ -99,9 +90,11 @@ def gate(job: Job, c: Configured) -> Gates:
         link_guardians(job, names)
     local = None
     with job.step("host measurement"):
-        if names.index(job.host) == job.rank:
-            local = measure_host(job.host, folder, cfg["io"], c.pipe.fast, mpi_library(),
-                                 Path(cfg["output"]["root"]).absolute())
+        results = Path(cfg["output"]["root"]).absolute()
+        if names.index(job.host) == job.rank and objectstore.is_objects(cfg["checkpoint"]["folder"]):
+            local = measure_object_host(job.host, cfg, mpi_library(), results)
+        elif names.index(job.host) == job.rank:
+            local = measure_host(job.host, folder, cfg["io"], c.pipe.fast, mpi_library(), results)
         # The other ranks wait asleep: MPI's busy-polling collectives would halve the memory copy
         # rate a leader measures on a host with as many ranks as cores.
         job.idle_barrier()
@@ -117,73 +110,6 @@ def identity(job: Job, cfg: Mapping[str, Any]) -> tuple[RunId, bytes]:
     key = job.comm.bcast(secrets.token_bytes(engine.KEY_BYTES) if job.rank == 0 else None)
     number = int.from_bytes(key[:8], "little")
     return RunId(number, job.comm.bcast(run_name(cfg, number) if job.rank == 0 else None)), key
-
-
-def make_folders(job: Job, c: Configured, gates: Gates, created: Created, run: RunId, key: bytes) -> Folders:
-    cfg, ck = c.config, c.config["checkpoint"]
-    if c.source is not None:
-        return restored_folders(job, c, gates, run, created)
-    root = Path(ck["folder"]).absolute() / run.name
-    leader = gates.leader(job.rank)
-    names = [[f.name for f in rp.files] for rp in c.setup.plan.rank_plans]
-    partial_dir = str(Path(cfg["output"]["root"]).absolute() / f".{run.name}.partial")
-    with job.step("checkpoint folder"):
-        # Folders this run creates (the configured folder too, if missing) are removed at the
-        # end when empty; pre-existing ones are never touched.
-        missing = created.missing_above(root) if leader else []
-        job.note(run=str(root), keep=bool(ck["keep"]), dirs=[str(d) for d in missing], names=names,
-                 partial=partial_dir)  # before the first mkdir: the guardian can undo all of it
-        if leader:
-            make_run_folder(root, created, key if keeps_key(cfg) else None)
-    tell_shared(job, root, leader, "shared")
-    fast_root = None
-    if c.pipe.fast is not None:
-        fast_root = Path(c.pipe.fast).absolute() / run.name
-        with job.step("fast-tier folder"):
-            missing = created.missing_above(fast_root) if leader else []
-            job.note(fast_run=str(fast_root), fast_dirs=[str(d) for d in missing])
-            if leader:
-                make_run_folder(fast_root, created)
-        tell_shared(job, fast_root, leader, "fast_shared")
-    return Folders(run, key, root, fast_root)
-
-
-def make_run_folder(root: Path, created: Created, key: bytes | None = None) -> None:
-    root.mkdir(parents=True, exist_ok=True)
-    # A write invocation to be restored by another leaves its content key in the marker.
-    (root / RUN_MARKER).write_text(key.hex() + "\n" if key else "")
-    created.add_dir(root, root=True)
-
-
-def restored_folders(job: Job, c: Configured, gates: Gates, run: RunId, created: Created) -> Folders:
-    """A read-only invocation: the write invocation's run folder under this invocation's
-    checkpoint folder (the same storage, possibly remapped), its content key, and every file this
-    rank will read there at its size; before any I/O.  Without checkpoint.keep, the checkpoints are
-    removed once restored, each rank removing those its writer rank wrote."""
-    assert c.source is not None
-    ck, plan = c.config["checkpoint"], c.setup.plan
-    root = Path(ck["folder"]).absolute() / c.source.name
-    nw = c.source.num_writes
-    key = None
-    with job.step("the write invocation's checkpoints"):  # every rank fails if rank 0 does
-        if job.rank == 0:
-            key = split.read_key(root, c.source)
-    key = job.comm.bcast(key)
-    with job.step("checking the checkpoints to restore"):
-        reads = plan.restore_reads(job.rank, ck["restore"], gates.shift)
-        want = [(str(root / f"ckpt-{k:04d}" / rd.file.name), rd.file.bytes)
-                for k in range(1, nw + 1) for rd in reads]
-        problem = split.missing(want)
-        if problem:
-            raise ConfigError(f"{split.KEY}: {problem}", key=split.KEY)
-    created.add_files([str(root / f"ckpt-{k:04d}" / f.name) for k in range(1, nw + 1)
-                       for f in plan.rank_plans[job.rank].files])
-    for k in range(1, nw + 1):
-        created.add_dir(root / f"ckpt-{k:04d}")
-    created.add_dir(root, root=True)
-    job.note(run=str(root), keep=True, dirs=[], names=[], partial=str(
-        Path(c.config["output"]["root"]).absolute() / f".{run.name}.partial"))
-    return Folders(run, key, root, None)
 
 
 @dataclass
@@ -228,6 +154,9 @@ class Stalled:
         upto = ckpt if op == "write" else int(ck["num_writes"])
         names = [f.name for rp in self.c.setup.plan.rank_plans for f in rp.files]
         root, fast = self.folders.root, self.folders.fast_root
+        if not isinstance(root, Path):  # object storage: its planned keys and unfinished uploads
+            settings = s3_settings(self.c.config)
+            return "; " + objectstore.sweep(str(root), names, upto, settings, keep=bool(ck["keep"]))
         note = "; " + sweep_run(root, names, upto, keep=bool(ck["keep"]), dirs=self.created.outside(root))
         if fast is not None:
             fnote = sweep_run(fast, names, upto, keep=bool(ck["keep"]))
@@ -267,7 +196,7 @@ def op_timer(job: Job, c: Configured, gates: Gates, folders: Folders, created: C
     stalled = Stalled(job, c, gates, folders, created)
     timer = OpTimer(job, float(c.config["io"]["timeout_s"]), channel, stalled)
     if gates.leader(job.rank):  # the host's kernel counters around every op (records format 3)
-        timer.device = block_device(folders.root)
+        timer.device = block_device(folders.root) if isinstance(folders.root, Path) else None
         timer.probe = partial(counters_sample, timer.device)
         timer.host_ranks = len(next(h for h in gates.hosts if job.rank in h.ranks).ranks)
     return timer
@@ -277,7 +206,7 @@ def evict_written(job: Job, c: Configured, folders: Folders, created: Created, l
     """After the writes: every file this run wrote leaves the page cache (restores are cold)."""
     fast = folders.fast_root
     with job.step("cache eviction after writes"):
-        for path in created.files:
+        for path in created.files if folders.store is None else ():  # objects: no local cache
             # Fast-tier copies no longer kept are gone already; every other file must be there.
             if fast is None or not path.startswith(f"{fast}/") or os.path.exists(path):
                 engine.evict(path)
@@ -297,9 +226,10 @@ def phases(job: Job, c: Configured, gates: Gates, created: Created, ident: tuple
     """Folders, allocation, the writes, eviction, the restores.  Returns the run's identity and
     the records (rank 0; other ranks: none)."""
     cfg, plan, ck = c.config, c.setup.plan, c.config["checkpoint"]
+    files = not objectstore.is_objects(ck["folder"])  # object runs: no O_DIRECT, no page cache to skip
     opts = engine.IOOptions(
-        direct=cfg["io"]["direct"],
-        dontcache=cfg["io"]["dontcache"],
+        direct=cfg["io"]["direct"] and files,
+        dontcache=cfg["io"]["dontcache"] and files,
         threads=cfg["io"]["threads"],
         block_size=cfg["io"]["block_size"],
         fsync=ck["fsync"],
@@ -326,7 +256,8 @@ def phases(job: Job, c: Configured, gates: Gates, created: Created, ident: tuple
     leader, fast_direct = gates.leader(job.rank), gates.fast_direct.get(job.host, False)
     records: list[dict[str, Any]] = []
     if c.source is None:
-        w = WriteState(folders.root, folders.fast_root, mine, own, arena, folders.key, opts, stream, leader)
+        w = WriteState(folders.root, folders.fast_root, mine, own, arena, folders.key, opts, stream, leader,
+                       store=folders.store)
         writes = WritePhase(job, c.pipe, w, folders.run.number, timer, created, fast_direct)
         records, tags = writes.run(nw), writes.tags
         evict_written(job, c, folders, created, leader, nw)
@@ -349,6 +280,7 @@ def phases(job: Job, c: Configured, gates: Gates, created: Created, ident: tuple
         gates.fast_fs,
         frozenset(gates.rank_hosts[rd.writer] for rd in reads),
         tags,
+        folders.store,
     ).run(nw, nr)
     return folders.run, records
 
@@ -365,6 +297,7 @@ def publish(
 ) -> Path:
     """Rank 0: summary, manifest, the result-stage rules, then the signed bundle."""
     s, cfg = c.setup, c.config
+    objects = objectstore.is_objects(cfg["checkpoint"]["folder"])
     system: dict[str, Any] = {"hosts": list(gates.facts)}
     if c.description is not None:
         system["description"] = c.description
@@ -379,6 +312,7 @@ def publish(
         description=c.description,
         restored_from=c.source.manifest_entry() if c.source else None,
         witness=witness.block(int(cfg["checkpoint"]["num_writes"])) if witness else None,
+        storage=objectstore.storage_block(cfg, objectstore.open_store(cfg)[0] if objects else None),
     )
     summary = summary_of(s, records, manifest, system)
     bound = s.rules.data["cold_read"]["max_resident_fraction"]

@@ -47,6 +47,7 @@ class WriteState:
     leader: bool  # this host's first rank (makes folders)
     staging: Any = None  # async: the snapshot's host staging copy of the state
     ring: Any = None  # tiers: the drain's bounded buffer
+    store: Any = None  # object storage (rules 1.6): the engine's Store; root is then an ObjectPath
 
     @property
     def nbytes(self) -> int:
@@ -150,7 +151,7 @@ class WritePhase:
             if not w.stream:
                 for i, f in enumerate(w.mine):
                     engine.fill(w.arena[w.offsets[i] : w.offsets[i + 1]], f.bytes, w.key, self.pid(k, i))
-            if w.leader:
+            if w.leader and w.store is None:  # objects need no folders
                 for base in (w.root, w.fast_root):
                     if base is not None:
                         cdir = base / f"ckpt-{k:04d}"
@@ -165,6 +166,12 @@ class WritePhase:
         under ``base``, every file and the folder fsynced."""
         w = self.w
         cdir = base / f"ckpt-{k:04d}"
+        if w.store is not None:  # durable once the store acknowledged every object (no fsync)
+            store = w.store if opts.pool == "main" else w.store.with_pool(opts.pool)
+            objs = [engine.ObjectIO(cdir / f.name, buf[w.offsets[i] : w.offsets[i + 1]], f.bytes)
+                    for i, f in enumerate(w.mine)]
+            engine.put_objects(store, objs)
+            return
         paths = [str(cdir / f.name) for f in w.mine]
         dirs = [str(cdir)] if opts.fsync else []
         if w.stream:

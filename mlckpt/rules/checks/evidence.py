@@ -19,6 +19,7 @@ import statistics
 from collections.abc import Iterator, Mapping, Sequence
 from typing import Any
 
+from mlckpt.locations import is_object_url
 from mlckpt.metrics import DlioFacts, completed, group_ops
 from mlckpt.rules.checks.result import RunData, _compare, _run, _writes_by_rank, summary_format
 from mlckpt.rules.engine import Context, NotChecked, Outcome, Rule, RuleSet, checks_table
@@ -112,6 +113,8 @@ def records_mode(ctx: Context, rs: RuleSet, rule: Rule) -> Iterator[Outcome | No
     d = _run(ctx)
     io, fsync = d.config["io"], bool(d.config["checkpoint"]["fsync"])
     want_direct, want_dontcache = bool(io["direct"]), bool(io["dontcache"]) and not bool(io["direct"])
+    if is_object_url(d.config["checkpoint"].get("folder")):  # rules 1.6: objects have no page cache to skip
+        want_direct = want_dontcache = False
     blocking_durable = Pipeline.of(d.config).blocking == DURABLE
     for r in d.records:
         where = f"{r['op']} {r['index']} rank {r['rank']}"
@@ -304,6 +307,13 @@ def _host_rates(recs: Sequence[Rec], tier: str | None = None) -> Iterator[tuple[
             yield host, total / (span / 1e9), total
 
 
+def _remote_store(facts: Mapping[str, Any]) -> bool:
+    """An object store (rules 1.6) reached over the host's links: not on its loopback address."""
+    fs = facts.get("filesystem") or {}
+    host = str(fs.get("source") or "").rsplit(":", 1)[0].strip("[]")
+    return fs.get("fs_type") == "s3" and host not in ("localhost", "::1") and not host.startswith("127.")
+
+
 def host_physics(ctx: Context, rs: RuleSet, rule: Rule) -> Iterator[Outcome | NotChecked]:
     """No host moves checkpoint bytes faster than its own memory can copy them (measured by the
     runner on that host), nor faster than its network links where the storage is remote; a
@@ -331,7 +341,7 @@ def host_physics(ctx: Context, rs: RuleSet, rule: Rule) -> Iterator[Outcome | No
                         )
                 links = f.get("net_links_mbps") or {}
                 fs = (f.get("filesystem") or {}).get("fs_type")
-                if tier is None and links and fs in NETWORK_FILESYSTEMS:
+                if tier is None and links and (fs in NETWORK_FILESYSTEMS or _remote_store(f)):
                     measured = True
                     limit = b["link_margin"] * sum(links.values()) * 1e6 / 8
                     if rate > limit:

@@ -1,0 +1,115 @@
+"""This run's place on the storage: the run folder (durable tier, fast tier) a write invocation
+creates, the write invocation's folder a read-only invocation restores from, or the run's prefix
+in an object store (rules 1.6).  Everything created is handed to :class:`Created` before it is
+made, and the guardian is told first (it can undo all of it)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+
+from mlckpt.engine import objects
+from mlckpt.errors import ConfigError
+from mlckpt.locations import ObjectPath, s3_settings
+from mlckpt.run import objectstore, split
+from mlckpt.run.cleanup import RUN_MARKER, Created
+from mlckpt.run.collective import Job
+from mlckpt.run.configure import Configured
+from mlckpt.run.gates import Gates
+from mlckpt.run.hostwatch import tell_shared
+from mlckpt.run.publish import RunId
+from mlckpt.run.split import keeps_key
+
+
+@dataclass(frozen=True)
+class Folders:
+    """This run's identity, content key and folders (durable tier, fast tier); on object storage,
+    the run's prefix and the store."""
+
+    run: RunId
+    key: bytes
+    root: Path | ObjectPath
+    fast_root: Path | None
+    store: objects.Store | None = None
+
+
+def make_folders(job: Job, c: Configured, gates: Gates, created: Created, run: RunId, key: bytes) -> Folders:
+    cfg, ck = c.config, c.config["checkpoint"]
+    if c.source is not None:
+        return restored_folders(job, c, gates, run, created)
+    names = [[f.name for f in rp.files] for rp in c.setup.plan.rank_plans]
+    partial_dir = str(Path(cfg["output"]["root"]).absolute() / f".{run.name}.partial")
+    if objectstore.is_objects(ck["folder"]):
+        return object_prefix(job, c, created, run, key, names, partial_dir)
+    root = Path(ck["folder"]).absolute() / run.name
+    leader = gates.leader(job.rank)
+    with job.step("checkpoint folder"):
+        # Folders this run creates (the configured folder too, if missing) are removed at the
+        # end when empty; pre-existing ones are never touched.
+        missing = created.missing_above(root) if leader else []
+        job.note(run=str(root), keep=bool(ck["keep"]), dirs=[str(d) for d in missing], names=names,
+                 partial=partial_dir)  # before the first mkdir: the guardian can undo all of it
+        if leader:
+            make_run_folder(root, created, key if keeps_key(cfg) else None)
+    tell_shared(job, root, leader, "shared")
+    fast_root = None
+    if c.pipe.fast is not None:
+        fast_root = Path(c.pipe.fast).absolute() / run.name
+        with job.step("fast-tier folder"):
+            missing = created.missing_above(fast_root) if leader else []
+            job.note(fast_run=str(fast_root), fast_dirs=[str(d) for d in missing])
+            if leader:
+                make_run_folder(fast_root, created)
+        tell_shared(job, fast_root, leader, "fast_shared")
+    return Folders(run, key, root, fast_root)
+
+
+def object_prefix(job: Job, c: Configured, created: Created, run: RunId, key: bytes,
+                  names: list[list[str]], partial_dir: str) -> Folders:
+    """The run's prefix in the object store: nothing to create (objects need no folders), only
+    the guardian to tell what to sweep, and with which client settings, if the run fails."""
+    store, loc = objectstore.open_store(c.config)
+    root = loc / run.name
+    with job.step("checkpoint prefix"):
+        job.note(run=str(root), keep=bool(c.config["checkpoint"]["keep"]), dirs=[], names=names,
+                 partial=partial_dir, s3=s3_settings(c.config), shared=True)
+    created.store = store
+    return Folders(run, key, root, None, store)
+
+
+def make_run_folder(root: Path, created: Created, key: bytes | None = None) -> None:
+    root.mkdir(parents=True, exist_ok=True)
+    # A write invocation to be restored by another leaves its content key in the marker.
+    (root / RUN_MARKER).write_text(key.hex() + "\n" if key else "")
+    created.add_dir(root, root=True)
+
+
+def restored_folders(job: Job, c: Configured, gates: Gates, run: RunId, created: Created) -> Folders:
+    """A read-only invocation: the write invocation's run folder under this invocation's
+    checkpoint folder (the same storage, possibly remapped), its content key, and every file this
+    rank will read there at its size; before any I/O.  Without checkpoint.keep, the checkpoints are
+    removed once restored, each rank removing those its writer rank wrote."""
+    assert c.source is not None
+    ck, plan = c.config["checkpoint"], c.setup.plan
+    root = Path(ck["folder"]).absolute() / c.source.name
+    nw = c.source.num_writes
+    key = None
+    with job.step("the write invocation's checkpoints"):  # every rank fails if rank 0 does
+        if job.rank == 0:
+            key = split.read_key(root, c.source)
+    key = job.comm.bcast(key)
+    with job.step("checking the checkpoints to restore"):
+        reads = plan.restore_reads(job.rank, ck["restore"], gates.shift)
+        want = [(str(root / f"ckpt-{k:04d}" / rd.file.name), rd.file.bytes)
+                for k in range(1, nw + 1) for rd in reads]
+        problem = split.missing(want)
+        if problem:
+            raise ConfigError(f"{split.KEY}: {problem}", key=split.KEY)
+    created.add_files([str(root / f"ckpt-{k:04d}" / f.name) for k in range(1, nw + 1)
+                       for f in plan.rank_plans[job.rank].files])
+    for k in range(1, nw + 1):
+        created.add_dir(root / f"ckpt-{k:04d}")
+    created.add_dir(root, root=True)
+    job.note(run=str(root), keep=True, dirs=[], names=[], partial=str(
+        Path(c.config["output"]["root"]).absolute() / f".{run.name}.partial"))
+    return Folders(run, key, root, None)
