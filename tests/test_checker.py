@@ -87,6 +87,11 @@ def key(h: Mapping[str, Path], name: str) -> Any:
     return bundle.load_private_key(h["dir"] / "keys" / f"{name}.pem")
 
 
+S3_BLOCK = {"kind": "s3", "client": "botocore 1.44.8", "endpoint_host": "s3.example.com",
+            "region": "us-east-1", "bucket": "ckpt", "prefix": "runs", "part_size": 16 << 20, "inflight": 8,
+            "addressing_style": "path", "verify_tls": True}
+
+
 def setitem(path: str, value: Any) -> Callable[[Any], None]:
     """An editor setting dotted ``path`` (list indexes as numbers) to ``value``."""
     def edit(doc: Any) -> None:
@@ -294,6 +299,16 @@ NEGATIVE_CASES: dict[str, list[Case]] = {
           "got 235.22 MiB available", source=ASYNC, alone=True,
           mutate=lambda f: edit_json(f, "system.json", setitem("hosts.0.memory_available_bytes",
                                                                4 * (2 * RANK_BYTES + RING) - 1))),
+    ],
+    # --- object storage (rules 1.6): a bundle of a folder run claiming an object store, or the reverse
+    "OBJECT-MODES": [C("got checkpoint.tiers.fast=/nvme/fast", mutate=lambda f: edit_yaml(
+        f, "config.yaml", lambda c: c["checkpoint"].update(folder="s3://ckpt/runs",
+                                                           tiers={"fast": "/nvme/fast", "fast_keep": 1})))],
+    "OBJECT-STORAGE-RECORDED": [
+        C("expected storage.kind=posix, got storage.kind=s3", mutate=lambda f: edit_json(
+            f, "run.json", setitem("storage", S3_BLOCK))),
+        C("expected storage.kind='s3', got 'posix'", mutate=lambda f: edit_yaml(f, "config.yaml", lambda c: (
+            c["checkpoint"].update(folder="s3://ckpt/runs")))),
     ],
     # --- result stage (the runner's own result checks, recomputed from the raw records)
     "RESULT-CONSISTENT": [
@@ -542,7 +557,7 @@ def test_every_rule_a_bundle_can_break_has_a_case() -> None:
     # need the runner's own host measurements (a fact in rules.yaml) cannot be broken by a bundle
     no_bundle_data = {r.id for r in load_rules().rules if "host_measurements" in r.needs}
     assert no_bundle_data == {"DISK-SPACE", "FOLDER-USABLE", "TIER-SPACE", "TIER-USABLE", "IO-ENGINE",
-                              "RESULTS-APART", "HOST-CLOCK-OFFSET"}
+                              "RESULTS-APART", "HOST-CLOCK-OFFSET", "OBJECT-STORE-USABLE"}
     # the cross-examination rules (1.2) have their cases in the forgery suite, the transcript
     # rules (1.4) theirs in tests/test_witness_run.py (bundles of real witnessed runs)
     from test_witness_run import FORGERIES as WITNESS_FORGERIES

@@ -58,7 +58,7 @@ def test_a_history_must_end_at_the_current_version() -> None:
 
 
 def test_the_schemas_pin_the_current_versions() -> None:
-    schemas = schema_folder(DEFAULT_RULES_VERSION)  # rules 1.5 keep 1.4's (they extend them)
+    schemas = schema_folder(DEFAULT_RULES_VERSION)  # rules 1.6 have their own (run format 6)
     run = json.loads((schemas / "run.schema.json").read_text())["properties"]
     summary = json.loads((schemas / "summary.schema.json").read_text())["properties"]
     desc = json.loads((schemas / "system-description.schema.json").read_text())["properties"]

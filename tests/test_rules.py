@@ -95,6 +95,9 @@ def pg(nbytes: int) -> int:
 P8B_RANK_RESIDENT = pg(2_007_565_312) + pg(12_045_637_632)
 
 
+S3 = "s3://ckpt/runs"
+
+
 def hosts8(**kw: Any) -> tuple[HostSpec, ...]:
     return (HostSpec("h0", tuple(range(8)), **kw),)
 
@@ -208,6 +211,21 @@ NEGATIVE: list[tuple[str, Callable[[], Context], list[str]]] = [
                                                 HostSpec("h1", tuple(range(8, 16)), clock_offset_s=-1.25))),
      ["host h1: every host's wall clock agrees with rank 0's host's (fix its time sync: NTP, chrony), or its "
       "records fall outside the run: expected within 1 s of rank 0's host, got -1.250 s"]),
+    ("OBJECT-STORE-USABLE", lambda: ctx_of(f"checkpoint.folder={S3}", hosts=hosts8(
+        store_problem="the bucket ckpt does not exist at http://10.0.0.9:9000 (create it first)")),
+     ["host h0: the object store must be reachable from every host, with credentials, its bucket present "
+      "and writable (a probe object written, read back and deleted): the bucket ckpt does not exist at "
+      "http://10.0.0.9:9000 (create it first)"]),
+    ("OBJECT-MODES", lambda: raw_ctx("division=open", f"checkpoint.folder={S3}",
+                                     "checkpoint.tiers.fast=/nvme/x"),
+     ["a run on object storage is one tier with full residency and fsync on, writes and restores in one "
+      "invocation, and is not witnessed (not yet supported there): expected one tier, residency=full, "
+      "checkpoint.fsync=true, one invocation, no witness, got checkpoint.tiers.fast=/nvme/x"]),
+    ("OBJECT-MODES", lambda: raw_ctx("division=open", f"checkpoint.folder={S3}", "residency=stream",
+                                     "checkpoint.fsync=false"),
+     ["got residency=stream, checkpoint.fsync=false"]),
+    ("OBJECT-MODES", lambda: raw_ctx(f"checkpoint.folder={S3}", "witness.url=http://127.0.0.1:8470"),
+     ["got witness.url"]),
     ("FOLDER-USABLE", lambda: ctx_of(hosts=hosts8(folder_problem="/ckpt is not writable")),
      ["host h0: the checkpoint folder must be a writable directory holding no foreign files: "
       "/ckpt is not writable"]),
@@ -313,6 +331,11 @@ POSITIVE: list[tuple[str, Callable[[], Context]]] = [
     ("DISK-SPACE", lambda: ctx_of(hosts=hosts8(disk_free_bytes=2 * TiB))),
     ("DISK-SPACE", lambda: ctx_of(hosts=hosts8(disk_free_bytes=10 * P8B_TOTAL))),  # exactly enough
     ("FOLDER-USABLE", lambda: ctx_of(hosts=hosts8(folder_problem=None))),
+    ("OBJECT-STORE-USABLE", lambda: ctx_of(f"checkpoint.folder={S3}", hosts=hosts8(store_problem=None))),
+    # a folder run: a problem measured for a store the run does not use is no finding
+    ("OBJECT-STORE-USABLE", lambda: ctx_of(hosts=hosts8(store_problem="no S3 credentials found"))),
+    ("OBJECT-MODES", lambda: ctx_of("division=open", f"checkpoint.folder={S3}", "checkpoint.mode=async")),
+    ("OBJECT-MODES", lambda: ctx_of("division=open", "residency=stream")),  # files: any residency
     ("HOST-CLOCK-OFFSET", lambda: ctx_of(hosts=(HostSpec("h0", tuple(range(8)), clock_offset_s=0.0),
                                                 HostSpec("h1", tuple(range(8, 16)), clock_offset_s=0.999)))),
     ("RESULTS-APART", lambda: ctx_of(hosts=hosts8(results_same_fs=False))),
@@ -376,7 +399,8 @@ PRE_IO_RULES = {
     "CLOSED-WORKLOAD", "CLOSED-RANKS", "CLOSED-COUNTS", "CLOSED-PARAMS", "CLOSED-OVERRIDES",
     "CLOSED-RANKS-PER-HOST", "CLOSED-ACCELERATOR-MEMORY", "HOST-MEMORY", "DISK-SPACE", "FOLDER-USABLE",
     "IO-ENGINE", "RESULTS-APART",
-    "ASYNC-RESIDENCY", "TIERS-DISTINCT", "TIER-SPACE", "TIER-USABLE", "WITNESS-MODE", "HOST-CLOCK-OFFSET"}
+    "ASYNC-RESIDENCY", "TIERS-DISTINCT", "TIER-SPACE", "TIER-USABLE", "WITNESS-MODE", "HOST-CLOCK-OFFSET",
+    "OBJECT-MODES", "OBJECT-STORE-USABLE"}
 
 
 def test_every_pre_io_rule_has_a_failing_and_a_passing_case() -> None:
@@ -412,7 +436,7 @@ def test_default_closed_plan_has_no_findings() -> None:
     assert {r for r, _ in ev.not_checked} == {
         "CLOSED-RANKS-PER-HOST", "CLOSED-ACCELERATOR-MEMORY", "HOST-MEMORY", "DISK-SPACE", "FOLDER-USABLE",
         "TIER-SPACE", "TIER-USABLE", "IO-ENGINE", "RESULTS-APART",
-        "HOST-CLOCK-OFFSET"}  # measured by the runner's gates only
+        "HOST-CLOCK-OFFSET", "OBJECT-STORE-USABLE"}  # measured by the runner's gates only
 
 
 def test_closed_rules_do_not_apply_to_open_division() -> None:
@@ -622,7 +646,7 @@ def test_rule_data_is_well_formed() -> None:
         assert set(r.divisions) <= {"closed", "open"} and r.divisions
         assert r.check in CHECKS
         assert "{actual}" in r.message
-    assert RS.version == "1.5"
+    assert RS.version == "1.6"
     assert RS.closed["num_writes"] == RS.closed["num_reads"] == 10
     assert RS.closed["min_ranks_per_host"] == 4
     assert {k: RS.accelerators[k] for k in ("h100", "h200", "b200", "mi300x", "mi355x")} == {
@@ -639,7 +663,7 @@ def test_load_rules_unknown_version() -> None:
     with pytest.raises(ConfigError) as exc:
         load_rules("9.9")
     assert str(exc.value) == ("rules_version: unknown rules version '9.9'; known: 1.0, 1.1, 1.2, 1.3, 1.4, "
-                              "1.5, mlps-v3.0")
+                              "1.5, 1.6, mlps-v3.0")
     assert exc.value.key == "rules_version"
     assert exc.value.exit_status == 2
 
