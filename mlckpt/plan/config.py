@@ -12,6 +12,7 @@ from pathlib import Path
 from typing import Any
 
 from mlckpt.errors import ConfigError, UsageError
+from mlckpt.locations import is_object_url, parse_object_url
 from mlckpt.plan import aliases
 from mlckpt.resources import workloads_dir
 from mlckpt.rules import Context, HostSpec, RuleSet, host_blocks, known_versions, load_rules, override_key
@@ -167,6 +168,12 @@ def validate(config: Mapping[str, Any]) -> None:
     problem = first_error(config, "config", version)
     if problem:
         raise ConfigError(problem)
+    folder = config["checkpoint"]["folder"]
+    if is_object_url(folder):
+        parse_object_url(str(folder))  # a malformed URL names checkpoint.folder, exit 2
+        if "storage" not in config:  # the rule set predates object storage (its schema lacks the key)
+            raise ConfigError(f"checkpoint.folder: object storage ({folder}) needs rules_version 1.6 or later "
+                              f"(got {version})", key="checkpoint.folder")
     io = config["io"]
     ring = ring_bytes(io["threads"], io["block_size"], verifying=True)  # what a streamed restore needs
     if config["residency"] == "stream" and config.get("stream_buffer_bytes", 0) < ring:
