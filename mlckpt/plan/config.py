@@ -172,8 +172,8 @@ def validate(config: Mapping[str, Any]) -> None:
     if is_object_url(folder):
         parse_object_url(str(folder))  # a malformed URL names checkpoint.folder, exit 2
         if "storage" not in config:  # the rule set predates object storage (its schema lacks the key)
-            raise ConfigError(f"checkpoint.folder: object storage ({folder}) needs rules_version 1.6 or later "
-                              f"(got {version})", key="checkpoint.folder")
+            raise ConfigError(f"checkpoint.folder: object storage ({folder}) needs rules_version 1.6 or "
+                              f"later (got {version})", key="checkpoint.folder")
     io = config["io"]
     ring = ring_bytes(io["threads"], io["block_size"], verifying=True)  # what a streamed restore needs
     if config["residency"] == "stream" and config.get("stream_buffer_bytes", 0) < ring:
