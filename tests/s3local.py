@@ -5,7 +5,7 @@ S3 API (the ``s3api`` middleware, multipart uploads through SLO) and ``tempauth`
 One device folder, one replica, rings built here; every server on its own loopback port.  Used by
 the tests and the object-storage benchmarks, and by hand for a local try::
 
-    python3 tests/s3local.py /tmp/s3store        # prints the AWS_* lines to export, runs until ^C
+    .venv/bin/python tests/s3local.py /tmp/s3store --bucket ckpt   # prints AWS_* exports; ^C stops it
 
 Swift runs under Debian's own Python (``/usr/bin/python3``), not the project's virtual
 environment.
@@ -275,12 +275,34 @@ def _wait_healthy(store: Store, timeout_s: float) -> None:
 
 
 def main() -> int:
-    root = Path(sys.argv[1] if len(sys.argv) > 1 else "/tmp/mlckpt-s3").absolute()
+    import argparse
+
+    p = argparse.ArgumentParser(description="a local S3 store (Swift's all-in-one) until Ctrl-C")
+    p.add_argument("folder", nargs="?", default="/tmp/mlckpt-s3", help="its data (wiped first)")
+    p.add_argument(
+        "--bucket", action="append", default=[], help="create this bucket (repeatable; needs boto3)"
+    )
+    a = p.parse_args()
+    root = Path(a.folder).absolute()
     store = start(root)
-    for k, v in store.env.items():
-        print(f"export {k}={v}")
-    print(f"# an S3 store on {store.endpoint} (data in {root}); Ctrl-C stops it", flush=True)
     try:
+        if a.bucket:
+            import boto3
+            from botocore.config import Config
+
+            c = boto3.client(
+                "s3",
+                endpoint_url=store.endpoint,
+                region_name=REGION,
+                aws_access_key_id=ACCESS_KEY,
+                aws_secret_access_key=SECRET_KEY,
+                config=Config(s3={"addressing_style": "path"}),
+            )
+            for b in a.bucket:
+                c.create_bucket(Bucket=b)
+        for k, v in store.env.items():
+            print(f"export {k}={v}")
+        print(f"# an S3 store on {store.endpoint} (data in {root}); Ctrl-C stops it", flush=True)
         signal.pause()
     except KeyboardInterrupt:
         pass

@@ -272,7 +272,7 @@ def test_the_local_store_command_starts_a_store_and_stops_on_ctrl_c(tmp_path: Pa
     if s3local.unavailable():
         pytest.skip(str(s3local.unavailable()))
     proc = subprocess.Popen(
-        [sys.executable, str(Path(s3local.__file__)), str(tmp_path / "store")],
+        [sys.executable, str(Path(s3local.__file__)), str(tmp_path / "store"), "--bucket", "by-hand"],
         stdout=subprocess.PIPE,
         text=True,
     )
@@ -283,7 +283,6 @@ def test_the_local_store_command_starts_a_store_and_stops_on_ctrl_c(tmp_path: Pa
             "# an S3 store on http://127.0.0.1:"
         )
         c = s3_client(env)
-        c.create_bucket(Bucket="by-hand")
         assert [b["Name"] for b in c.list_buckets()["Buckets"]] == ["by-hand"]
     finally:
         proc.send_signal(signal.SIGINT)

@@ -286,6 +286,9 @@ class OpTimer:
                 watch.own_done()
             elif job.rank != 0 and self.channel is not None:
                 sent = self.channel.send_done(index)
+            # Ranks that finish first wait asleep: MPI's busy-polling would take CPU from the ranks
+            # still in the op and from a storage server on the same host (a local object store).
+            job.idle_barrier()
             job.agree(err)
         finally:
             if watch is not None:

@@ -1,0 +1,297 @@
+"""mlckpt on object storage against the client's own limit: `mlckpt run` with
+``checkpoint.folder=s3://…`` against the chosen client's raw transfer calls (botocore's
+CreateMultipartUpload / UploadPart / CompleteMultipartUpload, PutObject for one-part objects, ranged
+GetObject read straight into a buffer), same store, same bytes, same ranks, alternated rounds.
+
+    python benchmarks/vs_limit_s3.py [--ranks 4] [--scale 0.01] [--rounds 3] [--writes 2] [--reads 2]
+                                     [--part-mib 16] [--inflight 8] [--bucket mlckpt-bench]
+
+Without ``AWS_ENDPOINT_URL`` in the environment it starts a local Swift store
+(``tests/s3local.py``) and uses that.  The raw baseline runs one process per mlckpt rank, each
+holding exactly that rank's planned objects (sizes from mlckpt's own plan), with the same part
+size and the same number of requests in flight per rank, and the same client settings (path
+addressing, no per-request checksums: see mlckpt/engine/objects.py).  Each op starts at a barrier
+of all processes; its bandwidth is the bytes of all ranks over the slowest rank's time (mlckpt's
+own definition).  Writes put checkpoints 1..W under fresh keys; reads restore them in mlckpt's
+order ((k - 1) mod W), every rank reading its own objects (mlckpt runs with rank_shift=0 here);
+everything is deleted at the end of a round.  Before each op the raw ranks stay idle as long as
+mlckpt's ranks were before that kind of op in its latest round (content made, restores verified):
+the store gets the same time to settle in both.  It prints every op, then the medians and the
+ratio mlckpt / raw per direction.  A measurement, not a test: the exit status is 0 whatever the
+ratios.
+"""
+
+from __future__ import annotations
+
+import argparse
+import itertools
+import json
+import multiprocessing as mp
+import os
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+import uuid
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+from typing import Any
+
+GiB = float(1 << 30)
+ROOT = Path(__file__).resolve().parent.parent
+
+
+def client(inflight: int) -> Any:
+    import boto3
+    from botocore.config import Config
+
+    return boto3.client(
+        "s3",
+        config=Config(
+            s3={"addressing_style": "path"},
+            max_pool_connections=max(10, 2 * inflight),
+            request_checksum_calculation="when_required",
+            response_checksum_validation="when_required",
+        ),
+    )
+
+
+def _requests(sizes: list[int], part: int) -> list[tuple[int, int, int, int]]:
+    return [
+        (k, n + 1, s, min(s + part, size))
+        for k, size in enumerate(sizes)
+        for n, s in enumerate(range(0, size, part))
+    ]
+
+
+class RawRank:
+    """One raw 'rank': its objects (mlckpt's planned sizes for that rank), botocore's calls."""
+
+    def __init__(self, rank: int, sizes: list[int], a: argparse.Namespace, prefix: str) -> None:
+        import numpy as np
+
+        self.rank, self.sizes, self.a, self.prefix = rank, sizes, a, prefix
+        self.c, self.part = client(a.inflight), a.part_mib << 20
+        self.buf = np.random.default_rng(rank).integers(0, 256, sum(sizes), dtype=np.uint8)
+        self.back = np.empty_like(self.buf)
+        self.offs = [sum(sizes[:k]) for k in range(len(sizes))]
+        self.pool = ThreadPoolExecutor(a.inflight)
+        self.reqs = _requests(sizes, self.part)
+
+    def keys(self, k: int) -> list[str]:
+        return [f"{self.prefix}/ckpt-{k:04d}/r{self.rank}-f{i}" for i in range(len(self.sizes))]
+
+    def write(self, k: int) -> None:
+        """Checkpoint k: every object's parts in one queue, then the completions."""
+        a, c, ks, mv = self.a, self.c, self.keys(k), memoryview(self.buf)
+        multi = sorted(i for i, s in enumerate(self.sizes) if s > self.part)
+        ids = dict(
+            zip(
+                multi,
+                self.pool.map(
+                    lambda i: c.create_multipart_upload(Bucket=a.bucket, Key=ks[i])["UploadId"], multi
+                ),
+                strict=True,
+            )
+        )
+        etags: dict[tuple[int, int], str] = {}
+
+        def send(r: tuple[int, int, int, int]) -> None:
+            i, n, s, e = r
+            body = bytes(mv[self.offs[i] + s : self.offs[i] + e])
+            if i in ids:
+                etags[i, n] = c.upload_part(
+                    Bucket=a.bucket, Key=ks[i], UploadId=ids[i], PartNumber=n, Body=body
+                )["ETag"]
+            else:
+                c.put_object(Bucket=a.bucket, Key=ks[i], Body=body)
+
+        def complete(i: int) -> None:
+            parts = [
+                {"ETag": etags[i, n], "PartNumber": n} for n in range(1, -(-self.sizes[i] // self.part) + 1)
+            ]
+            c.complete_multipart_upload(
+                Bucket=a.bucket, Key=ks[i], UploadId=ids[i], MultipartUpload={"Parts": parts}
+            )
+
+        list(self.pool.map(send, self.reqs))
+        list(self.pool.map(complete, multi))
+
+    def read(self, k: int) -> None:
+        """Checkpoint k back into the buffer: ranged GETs, read in place."""
+        a, c, ks, mv = self.a, self.c, self.keys(k), memoryview(self.back)
+
+        def get(r: tuple[int, int, int, int]) -> None:
+            i, _n, s, e = r
+            body = c.get_object(Bucket=a.bucket, Key=ks[i], Range=f"bytes={s}-{e - 1}")["Body"]
+            pos, end = self.offs[i] + s, self.offs[i] + e
+            while pos < end:
+                n = body._raw_stream.readinto(mv[pos:end])
+                if not n:
+                    raise OSError(f"short answer for {ks[i]}")
+                pos += n
+            body.close()
+
+        list(self.pool.map(get, self.reqs))
+
+
+def _rank(
+    rank: int,
+    sizes: list[int],
+    a: argparse.Namespace,
+    prefix: str,
+    gaps: dict[str, float],
+    barrier: Any,
+    out: Any,
+) -> None:
+    """W writes then R reads, each op after mlckpt's idle gap before that kind of op, timed from a
+    barrier to this rank's last byte; then the objects are deleted."""
+    import numpy as np
+
+    me = RawRank(rank, sizes, a, prefix)
+    times: list[tuple[str, int, float]] = []
+    ops = [("write", k, k) for k in range(1, a.writes + 1)] + [
+        ("read", j, (j - 1) % a.writes + 1) for j in range(1, a.reads + 1)
+    ]
+    for op, index, k in ops:
+        time.sleep(gaps.get(op, 0.0))
+        barrier.wait()
+        t0 = time.perf_counter()
+        (me.write if op == "write" else me.read)(k)
+        times.append((op, index, time.perf_counter() - t0))
+        if op == "read":
+            assert np.array_equal(me.buf, me.back), "the store returned other bytes"
+    barrier.wait()
+    for k in range(1, a.writes + 1):
+        for key in me.keys(k):
+            me.c.delete_object(Bucket=a.bucket, Key=key)
+    out.put((rank, times))
+
+
+def gaps_of(recs: list[dict[str, Any]]) -> dict[str, float]:
+    """mlckpt's median idle time before each kind of op (content made, restores verified): from
+    the last rank's end of one op to the first rank's start of the next."""
+    ops = sorted(
+        {(r["op"], r["index"]) for r in recs},
+        key=lambda o: min(r["t0_ns"] for r in recs if (r["op"], r["index"]) == o),
+    )
+    got: dict[str, list[float]] = {}
+    for prev, nxt in itertools.pairwise(ops):
+        end = max(r["t1_ns"] for r in recs if (r["op"], r["index"]) == prev)
+        start = min(r["t0_ns"] for r in recs if (r["op"], r["index"]) == nxt)
+        got.setdefault(nxt[0], []).append(max(0.0, (start - end) / 1e9))
+    return {op: statistics.median(v) for op, v in got.items()}
+
+
+def raw_round(
+    plan: list[list[int]], a: argparse.Namespace, gaps: dict[str, float]
+) -> dict[tuple[str, int], float]:
+    ctx = mp.get_context("spawn")
+    barrier, out = ctx.Barrier(len(plan)), ctx.Queue()
+    prefix = f"raw-{uuid.uuid4().hex[:12]}"
+    procs = [
+        ctx.Process(target=_rank, args=(r, sizes, a, prefix, barrier, out)) for r, sizes in enumerate(plan)
+    ]
+    for p in procs:
+        p.start()
+    got = [out.get(timeout=1800) for _ in procs]
+    for p in procs:
+        p.join()
+    total = sum(sum(s) for s in plan)
+    ops: dict[tuple[str, int], float] = {}
+    for op, k, _ in got[0][1]:
+        slowest = max(dict(((o, i), t) for o, i, t in times)[(op, k)] for _, times in got)
+        ops[op, k] = total / slowest
+    return ops
+
+
+def mlckpt_round(a: argparse.Namespace, work: Path, gaps: dict[str, float]) -> dict[tuple[str, int], float]:
+    args = [
+        str(Path(sys.executable).parent / "mlckpt"),
+        "run",
+        "preset=none",
+        "workload=llama3_8b",
+        "division=open",
+        f"ranks={a.ranks}",
+        f"scale={a.scale}",
+        f"checkpoint.num_writes={a.writes}",
+        f"checkpoint.num_reads={a.reads}",
+        f"checkpoint.folder=s3://{a.bucket}/mlckpt",
+        f"storage.s3.part_size={a.part_mib << 20}",
+        f"storage.s3.inflight={a.inflight}",
+        "signing.key=none",
+        f"output.root={work}",
+        "checkpoint.rank_shift=0",
+    ]
+    proc = subprocess.run(args, text=True, capture_output=True, check=False)
+    if proc.returncode != 0:
+        raise SystemExit(f"mlckpt run failed ({proc.returncode}):\n{proc.stderr}")
+    [line] = [ln for ln in proc.stdout.splitlines() if ln.startswith("bundle: ")]
+    recs = [json.loads(ln) for ln in (Path(line[8:]) / "records.jsonl").read_text().splitlines()]
+    gaps.update(gaps_of(recs))
+    ops: dict[tuple[str, int], float] = {}
+    for key in sorted({(r["op"], r["index"]) for r in recs}):
+        rs = [r for r in recs if (r["op"], r["index"]) == key]
+        ops[key] = sum(r["bytes"] for r in rs) / (max(r["t1_ns"] - r["t0_ns"] for r in rs) / 1e9)
+    return ops
+
+
+def main() -> int:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--ranks", type=int, default=4)
+    p.add_argument("--scale", type=float, default=0.01)
+    p.add_argument("--rounds", type=int, default=3)
+    p.add_argument("--writes", type=int, default=2)
+    p.add_argument("--reads", type=int, default=2)
+    p.add_argument("--part-mib", type=int, default=16)
+    p.add_argument("--inflight", type=int, default=8)
+    p.add_argument("--bucket", default="mlckpt-bench")
+    a = p.parse_args()
+    store = None
+    if "AWS_ENDPOINT_URL" not in os.environ:
+        sys.path.insert(0, str(ROOT / "tests"))
+        import s3local
+
+        store = s3local.start(Path(tempfile.mkdtemp(prefix="mlckpt-s3-bench-")))
+        os.environ.update(store.env)
+    try:
+        from mlckpt.plan.config import setup
+
+        s = setup(["workload=llama3_8b", "division=open", f"ranks={a.ranks}", f"scale={a.scale}"])
+        plan = [[f.bytes for f in rp.files] for rp in s.plan.rank_plans]
+        c = client(a.inflight)
+        try:
+            c.create_bucket(Bucket=a.bucket)
+        except c.exceptions.BucketAlreadyOwnedByYou:
+            pass
+        total = s.plan.total_bytes
+        print(
+            f"{a.ranks} ranks, {total / GiB:.2f} GiB per checkpoint, parts of {a.part_mib} MiB, "
+            f"{a.inflight} in flight per rank, {a.writes} writes + {a.reads} reads per round, "
+            f"endpoint {os.environ['AWS_ENDPOINT_URL']}"
+        )
+        res: dict[str, dict[str, list[float]]] = {n: {"write": [], "read": []} for n in ("mlckpt", "raw")}
+        gaps: dict[str, float] = {}  # mlckpt's, from its latest round; the raw ranks idle as long
+        with tempfile.TemporaryDirectory() as work:
+            for r in range(1, a.rounds + 1):
+                for name in ("mlckpt", "raw"):
+                    ops = mlckpt_round(a, Path(work), gaps) if name == "mlckpt" else raw_round(plan, a, gaps)
+                    if name == "raw":
+                        print(f"round {r} raw idle before writes {gaps.get('write', 0):.2f} s, reads "
+                              f"{gaps.get('read', 0):.2f} s (mlckpt's medians)")
+                    for (op, k), bw in sorted(ops.items()):
+                        res[name][op].append(bw)
+                        print(f"round {r} {name:6s} {op} {k}: {bw / GiB:.3f} GiB/s", flush=True)
+        print("medians (GiB/s) and the ratio mlckpt / raw client:")
+        for op in ("write", "read"):
+            m, raw = statistics.median(res["mlckpt"][op]), statistics.median(res["raw"][op])
+            print(f"  {op:5s} mlckpt {m / GiB:.3f}  raw {raw / GiB:.3f}  ratio {m / raw:.3f}")
+    finally:
+        if store is not None:
+            store.stop()
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
