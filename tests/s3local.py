@@ -13,6 +13,7 @@ environment.
 
 from __future__ import annotations
 
+import contextlib
 import os
 import shutil
 import signal
@@ -22,6 +23,7 @@ import sys
 import time
 import urllib.error
 import urllib.request
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -272,6 +274,27 @@ def _wait_healthy(store: Store, timeout_s: float) -> None:
         if time.monotonic() > until:
             raise RuntimeError(f"the Swift proxy did not answer within {timeout_s:g} s:\n{store.logs()}")
         time.sleep(0.2)
+
+
+@contextlib.contextmanager
+def endpoint(root: Path) -> Iterator[str]:
+    """The store ``AWS_ENDPOINT_URL`` names (with its credentials from the environment), or else a
+    fresh local one under ``root`` whose settings are put into ``os.environ`` until the end."""
+    if "AWS_ENDPOINT_URL" in os.environ:
+        yield os.environ["AWS_ENDPOINT_URL"]
+        return
+    store = start(root)
+    saved = {k: os.environ.get(k) for k in store.env}
+    os.environ.update(store.env)
+    try:
+        yield store.endpoint
+    finally:
+        store.stop()
+        for k, v in saved.items():
+            if v is None:
+                os.environ.pop(k, None)
+            else:
+                os.environ[k] = v
 
 
 def main() -> int:

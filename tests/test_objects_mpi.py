@@ -306,3 +306,53 @@ def test_an_unusable_store_is_refused_before_any_io(world: dict[str, Any], tmp_p
     ), proc.stderr
     assert not (tmp_path / "results").exists() or not any((tmp_path / "results").iterdir())
     assert mine(world) == before == []
+
+
+@pytest.fixture(scope="module")
+def honest_object_bundle(world: dict[str, Any], tmp_path_factory: pytest.TempPathFactory) -> Path:
+    d = tmp_path_factory.mktemp("honest-object")
+    proc = run(world, [*BASE, f"checkpoint.folder={world['folder']}", "checkpoint.num_writes=1",
+                       "checkpoint.num_reads=1", *signed(world), "output.root=results"], d)
+    assert proc.returncode == 0, proc.stderr
+    return bundle_of(proc)
+
+
+def test_the_honest_object_bundle_passes(world: dict[str, Any], honest_object_bundle: Path,
+                                         tmp_path: Path) -> None:
+    verdict = checked(world, honest_object_bundle, tmp_path)
+    assert (verdict["exit"], verdict["verdict"]) == (0, "open")
+    assert [f for f in verdict["findings"] if f["severity"] != "warning"] == []
+
+
+@pytest.mark.parametrize(("edit", "fragment"), [
+    ("bucket", "expected storage.bucket='mlckpt-test', got 'another-bucket'"),
+    ("part_size", "expected storage.part_size=5242880, got 16777216"),
+    ("posix", "expected storage.kind='s3', got 'posix'"),
+    ("fs", "host "),
+])
+def test_a_forged_storage_claim_is_caught(
+    world: dict[str, Any], honest_object_bundle: Path, tmp_path: Path, edit: str, fragment: str
+) -> None:
+    """A vendor re-signs an honest object run's bundle claiming another bucket, other transfer
+    settings, a filesystem, or hosts that wrote to a disk: OBJECT-STORAGE-RECORDED names it."""
+    from forge import edit_json, resign
+
+    folder = tmp_path / honest_object_bundle.name
+    shutil.copytree(honest_object_bundle, folder)
+    if edit == "bucket":
+        edit_json(folder, "run.json", lambda r: r["storage"].update(bucket="another-bucket"))
+    elif edit == "part_size":
+        edit_json(folder, "run.json", lambda r: r["storage"].update(part_size=16 << 20))
+    elif edit == "posix":
+        edit_json(folder, "run.json", lambda r: r.update(storage={"kind": "posix"}))
+    else:
+        edit_json(folder, "system.json", lambda s: s["hosts"][0].update(
+            filesystem={"fs_type": "ext4", "source": "/dev/nvme0n1", "mount_point": "/mnt"}))
+    resign(folder, bundle.load_private_key(world["dir"] / "org.pem"))
+    verdict = checked(world, folder, tmp_path)
+    found = [f["message"] for f in verdict["findings"] if f["rule"] == "OBJECT-STORAGE-RECORDED"]
+    assert verdict["verdict"] == "invalid" and found, verdict["findings"]
+    assert any(fragment in m for m in found), found
+    if edit == "fs":
+        assert any("expected filesystem s3 at 127.0.0.1:" in m and "got ext4 at /dev/nvme0n1" in m
+                   for m in found)
