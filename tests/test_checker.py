@@ -454,7 +454,7 @@ NEGATIVE_CASES: dict[str, list[Case]] = {
         C("config.yaml", mutate=lambda f: (f / "config.yaml").write_text(
             "anchor: &a [1, 2]\n" + (f / "config.yaml").read_text() + "again: *a\n")),
     ],
-    "RULES-VERSION": [C("expected one of 1.0, 1.1, 1.2, 1.3, 1.4, 1.5, mlps-v3.0, got '9.9'",
+    "RULES-VERSION": [C("expected one of 1.0, 1.1, 1.2, 1.3, 1.4, 1.5, 1.6, mlps-v3.0, got '9.9'",
                         predicate={"rules_version": "9.9"})],
     "BUNDLE-PREDICATE": [C("expected workload='llama3_70b' as signed in the statement, "
                            "got workload='llama3_8b'", predicate={"workload": "llama3_70b"})],
@@ -868,9 +868,9 @@ def test_missing_trusted_keys_is_a_usage_error(honest_bundles: dict[str, Path], 
 def test_forced_rules_version_and_jobs_agree(honest_bundles: dict[str, Path], tmp_path: Path) -> None:
     root = honest_tree(tmp_path / "t", honest_bundles)
     a = check(root, honest_bundles, jobs=1)
-    b = check(root, honest_bundles, jobs=2, forced_rules="1.5")
+    b = check(root, honest_bundles, jobs=2, forced_rules="1.6")
     assert a["bundles"] == b["bundles"] and a["exit_status"] == b["exit_status"] == 0
-    assert b["rules_versions"] == ["1.5"]
+    assert b["rules_versions"] == ["1.6"]
     # An older rules version judges these newer bundles by its own schemas: records format 3 is
     # not one of them, so they fail there (never silently pass).
     old = check(root, honest_bundles, jobs=2, forced_rules="1.1")

@@ -390,6 +390,16 @@ class OneRank:
     def Barrier(self) -> None:
         pass
 
+    def Ibarrier(self) -> Any:
+        return _Done()
+
+
+class _Done:
+    """A completed nonblocking request."""
+
+    def Test(self) -> bool:
+        return True
+
 
 @pytest.mark.parametrize("mode", ["sync", "async", "sync+tiers", "async+tiers"])
 def test_write_and_read_phases_on_one_rank(tmp_path: Path, mode: str) -> None:
