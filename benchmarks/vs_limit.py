@@ -55,6 +55,7 @@ from __future__ import annotations
 import argparse
 import contextlib
 import json
+import math
 import mmap
 import multiprocessing as mp
 import os
@@ -120,6 +121,7 @@ class Phase:
     bytes: int
     duration_s: float
     rank_durations_s: list[float]
+    cpu_s: float | None = None  # CPU seconds of all writers over the op (None: not measured)
 
     @property
     def gbs(self) -> float:
@@ -187,7 +189,9 @@ def fio_phase(case: Case, folder: Path, rw: str, buffers: str) -> Phase:
     if errs:
         raise RuntimeError(f"fio {rw}: jobs {errs} reported errors")
     durs = [j["job_runtime"] / 1e3 for j in jobs]
-    return Phase(sum(int(j[rw]["io_bytes"]) for j in jobs), max(durs), durs)
+    # fio's usr_cpu/sys_cpu: percent of the job's runtime, all its threads.
+    cpu = sum((float(j["usr_cpu"]) + float(j["sys_cpu"])) / 100 * j["job_runtime"] / 1e3 for j in jobs)
+    return Phase(sum(int(j[rw]["io_bytes"]) for j in jobs), max(durs), durs, cpu)
 
 
 def _ckpt_dirs(folder: Path, writes: int) -> list[Path]:
@@ -351,7 +355,8 @@ def mlckpt_round(case: Case, work: Path, writes: int, reads: int, runner: list[s
     prev_end = None
     for (op, _), rs in sorted(by_op.items(), key=lambda kv: (kv[0][0] != "write", kv[0][1])):
         durs = [(r["t1_ns"] - r["t0_ns"]) / 1e9 for r in rs]
-        phases[op].append(Phase(sum(int(r["bytes"]) for r in rs), max(durs), durs))
+        cpu = sum(r["cpu_ns"] for r in rs) / 1e9 if all("cpu_ns" in r for r in rs) else None
+        phases[op].append(Phase(sum(int(r["bytes"]) for r in rs), max(durs), durs, cpu))
         t0s = [r["t0_ns"] for r in rs]
         skew.append((max(t0s) - min(t0s)) / 1e6)
         if prev_end is not None:
@@ -444,6 +449,12 @@ def _ops(rounds: list[Any], op: str, which: str = "all") -> list[float]:
     return [p.gbs for r in rounds for p in getattr(r, op + "s")[sl]]
 
 
+def _cpu(rounds: list[Any], op: str) -> float:
+    """Median CPU seconds per GiB moved over the ops of kind ``op`` (nan: not measured)."""
+    return _med([p.cpu_s / (p.bytes / GiB) for r in rounds for p in getattr(r, op + "s")
+                 if p.cpu_s is not None and p.bytes])
+
+
 def _row(label: str, w: float, r: float, n: str = "") -> str:
     return f"  {label:40s}{w:11.2f}{w * GB / GiB:7.2f}{r:11.2f}{r * GB / GiB:7.2f}  {n}"
 
@@ -490,6 +501,15 @@ def report_case(case: Case, limits: dict[str, list[Round]], runs: list[MlckptRun
               f"{' '.join(f'{x:.2f}' for x in paired['write'])}, read "
               f"{' '.join(f'{x:.2f}' for x in paired['read'])}")
         out[name] = {"median": med[name], "ratio": r, "paired": paired}
+    cpu = {who: {op: _cpu(rounds, op) for op in ("write", "read")}
+           for who, rounds in [*limits.items(), ("mlckpt", runs)]}
+    print("  CPU s per GiB moved (all writers' user + system over each op, median): " + "; ".join(
+        f"{who} write {c['write']:.3f} read {c['read']:.3f}" for who, c in cpu.items()
+        if not (math.isnan(c["write"]) and math.isnan(c["read"]))))
+    if "fio" in cpu:
+        print(f"  CPU ratio mlckpt / fio: write {cpu['mlckpt']['write'] / cpu['fio']['write']:.2f}, "
+              f"read {cpu['mlckpt']['read'] / cpu['fio']['read']:.2f}")
+    out["cpu_s_per_gib"] = cpu
     print("  per-op spread, GB/s:")
     for who, rounds in [*limits.items(), ("mlckpt", runs)]:
         print(f"    {who:6s}  write {_spread(_ops(rounds, 'write'))}")

@@ -27,7 +27,7 @@ class Format:
             raise ValueError(f"{self.name}: must read its own version {self.version!r}")
 
 
-RUN = Format("run", "run.json: run_format", 6, (2, 3, 4, 5, 6), (
+RUN = Format("run", "run.json: run_format", 7, (2, 3, 4, 5, 6, 7), (
     (1, "first version: run identity, status, workload, division, scaled, verdict, findings, overrides, "
         "host mapping, timings, file list"),
     (2, "pipeline: checkpoint mode, compute interval, fast tier (folder, fast_keep, filesystem type per "
@@ -43,9 +43,13 @@ RUN = Format("run", "run.json: run_format", 6, (2, 3, 4, 5, 6), (
         "host and port without credentials, region, bucket, key prefix, part_size, inflight, "
         "addressing_style, verify_tls); system.json's filesystem of an object run is fs_type s3, source "
         "the endpoint's host, mount_point the s3:// folder"),
+    (7, "rules 1.7: records format 5; state (null: the state in host memory; or the GPU source: library and "
+        "version, copy_path, and per rank its device, device type and name and the device-to-host and "
+        "host-to-device rates it measured alone before the first checkpoint); system.json's hosts add gpus "
+        "(library, device type, count, names) in a GPU-source run"),
 ))
 
-RECORDS = Format("records", "records.jsonl (run.json and summary.json: records_format)", 4, (2, 3, 4), (
+RECORDS = Format("records", "records.jsonl (run.json and summary.json: records_format)", 5, (2, 3, 4, 5), (
     (1, "first version: op, index, checkpoint, rank, host, t0_ns/t1_ns (the host's monotonic clock), bytes, "
         "files, fsync, resident_bytes/cached_check_bytes (reads), verified_bytes/mismatches (reads); the "
         "field meanings are written out in mlckpt/metrics.py"),
@@ -59,6 +63,8 @@ RECORDS = Format("records", "records.jsonl (run.json and summary.json: records_f
         "system, all threads, over [t0, t1]) and state_bytes/state_huge_bytes (the rank's state "
         "buffer and how much of it transparent huge pages back, from /proc/self/smaps, on the first write "
         "and the first restore)"),
+    (5, "rules 1.7: a GPU-source run's write and read records add device_copy_ns (the device-to-host copy "
+        "inside a write, the whole memory stage of an async one; the host-to-device copy inside a read)"),
 ))
 
 SUMMARY = Format("summary", "summary.json: summary_format", 4, (2, 3, 4), (

@@ -2,7 +2,8 @@
 
 Modules: ``content`` (buffers, fill, verify), ``files`` (timed writes and reads), ``stream``
 (the bounded ring, snapshot, drain), ``cache`` (eviction, residency, probes), ``objects`` (the
-second storage backend: S3-compatible object storage, same request queue; see its docstring).
+second storage backend: S3-compatible object storage, same request queue; see its docstring),
+``gpu`` (GPU-resident state: the one module that imports the array library, imported on demand).
 
 Effects on files only: no MPI, no printing, no clock.  The runner times the calls.
 
@@ -65,6 +66,7 @@ from mlckpt.engine.content import (
     huge_bytes,
     seal,
     verify,
+    wipe_tags,
 )
 from mlckpt.engine.files import (
     RWF_DONTCACHE,
@@ -125,6 +127,7 @@ __all__ = [
     "snapshot",
     "stream_ring_bytes",
     "verify",
+    "wipe_tags",
     "write_files",
     "write_stream",
 ]

@@ -94,6 +94,17 @@ def alloc(nbytes: int) -> np.ndarray:
     return buf[:size]
 
 
+def wipe_tags(buf: np.ndarray, nbytes: int) -> None:
+    """Zero the tag of every page in ``buf[:nbytes]`` (a final partial page's too): bytes that were
+    uploaded to a device and must come back from it to verify (the GPU source) cannot pass from
+    the host copy left behind."""
+    whole = nbytes // PAGE * PAGE
+    if whole:
+        buf[:whole].reshape(-1, PAGE)[:, :TAG_BYTES] = 0
+    if nbytes - whole:
+        buf[whole : whole + min(TAG_BYTES, nbytes - whole)] = 0
+
+
 def huge_bytes(buf: np.ndarray, smaps: str = "/proc/self/smaps") -> int | None:
     """How many bytes of ``buf`` transparent huge pages back (AnonHugePages of the mappings it
     lies in, each capped at its overlap with ``buf``: the kernel may merge ``buf``'s mapping

@@ -16,7 +16,7 @@ from mlckpt.locations import is_object_url, parse_object_url
 from mlckpt.plan import aliases
 from mlckpt.resources import workloads_dir
 from mlckpt.rules import Context, HostSpec, RuleSet, host_blocks, known_versions, load_rules, override_key
-from mlckpt.schemas import drop_unknown_nulls, first_error
+from mlckpt.schemas import drop_unknown_nulls, first_error, validator
 from mlckpt.units import GiB
 from mlckpt.workload.layout import Plan, make_plan
 from mlckpt.workload.model import Workload, workload_from_config
@@ -165,6 +165,11 @@ def validate(config: Mapping[str, Any]) -> None:
     """JSON Schema of the resolved configuration (types, ranges, unknown keys) → exit 2."""
     version = str(config.get("rules_version", "1.0"))
     load_rules(version)  # unknown version → ConfigError naming the known ones
+    state = config.get("state")
+    if isinstance(state, Mapping) and state.get("source") is not None and "state" not in (
+            validator("config", version).schema["properties"]):  # the rule set predates GPU state
+        raise ConfigError(f"state.source: GPU-resident state needs rules_version 1.7 or later "
+                          f"(got {version})", key="state.source")
     problem = first_error(config, "config", version)
     if problem:
         raise ConfigError(problem)

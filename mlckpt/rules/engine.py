@@ -25,7 +25,7 @@ from mlckpt.workload.model import Workload
 
 SEVERITIES = ("invalid", "open", "warning")
 STAGES = ("config", "host", "result", "submission")
-DEFAULT_RULES_VERSION = "1.6"
+DEFAULT_RULES_VERSION = "1.7"
 # A rule's exit class (rules.yaml ``exit``): a failed ``integrity`` rule means the bytes cannot
 # be trusted at all (mlckpt-check exits 3); a failed ``rules`` rule makes a result invalid or open.
 EXIT_CLASSES = ("rules", "integrity")
@@ -109,6 +109,8 @@ class HostSpec:
     clock_offset_s: float | None = None
     # Object storage (rules 1.6): why this host cannot use the store (None: usable, or a folder run).
     store_problem: str | None = None
+    # GPU-resident state (rules 1.7): why this host cannot hold it (None: usable, or host memory).
+    gpu_problem: str | None = None
 
 
 @dataclass(frozen=True)

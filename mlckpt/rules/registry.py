@@ -9,6 +9,7 @@ from mlckpt.rules.checks import (
     config,
     counters,
     evidence,
+    gpu,
     host,
     mlperf,
     objects,
@@ -20,7 +21,7 @@ from mlckpt.rules.checks import (
 from mlckpt.rules.engine import DEFAULT_RULES_VERSION, CheckFn, RuleSet, load_rule_set
 
 CHECKS: dict[str, CheckFn] = {}
-for _module in (config, host, result, evidence, counters, submission, mlperf, split, witness, objects):
+for _module in (config, host, result, evidence, counters, submission, mlperf, split, witness, objects, gpu):
     _clash = CHECKS.keys() & _module.CHECKS.keys()
     if _clash:  # a defect of the code, caught at import
         raise ImportError(f"check names defined twice: {sorted(_clash)}")

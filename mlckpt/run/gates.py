@@ -125,10 +125,29 @@ def fast_tier_facts(fast: str | None, durable: Path) -> dict[str, Any]:
     return out
 
 
+def gpu_device(state: Mapping[str, Any] | None) -> str | None:
+    """``state.gpu.device`` as the GPU engine takes it (None: auto), or None for host memory."""
+    device = ((state or {}).get("gpu") or {}).get("device")
+    return None if device is None else str(device)
+
+
+def gpu_host_facts(state: Mapping[str, Any] | None) -> dict[str, Any]:
+    """A GPU-source run (rules 1.7): this host's GPUs (system.json's ``gpus``) or why the state
+    cannot live there (GPU-USABLE); nothing for a run whose state is in host memory."""
+    if (state or {}).get("source") != "gpu":
+        return {}
+    from mlckpt.engine import gpu  # the array library loads only for a GPU-source run
+
+    facts, problem = gpu.probe_host(gpu_device(state))
+    return {"gpu_problem": problem, "gpus": facts}
+
+
 def local_host(folder: Path, ranks: Sequence[int], fast: str | None = None,
                results: Path | None = None, config: Mapping[str, Any] | None = None) -> HostSpec:
     """This host as the gates measure it (used by the self-launcher before spawning ranks);
-    ``config``: a run on object storage, whose store is probed instead of a folder."""
+    ``config``: a run on object storage, whose store is probed instead of a folder, or with its
+    state in GPU memory, whose devices are probed too."""
+    gpu = gpu_host_facts((config or {}).get("state"))
     if config is not None and objectstore.is_objects(config["checkpoint"]["folder"]):
         m = measure_object_host(socket.gethostname(), config, "", results)
         return HostSpec(m["host"], tuple(ranks), m["mem_available_bytes"], results_same_fs=False,
@@ -144,12 +163,13 @@ def local_host(folder: Path, ranks: Sequence[int], fast: str | None = None,
         f["fast_problem"],
         f["fast_fs"],
         results_same_fs=same_filesystem(folder, results) if results is not None else None,
+        gpu_problem=gpu.get("gpu_problem"),
     )
 
 
 def measure_host(
     host: str, folder: Path, io: Mapping[str, Any], fast: str | None, mpi_library: str,
-    results: Path | None = None,
+    results: Path | None = None, state: Mapping[str, Any] | None = None,
 ) -> dict[str, Any]:
     """Everything one host's leader measures for the gates (a plain dict: it crosses MPI)."""
     local: dict[str, Any] = {
@@ -163,6 +183,10 @@ def measure_host(
         "results_same_fs": same_filesystem(folder, results) if results is not None else None,
         **fast_tier_facts(fast, folder),
     }
+    gpu = gpu_host_facts(state)
+    if gpu:
+        local["gpu_problem"] = gpu["gpu_problem"]
+        local["facts"]["gpus"] = gpu["gpus"]
     if local["folder_problem"] is None:
         probe_dir = str(existing_ancestor(folder))
         if io["direct"]:
@@ -208,6 +232,7 @@ def host_specs(names: Sequence[str], measured: Sequence[Mapping[str, Any]]) -> t
             by_host[h].get("results_same_fs"),
             None if zero is None or by_host[h].get("wall_s") is None else by_host[h]["wall_s"] - zero,
             by_host[h].get("store_problem"),
+            by_host[h].get("gpu_problem"),
         )
         for h in dict.fromkeys(names)
     )

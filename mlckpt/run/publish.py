@@ -62,6 +62,7 @@ def manifest_of(
     restored_from: Mapping[str, Any] | None = None,
     witness: Mapping[str, Any] | None = None,
     storage: Mapping[str, Any] | None = None,
+    state: Mapping[str, Any] | None = None,
 ) -> dict[str, Any]:
     """run.json before the result-stage rules add their findings (pure), in the run format the
     rule set's schema pins (rules 1.2 bundles stay run format 3)."""
@@ -74,6 +75,8 @@ def manifest_of(
         extra["witness"] = dict(witness) if witness else None
     if run_format >= 6:  # rules 1.6: where the checkpoints went (a folder, or an object store)
         extra["storage"] = dict(storage) if storage else {"kind": "posix"}
+    if run_format >= 7:  # rules 1.7: where the state lived (null: host memory; or the GPU source)
+        extra["state"] = dict(state) if state else None
     return {
         "run_format": run_format,
         **extra,

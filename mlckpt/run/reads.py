@@ -5,6 +5,7 @@ against the content its writer stamped."""
 from __future__ import annotations
 
 import itertools
+import time
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from functools import partial
@@ -38,6 +39,7 @@ class ReadPhase:
     writer_hosts: frozenset[str]
     tags: Mapping[int, int]  # checkpoint -> the run id its page tags carry, when witnessed
     store: Any = None  # object storage (rules 1.6): the engine's Store; root is then an ObjectPath
+    dev: Any = None  # GPU-resident state (rules 1.7): each restore ends in device memory
 
     def pid(self, rd: Any, c: int) -> engine.PageId:
         """What the pages of ``rd`` in checkpoint ``c`` must carry (its writer stamped it)."""
@@ -46,6 +48,8 @@ class ReadPhase:
     def run(self, nw: int, nr: int) -> list[dict[str, Any]]:
         """Every restore; returns all ranks' records on rank 0, else []."""
         scratch = engine.alloc(engine.VERIFY_SCRATCH_BYTES)
+        if self.dev is not None:  # training has stopped: its last kernels end before the restores
+            self.dev.settle()
         records: list[dict[str, Any]] = []
         for k in range(1, nr + 1):
             rec = self.restore(k, (k - 1) % nw + 1, nw, scratch)
@@ -94,13 +98,26 @@ class ReadPhase:
             engine.FileIO(p, self.arena[self.offsets[i] : self.offsets[i + 1]], rd.file.bytes)
             for i, (p, rd) in enumerate(zip(paths, self.reads, strict=True))
         ]
+        copied: dict[str, int] = {}
         rec = self.timer(
-            "read", k, c, partial(engine.read_files, files, ropts), nbytes, len(self.reads), ropts
+            "read", k, c, partial(self.read_to_device, files, ropts, copied), nbytes, len(self.reads), ropts
         )
-        rec.update(resident_bytes=resident, cached_check_bytes=nbytes, tier=tier)
+        rec.update(resident_bytes=resident, cached_check_bytes=nbytes, tier=tier, **copied)
         with self.job.step(f"verify restore {k}"):
+            if self.dev is not None:  # verify what the device holds: copied back over wiped tags
+                engine.wipe_tags(self.arena, self.offsets[-1])
+                self.dev.download(self.arena, self.offsets[-1])
             rec.update(self.verify(k, c, files, scratch))
         return rec
+
+    def read_to_device(self, files: Sequence[engine.FileIO], ropts: engine.IOOptions,
+                       copied: dict[str, int]) -> None:
+        """The timed restore: the files into the arena, then (GPU source) into device memory."""
+        engine.read_files(files, ropts)
+        if self.dev is not None:
+            t0 = time.perf_counter_ns()
+            self.dev.upload(self.arena, self.offsets[-1])
+            copied["device_copy_ns"] = time.perf_counter_ns() - t0
 
     def restore_objects(self, k: int, c: int, cdir: Any, nbytes: int, scratch: Any) -> dict[str, Any]:
         """Restore k of checkpoint c from object storage: ranged GETs (timed), then verify."""

@@ -28,7 +28,7 @@ from mlckpt.errors import MlckptError, RunFailure
 from mlckpt.host.facts import block_device, counters_sample
 from mlckpt.locations import s3_settings
 from mlckpt.plan.config import SHIPPED, ConfigSource
-from mlckpt.run import objectstore
+from mlckpt.run import gpustate, objectstore
 from mlckpt.run.cleanup import Created, sweep_run
 from mlckpt.run.collective import Job, MPIDone, OpTimer
 from mlckpt.run.configure import Configured, configure, mpi_library, resolve_signing_key
@@ -94,7 +94,8 @@ def gate(job: Job, c: Configured) -> Gates:
         if names.index(job.host) == job.rank and objectstore.is_objects(cfg["checkpoint"]["folder"]):
             local = measure_object_host(job.host, cfg, mpi_library(), results)
         elif names.index(job.host) == job.rank:
-            local = measure_host(job.host, folder, cfg["io"], c.pipe.fast, mpi_library(), results)
+            local = measure_host(job.host, folder, cfg["io"], c.pipe.fast, mpi_library(), results,
+                                 cfg.get("state"))
         # The other ranks wait asleep: MPI's busy-polling collectives would halve the memory copy
         # rate a leader measures on a host with as many ranks as cores.
         job.idle_barrier()
@@ -221,19 +222,23 @@ def evict_written(job: Job, c: Configured, folders: Folders, created: Created, l
         job.faults.after_writes(job.rank, folders.root, fast, c.setup.plan, nw)
 
 
-def phases(job: Job, c: Configured, gates: Gates, created: Created, ident: tuple[RunId, bytes],
-           witness: Witnessing | None) -> tuple[RunId, list[dict[str, Any]]]:
-    """Folders, allocation, the writes, eviction, the restores.  Returns the run's identity and
-    the records (rank 0; other ranks: none)."""
-    cfg, plan, ck = c.config, c.setup.plan, c.config["checkpoint"]
-    files = not objectstore.is_objects(ck["folder"])  # object runs: no O_DIRECT, no page cache to skip
-    opts = engine.IOOptions(
+def timer_opts(cfg: Mapping[str, Any]) -> engine.IOOptions:
+    """The I/O options of every op (object runs: no O_DIRECT, no page cache to skip)."""
+    files = not objectstore.is_objects(cfg["checkpoint"]["folder"])
+    return engine.IOOptions(
         direct=cfg["io"]["direct"] and files,
         dontcache=cfg["io"]["dontcache"] and files,
         threads=cfg["io"]["threads"],
         block_size=cfg["io"]["block_size"],
-        fsync=ck["fsync"],
+        fsync=cfg["checkpoint"]["fsync"],
     )
+
+
+def phases(job: Job, c: Configured, gates: Gates, created: Created, ident: tuple[RunId, bytes],
+           witness: Witnessing | None) -> tuple[RunId, list[dict[str, Any]], dict[str, Any] | None]:
+    """Folders, allocation, the writes, eviction, the restores.  Returns the run's identity, the
+    records and run.json's state block (rank 0; other ranks: none)."""
+    cfg, plan, ck = c.config, c.setup.plan, c.config["checkpoint"]
     folders = make_folders(job, c, gates, created, *ident)
     timer = op_timer(job, c, gates, folders, created)
     timer.witness = witness
@@ -247,6 +252,29 @@ def phases(job: Job, c: Configured, gates: Gates, created: Created, ident: tuple
             int(cfg["stream_buffer_bytes"]) if stream else max(own[-1], rd_offsets[-1], PAGE)
         )
     timer.state = arena
+    dev, state = None, None
+    if gpustate.wanted(cfg):
+        with job.step("GPU state"):
+            dev, mine_gpu = gpustate.open_gpu(job, cfg, gates, arena)
+        entries = job.comm.gather(mine_gpu["entry"], root=0)
+        state = gpustate.state_block(mine_gpu, entries) if job.rank == 0 else None
+    try:
+        run_id, records = _io_phases(job, c, gates, created, folders, timer, arena, (own, rd_offsets), dev)
+    finally:
+        if dev is not None:
+            dev.close()
+    return run_id, records, state
+
+
+def _io_phases(job: Job, c: Configured, gates: Gates, created: Created, folders: Folders, timer: OpTimer,
+               arena: Any, offs: tuple[list[int], list[int]], dev: Any) -> tuple[RunId, list[dict[str, Any]]]:
+    """The writes, eviction and the restores, from ``arena`` (and ``dev``, a GPU-resident state)."""
+    cfg, plan, ck = c.config, c.setup.plan, c.config["checkpoint"]
+    own, rd_offsets = offs
+    mine = plan.rank_plans[job.rank].files
+    reads = plan.restore_reads(job.rank, ck["restore"], gates.shift)
+    stream = cfg["residency"] == "stream"
+    opts = timer_opts(cfg)
     if stream:
         job.say(
             "residency=stream: content generation (writes) and verification (reads) run "
@@ -257,7 +285,7 @@ def phases(job: Job, c: Configured, gates: Gates, created: Created, ident: tuple
     records: list[dict[str, Any]] = []
     if c.source is None:
         w = WriteState(folders.root, folders.fast_root, mine, own, arena, folders.key, opts, stream, leader,
-                       store=folders.store)
+                       store=folders.store, dev=dev)
         writes = WritePhase(job, c.pipe, w, folders.run.number, timer, created, fast_direct)
         records, tags = writes.run(nw), writes.tags
         evict_written(job, c, folders, created, leader, nw)
@@ -281,6 +309,7 @@ def phases(job: Job, c: Configured, gates: Gates, created: Created, ident: tuple
         frozenset(gates.rank_hosts[rd.writer] for rd in reads),
         tags,
         folders.store,
+        dev,
     ).run(nw, nr)
     return folders.run, records
 
@@ -294,6 +323,7 @@ def publish(
     started: str,
     signing_key: Any,
     witness: Witnessing | None = None,
+    state: Mapping[str, Any] | None = None,
 ) -> Path:
     """Rank 0: summary, manifest, the result-stage rules, then the signed bundle."""
     s, cfg = c.setup, c.config
@@ -313,6 +343,7 @@ def publish(
         restored_from=c.source.manifest_entry() if c.source else None,
         witness=witness.block(int(cfg["checkpoint"]["num_writes"])) if witness else None,
         storage=objectstore.storage_block(cfg, objectstore.open_store(cfg)[0] if objects else None),
+        state=state,
     )
     summary = summary_of(s, records, manifest, system)
     bound = s.rules.data["cold_read"]["max_resident_fraction"]
@@ -371,13 +402,13 @@ def run(job: Job, overrides: Sequence[str], source: ConfigSource = SHIPPED) -> t
     witness = Witnessing.open(job, cfg, c.setup.plan.digest, ident[0].number, ident[0].name)
     stage = job.console.stage if job.rank == 0 else (lambda _: None)
     with Created(bool(cfg["checkpoint"]["keep"]), between=lambda: final_barrier(job), stage=stage) as created:
-        run_id, records = phases(job, c, gates, created, ident, witness)
+        run_id, records, state = phases(job, c, gates, created, ident, witness)
     folder, failure = None, None
     if job.rank == 0:
         try:
             if witness is not None:
                 witness.close()
-            folder = publish(job, c, gates, run_id, records, started, key, witness)
+            folder = publish(job, c, gates, run_id, records, started, key, witness, state)
         except BaseException as exc:  # the other ranks wait for the verdict: tell them, then fail
             failure = exc
     verdict = job.comm.bcast(read_verdict(folder) if folder is not None else "no bundle")

@@ -48,6 +48,7 @@ class WriteState:
     staging: Any = None  # async: the snapshot's host staging copy of the state
     ring: Any = None  # tiers: the drain's bounded buffer
     store: Any = None  # object storage (rules 1.6): the engine's Store; root is then an ObjectPath
+    dev: Any = None  # GPU-resident state (rules 1.7): the engine's DeviceState; arena is its bounce
 
     @property
     def nbytes(self) -> int:
@@ -151,6 +152,9 @@ class WritePhase:
             if not w.stream:
                 for i, f in enumerate(w.mine):
                     engine.fill(w.arena[w.offsets[i] : w.offsets[i + 1]], f.bytes, w.key, self.pid(k, i))
+            if w.dev is not None:  # training made the new state on the GPU: only its bytes may persist
+                w.dev.upload(w.arena, w.offsets[-1])
+                engine.wipe_tags(w.arena, w.offsets[-1])
             if w.leader and w.store is None:  # objects need no folders
                 for base in (w.root, w.fast_root):
                     if base is not None:
@@ -267,6 +271,8 @@ class WritePhase:
         if pipe.mode == "async":
             with self.job.step("staging allocation"):
                 w.staging = engine.alloc(max(w.offsets[-1], PAGE))
+                if w.dev is not None:
+                    w.dev.pin(w.staging)
         if pipe.tiered:
             with self.job.step("drain buffer allocation"):
                 w.ring = engine.alloc(pipe.drain_ring_bytes(w.opts.threads, w.opts.block_size))
@@ -329,9 +335,15 @@ class WritePhase:
         fast = pipe.blocking == FAST
         opts = self.fast(w.opts) if fast else w.opts
         t0 = time.perf_counter_ns()
-        if pipe.blocking == MEMORY:
+        if pipe.blocking == MEMORY and w.dev is not None:  # the snapshot is the device's copy out
+            w.dev.download(w.staging, w.offsets[-1])
+            info["device_copy_ns"] = time.perf_counter_ns() - t0
+        elif pipe.blocking == MEMORY:
             engine.snapshot(w.staging, w.arena, w.offsets[-1], w.opts.threads)
         else:
+            if w.dev is not None:  # sync: out of the device into the pinned bounce, then to storage
+                w.dev.download(w.arena, w.offsets[-1])
+                info["device_copy_ns"] = time.perf_counter_ns() - t0
             self.write_to(k, w.fast_root if fast else w.root, w.arena, opts)  # type: ignore[arg-type]
         t1 = time.perf_counter_ns()
         info["stage"] = {"tier": pipe.blocking, "t0_ns": t0, "t1_ns": t1, "bytes": w.nbytes}
@@ -365,6 +377,8 @@ class WritePhase:
             compute_ns=0,
             stages=[info["stage"]],
         )
+        if "device_copy_ns" in info:
+            rec["device_copy_ns"] = info["device_copy_ns"]
         recs = self.job.comm.gather(rec, root=0)
         if self.job.rank == 0:
             self.job.say(
@@ -375,9 +389,11 @@ class WritePhase:
         # Training: the next checkpoint's content is made, then the rest of the interval.
         if k < nw:
             self.prepare(k + 1)
-        rest = rec["staged_ns"] + int(self.pipe.compute_interval_s * 1e9) - time.perf_counter_ns()
-        if rest > 0:
-            time.sleep(rest / 1e9)
+        until = rec["staged_ns"] + int(self.pipe.compute_interval_s * 1e9)
+        if self.w.dev is not None:  # the GPU trains through the interval (kernels of its own stream)
+            self.w.dev.train(until)
+        else:
+            time.sleep(max(0, until - time.perf_counter_ns()) / 1e9)
         rec["compute_ns"] = time.perf_counter_ns() - rec["staged_ns"]
         return rec
 
