@@ -154,7 +154,8 @@ def main(argv: list[str] | None = None) -> int:
     ms, mc, mb = statistics.median(stalls), statistics.median(copies), statistics.median(bare)
     print(f"\n{args.ranks} ranks on {info['device']}, {total / GiB:.3f} GiB per checkpoint "
           f"({min(info['rank_bytes']) / GiB:.3f}..{max(info['rank_bytes']) / GiB:.3f} GiB per rank); "
-          f"probe d2h per rank alone {min(info['probe_d2h_gib_s']):.1f}..{max(info['probe_d2h_gib_s']):.1f} GiB/s")
+          f"probe d2h per rank alone {min(info['probe_d2h_gib_s']):.1f}.."
+          f"{max(info['probe_d2h_gib_s']):.1f} GiB/s")
     print(f"median stall {ms * 1e3:.1f} ms (device copy {mc * 1e3:.1f} ms), bare copy {mb * 1e3:.1f} ms "
           f"= {total / mb / GiB:.1f} GiB/s aggregate")
     print(f"RATIO stall / bare copy: {ms / mb:.2f} (target <= 1.2); device copy / bare copy {mc / mb:.2f}")

@@ -92,6 +92,12 @@ S3_BLOCK = {"kind": "s3", "client": "botocore 1.44.8", "endpoint_host": "s3.exam
             "addressing_style": "path", "verify_tls": True}
 
 
+GPU_BLOCK = {"source": "gpu", "library": "torch", "library_version": "2.11.0", "copy_path": "pinned",
+             "ranks": [{"rank": r, "host": "vm", "device": "cuda:0", "device_type": "cuda",
+                        "device_name": "NVIDIA H200", "d2h_gib_s": 50.0, "h2d_gib_s": 50.0}
+                       for r in range(4)]}
+
+
 def setitem(path: str, value: Any) -> Callable[[Any], None]:
     """An editor setting dotted ``path`` (list indexes as numbers) to ``value``."""
     def edit(doc: Any) -> None:
@@ -310,6 +316,18 @@ NEGATIVE_CASES: dict[str, list[Case]] = {
         C("expected storage.kind='s3', got 'posix'", mutate=lambda f: edit_yaml(f, "config.yaml", lambda c: (
             c["checkpoint"].update(folder="s3://ckpt/runs")))),
     ],
+    # --- GPU-resident state (rules 1.7): a host-memory bundle claiming a GPU source, or the reverse
+    "GPU-MODES": [C("got checkpoint.tiers.fast=/nvme/fast", mutate=lambda f: edit_yaml(
+        f, "config.yaml", lambda c: (c["state"].update(source="gpu"), c["checkpoint"].update(
+            tiers={"fast": "/nvme/fast", "fast_keep": 1}))))],
+    "GPU-SOURCE-RECORDED": [
+        C("expected state: null (host memory), got state.source='gpu'", mutate=lambda f: edit_json(
+            f, "run.json", setitem("state", GPU_BLOCK))),
+        C("expected state.source='gpu', got None", mutate=lambda f: edit_yaml(
+            f, "config.yaml", lambda c: c["state"].update(source="gpu"))),
+        C("expected no device copies in a run with its state in host memory, got device_copy_ns",
+          mutate=first("read", lambda r: r.update(device_copy_ns=1000))),
+    ],
     # --- result stage (the runner's own result checks, recomputed from the raw records)
     "RESULT-CONSISTENT": [
         C("expected run.json ranks=4, got 8", mutate=lambda f: edit_json(
@@ -454,7 +472,7 @@ NEGATIVE_CASES: dict[str, list[Case]] = {
         C("config.yaml", mutate=lambda f: (f / "config.yaml").write_text(
             "anchor: &a [1, 2]\n" + (f / "config.yaml").read_text() + "again: *a\n")),
     ],
-    "RULES-VERSION": [C("expected one of 1.0, 1.1, 1.2, 1.3, 1.4, 1.5, 1.6, mlps-v3.0, got '9.9'",
+    "RULES-VERSION": [C("expected one of 1.0, 1.1, 1.2, 1.3, 1.4, 1.5, 1.6, 1.7, mlps-v3.0, got '9.9'",
                         predicate={"rules_version": "9.9"})],
     "BUNDLE-PREDICATE": [C("expected workload='llama3_70b' as signed in the statement, "
                            "got workload='llama3_8b'", predicate={"workload": "llama3_70b"})],
@@ -557,7 +575,8 @@ def test_every_rule_a_bundle_can_break_has_a_case() -> None:
     # need the runner's own host measurements (a fact in rules.yaml) cannot be broken by a bundle
     no_bundle_data = {r.id for r in load_rules().rules if "host_measurements" in r.needs}
     assert no_bundle_data == {"DISK-SPACE", "FOLDER-USABLE", "TIER-SPACE", "TIER-USABLE", "IO-ENGINE",
-                              "RESULTS-APART", "HOST-CLOCK-OFFSET", "OBJECT-STORE-USABLE"}
+                              "RESULTS-APART", "HOST-CLOCK-OFFSET", "OBJECT-STORE-USABLE",
+                              "GPU-USABLE"}
     # the cross-examination rules (1.2) have their cases in the forgery suite, the transcript
     # rules (1.4) theirs in tests/test_witness_run.py (bundles of real witnessed runs)
     from test_witness_run import FORGERIES as WITNESS_FORGERIES
@@ -868,9 +887,9 @@ def test_missing_trusted_keys_is_a_usage_error(honest_bundles: dict[str, Path], 
 def test_forced_rules_version_and_jobs_agree(honest_bundles: dict[str, Path], tmp_path: Path) -> None:
     root = honest_tree(tmp_path / "t", honest_bundles)
     a = check(root, honest_bundles, jobs=1)
-    b = check(root, honest_bundles, jobs=2, forced_rules="1.6")
+    b = check(root, honest_bundles, jobs=2, forced_rules="1.7")
     assert a["bundles"] == b["bundles"] and a["exit_status"] == b["exit_status"] == 0
-    assert b["rules_versions"] == ["1.6"]
+    assert b["rules_versions"] == ["1.7"]
     # An older rules version judges these newer bundles by its own schemas: records format 3 is
     # not one of them, so they fail there (never silently pass).
     old = check(root, honest_bundles, jobs=2, forced_rules="1.1")

@@ -226,6 +226,19 @@ NEGATIVE: list[tuple[str, Callable[[], Context], list[str]]] = [
      ["got residency=stream, checkpoint.fsync=false"]),
     ("OBJECT-MODES", lambda: raw_ctx(f"checkpoint.folder={S3}", "witness.url=http://127.0.0.1:8470"),
      ["got witness.url"]),
+    ("GPU-USABLE", lambda: ctx_of("division=open", "state.source=gpu", hosts=hosts8(
+        gpu_problem="no CUDA device (torch 2.13.0+cpu, built for CUDA none)")),
+     ["host h0: state.source=gpu needs the array library (pip install 'mlckpt[gpu]') and a CUDA device on "
+      "every host: no CUDA device (torch 2.13.0+cpu, built for CUDA none)"]),
+    ("GPU-MODES", lambda: raw_ctx("division=open", "state.source=gpu", "checkpoint.tiers.fast=/nvme/x"),
+     ["a run with its state in GPU memory is sync or async on one tier of files, with full residency, writes "
+      "and restores in one invocation, and is not witnessed (what the GPU source carries today): expected "
+      "one tier of files, residency=full, one invocation, no witness, got checkpoint.tiers.fast=/nvme/x"]),
+    ("GPU-MODES", lambda: raw_ctx("division=open", "state.source=gpu", "residency=stream",
+                                  f"checkpoint.folder={S3}"),
+     [f"got residency=stream, checkpoint.folder={S3}"]),
+    ("GPU-MODES", lambda: raw_ctx("division=open", "state.source=gpu", "witness.url=http://127.0.0.1:8470"),
+     ["got witness.url"]),
     ("FOLDER-USABLE", lambda: ctx_of(hosts=hosts8(folder_problem="/ckpt is not writable")),
      ["host h0: the checkpoint folder must be a writable directory holding no foreign files: "
       "/ckpt is not writable"]),
@@ -336,6 +349,11 @@ POSITIVE: list[tuple[str, Callable[[], Context]]] = [
     ("OBJECT-STORE-USABLE", lambda: ctx_of(hosts=hosts8(store_problem="no S3 credentials found"))),
     ("OBJECT-MODES", lambda: ctx_of("division=open", f"checkpoint.folder={S3}", "checkpoint.mode=async")),
     ("OBJECT-MODES", lambda: ctx_of("division=open", "residency=stream")),  # files: any residency
+    ("GPU-USABLE", lambda: ctx_of("division=open", "state.source=gpu", hosts=hosts8(gpu_problem=None))),
+    # host memory: a GPU problem measured on a host is no finding for a run that does not use one
+    ("GPU-USABLE", lambda: ctx_of(hosts=hosts8(gpu_problem="no CUDA device"))),
+    ("GPU-MODES", lambda: ctx_of("division=open", "state.source=gpu", "checkpoint.mode=async")),
+    ("GPU-MODES", lambda: ctx_of("division=open", "residency=stream")),  # host memory: any residency
     ("HOST-CLOCK-OFFSET", lambda: ctx_of(hosts=(HostSpec("h0", tuple(range(8)), clock_offset_s=0.0),
                                                 HostSpec("h1", tuple(range(8, 16)), clock_offset_s=0.999)))),
     ("RESULTS-APART", lambda: ctx_of(hosts=hosts8(results_same_fs=False))),
@@ -400,7 +418,7 @@ PRE_IO_RULES = {
     "CLOSED-RANKS-PER-HOST", "CLOSED-ACCELERATOR-MEMORY", "HOST-MEMORY", "DISK-SPACE", "FOLDER-USABLE",
     "IO-ENGINE", "RESULTS-APART",
     "ASYNC-RESIDENCY", "TIERS-DISTINCT", "TIER-SPACE", "TIER-USABLE", "WITNESS-MODE", "HOST-CLOCK-OFFSET",
-    "OBJECT-MODES", "OBJECT-STORE-USABLE"}
+    "OBJECT-MODES", "OBJECT-STORE-USABLE", "GPU-MODES", "GPU-USABLE"}
 
 
 def test_every_pre_io_rule_has_a_failing_and_a_passing_case() -> None:
@@ -436,7 +454,7 @@ def test_default_closed_plan_has_no_findings() -> None:
     assert {r for r, _ in ev.not_checked} == {
         "CLOSED-RANKS-PER-HOST", "CLOSED-ACCELERATOR-MEMORY", "HOST-MEMORY", "DISK-SPACE", "FOLDER-USABLE",
         "TIER-SPACE", "TIER-USABLE", "IO-ENGINE", "RESULTS-APART",
-        "HOST-CLOCK-OFFSET", "OBJECT-STORE-USABLE"}  # measured by the runner's gates only
+        "HOST-CLOCK-OFFSET", "OBJECT-STORE-USABLE", "GPU-USABLE"}  # measured by the runner's gates only
 
 
 def test_closed_rules_do_not_apply_to_open_division() -> None:
@@ -646,7 +664,7 @@ def test_rule_data_is_well_formed() -> None:
         assert set(r.divisions) <= {"closed", "open"} and r.divisions
         assert r.check in CHECKS
         assert "{actual}" in r.message
-    assert RS.version == "1.6"
+    assert RS.version == "1.7"
     assert RS.closed["num_writes"] == RS.closed["num_reads"] == 10
     assert RS.closed["min_ranks_per_host"] == 4
     assert {k: RS.accelerators[k] for k in ("h100", "h200", "b200", "mi300x", "mi355x")} == {
@@ -663,7 +681,7 @@ def test_load_rules_unknown_version() -> None:
     with pytest.raises(ConfigError) as exc:
         load_rules("9.9")
     assert str(exc.value) == ("rules_version: unknown rules version '9.9'; known: 1.0, 1.1, 1.2, 1.3, 1.4, "
-                              "1.5, 1.6, mlps-v3.0")
+                              "1.5, 1.6, 1.7, mlps-v3.0")
     assert exc.value.key == "rules_version"
     assert exc.value.exit_status == 2
 

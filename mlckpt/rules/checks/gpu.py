@@ -58,7 +58,8 @@ def gpu_source_recorded(ctx: Context, rs: RuleSet, rule: Rule) -> Iterator[Outco
         return
     block, want = d.run.get("state"), gpu_source(d.config)
     if not want:
-        yield Outcome(block is None, "state: null (host memory)", f"{block!r}"[:80], where="run.json")
+        got = f"state.source={block.get('source')!r}" if isinstance(block, Mapping) else f"{block!r}"[:80]
+        yield Outcome(block is None, "state: null (host memory)", got, where="run.json")
         yield from _no_device_copies(d.records)
         return
     if not isinstance(block, Mapping) or block.get("source") != "gpu":
@@ -70,6 +71,13 @@ def gpu_source_recorded(ctx: Context, rs: RuleSet, rule: Rule) -> Iterator[Outco
     for rank, entry in sorted(ranks.items()):
         yield Outcome(entry.get("device_type") == "cuda", "a CUDA device",
                       f"{entry.get('device_type')} ({entry.get('device_name')})", where=f"rank {rank}")
+    for h in d.system.get("hosts", []):  # the hosts' own facts name the devices the ranks claim
+        g = h.get("gpus") or {}
+        names = sorted({str(e.get("device_name")) for e in ranks.values()
+                        if e.get("host") == h.get("hostname")})
+        yield Outcome(g.get("device_type") == "cuda" and set(names) <= set(g.get("names") or ()),
+                      f"CUDA devices {names}", f"{g.get('device_type')} {g.get('names')}",
+                      where=f"host {h.get('hostname')}")
     multiple = float(rs.data.get("gpu_evidence", {}).get("copy_rate_multiple", 1.5))
     for r in d.records:
         yield from _copy_evidence(r, ranks.get(int(r["rank"]), {}), multiple)
