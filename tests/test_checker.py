@@ -318,8 +318,8 @@ NEGATIVE_CASES: dict[str, list[Case]] = {
     ],
     # --- GPU-resident state (rules 1.7): a host-memory bundle claiming a GPU source, or the reverse
     "GPU-MODES": [C("got checkpoint.tiers.fast=/nvme/fast", mutate=lambda f: edit_yaml(
-        f, "config.yaml", lambda c: (c["state"].update(source="gpu"), c["checkpoint"].update(
-            tiers={"fast": "/nvme/fast", "fast_keep": 1}))))],
+        f, "config.yaml", lambda c: c.update(state={"source": "gpu", "gpu": {"device": None}}, checkpoint={
+            **c["checkpoint"], "tiers": {"fast": "/nvme/fast", "fast_keep": 1}})))],
     "GPU-SOURCE-RECORDED": [
         C("expected state: null (host memory), got state.source='gpu'", mutate=lambda f: edit_json(
             f, "run.json", setitem("state", GPU_BLOCK))),
