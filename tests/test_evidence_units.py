@@ -154,3 +154,20 @@ def test_a_barrier_overlapped_by_background_persists_gets_the_busy_allowance() -
     assert "rank 1 90.0 ms" in str(bad.actual)
     too_late = [*base, write(0, 2, 100 * ms, 10 * ms, 500 * ms), write(1, 2, 260 * ms, 10 * ms, 500 * ms)]
     assert len(judge(start_skew, too_late)) == 1  # 160 ms: beyond even the busy allowance
+
+
+def test_a_hosts_rate_is_its_bytes_over_the_window_its_ranks_span() -> None:
+    """Two ranks' memory stages of 10 ms each, one after the other: the host moved its bytes in
+    20 ms, not in one rank's 10 ms (an honest async run under load staggers them this way)."""
+    from mlckpt.rules.checks.evidence import _host_rates
+
+    def write(rank: int, t0: int) -> dict[str, Any]:
+        return {"op": "write", "index": 1, "rank": rank, "host": "h", "t0_ns": 0, "t1_ns": 50_000_000,
+                "bytes": 2**30, "stages": [{"tier": "memory", "t0_ns": t0, "t1_ns": t0 + 10_000_000}]}
+
+    [(host, rate, total)] = list(_host_rates([write(0, 0), write(1, 10_000_000)], "memory"))
+    assert (host, total) == ("h", 2**31) and rate == pytest.approx(2**31 / 0.020)
+    [(_, overlapping, _)] = list(_host_rates([write(0, 0), write(1, 0)], "memory"))
+    assert overlapping == pytest.approx(2**31 / 0.010)
+    [(_, op_rate, _)] = list(_host_rates([write(0, 0), write(1, 0)]))  # the ops' own [t0, t1]
+    assert op_rate == pytest.approx(2**31 / 0.050)

@@ -260,8 +260,9 @@ def test_a_rank_killed_mid_write_leaves_nothing(world: dict[str, Any], tmp_path:
     err = proc.stderr
     url = re.escape(f"{world['folder']}/") + r"\S+-llama3_8b-4r-[0-9a-f]{16}/ckpt-0001/zero_pp_rank_2_\S+"
     assert re.search(
-        rf"^mlckpt: error: rank 2 on \S+ \(pid \d+\) died during write 1 \(killed by signal 9, "
-        rf"SIGKILL\), writing {url} \(\+1 more\); the MPI job was ended; ",
+        # the signal is named when the guardian saw the exit before the proxy reaped it (test_faults)
+        rf"^mlckpt: error: rank 2 on \S+ \(pid \d+\) died during write 1( \(killed by signal 9, "
+        rf"SIGKILL\))?, writing {url} \(\+1 more\); the MPI job was ended; ",
         err,
         re.M,
     ), err

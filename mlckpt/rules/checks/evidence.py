@@ -288,20 +288,24 @@ def host_clocks(ctx: Context, rs: RuleSet, rule: Rule) -> Iterator[Outcome | Not
 
 
 def _host_rates(recs: Sequence[Rec], tier: str | None = None) -> Iterator[tuple[str, float, int]]:
-    """(host, bytes per second, bytes) of each host in one op (its slowest rank's span)."""
+    """(host, bytes per second, bytes) of each host in one op: its ranks' bytes over the window
+    from the first rank's start to the last rank's end.  The window, not the slowest rank's own
+    span: ranks whose stages did not overlap (an async snapshot after different back-pressure
+    waits) did not move their bytes at once, and summing them over one span overstated the host's
+    rate 4× in an honest run under load."""
     for host, hr in sorted(_by_host(recs).items()):
         if tier is None:
-            span = max(int(r["t1_ns"]) - int(r["t0_ns"]) for r in hr)
+            windows = [(int(r["t0_ns"]), int(r["t1_ns"])) for r in hr]
         else:
-            spans = [
-                int(s["t1_ns"]) - int(s["t0_ns"])
+            windows = [
+                (int(s["t0_ns"]), int(s["t1_ns"]))
                 for r in hr
                 for s in r.get("stages", ())
                 if s.get("tier") == tier
             ]
-            if not spans:
+            if not windows:
                 continue
-            span = max(spans)
+        span = max(b for _, b in windows) - min(a for a, _ in windows)
         total = sum(int(r["bytes"]) for r in hr)
         if span > 0 and total > 0:
             yield host, total / (span / 1e9), total
