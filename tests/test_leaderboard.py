@@ -1058,3 +1058,18 @@ def test_compare_puts_a_dlio_result_beside_a_bundle_labelled_unverified(
     (bad / "summary.json").write_text("{}")
     assert cli.run(["compare", str(a), str(bad)]) == 2
     assert "neither an mlckpt bundle nor a DLIO checkpointing result" in capsys.readouterr().err
+
+
+def test_a_gpu_source_run_has_a_class_of_its_own(golden_tree: Path,
+                                                 golden_board: leaderboard.Leaderboard) -> None:
+    """Its stall is a device copy, not a host memcpy: never ranked against host-memory runs."""
+    from checker.leaderboard.model import entry_from_docs
+
+    _, folder = _bundle_of(golden_tree, golden_board, "async", "acme")
+    docs = {n: json.loads((folder / f"{n}.json").read_text()) for n in ("run", "summary", "system")}
+    config = yaml.safe_load((folder / "config.yaml").read_text())
+    host = entry_from_docs(str(folder), "acme", "fast", docs["run"], config, docs["summary"], docs["system"])
+    config["state"] = {"source": "gpu", "gpu": {"device": None}}
+    gpu = entry_from_docs(str(folder), "acme", "fast", docs["run"], config, docs["summary"], docs["system"])
+    assert (host.pipeline, gpu.pipeline) == ("async", "async+gpu")
+    assert host.class_key != gpu.class_key and gpu.mode.startswith("async+gpu, full, ")

@@ -16,13 +16,14 @@ from checker.leaderboard.sut import dig as _get
 from checker.leaderboard.sut import sut_facts
 from mlckpt import formats
 from mlckpt.errors import InternalError
+from mlckpt.rules.checks.gpu import gpu_source
 from mlckpt.workload.model import ModelShape
 from mlckpt.workload.pipeline import DURABLE, Pipeline
 
 LEADERBOARD_FORMAT = formats.LEADERBOARD.version  # history: mlckpt/formats.py
 DIVISIONS = ("closed", "open")
 SCALES = ("full", "scaled")
-PIPELINES = ("sync", "sync+tiers", "async", "async+tiers")  # Pipeline.label, in class order
+PIPELINES = ("sync", "sync+tiers", "async", "async+tiers", "sync+gpu", "async+gpu")  # class order
 ID_DOMAIN = "mlckpt-result-id-v1"
 
 
@@ -91,8 +92,8 @@ COLUMNS: tuple[Column, ...] = (
                 "op on its own clock (≥: the bytes over the witness's interval)"),
     Column("mode", "Mode", "text",
            help="checkpoint mode (sync / async; +tiers: written to a fast tier first, drained to the "
-                "durable one in the background), residency (full state / stream), I/O path "
-                "(direct / buffered / dontcache), scale"),
+                "durable one in the background; +gpu: the state in GPU memory), residency (full state / "
+                "stream), I/O path (direct / buffered / dontcache), scale"),
 )
 COLUMN = {c.key: c for c in COLUMNS}
 SORT_NOTE = ("sorted by write bandwidth, highest first (ties: read bandwidth, then result ID); "
@@ -140,7 +141,7 @@ class ClassKey:
     division: str
     workload: str
     scale: str  # "full" | "scaled"
-    pipeline: str = "sync"  # Pipeline.label: sync | sync+tiers | async | async+tiers
+    pipeline: str = "sync"  # Pipeline.label: sync | sync+tiers | async | async+tiers (+gpu: GPU state)
 
     @property
     def id(self) -> str:
@@ -364,7 +365,8 @@ def entry_from_docs(path: str, org: str, system: str, run: Mapping[str, Any], co
         restore_bytes=int(summary.get("restore_bytes", 0)),
         read_cold=flag("read_cold"), read_verified=flag("read_verified"),
         metrics={k: _number(summary.get(k)) for k in SUMMARY_NUMBERS},
-        pipeline=pipe.label,
+        # GPU-resident state (rules 1.7): its stall is a device copy, not a host memcpy; its own class
+        pipeline=pipe.label + ("+gpu" if gpu_source(config) else ""),
         tiers=tuple(str(t) for t in tiers) if isinstance(tiers, list) else tuple(pipe.stages),
         compute_interval_s=pipe.compute_interval_s,
         fast_fs=tuple(sorted({t for t in (_text(v) for v in fast_fs.values()) if t})),
