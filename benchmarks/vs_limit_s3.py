@@ -16,8 +16,10 @@ own definition).  Writes put checkpoints 1..W under fresh keys; reads restore th
 order ((k - 1) mod W), every rank reading its own objects (mlckpt runs with rank_shift=0 here);
 everything is deleted at the end of a round.  Before each op the raw ranks stay idle as long as
 mlckpt's ranks were before that kind of op in its latest round (content made, restores verified):
-the store gets the same time to settle in both.  It prints every op, then the medians and the
-ratio mlckpt / raw per direction.  A measurement, not a test: the exit status is 0 whatever the
+the store gets the same time to settle in both.  The side that goes first alternates (mlckpt in
+odd rounds, the raw ranks in even ones).  It prints every op with the client's CPU seconds per GiB
+(the rank processes' user + system time over the op), then the medians and the ratio mlckpt / raw
+per direction.  A measurement, not a test: the exit status is 0 whatever the
 ratios.
 """
 
@@ -163,7 +165,7 @@ def _rank(
     import numpy as np
 
     me = RawRank(rank, sizes, a, prefix)
-    times: list[tuple[str, int, float]] = []
+    times: list[tuple[str, int, float, float]] = []
     ops = [("write", k, k) for k in range(1, a.writes + 1)] + [
         ("read", j, (j - 1) % a.writes + 1) for j in range(1, a.reads + 1)
     ]
@@ -173,9 +175,9 @@ def _rank(
             me.fill(k)
         time.sleep(max(0.0, gaps.get(op, 0.0) - (time.perf_counter() - idle)))
         barrier.wait()
-        t0 = time.perf_counter()
+        t0, c0 = time.perf_counter(), time.process_time()
         (me.write if op == "write" else me.read)(k)
-        times.append((op, index, time.perf_counter() - t0))
+        times.append((op, index, time.perf_counter() - t0, time.process_time() - c0))
         if op == "read":
             me.fill(k)
             n = sum(sizes)
@@ -203,7 +205,7 @@ def gaps_of(recs: list[dict[str, Any]]) -> dict[str, float]:
 
 
 def raw_round(
-    plan: list[list[int]], a: argparse.Namespace, gaps: dict[str, float]
+    plan: list[list[int]], a: argparse.Namespace, gaps: dict[str, float], cpu: dict[tuple[str, int], float]
 ) -> dict[tuple[str, int], float]:
     ctx = mp.get_context("spawn")
     barrier, out = ctx.Barrier(len(plan)), ctx.Queue()
@@ -219,13 +221,15 @@ def raw_round(
         p.join()
     total = sum(sum(s) for s in plan)
     ops: dict[tuple[str, int], float] = {}
-    for op, k, _ in got[0][1]:
-        slowest = max(dict(((o, i), t) for o, i, t in times)[(op, k)] for _, times in got)
+    for op, k, _, _ in got[0][1]:
+        slowest = max(dict(((o, i), t) for o, i, t, _ in times)[(op, k)] for _, times in got)
         ops[op, k] = total / slowest
+        cpu[op, k] = sum(dict(((o, i), c) for o, i, _, c in times)[(op, k)] for _, times in got)
     return ops
 
 
-def mlckpt_round(a: argparse.Namespace, work: Path, gaps: dict[str, float]) -> dict[tuple[str, int], float]:
+def mlckpt_round(a: argparse.Namespace, work: Path, gaps: dict[str, float],
+                 cpu: dict[tuple[str, int], float]) -> dict[tuple[str, int], float]:
     args = [
         str(Path(sys.executable).parent / "mlckpt"),
         "run",
@@ -253,6 +257,7 @@ def mlckpt_round(a: argparse.Namespace, work: Path, gaps: dict[str, float]) -> d
     for key in sorted({(r["op"], r["index"]) for r in recs}):
         rs = [r for r in recs if (r["op"], r["index"]) == key]
         ops[key] = sum(r["bytes"] for r in rs) / (max(r["t1_ns"] - r["t0_ns"] for r in rs) / 1e9)
+        cpu[key] = sum(r.get("cpu_ns", 0) for r in rs) / 1e9
     return ops
 
 
@@ -287,21 +292,30 @@ def main() -> int:
             f"endpoint {os.environ['AWS_ENDPOINT_URL']}"
         )
         res: dict[str, dict[str, list[float]]] = {n: {"write": [], "read": []} for n in ("mlckpt", "raw")}
+        cpus: dict[str, dict[str, list[float]]] = {n: {"write": [], "read": []} for n in ("mlckpt", "raw")}
         gaps: dict[str, float] = {}  # mlckpt's, from its latest round; the raw ranks idle as long
         with tempfile.TemporaryDirectory() as work:
             for r in range(1, a.rounds + 1):
-                for name in ("mlckpt", "raw"):
-                    ops = mlckpt_round(a, Path(work), gaps) if name == "mlckpt" else raw_round(plan, a, gaps)
+                # Which goes first alternates: the op after the other's deletions may start on a
+                # busier store.  The raw ranks need mlckpt's idle gaps: round 1 starts with mlckpt.
+                for name in ("mlckpt", "raw") if r % 2 or not gaps else ("raw", "mlckpt"):
+                    cpu: dict[tuple[str, int], float] = {}
+                    ops = (mlckpt_round(a, Path(work), gaps, cpu) if name == "mlckpt"
+                           else raw_round(plan, a, gaps, cpu))
                     if name == "raw":
                         print(f"round {r} raw idle before writes {gaps.get('write', 0):.2f} s, reads "
                               f"{gaps.get('read', 0):.2f} s (mlckpt's medians)")
                     for (op, k), bw in sorted(ops.items()):
                         res[name][op].append(bw)
-                        print(f"round {r} {name:6s} {op} {k}: {bw / GiB:.3f} GiB/s", flush=True)
+                        cpus[name][op].append(cpu[op, k] / (total / GiB))
+                        print(f"round {r} {name:6s} {op} {k}: {bw / GiB:.3f} GiB/s, client CPU "
+                              f"{cpu[op, k] / (total / GiB):.2f} s/GiB", flush=True)
         print("medians (GiB/s) and the ratio mlckpt / raw client:")
         for op in ("write", "read"):
             m, raw = statistics.median(res["mlckpt"][op]), statistics.median(res["raw"][op])
-            print(f"  {op:5s} mlckpt {m / GiB:.3f}  raw {raw / GiB:.3f}  ratio {m / raw:.3f}")
+            mc, rc = (statistics.median(cpus[n][op]) for n in ("mlckpt", "raw"))
+            print(f"  {op:5s} mlckpt {m / GiB:.3f}  raw {raw / GiB:.3f}  ratio {m / raw:.3f}   "
+                  f"client CPU s/GiB mlckpt {mc:.2f}  raw {rc:.2f}")
     return 0
 
 

@@ -8,10 +8,9 @@ from __future__ import annotations
 from collections.abc import Iterator, Mapping
 from typing import Any
 
-from mlckpt.locations import is_object_url
+from mlckpt.rules.checks.objects import beyond_one_tier
 from mlckpt.rules.checks.result import _run
 from mlckpt.rules.engine import Context, NotChecked, Outcome, Rule, RuleSet, checks_table
-from mlckpt.workload.pipeline import Pipeline
 
 
 def gpu_source(config: Mapping[str, Any]) -> bool:
@@ -25,18 +24,7 @@ def gpu_modes(ctx: Context, rs: RuleSet, rule: Rule) -> Outcome:
     (a witnessed write restamps the host buffer's tags, which the GPU source wipes)."""
     if not gpu_source(ctx.config):
         return Outcome(True)
-    pipe = Pipeline.of(ctx.config)
-    bad = []
-    if pipe.tiered:
-        bad.append(f"checkpoint.tiers.fast={pipe.fast}")
-    if ctx.get("residency") == "stream":
-        bad.append("residency=stream")
-    if is_object_url(ctx.get("checkpoint.folder")):
-        bad.append(f"checkpoint.folder={ctx.get('checkpoint.folder')}")
-    if ctx.get("checkpoint.restore_from"):
-        bad.append("checkpoint.restore_from (a read-only invocation)")
-    if ctx.get("witness.url"):
-        bad.append("witness.url")
+    bad = beyond_one_tier(ctx, objects=True)
     return Outcome(not bad, "one tier of files, residency=full, one invocation, no witness", ", ".join(bad))
 
 

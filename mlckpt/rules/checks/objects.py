@@ -12,23 +12,33 @@ from mlckpt.rules.engine import Context, NotChecked, Outcome, Rule, RuleSet, che
 from mlckpt.workload.pipeline import Pipeline
 
 
-def object_modes(ctx: Context, rs: RuleSet, rule: Rule) -> Outcome:
-    """OBJECT-MODES: an object run is sync or async on one tier, full residency, fsync on, one
-    invocation, not witnessed (the modes the object engine carries today)."""
-    if not is_object_url(ctx.get("checkpoint.folder")):
-        return Outcome(True)
+def beyond_one_tier(ctx: Context, *, fsync: bool = False, objects: bool = False) -> list[str]:
+    """What a configuration asks beyond one tier with full residency, in one invocation, not
+    witnessed (what the object engine and the GPU source carry today); ``fsync``: also a run
+    without fsync, ``objects``: also a folder on object storage."""
     pipe = Pipeline.of(ctx.config)
     bad = []
     if pipe.tiered:
         bad.append(f"checkpoint.tiers.fast={pipe.fast}")
     if ctx.get("residency") == "stream":
         bad.append("residency=stream")
-    if ctx.get("checkpoint.fsync") is False:
+    if fsync and ctx.get("checkpoint.fsync") is False:
         bad.append("checkpoint.fsync=false")
+    if objects and is_object_url(ctx.get("checkpoint.folder")):
+        bad.append(f"checkpoint.folder={ctx.get('checkpoint.folder')}")
     if ctx.get("checkpoint.restore_from"):
         bad.append("checkpoint.restore_from (a read-only invocation)")
     if ctx.get("witness.url"):
         bad.append("witness.url")
+    return bad
+
+
+def object_modes(ctx: Context, rs: RuleSet, rule: Rule) -> Outcome:
+    """OBJECT-MODES: an object run is sync or async on one tier, full residency, fsync on, one
+    invocation, not witnessed (the modes the object engine carries today)."""
+    if not is_object_url(ctx.get("checkpoint.folder")):
+        return Outcome(True)
+    bad = beyond_one_tier(ctx, fsync=True)
     return Outcome(
         not bad, "one tier, residency=full, checkpoint.fsync=true, one invocation, no witness", ", ".join(bad)
     )
