@@ -365,8 +365,7 @@ def entry_from_docs(path: str, org: str, system: str, run: Mapping[str, Any], co
         restore_bytes=int(summary.get("restore_bytes", 0)),
         read_cold=flag("read_cold"), read_verified=flag("read_verified"),
         metrics={k: _number(summary.get(k)) for k in SUMMARY_NUMBERS},
-        # GPU-resident state (rules 1.7): its stall is a device copy, not a host memcpy; its own class
-        pipeline=pipe.label + ("+gpu" if gpu_source(config) else ""),
+        pipeline=pipe.label + ("+gpu" if gpu_source(config) else ""),  # a GPU stall: a class of its own
         tiers=tuple(str(t) for t in tiers) if isinstance(tiers, list) else tuple(pipe.stages),
         compute_interval_s=pipe.compute_interval_s,
         fast_fs=tuple(sorted({t for t in (_text(v) for v in fast_fs.values()) if t})),
