@@ -509,7 +509,8 @@ def report_case(case: Case, limits: dict[str, list[Round]], runs: list[MlckptRun
     if "fio" in cpu:
         print(f"  CPU ratio mlckpt / fio: write {cpu['mlckpt']['write'] / cpu['fio']['write']:.2f}, "
               f"read {cpu['mlckpt']['read'] / cpu['fio']['read']:.2f}")
-    out["cpu_s_per_gib"] = cpu
+    out["cpu_s_per_gib"] = {who: c for who, c in cpu.items()  # strict JSON: no NaN for the unmeasured
+                            if not (math.isnan(c["write"]) and math.isnan(c["read"]))}
     print("  per-op spread, GB/s:")
     for who, rounds in [*limits.items(), ("mlckpt", runs)]:
         print(f"    {who:6s}  write {_spread(_ops(rounds, 'write'))}")
