@@ -1,5 +1,4 @@
-"""The leaderboard's model: columns, entries, classes and tables.  Pure (see the package's
-docstring for the design)."""
+"""The leaderboard's model: columns, entries, classes and tables.  Pure (design: the package's docstring)."""
 
 from __future__ import annotations
 
@@ -315,8 +314,7 @@ def _text(value: Any) -> str | None:
 
 
 def model_size(model: Any) -> float:
-    """Parameters of a transformer (the workload's one formula, SPEC §3), to order workloads; nan
-    if unknown."""
+    """Parameters of a transformer (the workload's formula, SPEC §3) to order workloads; nan if unknown."""
     keys = ("hidden_size", "num_layers", "ffn_hidden_size", "vocab_size", "num_attention_heads",
             "num_kv_heads")
     try:

@@ -38,13 +38,15 @@ _MATMUL_N = 4096  # training kernels: 4096² bf16 products (~0.2 ms each on an H
 _QUEUED = 8  # at most this many training kernels waiting on the GPU at once
 
 
+MISSING = "PyTorch is not installed on this host (pip install 'mlckpt[gpu]')"
+
+
 def library() -> Any:
     """The array library, or UsageError naming the extra to install."""
     try:
         import torch
     except ImportError:
-        raise UsageError("state.source=gpu: PyTorch is not installed on this host "
-                        "(pip install 'mlckpt[gpu]')", key="state.source") from None
+        raise UsageError(f"state.source=gpu: {MISSING}", key="state.source") from None
     return torch
 
 
@@ -52,9 +54,9 @@ def probe_host(device: str | None) -> tuple[dict[str, Any] | None, str | None]:
     """What a host's leader reports for the gates: its GPUs (name, count, library) or why the
     state cannot live there (a missing library, no CUDA device)."""
     try:
-        torch = library()
-    except UsageError as exc:
-        return None, str(exc).removeprefix("state.source=gpu: ")
+        import torch
+    except ImportError:
+        return None, MISSING
     facts = {"library": "torch", "library_version": str(torch.__version__)}
     if device == "cpu":
         return {**facts, "device_type": "cpu", "count": 0, "names": []}, None
@@ -125,9 +127,7 @@ class DeviceState:
         training stream, at most ``_QUEUED`` waiting; the last ones stay running.  On the CPU
         there is nothing to overlap: it sleeps.  Returns the kernels launched."""
         if not self.cuda:
-            rest = until_ns - time.perf_counter_ns()
-            if rest > 0:
-                time.sleep(rest / 1e9)
+            time.sleep(max(0, until_ns - time.perf_counter_ns()) / 1e9)
             return 0
         torch = self.torch
         if self._mats is None:
@@ -172,16 +172,14 @@ class DeviceState:
         return {k: round(v, 3) for k, v in best.items()}
 
     def describe(self) -> dict[str, Any]:
-        torch = self.torch
-        out = {
+        return {
             "library": "torch",
-            "library_version": str(torch.__version__),
+            "library_version": str(self.torch.__version__),
             "device": str(self.device),
             "device_type": self.device.type,
-            "device_name": torch.cuda.get_device_name(self.device) if self.cuda else "cpu",
+            "device_name": self.torch.cuda.get_device_name(self.device) if self.cuda else "cpu",
             "copy_path": COPY_PATH if self.cuda else CPU_COPY_PATH,
         }
-        return out
 
     def close(self) -> None:
         if self.cuda:

@@ -20,6 +20,7 @@ from mlckpt.errors import UsageError
 from mlckpt.host.facts import disk_free_bytes, existing_ancestor, host_facts, mem_available_bytes, mount_of
 from mlckpt.plan.config import Setup
 from mlckpt.rules import Finding, HostSpec, rank_shift, verdict
+from mlckpt.rules.checks.gpu import gpu_source
 from mlckpt.run import objectstore
 from mlckpt.run.cleanup import RUN_MARKER
 
@@ -131,14 +132,14 @@ def gpu_device(state: Mapping[str, Any] | None) -> str | None:
     return None if device is None else str(device)
 
 
-def gpu_host_facts(state: Mapping[str, Any] | None) -> dict[str, Any]:
+def gpu_host_facts(config: Mapping[str, Any] | None) -> dict[str, Any]:
     """A GPU-source run (rules 1.7): this host's GPUs (system.json's ``gpus``) or why the state
     cannot live there (GPU-USABLE); nothing for a run whose state is in host memory."""
-    if (state or {}).get("source") != "gpu":
+    if config is None or not gpu_source(config):
         return {}
     from mlckpt.engine import gpu  # the array library loads only for a GPU-source run
 
-    facts, problem = gpu.probe_host(gpu_device(state))
+    facts, problem = gpu.probe_host(gpu_device(config.get("state")))
     return {"gpu_problem": problem, "gpus": facts}
 
 
@@ -147,7 +148,7 @@ def local_host(folder: Path, ranks: Sequence[int], fast: str | None = None,
     """This host as the gates measure it (used by the self-launcher before spawning ranks);
     ``config``: a run on object storage, whose store is probed instead of a folder, or with its
     state in GPU memory, whose devices are probed too."""
-    gpu = gpu_host_facts((config or {}).get("state"))
+    gpu = gpu_host_facts(config)
     if config is not None and objectstore.is_objects(config["checkpoint"]["folder"]):
         m = measure_object_host(socket.gethostname(), config, "", results)
         return HostSpec(m["host"], tuple(ranks), m["mem_available_bytes"], results_same_fs=False,
@@ -169,7 +170,7 @@ def local_host(folder: Path, ranks: Sequence[int], fast: str | None = None,
 
 def measure_host(
     host: str, folder: Path, io: Mapping[str, Any], fast: str | None, mpi_library: str,
-    results: Path | None = None, state: Mapping[str, Any] | None = None,
+    results: Path | None = None, config: Mapping[str, Any] | None = None,
 ) -> dict[str, Any]:
     """Everything one host's leader measures for the gates (a plain dict: it crosses MPI)."""
     local: dict[str, Any] = {
@@ -183,7 +184,7 @@ def measure_host(
         "results_same_fs": same_filesystem(folder, results) if results is not None else None,
         **fast_tier_facts(fast, folder),
     }
-    gpu = gpu_host_facts(state)
+    gpu = gpu_host_facts(config)
     if gpu:
         local["gpu_problem"] = gpu["gpu_problem"]
         local["facts"]["gpus"] = gpu["gpus"]

@@ -13,10 +13,6 @@ from mlckpt.run.collective import Job
 from mlckpt.run.gates import Gates, gpu_device
 
 
-def wanted(cfg: Mapping[str, Any]) -> bool:
-    return bool(((cfg.get("state") or {}).get("source")) == "gpu")
-
-
 def open_gpu(job: Job, cfg: Mapping[str, Any], gates: Gates, arena: Any) -> tuple[Any, dict[str, Any]]:
     """This rank's DeviceState (the shard's bytes on the device, ``arena`` pinned) and its entry
     for run.json: device, name and the copy rates its probe measured while the others wait."""

@@ -128,8 +128,7 @@ class Guardian:
         return guardlink.hub_addresses(self.port) if self.hub else []
 
     def end(self, how: str) -> None:
-        """Goodbye: ``clean`` (the leader finished and cleaned up) or ``reported`` (rank 0
-        reported the failure itself and is aborting the job)."""
+        """Goodbye: ``clean`` (the leader finished, cleaned up) or ``reported`` (rank 0 is aborting)."""
         self.send(end=how)
         self.close()
 
@@ -437,8 +436,7 @@ class _Watcher:
             self.poll_once(min(self.contact.wait_s(time.monotonic()), 0.2))
 
     def settle(self, seconds: float) -> None:
-        """Let this host's other ranks end (mpiexec is killing them), so nothing writes while the
-        run's files are removed."""
+        """Let this host's other ranks end (mpiexec kills them): nothing writes during the sweep."""
         until = time.monotonic() + seconds
         while self.pidfds and time.monotonic() < until:
             for fd, _ev in self.poller.poll(100):

@@ -28,6 +28,7 @@ from mlckpt.errors import MlckptError, RunFailure
 from mlckpt.host.facts import block_device, counters_sample
 from mlckpt.locations import s3_settings
 from mlckpt.plan.config import SHIPPED, ConfigSource
+from mlckpt.rules.checks.gpu import gpu_source
 from mlckpt.run import gpustate, objectstore
 from mlckpt.run.cleanup import Created, sweep_run
 from mlckpt.run.collective import Job, MPIDone, OpTimer
@@ -94,8 +95,7 @@ def gate(job: Job, c: Configured) -> Gates:
         if names.index(job.host) == job.rank and objectstore.is_objects(cfg["checkpoint"]["folder"]):
             local = measure_object_host(job.host, cfg, mpi_library(), results)
         elif names.index(job.host) == job.rank:
-            local = measure_host(job.host, folder, cfg["io"], c.pipe.fast, mpi_library(), results,
-                                 cfg.get("state"))
+            local = measure_host(job.host, folder, cfg["io"], c.pipe.fast, mpi_library(), results, cfg)
         # The other ranks wait asleep: MPI's busy-polling collectives would halve the memory copy
         # rate a leader measures on a host with as many ranks as cores.
         job.idle_barrier()
@@ -253,13 +253,14 @@ def phases(job: Job, c: Configured, gates: Gates, created: Created, ident: tuple
         )
     timer.state = arena
     dev, state = None, None
-    if gpustate.wanted(cfg):
+    if gpu_source(cfg):
         with job.step("GPU state"):
             dev, mine_gpu = gpustate.open_gpu(job, cfg, gates, arena)
         entries = job.comm.gather(mine_gpu["entry"], root=0)
         state = gpustate.state_block(mine_gpu, entries) if job.rank == 0 else None
     try:
-        run_id, records = _io_phases(job, c, gates, created, folders, timer, arena, (own, rd_offsets), dev)
+        run_id, records = _io_phases(job, c, gates, created, folders, timer, arena,
+                                     (mine, own, reads, rd_offsets), dev)
     finally:
         if dev is not None:
             dev.close()
@@ -267,12 +268,12 @@ def phases(job: Job, c: Configured, gates: Gates, created: Created, ident: tuple
 
 
 def _io_phases(job: Job, c: Configured, gates: Gates, created: Created, folders: Folders, timer: OpTimer,
-               arena: Any, offs: tuple[list[int], list[int]], dev: Any) -> tuple[RunId, list[dict[str, Any]]]:
-    """The writes, eviction and the restores, from ``arena`` (and ``dev``, a GPU-resident state)."""
-    cfg, plan, ck = c.config, c.setup.plan, c.config["checkpoint"]
-    own, rd_offsets = offs
-    mine = plan.rank_plans[job.rank].files
-    reads = plan.restore_reads(job.rank, ck["restore"], gates.shift)
+               arena: Any, layout: tuple[Any, list[int], Any, list[int]],
+               dev: Any) -> tuple[RunId, list[dict[str, Any]]]:
+    """The writes, eviction and the restores, from ``arena`` (and ``dev``, a GPU-resident state);
+    ``layout``: this rank's files and their offsets, its restore reads and theirs."""
+    cfg, ck = c.config, c.config["checkpoint"]
+    mine, own, reads, rd_offsets = layout
     stream = cfg["residency"] == "stream"
     opts = timer_opts(cfg)
     if stream:
