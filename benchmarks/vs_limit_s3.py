@@ -162,9 +162,13 @@ def _rank(
 ) -> None:
     """W writes then R reads, each op after mlckpt's idle gap before that kind of op, timed from a
     barrier to this rank's last byte; then the objects are deleted."""
+    import gc
+
     import numpy as np
 
     me = RawRank(rank, sizes, a, prefix)
+    gc.collect()
+    gc.freeze()  # as mlckpt's ranks (OpTimer.hold_gc): no cyclic collection inside a timed op
     times: list[tuple[str, int, float, float]] = []
     ops = [("write", k, k) for k in range(1, a.writes + 1)] + [
         ("read", j, (j - 1) % a.writes + 1) for j in range(1, a.reads + 1)
@@ -174,10 +178,13 @@ def _rank(
         if op == "write":
             me.fill(k)
         time.sleep(max(0.0, gaps.get(op, 0.0) - (time.perf_counter() - idle)))
+        gc.collect()
+        gc.disable()
         barrier.wait()
         t0, c0 = time.perf_counter(), time.process_time()
         (me.write if op == "write" else me.read)(k)
         times.append((op, index, time.perf_counter() - t0, time.process_time() - c0))
+        gc.enable()
         if op == "read":
             me.fill(k)
             n = sum(sizes)

@@ -531,3 +531,51 @@ def test_one_blas_thread_per_process_unless_the_user_says_otherwise() -> None:
          "text=True).stdout.strip())"],
         env={**clean, "MKL_NUM_THREADS": "4"}, capture_output=True, text=True, check=True)
     assert child.stdout.strip() == "1 4"  # set for the ranks; the user's own value kept
+
+
+def test_op_timer_keeps_the_garbage_collector_out_of_the_timed_region() -> None:
+    """A full collection stops every thread of a rank (~70 ms with a run's objects, which put one
+    inside most ranks' first object restore).  The timer freezes the set-up's objects once,
+    collects before each op's barrier and keeps automatic collection off inside the op, then
+    gives it back; the caller's own setting survives."""
+    import gc
+    import weakref
+
+    from mlckpt import engine
+    from mlckpt.run.collective import OpTimer
+
+    class Cycle:
+        me: Any = None
+
+    job = Job(OneRank(), Console())
+    timer = OpTimer(job, 60.0, None, lambda *a: pytest.fail("no op may stall"))
+    opts = engine.IOOptions(direct=False, threads=1, block_size=1 << 20)
+    seen: list[tuple[bool, bool | None]] = []
+    made: list[weakref.ref[Cycle]] = []
+
+    def action() -> None:
+        seen.append((gc.isenabled(), made[-1]() is None if made else None))
+        c = Cycle()
+        c.me = c  # garbage that only a collection frees
+        made.append(weakref.ref(c))
+
+    def broken() -> None:
+        seen.append((gc.isenabled(), None))
+        raise OSError(5, "Input/output error")
+
+    assert gc.isenabled()
+    try:
+        timer("write", 1, 1, action, 0, 0, opts)
+        assert gc.isenabled() and gc.get_freeze_count() > 0 and timer.frozen
+        timer("write", 2, 2, action, 0, 0, opts)
+        # Inside op 1 collection was off; op 2 began after a collection that freed op 1's cycle.
+        assert seen == [(False, None), (False, True)]
+        with pytest.raises(CollectiveFailure):
+            timer("read", 1, 1, broken, 0, 0, opts)
+        assert seen[-1] == (False, None) and gc.isenabled()  # given back after a failed op too
+        gc.disable()  # a caller that runs without the collector keeps it off
+        timer("read", 2, 1, action, 0, 0, opts)
+        assert not gc.isenabled()
+    finally:
+        gc.enable()
+        gc.unfreeze()

@@ -12,6 +12,7 @@ names them, removes this run's files and aborts the job).
 
 from __future__ import annotations
 
+import gc
 import socket
 import threading
 import time
@@ -242,6 +243,33 @@ class OpTimer:
     records_format: int = 3
     state: Any = None
     sampled: set[str] = field(default_factory=set)
+    frozen: bool = False  # the objects of the run's set-up moved out of the collector's reach
+
+    def hold_gc(self) -> bool:
+        """Before an op's barrier: keep Python's cyclic garbage collector out of the timed region.
+
+        A full collection stops every thread of the rank while it scans all objects: ~70 ms in a
+        rank holding the run's ~110k objects (config, plan, rules, the S3 client's model).
+        Triggered by the allocations of an op's own requests, it fell inside the first restore
+        of most ranks of an object run, and the slowest rank sets the op's time (benchmarks/
+        README.md, vs_limit_s3.py).  So: the set-up's objects are frozen once (never scanned
+        again), what the previous op left is collected here, untimed, and automatic collection
+        is off until the op ends (:meth:`release_gc`).  Reference counting still frees memory at
+        once; only reference cycles wait for the next op's collection.  Returns whether
+        collection was on (a caller that turned it off keeps it off)."""
+        if not self.frozen:
+            gc.collect()
+            gc.freeze()
+            self.frozen = True
+        was = gc.isenabled()
+        gc.collect()
+        gc.disable()
+        return was
+
+    @staticmethod
+    def release_gc(was: bool) -> None:
+        if was:
+            gc.enable()
 
     def __call__(
         self, op: str, index: int, ckpt: int, action: Callable[[], Any], nbytes: int, nfiles: int, opts: Any,
@@ -271,6 +299,7 @@ class OpTimer:
         if fmt4 and self.state is not None and op not in self.sampled:
             self.sampled.add(op)
             huge = engine.huge_bytes(self.state)
+        collecting = self.hold_gc()
         try:
             job.comm.Barrier()
             if self.probe is not None:
@@ -281,6 +310,7 @@ class OpTimer:
             err = _attempt(op, index, job.rank, action)
             t1 = time.perf_counter_ns()
             c1 = time.process_time_ns()
+            self.release_gc(collecting)
             # Timing is over: tell rank 0's watch that this rank is done.
             if watch is not None:
                 watch.own_done()
@@ -291,6 +321,7 @@ class OpTimer:
             job.idle_barrier()
             job.agree(err)
         finally:
+            self.release_gc(collecting)  # (again, where the op raised: enabling twice is harmless)
             if watch is not None:
                 watch.finish()
             elif sent is not None:
