@@ -15,12 +15,13 @@ of all processes; its bandwidth is the bytes of all ranks over the slowest rank'
 own definition).  Writes put checkpoints 1..W under fresh keys; reads restore them in mlckpt's
 order ((k - 1) mod W), every rank reading its own objects (mlckpt runs with rank_shift=0 here);
 everything is deleted at the end of a round.  Before each op the raw ranks stay idle as long as
-mlckpt's ranks were before that kind of op in its latest round (content made, restores verified):
-the store gets the same time to settle in both.  The side that goes first alternates (mlckpt in
-odd rounds, the raw ranks in even ones).  It prints every op with the client's CPU seconds per GiB
-(the rank processes' user + system time over the op), then the medians and the ratio mlckpt / raw
-per direction.  A measurement, not a test: the exit status is 0 whatever the
-ratios.
+mlckpt's ranks were before that same op in its latest round (content made, restores verified):
+the store gets the same time to settle in both.  Both sides' ranks keep Python's cyclic garbage
+collector out of their timed ops (mlckpt's OpTimer.hold_gc; here the same three calls).  The side
+that goes first alternates (mlckpt in odd rounds, the raw ranks in even ones).  It prints every op
+with the client's CPU seconds per GiB (the rank processes' user + system time over the op), then
+the medians and the ratio mlckpt / raw per direction.  A measurement, not a test: the exit status
+is 0 whatever the ratios.
 """
 
 from __future__ import annotations
@@ -156,11 +157,12 @@ def _rank(
     sizes: list[int],
     a: argparse.Namespace,
     prefix: str,
-    gaps: dict[str, float],
+    gaps: dict[tuple[str, int], float],
     barrier: Any,
     out: Any,
 ) -> None:
-    """W writes then R reads, each op after mlckpt's idle gap before that kind of op, timed from a
+    """W writes then R reads, each op after mlckpt's idle gap before that same op (counted from
+    this rank's end of the previous op, its content making and checking included), timed from a
     barrier to this rank's last byte; then the objects are deleted."""
     import gc
 
@@ -173,17 +175,18 @@ def _rank(
     ops = [("write", k, k) for k in range(1, a.writes + 1)] + [
         ("read", j, (j - 1) % a.writes + 1) for j in range(1, a.reads + 1)
     ]
+    idle = time.perf_counter()
     for op, index, k in ops:
-        idle = time.perf_counter()
         if op == "write":
             me.fill(k)
-        time.sleep(max(0.0, gaps.get(op, 0.0) - (time.perf_counter() - idle)))
+        time.sleep(max(0.0, gaps.get((op, index), 0.0) - (time.perf_counter() - idle)))
         gc.collect()
         gc.disable()
         barrier.wait()
         t0, c0 = time.perf_counter(), time.process_time()
         (me.write if op == "write" else me.read)(k)
-        times.append((op, index, time.perf_counter() - t0, time.process_time() - c0))
+        idle = time.perf_counter()
+        times.append((op, index, idle - t0, time.process_time() - c0))
         gc.enable()
         if op == "read":
             me.fill(k)
@@ -196,24 +199,28 @@ def _rank(
     out.put((rank, times))
 
 
-def gaps_of(recs: list[dict[str, Any]]) -> dict[str, float]:
-    """mlckpt's median idle time before each kind of op (content made, restores verified): from
-    the last rank's end of one op to the first rank's start of the next."""
+def gaps_of(recs: list[dict[str, Any]]) -> dict[tuple[str, int], float]:
+    """mlckpt's idle time before each op (content made, restores verified): from the last rank's
+    end of one op to the first rank's start of the next.  Per op, not per kind: the first restore
+    follows the last write at once, later ones follow a verification (0.03 against ~0.2 s here),
+    and a median of the two gave the raw ranks a rest mlckpt never had before its first restore."""
     ops = sorted(
         {(r["op"], r["index"]) for r in recs},
         key=lambda o: min(r["t0_ns"] for r in recs if (r["op"], r["index"]) == o),
     )
-    got: dict[str, list[float]] = {}
+    got: dict[tuple[str, int], float] = {}
     for prev, nxt in itertools.pairwise(ops):
         end = max(r["t1_ns"] for r in recs if (r["op"], r["index"]) == prev)
         start = min(r["t0_ns"] for r in recs if (r["op"], r["index"]) == nxt)
-        got.setdefault(nxt[0], []).append(max(0.0, (start - end) / 1e9))
-    return {op: statistics.median(v) for op, v in got.items()}
+        got[nxt] = max(0.0, (start - end) / 1e9)
+    return got
 
 
-def raw_round(
-    plan: list[list[int]], a: argparse.Namespace, gaps: dict[str, float], cpu: dict[tuple[str, int], float]
-) -> dict[tuple[str, int], float]:
+Gaps = dict[tuple[str, int], float]  # (op, index) -> seconds
+
+
+def raw_round(plan: list[list[int]], a: argparse.Namespace, gaps: Gaps,
+              cpu: dict[tuple[str, int], float]) -> dict[tuple[str, int], float]:
     ctx = mp.get_context("spawn")
     barrier, out = ctx.Barrier(len(plan)), ctx.Queue()
     prefix = f"raw-{uuid.uuid4().hex[:12]}"
@@ -235,7 +242,7 @@ def raw_round(
     return ops
 
 
-def mlckpt_round(a: argparse.Namespace, work: Path, gaps: dict[str, float],
+def mlckpt_round(a: argparse.Namespace, work: Path, gaps: dict[tuple[str, int], float],
                  cpu: dict[tuple[str, int], float]) -> dict[tuple[str, int], float]:
     args = [
         str(Path(sys.executable).parent / "mlckpt"),
@@ -300,7 +307,7 @@ def main() -> int:
         )
         res: dict[str, dict[str, list[float]]] = {n: {"write": [], "read": []} for n in ("mlckpt", "raw")}
         cpus: dict[str, dict[str, list[float]]] = {n: {"write": [], "read": []} for n in ("mlckpt", "raw")}
-        gaps: dict[str, float] = {}  # mlckpt's, from its latest round; the raw ranks idle as long
+        gaps: dict[tuple[str, int], float] = {}  # mlckpt's, from its latest round; the raw ranks idle as long
         with tempfile.TemporaryDirectory() as work:
             for r in range(1, a.rounds + 1):
                 # Which goes first alternates: the op after the other's deletions may start on a
@@ -310,8 +317,8 @@ def main() -> int:
                     ops = (mlckpt_round(a, Path(work), gaps, cpu) if name == "mlckpt"
                            else raw_round(plan, a, gaps, cpu))
                     if name == "raw":
-                        print(f"round {r} raw idle before writes {gaps.get('write', 0):.2f} s, reads "
-                              f"{gaps.get('read', 0):.2f} s (mlckpt's medians)")
+                        idle = ", ".join(f"{o} {i} {g:.2f}" for (o, i), g in gaps.items())
+                        print(f"round {r} raw idle before each op as mlckpt's latest round, s: {idle}")
                     for (op, k), bw in sorted(ops.items()):
                         res[name][op].append(bw)
                         cpus[name][op].append(cpu[op, k] / (total / GiB))
