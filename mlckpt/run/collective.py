@@ -310,7 +310,6 @@ class OpTimer:
             err = _attempt(op, index, job.rank, action)
             t1 = time.perf_counter_ns()
             c1 = time.process_time_ns()
-            self.release_gc(collecting)
             # Timing is over: tell rank 0's watch that this rank is done.
             if watch is not None:
                 watch.own_done()
@@ -321,7 +320,7 @@ class OpTimer:
             job.idle_barrier()
             job.agree(err)
         finally:
-            self.release_gc(collecting)  # (again, where the op raised: enabling twice is harmless)
+            self.release_gc(collecting)  # every rank agreed the op ended (or it raised)
             if watch is not None:
                 watch.finish()
             elif sent is not None:
