@@ -536,8 +536,9 @@ def test_one_blas_thread_per_process_unless_the_user_says_otherwise() -> None:
 def test_op_timer_keeps_the_garbage_collector_out_of_the_timed_region() -> None:
     """A full collection stops every thread of a rank (~70 ms with a run's objects, which put one
     inside most ranks' first object restore).  The timer freezes the set-up's objects once,
-    collects before each op's barrier and keeps automatic collection off inside the op, then
-    gives it back; the caller's own setting survives."""
+    collects before each op (before a witness hears it start, so a witnessed interval does not
+    carry it), keeps automatic collection off inside the op, then gives it back; the caller's own
+    setting survives."""
     import gc
     import weakref
 
@@ -563,10 +564,22 @@ def test_op_timer_keeps_the_garbage_collector_out_of_the_timed_region() -> None:
         seen.append((gc.isenabled(), None))
         raise OSError(5, "Input/output error")
 
+    told: list[tuple[bool, bool]] = []
+
+    class Witness:  # the first collection comes before the witness hears the op start
+        def start(self, op: str, index: int) -> None:
+            told.append((timer.frozen, gc.isenabled()))
+
+        def end(self, op: str, index: int) -> None:
+            pass
+
+    timer.witness = Witness()
     assert gc.isenabled()
     try:
         timer("write", 1, 1, action, 0, 0, opts)
         assert gc.isenabled() and gc.get_freeze_count() > 0 and timer.frozen
+        assert told == [(True, True)]  # frozen already; collection off only from the barrier
+        timer.witness = None
         timer("write", 2, 2, action, 0, 0, opts)
         # Inside op 1 collection was off; op 2 began after a collection that freed op 1's cycle.
         assert seen == [(False, None), (False, True)]

@@ -245,8 +245,9 @@ class OpTimer:
     sampled: set[str] = field(default_factory=set)
     frozen: bool = False  # the objects of the run's set-up moved out of the collector's reach
 
-    def hold_gc(self) -> bool:
-        """Before an op's barrier: keep Python's cyclic garbage collector out of the timed region.
+    def collect_garbage(self) -> None:
+        """First thing in an op, before the witness is told it starts: with :meth:`hold_gc`, keeps
+        Python's cyclic garbage collector out of the timed region.
 
         A full collection stops every thread of the rank while it scans all objects: ~70 ms in a
         rank holding the run's ~110k objects (config, plan, rules, the S3 client's model).
@@ -254,15 +255,20 @@ class OpTimer:
         of most ranks of an object run, and the slowest rank sets the op's time (benchmarks/
         README.md, vs_limit_s3.py).  So: the set-up's objects are frozen once (never scanned
         again), what the previous op left is collected here, untimed, and automatic collection
-        is off until the op ends (:meth:`release_gc`).  Reference counting still frees memory at
-        once; only reference cycles wait for the next op's collection.  Returns whether
-        collection was on (a caller that turned it off keeps it off)."""
+        is off from the barrier until every rank agreed the op ended.  Reference counting still
+        frees memory at once; only reference cycles wait for the next op's collection.  Before
+        the witness's start, so a witnessed op's interval does not carry it (WITNESS-TIMES)."""
         if not self.frozen:
             gc.collect()
             gc.freeze()
             self.frozen = True
-        was = gc.isenabled()
         gc.collect()
+
+    @staticmethod
+    def hold_gc() -> bool:
+        """Automatic collection off; returns whether it was on (a caller that turned it off keeps
+        it off)."""
+        was = gc.isenabled()
         gc.disable()
         return was
 
@@ -276,6 +282,7 @@ class OpTimer:
         seal: Callable[[str], None] | None = None,
     ) -> dict[str, Any]:
         job = self.job
+        self.collect_garbage()
         if self.witness is not None:
             nonce = self.witness.start(op, index)
             if nonce is not None and seal is not None:
@@ -284,12 +291,8 @@ class OpTimer:
         job.note(step=f"{op} {index}", ckpt=ckpt)
         watch = None
         if job.rank == 0 and self.channel is not None:
-            watch = OpWatch(
-                self.channel,
-                job.size,
-                self.timeout_s,
-                lambda late, el: self.on_stall(op, index, ckpt, late, el),
-            )
+            watch = OpWatch(self.channel, job.size, self.timeout_s,
+                            lambda late, el: self.on_stall(op, index, ckpt, late, el))
         sent = None
         before = None
         if job.rank == 0:  # a progress line before the barrier, never inside the timing
