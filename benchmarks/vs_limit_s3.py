@@ -17,11 +17,11 @@ order ((k - 1) mod W), every rank reading its own objects (mlckpt runs with rank
 everything is deleted at the end of a round.  Before each op the raw ranks stay idle as long as
 mlckpt's ranks were before that same op in its latest round (content made, restores verified):
 the store gets the same time to settle in both.  Both sides' ranks keep Python's cyclic garbage
-collector out of their timed ops (mlckpt's OpTimer.hold_gc; here the same three calls).  The side
-that goes first alternates (mlckpt in odd rounds, the raw ranks in even ones).  It prints every op
-with the client's CPU seconds per GiB (the rank processes' user + system time over the op), then
-the medians and the ratio mlckpt / raw per direction.  A measurement, not a test: the exit status
-is 0 whatever the ratios.
+collector out of their timed ops (mlckpt's OpTimer.collect_garbage and hold_gc; here the same three
+calls).  The side that goes first alternates (mlckpt in odd rounds, the raw ranks in even ones).  It
+prints every op with the client's CPU seconds per GiB (the rank processes' user + system time over
+the op), then the medians and the ratio mlckpt / raw per direction.  A measurement, not a test: the
+exit status is 0 whatever the ratios.
 """
 
 from __future__ import annotations
@@ -170,7 +170,7 @@ def _rank(
 
     me = RawRank(rank, sizes, a, prefix)
     gc.collect()
-    gc.freeze()  # as mlckpt's ranks (OpTimer.hold_gc): no cyclic collection inside a timed op
+    gc.freeze()  # as mlckpt's ranks (OpTimer.collect_garbage): no cyclic collection inside a timed op
     times: list[tuple[str, int, float, float]] = []
     ops = [("write", k, k) for k in range(1, a.writes + 1)] + [
         ("read", j, (j - 1) % a.writes + 1) for j in range(1, a.reads + 1)
