@@ -42,6 +42,7 @@ from pathlib import Path
 from typing import Any
 
 GiB = float(1 << 30)
+Gaps = dict[tuple[str, int], float]  # mlckpt's idle seconds before each (op, index)
 ROOT = Path(__file__).resolve().parent.parent
 
 
@@ -157,7 +158,7 @@ def _rank(
     sizes: list[int],
     a: argparse.Namespace,
     prefix: str,
-    gaps: dict[tuple[str, int], float],
+    gaps: Gaps,
     barrier: Any,
     out: Any,
 ) -> None:
@@ -199,7 +200,7 @@ def _rank(
     out.put((rank, times))
 
 
-def gaps_of(recs: list[dict[str, Any]]) -> dict[tuple[str, int], float]:
+def gaps_of(recs: list[dict[str, Any]]) -> Gaps:
     """mlckpt's idle time before each op (content made, restores verified): from the last rank's
     end of one op to the first rank's start of the next.  Per op, not per kind: the first restore
     follows the last write at once, later ones follow a verification (0.03 against ~0.2 s here),
@@ -208,15 +209,12 @@ def gaps_of(recs: list[dict[str, Any]]) -> dict[tuple[str, int], float]:
         {(r["op"], r["index"]) for r in recs},
         key=lambda o: min(r["t0_ns"] for r in recs if (r["op"], r["index"]) == o),
     )
-    got: dict[tuple[str, int], float] = {}
+    got: Gaps = {}
     for prev, nxt in itertools.pairwise(ops):
         end = max(r["t1_ns"] for r in recs if (r["op"], r["index"]) == prev)
         start = min(r["t0_ns"] for r in recs if (r["op"], r["index"]) == nxt)
         got[nxt] = max(0.0, (start - end) / 1e9)
     return got
-
-
-Gaps = dict[tuple[str, int], float]  # (op, index) -> seconds
 
 
 def raw_round(plan: list[list[int]], a: argparse.Namespace, gaps: Gaps,
@@ -242,7 +240,7 @@ def raw_round(plan: list[list[int]], a: argparse.Namespace, gaps: Gaps,
     return ops
 
 
-def mlckpt_round(a: argparse.Namespace, work: Path, gaps: dict[tuple[str, int], float],
+def mlckpt_round(a: argparse.Namespace, work: Path, gaps: Gaps,
                  cpu: dict[tuple[str, int], float]) -> dict[tuple[str, int], float]:
     args = [
         str(Path(sys.executable).parent / "mlckpt"),
@@ -307,7 +305,7 @@ def main() -> int:
         )
         res: dict[str, dict[str, list[float]]] = {n: {"write": [], "read": []} for n in ("mlckpt", "raw")}
         cpus: dict[str, dict[str, list[float]]] = {n: {"write": [], "read": []} for n in ("mlckpt", "raw")}
-        gaps: dict[tuple[str, int], float] = {}  # mlckpt's, from its latest round; the raw ranks idle as long
+        gaps: Gaps = {}  # mlckpt's, from its latest round: the raw ranks idle as long before each op
         with tempfile.TemporaryDirectory() as work:
             for r in range(1, a.rounds + 1):
                 # Which goes first alternates: the op after the other's deletions may start on a

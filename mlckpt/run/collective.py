@@ -258,11 +258,10 @@ class OpTimer:
         is off from the barrier until every rank agreed the op ended.  Reference counting still
         frees memory at once; only reference cycles wait for the next op's collection.  Before
         the witness's start, so a witnessed op's interval does not carry it (WITNESS-TIMES)."""
+        gc.collect()
         if not self.frozen:
-            gc.collect()
             gc.freeze()
             self.frozen = True
-        gc.collect()
 
     @staticmethod
     def hold_gc() -> bool:
