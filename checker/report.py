@@ -1,26 +1,28 @@
 """Findings → the JSON report, the human report and the exit status.
 
-JSON report (``report_format`` 2, schema ``rules/<version>/schemas/report.schema.json``)::
+JSON report (``report_format`` 3, schema ``rules/<version>/schemas/report.schema.json``)::
 
-    {"report_format": 2, "checker": {...}, "root": "...",
-     "verdict": "valid" | "invalid" | "integrity-failure" | "internal-error",
-     "exit_status": 0 | 1 | 3 | 4, "rules_versions": ["1.0"],
+    {"report_format": 3, "checker": {...}, "root": "...",
+     "verdict": "valid" | "disturbed" | "invalid" | "integrity-failure" | "internal-error",
+     "exit_status": 0 | 6 | 1 | 3 | 4, "rules_versions": ["1.0"],
      "bundles": [{"path", "org", "system", "workload", "division", "run_id", "rules_version",
-                  "verdict": "closed" | "open" | "invalid" | "internal-error",
+                  "verdict": "closed" | "open" | "disturbed" | "invalid" | "internal-error",
                   "integrity": "ok" | "failed" | "not checked",
                   "findings": [...], "not_checked": [{"rule", "reason"}], "metrics": {...} | null,
                   "keyid", "statement_sha256"}],
      "tree_findings": [...],        # findings about the tree itself (misplaced entries, ...)
      "findings": [...],             # every finding, each with its path
-     "summary": {"bundles", "valid", "invalid", "integrity_failures", "internal_errors",
+     "summary": {"bundles", "valid", "disturbed", "invalid", "integrity_failures", "internal_errors",
                  "findings", "by_rule": {...}, "by_verdict": {...}}}
 
 A finding is ``{"rule", "severity", "path", "message", "expected", "actual"}``; ``severity`` is a
-rule's (``invalid``, ``open``, ``warning``) or ``internal`` for a checker fault.
+rule's (``invalid``, ``disturbed``, ``open``, ``warning``) or ``internal`` for a checker fault.
 
 Exit status (SPEC §7), most serious first: 4 if any bundle met a checker fault (its result is
 unknown); 3 if any bundle failed integrity (signature, key, files, paths); 1 if any bundle is
-invalid or the tree breaks a rule; 0 when every bundle is valid (closed or open).
+invalid or the tree breaks a rule; 6 if any bundle is disturbed (rules 1.8: other processes on its
+host spoilt the measurement: no result, and no fault of the storage or the submitter); 0 when
+every bundle is valid (closed or open).
 """
 
 from __future__ import annotations
@@ -33,9 +35,9 @@ from checker.results import INTERNAL, BundleResult
 from mlckpt import __version__, formats
 
 REPORT_FORMAT = formats.REPORT.version
-EXIT_VALID, EXIT_INVALID, EXIT_USAGE, EXIT_INTEGRITY, EXIT_INTERNAL = 0, 1, 2, 3, 4
+EXIT_VALID, EXIT_INVALID, EXIT_USAGE, EXIT_INTEGRITY, EXIT_INTERNAL, EXIT_DISTURBED = 0, 1, 2, 3, 4, 6
 VERDICT_OF_EXIT = {EXIT_VALID: "valid", EXIT_INVALID: "invalid", EXIT_INTEGRITY: "integrity-failure",
-                   EXIT_INTERNAL: "internal-error"}
+                   EXIT_INTERNAL: "internal-error", EXIT_DISTURBED: "disturbed"}
 
 
 def exit_status(bundles: Sequence[BundleResult], tree_findings: Sequence[dict[str, Any]]) -> int:
@@ -44,8 +46,11 @@ def exit_status(bundles: Sequence[BundleResult], tree_findings: Sequence[dict[st
         return EXIT_INTERNAL
     if any(b.integrity == "failed" for b in bundles):
         return EXIT_INTEGRITY
-    if any(not b.valid for b in bundles) or any(f["severity"] == "invalid" for f in tree_findings):
+    if any(not b.valid and b.verdict != "disturbed" for b in bundles) \
+            or any(f["severity"] == "invalid" for f in tree_findings):
         return EXIT_INVALID
+    if any(b.verdict == "disturbed" for b in bundles):
+        return EXIT_DISTURBED
     return EXIT_VALID
 
 
@@ -67,6 +72,7 @@ def build(root: str, bundles: Sequence[BundleResult],
         "summary": {
             "bundles": len(bundles),
             "valid": sum(b.valid for b in bundles),
+            "disturbed": sum(b.verdict == "disturbed" for b in bundles),
             "invalid": sum(b.verdict == "invalid" for b in bundles),
             "integrity_failures": sum(b.integrity == "failed" for b in bundles),
             "internal_errors": by_verdict.get("internal-error", 0),
@@ -99,7 +105,24 @@ def _metrics(b: dict[str, Any]) -> str:
     stall, durable = m.get("write_stall_mean_s"), m.get("write_time_to_durable_mean_s")
     if _num(stall) and _num(durable) and stall != durable:
         parts.append(f"stall {stall:.3f} s, time to durable {durable:.3f} s")
+    foreign = foreign_note(m.get("foreign"))
+    if foreign:
+        parts.append(foreign)
     return f": {', '.join(parts)}" if parts else ""
+
+
+def foreign_note(foreign: Any, at_least: float = 0.005) -> str:
+    """``other processes moved 12% of the device's bytes during the writes, 3% during the
+    restores`` (summary format 5's ``foreign``), or nothing when they moved (almost) nothing."""
+    if not isinstance(foreign, dict):
+        return ""
+    shares = [(op, (foreign.get(op) or {}).get("foreign_share")) for op in ("write", "read")]
+    shown = [(f"{v:.0%}", "writes" if op == "write" else "restores") for op, v in shares
+             if _num(v) and v >= at_least]
+    if not shown:
+        return ""
+    rest = "".join(f", {pct} during the {phase}" for pct, phase in shown[1:])
+    return f"other processes moved {shown[0][0]} of the device's bytes during the {shown[0][1]}{rest}"
 
 
 def render_text(report: dict[str, Any], *, quiet: bool = False) -> str:
@@ -112,6 +135,9 @@ def render_text(report: dict[str, Any], *, quiet: bool = False) -> str:
             if quiet and not b["findings"]:
                 continue
             head = f"PASS {b['path']} ({b['verdict']}{_metrics(b)})"
+        elif b["verdict"] == "disturbed":
+            head = (f"DISTURBED {b['path']} (no result: other processes used its host during the timed "
+                    "ops; not a fault of the storage: re-run on a quiet host)")
         else:
             head = f"FAIL {b['path']}"
         out.append(head)
@@ -122,6 +148,8 @@ def render_text(report: dict[str, Any], *, quiet: bool = False) -> str:
     s = report["summary"]
     n = s["bundles"]
     text = f"checked {n} bundle{'s' if n != 1 else ''}: {s['valid']} valid, {s['invalid']} invalid"
+    if s.get("disturbed"):
+        text += f", {s['disturbed']} disturbed"
     if s["internal_errors"]:
         text += f", {s['internal_errors']} checker fault{'s' if s['internal_errors'] != 1 else ''}"
     extras = [f"{s['findings']} finding{'s' if s['findings'] != 1 else ''}"]

@@ -27,7 +27,7 @@ class Format:
             raise ValueError(f"{self.name}: must read its own version {self.version!r}")
 
 
-RUN = Format("run", "run.json: run_format", 7, (2, 3, 4, 5, 6, 7), (
+RUN = Format("run", "run.json: run_format", 8, (2, 3, 4, 5, 6, 7, 8), (
     (1, "first version: run identity, status, workload, division, scaled, verdict, findings, overrides, "
         "host mapping, timings, file list"),
     (2, "pipeline: checkpoint mode, compute interval, fast tier (folder, fast_keep, filesystem type per "
@@ -47,9 +47,12 @@ RUN = Format("run", "run.json: run_format", 7, (2, 3, 4, 5, 6, 7), (
         "version, copy_path, and per rank its device, device type and name and the device-to-host and "
         "host-to-device rates it measured alone before the first checkpoint); system.json's hosts add gpus "
         "(library, device type, count, names) in a GPU-source run"),
+    (8, "rules 1.8: records format 6; calibration (each host's timing measured before the first op: per "
+        "empty op the spread of its ranks' barrier exits, the leader's t0 after its counters, the counters "
+        "after the host's last t0; mlckpt/run/calibrate.py); verdict may be disturbed"),
 ))
 
-RECORDS = Format("records", "records.jsonl (run.json and summary.json: records_format)", 5, (2, 3, 4, 5), (
+RECORDS = Format("records", "records.jsonl (run.json and summary.json: records_format)", 6, (2, 3, 4, 5, 6), (
     (1, "first version: op, index, checkpoint, rank, host, t0_ns/t1_ns (the host's monotonic clock), bytes, "
         "files, fsync, resident_bytes/cached_check_bytes (reads), verified_bytes/mismatches (reads); the "
         "field meanings are written out in mlckpt/metrics.py"),
@@ -65,9 +68,12 @@ RECORDS = Format("records", "records.jsonl (run.json and summary.json: records_f
         "and the first restore)"),
     (5, "rules 1.7: a GPU-source run's write and read records add device_copy_ns (the device-to-host copy "
         "inside a write, the whole memory stage of an async one; the host-to-device copy inside a read)"),
+    (6, "rules 1.8: each counters sample adds what the kernel charged to the host's ranks (own_read_bytes, "
+        "own_written_bytes from /proc/<pid>/io, own_cpu_ns), the host's busy CPU time (cpu_busy_ns) and how "
+        "long the sample took (read_ns); host_counters adds cpus (mlckpt/attribution.py)"),
 ))
 
-SUMMARY = Format("summary", "summary.json: summary_format", 4, (2, 3, 4), (
+SUMMARY = Format("summary", "summary.json: summary_format", 5, (2, 3, 4, 5), (
     (1, "first version: per-op statistics and headlines recomputed from records.jsonl (mlckpt.metrics)"),
     (2, "stall, time to durable, overlap efficiency, back-pressure, per-stage bandwidth, read_fast_*"),
     (3, "DLIO's summary.json shape (rules 1.3): dlio_compat becomes metric, under DLIO's key names and "
@@ -77,6 +83,8 @@ SUMMARY = Format("summary", "summary.json: summary_format", 4, (2, 3, 4), (
         "write_first_bandwidth_gib_s) and the later ones (write_steady_bandwidth_mean_gib_s, absent "
         "with one write); CPU seconds per GiB moved (write_cpu_s_per_gib, read_cpu_s_per_gib); the smallest "
         "huge-page share of a rank's state buffer (state_hugepage_fraction_min)"),
+    (5, "rules 1.8 (records format 6): foreign, what other processes moved on the checkpoint device during "
+        "the timed writes and restores (bytes, share, CPU share, the worst op) and between them"),
 ))
 
 PLAN = Format("plan", "mlckpt plan --json: plan_format", 2, (2,), (
@@ -129,10 +137,13 @@ SYSTEM_DESCRIPTION = Format("system description", "systems/<system>.yaml: descri
     (1, "first version (rules/1.0/schemas/system-description.schema.json)"),
 ))
 
-REPORT = Format("check report", "mlckpt-check --json: report_format", 2, (1, 2), (
+REPORT = Format("check report", "mlckpt-check --json: report_format", 3, (1, 2, 3), (
     (1, "first version (rules/1.0/schemas/report.schema.json)"),
     (2, "rules 1.4: each bundle's witness (null, or by whom, whether counted as witnessed, and the "
         "witness-conservative bandwidths)"),
+    (3, "rules 1.8: a bundle's verdict may be disturbed (another process moved a declared share of the "
+        "checkpoint device's bytes during its timed ops: neither valid nor invalid); summary.disturbed; exit "
+        "status 6 when the worst bundle is disturbed"),
 ))
 
 LEADERBOARD = Format("leaderboard", "mlckpt-check leaderboard --format json: leaderboard_format", 2, (2,), (

@@ -7,6 +7,7 @@ import platform
 import socket
 import sys
 import time
+from collections.abc import Sequence
 from concurrent.futures import ThreadPoolExecutor
 from importlib import metadata
 from pathlib import Path
@@ -138,10 +139,59 @@ _MEMINFO_FIELDS = {"cached_bytes": "Cached", "dirty_bytes": "Dirty", "writeback_
                    "shmem_bytes": "Shmem"}
 
 
-def counters_sample(device: str | None) -> dict[str, int]:
+_TICK_NS = 1_000_000_000 // (os.sysconf("SC_CLK_TCK") or 100)
+
+
+def _proc_read(path: str) -> bytes:
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        return os.read(fd, 4096)
+    finally:
+        os.close(fd)
+
+
+def processes_io(pids: Sequence[int]) -> dict[str, int] | None:
+    """What the kernel charged to these processes (every thread, living or ended): bytes they
+    made the block layer read and bytes they wrote or dirtied for writing (/proc/<pid>/io), and
+    their CPU time, user and system (/proc/<pid>/stat).  None if one of them cannot be read (a
+    /proc mounted with hidepid, a process gone)."""
+    rd = wr = cpu = 0
+    try:
+        for pid in pids:
+            io = _proc_read(f"/proc/{pid}/io").split()
+            # "rchar: N wchar: N syscr: N syscw: N read_bytes: N write_bytes: N ..."
+            rd += int(io[io.index(b"read_bytes:") + 1])
+            wr += int(io[io.index(b"write_bytes:") + 1])
+            # the command name (field 2) may hold spaces: count fields after its closing bracket
+            fields = _proc_read(f"/proc/{pid}/stat").rpartition(b")")[2].split()
+            cpu += (int(fields[11]) + int(fields[12])) * _TICK_NS  # utime, stime
+    except (OSError, ValueError, IndexError):
+        return None
+    return {"own_read_bytes": rd, "own_written_bytes": wr, "own_cpu_ns": cpu}
+
+
+def host_cpu_busy_ns() -> int | None:
+    """CPU time the whole host spent busy (every CPU, anything but idle and iowait), /proc/stat."""
+    try:
+        fields = [int(x) for x in _proc_read("/proc/stat").split(b"\n", 1)[0].split()[1:9]]
+    except (OSError, ValueError):
+        return None
+    return (sum(fields) - fields[3] - fields[4]) * _TICK_NS
+
+
+def counters_sample(device: str | None, pids: Sequence[int] = ()) -> dict[str, int]:
     """The host's kernel counters now: the device's bytes read and written and busy time (when
-    known), the page cache's size and dirty state; ``t_ns`` on the clock of the op records."""
+    known), the page cache's size and dirty state; with ``pids`` (the host's ranks, records
+    format 6) what the kernel charged to them (:func:`processes_io`) and the host's busy CPU time,
+    so the device's bytes split into the run's and everyone else's; ``t_ns`` on the clock of the
+    op records, taken last, and ``read_ns``, how long the sample took."""
+    start = time.perf_counter_ns()
     out: dict[str, int] = {}
+    if pids:
+        own = processes_io(pids)
+        busy = host_cpu_busy_ns()
+        if own is not None and busy is not None:
+            out.update(own, cpu_busy_ns=busy)
     if device is not None:
         try:
             fields = Path(f"/sys/dev/block/{device}/stat").read_text().split()
@@ -154,6 +204,8 @@ def counters_sample(device: str | None) -> dict[str, int]:
         if name in info:
             out[key] = info[name]
     out["t_ns"] = time.perf_counter_ns()
+    if pids:
+        out["read_ns"] = out["t_ns"] - start
     return out
 
 

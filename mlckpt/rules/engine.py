@@ -5,8 +5,9 @@ composed by ``registry``); rule text is never evaluated.  ``evaluate(ctx, stage)
 of that stage that applies to the context's division and returns findings (failed rules) and
 the rules it could not evaluate for lack of input (e.g. ``mlckpt plan`` without ``hosts=``).
 
-Verdicts: any ``invalid`` finding → ``invalid``; else any ``open`` finding or an open-division
-run → ``open``; else ``closed``.
+Verdicts: any ``invalid`` finding → ``invalid``; else any ``disturbed`` finding (rules 1.8: the
+environment, not the storage or the submitter, spoilt the measurement) → ``disturbed``; else any
+``open`` finding or an open-division run → ``open``; else ``closed``.
 """
 
 from __future__ import annotations
@@ -23,9 +24,9 @@ from mlckpt.resources import rules_dir
 from mlckpt.workload.layout import Plan, auto_rank_shift
 from mlckpt.workload.model import Workload
 
-SEVERITIES = ("invalid", "open", "warning")
+SEVERITIES = ("invalid", "disturbed", "open", "warning")
 STAGES = ("config", "host", "result", "submission")
-DEFAULT_RULES_VERSION = "1.7"
+DEFAULT_RULES_VERSION = "1.8"
 # A rule's exit class (rules.yaml ``exit``): a failed ``integrity`` rule means the bytes cannot
 # be trusted at all (mlckpt-check exits 3); a failed ``rules`` rule makes a result invalid or open.
 EXIT_CLASSES = ("rules", "integrity")
@@ -249,6 +250,8 @@ def verdict(findings: Iterable[Finding], division: str | None) -> str:
     sev = {f.severity for f in findings}
     if "invalid" in sev:
         return "invalid"
+    if "disturbed" in sev:
+        return "disturbed"
     if "open" in sev or division == "open":
         return "open"
     return "closed"

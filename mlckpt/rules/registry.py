@@ -9,6 +9,7 @@ from mlckpt.rules.checks import (
     config,
     counters,
     evidence,
+    foreign,
     gpu,
     host,
     mlperf,
@@ -21,7 +22,9 @@ from mlckpt.rules.checks import (
 from mlckpt.rules.engine import DEFAULT_RULES_VERSION, CheckFn, RuleSet, load_rule_set
 
 CHECKS: dict[str, CheckFn] = {}
-for _module in (config, host, result, evidence, counters, submission, mlperf, split, witness, objects, gpu):
+_MODULES = (config, host, result, evidence, counters, foreign, submission, mlperf, split, witness, objects,
+            gpu)
+for _module in _MODULES:
     _clash = CHECKS.keys() & _module.CHECKS.keys()
     if _clash:  # a defect of the code, caught at import
         raise ImportError(f"check names defined twice: {sorted(_clash)}")

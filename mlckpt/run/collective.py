@@ -13,6 +13,7 @@ names them, removes this run's files and aborts the job).
 from __future__ import annotations
 
 import gc
+import os
 import socket
 import threading
 import time
@@ -348,6 +349,8 @@ class OpTimer:
         }
         if self.probe is not None:
             rec["host_counters"] = {"device": self.device, "before": before, "after": self.probe()}
+            if self.records_format >= 6:  # the host's CPUs, to weigh other processes' CPU time
+                rec["host_counters"]["cpus"] = os.cpu_count() or 1
         if fmt4:
             rec["cpu_ns"] = c1 - c0
             if huge is not None:  # (None: /proc/self/smaps unreadable)

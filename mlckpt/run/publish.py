@@ -63,6 +63,7 @@ def manifest_of(
     witness: Mapping[str, Any] | None = None,
     storage: Mapping[str, Any] | None = None,
     state: Mapping[str, Any] | None = None,
+    calibration: Mapping[str, Any] | None = None,
 ) -> dict[str, Any]:
     """run.json before the result-stage rules add their findings (pure), in the run format the
     rule set's schema pins (rules 1.2 bundles stay run format 3)."""
@@ -77,6 +78,8 @@ def manifest_of(
         extra["storage"] = dict(storage) if storage else {"kind": "posix"}
     if run_format >= 7:  # rules 1.7: where the state lived (null: host memory; or the GPU source)
         extra["state"] = dict(state) if state else None
+    if run_format >= 8:  # rules 1.8: each host's timing, measured before the first op
+        extra["calibration"] = dict(calibration) if calibration else None
     return {
         "run_format": run_format,
         **extra,
@@ -108,6 +111,16 @@ def manifest_of(
             "fast_fs": ({h.name: gates.fast_fs.get(h.name) for h in gates.hosts} if pipe.tiered else {}),
         },
     }
+
+
+def verdict_line(manifest: Mapping[str, Any]) -> str:
+    """run.log's first line for a run that is no result: why, by which rules."""
+    verdict = str(manifest["verdict"])
+    rules = ", ".join(sorted({f["rule"] for f in manifest["findings"] if f["severity"] == verdict}))
+    if verdict == "disturbed":
+        return (f"DISTURBED RESULT: other processes on the host took a share of the checkpoint device or "
+                f"the CPUs during the timed ops ({rules}); neither valid nor invalid: re-run on a quiet host")
+    return f"INVALID RESULT: the rules find this run invalid ({rules})"
 
 
 def judged(

@@ -30,6 +30,7 @@ from mlckpt.locations import s3_settings
 from mlckpt.plan.config import SHIPPED, ConfigSource
 from mlckpt.rules.checks.gpu import gpu_source
 from mlckpt.run import gpustate, objectstore
+from mlckpt.run.calibrate import calibrate
 from mlckpt.run.cleanup import Created, sweep_run
 from mlckpt.run.collective import Job, MPIDone, OpTimer
 from mlckpt.run.configure import Configured, configure, mpi_library, resolve_signing_key
@@ -46,6 +47,7 @@ from mlckpt.run.publish import (
     manifest_of,
     records_format,
     summary_of,
+    verdict_line,
     write_bundle,
 )
 from mlckpt.run.reads import ReadPhase
@@ -55,6 +57,7 @@ from mlckpt.units import fmt_bytes
 from mlckpt.workload.layout import PAGE, pages
 
 INVALID_STATUS = 5  # the run completed, its verdict is invalid (README: Errors and exit statuses)
+DISTURBED_STATUS = 6  # the run completed, other processes on its host spoilt the measurement
 ABORT_GRACE_S = 0.5  # between printing a fatal line and MPI_Abort (see Stalled)
 
 
@@ -196,10 +199,16 @@ def op_timer(job: Job, c: Configured, gates: Gates, folders: Folders, created: C
         )
     stalled = Stalled(job, c, gates, folders, created)
     timer = OpTimer(job, float(c.config["io"]["timeout_s"]), channel, stalled)
+    timer.records_format = records_format(c.setup.rules.version)
+    pids = job.comm.allgather(os.getpid())
     if gates.leader(job.rank):  # the host's kernel counters around every op (records format 3)
         timer.device = block_device(folders.root) if isinstance(folders.root, Path) else None
-        timer.probe = partial(counters_sample, timer.device)
-        timer.host_ranks = len(next(h for h in gates.hosts if job.rank in h.ranks).ranks)
+        ranks = next(h for h in gates.hosts if job.rank in h.ranks).ranks
+        # Records format 6: and what the kernel charged to the host's ranks, to tell the run's
+        # own I/O from other tenants' on the same device.
+        own = [pids[r] for r in ranks] if timer.records_format >= 6 else ()
+        timer.probe = partial(counters_sample, timer.device, own)
+        timer.host_ranks = len(ranks)
     return timer
 
 
@@ -235,14 +244,15 @@ def timer_opts(cfg: Mapping[str, Any]) -> engine.IOOptions:
 
 
 def phases(job: Job, c: Configured, gates: Gates, created: Created, ident: tuple[RunId, bytes],
-           witness: Witnessing | None) -> tuple[RunId, list[dict[str, Any]], dict[str, Any] | None]:
-    """Folders, allocation, the writes, eviction, the restores.  Returns the run's identity, the
-    records and run.json's state block (rank 0; other ranks: none)."""
+           witness: Witnessing | None) -> tuple[RunId, list[dict[str, Any]], dict[str, Any] | None,
+                                                dict[str, Any] | None]:
+    """Folders, allocation, the timing calibration, the writes, eviction, the restores.  Returns
+    the run's identity, the records and run.json's state and calibration blocks (rank 0; other
+    ranks: none)."""
     cfg, plan, ck = c.config, c.setup.plan, c.config["checkpoint"]
     folders = make_folders(job, c, gates, created, *ident)
     timer = op_timer(job, c, gates, folders, created)
     timer.witness = witness
-    timer.records_format = records_format(c.setup.rules.version)
     mine = plan.rank_plans[job.rank].files
     reads = plan.restore_reads(job.rank, ck["restore"], gates.shift)
     stream = cfg["residency"] == "stream"
@@ -258,13 +268,14 @@ def phases(job: Job, c: Configured, gates: Gates, created: Created, ident: tuple
             dev, mine_gpu = gpustate.open_gpu(job, cfg, gates, arena)
         entries = job.comm.gather(mine_gpu["entry"], root=0)
         state = gpustate.state_block(mine_gpu, entries) if job.rank == 0 else None
+    calibration = calibrate(timer) if timer.records_format >= 6 else None
     try:
         run_id, records = _io_phases(job, c, gates, created, folders, timer, arena,
                                      (mine, own, reads, rd_offsets), dev)
     finally:
         if dev is not None:
             dev.close()
-    return run_id, records, state
+    return run_id, records, state, calibration
 
 
 def _io_phases(job: Job, c: Configured, gates: Gates, created: Created, folders: Folders, timer: OpTimer,
@@ -325,6 +336,7 @@ def publish(
     signing_key: Any,
     witness: Witnessing | None = None,
     state: Mapping[str, Any] | None = None,
+    calibration: Mapping[str, Any] | None = None,
 ) -> Path:
     """Rank 0: summary, manifest, the result-stage rules, then the signed bundle."""
     s, cfg = c.setup, c.config
@@ -345,6 +357,7 @@ def publish(
         witness=witness.block(int(cfg["checkpoint"]["num_writes"])) if witness else None,
         storage=objectstore.storage_block(cfg, objectstore.open_store(cfg)[0] if objects else None),
         state=state,
+        calibration=calibration,
     )
     summary = summary_of(s, records, manifest, system)
     bound = s.rules.data["cold_read"]["max_resident_fraction"]
@@ -357,9 +370,8 @@ def publish(
         job.say(f"finding: [{f.rule}] ({f.severity}) {f.message}")
     job.say(headline(summary) + f"; verdict {manifest['verdict']}")
     log = list(job.console.log_lines)
-    if manifest["verdict"] == "invalid":  # the first thing anyone opening the bundle reads
-        rules = sorted({f["rule"] for f in manifest["findings"] if f["severity"] == "invalid"})
-        log.insert(0, f"INVALID RESULT: the rules find this run invalid ({', '.join(rules)})")
+    if manifest["verdict"] in ("invalid", "disturbed"):  # the first thing anyone opening the bundle reads
+        log.insert(0, verdict_line(manifest))
     files = BundleFiles(manifest, cfg, records, summary, system, log,
                         witness.transcript_bytes() if witness else None)
     root = Path(cfg["output"]["root"]).absolute()
@@ -403,13 +415,13 @@ def run(job: Job, overrides: Sequence[str], source: ConfigSource = SHIPPED) -> t
     witness = Witnessing.open(job, cfg, c.setup.plan.digest, ident[0].number, ident[0].name)
     stage = job.console.stage if job.rank == 0 else (lambda _: None)
     with Created(bool(cfg["checkpoint"]["keep"]), between=lambda: final_barrier(job), stage=stage) as created:
-        run_id, records, state = phases(job, c, gates, created, ident, witness)
+        run_id, records, state, calibration = phases(job, c, gates, created, ident, witness)
     folder, failure = None, None
     if job.rank == 0:
         try:
             if witness is not None:
                 witness.close()
-            folder = publish(job, c, gates, run_id, records, started, key, witness, state)
+            folder = publish(job, c, gates, run_id, records, started, key, witness, state, calibration)
         except BaseException as exc:  # the other ranks wait for the verdict: tell them, then fail
             failure = exc
     verdict = job.comm.bcast(read_verdict(folder) if folder is not None else "no bundle")
@@ -458,6 +470,13 @@ def mpi_main(overrides: Sequence[str], faults: Faults = NO_FAULTS, out: TextIO |
                       "first line of its run.log); the bundle is kept for diagnosis", file=sys.stderr,
                       flush=True)
             return INVALID_STATUS
+        if verdict == "disturbed":  # nothing wrong with the storage or the run: its host was busy
+            if job.rank == 0:
+                print("mlckpt: the run was disturbed: other processes used its checkpoint device or its "
+                      "CPUs during the timed ops (see the FOREIGN-IO finding above). The bundle is kept "
+                      "and says so, but it is no result: quiet the device and the host, and run again",
+                      file=sys.stderr, flush=True)
+            return DISTURBED_STATUS
         return 0
     finally:
         if guardian is not None:  # the leader got here: its failure was reported and cleaned up

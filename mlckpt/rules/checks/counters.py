@@ -8,45 +8,41 @@ import itertools
 from collections.abc import Iterator, Mapping, Sequence
 from typing import Any
 
+from mlckpt.attribution import attributed, op_window
 from mlckpt.metrics import group_ops
-from mlckpt.rules.checks.evidence import Rec, _bounds, _by_host, _end, _host_facts
+from mlckpt.rules.checks.evidence import Rec, _bounds, _by_host, _end, _host_facts, counted_op
 from mlckpt.rules.checks.result import RunData, _run
+from mlckpt.rules.checks.timing import abs_bound_ns, calibration_outcomes
 from mlckpt.rules.engine import Context, NotChecked, Outcome, Rule, RuleSet, checks_table
-from mlckpt.workload.pipeline import DURABLE, MEMORY_FILESYSTEMS, Pipeline
-
-
-def _counted(d: RunData, r: Rec) -> bool:
-    """Whether the op's bytes cross the durable tier's device inside the record's own op window:
-    sync one-tier writes with fsync or O_DIRECT, restores from the durable tier."""
-    if r["op"] == "read":
-        return r.get("tier") == DURABLE
-    pipe = Pipeline.of(d.config)
-    return pipe.blocking == DURABLE and bool(r.get("fsync") or r.get("direct"))
-
+from mlckpt.workload.pipeline import MEMORY_FILESYSTEMS, Pipeline
 
 BLOCK_FILESYSTEMS = frozenset({"ext2", "ext3", "ext4", "xfs", "f2fs", "jfs", "reiserfs"})
 
 
 def _window(
-    d: RunData, b: Mapping[str, Any], key: tuple[str, int], hr: Sequence[Rec], leader: Rec, op_dur: int
+    rs: RuleSet, d: RunData, b: Mapping[str, Any], key: tuple[str, int], hr: Sequence[Rec], leader: Rec,
+    op_dur: int,
 ) -> Iterator[Outcome]:
     """The counters' window against the records: read on leaving the barrier right before the
     leader's own start, and again soon after the host's last rank ended (the wait for other hosts'
-    slower ranks allowed)."""
+    slower ranks allowed).  The absolute allowances are the host's own calibration's (rules 1.8)."""
     hc = leader["host_counters"]
     c0, c1 = int(hc["before"]["t_ns"]), int(hc["after"]["t_ns"])
-    where = f"{key[0]} {key[1]} on {leader['host']}"
+    host = str(leader["host"])
+    where = f"{key[0]} {key[1]} on {host}"
     last = max(_end(r) for r in hr)
     head = int(leader["t0_ns"]) - c0
-    if not 0 <= head <= b["head_abs_s"] * 1e9:
+    head_max = abs_bound_ns(rs, d, host, "head_ns", b["head_abs_s"])
+    if not 0 <= head <= head_max:
         yield Outcome(
             False,
-            f"the leader's start at most {b['head_abs_s'] * 1e3:.0f} ms after its counters",
+            f"the leader's start at most {head_max / 1e6:.0f} ms after its counters",
             f"{head / 1e6:+.1f} ms",
             where=where,
         )
     host_dur = max(_end(r) - int(r["t0_ns"]) for r in hr)
-    tail = b["tail_abs_s"] * 1e9 + b["tail_rel"] * op_dur + (op_dur - host_dur)
+    tail = (abs_bound_ns(rs, d, host, "tail_ns", b["tail_abs_s"]) + b["tail_rel"] * op_dur
+            + (op_dur - host_dur))
     if key[0] == "write" and Pipeline.of(d.config).background:
         tail += b["tail_background_s"] * 1e9  # the ranks' background stages compete for the CPUs
     if last > c1:
@@ -68,6 +64,7 @@ def _window(
 def _device(
     d: RunData,
     b: Mapping[str, Any],
+    attr: Mapping[str, Any] | None,
     key: tuple[str, int],
     hr: Sequence[Rec],
     leader: Rec,
@@ -78,7 +75,7 @@ def _device(
     before, after = hc["before"], hc["after"]
     where = f"{key[0]} {key[1]} on {leader['host']}"
     op = key[0]
-    counted = [r for r in hr if _counted(d, r)]
+    counted = [r for r in hr if counted_op(d, r)]
     total = sum(int(r["bytes"]) for r in counted)
     if op == "read" and total and (facts.get("filesystem") or {}).get("fs_type") in MEMORY_FILESYSTEMS:
         resident = sum(int(r.get("resident_bytes", 0)) for r in counted)
@@ -95,11 +92,14 @@ def _device(
             int(after.get("shmem_bytes", 0)) - int(before.get("shmem_bytes", 0))
         )
         direct_bytes = sum(int(r["bytes"]) for r in claimed_direct)
-        if grew > b["direct_cache_fraction"] * direct_bytes:
+        others = _others_cache_bytes(hc)
+        allowed = b["direct_cache_fraction"] * direct_bytes + others
+        if grew > allowed:
+            besides = f" plus the {others} B other processes read or dirtied" if others else ""
             yield Outcome(
                 False,
                 f"O_DIRECT: the page cache grows by less than "
-                f"{b['direct_cache_fraction']:.0%} of {direct_bytes} B",
+                f"{b['direct_cache_fraction']:.0%} of {direct_bytes} B{besides}",
                 f"it grew by {grew} B",
                 where=where,
             )
@@ -121,25 +121,58 @@ def _device(
                 f"{moved} B",
                 where=where,
             )
+        yield from _own(attr, hc, where)
+
+
+def _others_cache_bytes(hc: Mapping[str, Any]) -> int:
+    """How much other processes can have grown the page cache over an op (rules 1.8, attributed
+    counters; 0 otherwise): what the device read and wrote for them (a buffered read fills the
+    cache, a written page was cached first) and what is dirty or under writeback since."""
+    w = op_window(hc)
+    if w is None:
+        return 0
+    before, after = hc["before"], hc["after"]
+    dirty = sum(int(after.get(k, 0)) - int(before.get(k, 0)) for k in ("dirty_bytes", "writeback_bytes"))
+    return w.foreign_bytes + max(0, dirty)
+
+
+def _own(attr: Mapping[str, Any] | None, hc: Mapping[str, Any], where: str) -> Iterator[Outcome]:
+    """Rules 1.8: what the kernel charged to the host's ranks is part of what the device moved
+    (the run cannot have moved more than its device did: an inflated share of its own would hide
+    another tenant)."""
+    w = op_window(hc) if attr is not None else None
+    if w is None:
+        return
+    assert attr is not None
+    slack = attr["own_slack_fraction"] * w.device_bytes + attr["own_slack_bytes"]
+    if w.own_bytes > w.device_bytes + slack:
+        yield Outcome(False,
+                      f"the ranks' own bytes at most the {w.device_bytes} B device {hc['device']} moved",
+                      f"{w.own_bytes} B", where=where)
 
 
 def _between(
     b: Mapping[str, Any], host: str, windows: Sequence[tuple[tuple[str, int], Rec, int]]
 ) -> Iterator[Outcome]:
-    """Between two consecutive counted ops of a host, the device moved no checkpoint's worth of
-    bytes that no op accounts for (an op dropped and the rest renumbered)."""
+    """Between two consecutive counted ops of a host, no checkpoint's worth of bytes moved that no
+    op accounts for (an op dropped and the rest renumbered).  Where the counters attribute the
+    device's bytes (rules 1.8), the run's own bytes are judged, and another tenant's are not."""
     for (ka, la, bytes_a), (kb, lb, bytes_b) in itertools.pairwise(windows):
-        after, before = la["host_counters"]["after"], lb["host_counters"]["before"]
-        if la["host_counters"].get("device") != lb["host_counters"].get("device"):
+        ha, hb = la["host_counters"], lb["host_counters"]
+        if ha.get("device") != hb.get("device"):
             continue
+        after, before = ha["after"], hb["before"]
+        own = attributed(after) and attributed(before)
         for field in ("written_bytes", "read_bytes"):
-            if field in after and field in before:
-                gap = int(before[field]) - int(after[field])
+            key = f"own_{field}" if own else field
+            if key in after and key in before:
+                gap = int(before[key]) - int(after[key])
                 limit = max(b["between_fraction"] * min(bytes_a, bytes_b), b["between_abs_bytes"])
                 if gap < 0 or gap > limit:
+                    whose = "the ranks" if own else "the device"
                     yield Outcome(
                         False,
-                        f"at most {limit:.0f} B {field.split('_')[0]} by the device between "
+                        f"at most {limit:.0f} B {field.split('_')[0]} by {whose} between "
                         "consecutive ops (counters only grow)",
                         f"{gap} B",
                         where=f"between {ka[0]} {ka[1]} and {kb[0]} {kb[1]} on {host}",
@@ -153,7 +186,7 @@ def device_counters(ctx: Context, rs: RuleSet, rule: Rule) -> Iterator[Outcome |
     read at least the bytes not resident, and no op's worth of bytes moved between ops; O_DIRECT
     did not fill the page cache; a memory filesystem is never cold, and a block filesystem has its
     device."""
-    d, b = _run(ctx), _bounds(rs)["counters"]
+    d, b, attr = _run(ctx), _bounds(rs)["counters"], rs.data.get("attribution")
     if int(d.run.get("records_format", 0)) < 3:
         yield NotChecked("the records carry no kernel counters (records format 2)")
         return
@@ -165,6 +198,7 @@ def device_counters(ctx: Context, rs: RuleSet, rule: Rule) -> Iterator[Outcome |
                 False, f"the block device of the {fs} checkpoint folder", "none", where=f"host {host}"
             )
     ops = group_ops(d.records)
+    yield from calibration_outcomes(rs, d, sorted(_by_host(d.records)), ("head_ns", "tail_ns"))
     windows: dict[str, list[tuple[tuple[str, int], Rec, int]]] = {}
     for key, recs in ops.items():  # writes first, each in index order
         op_dur = max(_end(r) - int(r["t0_ns"]) for r in recs)
@@ -178,9 +212,9 @@ def device_counters(ctx: Context, rs: RuleSet, rule: Rule) -> Iterator[Outcome |
                     where=f"{key[0]} {key[1]} on {host}",
                 )
                 continue
-            yield from _window(d, b, key, hr, leaders[0], op_dur)
-            yield from _device(d, b, key, hr, leaders[0], facts.get(host, {}))
-            counted = sum(int(r["bytes"]) for r in hr if _counted(d, r))
+            yield from _window(rs, d, b, key, hr, leaders[0], op_dur)
+            yield from _device(d, b, attr, key, hr, leaders[0], facts.get(host, {}))
+            counted = sum(int(r["bytes"]) for r in hr if counted_op(d, r))
             if counted and leaders[0]["host_counters"].get("device") is not None:
                 windows.setdefault(host, []).append((key, leaders[0], counted))
     for host, ws in sorted(windows.items()):

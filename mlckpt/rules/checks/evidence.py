@@ -19,9 +19,11 @@ import statistics
 from collections.abc import Iterator, Mapping, Sequence
 from typing import Any
 
+from mlckpt.attribution import foreign_summary
 from mlckpt.locations import is_object_url
 from mlckpt.metrics import DlioFacts, completed, group_ops
 from mlckpt.rules.checks.result import RunData, _compare, _run, _writes_by_rank, summary_format
+from mlckpt.rules.checks.timing import abs_bound_ns, calibration_outcomes
 from mlckpt.rules.engine import Context, NotChecked, Outcome, Rule, RuleSet, checks_table
 from mlckpt.workload.pipeline import DURABLE, MEMORY, Pipeline
 
@@ -72,15 +74,28 @@ def _host_facts(d: RunData) -> dict[str, Mapping[str, Any]]:
     return {str(h.get("hostname")): h for h in d.system.get("hosts", [])}
 
 
+def counted_op(d: RunData, r: Rec) -> bool:
+    """Whether the op's bytes cross the durable tier's device inside the record's own op window:
+    sync one-tier writes with fsync or O_DIRECT, restores from the durable tier."""
+    if r["op"] == "read":
+        return r.get("tier") == DURABLE
+    pipe = Pipeline.of(d.config)
+    return pipe.blocking == DURABLE and bool(r.get("fsync") or r.get("direct"))
+
+
 # ------------------------------------------------------------------------------ what is shown
 def recomputed_summary(rs: RuleSet, d: RunData, plan: Any) -> dict[str, Any]:
     """summary.json as the records and the plan of the run's own workload and scale give it (and,
-    from summary format 3, run.json's times and system.json's hosts): what the runner writes, and
-    what the checker, ``compare`` and the leaderboard show, whatever the bundle's summary claims.
-    The summary format is the one the rule set's summary schema pins."""
+    from summary format 3, run.json's times and system.json's hosts; from 5, what other processes
+    moved on the checkpoint device): what the runner writes, and what the checker, ``compare``
+    and the leaderboard show, whatever the bundle's summary claims.  The summary format is the
+    one the rule set's summary schema pins."""
     facts = DlioFacts.of(d.run, d.system) if summary_format(rs) >= 3 else None
-    return completed(d.summarized(rs), plan.total_bytes,
-                     plan.restore_bytes(str(d.config["checkpoint"]["restore"])), facts)
+    out = completed(d.summarized(rs), plan.total_bytes,
+                    plan.restore_bytes(str(d.config["checkpoint"]["restore"])), facts)
+    if summary_format(rs) >= 5:
+        out["foreign"] = foreign_summary(d.records, lambda r: counted_op(d, r))
+    return out
 
 
 
@@ -98,7 +113,7 @@ def summary_exact(ctx: Context, rs: RuleSet, rule: Rule) -> Iterator[Outcome | N
             "only keys the checker recomputes",
             f"summary.{extra[0]}" + (f" (and {len(extra) - 1} more)" if len(extra) > 1 else ""),
         )
-    shown = {k: want[k] for k in (*EXACT_KEYS, "dlio_compat", *DLIO_KEYS) if k in want}
+    shown = {k: want[k] for k in (*EXACT_KEYS, "dlio_compat", "foreign", *DLIO_KEYS) if k in want}
     diffs = list(_compare("", shown, d.summary))
     for path, exp, got in diffs[:5]:
         yield Outcome(False, f"summary.{path} = {exp}", got)
@@ -155,15 +170,18 @@ def start_skew(ctx: Context, rs: RuleSet, rule: Rule) -> Iterator[Outcome | NotC
     # Rules 1.4: a write whose barrier the ranks' own background persists overlap (the previous
     # checkpoint not yet durable on some rank) gets the larger allowance ``busy_abs_s``: those
     # threads compete with the ranks for the host's cores as they leave the barrier.
+    # Rules 1.8: the absolute part is the host's own calibration's (mlckpt.rules.checks.timing).
     busy_abs = float(rs.data.get("start_skew_busy", {}).get("abs_s", b["abs_s"]))
     durable = {(int(r["rank"]), int(r["index"])): int(r["t1_ns"]) for r in d.records if r["op"] == "write"}
+    yield from calibration_outcomes(rs, d, sorted(_by_host(d.records)), ("skew_ns",))
     for (op, idx), recs in sorted(group_ops(d.records).items()):
         for host, hr in sorted(_by_host(recs).items()):
             t0 = [int(r["t0_ns"]) for r in hr]
             dur = max(_end(r) - int(r["t0_ns"]) for r in hr)
             busy = op == "write" and any(durable.get((int(r["rank"]), idx - 1), 0) > int(r["t0_ns"])
                                          for r in hr)
-            bound = (busy_abs if busy else b["abs_s"]) * 1e9 + b["rel"] * max(dur, 0)
+            base = abs_bound_ns(rs, d, host, "skew_ns", b["abs_s"])
+            bound = (max(busy_abs * 1e9, base) if busy else base) + b["rel"] * max(dur, 0)
             if max(t0) - min(t0) > bound:
                 late = max(hr, key=lambda r: int(r["t0_ns"]))
                 yield Outcome(

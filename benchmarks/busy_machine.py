@@ -1,0 +1,111 @@
+"""Honest runs beside another tenant of the machine: how many come out valid, disturbed, invalid.
+
+Starts tests/tenant.py on the checkpoint disk (a file copy paced to --tenant-mb-s, 0 for flat out,
+plus --busy-cores spinning cores), then runs `mlckpt run` --runs times for each preset, under each
+rules version named, alternating, and tallies the verdicts, the rules that fired and the foreign
+share each run recorded.  The false-alarm rate before and after rules 1.8 is the share of honest
+runs called invalid under 1.7 and under 1.8.
+
+    python benchmarks/busy_machine.py --runs 20 --tenant-mb-s 250 --busy-cores 1
+    python benchmarks/busy_machine.py --runs 5 --tenant-mb-s 0 --rules 1.8
+    python benchmarks/busy_machine.py --runs 5 --tenant-mb-s -1 --presets r64   # no tenant
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import re
+import subprocess
+import sys
+import tempfile
+import time
+from collections import Counter
+from pathlib import Path
+
+HERE = Path(__file__).resolve().parent
+MLCKPT = Path(sys.executable).parent / "mlckpt"
+TENANT = HERE.parent / "tests" / "tenant.py"
+PRESETS = {
+    "default": (),  # the README's quick start: the laptop preset
+    "tiny": ("division=open", "scale=0.0005", "ranks=4", "checkpoint.num_writes=1", "checkpoint.num_reads=1",
+             "io.direct=false"),  # the tests' scale (tests/conftest.py)
+    "r16": ("division=open", "scale=0.002", "ranks=16", "checkpoint.num_writes=2", "checkpoint.num_reads=2"),
+    "r64": ("division=open", "scale=0.004", "ranks=64", "checkpoint.num_writes=2", "checkpoint.num_reads=2"),
+}
+FINDING = re.compile(r"^finding: \[([A-Z0-9-]+)\]")
+
+
+def one_run(work: Path, preset: str, rules: str) -> dict[str, object]:
+    args = [str(MLCKPT), "run", *PRESETS[preset], f"rules_version={rules}", "signing.key=none",
+            "output.root=results", "checkpoint.folder=ck"]
+    t0 = time.monotonic()
+    proc = subprocess.run(args, cwd=work, text=True, capture_output=True, timeout=1200, check=False)
+    out = {"preset": preset, "rules": rules, "status": proc.returncode, "seconds": round(time.monotonic() - t0, 1),
+           "rules_fired": sorted({m.group(1) for ln in proc.stdout.splitlines() if (m := FINDING.match(ln))})}
+    bundle = [ln[len("bundle: "):] for ln in proc.stdout.splitlines() if ln.startswith("bundle: ")]
+    if bundle:
+        run = json.loads((Path(bundle[0]) / "run.json").read_text())
+        summary = json.loads((Path(bundle[0]) / "summary.json").read_text())
+        out["verdict"] = run["verdict"]
+        foreign = summary.get("foreign") or {}
+        out["foreign_share"] = {op: (foreign.get(op) or {}).get("foreign_share") for op in ("write", "read")}
+        out["foreign_cpu_share"] = {op: (foreign.get(op) or {}).get("foreign_cpu_share") for op in ("write", "read")}
+        out["worst_op_share"] = {op: ((foreign.get(op) or {}).get("worst") or {}).get("foreign_share")
+                                 for op in ("write", "read")}
+        out["write_gib_s"] = summary.get("write_bandwidth_mean_gib_s")
+    else:
+        out["verdict"] = "no bundle"
+        out["error"] = proc.stderr.strip().splitlines()[-1:] if proc.stderr.strip() else []
+    return out
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--runs", type=int, default=5)
+    ap.add_argument("--presets", default="default,tiny,r16")
+    ap.add_argument("--rules", default="1.7,1.8", help="rules versions to alternate")
+    ap.add_argument("--tenant-mb-s", type=float, default=250.0, help="-1: no tenant; 0: flat out")
+    ap.add_argument("--busy-cores", type=int, default=1)
+    ap.add_argument("--bursty", action="store_true", help="the tenant's writes reach the disk at each fsync")
+    ap.add_argument("--dir", type=Path, default=None, help="work folder (default: a temporary one under /tmp)")
+    ap.add_argument("--json", type=Path, default=None, help="write every run's row here")
+    a = ap.parse_args(argv)
+    work = a.dir or Path(tempfile.mkdtemp(prefix="mlckpt-busy-"))
+    work.mkdir(parents=True, exist_ok=True)
+    tenant = None
+    if a.tenant_mb_s >= 0:
+        tenant = subprocess.Popen([sys.executable, str(TENANT), "--dir", str(work / "tenant"), "--rate-mb-s",
+                                   str(a.tenant_mb_s), "--busy-cores", str(a.busy_cores), "--seconds", "7200",
+                                   *(["--bursty"] if a.bursty else [])])
+        time.sleep(3)  # the tenant's first file is under way
+    rows = []
+    try:
+        for i in range(a.runs):
+            for preset in a.presets.split(","):
+                for rules in a.rules.split(","):
+                    row = one_run(work, preset, rules)
+                    rows.append(row)
+                    print(json.dumps(row), flush=True)
+    finally:
+        if tenant is not None:
+            tenant.terminate()
+            tenant.wait(timeout=60)
+    print(f"\ntenant: {'none' if a.tenant_mb_s < 0 else ('flat out' if a.tenant_mb_s == 0 else f'{a.tenant_mb_s:.0f} MB/s')}"
+          f", busy cores {a.busy_cores if a.tenant_mb_s >= 0 else 0}")
+    for preset in a.presets.split(","):
+        for rules in a.rules.split(","):
+            mine = [r for r in rows if r["preset"] == preset and r["rules"] == rules]
+            verdicts = Counter(str(r["verdict"]) for r in mine)
+            fired = Counter(f for r in mine for f in r["rules_fired"])
+            shares = [max(v for v in r.get("foreign_share", {}).values() if v is not None)
+                      for r in mine if any(v is not None for v in r.get("foreign_share", {}).values())]
+            share = f", foreign share max {max(shares):.1%} median {sorted(shares)[len(shares) // 2]:.1%}" if shares else ""
+            print(f"{preset:8s} rules {rules}: {dict(verdicts)}; rules fired {dict(fired)}{share}")
+    if a.json:
+        a.json.write_text(json.dumps(rows, indent=1))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,164 @@
+"""Whose bytes the checkpoint device moved: the run's own, or another tenant's (records format 6).
+Pure: the runner's summary, the checker's rules and the leaderboard read the same numbers.
+
+Each host's leader samples, around every op (``host_counters``, see mlckpt/metrics.py), the
+device's own counters (/sys/dev/block/M:m/stat: every byte any process moved on it) beside what
+the kernel charged to the host's ranks (/proc/<pid>/io of every rank, all its threads: bytes it
+made the block layer read, bytes it wrote or dirtied for writing), and the CPU time of the host
+and of its ranks.  Over an op's window::
+
+    device = Δ(read_bytes + written_bytes)            everything the device moved
+    own    = Δ(own_read_bytes + own_written_bytes)     what the run's ranks caused
+    foreign = max(0, device - own)                     other processes (and the kernel's own
+                                                       journal and metadata writes)
+    foreign_cpu = max(0, Δcpu_busy_ns - Δown_cpu_ns)   CPU time of everything but the ranks
+
+Only the ops whose bytes cross the device inside their own window are weighed (a sync write to
+the durable tier with fsync or O_DIRECT, a restore from the durable tier: ``counted``); a write
+left in the page cache reaches the device later, in another window, and would read as foreign.
+
+A phase's ``foreign_share`` is Σ foreign ÷ Σ device over its weighed ops and hosts; its
+``foreign_cpu_share`` is Σ foreign CPU time ÷ Σ (CPUs × window).
+"""
+
+from __future__ import annotations
+
+import itertools
+from collections.abc import Callable, Iterable, Mapping
+from dataclasses import dataclass
+from typing import Any
+
+Rec = Mapping[str, Any]
+OWN_KEYS = ("own_read_bytes", "own_written_bytes")
+
+
+@dataclass(frozen=True)
+class Window:
+    """One host's counters over one op (or between two ops)."""
+
+    device_bytes: int
+    own_bytes: int
+    window_ns: int
+    foreign_cpu_ns: int | None  # None: the CPU counters are missing
+    cpus: int
+
+    @property
+    def foreign_bytes(self) -> int:
+        return max(0, self.device_bytes - self.own_bytes)
+
+    @property
+    def foreign_share(self) -> float:
+        return self.foreign_bytes / self.device_bytes if self.device_bytes > 0 else 0.0
+
+
+def _delta(before: Rec, after: Rec, *keys: str) -> int:
+    return sum(int(after[k]) - int(before[k]) for k in keys)
+
+
+def attributed(sample: Rec | None) -> bool:
+    """Whether a counters sample splits the device's bytes (records format 6, /proc readable)."""
+    return (sample is not None and all(k in sample for k in OWN_KEYS)
+            and "read_bytes" in sample and "written_bytes" in sample)
+
+
+def window(before: Rec | None, after: Rec | None, cpus: int = 1) -> Window | None:
+    """The counters between two samples of one host; None when they cannot be attributed."""
+    if not (attributed(before) and attributed(after)):
+        return None
+    assert before is not None and after is not None
+    cpu = None
+    if all(k in s for s in (before, after) for k in ("own_cpu_ns", "cpu_busy_ns")):
+        cpu = max(0, _delta(before, after, "cpu_busy_ns") - _delta(before, after, "own_cpu_ns"))
+    return Window(_delta(before, after, "read_bytes", "written_bytes"), _delta(before, after, *OWN_KEYS),
+                  int(after["t_ns"]) - int(before["t_ns"]), cpu, max(1, int(cpus)))
+
+
+def op_window(hc: Rec) -> Window | None:
+    """One host's window over one op, from its leader's ``host_counters``."""
+    return window(hc.get("before"), hc.get("after"), int(hc.get("cpus", 1)))
+
+
+@dataclass(frozen=True)
+class OpShare:
+    op: str
+    index: int
+    host: str
+    window: Window
+
+
+def op_windows(records: Iterable[Rec], counted: Callable[[Rec], bool]) -> list[OpShare]:
+    """Every weighed op's window on every host that attributes its device's bytes (one per leader
+    record that holds a device), in record order."""
+    out = []
+    for r in records:
+        hc = r.get("host_counters")
+        if not hc or hc.get("device") is None or not counted(r):
+            continue
+        w = op_window(hc)
+        if w is not None:
+            out.append(OpShare(str(r["op"]), int(r["index"]), str(r["host"]), w))
+    return out
+
+
+def _phase(shares: list[OpShare]) -> dict[str, Any] | None:
+    if not shares:
+        return None
+    device = sum(s.window.device_bytes for s in shares)
+    foreign = sum(s.window.foreign_bytes for s in shares)
+    cpu = [s.window for s in shares if s.window.foreign_cpu_ns is not None and s.window.window_ns > 0]
+    capacity = sum(w.cpus * w.window_ns for w in cpu)
+    worst = max(shares, key=lambda s: (s.window.foreign_bytes, -s.index))
+    return {
+        "ops": len({s.index for s in shares}),
+        "device_bytes": device,
+        "own_bytes": sum(s.window.own_bytes for s in shares),
+        "foreign_bytes": foreign,
+        "foreign_share": round(foreign / device, 6) if device > 0 else 0.0,
+        "foreign_cpu_share": (round(sum(w.foreign_cpu_ns or 0 for w in cpu) / capacity, 6)
+                              if capacity else None),
+        "worst": {"index": worst.index, "host": worst.host, "foreign_bytes": worst.window.foreign_bytes,
+                  "foreign_share": round(worst.window.foreign_share, 6)},
+    }
+
+
+def phases(records: Iterable[Rec], counted: Callable[[Rec], bool]) -> dict[str, list[OpShare]]:
+    """The weighed windows by phase (``write``, ``read``) and, within each, by host."""
+    out: dict[str, list[OpShare]] = {"write": [], "read": []}
+    for s in op_windows(records, counted):
+        out.setdefault(s.op, []).append(s)
+    return out
+
+
+def between_ops(records: Iterable[Rec],
+                counted: Callable[[Rec], bool]) -> list[tuple[OpShare, OpShare, Window]]:
+    """Each host's consecutive weighed ops and the counters between the end of one and the start
+    of the next (writes, then restores, each in index order)."""
+    leaders: dict[str, list[Rec]] = {}
+    for r in records:
+        hc = r.get("host_counters")
+        if hc and hc.get("device") is not None and counted(r):
+            leaders.setdefault(str(r["host"]), []).append(r)
+    out = []
+    order = {"write": 0, "read": 1}
+    for host, rs in sorted(leaders.items()):
+        rs.sort(key=lambda r: (order.get(str(r["op"]), 2), int(r["index"])))
+        for a, b in itertools.pairwise(rs):
+            ha, hb = a["host_counters"], b["host_counters"]
+            w = window(ha.get("after"), hb.get("before"), int(ha.get("cpus", 1)))
+            wa, wb = op_window(ha), op_window(hb)
+            same = ha.get("device") == hb.get("device")
+            if w is not None and wa is not None and wb is not None and same:
+                out.append((OpShare(str(a["op"]), int(a["index"]), host, wa),
+                            OpShare(str(b["op"]), int(b["index"]), host, wb), w))
+    return out
+
+
+def foreign_summary(records: Iterable[Rec], counted: Callable[[Rec], bool]) -> dict[str, Any] | None:
+    """summary.json's ``foreign`` block (summary format 5), or None when no host attributes."""
+    records = list(records)
+    by_phase = phases(records, counted)
+    if not any(by_phase.values()):
+        return None
+    gaps = between_ops(records, counted)
+    return {"write": _phase(by_phase["write"]), "read": _phase(by_phase["read"]),
+            "between_ops_bytes": sum(w.foreign_bytes for _, _, w in gaps)}

@@ -1,0 +1,77 @@
+"""FOREIGN-IO (rules 1.8): a run whose timed ops shared its checkpoint device, or its host's CPUs,
+with other processes past a declared share is *disturbed*: neither a valid result nor an invalid
+one.  Pure; the numbers are mlckpt.attribution's, the shares are ``attribution:`` in rules.yaml.
+
+The share is judged over a phase (every weighed write, or every weighed restore) on one host, as
+the headline is a mean over the phase's ops: one op that met another tenant's burst is reported
+(summary.json's ``foreign.*.worst``) but does not by itself spoil a mean of many.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator, Mapping
+from typing import Any
+
+from mlckpt.attribution import OpShare, phases
+from mlckpt.rules.checks.evidence import counted_op
+from mlckpt.rules.checks.result import _run
+from mlckpt.rules.engine import Context, NotChecked, Outcome, Rule, RuleSet, checks_table
+from mlckpt.units import fmt_bytes
+
+NOT_ATTRIBUTED = ("no host's counters split its device's bytes between the run and other processes "
+                  "(object storage, no block device, /proc unreadable, or records before format 6)")
+
+
+def _span(indexes: list[int]) -> str:
+    lo, hi = min(indexes), max(indexes)
+    return f"{lo}" if lo == hi else f"{lo}-{hi}"
+
+
+def _host_phase(a: Mapping[str, Any], op: str, host: str, shares: list[OpShare]) -> Iterator[Outcome]:
+    device = sum(s.window.device_bytes for s in shares)
+    foreign = sum(s.window.foreign_bytes for s in shares)
+    share = foreign / device if device > 0 else 0.0
+    where = f"host {host}, {op}s {_span([s.index for s in shares])}"
+    dev = shares[0].window
+    if share > float(a["max_foreign_share"]):
+        worst = max(shares, key=lambda s: s.window.foreign_bytes)
+        yield Outcome(
+            False,
+            f"other processes moving at most {float(a['max_foreign_share']):.0%} of the bytes the checkpoint "
+            "device moved during the timed ops",
+            f"{foreign} B ({fmt_bytes(foreign)}, {share:.0%} of {fmt_bytes(device)}) moved by other "
+            "processes, "
+            f"most during {op} {worst.index} ({fmt_bytes(worst.window.foreign_bytes)})",
+            where=where,
+        )
+    cpu = [s.window for s in shares if s.window.foreign_cpu_ns is not None and s.window.window_ns > 0]
+    capacity = sum(w.cpus * w.window_ns for w in cpu)
+    if capacity:
+        cpu_share = sum(w.foreign_cpu_ns or 0 for w in cpu) / capacity
+        if cpu_share > float(a["max_foreign_cpu_share"]):
+            yield Outcome(
+                False,
+                f"other processes using at most {float(a['max_foreign_cpu_share']):.0%} of the host's "
+                f"{dev.cpus} CPUs during the timed ops",
+                f"{cpu_share:.0%}",
+                where=where,
+            )
+
+
+def foreign_io(ctx: Context, rs: RuleSet, rule: Rule) -> Iterator[Outcome | NotChecked]:
+    """Per host and phase, what other processes moved on the checkpoint device (and how much of
+    the host's CPU time they took) during the weighed timed ops stays within ``attribution:``."""
+    d, a = _run(ctx), rs.data["attribution"]
+    by_phase = phases(d.records, lambda r: counted_op(d, r))
+    if not any(by_phase.values()):
+        yield NotChecked(NOT_ATTRIBUTED)
+        return
+    for op, shares in by_phase.items():
+        by_host: dict[str, list[OpShare]] = {}
+        for s in shares:
+            by_host.setdefault(s.host, []).append(s)
+        for host, hs in sorted(by_host.items()):
+            yield from _host_phase(a, op, host, hs)
+
+
+CHECKS = checks_table(foreign_io)

@@ -1,0 +1,61 @@
+"""Timing bounds that follow the machine (rules 1.8).  Pure.
+
+Rules 1.2-1.7 bound a host's barrier skew and the gap between an op and its counters by constants
+(``evidence:`` in rules.yaml) fitted on one quiet 2-core machine.  From 1.8 on (``timing:``), each
+host's bound is ``margin`` × the largest sample of its own calibration (run.json ``calibration``,
+recorded by mlckpt/run/calibrate.py before the first op, with all its ranks running), between a
+floor and ``cap_s``.  Rule sets without ``timing:`` keep their constants.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator, Mapping
+from typing import Any
+
+from mlckpt.rules.checks.result import RunData
+from mlckpt.rules.engine import Outcome, RuleSet
+
+KINDS = ("skew_ns", "head_ns", "tail_ns")
+FLOORS = {"skew_ns": "skew_floor_s", "head_ns": "head_floor_s", "tail_ns": "tail_floor_s"}
+
+
+def _timing(rs: RuleSet) -> Mapping[str, Any] | None:
+    return rs.data.get("timing")
+
+
+def _calibration(d: RunData, host: str) -> Mapping[str, Any] | None:
+    for h in (d.run.get("calibration") or {}).get("hosts", ()):
+        if h.get("host") == host:
+            return h
+    return None
+
+
+def abs_bound_ns(rs: RuleSet, d: RunData, host: str, kind: str, constant_s: float) -> float:
+    """The absolute part of a host's bound of ``kind`` (``skew_ns``, ``head_ns``, ``tail_ns``), in
+    ns: the rule set's constant without ``timing:``; else ``margin`` × the host's largest sample,
+    between the floor and ``cap_s`` (the floor alone for a host that has no samples: the rule
+    that needs them says so, see :func:`calibration_outcomes`)."""
+    t = _timing(rs)
+    if t is None:
+        return constant_s * 1e9
+    cal = _calibration(d, host)
+    samples = [int(x) for x in (cal or {}).get(kind, ())]
+    measured = float(t["margin"]) * max(samples) if samples else 0.0
+    return min(float(t["cap_s"]) * 1e9, max(float(t[FLOORS[kind]]) * 1e9, measured))
+
+
+def calibration_outcomes(rs: RuleSet, d: RunData, hosts: list[str],
+                         kinds: tuple[str, ...]) -> Iterator[Outcome]:
+    """Under ``timing:``, every host of the records has a calibration of at least ``min_rounds``
+    samples of each kind the rule uses (a bundle that drops them would be judged by the floors,
+    which only tightens its bounds, but a missing measurement is still a defect to name)."""
+    t = _timing(rs)
+    if t is None:
+        return
+    need = int(t["min_rounds"])
+    for host in hosts:
+        cal = _calibration(d, host)
+        short = [k for k in kinds if len((cal or {}).get(k, ())) < need]
+        if short:
+            got = "no calibration" if cal is None else ", ".join(f"{len(cal.get(k, ()))} {k}" for k in short)
+            yield Outcome(False, f"a timing calibration of at least {need} rounds", got, where=f"host {host}")
