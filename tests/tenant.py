@@ -5,8 +5,9 @@ and deletes it, paced to ``--rate-mb-s`` on average (0: as fast as the disk goes
 written pages start for the disk as they go (POSIX_FADV_DONTNEED after every 4 MiB starts their
 writeback, as a copy sees once the kernel's writeback keeps up), so the disk sees the paced
 rate; ``--bursty`` leaves them dirty until the file's fsync, so the disk sees each file as one
-flush at full speed (a 512 MiB burst every few seconds).  ``--busy-cores`` keeps that many cores spinning in other processes.
-Bounded: it stops after ``--seconds`` (and when its parent goes away), and removes what it wrote.
+flush at full speed (a 512 MiB burst every few seconds).  ``--busy-cores`` keeps that many cores
+spinning in other processes.  Bounded: it stops after ``--seconds`` (and when its parent goes
+away), and removes what it wrote.
 
     python tests/tenant.py --dir /path/on/the/checkpoint/disk --rate-mb-s 250 --busy-cores 1
 
