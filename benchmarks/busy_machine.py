@@ -41,7 +41,8 @@ def one_run(work: Path, preset: str, rules: str) -> dict[str, object]:
             "output.root=results", "checkpoint.folder=ck"]
     t0 = time.monotonic()
     proc = subprocess.run(args, cwd=work, text=True, capture_output=True, timeout=1200, check=False)
-    out = {"preset": preset, "rules": rules, "status": proc.returncode, "seconds": round(time.monotonic() - t0, 1),
+    took = round(time.monotonic() - t0, 1)
+    out = {"preset": preset, "rules": rules, "status": proc.returncode, "seconds": took,
            "rules_fired": sorted({m.group(1) for ln in proc.stdout.splitlines() if (m := FINDING.match(ln))})}
     bundle = [ln[len("bundle: "):] for ln in proc.stdout.splitlines() if ln.startswith("bundle: ")]
     if bundle:
@@ -49,8 +50,8 @@ def one_run(work: Path, preset: str, rules: str) -> dict[str, object]:
         summary = json.loads((Path(bundle[0]) / "summary.json").read_text())
         out["verdict"] = run["verdict"]
         foreign = summary.get("foreign") or {}
-        out["foreign_share"] = {op: (foreign.get(op) or {}).get("foreign_share") for op in ("write", "read")}
-        out["foreign_cpu_share"] = {op: (foreign.get(op) or {}).get("foreign_cpu_share") for op in ("write", "read")}
+        for key in ("foreign_share", "foreign_cpu_share"):
+            out[key] = {op: (foreign.get(op) or {}).get(key) for op in ("write", "read")}
         out["worst_op_share"] = {op: ((foreign.get(op) or {}).get("worst") or {}).get("foreign_share")
                                  for op in ("write", "read")}
         out["write_gib_s"] = summary.get("write_bandwidth_mean_gib_s")
@@ -68,7 +69,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--tenant-mb-s", type=float, default=250.0, help="-1: no tenant; 0: flat out")
     ap.add_argument("--busy-cores", type=int, default=1)
     ap.add_argument("--bursty", action="store_true", help="the tenant's writes reach the disk at each fsync")
-    ap.add_argument("--dir", type=Path, default=None, help="work folder (default: a temporary one under /tmp)")
+    ap.add_argument("--dir", type=Path, default=None, help="work folder (default: a new one under /tmp)")
     ap.add_argument("--json", type=Path, default=None, help="write every run's row here")
     a = ap.parse_args(argv)
     work = a.dir or Path(tempfile.mkdtemp(prefix="mlckpt-busy-"))
@@ -81,7 +82,7 @@ def main(argv: list[str] | None = None) -> int:
         time.sleep(3)  # the tenant's first file is under way
     rows = []
     try:
-        for i in range(a.runs):
+        for _ in range(a.runs):
             for preset in a.presets.split(","):
                 for rules in a.rules.split(","):
                     row = one_run(work, preset, rules)
@@ -91,8 +92,8 @@ def main(argv: list[str] | None = None) -> int:
         if tenant is not None:
             tenant.terminate()
             tenant.wait(timeout=60)
-    print(f"\ntenant: {'none' if a.tenant_mb_s < 0 else ('flat out' if a.tenant_mb_s == 0 else f'{a.tenant_mb_s:.0f} MB/s')}"
-          f", busy cores {a.busy_cores if a.tenant_mb_s >= 0 else 0}")
+    rate = "none" if a.tenant_mb_s < 0 else ("flat out" if a.tenant_mb_s == 0 else f"{a.tenant_mb_s:.0f} MB/s")
+    print(f"\ntenant: {rate}, busy cores {a.busy_cores if a.tenant_mb_s >= 0 else 0}")
     for preset in a.presets.split(","):
         for rules in a.rules.split(","):
             mine = [r for r in rows if r["preset"] == preset and r["rules"] == rules]
@@ -100,7 +101,8 @@ def main(argv: list[str] | None = None) -> int:
             fired = Counter(f for r in mine for f in r["rules_fired"])
             shares = [max(v for v in r.get("foreign_share", {}).values() if v is not None)
                       for r in mine if any(v is not None for v in r.get("foreign_share", {}).values())]
-            share = f", foreign share max {max(shares):.1%} median {sorted(shares)[len(shares) // 2]:.1%}" if shares else ""
+            share = (f", foreign share max {max(shares):.1%} median {sorted(shares)[len(shares) // 2]:.1%}"
+                     if shares else "")
             print(f"{preset:8s} rules {rules}: {dict(verdicts)}; rules fired {dict(fired)}{share}")
     if a.json:
         a.json.write_text(json.dumps(rows, indent=1))

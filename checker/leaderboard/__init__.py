@@ -51,20 +51,16 @@ again), ``render`` (md, csv, json, html; imports the model only) and ``command``
 
 
 from checker.leaderboard.collect import BundleDocs, collect, is_archive, read_bundle
+from checker.leaderboard.columns import COLUMN, COLUMNS, Column, fmt, rounded
 from checker.leaderboard.model import (
-    COLUMN,
-    COLUMNS,
     ClassKey,
     ClassTable,
-    Column,
     Entry,
     Excluded,
     Leaderboard,
     build,
     entry_from_docs,
-    fmt,
     result_id,
-    rounded,
 )
 
 __all__ = ["COLUMN", "COLUMNS", "BundleDocs", "ClassKey", "ClassTable", "Column", "Entry", "Excluded",

@@ -32,18 +32,8 @@ from urllib.parse import quote
 import pandas as pd
 from tabulate import tabulate
 
-from checker.leaderboard.model import (
-    COLUMN,
-    COLUMNS,
-    LEADERBOARD_FORMAT,
-    SORT_NOTE,
-    ClassTable,
-    Column,
-    Leaderboard,
-    fmt,
-    rounded,
-    scaling_series,
-)
+from checker.leaderboard.columns import COLUMN, COLUMNS, SORT_NOTE, Column, fmt, rounded
+from checker.leaderboard.model import LEADERBOARD_FORMAT, ClassTable, Leaderboard, scaling_series
 from checker.leaderboard.sut import MLPERF_COLUMNS, SUT_FIELDS, mlperf_row
 
 ASSETS = Path(__file__).parent / "assets"

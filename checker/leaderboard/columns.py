@@ -1,0 +1,100 @@
+"""The leaderboard's columns: what each shows, in which unit, and how a value is printed.  Pure."""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import Any
+
+
+@dataclass(frozen=True)
+class Column:
+    key: str
+    name: str
+    kind: str  # "text" | "int" | "num"
+    decimals: int = 0
+    unit: str = ""
+    help: str = ""
+
+    @property
+    def label(self) -> str:
+        """The header with its unit, as md, csv and json show it."""
+        return f"{self.name} ({self.unit})" if self.unit else self.name
+
+    @property
+    def numeric(self) -> bool:
+        return self.kind in ("int", "num")
+
+
+COLUMNS: tuple[Column, ...] = (
+    Column("result_id", "Result ID", "text",
+           help="stable ID: derived from organisation, system, workload and run id"),
+    Column("organisation", "Organisation", "text"),
+    Column("system", "System", "text", help="the system description the result was measured on"),
+    Column("division", "Division", "text"),
+    Column("hosts", "Hosts", "int", help="client hosts (MLPerf: # client nodes)"),
+    Column("ranks", "Ranks", "int", help="MPI ranks, one per simulated accelerator"),
+    Column("accelerator", "Accelerator", "text",
+           help="declared accelerator (accelerator=), else the system description's"),
+    Column("write_gib_s", "Write", "num", 2, "GiB/s",
+           help="checkpoint write bandwidth to the durable tier, mean over the writes (all ranks' bytes ÷ "
+                "slowest rank's time; async or tiered: the persist that runs behind training)"),
+    Column("write_duration_s", "Write duration", "num", 3, "s",
+           help="mean time of one checkpoint's write to the durable tier"),
+    Column("write_first_gib_s", "First write", "num", 2, "GiB/s", help="the first checkpoint's write "
+           "bandwidth alone (file creation, allocation, cold caches fall on it; rules 1.4 on)"),
+    Column("read_gib_s", "Read", "num", 2, "GiB/s",
+           help="restore bandwidth from the durable tier, mean over those restores (cold, every byte "
+                "verified; restores served by a fast tier are not counted)"),
+    Column("read_duration_s", "Read duration", "num", 3, "s",
+           help="mean time of one restore from the durable tier"),
+    Column("stall_s", "Stall", "num", 3, "s",
+           help="what training waited per checkpoint, mean over the writes (sync, one tier: the whole write; "
+                "async: the copy into host memory; sync with tiers: the fast-tier write; plus any wait "
+                "for the previous checkpoint's background work)"),
+    Column("time_to_durable_s", "Time to durable", "num", 3, "s",
+           help="from the checkpoint request until it is durable on the durable tier, mean over the writes "
+                "(sync, one tier: the same as the stall)"),
+    Column("write_slowest_rank_gib_s", "Slowest rank write", "num", 3, "GiB/s",
+           help="the slowest rank's own write bandwidth to the durable tier, mean over the writes"),
+    Column("read_slowest_rank_gib_s", "Slowest rank read", "num", 3, "GiB/s",
+           help="the slowest rank's own read bandwidth, mean over the restores from the durable tier"),
+    Column("straggler_ratio", "Straggler", "num", 2, "×",
+           help="worst op of the run (durable-tier writes and restores): slowest rank's duration ÷ median "
+                "rank duration (1 = no straggler)"),
+    Column("verification", "Verification", "text",
+           help="reads: every byte verified and read cold (page cache emptied, residency measured); "
+                "how many restores a fast tier served; witnessed by NAME: a trusted witness timed every "
+                "op on its own clock (≥: the bytes over the witness's interval)"),
+    Column("foreign_pct", "Foreign I/O", "num", 0, "%", help="the checkpoint device's bytes that other "
+           "processes moved during the timed writes or restores, the larger share (rules 1.8 on)"),
+    Column("mode", "Mode", "text",
+           help="checkpoint mode (sync / async; +tiers: written to a fast tier first, drained to the "
+                "durable one in the background; +gpu: the state in GPU memory), residency (full state / "
+                "stream), I/O path (direct / buffered / dontcache), scale"),
+)
+COLUMN = {c.key: c for c in COLUMNS}
+SORT_NOTE = ("sorted by write bandwidth, highest first (ties: read bandwidth, then result ID); "
+             "click a header to sort by another column")
+
+
+def fmt(value: Any, col: Column, missing: str = "—") -> str:
+    """``value`` as the tables print it: fixed decimals for numbers, ``missing`` for none."""
+    if value is None or (isinstance(value, float) and not math.isfinite(value)):
+        return missing
+    if col.kind == "num":
+        return f"{float(value):.{col.decimals}f}"
+    if col.kind == "int":
+        return str(int(value))
+    return str(value)
+
+
+def rounded(value: Any, col: Column) -> Any:
+    """The value as published in JSON: exactly what :func:`fmt` prints, as a number."""
+    if value is None or (isinstance(value, float) and not math.isfinite(value)):
+        return None
+    if col.kind == "num":
+        return float(f"{float(value):.{col.decimals}f}")
+    if col.kind == "int":
+        return int(value)
+    return str(value)
