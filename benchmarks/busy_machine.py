@@ -92,7 +92,7 @@ def main(argv: list[str] | None = None) -> int:
         if tenant is not None:
             tenant.terminate()
             tenant.wait(timeout=60)
-    rate = "none" if a.tenant_mb_s < 0 else ("flat out" if a.tenant_mb_s == 0 else f"{a.tenant_mb_s:.0f} MB/s")
+    rate = "none" if a.tenant_mb_s < 0 else ("flat out" if not a.tenant_mb_s else f"{a.tenant_mb_s:.0f} MB/s")
     print(f"\ntenant: {rate}, busy cores {a.busy_cores if a.tenant_mb_s >= 0 else 0}")
     for preset in a.presets.split(","):
         for rules in a.rules.split(","):
