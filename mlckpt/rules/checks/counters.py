@@ -92,7 +92,7 @@ def _device(
             int(after.get("shmem_bytes", 0)) - int(before.get("shmem_bytes", 0))
         )
         direct_bytes = sum(int(r["bytes"]) for r in claimed_direct)
-        others = _others_cache_bytes(hc)
+        others = _others_cache_bytes(hc) if attr is not None else 0
         allowed = b["direct_cache_fraction"] * direct_bytes + others
         if grew > allowed:
             besides = f" plus the {others} B other processes read or dirtied" if others else ""
@@ -152,7 +152,8 @@ def _own(attr: Mapping[str, Any] | None, hc: Mapping[str, Any], where: str) -> I
 
 
 def _between(
-    b: Mapping[str, Any], host: str, windows: Sequence[tuple[tuple[str, int], Rec, int]]
+    b: Mapping[str, Any], attr: Mapping[str, Any] | None, host: str,
+    windows: Sequence[tuple[tuple[str, int], Rec, int]],
 ) -> Iterator[Outcome]:
     """Between two consecutive counted ops of a host, no checkpoint's worth of bytes moved that no
     op accounts for (an op dropped and the rest renumbered).  Where the counters attribute the
@@ -162,7 +163,7 @@ def _between(
         if ha.get("device") != hb.get("device"):
             continue
         after, before = ha["after"], hb["before"]
-        own = attributed(after) and attributed(before)
+        own = attr is not None and attributed(after) and attributed(before)
         for field in ("written_bytes", "read_bytes"):
             key = f"own_{field}" if own else field
             if key in after and key in before:
@@ -218,7 +219,7 @@ def device_counters(ctx: Context, rs: RuleSet, rule: Rule) -> Iterator[Outcome |
             if counted and leaders[0]["host_counters"].get("device") is not None:
                 windows.setdefault(host, []).append((key, leaders[0], counted))
     for host, ws in sorted(windows.items()):
-        yield from _between(b, host, ws)
+        yield from _between(b, attr, host, ws)
 
 
 CHECKS = checks_table(device_counters)
