@@ -25,44 +25,112 @@ from mlckpt.rules.engine import Context, Finding, NotChecked, Outcome, verdict
 from mlckpt.run.calibrate import host_samples
 
 MiB = 1 << 20
-CONFIG = {"checkpoint": {"fsync": True, "mode": "sync", "tiers": {"fast": None}, "num_writes": 2},
-          "io": {"direct": True, "dontcache": False}}
+CONFIG = {
+    "checkpoint": {"fsync": True, "mode": "sync", "tiers": {"fast": None}, "num_writes": 2},
+    "io": {"direct": True, "dontcache": False},
+}
 
 
-def sample(t_ns: int, device: int, own: int, busy_ns: int = 0, own_cpu_ns: int = 0, **extra: int) -> dict[str, int]:
+def sample(
+    t_ns: int, device: int, own: int, busy_ns: int = 0, own_cpu_ns: int = 0, **extra: int
+) -> dict[str, int]:
     """A counters sample: ``device`` bytes written by the device so far, ``own`` by the ranks."""
-    return {"t_ns": t_ns, "read_bytes": 0, "written_bytes": device, "own_read_bytes": 0,
-            "own_written_bytes": own, "cpu_busy_ns": busy_ns, "own_cpu_ns": own_cpu_ns,
-            "cached_bytes": 10 * MiB, "shmem_bytes": 0, "dirty_bytes": 0, "writeback_bytes": 0, **extra}
+    return {
+        "t_ns": t_ns,
+        "read_bytes": 0,
+        "written_bytes": device,
+        "own_read_bytes": 0,
+        "own_written_bytes": own,
+        "cpu_busy_ns": busy_ns,
+        "own_cpu_ns": own_cpu_ns,
+        "cached_bytes": 10 * MiB,
+        "shmem_bytes": 0,
+        "dirty_bytes": 0,
+        "writeback_bytes": 0,
+        **extra,
+    }
 
 
-def write(rank: int, index: int, t0: int, dur: int, nbytes: int, counters: dict[str, Any] | None = None,
-          host: str = "h") -> dict[str, Any]:
-    rec = {"op": "write", "index": index, "checkpoint": index, "rank": rank, "host": host, "t0_ns": t0,
-           "t1_ns": t0 + dur, "staged_ns": t0 + dur, "wall_start": 1e9 + t0 / 1e9, "bytes": nbytes, "files": 1,
-           "fsync": True, "direct": True, "dontcache": False, "mode": "sync"}
+def write(
+    rank: int,
+    index: int,
+    t0: int,
+    dur: int,
+    nbytes: int,
+    counters: dict[str, Any] | None = None,
+    host: str = "h",
+) -> dict[str, Any]:
+    rec = {
+        "op": "write",
+        "index": index,
+        "checkpoint": index,
+        "rank": rank,
+        "host": host,
+        "t0_ns": t0,
+        "t1_ns": t0 + dur,
+        "staged_ns": t0 + dur,
+        "wall_start": 1e9 + t0 / 1e9,
+        "bytes": nbytes,
+        "files": 1,
+        "fsync": True,
+        "direct": True,
+        "dontcache": False,
+        "mode": "sync",
+    }
     if counters is not None:
         rec["host_counters"] = {"device": "8:0", "cpus": 2, **counters}
     return rec
 
 
-def op(index: int, t0: int, dur: int, own: int, foreign: int, base: tuple[int, int], cpu: tuple[int, int] = (0, 0),
-       ranks: int = 2) -> tuple[list[dict[str, Any]], tuple[int, int]]:
+def op(
+    index: int,
+    t0: int,
+    dur: int,
+    own: int,
+    foreign: int,
+    base: tuple[int, int],
+    cpu: tuple[int, int] = (0, 0),
+    ranks: int = 2,
+) -> tuple[list[dict[str, Any]], tuple[int, int]]:
     """One write op of ``ranks`` ranks moving ``own`` bytes beside ``foreign`` other bytes; ``base``:
     the device's and the ranks' counters before it.  Returns the records and the counters after."""
     dev0, own0 = base
     before = sample(t0 - 20_000, dev0, own0)
     after = sample(t0 + dur + 2_000_000, dev0 + own + foreign, own0 + own, busy_ns=cpu[0], own_cpu_ns=cpu[1])
-    recs = [write(r, index, t0 + 1000 * r, dur - 1000 * r - 7 * index, own // ranks,
-                  {"before": before, "after": after} if r == 0 else None) for r in range(ranks)]
+    recs = [
+        write(
+            r,
+            index,
+            t0 + 1000 * r,
+            dur - 1000 * r - 7 * index,
+            own // ranks,
+            {"before": before, "after": after} if r == 0 else None,
+        )
+        for r in range(ranks)
+    ]
     return recs, (dev0 + own + foreign, own0 + own)
 
 
 def run_of(records: list[dict[str, Any]], calibration: dict[str, Any] | None = None) -> RunData:
-    cal = calibration or {"rounds": 16, "hosts": [{"host": "h", "ranks": 2, "skew_ns": [200_000] * 16,
-                                                   "head_ns": [5_000] * 16, "tail_ns": [3_000_000] * 16}]}
-    return RunData({"records_format": 6, "calibration": cal}, CONFIG, {}, records,
-                   {"hosts": [{"hostname": "h", "filesystem": {"fs_type": "ext4"}, "block_device": "8:0"}]})
+    cal = calibration or {
+        "rounds": 16,
+        "hosts": [
+            {
+                "host": "h",
+                "ranks": 2,
+                "skew_ns": [200_000] * 16,
+                "head_ns": [5_000] * 16,
+                "tail_ns": [3_000_000] * 16,
+            }
+        ],
+    }
+    return RunData(
+        {"records_format": 6, "calibration": cal},
+        CONFIG,
+        {},
+        records,
+        {"hosts": [{"hostname": "h", "filesystem": {"fs_type": "ext4"}, "block_device": "8:0"}]},
+    )
 
 
 def failed(check: Any, rule: str, d: RunData, version: str = "1.8") -> list[Outcome | NotChecked]:
@@ -71,18 +139,29 @@ def failed(check: Any, rule: str, d: RunData, version: str = "1.8") -> list[Outc
     return [o for o in check(ctx, rs, rs.rule(rule)) if isinstance(o, NotChecked) or not o.ok]
 
 
-def two_writes(foreign: tuple[int, int], between_foreign: int = 0, between_own: int = 0,
-               cpu: tuple[int, int] = (0, 0)) -> list[dict[str, Any]]:
+def two_writes(
+    foreign: tuple[int, int], between_foreign: int = 0, between_own: int = 0, cpu: tuple[int, int] = (0, 0)
+) -> list[dict[str, Any]]:
     a, (dev, own) = op(1, 10**9, 400_000_000, 200 * MiB, foreign[0], (0, 0), cpu)
-    b, _ = op(2, 2 * 10**9, 400_000_000, 200 * MiB, foreign[1],
-              (dev + between_foreign + between_own, own + between_own), cpu)
+    b, _ = op(
+        2,
+        2 * 10**9,
+        400_000_000,
+        200 * MiB,
+        foreign[1],
+        (dev + between_foreign + between_own, own + between_own),
+        cpu,
+    )
     return a + b
 
 
 # ------------------------------------------------------------------------------ attribution
 def test_a_window_splits_the_devices_bytes_into_the_runs_and_everyone_elses() -> None:
-    w = attribution.window(sample(0, 100, 40, busy_ns=0, own_cpu_ns=0),
-                           sample(10**9, 400, 240, busy_ns=15 * 10**8, own_cpu_ns=5 * 10**8), cpus=2)
+    w = attribution.window(
+        sample(0, 100, 40, busy_ns=0, own_cpu_ns=0),
+        sample(10**9, 400, 240, busy_ns=15 * 10**8, own_cpu_ns=5 * 10**8),
+        cpus=2,
+    )
     assert w is not None
     assert (w.device_bytes, w.own_bytes, w.foreign_bytes) == (300, 200, 100)
     assert w.foreign_share == pytest.approx(1 / 3)
@@ -95,7 +174,9 @@ def test_a_window_splits_the_devices_bytes_into_the_runs_and_everyone_elses() ->
 
 
 @given(st.integers(0, 2**40), st.integers(0, 2**40), st.integers(0, 2**40))
-def test_foreign_bytes_are_never_negative_nor_more_than_the_device_moved(dev: int, own: int, start: int) -> None:
+def test_foreign_bytes_are_never_negative_nor_more_than_the_device_moved(
+    dev: int, own: int, start: int
+) -> None:
     w = attribution.window(sample(0, start, start), sample(10**9, start + dev, start + own))
     assert w is not None and 0 <= w.foreign_bytes <= w.device_bytes and 0 <= w.foreign_share <= 1
 
@@ -107,8 +188,12 @@ def test_the_summary_block_weighs_each_phase_and_names_the_worst_op() -> None:
     w = s["write"]
     assert (w["ops"], w["own_bytes"], w["foreign_bytes"]) == (2, 400 * MiB, 60 * MiB)
     assert w["foreign_share"] == pytest.approx(60 / 460, abs=1e-6)
-    assert w["worst"] == {"index": 1, "host": "h", "foreign_bytes": 50 * MiB,
-                          "foreign_share": pytest.approx(50 / 250, abs=1e-6)}
+    assert w["worst"] == {
+        "index": 1,
+        "host": "h",
+        "foreign_bytes": 50 * MiB,
+        "foreign_share": pytest.approx(50 / 250, abs=1e-6),
+    }
     assert s["between_ops_bytes"] == 300 * MiB
     assert attribution.foreign_summary(recs, lambda r: False) is None  # no weighed op: nothing to say
 
@@ -122,7 +207,11 @@ def test_foreign_io_is_quiet_under_the_share_and_says_disturbed_past_it() -> Non
     assert failed(foreign_io, "FOREIGN-IO", run_of(two_writes((under, under)))) == []
     [bad] = failed(foreign_io, "FOREIGN-IO", run_of(two_writes((over, over))))
     assert isinstance(bad, Outcome)
-    assert f"{2 * over} B" in bad.actual and "most during write 1" in bad.actual and bad.where == "host h, writes 1-2"
+    assert (
+        f"{2 * over} B" in bad.actual
+        and "most during write 1" in bad.actual
+        and bad.where == "host h, writes 1-2"
+    )
     assert load_rules().rule("FOREIGN-IO").severity == "disturbed"
     # one op that met a burst does not spoil the phase's mean by itself
     assert failed(foreign_io, "FOREIGN-IO", run_of(two_writes((over, 0)))) == []
@@ -134,7 +223,9 @@ def test_foreign_io_counts_other_processes_cpu_time() -> None:
     hog = int(2 * window * (limit + 0.05))  # both CPUs, past the share, none of it the ranks'
     [bad] = failed(foreign_io, "FOREIGN-IO", run_of(two_writes((0, 0), cpu=(hog + 10**6, 10**6))))
     assert isinstance(bad, Outcome) and "2 CPUs" in bad.expected
-    assert failed(foreign_io, "FOREIGN-IO", run_of(two_writes((0, 0), cpu=(hog, hog)))) == []  # the ranks' own
+    assert (
+        failed(foreign_io, "FOREIGN-IO", run_of(two_writes((0, 0), cpu=(hog, hog)))) == []
+    )  # the ranks' own
 
 
 def test_foreign_io_says_why_it_cannot_judge_a_run_without_attribution() -> None:
@@ -157,12 +248,17 @@ def test_disturbed_ranks_below_invalid_and_above_open() -> None:
 
 # ------------------------------------------------------------------------------ DEVICE-COUNTERS
 def test_another_tenants_bytes_between_ops_are_no_dropped_op_but_the_runs_own_are() -> None:
-    assert failed(device_counters, "DEVICE-COUNTERS", run_of(two_writes((0, 0), between_foreign=2 << 30))) == []
+    assert (
+        failed(device_counters, "DEVICE-COUNTERS", run_of(two_writes((0, 0), between_foreign=2 << 30))) == []
+    )
     [bad] = failed(device_counters, "DEVICE-COUNTERS", run_of(two_writes((0, 0), between_own=200 * MiB)))
     assert isinstance(bad, Outcome) and "by the ranks between consecutive ops" in bad.expected
     # under rules 1.7 the device's total is the run's: the same tenant was a dropped op
     old = run_of(two_writes((0, 0), between_foreign=2 << 30))
-    assert any("by the device between" in str(o.expected) for o in failed(device_counters, "DEVICE-COUNTERS", old, "1.7"))
+    assert any(
+        "by the device between" in str(o.expected)
+        for o in failed(device_counters, "DEVICE-COUNTERS", old, "1.7")
+    )
 
 
 def test_the_page_cache_may_grow_by_what_other_processes_moved_not_by_the_runs_bytes() -> None:
@@ -178,7 +274,9 @@ def test_the_page_cache_may_grow_by_what_other_processes_moved_not_by_the_runs_b
 def test_the_runs_own_bytes_cannot_exceed_the_devices() -> None:
     recs = two_writes((0, 0))
     recs[0]["host_counters"]["after"]["own_written_bytes"] += 100 * MiB  # hides a tenant as the run's own
-    assert any("at most the" in str(o.expected) for o in failed(device_counters, "DEVICE-COUNTERS", run_of(recs)))
+    assert any(
+        "at most the" in str(o.expected) for o in failed(device_counters, "DEVICE-COUNTERS", run_of(recs))
+    )
 
 
 # ------------------------------------------------------------------------------ timing
@@ -187,8 +285,10 @@ def test_a_hosts_bounds_follow_its_calibration_between_floor_and_cap() -> None:
     t = rs.data["timing"]
 
     def bound(samples: list[int]) -> float:
-        cal = {"rounds": 16, "hosts": [{"host": "h", "ranks": 2, "skew_ns": samples, "head_ns": samples,
-                                        "tail_ns": samples}]}
+        cal = {
+            "rounds": 16,
+            "hosts": [{"host": "h", "ranks": 2, "skew_ns": samples, "head_ns": samples, "tail_ns": samples}],
+        }
         return abs_bound_ns(rs, run_of([], cal), "h", "skew_ns", 0.03)
 
     assert bound([1000] * 16) == t["skew_floor_s"] * 1e9  # a quiet machine: the floor
@@ -205,21 +305,35 @@ def test_records_skew_is_judged_by_the_hosts_own_calibration() -> None:
         return [write(0, 1, 10**9, dur, MiB), write(1, 1, 10**9 + late_ns, dur - late_ns, MiB)]
 
     rel = load_rules().data["evidence"]["start_skew"]["rel"] * dur
-    busy = {"rounds": 16, "hosts": [{"host": "h", "ranks": 64, "skew_ns": [80_000_000] * 16,
-                                     "head_ns": [5_000] * 16, "tail_ns": [10**8] * 16}]}
+    busy = {
+        "rounds": 16,
+        "hosts": [
+            {
+                "host": "h",
+                "ranks": 64,
+                "skew_ns": [80_000_000] * 16,
+                "head_ns": [5_000] * 16,
+                "tail_ns": [10**8] * 16,
+            }
+        ],
+    }
     late = int(100e6 + rel)  # 100 ms past the relative part: beyond 1.7's 30 ms, inside 3 × 80 ms
     assert failed(start_skew, "RECORDS-SKEW", run_of(recs(late), busy)) == []
     quiet = run_of(recs(late))  # the default calibration: 0.2 ms → the floor
-    assert any("leave the barrier within" in str(o.expected) for o in failed(start_skew, "RECORDS-SKEW", quiet))
+    assert any(
+        "leave the barrier within" in str(o.expected) for o in failed(start_skew, "RECORDS-SKEW", quiet)
+    )
     none = RunData({"records_format": 6, "calibration": None}, CONFIG, {}, recs(0), {})
     assert any(o.actual == "no calibration" for o in failed(start_skew, "RECORDS-SKEW", none))
 
 
 def test_calibration_samples_per_host() -> None:
     # host a: ranks 0 and 1; host b: rank 2 (its own leader); two rounds
-    rows = [("a", 1, [(105, None, None), (210, None, None)]),
-            ("a", 0, [(100, 90, 150), (200, 195, 260)]),
-            ("b", 2, [(7, 3, 20), (9, 8, 30)])]
+    rows = [
+        ("a", 1, [(105, None, None), (210, None, None)]),
+        ("a", 0, [(100, 90, 150), (200, 195, 260)]),
+        ("b", 2, [(7, 3, 20), (9, 8, 30)]),
+    ]
     a, b = host_samples(rows)
     assert a == {"host": "a", "ranks": 2, "skew_ns": [5, 10], "head_ns": [10, 5], "tail_ns": [45, 50]}
     assert b == {"host": "b", "ranks": 1, "skew_ns": [0, 0], "head_ns": [4, 1], "tail_ns": [13, 21]}

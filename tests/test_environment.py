@@ -1,0 +1,228 @@
+"""Honest runs beside another tenant of the same disk and CPUs (rules 1.8): never invalid.
+
+A real tenant (tests/tenant.py) copies files on the disk the checkpoints go to while real
+``mlckpt run``s go on: beside a paced copy and a busy core the runs stay valid and report what the
+tenant moved; beside a flat-out copy they come out ``disturbed`` (exit 6), naming the bytes, and
+the checker shows them as such; 64 ranks on this machine's cores are judged by the bounds their
+own calibration gives.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import subprocess
+import sys
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+from conftest import CHECKER_DESCRIPTION, CHECKER_ORG, CHECKER_SYSTEM
+
+from mlckpt import bundle
+from mlckpt.host.facts import block_device
+
+MLCKPT = Path(sys.executable).parent / "mlckpt"
+CHECK = Path(sys.executable).parent / "mlckpt-check"
+TENANT = Path(__file__).resolve().parent / "tenant.py"
+TINY = (
+    "division=open",
+    "scale=0.0005",
+    "ranks=4",
+    "checkpoint.num_writes=1",
+    "checkpoint.num_reads=1",
+    "io.direct=false",
+)  # the tests' own scale (conftest.honest_bundles)
+
+
+def _env(d: Path) -> dict[str, str]:
+    env = {**os.environ, "XDG_CONFIG_HOME": str(d / "xdg")}
+    env.pop("MLCKPT_DEBUG", None)
+    return env
+
+
+class Tenant:
+    """tests/tenant.py running on ``folder``'s disk until stopped (bounded by its own clock)."""
+
+    def __init__(self, folder: Path, rate_mb_s: float, busy_cores: int) -> None:
+        self.proc = subprocess.Popen(
+            [
+                sys.executable,
+                str(TENANT),
+                "--dir",
+                str(folder),
+                "--rate-mb-s",
+                str(rate_mb_s),
+                "--busy-cores",
+                str(busy_cores),
+                "--seconds",
+                "600",
+            ],
+            stderr=subprocess.PIPE,
+            text=True,
+        )
+        self.report = ""
+
+    def stop(self) -> str:
+        self.proc.terminate()
+        _, self.report = self.proc.communicate(timeout=60)
+        return self.report
+
+
+@pytest.fixture(scope="module")
+def site(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
+    d = tmp_path_factory.mktemp("busy")
+    if block_device(d) is None:
+        pytest.skip(f"{d} has no block device of its own: no device counters to split")
+    bundle.generate_key(d / "keys" / "org.pem")
+    (d / f"{CHECKER_SYSTEM}.yaml").write_text(CHECKER_DESCRIPTION)
+    return {"dir": d}
+
+
+@pytest.fixture
+def moderate(site: dict[str, Path]) -> Iterator[Tenant]:
+    """A copy paced to 250 MB/s (about a tenth of what this VM's disk moves) and a busy core."""
+    t = Tenant(site["dir"] / "tenant", 250, 1)
+    yield t
+    t.stop()
+
+
+@pytest.fixture
+def flat_out(site: dict[str, Path]) -> Iterator[Tenant]:
+    t = Tenant(site["dir"] / "tenant", 0, 1)
+    yield t
+    t.stop()
+
+
+def run(site: dict[str, Path], *overrides: str, name: str, timeout: float = 600) -> tuple[int, str, Path]:
+    d = site["dir"]
+    proc = subprocess.run(
+        [
+            str(MLCKPT),
+            "run",
+            *overrides,
+            f"system={CHECKER_SYSTEM}.yaml",
+            f"signing.key={d / 'keys' / 'org.pem'}",
+            f"output.root=results/{name}",
+            f"checkpoint.folder=ck-{name}",
+        ],
+        cwd=d,
+        env=_env(d),
+        text=True,
+        capture_output=True,
+        timeout=timeout,
+        check=False,
+    )
+    lines = [ln for ln in proc.stdout.splitlines() if ln.startswith("bundle: ")]
+    assert lines, (proc.returncode, proc.stderr[-2000:])
+    return proc.returncode, proc.stdout + proc.stderr, Path(lines[0][len("bundle: ") :])
+
+
+def docs(folder: Path) -> tuple[dict[str, Any], dict[str, Any]]:
+    return json.loads((folder / "run.json").read_text()), json.loads((folder / "summary.json").read_text())
+
+
+@pytest.mark.slow
+def test_honest_runs_beside_a_paced_copy_and_a_busy_core_are_valid(
+    site: dict[str, Path], moderate: Tenant
+) -> None:
+    foreign = 0
+    for i in range(3):
+        status, out, folder = run(site, *TINY, name=f"moderate-{i}")
+        run_doc, summary = docs(folder)
+        assert (status, run_doc["verdict"]) == (0, "open"), out[-3000:]
+        assert run_doc["rules_version"] == "1.8" and run_doc["calibration"]["rounds"] >= 16
+        f = summary["foreign"]
+        assert f["write"]["own_bytes"] >= summary["checkpoint_bytes"]  # the run's own bytes are its own
+        foreign += f["write"]["foreign_bytes"] + f["read"]["foreign_bytes"] + f["between_ops_bytes"]
+    assert foreign > 0, "the tenant moved bytes on the disk, and the runs saw them as another's"
+    assert re.search(r"tenant: \d+ rounds", moderate.stop())
+
+
+@pytest.mark.slow
+def test_honest_runs_beside_a_flat_out_copy_are_disturbed_never_invalid(
+    site: dict[str, Path], flat_out: Tenant
+) -> None:
+    verdicts = []
+    for i in range(2):
+        status, out, folder = run(site, *TINY, name=f"flat-{i}")
+        run_doc, _ = docs(folder)
+        assert run_doc["verdict"] != "invalid" and status != 5, out[-3000:]
+        verdicts.append(run_doc["verdict"])
+        if run_doc["verdict"] == "disturbed":
+            assert status == 6
+            assert re.search(
+                r"finding: \[FOREIGN-IO\] \(disturbed\) host .*: .* \d+ B \(.*\) moved by other "
+                r"processes, most during (write|read) 1",
+                out,
+            ), out[-3000:]
+            assert "the run was disturbed" in out
+            assert (folder / "run.log").read_text().startswith("DISTURBED RESULT:")
+            site["disturbed"] = folder
+        else:
+            assert status == 0
+    assert "disturbed" in verdicts, "a flat-out copy on the same disk disturbed none of the runs"
+
+
+@pytest.mark.slow
+def test_the_checker_shows_a_disturbed_bundle_as_disturbed(site: dict[str, Path], tmp_path: Path) -> None:
+    if "disturbed" not in site:
+        pytest.skip("no disturbed bundle from the flat-out test")
+    d, src = site["dir"], site["disturbed"]
+    pub = (d / "keys" / "org.pem.pub").read_text().strip()
+    root = tmp_path / "tree"
+    dest = root / "open" / CHECKER_ORG / "results" / CHECKER_SYSTEM / "llama3_8b" / src.name
+    dest.parent.mkdir(parents=True)
+    subprocess.run(["cp", "-r", str(src), str(dest)], check=True)
+    (root / "open" / CHECKER_ORG / "systems").mkdir(parents=True)
+    (root / "open" / CHECKER_ORG / "systems" / f"{CHECKER_SYSTEM}.yaml").write_text(CHECKER_DESCRIPTION)
+    (root / "trusted-keys.yaml").write_text(
+        f'mlckpt_trusted_keys: "1.0"\norganizations:\n  {CHECKER_ORG}: ["{pub}"]\n'
+    )
+    proc = subprocess.run(
+        [str(CHECK), str(root), "--json", str(tmp_path / "r.json")],
+        text=True,
+        capture_output=True,
+        timeout=120,
+        check=False,
+    )
+    report = json.loads((tmp_path / "r.json").read_text())
+    assert proc.returncode == 6, proc.stdout
+    assert report["verdict"] == "disturbed" and report["summary"]["disturbed"] == 1
+    assert report["summary"]["valid"] == 0 and report["summary"]["invalid"] == 0
+    [b] = report["bundles"]
+    assert b["verdict"] == "disturbed" and {f["rule"] for f in b["findings"]} == {"FOREIGN-IO"}
+    assert re.search(r"^DISTURBED open/.* \(no result: other processes used its host", proc.stdout, re.M)
+    assert "1 disturbed" in proc.stdout
+    board = subprocess.run(
+        [str(CHECK), "leaderboard", str(root), "--format", "json"],
+        text=True,
+        capture_output=True,
+        timeout=120,
+        check=False,
+    )
+    doc = json.loads(board.stdout)
+    assert [x["verdict"] for x in doc["excluded"]] == ["disturbed"] and not doc["classes"]
+
+
+@pytest.mark.slow
+def test_64_ranks_on_this_hosts_cores_are_judged_by_their_own_calibration(site: dict[str, Path]) -> None:
+    status, out, folder = run(
+        site,
+        "division=open",
+        "scale=0.002",
+        "ranks=64",
+        "checkpoint.num_writes=2",
+        "checkpoint.num_reads=2",
+        name="r64",
+        timeout=900,
+    )
+    run_doc, _ = docs(folder)
+    assert status in (0, 6) and run_doc["verdict"] in ("open", "disturbed"), out[-3000:]
+    [host] = run_doc["calibration"]["hosts"]
+    assert host["ranks"] == 64 and len(host["skew_ns"]) == run_doc["calibration"]["rounds"]
+    assert re.search(
+        r"timing calibration \(\d+ empty ops\): a host's ranks leave a barrier within [\d.]+ ms", out
+    )
