@@ -63,6 +63,22 @@ def records(fn: Callable[[list[dict[str, Any]]], Any]) -> Callable[[Path], None]
     return edit
 
 
+def foreign_bytes(recs: list[dict[str, Any]], times: int) -> None:
+    """Every op's counters window gains ``times`` the op's bytes that no rank moved (the device's
+    counters only: another tenant), the windows in time order, the gaps between them unchanged."""
+    leaders = sorted((r for r in recs if "host_counters" in r),
+                     key=lambda r: r["host_counters"]["before"]["t_ns"])
+    extra = {"written_bytes": 0, "read_bytes": 0}
+    for r in leaders:
+        hc = r["host_counters"]
+        for k, v in extra.items():
+            hc["before"][k] += v
+        op_bytes = sum(x["bytes"] for x in recs if (x["op"], x["index"]) == (r["op"], r["index"]))
+        extra["written_bytes" if r["op"] == "write" else "read_bytes"] += times * op_bytes
+        for k, v in extra.items():
+            hc["after"][k] += v
+
+
 def fast_tier_on(fs: str) -> Callable[[Path], None]:
     """run.json: the fast tier of the run's (only) host is a ``fs`` filesystem."""
     return lambda f: edit_json(f, "run.json", lambda r: r["pipeline"].update(
@@ -164,6 +180,11 @@ def add_host(folder: Path) -> None:
     """Ranks 2 and 3 on a second host (with its facts in system.json)."""
     edit_json(folder, "run.json", setitem("hosts", [{"host": "vm", "ranks": [0, 1]},
                                                     {"host": "vm2", "ranks": [2, 3]}]))
+
+    def calibrated(doc: Any) -> None:  # rules 1.8: each host measured its own timing
+        cal = doc["calibration"]["hosts"][0]
+        doc["calibration"]["hosts"] = [{**cal, "host": h, "ranks": 2} for h in ("vm", "vm2")]
+    edit_json(folder, "run.json", calibrated)
 
     def second(doc: Any) -> None:
         doc["hosts"][0]["hostname"] = "vm"
@@ -472,10 +493,15 @@ NEGATIVE_CASES: dict[str, list[Case]] = {
         C("config.yaml", mutate=lambda f: (f / "config.yaml").write_text(
             "anchor: &a [1, 2]\n" + (f / "config.yaml").read_text() + "again: *a\n")),
     ],
-    "RULES-VERSION": [C("expected one of 1.0, 1.1, 1.2, 1.3, 1.4, 1.5, 1.6, 1.7, mlps-v3.0, got '9.9'",
+    "RULES-VERSION": [C("expected one of 1.0, 1.1, 1.2, 1.3, 1.4, 1.5, 1.6, 1.7, 1.8, mlps-v3.0, got '9.9'",
                         predicate={"rules_version": "9.9"})],
     "BUNDLE-PREDICATE": [C("expected workload='llama3_70b' as signed in the statement, "
                            "got workload='llama3_8b'", predicate={"workload": "llama3_70b"})],
+    # rules 1.8: another tenant moved ten times the run's bytes on the device during every op
+    # (run.json's verdict edited to match, as the runner would have recorded it)
+    "FOREIGN-IO": [C("moved by other processes, most during write 1", predicate={"verdict": "disturbed"},
+                     mutate=lambda f: [records(lambda rs: foreign_bytes(rs, 10))(f),
+                                       edit_json(f, "run.json", setitem("verdict", "disturbed"))] and None)],
     "SYSTEM-DESCRIPTION": [
         C("a different embedded description (notes", mutate=lambda f: edit_json(
             f, "system.json", lambda s: s["description"].update(notes="faster than it is"))),
@@ -561,7 +587,9 @@ def test_negative_case_is_caught_under_its_rule(rule: str, index: int, mutated: 
     severity = load_rules().rule(rule).severity
     assert {f["severity"] for f in hits} == {severity}
     # an open-severity finding only costs closed eligibility: valid in open/, invalid in closed/
-    assert b["verdict"] == ("open" if severity == "open" and case.division == "open" else "invalid")
+    # and a disturbed one (rules 1.8) is neither valid nor invalid
+    want = "open" if severity == "open" and case.division == "open" else "invalid"
+    assert b["verdict"] == ("disturbed" if severity == "disturbed" else want), b["findings"]
     # integrity failures are flagged as such; everything else has its signature intact
     assert (b["integrity"] == "failed") == (rule in INTEGRITY)
     assert all(f["path"].startswith(paths[(rule, index)]) for f in b["findings"]
@@ -887,9 +915,9 @@ def test_missing_trusted_keys_is_a_usage_error(honest_bundles: dict[str, Path], 
 def test_forced_rules_version_and_jobs_agree(honest_bundles: dict[str, Path], tmp_path: Path) -> None:
     root = honest_tree(tmp_path / "t", honest_bundles)
     a = check(root, honest_bundles, jobs=1)
-    b = check(root, honest_bundles, jobs=2, forced_rules="1.7")
+    b = check(root, honest_bundles, jobs=2, forced_rules="1.8")
     assert a["bundles"] == b["bundles"] and a["exit_status"] == b["exit_status"] == 0
-    assert b["rules_versions"] == ["1.7"]
+    assert b["rules_versions"] == ["1.8"]
     # An older rules version judges these newer bundles by its own schemas: records format 3 is
     # not one of them, so they fail there (never silently pass).
     old = check(root, honest_bundles, jobs=2, forced_rules="1.1")
