@@ -359,3 +359,19 @@ def test_the_kernel_charges_a_processes_synced_writes_to_it(tmp_path: Path) -> N
     assert busy is not None and busy > 0
     s = facts.counters_sample(facts.block_device(tmp_path), me)
     assert {"own_read_bytes", "own_written_bytes", "own_cpu_ns", "cpu_busy_ns", "read_ns"} <= set(s)
+
+
+# ------------------------------------------------------------------------------ what is shown
+def test_the_checker_and_the_leaderboard_show_the_foreign_share() -> None:
+    from checker.leaderboard.columns import COLUMN, fmt
+    from checker.leaderboard.model import foreign_share
+    from checker.report import foreign_note
+
+    summary = {"foreign": {"write": {"foreign_share": 0.142}, "read": {"foreign_share": 0.031}}}
+    assert foreign_share(summary) == pytest.approx(0.142)
+    assert fmt(100 * foreign_share(summary), COLUMN["foreign_pct"]) == "14"
+    assert foreign_share({"foreign": None}) != foreign_share({"foreign": None})  # nan: not measured
+    assert foreign_note(summary["foreign"]) == (
+        "other processes moved 14% of the device's bytes during the writes, 3% during the restores"
+    )
+    assert foreign_note({"write": {"foreign_share": 0.001}, "read": None}) == ""  # (almost) nothing
