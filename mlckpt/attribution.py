@@ -18,7 +18,9 @@ the durable tier with fsync or O_DIRECT, a restore from the durable tier: ``coun
 left in the page cache reaches the device later, in another window, and would read as foreign.
 
 A phase's ``foreign_share`` is Σ foreign ÷ Σ device over its weighed ops and hosts; its
-``foreign_cpu_share`` is Σ foreign CPU time ÷ Σ (CPUs × window).
+``foreign_cpu_share`` is Σ foreign CPU time ÷ Σ (CPUs × window), given only when its windows last
+``min_cpu_window_ns`` on average: the kernel counts CPU time in ticks (10 ms at the usual 100 Hz),
+so a window of 30 ms would be known to ±70 %, one of 0.5 s to ±4 %.
 """
 
 from __future__ import annotations
@@ -100,13 +102,21 @@ def op_windows(records: Iterable[Rec], counted: Callable[[Rec], bool]) -> list[O
     return out
 
 
-def _phase(shares: list[OpShare]) -> dict[str, Any] | None:
+def cpu_share(shares: list[OpShare], min_cpu_window_ns: float) -> float | None:
+    """Other processes' CPU time over the windows ÷ the CPUs' time, or None: no CPU counters, or
+    windows too short on average to tell (module docstring)."""
+    cpu = [s.window for s in shares if s.window.foreign_cpu_ns is not None and s.window.window_ns > 0]
+    if not cpu or sum(w.window_ns for w in cpu) < min_cpu_window_ns * len(cpu):
+        return None
+    return sum(w.foreign_cpu_ns or 0 for w in cpu) / sum(w.cpus * w.window_ns for w in cpu)
+
+
+def _phase(shares: list[OpShare], min_cpu_window_ns: float) -> dict[str, Any] | None:
     if not shares:
         return None
     device = sum(s.window.device_bytes for s in shares)
     foreign = sum(s.window.foreign_bytes for s in shares)
-    cpu = [s.window for s in shares if s.window.foreign_cpu_ns is not None and s.window.window_ns > 0]
-    capacity = sum(w.cpus * w.window_ns for w in cpu)
+    cpu = cpu_share(shares, min_cpu_window_ns)
     worst = max(shares, key=lambda s: (s.window.foreign_bytes, -s.index))
     return {
         "ops": len({s.index for s in shares}),
@@ -114,8 +124,7 @@ def _phase(shares: list[OpShare]) -> dict[str, Any] | None:
         "own_bytes": sum(s.window.own_bytes for s in shares),
         "foreign_bytes": foreign,
         "foreign_share": round(foreign / device, 6) if device > 0 else 0.0,
-        "foreign_cpu_share": (round(sum(w.foreign_cpu_ns or 0 for w in cpu) / capacity, 6)
-                              if capacity else None),
+        "foreign_cpu_share": None if cpu is None else round(cpu, 6),
         "worst": {"index": worst.index, "host": worst.host, "foreign_bytes": worst.window.foreign_bytes,
                   "foreign_share": round(worst.window.foreign_share, 6)},
     }
@@ -153,12 +162,14 @@ def between_ops(records: Iterable[Rec],
     return out
 
 
-def foreign_summary(records: Iterable[Rec], counted: Callable[[Rec], bool]) -> dict[str, Any] | None:
+def foreign_summary(records: Iterable[Rec], counted: Callable[[Rec], bool],
+                    min_cpu_window_ns: float) -> dict[str, Any] | None:
     """summary.json's ``foreign`` block (summary format 5), or None when no host attributes."""
     records = list(records)
     by_phase = phases(records, counted)
     if not any(by_phase.values()):
         return None
     gaps = between_ops(records, counted)
-    return {"write": _phase(by_phase["write"]), "read": _phase(by_phase["read"]),
+    return {"write": _phase(by_phase["write"], min_cpu_window_ns),
+            "read": _phase(by_phase["read"], min_cpu_window_ns),
             "between_ops_bytes": sum(w.foreign_bytes for _, _, w in gaps)}

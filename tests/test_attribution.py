@@ -140,13 +140,17 @@ def failed(check: Any, rule: str, d: RunData, version: str = "1.8") -> list[Outc
 
 
 def two_writes(
-    foreign: tuple[int, int], between_foreign: int = 0, between_own: int = 0, cpu: tuple[int, int] = (0, 0)
+    foreign: tuple[int, int],
+    between_foreign: int = 0,
+    between_own: int = 0,
+    cpu: tuple[int, int] = (0, 0),
+    dur: int = 400_000_000,
 ) -> list[dict[str, Any]]:
-    a, (dev, own) = op(1, 10**9, 400_000_000, 200 * MiB, foreign[0], (0, 0), cpu)
+    a, (dev, own) = op(1, 10**9, dur, 200 * MiB, foreign[0], (0, 0), cpu)
     b, _ = op(
         2,
         2 * 10**9,
-        400_000_000,
+        dur,
         200 * MiB,
         foreign[1],
         (dev + between_foreign + between_own, own + between_own),
@@ -183,7 +187,7 @@ def test_foreign_bytes_are_never_negative_nor_more_than_the_device_moved(
 
 def test_the_summary_block_weighs_each_phase_and_names_the_worst_op() -> None:
     recs = two_writes((50 * MiB, 10 * MiB), between_foreign=300 * MiB)
-    s = attribution.foreign_summary(recs, lambda r: True)
+    s = attribution.foreign_summary(recs, lambda r: True, 0)
     assert s is not None and s["read"] is None
     w = s["write"]
     assert (w["ops"], w["own_bytes"], w["foreign_bytes"]) == (2, 400 * MiB, 60 * MiB)
@@ -195,7 +199,7 @@ def test_the_summary_block_weighs_each_phase_and_names_the_worst_op() -> None:
         "foreign_share": pytest.approx(50 / 250, abs=1e-6),
     }
     assert s["between_ops_bytes"] == 300 * MiB
-    assert attribution.foreign_summary(recs, lambda r: False) is None  # no weighed op: nothing to say
+    assert attribution.foreign_summary(recs, lambda r: False, 0) is None  # no weighed op: nothing to say
 
 
 # ------------------------------------------------------------------------------ FOREIGN-IO
@@ -217,15 +221,25 @@ def test_foreign_io_is_quiet_under_the_share_and_says_disturbed_past_it() -> Non
     assert failed(foreign_io, "FOREIGN-IO", run_of(two_writes((over, 0)))) == []
 
 
-def test_foreign_io_counts_other_processes_cpu_time() -> None:
-    limit = load_rules().data["attribution"]["max_foreign_cpu_share"]
-    window = 400_000_000 + 2_020_000  # the op's counters' window
-    hog = int(2 * window * (limit + 0.05))  # both CPUs, past the share, none of it the ranks'
-    [bad] = failed(foreign_io, "FOREIGN-IO", run_of(two_writes((0, 0), cpu=(hog + 10**6, 10**6))))
+def test_foreign_io_counts_other_processes_cpu_time_over_windows_long_enough_to_tell() -> None:
+    a = load_rules().data["attribution"]
+    dur = int(a["min_cpu_window_s"] * 1.2e9)
+    window = dur + 2_020_000  # the op's counters' window
+    hog = int(2 * window * (a["max_foreign_cpu_share"] + 0.02))  # both CPUs, past the share, none the ranks'
+    [bad] = failed(foreign_io, "FOREIGN-IO", run_of(two_writes((0, 0), cpu=(hog + 10**6, 10**6), dur=dur)))
     assert isinstance(bad, Outcome) and "2 CPUs" in bad.expected
     assert (
-        failed(foreign_io, "FOREIGN-IO", run_of(two_writes((0, 0), cpu=(hog, hog)))) == []
-    )  # the ranks' own
+        failed(foreign_io, "FOREIGN-IO", run_of(two_writes((0, 0), cpu=(hog, hog), dur=dur))) == []
+    )  # the ranks'
+    # windows of 40 ms: the kernel's 10 ms ticks cannot tell, so neither judged nor shown
+    short = two_writes((0, 0), cpu=(10**9, 0), dur=40_000_000)
+    assert failed(foreign_io, "FOREIGN-IO", run_of(short)) == []
+    assert (
+        attribution.foreign_summary(short, lambda r: True, a["min_cpu_window_s"] * 1e9)["write"][
+            "foreign_cpu_share"
+        ]
+        is None
+    )
 
 
 def test_foreign_io_says_why_it_cannot_judge_a_run_without_attribution() -> None:

@@ -359,6 +359,9 @@ def two_hosts(boot: bool, counters: bool = False) -> Edit:
 
         def hosts(run: dict[str, Any]) -> None:
             run["hosts"] = [{"host": first, "ranks": [0, 1]}, {"host": "vm-b", "ranks": [2, 3]}]
+            if run.get("calibration"):  # rules 1.8: the invented host's own timing, copied too
+                cal = run["calibration"]["hosts"][0]
+                run["calibration"]["hosts"] = [{**cal, "ranks": 2}, {**cal, "host": "vm-b", "ranks": 2}]
 
         edit_json(folder, "run.json", hosts)
 

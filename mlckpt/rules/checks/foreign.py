@@ -12,7 +12,7 @@ from __future__ import annotations
 from collections.abc import Iterator, Mapping
 from typing import Any
 
-from mlckpt.attribution import OpShare, phases
+from mlckpt.attribution import OpShare, cpu_share, phases
 from mlckpt.rules.checks.evidence import counted_op
 from mlckpt.rules.checks.result import _run
 from mlckpt.rules.engine import Context, NotChecked, Outcome, Rule, RuleSet, checks_table
@@ -44,18 +44,15 @@ def _host_phase(a: Mapping[str, Any], op: str, host: str, shares: list[OpShare])
             f"most during {op} {worst.index} ({fmt_bytes(worst.window.foreign_bytes)})",
             where=where,
         )
-    cpu = [s.window for s in shares if s.window.foreign_cpu_ns is not None and s.window.window_ns > 0]
-    capacity = sum(w.cpus * w.window_ns for w in cpu)
-    if capacity:
-        cpu_share = sum(w.foreign_cpu_ns or 0 for w in cpu) / capacity
-        if cpu_share > float(a["max_foreign_cpu_share"]):
-            yield Outcome(
-                False,
-                f"other processes using at most {float(a['max_foreign_cpu_share']):.0%} of the host's "
-                f"{dev.cpus} CPUs during the timed ops",
-                f"{cpu_share:.0%}",
-                where=where,
-            )
+    cpu = cpu_share(shares, float(a["min_cpu_window_s"]) * 1e9)
+    if cpu is not None and cpu > float(a["max_foreign_cpu_share"]):
+        yield Outcome(
+            False,
+            f"other processes using at most {float(a['max_foreign_cpu_share']):.0%} of the host's "
+            f"{dev.cpus} CPUs during the timed ops",
+            f"{cpu:.0%}",
+            where=where,
+        )
 
 
 def foreign_io(ctx: Context, rs: RuleSet, rule: Rule) -> Iterator[Outcome | NotChecked]:
