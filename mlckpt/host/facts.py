@@ -179,19 +179,21 @@ def host_cpu_busy_ns() -> int | None:
     return (sum(fields) - fields[3] - fields[4]) * _TICK_NS
 
 
-def counters_sample(device: str | None, pids: Sequence[int] = ()) -> dict[str, int]:
+def counters_sample(device: str | None, pids: Sequence[int] = (), *,
+                    closing: bool = False) -> dict[str, int]:
     """The host's kernel counters now: the device's bytes read and written and busy time (when
     known), the page cache's size and dirty state; with ``pids`` (the host's ranks, records
     format 6) what the kernel charged to them (:func:`processes_io`) and the host's busy CPU time,
     so the device's bytes split into the run's and everyone else's; ``t_ns`` on the clock of the
-    op records, taken last, and ``read_ns``, how long the sample took."""
+    op records, taken last, and ``read_ns``, how long the sample took.
+
+    The kernel charges a process's bytes when it submits them and counts the device's when they
+    complete, so an opening sample reads the device before the processes and a ``closing`` one
+    after them: whatever the ranks submitted in between is then inside the device's interval."""
     start = time.perf_counter_ns()
     out: dict[str, int] = {}
-    if pids:
-        own = processes_io(pids)
-        busy = host_cpu_busy_ns()
-        if own is not None and busy is not None:
-            out.update(own, cpu_busy_ns=busy)
+    if pids and closing:
+        _own_into(out, pids)
     if device is not None:
         try:
             fields = Path(f"/sys/dev/block/{device}/stat").read_text().split()
@@ -199,6 +201,8 @@ def counters_sample(device: str | None, pids: Sequence[int] = ()) -> dict[str, i
                 out[key] = int(fields[i]) * (_SECTOR if key.endswith("_bytes") else 1)
         except (OSError, ValueError, IndexError):
             pass
+    if pids and not closing:
+        _own_into(out, pids)
     info = meminfo()
     for key, name in _MEMINFO_FIELDS.items():
         if name in info:
@@ -207,6 +211,13 @@ def counters_sample(device: str | None, pids: Sequence[int] = ()) -> dict[str, i
     if pids:
         out["read_ns"] = out["t_ns"] - start
     return out
+
+
+def _own_into(out: dict[str, int], pids: Sequence[int]) -> None:
+    own = processes_io(pids)
+    busy = host_cpu_busy_ns()
+    if own is not None and busy is not None:
+        out.update(own, cpu_busy_ns=busy)
 
 
 def memory_copy_gib_s(threads: int | None = None, per_thread_bytes: int = 16 << 20) -> float:

@@ -8,8 +8,8 @@ with all its ranks running, and records what each host measured (``run.json``'s 
 The checker derives each host's bounds from those samples (``mlckpt.rules.checks.timing``).
 
 Each round is what :class:`mlckpt.run.collective.OpTimer` does around an op: a barrier, the
-leader's counters, every rank's t0, the ranks waiting asleep for each other, the agreement, the
-leader's counters again.
+leader's counters, a second barrier, every rank's t0, the ranks waiting asleep for each other, the
+agreement, the leader's counters again.
 """
 
 from __future__ import annotations
@@ -27,10 +27,11 @@ def _round(timer: OpTimer) -> Round:
     job = timer.job
     job.comm.Barrier()
     before = timer.probe()["t_ns"] if timer.probe is not None else None
+    job.comm.Barrier()
     t0 = time.perf_counter_ns()
     job.idle_barrier()
     job.agree(None)
-    after = timer.probe()["t_ns"] if timer.probe is not None else None
+    after = timer.probe(closing=True)["t_ns"] if timer.probe is not None else None
     return t0, before, after
 
 
