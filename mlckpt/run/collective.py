@@ -278,6 +278,16 @@ class OpTimer:
         if was:
             gc.enable()
 
+    def _opening(self) -> dict[str, Any] | None:
+        """The op's barrier and the leader's first counters (None elsewhere).  From records format 6
+        no rank starts before its host's counters are read (a second barrier): with many ranks per
+        core the leader can leave the first tens of ms after the others began moving bytes."""
+        self.job.comm.Barrier()
+        before = self.probe() if self.probe is not None else None
+        if self.records_format >= 6:
+            self.job.comm.Barrier()
+        return before
+
     def __call__(
         self, op: str, index: int, ckpt: int, action: Callable[[], Any], nbytes: int, nfiles: int, opts: Any,
         seal: Callable[[str], None] | None = None,
@@ -295,7 +305,6 @@ class OpTimer:
             watch = OpWatch(self.channel, job.size, self.timeout_s,
                             lambda late, el: self.on_stall(op, index, ckpt, late, el))
         sent = None
-        before = None
         if job.rank == 0:  # a progress line before the barrier, never inside the timing
             job.console.stage(f"{op} {index}", op_meter(self, op, nbytes))
         fmt4 = self.records_format >= 4
@@ -305,15 +314,7 @@ class OpTimer:
             huge = engine.huge_bytes(self.state)
         collecting = self.hold_gc()
         try:
-            job.comm.Barrier()
-            if self.records_format >= 6:
-                # No rank starts before its host's counters are read: with many ranks per core the
-                # leader can leave the barrier tens of ms after others began moving bytes.
-                if self.probe is not None:
-                    before = self.probe()
-                job.comm.Barrier()
-            elif self.probe is not None:
-                before = self.probe()
+            before = self._opening()
             wall = time.time()
             t0 = time.perf_counter_ns()
             c0 = time.process_time_ns()
