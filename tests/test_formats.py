@@ -30,6 +30,7 @@ RELEASED_RULES = {
     "1.5": "76fe0f38daa883d437bbf6d229ee83883f76d02ca03cd902c2391aba975bc55f",
     "1.6": "b091441c54ee38eaae7eab28db4260333441eb50189c466179075249b7599c05",
     "1.7": "91b9877d66098a60d75640d45de07a8f7703b4c9eee30554ed842ca06dc875f4",
+    "1.8": "b416c3a63c204ed548350e46052fbad87b9bc77b8be5537f2881ca3c2828d393",
     "mlps-v3.0": "4bb01ebeb340f687cf6a601214b0d95e77e820d10216f4c813bd9edb228b736c",
 }
 
@@ -60,7 +61,7 @@ def test_a_history_must_end_at_the_current_version() -> None:
 
 
 def test_the_schemas_pin_the_current_versions() -> None:
-    schemas = schema_folder(DEFAULT_RULES_VERSION)  # rules 1.7 have their own (run format 7)
+    schemas = schema_folder(DEFAULT_RULES_VERSION)  # rules 1.8 have their own (run format 8)
     run = json.loads((schemas / "run.schema.json").read_text())["properties"]
     summary = json.loads((schemas / "summary.schema.json").read_text())["properties"]
     desc = json.loads((schemas / "system-description.schema.json").read_text())["properties"]
