@@ -22,6 +22,7 @@ import tempfile
 import time
 from collections import Counter
 from pathlib import Path
+from typing import Any
 
 HERE = Path(__file__).resolve().parent
 MLCKPT = Path(sys.executable).parent / "mlckpt"
@@ -61,6 +62,55 @@ def one_run(work: Path, preset: str, rules: str) -> dict[str, object]:
     return out
 
 
+def rejudged(bundle: Path) -> dict[str, object]:
+    """A kept bundle's verdict under today's FOREIGN-IO (its other findings as recorded), and the
+    summary's foreign block recomputed: to try other bounds on the same measurements."""
+    import yaml
+
+    from mlckpt.rules import load_rules, verdict
+    from mlckpt.rules.checks.evidence import recomputed_summary
+    from mlckpt.rules.checks.result import RunData
+    from mlckpt.rules.engine import Context, Finding, make_finding
+    from mlckpt.workload.layout import make_plan
+    from mlckpt.workload.model import workload_from_config
+
+    run = json.loads((bundle / "run.json").read_text())
+    config = yaml.safe_load((bundle / "config.yaml").read_text())
+    recs = [json.loads(ln) for ln in (bundle / "records.jsonl").read_text().splitlines()]
+    system = json.loads((bundle / "system.json").read_text())
+    rs = load_rules(run["rules_version"])
+    d = RunData(run, config, {}, recs, system)
+    findings = [f for f in run["findings"] if f["rule"] != "FOREIGN-IO"]
+    if any(r.id == "FOREIGN-IO" for r in rs.rules):
+        rule = rs.rule("FOREIGN-IO")
+        ctx = Context(config, workload_from_config(config["workload"]), run=d)
+        findings += [make_finding(rule, o).to_dict() for o in rs.checks[rule.check](ctx, rs, rule)
+                     if hasattr(o, "ok") and not o.ok]
+    plan = make_plan(workload_from_config(config["workload"]), int(run["ranks"]), float(config["scale"]))
+    summary = recomputed_summary(rs, d, plan)
+    return {"verdict": verdict([Finding(f["rule"], f["severity"], f["message"]) for f in findings],
+                               run["division"]),
+            "rules_fired": sorted({f["rule"] for f in findings if f["severity"] != "warning"}),
+            "foreign": summary.get("foreign")}
+
+
+def rejudge(folders: list[Path]) -> int:
+    rows: dict[tuple[int, str], list[dict[str, object]]] = {}
+    for folder in folders:
+        for b in sorted((folder / "results").glob("*/run.json")):
+            run = json.loads(b.read_text())
+            rows.setdefault((int(run["ranks"]), str(run["rules_version"])), []).append(rejudged(b.parent))
+    for (ranks, rules), rs in sorted(rows.items()):
+        fired = Counter(f for r in rs for f in r["rules_fired"])  # type: ignore[attr-defined]
+        blocks: list[dict[str, Any]] = [r["foreign"] for r in rs if r["foreign"]]  # type: ignore[misc]
+        shares = [max(b[op]["foreign_share"] for op in ("write", "read") if b.get(op)) for b in blocks]
+        rate = [b["span"]["foreign_rate_share"] for b in blocks if b.get("span")]
+        print(f"{ranks:3d} ranks, rules {rules}: {dict(Counter(str(r['verdict']) for r in rs))}; rules fired "
+              f"{dict(fired)}" + (f"; phase share max {max(shares):.2f}" if shares else "")
+              + (f"; span rate share max {max(rate):.2f}" if rate else ""))
+    return 0
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--runs", type=int, default=5)
@@ -71,7 +121,11 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--bursty", action="store_true", help="the tenant's writes reach the disk at each fsync")
     ap.add_argument("--dir", type=Path, default=None, help="work folder (default: a new one under /tmp)")
     ap.add_argument("--json", type=Path, default=None, help="write every run's row here")
+    ap.add_argument("--rejudge", type=Path, nargs="+", default=None,
+                    help="no runs: the bundles kept under these work folders, judged by today's FOREIGN-IO")
     a = ap.parse_args(argv)
+    if a.rejudge:
+        return rejudge(a.rejudge)
     work = a.dir or Path(tempfile.mkdtemp(prefix="mlckpt-busy-"))
     work.mkdir(parents=True, exist_ok=True)
     tenant = None

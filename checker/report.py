@@ -32,6 +32,7 @@ from collections.abc import Sequence
 from typing import Any
 
 from checker.results import INTERNAL, BundleResult
+from mlckpt.attribution import foreign_note
 from mlckpt import __version__, formats
 
 REPORT_FORMAT = formats.REPORT.version
@@ -109,20 +110,6 @@ def _metrics(b: dict[str, Any]) -> str:
     if foreign:
         parts.append(foreign)
     return f": {', '.join(parts)}" if parts else ""
-
-
-def foreign_note(foreign: Any, at_least: float = 0.005) -> str:
-    """``other processes moved 12% of the device's bytes during the writes, 3% during the
-    restores`` (summary format 5's ``foreign``), or nothing when they moved (almost) nothing."""
-    if not isinstance(foreign, dict):
-        return ""
-    shares = [(op, (foreign.get(op) or {}).get("foreign_share")) for op in ("write", "read")]
-    shown = [(f"{v:.0%}", "writes" if op == "write" else "restores") for op, v in shares
-             if _num(v) and v >= at_least]
-    if not shown:
-        return ""
-    rest = "".join(f", {pct} during the {phase}" for pct, phase in shown[1:])
-    return f"other processes moved {shown[0][0]} of the device's bytes during the {shown[0][1]}{rest}"
 
 
 def render_text(report: dict[str, Any], *, quiet: bool = False) -> str:

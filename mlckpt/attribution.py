@@ -17,6 +17,11 @@ Only the ops whose bytes cross the device inside their own window are weighed (a
 the durable tier with fsync or O_DIRECT, a restore from the durable tier: ``counted``); a write
 left in the page cache reaches the device later, in another window, and would read as foreign.
 
+A host's *span* runs from its first weighed op's opening counters to its last one's closing
+counters: the timed ops and the gaps between them.  Its ``foreign_rate_share`` is the rate at which
+other processes moved bytes over the span ÷ the highest rate the device reached in one of the
+run's windows: how busy another tenant kept the device, at the device's own demonstrated speed.
+
 A phase's ``foreign_share`` is Σ foreign ÷ Σ device over its weighed ops and hosts; its
 ``foreign_cpu_share`` is Σ foreign CPU time ÷ Σ (CPUs × window), given only when its windows last
 ``min_cpu_window_ns`` on average: the kernel counts CPU time in ticks (10 ms at the usual 100 Hz),
@@ -86,6 +91,7 @@ class OpShare:
     index: int
     host: str
     window: Window
+    device: str = ""  # MAJOR:MINOR
 
 
 def op_windows(records: Iterable[Rec], counted: Callable[[Rec], bool]) -> list[OpShare]:
@@ -98,7 +104,7 @@ def op_windows(records: Iterable[Rec], counted: Callable[[Rec], bool]) -> list[O
             continue
         w = op_window(hc)
         if w is not None:
-            out.append(OpShare(str(r["op"]), int(r["index"]), str(r["host"]), w))
+            out.append(OpShare(str(r["op"]), int(r["index"]), str(r["host"]), w, str(hc["device"])))
     return out
 
 
@@ -162,6 +168,41 @@ def between_ops(records: Iterable[Rec],
     return out
 
 
+@dataclass(frozen=True)
+class Span:
+    """One host's counters from its first weighed op's opening to its last one's closing."""
+
+    host: str
+    window: Window
+    peak_bytes_per_ns: float  # the device's highest rate in one of the host's op windows
+    device: str = ""  # MAJOR:MINOR
+
+    @property
+    def foreign_rate_share(self) -> float:
+        if self.window.window_ns <= 0 or self.peak_bytes_per_ns <= 0:
+            return 0.0
+        return self.window.foreign_bytes / self.window.window_ns / self.peak_bytes_per_ns
+
+
+def spans(records: Iterable[Rec], counted: Callable[[Rec], bool]) -> list[Span]:
+    """Each attributing host's span (module docstring), hosts in name order."""
+    by_host: dict[str, list[Rec]] = {}
+    for r in records:
+        hc = r.get("host_counters")
+        if hc and hc.get("device") is not None and counted(r) and op_window(hc) is not None:
+            by_host.setdefault(str(r["host"]), []).append(r)
+    out = []
+    for host, rs in sorted(by_host.items()):
+        rs.sort(key=lambda r: int(r["host_counters"]["before"]["t_ns"]))
+        first, last = rs[0]["host_counters"], rs[-1]["host_counters"]
+        w = window(first.get("before"), last.get("after"), int(first.get("cpus", 1)))
+        wins = [op_window(r["host_counters"]) for r in rs]
+        rates = [x.device_bytes / x.window_ns for x in wins if x is not None and x.window_ns > 0]
+        if w is not None and first.get("device") == last.get("device"):
+            out.append(Span(host, w, max(rates, default=0.0), str(first["device"])))
+    return out
+
+
 def foreign_summary(records: Iterable[Rec], counted: Callable[[Rec], bool],
                     min_cpu_window_ns: float) -> dict[str, Any] | None:
     """summary.json's ``foreign`` block (summary format 5), or None when no host attributes."""
@@ -170,6 +211,25 @@ def foreign_summary(records: Iterable[Rec], counted: Callable[[Rec], bool],
     if not any(by_phase.values()):
         return None
     gaps = between_ops(records, counted)
+    busiest = max(spans(records, counted), key=lambda x: x.foreign_rate_share, default=None)
+    span = None if busiest is None else {
+        "host": busiest.host, "seconds": round(busiest.window.window_ns / 1e9, 6),
+        "foreign_bytes": busiest.window.foreign_bytes,
+        "foreign_rate_share": round(busiest.foreign_rate_share, 6)}
     return {"write": _phase(by_phase["write"], min_cpu_window_ns),
-            "read": _phase(by_phase["read"], min_cpu_window_ns),
+            "read": _phase(by_phase["read"], min_cpu_window_ns), "span": span,
             "between_ops_bytes": sum(w.foreign_bytes for _, _, w in gaps)}
+
+
+def foreign_note(foreign: Any, at_least: float = 0.005) -> str:
+    """``other processes moved 12% of the device's bytes during the writes, 3% during the
+    restores`` (summary format 5's ``foreign``), or nothing when they moved (almost) nothing."""
+    if not isinstance(foreign, dict):
+        return ""
+    shares = [(op, (foreign.get(op) or {}).get("foreign_share")) for op in ("write", "read")]
+    shown = [(f"{v:.0%}", "writes" if op == "write" else "restores") for op, v in shares
+             if isinstance(v, int | float) and not isinstance(v, bool) and v >= at_least]
+    if not shown:
+        return ""
+    rest = "".join(f", {pct} during the {phase}" for pct, phase in shown[1:])
+    return f"other processes moved {shown[0][0]} of the device's bytes during the {shown[0][1]}{rest}"

@@ -14,6 +14,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from mlckpt import attribution
+from mlckpt.attribution import foreign_note
 from mlckpt.host import facts
 from mlckpt.rules import load_rules
 from mlckpt.rules.checks.counters import device_counters
@@ -223,7 +224,7 @@ def test_foreign_io_is_quiet_under_the_share_and_says_disturbed_past_it() -> Non
 
 def test_foreign_io_counts_other_processes_cpu_time_over_windows_long_enough_to_tell() -> None:
     a = load_rules().data["attribution"]
-    dur = int(a["min_cpu_window_s"] * 1.2e9)
+    dur = int(a["min_window_s"] * 1.2e9)
     window = dur + 2_020_000  # the op's counters' window
     hog = int(2 * window * (a["max_foreign_cpu_share"] + 0.02))  # both CPUs, past the share, none the ranks'
     [bad] = failed(foreign_io, "FOREIGN-IO", run_of(two_writes((0, 0), cpu=(hog + 10**6, 10**6), dur=dur)))
@@ -235,11 +236,37 @@ def test_foreign_io_counts_other_processes_cpu_time_over_windows_long_enough_to_
     short = two_writes((0, 0), cpu=(10**9, 0), dur=40_000_000)
     assert failed(foreign_io, "FOREIGN-IO", run_of(short)) == []
     assert (
-        attribution.foreign_summary(short, lambda r: True, a["min_cpu_window_s"] * 1e9)["write"][
+        attribution.foreign_summary(short, lambda r: True, a["min_window_s"] * 1e9)["write"][
             "foreign_cpu_share"
         ]
         is None
     )
+
+
+def test_a_share_over_ops_too_short_to_tell_a_burst_is_shown_not_judged() -> None:
+    a = load_rules().data["attribution"]
+    short = int(a["min_window_s"] * 1e9 / 4)  # two ops, half the horizon in all
+    over = 400 * MiB  # twice the run's own bytes in each op: a share of 2/3
+    recs = two_writes((over, over), dur=short)
+    assert failed(foreign_io, "FOREIGN-IO", run_of(recs)) == []
+    summary = attribution.foreign_summary(recs, lambda r: True, a["min_window_s"] * 1e9)
+    assert summary["write"]["foreign_share"] == pytest.approx(2 / 3, abs=1e-3)  # shown all the same
+    assert summary["span"]["foreign_bytes"] == 2 * over and summary["span"]["host"] == "h"
+
+
+def test_a_tenant_that_keeps_the_device_busy_between_the_ops_too_is_disturbing() -> None:
+    a = load_rules().data["attribution"]
+    # the device moved 200 MiB in a 0.4 s op at most; another tenant moved 2 GiB over the ~1.4 s span
+    recs = two_writes((0, 0), between_foreign=2 << 30)
+    [bad] = failed(foreign_io, "FOREIGN-IO", run_of(recs))
+    assert isinstance(bad, Outcome) and bad.where == "host h, from the first timed op to the last"
+    assert f"{2 << 30} B (2.00 GiB) moved on device 8:0 by other processes in 1.40 s" in bad.actual
+    span = attribution.spans(recs, lambda r: True)[0]
+    assert span.foreign_rate_share > a["max_foreign_rate_share"]
+    # a tenant at a tenth of that rate is shown, and the run stays valid
+    calm = two_writes((0, 0), between_foreign=200 << 20)
+    assert failed(foreign_io, "FOREIGN-IO", run_of(calm)) == []
+    assert 0 < attribution.spans(calm, lambda r: True)[0].foreign_rate_share < a["max_foreign_rate_share"]
 
 
 def test_foreign_io_says_why_it_cannot_judge_a_run_without_attribution() -> None:
@@ -379,7 +406,6 @@ def test_the_kernel_charges_a_processes_synced_writes_to_it(tmp_path: Path) -> N
 def test_the_checker_and_the_leaderboard_show_the_foreign_share() -> None:
     from checker.leaderboard.columns import COLUMN, fmt
     from checker.leaderboard.model import foreign_share
-    from checker.report import foreign_note
 
     summary = {"foreign": {"write": {"foreign_share": 0.142}, "read": {"foreign_share": 0.031}}}
     assert foreign_share(summary) == pytest.approx(0.142)

@@ -499,7 +499,7 @@ NEGATIVE_CASES: dict[str, list[Case]] = {
                            "got workload='llama3_8b'", predicate={"workload": "llama3_70b"})],
     # rules 1.8: another tenant moved ten times the run's bytes on the device during every op
     # (run.json's verdict edited to match, as the runner would have recorded it)
-    "FOREIGN-IO": [C("moved by other processes, most during write 1", predicate={"verdict": "disturbed"},
+    "FOREIGN-IO": [C("by other processes, most during write 1", predicate={"verdict": "disturbed"},
                      mutate=lambda f: [records(lambda rs: foreign_bytes(rs, 10))(f),
                                        edit_json(f, "run.json", setitem("verdict", "disturbed"))] and None)],
     "SYSTEM-DESCRIPTION": [

@@ -153,9 +153,10 @@ def test_honest_runs_beside_a_flat_out_copy_are_disturbed_never_invalid(
         verdicts.append(run_doc["verdict"])
         if run_doc["verdict"] == "disturbed":
             assert status == 6
+            # the tests' ops last tens of ms: the tenant is judged by how busy it kept the device
             assert re.search(
-                r"finding: \[FOREIGN-IO\] \(disturbed\) host .*: .* \d+ B \(.*\) moved by other "
-                r"processes, most during (write|read) 1",
+                r"finding: \[FOREIGN-IO\] \(disturbed\) host [^,]+, from the first timed op to the last: .*"
+                r"got \d+ B \(.*\) moved on device \d+:\d+ by other processes in [\d.]+ s",
                 out,
             ), out[-3000:]
             assert "the run was disturbed" in out

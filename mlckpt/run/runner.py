@@ -24,6 +24,7 @@ from pathlib import Path
 from typing import Any, TextIO
 
 from mlckpt import __version__, engine
+from mlckpt.attribution import foreign_note
 from mlckpt.errors import MlckptError, RunFailure
 from mlckpt.host.facts import block_device, counters_sample
 from mlckpt.locations import s3_settings
@@ -368,6 +369,9 @@ def publish(
         )
     for f in judged(s, gates, manifest, summary, records, system):
         job.say(f"finding: [{f.rule}] ({f.severity}) {f.message}")
+    shared = foreign_note(summary.get("foreign"), at_least=0.01)
+    if shared:  # a valid run says what it shared the device with, a disturbed one why it is no result
+        job.say(f"note: {shared} (summary.json: foreign)")
     job.say(headline(summary) + f"; verdict {manifest['verdict']}")
     log = list(job.console.log_lines)
     if manifest["verdict"] in ("invalid", "disturbed"):  # the first thing anyone opening the bundle reads

@@ -94,7 +94,7 @@ def recomputed_summary(rs: RuleSet, d: RunData, plan: Any) -> dict[str, Any]:
     out = completed(d.summarized(rs), plan.total_bytes,
                     plan.restore_bytes(str(d.config["checkpoint"]["restore"])), facts)
     if summary_format(rs) >= 5:
-        window = float(rs.data["attribution"]["min_cpu_window_s"]) * 1e9
+        window = float(rs.data["attribution"]["min_window_s"]) * 1e9
         out["foreign"] = foreign_summary(d.records, lambda r: counted_op(d, r), window)
     return out
 

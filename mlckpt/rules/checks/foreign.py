@@ -2,9 +2,15 @@
 with other processes past a declared share is *disturbed*: neither a valid result nor an invalid
 one.  Pure; the numbers are mlckpt.attribution's, the shares are ``attribution:`` in rules.yaml.
 
-The share is judged over a phase (every weighed write, or every weighed restore) on one host, as
-the headline is a mean over the phase's ops: one op that met another tenant's burst is reported
-(summary.json's ``foreign.*.worst``) but does not by itself spoil a mean of many.
+Two measures, each with its own horizon:
+- **the share during the timed ops**, over a phase (every weighed write, or every weighed restore)
+  on one host, as the headline is a mean over the phase's ops; judged only where the phase's ops
+  last ``min_window_s`` in all: over a few tens of milliseconds a tenant's one burst (a flush, a
+  read-ahead) cannot be told from a steady flood, and one op that met a burst is reported
+  (summary.json's ``foreign.*.worst``) without spoiling a mean of many;
+- **how busy another tenant kept the device** over the host's whole span (the timed ops and the
+  gaps between them), against the highest rate the device showed in the run: the measure that
+  still holds for a run too short for the first.
 """
 
 from __future__ import annotations
@@ -12,7 +18,7 @@ from __future__ import annotations
 from collections.abc import Iterator, Mapping
 from typing import Any
 
-from mlckpt.attribution import OpShare, cpu_share, phases
+from mlckpt.attribution import OpShare, cpu_share, phases, spans
 from mlckpt.rules.checks.evidence import counted_op
 from mlckpt.rules.checks.result import _run
 from mlckpt.rules.engine import Context, NotChecked, Outcome, Rule, RuleSet, checks_table
@@ -33,18 +39,19 @@ def _host_phase(a: Mapping[str, Any], op: str, host: str, shares: list[OpShare])
     share = foreign / device if device > 0 else 0.0
     where = f"host {host}, {op}s {_span([s.index for s in shares])}"
     dev = shares[0].window
-    if share > float(a["max_foreign_share"]):
+    long_enough = sum(s.window.window_ns for s in shares) >= float(a["min_window_s"]) * 1e9
+    if long_enough and share > float(a["max_foreign_share"]):
         worst = max(shares, key=lambda s: s.window.foreign_bytes)
         yield Outcome(
             False,
             f"other processes moving at most {float(a['max_foreign_share']):.0%} of the bytes the checkpoint "
             "device moved during the timed ops",
-            f"{foreign} B ({fmt_bytes(foreign)}, {share:.0%} of {fmt_bytes(device)}) moved by other "
-            "processes, "
-            f"most during {op} {worst.index} ({fmt_bytes(worst.window.foreign_bytes)})",
+            f"{foreign} B ({fmt_bytes(foreign)}, {share:.0%} of {fmt_bytes(device)}) moved on device "
+            f"{shares[0].device} by other processes, most during {op} {worst.index} "
+            f"({fmt_bytes(worst.window.foreign_bytes)})",
             where=where,
         )
-    cpu = cpu_share(shares, float(a["min_cpu_window_s"]) * 1e9)
+    cpu = cpu_share(shares, float(a["min_window_s"]) * 1e9)
     if cpu is not None and cpu > float(a["max_foreign_cpu_share"]):
         yield Outcome(
             False,
@@ -69,6 +76,19 @@ def foreign_io(ctx: Context, rs: RuleSet, rule: Rule) -> Iterator[Outcome | NotC
             by_host.setdefault(s.host, []).append(s)
         for host, hs in sorted(by_host.items()):
             yield from _host_phase(a, op, host, hs)
+    limit = float(a["max_foreign_rate_share"])
+    for sp in spans(d.records, lambda r: counted_op(d, r)):
+        if sp.foreign_rate_share > limit:
+            rate = sp.window.foreign_bytes / (sp.window.window_ns / 1e9)
+            yield Outcome(
+                False,
+                f"other processes keeping the checkpoint device busy at most {limit:.0%} of the highest rate "
+                f"it reached in the run ({fmt_bytes(sp.peak_bytes_per_ns * 1e9)}/s)",
+                f"{sp.window.foreign_bytes} B ({fmt_bytes(sp.window.foreign_bytes)}) moved on device "
+                f"{sp.device} by other processes in {sp.window.window_ns / 1e9:.2f} s, "
+                f"{fmt_bytes(rate)}/s ({sp.foreign_rate_share:.0%})",
+                where=f"host {sp.host}, from the first timed op to the last",
+            )
 
 
 CHECKS = checks_table(foreign_io)
