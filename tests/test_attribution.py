@@ -112,21 +112,27 @@ def op(
     return recs, (dev0 + own + foreign, own0 + own)
 
 
-def run_of(records: list[dict[str, Any]], calibration: dict[str, Any] | None = None) -> RunData:
-    cal = calibration or {
+def calibration(
+    ranks: int = 2, skew: int = 200_000, head: int = 5_000, tail: int = 3_000_000
+) -> dict[str, Any]:
+    """run.json's calibration of host ``h``: 16 rounds of the same samples."""
+    return {
         "rounds": 16,
         "hosts": [
             {
                 "host": "h",
-                "ranks": 2,
-                "skew_ns": [200_000] * 16,
-                "head_ns": [5_000] * 16,
-                "tail_ns": [3_000_000] * 16,
+                "ranks": ranks,
+                "skew_ns": [skew] * 16,
+                "head_ns": [head] * 16,
+                "tail_ns": [tail] * 16,
             }
         ],
     }
+
+
+def run_of(records: list[dict[str, Any]], cal: dict[str, Any] | None = None) -> RunData:
     return RunData(
-        {"records_format": 6, "calibration": cal},
+        {"records_format": 6, "calibration": cal or calibration()},
         CONFIG,
         {},
         records,
@@ -346,18 +352,7 @@ def test_records_skew_is_judged_by_the_hosts_own_calibration() -> None:
         return [write(0, 1, 10**9, dur, MiB), write(1, 1, 10**9 + late_ns, dur - late_ns, MiB)]
 
     rel = load_rules().data["evidence"]["start_skew"]["rel"] * dur
-    busy = {
-        "rounds": 16,
-        "hosts": [
-            {
-                "host": "h",
-                "ranks": 64,
-                "skew_ns": [80_000_000] * 16,
-                "head_ns": [5_000] * 16,
-                "tail_ns": [10**8] * 16,
-            }
-        ],
-    }
+    busy = calibration(ranks=64, skew=80_000_000, tail=10**8)
     late = int(100e6 + rel)  # 100 ms past the relative part: beyond 1.7's 30 ms, inside 3 × 80 ms
     assert failed(start_skew, "RECORDS-SKEW", run_of(recs(late), busy)) == []
     quiet = run_of(recs(late))  # the default calibration: 0.2 ms → the floor
