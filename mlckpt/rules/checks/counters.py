@@ -32,7 +32,9 @@ def _window(
     where = f"{key[0]} {key[1]} on {host}"
     last = max(_end(r) for r in hr)
     head = int(leader["t0_ns"]) - c0
-    head_max = abs_bound_ns(rs, d, host, "head_ns", b["head_abs_s"])
+    # rules 1.8: the host's calibration, plus a share of the op (the other allowances have theirs)
+    head_max = abs_bound_ns(rs, d, host, "head_ns", b["head_abs_s"]) + (
+        float(rs.data["timing"]["head_rel"]) * op_dur if "timing" in rs.data else 0)
     if not 0 <= head <= head_max:
         yield Outcome(
             False,
