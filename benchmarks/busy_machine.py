@@ -63,14 +63,14 @@ def one_run(work: Path, preset: str, rules: str) -> dict[str, object]:
 
 
 def rejudged(bundle: Path) -> dict[str, object]:
-    """A kept bundle's verdict under today's FOREIGN-IO (its other findings as recorded), and the
-    summary's foreign block recomputed: to try other bounds on the same measurements."""
+    """A kept bundle's verdict under today's result-stage rules (its gate findings as recorded), and
+    the summary's foreign block recomputed: to try other bounds on the same measurements."""
     import yaml
 
     from mlckpt.rules import load_rules, verdict
     from mlckpt.rules.checks.evidence import recomputed_summary
     from mlckpt.rules.checks.result import RunData
-    from mlckpt.rules.engine import Context, Finding, make_finding
+    from mlckpt.rules.engine import Context, Finding
     from mlckpt.workload.layout import make_plan
     from mlckpt.workload.model import workload_from_config
 
@@ -79,19 +79,17 @@ def rejudged(bundle: Path) -> dict[str, object]:
     recs = [json.loads(ln) for ln in (bundle / "records.jsonl").read_text().splitlines()]
     system = json.loads((bundle / "system.json").read_text())
     rs = load_rules(run["rules_version"])
+    workload = workload_from_config(config["workload"])
+    plan = make_plan(workload, int(run["ranks"]), float(config["scale"]))
     d = RunData(run, config, {}, recs, system)
-    findings = [f for f in run["findings"] if f["rule"] != "FOREIGN-IO"]
-    if any(r.id == "FOREIGN-IO" for r in rs.rules):
-        rule = rs.rule("FOREIGN-IO")
-        ctx = Context(config, workload_from_config(config["workload"]), run=d)
-        findings += [make_finding(rule, o).to_dict() for o in rs.checks[rule.check](ctx, rs, rule)
-                     if hasattr(o, "ok") and not o.ok]
-    plan = make_plan(workload_from_config(config["workload"]), int(run["ranks"]), float(config["scale"]))
-    summary = recomputed_summary(rs, d, plan)
-    return {"verdict": verdict([Finding(f["rule"], f["severity"], f["message"]) for f in findings],
-                               run["division"]),
-            "rules_fired": sorted({f["rule"] for f in findings if f["severity"] != "warning"}),
-            "foreign": summary.get("foreign")}
+    d = RunData(run, config, recomputed_summary(rs, d, plan), recs, system)
+    at_result = {r.id for r in rs.rules if "result" in r.stages}
+    findings = [Finding(f["rule"], f["severity"], f["message"]) for f in run["findings"]
+                if f["rule"] not in at_result]
+    findings += rs.evaluate(Context(config, workload, plan=plan, complete=True, run=d), ["result"]).findings
+    return {"verdict": verdict(findings, run["division"]),
+            "rules_fired": sorted({f.rule for f in findings if f.severity != "warning"}),
+            "foreign": d.summary.get("foreign")}
 
 
 def rejudge(folders: list[Path]) -> int:
