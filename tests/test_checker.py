@@ -64,19 +64,17 @@ def records(fn: Callable[[list[dict[str, Any]]], Any]) -> Callable[[Path], None]
 
 
 def foreign_bytes(recs: list[dict[str, Any]], times: int) -> None:
-    """Every op's counters window gains ``times`` the op's bytes that no rank moved (the device's
-    counters only: another tenant), the windows in time order, the gaps between them unchanged."""
-    leaders = sorted((r for r in recs if "host_counters" in r),
-                     key=lambda r: r["host_counters"]["before"]["t_ns"])
-    extra = {"written_bytes": 0, "read_bytes": 0}
-    for r in leaders:
-        hc = r["host_counters"]
-        for k, v in extra.items():
-            hc["before"][k] += v
-        op_bytes = sum(x["bytes"] for x in recs if (x["op"], x["index"]) == (r["op"], r["index"]))
-        extra["written_bytes" if r["op"] == "write" else "read_bytes"] += times * op_bytes
-        for k, v in extra.items():
-            hc["after"][k] += v
+    """Another tenant on the device all along: its counters gain bytes at ``times`` the ranks' own
+    peak rate from the first sample on (inside every op and between them), the ranks' accounting
+    untouched."""
+    leaders = [r["host_counters"] for r in recs if "host_counters" in r]
+    rate = times * max((hc["after"]["own_written_bytes"] + hc["after"]["own_read_bytes"]
+                        - hc["before"]["own_written_bytes"] - hc["before"]["own_read_bytes"])
+                       / (hc["after"]["t_ns"] - hc["before"]["t_ns"]) for hc in leaders)
+    start = min(hc["before"]["t_ns"] for hc in leaders)
+    for hc in leaders:
+        for sample in (hc["before"], hc["after"]):
+            sample["written_bytes"] += int(rate * (sample["t_ns"] - start))
 
 
 def fast_tier_on(fs: str) -> Callable[[Path], None]:
@@ -499,7 +497,7 @@ NEGATIVE_CASES: dict[str, list[Case]] = {
                            "got workload='llama3_8b'", predicate={"workload": "llama3_70b"})],
     # rules 1.8: another tenant moved ten times the run's bytes on the device during every op
     # (run.json's verdict edited to match, as the runner would have recorded it)
-    "FOREIGN-IO": [C("by other processes, most during write 1", predicate={"verdict": "disturbed"},
+    "FOREIGN-IO": [C("by other processes in", predicate={"verdict": "disturbed"},
                      mutate=lambda f: [records(lambda rs: foreign_bytes(rs, 10))(f),
                                        edit_json(f, "run.json", setitem("verdict", "disturbed"))] and None)],
     "SYSTEM-DESCRIPTION": [
