@@ -32,8 +32,8 @@ from collections.abc import Sequence
 from typing import Any
 
 from checker.results import INTERNAL, BundleResult
-from mlckpt.attribution import foreign_note
 from mlckpt import __version__, formats
+from mlckpt.attribution import foreign_note
 
 REPORT_FORMAT = formats.REPORT.version
 EXIT_VALID, EXIT_INVALID, EXIT_USAGE, EXIT_INTEGRITY, EXIT_INTERNAL, EXIT_DISTURBED = 0, 1, 2, 3, 4, 6

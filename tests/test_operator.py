@@ -105,7 +105,8 @@ def test_a_piped_run_prints_a_line_at_least_every_5_s(tmp_path: Path) -> None:
     assert proc.stdout is not None
     for line in proc.stdout:
         arrivals.append((time.monotonic(), line.rstrip("\n")))
-    assert proc.wait(timeout=300) == 0, "\n".join(line for _, line in arrivals)
+    # a write stalled 7 s beside another tenant of the disk is dominated by it: disturbed, not invalid
+    assert proc.wait(timeout=300) in (0, 6), "\n".join(line for _, line in arrivals)
     text = [line for _, line in arrivals]
     gaps = [b[0] - a[0] for a, b in itertools.pairwise(arrivals)]
     assert max(gaps) < 6.0, (max(gaps), text)  # 5 s cadence, plus the heartbeat's own tick
@@ -143,7 +144,7 @@ def test_a_terminal_run_shows_a_live_bar(tmp_path: Path) -> None:
             bar = [ln for ln in screen.splitlines() if ln.strip().startswith("write 1 ") and "━" in ln]
             seen_bar = seen_bar or (bar[0] if bar else "")
             time.sleep(0.3)
-        assert "EXIT=0" in screen, screen
+        assert "EXIT=0" in screen or "EXIT=6" in screen, screen  # 6: a stalled write beside a tenant
         assert seen_bar and "MiB" in seen_bar, screen  # the live bar, with the device's bytes
         assert "━" not in screen and "bundle: " in screen  # taken down; the last lines stay
         assert "write 1/1: 53.61 MiB from 2 ranks" in screen

@@ -24,10 +24,27 @@ def _timing(rs: RuleSet) -> Mapping[str, Any] | None:
 
 
 def _calibration(d: RunData, host: str) -> Mapping[str, Any] | None:
-    for h in (d.run.get("calibration") or {}).get("hosts", ()):
-        if h.get("host") == host:
+    return _host_calibration(d.run, host)
+
+
+def _host_calibration(run: Mapping[str, Any], host: str) -> Mapping[str, Any] | None:
+    for h in (run.get("calibration") or {}).get("hosts", ()):
+        if isinstance(h, Mapping) and h.get("host") == host:
             return h
     return None
+
+
+def start_allowance_s(rs: RuleSet, run: Mapping[str, Any]) -> float:
+    """Under ``timing:``, how long after an op's start its ranks may begin on the busiest host: its
+    calibrated head and skew bounds (0 without ``timing:``).  What another clock (a witness) sees
+    of an op includes that wait."""
+    if _timing(rs) is None:
+        return 0.0
+    d = RunData(run, {}, {}, [])
+    cal = (run.get("calibration") or {}).get("hosts", ())
+    hosts = [str(h.get("host")) for h in cal if isinstance(h, Mapping)]
+    return max((abs_bound_ns(rs, d, h, "skew_ns", 0) + abs_bound_ns(rs, d, h, "head_ns", 0) for h in hosts),
+               default=0.0) / 1e9
 
 
 def abs_bound_ns(rs: RuleSet, d: RunData, host: str, kind: str, constant_s: float) -> float:

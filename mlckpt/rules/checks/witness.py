@@ -15,6 +15,7 @@ from dataclasses import dataclass
 from datetime import datetime, timezone
 from typing import Any
 
+from mlckpt.rules.checks.timing import start_allowance_s
 from mlckpt.rules.engine import CheckFn, Context, NotChecked, Outcome, Rule, RuleSet, checks_table
 from mlckpt.units import GiB
 
@@ -237,7 +238,9 @@ def witness_times(f: WitnessFacts, rs: RuleSet) -> Failures:
     b = rs.data["witness"]
     rtt = max_rtt_s(f.transcript)  # type: ignore[arg-type]
     for s in spans(f.transcript, f.records):  # type: ignore[arg-type]
-        short = b["rtt_multiple"] * rtt + b["slack_s"] + b["slack_fraction"] * s.answered_s
+        # rules 1.8: plus the wait the host's own calibration allows before the ranks start
+        short = (b["rtt_multiple"] * rtt + b["slack_s"] + b["slack_fraction"] * s.answered_s
+                 + start_allowance_s(rs, f.run or {}))
         if s.duration_s > s.interval_s + b["over_s"] or s.answered_s - s.duration_s > short:
             yield Outcome(False, f"{s.op} {s.index}: a duration within {s.answered_s - short:.3f}.."
                           f"{s.interval_s + b['over_s']:.3f} s (the witness's interval {s.answered_s:.3f} s "
