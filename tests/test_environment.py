@@ -14,6 +14,7 @@ import os
 import re
 import subprocess
 import sys
+import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -22,7 +23,7 @@ import pytest
 from conftest import CHECKER_DESCRIPTION, CHECKER_ORG, CHECKER_SYSTEM
 
 from mlckpt import bundle
-from mlckpt.host.facts import block_device
+from mlckpt.host.facts import block_device, counters_sample
 
 MLCKPT = Path(sys.executable).parent / "mlckpt"
 CHECK = Path(sys.executable).parent / "mlckpt-check"
@@ -81,9 +82,20 @@ def site(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
     return {"dir": d}
 
 
+def already_busy(folder: Path, seconds: float = 1.0) -> float:
+    """Bytes per second the folder's device moves before this test's own tenant starts: another
+    tenant already there (the whole suite run beside one, say) adds to this test's."""
+    dev = block_device(folder)
+    a = counters_sample(dev)
+    time.sleep(seconds)
+    b = counters_sample(dev)
+    return sum(b[k] - a[k] for k in ("read_bytes", "written_bytes") if k in a and k in b) / seconds
+
+
 @pytest.fixture
 def moderate(site: dict[str, Path]) -> Iterator[Tenant]:
     """A copy paced to 250 MB/s (about a tenth of what this VM's disk moves) and a busy core."""
+    site["background_b_s"] = already_busy(site["dir"])  # type: ignore[assignment]
     t = Tenant(site["dir"] / "tenant", 250, 1)
     yield t
     t.stop()
@@ -128,11 +140,17 @@ def docs(folder: Path) -> tuple[dict[str, Any], dict[str, Any]]:
 def test_honest_runs_beside_a_paced_copy_and_a_busy_core_are_valid(
     site: dict[str, Path], moderate: Tenant
 ) -> None:
+    # On a machine already busy (more than 50 MB/s on the disk before this tenant started: the
+    # suite run beside another tenant), two tenants together may disturb a run; never invalidate it.
+    quiet = float(site["background_b_s"]) < 50e6  # type: ignore[arg-type]
     foreign = 0
     for i in range(3):
         status, out, folder = run(site, *TINY, name=f"moderate-{i}")
         run_doc, summary = docs(folder)
-        assert (status, run_doc["verdict"]) == (0, "open"), out[-3000:]
+        if quiet:
+            assert (status, run_doc["verdict"]) == (0, "open"), out[-3000:]
+        else:
+            assert (status, run_doc["verdict"]) in ((0, "open"), (6, "disturbed")), out[-3000:]
         assert run_doc["rules_version"] == "1.8" and run_doc["calibration"]["rounds"] >= 16
         f = summary["foreign"]
         assert f["write"]["own_bytes"] >= summary["checkpoint_bytes"]  # the run's own bytes are its own
