@@ -61,6 +61,11 @@ def bundle_of(proc: subprocess.CompletedProcess[str]) -> Path:
     return Path(line.removeprefix("bundle: "))
 
 
+def findings(stdout: str) -> list[str]:
+    """A run's finding and note lines (stdout), to say why it was not valid."""
+    return [ln for ln in stdout.splitlines() if ln.startswith(("finding:", "note:"))]
+
+
 @pytest.fixture(scope="module")
 def runs(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, Any]]:
     """Two witnessed runs and an unwitnessed one of the same workload, the witness, the keys."""
@@ -74,10 +79,10 @@ def runs(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, Any]]:
         out: dict[str, Any] = {"dir": d, "witness": w, "org": org}
         for name in ("a", "b"):
             proc = run(d, f"witness.url={w.url}")
-            assert proc.returncode == 0, proc.stderr
+            assert proc.returncode == 0, (proc.stderr, findings(proc.stdout))
             out[name], out[f"{name}_out"] = bundle_of(proc), proc.stdout
         proc = run(d)
-        assert proc.returncode == 0, proc.stderr
+        assert proc.returncode == 0, (proc.stderr, findings(proc.stdout))
         out["plain"] = bundle_of(proc)
         yield out
     finally:
