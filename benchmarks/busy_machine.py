@@ -87,9 +87,15 @@ def rejudged(bundle: Path) -> dict[str, object]:
     findings = [Finding(f["rule"], f["severity"], f["message"]) for f in run["findings"]
                 if f["rule"] not in at_result]
     findings += rs.evaluate(Context(config, workload, plan=plan, complete=True, run=d), ["result"]).findings
+    from mlckpt.attribution import backgrounds, spans, watched_rate_share
+    from mlckpt.rules.checks.evidence import counted_op
+
+    seen = {b.host: b for b in backgrounds(run)}
+    watched = [watched_rate_share(seen[sp.host], sp) for sp in spans(recs, lambda r: counted_op(d, r))
+               if sp.host in seen]
     return {"verdict": verdict(findings, run["division"]),
             "rules_fired": sorted({f.rule for f in findings if f.severity != "warning"}),
-            "foreign": d.summary.get("foreign")}
+            "foreign": d.summary.get("foreign"), "watched": max(watched, default=None)}
 
 
 def rejudge(folders: list[Path]) -> int:
@@ -103,9 +109,11 @@ def rejudge(folders: list[Path]) -> int:
         blocks: list[dict[str, Any]] = [r["foreign"] for r in rs if r["foreign"]]  # type: ignore[misc]
         shares = [max(b[op]["foreign_share"] for op in ("write", "read") if b.get(op)) for b in blocks]
         rate = [b["span"]["foreign_rate_share"] for b in blocks if b.get("span")]
+        watched = [float(r["watched"]) for r in rs if r.get("watched") is not None]  # type: ignore[arg-type]
         print(f"{ranks:3d} ranks, rules {rules}: {dict(Counter(str(r['verdict']) for r in rs))}; rules fired "
               f"{dict(fired)}" + (f"; phase share max {max(shares):.2f}" if shares else "")
-              + (f"; span rate share max {max(rate):.2f}" if rate else ""))
+              + (f"; span rate share max {max(rate):.2f}" if rate else "")
+              + (f"; watched rate share (1.9) max {max(watched):.2f}" if watched else ""))
     return 0
 
 
@@ -120,7 +128,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--dir", type=Path, default=None, help="work folder (default: a new one under /tmp)")
     ap.add_argument("--json", type=Path, default=None, help="write every run's row here")
     ap.add_argument("--rejudge", type=Path, nargs="+", default=None,
-                    help="no runs: the bundles kept under these work folders, judged by today's FOREIGN-IO")
+                    help="no runs: the bundles kept under these work folders, judged by today's rules")
     a = ap.parse_args(argv)
     if a.rejudge:
         return rejudge(a.rejudge)

@@ -117,6 +117,13 @@ def cpu_share(shares: list[OpShare], min_cpu_window_ns: float) -> float | None:
     return sum(w.foreign_cpu_ns or 0 for w in cpu) / sum(w.cpus * w.window_ns for w in cpu)
 
 
+def cpu_window_s(a: Mapping[str, Any]) -> float:
+    """The windows' mean length from which their CPU share is known well enough to judge and show
+    (rules data ``attribution.min_cpu_window_s``; before rules 1.9 the share's own
+    ``min_window_s``)."""
+    return float(a.get("min_cpu_window_s", a["min_window_s"]))
+
+
 def _phase(shares: list[OpShare], min_cpu_window_ns: float) -> dict[str, Any] | None:
     if not shares:
         return None
@@ -200,6 +207,41 @@ def spans(records: Iterable[Rec], counted: Callable[[Rec], bool]) -> list[Span]:
         rates = [x.device_bytes / x.window_ns for x in wins if x is not None and x.window_ns > 0]
         if w is not None and first.get("device") == last.get("device"):
             out.append(Span(host, w, max(rates, default=0.0), str(first["device"])))
+    return out
+
+
+@dataclass(frozen=True)
+class Background:
+    """One host's counters over the window before the first op with the run's ranks asleep (run
+    format 9, ``calibration.hosts[].background``): what other processes moved with the run idle."""
+
+    host: str
+    device: str
+    window: Window
+
+    @property
+    def foreign_bytes_per_s(self) -> float:
+        return self.window.foreign_bytes / (self.window.window_ns / 1e9) if self.window.window_ns > 0 else 0.0
+
+
+def watched_rate_share(b: Background, sp: Span) -> float:
+    """How fast other processes moved bytes over everything a host watched (its background window
+    and its span, together), ÷ the device's highest rate in one of the host's ops: one measure
+    over a horizon of at least the background window, however short the run's ops."""
+    ns = b.window.window_ns + sp.window.window_ns
+    if ns <= 0 or sp.peak_bytes_per_ns <= 0:
+        return 0.0
+    return (b.window.foreign_bytes + sp.window.foreign_bytes) / ns / sp.peak_bytes_per_ns
+
+
+def backgrounds(run: Rec) -> list[Background]:
+    """Each host's background window from run.json's ``calibration`` (none before run format 9)."""
+    out = []
+    for h in (run.get("calibration") or {}).get("hosts", ()):
+        b = h.get("background")
+        w = window(b.get("before"), b.get("after")) if isinstance(b, Mapping) else None
+        if b is not None and w is not None and w.window_ns > 0:
+            out.append(Background(str(h["host"]), str(b["device"]), w))
     return out
 
 

@@ -27,7 +27,7 @@ class Format:
             raise ValueError(f"{self.name}: must read its own version {self.version!r}")
 
 
-RUN = Format("run", "run.json: run_format", 8, (2, 3, 4, 5, 6, 7, 8), (
+RUN = Format("run", "run.json: run_format", 9, (2, 3, 4, 5, 6, 7, 8, 9), (
     (1, "first version: run identity, status, workload, division, scaled, verdict, findings, overrides, "
         "host mapping, timings, file list"),
     (2, "pipeline: checkpoint mode, compute interval, fast tier (folder, fast_keep, filesystem type per "
@@ -50,6 +50,9 @@ RUN = Format("run", "run.json: run_format", 8, (2, 3, 4, 5, 6, 7, 8), (
     (8, "rules 1.8: records format 6; calibration (each host's timing measured before the first op: per "
         "empty op the spread of its ranks' barrier exits, the leader's t0 after its counters, the counters "
         "after the host's last t0; mlckpt/run/calibrate.py); verdict may be disturbed"),
+    (9, "rules 1.9: each host's calibration adds background (the device and its leader's counters around "
+        "attribution.background_s of the run asleep before the first op: what other processes moved with "
+        "the run idle)"),
 ))
 
 RECORDS = Format("records", "records.jsonl (run.json and summary.json: records_format)", 6, (2, 3, 4, 5, 6), (

@@ -77,16 +77,23 @@ class Store:
             "AWS_REGION": REGION,
         }
 
-    def stop(self) -> None:
+    def stop(self, grace_s: float = 5.0) -> None:
+        """SIGTERM to every server's process group at once, SIGKILL to what is left after one
+        shared grace period: bounded on a busy machine, where each server's own shutdown (its
+        workers, a last fsync) can take seconds."""
         for p in self.procs:
             if p.poll() is None:
                 os.killpg(p.pid, signal.SIGTERM)
+        deadline = time.monotonic() + grace_s
+        while any(p.poll() is None for p in self.procs) and time.monotonic() < deadline:
+            time.sleep(0.05)
         for p in self.procs:
-            try:
+            if p.poll() is None:
+                with contextlib.suppress(ProcessLookupError):
+                    os.killpg(p.pid, signal.SIGKILL)
+        for p in self.procs:
+            with contextlib.suppress(subprocess.TimeoutExpired):
                 p.wait(10)
-            except subprocess.TimeoutExpired:
-                os.killpg(p.pid, signal.SIGKILL)
-                p.wait()
         self.procs.clear()
 
     def logs(self) -> str:

@@ -1,6 +1,7 @@
-"""Rules 1.8's view of a busy machine, without MPI: the device's bytes split into the run's and
-other tenants' (mlckpt.attribution, and the kernel's accounting it reads), the bounds each host's
-calibration gives, FOREIGN-IO and the verdict ``disturbed``.  Real runs beside a real tenant are
+"""Rules 1.8's and 1.9's view of a busy machine, without MPI: the device's bytes split into the
+run's and other tenants' (mlckpt.attribution, and the kernel's accounting it reads), the bounds each
+host's calibration gives, FOREIGN-IO (1.9: judged over a horizon long enough, and the device's
+background with the run idle) and the verdict ``disturbed``.  Real runs beside a real tenant are
 in tests/test_environment.py."""
 
 from __future__ import annotations
@@ -130,6 +131,13 @@ def calibration(
     }
 
 
+def background(foreign: int, seconds: float = 1.0, own: int = 0, host: str = "h") -> dict[str, Any]:
+    """A host's calibration entry's ``background`` (run format 9): ``foreign`` bytes moved by other
+    processes, ``own`` by the ranks, over ``seconds`` of the run asleep."""
+    return {"device": "8:0", "before": sample(0, 10**12, 10**11),
+            "after": sample(int(seconds * 1e9), 10**12 + foreign + own, 10**11 + own)}
+
+
 def run_of(records: list[dict[str, Any]], cal: dict[str, Any] | None = None) -> RunData:
     return RunData(
         {"records_format": 6, "calibration": cal or calibration()},
@@ -211,7 +219,7 @@ def test_the_summary_block_weighs_each_phase_and_names_the_worst_op() -> None:
 
 # ------------------------------------------------------------------------------ FOREIGN-IO
 def test_foreign_io_is_quiet_under_the_share_and_says_disturbed_past_it() -> None:
-    share = load_rules().data["attribution"]["max_foreign_share"]
+    share = load_rules("1.8").data["attribution"]["max_foreign_share"]
     own = 200 * MiB
     under = int(own * share / (1 - share) * 0.9)
     over = int(own * share / (1 - share) * 1.2)
@@ -223,13 +231,13 @@ def test_foreign_io_is_quiet_under_the_share_and_says_disturbed_past_it() -> Non
         and "most during write 1" in bad.actual
         and bad.where == "host h, writes 1-2"
     )
-    assert load_rules().rule("FOREIGN-IO").severity == "disturbed"
+    assert load_rules("1.8").rule("FOREIGN-IO").severity == "disturbed"
     # one op that met a burst does not spoil the phase's mean by itself
     assert failed(foreign_io, "FOREIGN-IO", run_of(two_writes((over, 0)))) == []
 
 
 def test_foreign_io_counts_other_processes_cpu_time_over_windows_long_enough_to_tell() -> None:
-    a = load_rules().data["attribution"]
+    a = load_rules("1.8").data["attribution"]
     dur = int(a["min_window_s"] * 1.2e9)
     window = dur + 2_020_000  # the op's counters' window
     hog = int(2 * window * (a["max_foreign_cpu_share"] + 0.02))  # both CPUs, past the share, none the ranks'
@@ -250,7 +258,7 @@ def test_foreign_io_counts_other_processes_cpu_time_over_windows_long_enough_to_
 
 
 def test_a_share_over_ops_too_short_to_tell_a_burst_is_shown_not_judged() -> None:
-    a = load_rules().data["attribution"]
+    a = load_rules("1.8").data["attribution"]
     short = int(a["min_window_s"] * 1e9 / 4)  # two ops, half the horizon in all
     over = 400 * MiB  # twice the run's own bytes in each op: a share of 2/3
     recs = two_writes((over, over), dur=short)
@@ -261,7 +269,7 @@ def test_a_share_over_ops_too_short_to_tell_a_burst_is_shown_not_judged() -> Non
 
 
 def test_a_tenant_that_keeps_the_device_busy_between_the_ops_too_is_disturbing() -> None:
-    a = load_rules().data["attribution"]
+    a = load_rules("1.8").data["attribution"]
     # the device moved 200 MiB in a 0.4 s op at most; another tenant moved 2 GiB over the ~1.4 s span
     recs = two_writes((0, 0), between_foreign=2 << 30)
     [bad] = failed(foreign_io, "FOREIGN-IO", run_of(recs))
@@ -291,6 +299,56 @@ def test_disturbed_ranks_below_invalid_and_above_open() -> None:
     assert verdict([f("disturbed"), f("open")], "closed") == "disturbed"
     assert verdict([f("disturbed"), f("invalid")], "open") == "invalid"
     assert verdict([f("warning")], "open") == "open"
+
+
+# ------------------------------------------------------------------------------ FOREIGN-IO, rules 1.9
+def with_background(foreign: int, own: int = 0) -> dict[str, Any]:
+    """The default calibration of host ``h`` with a background window of one second."""
+    cal = calibration()
+    return {**cal, "hosts": [{**cal["hosts"][0], "background": background(foreign, own=own)}]}
+
+
+def test_rules_1_9_judge_a_phases_share_only_over_a_horizon_long_enough() -> None:
+    a = load_rules("1.9").data["attribution"]
+    assert a["min_window_s"] > load_rules("1.8").data["attribution"]["min_window_s"]
+    own = 200 * MiB
+    over = int(own * a["max_foreign_share"] / (1 - a["max_foreign_share"]) * 1.6)  # past 1.8's share too
+    under = int(own * a["max_foreign_share"] / (1 - a["max_foreign_share"]) * 0.9)
+    quiet = with_background(0)
+    short = two_writes((over, over))  # 0.8 s of ops: judged under 1.8, a burst's length under 1.9
+    assert failed(foreign_io, "FOREIGN-IO", run_of(short, quiet), "1.9") == []
+    assert failed(foreign_io, "FOREIGN-IO", run_of(short), "1.8") != []
+    long = int(a["min_window_s"] * 1e9 / 2 * 1.1)  # two ops, past the horizon
+    [bad] = failed(foreign_io, "FOREIGN-IO", run_of(two_writes((over, over), dur=long), quiet), "1.9")
+    assert isinstance(bad, Outcome) and bad.where == "host h, writes 1-2" and f"{2 * over} B" in bad.actual
+    assert failed(foreign_io, "FOREIGN-IO", run_of(two_writes((under, under), dur=long), quiet), "1.9") == []
+
+
+def test_rules_1_9_judge_what_a_host_watched_with_the_run_asleep_and_during_its_ops() -> None:
+    a = load_rules("1.9").data["attribution"]
+    recs = two_writes((0, 0), dur=50_000_000)  # two 50 ms ops 1 s apart: 200 MiB each, 4 GiB/s at most
+    span = attribution.spans(recs, lambda r: True)[0]
+    peak, seconds = span.peak_bytes_per_ns * 1e9, 1 + span.window.window_ns / 1e9
+    flood = int(peak * seconds * (a["max_watched_rate_share"] + 0.05))  # all of it with the run asleep
+    [bad] = failed(foreign_io, "FOREIGN-IO", run_of(recs, with_background(flood)), "1.9")
+    assert isinstance(bad, Outcome) and bad.where == "host h, before and during the timed ops"
+    assert f"{flood} B" in bad.actual
+    assert f"moved on device 8:0 by other processes in {seconds:.2f} s" in bad.actual
+    assert "with the run asleep before its first op" in bad.actual
+    [bg] = attribution.backgrounds(run_of(recs, with_background(flood)).run)
+    share = attribution.watched_rate_share(bg, span)
+    assert share == pytest.approx(a["max_watched_rate_share"] + 0.05, rel=1e-3)
+    # the same bytes between the ops instead count the same: the horizon is the host's whole watch
+    between = two_writes((0, 0), between_foreign=flood, dur=50_000_000)
+    assert failed(foreign_io, "FOREIGN-IO", run_of(between, with_background(0)), "1.9") != []
+    # a steady tenant at a fifth of the device's peak, and the ranks' own bytes, disturb nothing
+    calm = with_background(int(peak / 5), own=flood)
+    assert failed(foreign_io, "FOREIGN-IO", run_of(recs, calm), "1.9") == []
+    # a bundle whose background window is gone cannot be shown undisturbed (stripping it would
+    # hide a tenant); rules 1.8 knew no background and judge the same bundle as they did
+    [gone] = failed(foreign_io, "FOREIGN-IO", run_of(recs), "1.9")
+    assert isinstance(gone, Outcome) and gone.actual == "none recorded"
+    assert failed(foreign_io, "FOREIGN-IO", run_of(recs, with_background(flood)), "1.8") == []
 
 
 # ------------------------------------------------------------------------------ DEVICE-COUNTERS
@@ -328,7 +386,7 @@ def test_the_runs_own_bytes_cannot_exceed_the_devices() -> None:
 
 # ------------------------------------------------------------------------------ timing
 def test_a_hosts_bounds_follow_its_calibration_between_floor_and_cap() -> None:
-    rs = load_rules()
+    rs = load_rules("1.8")
     t = rs.data["timing"]
 
     def bound(samples: list[int]) -> float:
@@ -351,7 +409,7 @@ def test_records_skew_is_judged_by_the_hosts_own_calibration() -> None:
     def recs(late_ns: int) -> list[dict[str, Any]]:
         return [write(0, 1, 10**9, dur, MiB), write(1, 1, 10**9 + late_ns, dur - late_ns, MiB)]
 
-    rel = load_rules().data["evidence"]["start_skew"]["rel"] * dur
+    rel = load_rules("1.8").data["evidence"]["start_skew"]["rel"] * dur
     busy = calibration(ranks=64, skew=80_000_000, tail=10**8)
     late = int(100e6 + rel)  # 100 ms past the relative part: beyond 1.7's 30 ms, inside 3 × 80 ms
     assert failed(start_skew, "RECORDS-SKEW", run_of(recs(late), busy)) == []
@@ -365,14 +423,20 @@ def test_records_skew_is_judged_by_the_hosts_own_calibration() -> None:
 
 def test_calibration_samples_per_host() -> None:
     # host a: ranks 0 and 1; host b: rank 2 (its own leader); two rounds
+    bg = background(5 * MiB)
     rows = [
-        ("a", 1, [(105, None, None), (210, None, None)]),
-        ("a", 0, [(100, 90, 150), (200, 195, 260)]),
-        ("b", 2, [(7, 3, 20), (9, 8, 30)]),
+        ("a", 1, [(105, None, None), (210, None, None)], None),
+        ("a", 0, [(100, 90, 150), (200, 195, 260)], bg),
+        ("b", 2, [(7, 3, 20), (9, 8, 30)], None),  # no block device: no background
     ]
     a, b = host_samples(rows)
-    assert a == {"host": "a", "ranks": 2, "skew_ns": [5, 10], "head_ns": [10, 5], "tail_ns": [45, 50]}
+    assert a == {"host": "a", "ranks": 2, "skew_ns": [5, 10], "head_ns": [10, 5], "tail_ns": [45, 50],
+                 "background": bg}
     assert b == {"host": "b", "ranks": 1, "skew_ns": [0, 0], "head_ns": [4, 1], "tail_ns": [13, 21]}
+    [seen] = attribution.backgrounds({"calibration": {"rounds": 2, "hosts": [a, b]}})
+    assert (seen.host, seen.device, seen.window.foreign_bytes) == ("a", "8:0", 5 * MiB)
+    assert seen.foreign_bytes_per_s == pytest.approx(5 * MiB)
+    assert attribution.backgrounds({"calibration": None}) == []  # before run format 9: none
 
 
 # ------------------------------------------------------------------------------ the kernel

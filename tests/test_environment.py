@@ -1,4 +1,4 @@
-"""Honest runs beside another tenant of the same disk and CPUs (rules 1.8): never invalid.
+"""Honest runs beside another tenant of the same disk and CPUs (rules 1.8, 1.9): never invalid.
 
 A real tenant (tests/tenant.py) copies files on the disk the checkpoints go to while real
 ``mlckpt run``s go on: beside a paced copy and a busy core the runs stay valid and report what the
@@ -151,7 +151,12 @@ def test_honest_runs_beside_a_paced_copy_and_a_busy_core_are_valid(
             assert (status, run_doc["verdict"]) == (0, "open"), out[-3000:]
         else:
             assert (status, run_doc["verdict"]) in ((0, "open"), (6, "disturbed")), out[-3000:]
-        assert run_doc["rules_version"] == "1.8" and run_doc["calibration"]["rounds"] >= 16
+        assert run_doc["rules_version"] == "1.9" and run_doc["calibration"]["rounds"] >= 16
+        # rules 1.9: the device's background, watched with the run asleep, recorded and said
+        [host] = run_doc["calibration"]["hosts"]
+        assert host["background"]["after"]["t_ns"] - host["background"]["before"]["t_ns"] >= 10**9
+        assert re.search(r"before the first op, with the run asleep 1\.\d s, other processes moved "
+                         r"[\d.]+ [KMG]?i?B/s on device \d+:\d+", out), out[-3000:]
         f = summary["foreign"]
         assert f["write"]["own_bytes"] >= summary["checkpoint_bytes"]  # the run's own bytes are its own
         foreign += f["write"]["foreign_bytes"] + f["read"]["foreign_bytes"] + f["between_ops_bytes"]
@@ -171,9 +176,10 @@ def test_honest_runs_beside_a_flat_out_copy_are_disturbed_never_invalid(
         verdicts.append(run_doc["verdict"])
         if run_doc["verdict"] == "disturbed":
             assert status == 6
-            # the tests' ops last tens of ms: the tenant is judged by how busy it kept the device
+            # the tests' ops last tens of ms: the tenant is judged by how fast it moved bytes over
+            # what the host watched, a second with the run asleep and the run's span (rules 1.9)
             assert re.search(
-                r"finding: \[FOREIGN-IO\] \(disturbed\) host [^,]+, from the first timed op to the last: .*"
+                r"finding: \[FOREIGN-IO\] \(disturbed\) host [^,]+, before and during the timed ops: .*"
                 r"got \d+ B \(.*\) moved on device \d+:\d+ by other processes in [\d.]+ s",
                 out,
             ), out[-3000:]

@@ -21,11 +21,11 @@ from mlckpt.rules import Context, HostSpec, RuleSet, load_rules
 from mlckpt.rules.checks.result import RunData
 from mlckpt.units import GiB
 
-MLPERF = "mlps-v3.0"
+MLPERF = "mlps-v3.0r2"  # the rule set rules=mlperf-storage-v3.0 selects
 RS = load_rules(MLPERF)
 BIN = Path(sys.executable).parent
 # A closed MLPerf configuration of llama3_8b that passes every MLPerf rule before I/O.
-GOOD = ("rules_version=mlps-v3.0", "workload=llama3_8b", "accelerator=b200",
+GOOD = (f"rules_version={MLPERF}", "workload=llama3_8b", "accelerator=b200",
         "checkpoint.compute_interval_s=5")
 
 
@@ -186,7 +186,8 @@ def test_the_rule_set_uses_the_schemas_of_the_rules_it_extends() -> None:
     from mlckpt.resources import rules_dir
     from mlckpt.schemas import schema_folder, validator
 
-    assert schema_folder(MLPERF) == schema_folder("1.3")
+    assert schema_folder(MLPERF) == schema_folder("1.9")
+    assert schema_folder("mlps-v3.0") == schema_folder("1.3")  # the first, kept for its bundles
     # every rule set's name fits run.json's rules_version (the run schema bounds its length)
     names = [p.name for p in rules_dir().iterdir() if (p / "rules.yaml").is_file()]
     run = validator("run", "1.2")
@@ -205,8 +206,8 @@ ALIASES: list[tuple[str, str]] = [
     ("checkpoint.checkpoint_folder=/mnt/x", "checkpoint.folder=/mnt/x"),
     ("checkpoint.time_between_checkpoints=5", "checkpoint.compute_interval_s=5"),
     ("rules=1.1", "rules_version=1.1"),
-    ("rules=mlperf-storage-v3.0", "rules_version=mlps-v3.0"),
-    ("rules_version=mlperf-storage-v3.0", "rules_version=mlps-v3.0"),
+    ("rules=mlperf-storage-v3.0", "rules_version=mlps-v3.0r2"),
+    ("rules_version=mlperf-storage-v3.0", "rules_version=mlps-v3.0r2"),
     ("io.threads=2", "io.threads=2"),
 ]
 

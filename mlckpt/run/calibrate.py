@@ -10,6 +10,10 @@ The checker derives each host's bounds from those samples (``mlckpt.rules.checks
 Each round is what :class:`mlckpt.run.collective.OpTimer` does around an op: a barrier, the
 leader's counters, a second barrier, every rank's t0, the ranks waiting asleep for each other, the
 agreement, the leader's counters again.
+
+Rules 1.9 (run format 9): then every rank sleeps ``background_s`` between two of its leader's
+counter samples, so the checker sees what other processes move on the device while the run does
+nothing at all (a tenant's own rate, which over a short op cannot be told from the run's share).
 """
 
 from __future__ import annotations
@@ -17,7 +21,9 @@ from __future__ import annotations
 import time
 from typing import Any
 
+from mlckpt.attribution import backgrounds
 from mlckpt.run.collective import OpTimer
+from mlckpt.units import fmt_bytes
 
 ROUNDS = 24
 Round = tuple[int, int | None, int | None]  # t0, the counters before, the counters after
@@ -35,31 +41,50 @@ def _round(timer: OpTimer) -> Round:
     return t0, before, after
 
 
-def host_samples(rows: list[tuple[str, int, list[Round]]]) -> list[dict[str, Any]]:
-    """Each host's samples from every rank's ``(host, rank, rounds)`` (pure): per round, the spread
-    of its ranks' t0 (``skew_ns``), the leader's t0 after its first counters (``head_ns``) and its
-    second counters after the host's last t0 (``tail_ns``).  Hosts in first-rank order."""
-    by_host: dict[str, list[tuple[int, list[Round]]]] = {}
-    for host, rank, rounds in sorted(rows, key=lambda r: r[1]):
-        by_host.setdefault(host, []).append((rank, rounds))
+def _background(timer: OpTimer, seconds: float) -> dict[str, Any] | None:
+    """Every rank asleep for ``seconds`` between two of its host leader's counter samples; the
+    leader of a host with a block device returns them (``calibration.hosts[].background``)."""
+    job = timer.job
+    job.comm.Barrier()
+    leader = timer.probe is not None and timer.device is not None
+    before = timer.probe() if leader else None  # type: ignore[misc]
+    time.sleep(seconds)
+    job.idle_barrier()
+    after = timer.probe(closing=True) if leader else None  # type: ignore[misc]
+    return {"device": timer.device, "before": before, "after": after} if leader else None
+
+
+Row = tuple[str, int, list[Round], dict[str, Any] | None]
+
+
+def host_samples(rows: list[Row]) -> list[dict[str, Any]]:
+    """Each host's samples from every rank's ``(host, rank, rounds, background)`` (pure): per
+    round, the spread of its ranks' t0 (``skew_ns``), the leader's t0 after its first counters
+    (``head_ns``) and its second counters after the host's last t0 (``tail_ns``); the leader's
+    ``background`` where it took one.  Hosts in first-rank order."""
+    by_host: dict[str, list[tuple[int, list[Round], dict[str, Any] | None]]] = {}
+    for host, rank, rounds, background in sorted(rows, key=lambda r: r[1]):
+        by_host.setdefault(host, []).append((rank, rounds, background))
     out = []
     for host, ranks in by_host.items():
-        leader = ranks[0][1]  # the host's first rank reads the counters
+        leader, background = ranks[0][1], ranks[0][2]  # the host's first rank reads the counters
         skew, head, tail = [], [], []
         for k in range(len(leader)):
-            t0s = [rounds[k][0] for _, rounds in ranks]
+            t0s = [rounds[k][0] for _, rounds, _ in ranks]
             skew.append(max(t0s) - min(t0s))
             t0, before, after = leader[k]
             if before is not None and after is not None:
                 head.append(t0 - before)
                 tail.append(after - max(t0s))
-        out.append({"host": host, "ranks": len(ranks), "skew_ns": skew, "head_ns": head, "tail_ns": tail})
+        out.append({"host": host, "ranks": len(ranks), "skew_ns": skew, "head_ns": head, "tail_ns": tail,
+                    **({"background": background} if background is not None else {})})
     return out
 
 
-def calibrate(timer: OpTimer, rounds: int = ROUNDS) -> dict[str, Any] | None:
-    """Every rank: ``rounds`` empty ops.  Rank 0 returns run.json's ``calibration`` block (the
-    others None) and says in one line what the worst host measured."""
+def calibrate(timer: OpTimer, rounds: int = ROUNDS, background_s: float = 0.0) -> dict[str, Any] | None:
+    """Every rank: ``rounds`` empty ops, then (``background_s`` > 0) the device's background.
+    Rank 0 returns run.json's ``calibration`` block (the others None) and says in one line what
+    the worst host measured."""
     job = timer.job
     with job.step("timing calibration"):
         collecting = timer.hold_gc()
@@ -67,7 +92,11 @@ def calibrate(timer: OpTimer, rounds: int = ROUNDS) -> dict[str, Any] | None:
             mine = [_round(timer) for _ in range(rounds)]
         finally:
             timer.release_gc(collecting)
-    rows = job.comm.gather((job.host, job.rank, mine), root=0)
+    background = None
+    if background_s > 0:
+        with job.step("the device's background, the run idle"):
+            background = _background(timer, background_s)
+    rows = job.comm.gather((job.host, job.rank, mine, background), root=0)
     if job.rank != 0:
         return None
     hosts = host_samples(rows)
@@ -76,4 +105,10 @@ def calibrate(timer: OpTimer, rounds: int = ROUNDS) -> dict[str, Any] | None:
     job.say(f"timing calibration ({rounds} empty ops): a host's ranks leave a barrier within "
             f"{skew / 1e6:.1f} ms" + (f", counters read {max(tails) / 1e6:.1f} ms after an op's end"
                                        if tails else ""))
-    return {"rounds": rounds, "hosts": hosts}
+    block = {"rounds": rounds, "hosts": hosts}
+    busiest = max(backgrounds({"calibration": block}), key=lambda b: b.foreign_bytes_per_s, default=None)
+    if busiest is not None:
+        moved = (f"{fmt_bytes(busiest.foreign_bytes_per_s)}/s" if busiest.window.foreign_bytes else "nothing")
+        job.say(f"before the first op, with the run asleep {busiest.window.window_ns / 1e9:.1f} s, other "
+                f"processes moved {moved} on device {busiest.device} (host {busiest.host})")
+    return block

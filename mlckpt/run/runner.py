@@ -269,7 +269,8 @@ def phases(job: Job, c: Configured, gates: Gates, created: Created, ident: tuple
             dev, mine_gpu = gpustate.open_gpu(job, cfg, gates, arena)
         entries = job.comm.gather(mine_gpu["entry"], root=0)
         state = gpustate.state_block(mine_gpu, entries) if job.rank == 0 else None
-    calibration = calibrate(timer) if timer.records_format >= 6 else None
+    idle_s = float(c.setup.rules.data.get("attribution", {}).get("background_s", 0.0))  # rules 1.9
+    calibration = calibrate(timer, background_s=idle_s) if timer.records_format >= 6 else None
     try:
         run_id, records = _io_phases(job, c, gates, created, folders, timer, arena,
                                      (mine, own, reads, rd_offsets), dev)

@@ -19,7 +19,7 @@ import statistics
 from collections.abc import Iterator, Mapping, Sequence
 from typing import Any
 
-from mlckpt.attribution import foreign_summary
+from mlckpt.attribution import cpu_window_s, foreign_summary
 from mlckpt.locations import is_object_url
 from mlckpt.metrics import DlioFacts, completed, group_ops
 from mlckpt.rules.checks.result import RunData, _compare, _run, _writes_by_rank, summary_format
@@ -94,7 +94,7 @@ def recomputed_summary(rs: RuleSet, d: RunData, plan: Any) -> dict[str, Any]:
     out = completed(d.summarized(rs), plan.total_bytes,
                     plan.restore_bytes(str(d.config["checkpoint"]["restore"])), facts)
     if summary_format(rs) >= 5:
-        window = float(rs.data["attribution"]["min_window_s"]) * 1e9
+        window = cpu_window_s(rs.data["attribution"]) * 1e9
         out["foreign"] = foreign_summary(d.records, lambda r: counted_op(d, r), window)
     return out
 

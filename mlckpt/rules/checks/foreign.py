@@ -9,8 +9,12 @@ Two measures, each with its own horizon:
   read-ahead) cannot be told from a steady flood, and one op that met a burst is reported
   (summary.json's ``foreign.*.worst``) without spoiling a mean of many;
 - **how busy another tenant kept the device** over the host's whole span (the timed ops and the
-  gaps between them), against the highest rate the device showed in the run: the measure that
-  still holds for a run too short for the first.
+  gaps between them), against the highest rate the device showed in the run (rules 1.8);
+- rules 1.9, instead: the same over everything the host watched, the span **and a window of the
+  run asleep before its first op** (run.json's ``calibration.hosts[].background``): a horizon of
+  at least that window however short the run's ops.  Over a 50 ms op a steady tenant and a
+  flat-out one both take a third of the device; with the run idle one moves a fifth of its peak,
+  the other all of it.
 """
 
 from __future__ import annotations
@@ -18,7 +22,17 @@ from __future__ import annotations
 from collections.abc import Iterator, Mapping
 from typing import Any
 
-from mlckpt.attribution import OpShare, cpu_share, phases, spans
+from mlckpt.attribution import (
+    Background,
+    OpShare,
+    Span,
+    backgrounds,
+    cpu_share,
+    cpu_window_s,
+    phases,
+    spans,
+    watched_rate_share,
+)
 from mlckpt.rules.checks.evidence import counted_op
 from mlckpt.rules.checks.result import _run
 from mlckpt.rules.engine import Context, NotChecked, Outcome, Rule, RuleSet, checks_table
@@ -51,7 +65,7 @@ def _host_phase(a: Mapping[str, Any], op: str, host: str, shares: list[OpShare])
             f"({fmt_bytes(worst.window.foreign_bytes)})",
             where=where,
         )
-    cpu = cpu_share(shares, float(a["min_window_s"]) * 1e9)
+    cpu = cpu_share(shares, cpu_window_s(a) * 1e9)
     if cpu is not None and cpu > float(a["max_foreign_cpu_share"]):
         yield Outcome(
             False,
@@ -60,6 +74,43 @@ def _host_phase(a: Mapping[str, Any], op: str, host: str, shares: list[OpShare])
             f"{cpu:.0%}",
             where=where,
         )
+
+
+def _span_outcome(a: Mapping[str, Any], sp: Span) -> Iterator[Outcome]:
+    limit = float(a["max_foreign_rate_share"])
+    if sp.foreign_rate_share <= limit:
+        return
+    rate = sp.window.foreign_bytes / (sp.window.window_ns / 1e9)
+    yield Outcome(
+        False,
+        f"other processes keeping the checkpoint device busy at most {limit:.0%} of the highest rate "
+        f"it reached in the run ({fmt_bytes(sp.peak_bytes_per_ns * 1e9)}/s)",
+        f"{sp.window.foreign_bytes} B ({fmt_bytes(sp.window.foreign_bytes)}) moved on device "
+        f"{sp.device} by other processes in {sp.window.window_ns / 1e9:.2f} s, "
+        f"{fmt_bytes(rate)}/s ({sp.foreign_rate_share:.0%})",
+        where=f"host {sp.host}, from the first timed op to the last",
+    )
+
+
+def _watched_outcome(a: Mapping[str, Any], sp: Span, b: Background | None) -> Iterator[Outcome]:
+    if b is None or b.device != sp.device:  # stripped, it would hide a tenant: no undisturbed run without it
+        yield Outcome(False, f"the host's background window on device {sp.device} (run.json calibration)",
+                      "none recorded", where=f"host {sp.host}, before the first timed op")
+        return
+    limit, share = float(a["max_watched_rate_share"]), watched_rate_share(b, sp)
+    if share <= limit:
+        return
+    moved = b.window.foreign_bytes + sp.window.foreign_bytes
+    seconds = (b.window.window_ns + sp.window.window_ns) / 1e9
+    yield Outcome(
+        False,
+        f"other processes moving bytes on the checkpoint device at most {limit:.0%} of the highest rate it "
+        f"reached in the run ({fmt_bytes(sp.peak_bytes_per_ns * 1e9)}/s), before and during the timed ops",
+        f"{moved} B ({fmt_bytes(moved)}) moved on device {sp.device} by other processes in {seconds:.2f} s "
+        f"({fmt_bytes(b.foreign_bytes_per_s)}/s with the run asleep before its first op), "
+        f"{fmt_bytes(moved / seconds)}/s ({share:.0%})",
+        where=f"host {sp.host}, before and during the timed ops",
+    )
 
 
 def foreign_io(ctx: Context, rs: RuleSet, rule: Rule) -> Iterator[Outcome | NotChecked]:
@@ -76,19 +127,14 @@ def foreign_io(ctx: Context, rs: RuleSet, rule: Rule) -> Iterator[Outcome | NotC
             by_host.setdefault(s.host, []).append(s)
         for host, hs in sorted(by_host.items()):
             yield from _host_phase(a, op, host, hs)
-    limit = float(a["max_foreign_rate_share"])
-    for sp in spans(d.records, lambda r: counted_op(d, r)):
-        if sp.foreign_rate_share > limit:
-            rate = sp.window.foreign_bytes / (sp.window.window_ns / 1e9)
-            yield Outcome(
-                False,
-                f"other processes keeping the checkpoint device busy at most {limit:.0%} of the highest rate "
-                f"it reached in the run ({fmt_bytes(sp.peak_bytes_per_ns * 1e9)}/s)",
-                f"{sp.window.foreign_bytes} B ({fmt_bytes(sp.window.foreign_bytes)}) moved on device "
-                f"{sp.device} by other processes in {sp.window.window_ns / 1e9:.2f} s, "
-                f"{fmt_bytes(rate)}/s ({sp.foreign_rate_share:.0%})",
-                where=f"host {sp.host}, from the first timed op to the last",
-            )
+    every = spans(d.records, lambda r: counted_op(d, r))
+    if "max_watched_rate_share" not in a:  # rules 1.8: the span alone
+        for sp in every:
+            yield from _span_outcome(a, sp)
+        return
+    seen = {b.host: b for b in backgrounds(d.run)}
+    for sp in every:
+        yield from _watched_outcome(a, sp, seen.get(sp.host))
 
 
 CHECKS = checks_table(foreign_io)
