@@ -59,9 +59,6 @@ REQUIRED_FILES = ("run.json", "config.yaml", "records.jsonl", "summary.json", "s
                   bundle.SIGNATURE_FILE)
 
 
-# Bundle file -> (schema name, parser).
-DOCUMENTS = (("run.json", "run"), ("config.yaml", "config"), ("summary.json", "summary"),
-             ("system.json", "system"))
 
 
 MAX_SCHEMA_PROBLEMS = 10  # reported per file
@@ -209,7 +206,7 @@ def stage_schema(st: State) -> None:
     assert st.folder is not None and st.rules is not None and st.verified is not None
     version = st.rules.version
     bad = False
-    for name, schema in DOCUMENTS:
+    for name, schema in bundle.DOCUMENTS:
         try:
             doc = bundle.parse_document(name, bundle.read_document(st.folder, name, st.verified))
         except ParseError as exc:

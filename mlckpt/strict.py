@@ -140,6 +140,23 @@ def _check_text(s: str) -> None:
             raise ParseError("string holds an unpaired surrogate") from None
 
 
+_CONTROL = {0: None} | {c: " " for c in range(1, 32)} | {127: " "}
+
+
+def printable(value: Any) -> Any:
+    """``value`` with every string in it (keys too) printable: NUL removed, every other control
+    character (a terminal's escape codes, a newline) a space; nothing else changes.  For what a
+    host reports about itself (Open MPI's library version ends in NUL), so that a bundle the
+    runner writes is one the checker's strict parse accepts."""
+    if isinstance(value, str):
+        return value.translate(_CONTROL)
+    if isinstance(value, dict):
+        return {printable(k): printable(v) for k, v in value.items()}
+    if isinstance(value, list | tuple):
+        return [printable(v) for v in value]
+    return value
+
+
 def _short(v: Any) -> str:
     text = repr(v)
     return text if len(text) <= 60 else text[:57] + "..."

@@ -98,7 +98,7 @@ from mlckpt.bundle._common import (
 )
 from mlckpt.bundle.archive import find_bundle_root, open_bundle, pack, safe_unpack
 from mlckpt.bundle.digest import code_digest
-from mlckpt.bundle.documents import parse_document, read_document
+from mlckpt.bundle.documents import DOCUMENTS, parse_document, read_document
 from mlckpt.bundle.keys import (
     KEYS,
     WITNESSES,
@@ -119,6 +119,7 @@ __all__ = [
     "BUNDLE_FORMAT",
     "CODE_DIGEST_ALG",
     "DEFAULT_PASSPHRASE_ENV",
+    "DOCUMENTS",
     "KEYS",
     "PAYLOAD_TYPE",
     "PREDICATE_TYPE",

@@ -12,6 +12,11 @@ from typing import Any
 from mlckpt import strict
 from mlckpt.bundle.models import VerifiedBundle
 
+# A bundle's documents and the schema each is validated against (records.jsonl: each line against
+# the record schema).
+DOCUMENTS = (("run.json", "run"), ("config.yaml", "config"), ("summary.json", "summary"),
+             ("system.json", "system"))
+
 
 def read_document(folder: Path, name: str, verified: VerifiedBundle) -> bytes:
     """The bytes of ``name`` as signed; ``strict.ParseError`` says why not."""

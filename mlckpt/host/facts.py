@@ -14,6 +14,7 @@ from pathlib import Path
 from typing import Any
 
 from mlckpt import __version__
+from mlckpt.strict import printable
 
 PACKAGES = ("mlckpt", "numpy", "mpi4py", "mpich", "hydra-core", "cryptography", "jsonschema")
 
@@ -244,8 +245,10 @@ def memory_copy_gib_s(threads: int | None = None, per_thread_bytes: int = 16 << 
 
 
 def host_facts(target: Path, mpi_library: str = "") -> dict[str, Any]:
+    """What the host says about itself, every string printable (strict.printable): Open MPI's
+    library version ends in a NUL byte."""
     info = meminfo()
-    return {
+    return printable({
         "hostname": socket.gethostname(),
         "cpu_model": cpu_model(),
         "cpu_cores": os.cpu_count(),
@@ -262,4 +265,4 @@ def host_facts(target: Path, mpi_library: str = "") -> dict[str, Any]:
         "block_device": block_device(target),
         "net_links_mbps": net_links_mbps(),
         "memory_copy_gib_s": round(memory_copy_gib_s(), 3),
-    }
+    })

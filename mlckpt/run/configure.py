@@ -16,6 +16,7 @@ from mlckpt.plan.config import SHIPPED, ConfigSource, Setup, setup
 from mlckpt.run.collective import Job
 from mlckpt.run.gates import output_problem
 from mlckpt.run.split import Source, load_source
+from mlckpt.strict import printable
 from mlckpt.workload.pipeline import Pipeline
 
 
@@ -54,7 +55,7 @@ def mpi_library() -> str:
     try:
         from mpi4py import MPI
 
-        return MPI.Get_library_version().strip().splitlines()[0]
+        return str(printable(MPI.Get_library_version().strip().splitlines()[0])).strip()  # Open MPI: NUL
     except Exception:  # pragma: no cover - facts are best effort
         return ""
 

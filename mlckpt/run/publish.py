@@ -13,13 +13,14 @@ from typing import Any
 
 import yaml
 
-from mlckpt import __version__, bundle
+from mlckpt import __version__, bundle, strict
+from mlckpt.errors import InternalError
 from mlckpt.plan.config import Setup
 from mlckpt.rules import Finding, verdict
 from mlckpt.rules.checks.evidence import recomputed_summary
 from mlckpt.rules.checks.result import DATA_SCHEME, RunData
 from mlckpt.run.gates import Gates
-from mlckpt.schemas import pinned
+from mlckpt.schemas import describe, pinned, validator
 from mlckpt.workload.pipeline import Pipeline
 
 
@@ -158,6 +159,25 @@ class BundleFiles:
     transcript: bytes | None = None  # a witnessed run: the witness's signed transcript
 
 
+def self_check(folder: Path, rules_version: str) -> str:
+    """The first thing the checker's strict parse and schemas would refuse in a bundle's
+    documents (``system.json: mpi_library: string holds a NUL character``), or nothing: a run
+    never publishes a bundle its own checker rejects for its form."""
+    for name, schema in (*bundle.DOCUMENTS, ("records.jsonl", "record")):
+        try:
+            data = strict.read_capped(folder / name, strict.CAPS[name])
+            docs = ([doc for _, doc in strict.iter_jsonl(data)] if name.endswith(".jsonl")
+                    else [bundle.parse_document(name, data)])
+        except strict.ParseError as exc:
+            return f"{name}: {exc}"
+        v = validator(schema, rules_version)
+        for doc in docs:
+            err = next(iter(v.iter_errors(doc)), None)
+            if err is not None:
+                return f"{name}: {describe(err)}"
+    return ""
+
+
 def write_bundle(out_root: Path, name: str, files: BundleFiles, signing_key: Any) -> Path:
     """Write the bundle to ``out_root/.NAME.partial``, sign it, rename it to ``out_root/NAME``."""
     final, tmp = out_root / name, out_root / f".{name}.partial"
@@ -174,6 +194,10 @@ def write_bundle(out_root: Path, name: str, files: BundleFiles, signing_key: Any
         (tmp / "run.log").write_text("\n".join(files.log_lines) + "\n")
         if files.transcript is not None:
             (tmp / "witness.dsse.json").write_bytes(files.transcript)
+        problem = self_check(tmp, str(m["rules_version"]))
+        if problem:
+            raise InternalError(f"the runner wrote a bundle its checker would refuse ({problem}); the "
+                                f"partial bundle is removed, please report this with the run's output")
         if signing_key is not None:
             bundle.sign_bundle(
                 tmp,
