@@ -24,7 +24,8 @@ def run_guarded(func, *args, prog: str = "mlckpt") -> int:  # type: ignore[no-un
     try:
         return int(func(*args) or 0)
     except MlckptError as err:
-        print(f"{prog}: error: {err}", file=sys.stderr)
+        if err.message:  # empty: another process of the same launch says it (one line, not N)
+            print(f"{prog}: error: {err}", file=sys.stderr)
         return err.exit_status
     except BrokenPipeError:
         # `mlckpt plan | head`: the reader left; not an error of ours.  Silence the final flush.

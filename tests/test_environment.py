@@ -41,6 +41,7 @@ TINY = (
 def _env(d: Path) -> dict[str, str]:
     env = {**os.environ, "XDG_CONFIG_HOME": str(d / "xdg")}
     env.pop("MLCKPT_DEBUG", None)
+    env.pop("MLCKPT_RETRY_DISTURBED", None)  # each run's own verdict is what these tests study
     return env
 
 
@@ -251,3 +252,39 @@ def test_64_ranks_on_this_hosts_cores_are_judged_by_their_own_calibration(site: 
     assert re.search(
         r"timing calibration \(\d+ empty ops\): a host's ranks leave a barrier within [\d.]+ ms", out
     )
+
+
+def test_a_disturbed_run_is_run_again_when_asked_and_only_then(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """MLCKPT_RETRY_DISTURBED=N: the launcher runs a disturbed run (exit 6) again, up to N times,
+    saying so; any other status ends it at once."""
+    from types import SimpleNamespace
+
+    from mlckpt.cli import run_cmd
+    from mlckpt.errors import UsageError
+    from mlckpt.run.site_mpi import Launcher
+
+    monkeypatch.setattr(run_cmd, "RETRY_PAUSE_S", 0.01)
+    fake = tmp_path / "mpiexec"  # drops "-n N", runs the rank command once
+    fake.write_text('#!/bin/sh\nshift 2\nexec "$@"\n')
+    fake.chmod(0o755)
+    count = tmp_path / "count"
+
+    def launched(statuses: str, retries: str) -> tuple[int, int]:
+        count.write_text("0")
+        code = ("import sys,pathlib; p=pathlib.Path(sys.argv[1]); n=int(p.read_text()); "
+                f"p.write_text(str(n+1)); sys.exit(int({statuses!r}[min(n, {len(statuses) - 1})]))")
+        monkeypatch.setenv("MLCKPT_RETRY_DISTURBED", retries)
+        one_rank = SimpleNamespace(plan=SimpleNamespace(ranks=1))
+        status = run_cmd.launch(Launcher(str(fake), None, "test"), [], s=one_rank,
+                                rank_command=[sys.executable, "-c", code, str(count)])
+        return status, int(count.read_text())
+
+    assert launched("60", "2") == (0, 2)  # disturbed, then valid
+    assert "running it again in 0.01 s (MLCKPT_RETRY_DISTURBED: retry 1 of 2)" in capsys.readouterr().out
+    assert launched("666", "2") == (6, 3)  # disturbed every time: the last status
+    assert launched("6", "0") == (6, 1)  # not asked: never
+    assert launched("5", "2") == (5, 1)  # invalid is no environment's doing: never run again
+    with pytest.raises(UsageError, match="MLCKPT_RETRY_DISTURBED='x': expected a whole number"):
+        launched("0", "x")

@@ -8,16 +8,19 @@ returns an exit status.  Every ``MlckptError`` becomes one line on stderr and it
 from __future__ import annotations
 
 import argparse
+import importlib
+import os
 import sys
 from collections.abc import Sequence
 
 import mlckpt.cli._threads  # noqa: F401  (first: one BLAS thread per process, before numpy loads)
 from mlckpt import __version__
-from mlckpt.cli import bundle_cmd, config_cmd, describe_cmd, plan_cmd, run_cmd, size_cmd, witness_cmd
 from mlckpt.command import OneLineParser, run_guarded
 
-# Subcommand modules, in the order `mlckpt --help` lists them.
-COMMAND_MODULES = (plan_cmd, size_cmd, config_cmd, run_cmd, bundle_cmd, describe_cmd, witness_cmd)
+# Subcommand modules, in the order `mlckpt --help` lists them; imported when needed (a refusal
+# under srun must come before Hydra and numpy load).
+COMMAND_MODULES = ("plan_cmd", "size_cmd", "config_cmd", "run_cmd", "bundle_cmd", "describe_cmd",
+                   "witness_cmd")
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -27,14 +30,19 @@ def build_parser() -> argparse.ArgumentParser:
     )
     parser.add_argument("--version", action="version", version=f"mlckpt {__version__}")
     sub = parser.add_subparsers(dest="command", metavar="COMMAND", parser_class=OneLineParser)
-    for module in COMMAND_MODULES:
-        module.register(sub)
+    for name in COMMAND_MODULES:
+        importlib.import_module(f"mlckpt.cli.{name}").register(sub)
     return parser
 
 
 def _dispatch(argv: Sequence[str] | None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
     if argv[:1] == ["run"]:  # Hydra's own parser reads `mlckpt run`'s flags and overrides
+        from mlckpt.run.site_mpi import refuse_slurm_without_pmi
+
+        refuse_slurm_without_pmi(os.environ)
+        from mlckpt.cli import run_cmd
+
         return run_cmd.handle_argv(argv[1:])
     parser = build_parser()
     args = parser.parse_args(argv)

@@ -14,14 +14,16 @@ import os
 import shutil
 import subprocess
 import sys
-from collections.abc import Sequence
+import time
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
 from mlckpt.cli import hydra_app
-from mlckpt.errors import UsageError
+from mlckpt.errors import DISTURBED_STATUS, UsageError
 from mlckpt.plan.config import SHIPPED, ConfigSource, compose
 from mlckpt.rules import override_key
+from mlckpt.run.site_mpi import Launcher, launcher_args
 
 # The presets of `mlckpt run`: keys set unless the command line sets them.  ``laptop``, the
 # default: the llama3_8b layout on its 8 ranks, open division, scaled so one checkpoint is ~1.3 GiB,
@@ -36,6 +38,8 @@ PRESETS: dict[str, tuple[str, ...]] = {
 EMBEDDED_DEFAULT = PRESETS["laptop"]
 
 TERMINAL_ENV = "MLCKPT_TERMINAL"  # COLUMNSxLINES of the terminal `mlckpt run` was started in
+RETRY_ENV = "MLCKPT_RETRY_DISTURBED"  # run a disturbed run again, up to this many times
+RETRY_PAUSE_S = 5.0  # ... after this pause (a tenant's burst may pass)
 _MPI_ENV = ("PMI_RANK", "PMI_SIZE", "PMIX_RANK", "OMPI_COMM_WORLD_SIZE", "MPI_LOCALNRANKS")
 
 
@@ -50,16 +54,12 @@ def under_mpi() -> bool:
     return any(v in os.environ for v in _MPI_ENV)
 
 
-def find_mpiexec(explicit: str | None) -> str:
-    if explicit:
-        return explicit
-    beside = Path(sys.executable).parent / "mpiexec"
-    if beside.exists():
-        return str(beside)
-    found = shutil.which("mpiexec")
-    if not found:
-        raise UsageError("no mpiexec found: install the `mpich` wheel (pip install mpich) or an MPI")
-    return found
+def find_mpiexec(explicit: str | None) -> Launcher:
+    """The launcher of the MPI library mpi4py loads (mlckpt.run.site_mpi), or ``explicit`` when it
+    is of the same MPI."""
+    from mlckpt.run.site_mpi import find_launcher
+
+    return find_launcher(explicit)
 
 
 def expand_sweeps(overrides: Sequence[str]) -> list[list[str]]:
@@ -152,7 +152,7 @@ def _in_folder(combo: list[str], out: str, s: Any) -> list[str]:
     return [o for o in combo if override_key(o) != "output.root"] + [f"output.root={hydra_app.quoted(out)}"]
 
 
-def _multirun(exe: str, flags: list[str], task: list[str], passed: list[str], src: Any) -> int:
+def _multirun(exe: Launcher, flags: list[str], task: list[str], passed: list[str], src: Any) -> int:
     from mlckpt.cli import sweep
 
     combos = expand_sweeps(task)
@@ -205,18 +205,37 @@ def validate(overrides: list[str], source: ConfigSource = SHIPPED) -> Any:
     return s
 
 
-def launch(mpiexec: str, overrides: list[str], source: ConfigSource = SHIPPED, s: Any = None,
+def launch(mpiexec: Launcher, overrides: list[str], source: ConfigSource = SHIPPED, s: Any = None,
            rank_command: Sequence[str] | None = None) -> int:
     """Validate here (fail fast, nothing spawned) unless ``s`` is the validated setup, then run
     ``rank_command`` (default: this ``mlckpt run``) on every rank under mpiexec."""
     s = s or validate(overrides, source)
     ranks = list(rank_command or (sys.executable, "-m", "mlckpt", "run", *source.args(), "preset=none"))
-    cmd = [mpiexec, "-n", str(s.plan.ranks), *ranks, *overrides]
+    extra = launcher_args(mpiexec.flavour, os.geteuid() == 0)
+    cmd = [mpiexec.path, *extra, "-n", str(s.plan.ranks), *ranks, *overrides]
     env = dict(os.environ)
     if sys.stdout.isatty():  # rank 0's output reaches this terminal through mpiexec's pipes
         size = shutil.get_terminal_size()
         env[TERMINAL_ENV] = f"{size.columns}x{size.lines}"
-    try:
-        return subprocess.run(cmd, check=False, env=env).returncode
-    except OSError as exc:
-        raise UsageError(f"cannot start {mpiexec}: {exc.strerror}") from None
+    retries = disturbed_retries(os.environ)
+    for attempt in range(retries + 1):
+        try:
+            status = subprocess.run(cmd, check=False, env=env).returncode
+        except OSError as exc:
+            raise UsageError(f"cannot start {mpiexec.path}: {exc.strerror}") from None
+        if status != DISTURBED_STATUS or attempt == retries:
+            return status
+        print(f"mlckpt run: the run was disturbed (its bundle is kept); running it again in "
+              f"{RETRY_PAUSE_S:g} s ({RETRY_ENV}: retry {attempt + 1} of {retries})", flush=True)
+        time.sleep(RETRY_PAUSE_S)
+    return status
+
+
+def disturbed_retries(env: Mapping[str, str]) -> int:
+    """How many times a disturbed run is run again (``MLCKPT_RETRY_DISTURBED``, default 0): for
+    unattended campaigns on shared machines, where another tenant comes and goes."""
+    raw = env.get(RETRY_ENV, "0").strip() or "0"
+    if not raw.isdigit() or int(raw) > 10:
+        raise UsageError(f"{RETRY_ENV}={raw!r}: expected a whole number of retries from 0 to 10",
+                         key=RETRY_ENV)
+    return int(raw)

@@ -104,8 +104,8 @@ class Job:
             time.sleep(poll_s)
 
     @contextmanager
-    def step(self, what: str) -> Iterator[None]:
-        self.note(step=what)
+    def step(self, what: str, **note: Any) -> Iterator[None]:
+        self.note(step=what, **note)
         if self.rank == 0:
             self.console.stage(what)
         err: BaseException | None = None

@@ -15,8 +15,8 @@ from mlckpt.host.description import load_system_description
 from mlckpt.plan.config import SHIPPED, ConfigSource, Setup, setup
 from mlckpt.run.collective import Job
 from mlckpt.run.gates import output_problem
+from mlckpt.run.site_mpi import first_line
 from mlckpt.run.split import Source, load_source
-from mlckpt.strict import printable
 from mlckpt.workload.pipeline import Pipeline
 
 
@@ -55,7 +55,7 @@ def mpi_library() -> str:
     try:
         from mpi4py import MPI
 
-        return str(printable(MPI.Get_library_version().strip().splitlines()[0])).strip()  # Open MPI: NUL
+        return first_line(MPI.Get_library_version())  # Open MPI's ends in NUL
     except Exception:  # pragma: no cover - facts are best effort
         return ""
 

@@ -86,10 +86,12 @@ class Console:
 
     def __post_init__(self) -> None:
         # Under the self-launcher, rank 0's stdout is mpiexec's pipe to the launcher's terminal,
-        # whose size the launcher passes on (MLCKPT_TERMINAL=COLUMNSxLINES).
+        # whose size the launcher passes on (MLCKPT_TERMINAL=COLUMNSxLINES).  Only that says a
+        # person watches: a rank's own stdout being a terminal does not (Open MPI gives every rank
+        # a pseudo-terminal, even when mpirun writes to a batch job's log file).
         self._terminal = os.environ.get("MLCKPT_TERMINAL", "")
         if self.plain is None:
-            self.plain = not (bool(self._terminal) or (hasattr(self.out, "isatty") and self.out.isatty()))
+            self.plain = not self._terminal
 
     def _print(self, line: str) -> None:
         with self._lock:

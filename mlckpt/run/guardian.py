@@ -474,7 +474,9 @@ class _Watcher:
 def guardian_main(ctl: socket.socket, parent: int, proxy: int, listener: socket.socket | None) -> None:
     """The guardian process (see the module docstring)."""
     os.setsid()
-    for sig in (signal.SIGINT, signal.SIGHUP, signal.SIGPIPE):
+    # It outlives the ranks to clean up after them: Ctrl-C, a hang-up and the SIGTERM of a cancelled
+    # job step (scancel, a time limit; Slurm's SIGKILL follows after KillWait, 30 s) are theirs.
+    for sig in (signal.SIGINT, signal.SIGHUP, signal.SIGPIPE, signal.SIGTERM):
         signal.signal(sig, signal.SIG_IGN)
     # Who died first is only known if the guardian runs the moment a life pipe closes, before
     # mpiexec's proxy (woken by the same death) kills the rest: on a busy host a normal-priority

@@ -80,6 +80,8 @@ class GuardianState:
             self.cur = int(msg.get("ckpt", 0))
             if self.step.startswith("write "):
                 self.ckpt = max(self.ckpt, self.cur)
+        if "made" in msg:  # checkpoint k's folders (and files) may exist from its preparation on
+            self.ckpt = max(self.ckpt, int(msg["made"]))
         for k in _KEPT:
             if k in msg:
                 self.info[k] = msg[k]
@@ -176,11 +178,13 @@ class GuardianState:
         culprits = self.first or [self.leader]
         if len(culprits) == 1:
             rank = culprits[0]
+            how = self.how.get(rank, "")
+            stopped = how.endswith(("SIGTERM", "SIGINT"))  # a cancelled job, not a crash
             what = (
                 f"rank {rank} on {self.hosts.get(rank, '?')} (pid {self.pids.get(rank, '?')}) "
-                f"died during {self.step}"
+                f"{'was stopped' if stopped else 'died'} during {self.step}"
             )
-            what += f" ({self.how[rank]})" if self.how.get(rank) else ""
+            what += f" ({how}{': the job was cancelled' if stopped else ''})" if how else ""
         else:
             what = (
                 f"ranks {', '.join(map(str, culprits))} on {self.hosts.get(culprits[0], '?')} "

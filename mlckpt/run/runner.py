@@ -25,7 +25,7 @@ from typing import Any, TextIO
 
 from mlckpt import __version__, engine
 from mlckpt.attribution import foreign_note
-from mlckpt.errors import MlckptError, RunFailure
+from mlckpt.errors import DISTURBED_STATUS, INVALID_STATUS, MlckptError, RunFailure, UsageError
 from mlckpt.host.facts import block_device, counters_sample
 from mlckpt.locations import s3_settings
 from mlckpt.plan.config import SHIPPED, ConfigSource
@@ -52,13 +52,12 @@ from mlckpt.run.publish import (
     write_bundle,
 )
 from mlckpt.run.reads import ReadPhase
+from mlckpt.run.site_mpi import first_line, mismatch, speaks
 from mlckpt.run.witnessing import Witnessing
 from mlckpt.run.writes import WritePhase, WriteState
 from mlckpt.units import fmt_bytes
 from mlckpt.workload.layout import PAGE, pages
 
-INVALID_STATUS = 5  # the run completed, its verdict is invalid (README: Errors and exit statuses)
-DISTURBED_STATUS = 6  # the run completed, other processes on its host spoilt the measurement
 ABORT_GRACE_S = 0.5  # between printing a fatal line and MPI_Abort (see Stalled)
 
 
@@ -455,8 +454,17 @@ def mpi_main(overrides: Sequence[str], faults: Faults = NO_FAULTS, out: TextIO |
     """Entry point on every rank under mpiexec (tests pass their own ``faults``)."""
     guardian = Guardian.start()  # each host's first rank, before MPI starts (no fork after MPI_Init)
     try:
+        import warnings
+
+        # mpi4py warns on every rank of another MPI's launcher; the one line below says it once
+        warnings.filterwarnings("ignore", message="suspicious MPI execution environment")
         from mpi4py import MPI
 
+        problem = mismatch(os.environ, MPI.COMM_WORLD.Get_size(), first_line(MPI.Get_library_version()))
+        if problem:  # N singletons of another MPI's launcher: each would run alone on the storage
+            if speaks(os.environ):
+                print(f"mlckpt: error: {problem}", file=sys.stderr, flush=True)
+            return UsageError.exit_status
         job = Job(MPI.COMM_WORLD, Console(out or sys.stdout), guardian, faults)
         try:
             try:

@@ -148,7 +148,7 @@ class WritePhase:
     def prepare(self, k: int) -> None:
         """Checkpoint k's content (new bytes in every page) and folders; untimed.  Collective."""
         w = self.w
-        with self.job.step(f"prepare checkpoint {k}"):
+        with self.job.step(f"prepare checkpoint {k}", made=k):  # its folders may exist from here
             if not w.stream:
                 for i, f in enumerate(w.mine):
                     engine.fill(w.arena[w.offsets[i] : w.offsets[i + 1]], f.bytes, w.key, self.pid(k, i))
