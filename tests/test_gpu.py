@@ -153,7 +153,7 @@ def _check(w: dict[str, Any], folder: Path, tmp: Path) -> dict[str, Any]:
 
 
 def _bundle(proc: subprocess.CompletedProcess[str]) -> Path:
-    [line] = [ln for ln in proc.stdout.splitlines() if ln.startswith("bundle: ")]
+    line = [ln for ln in proc.stdout.splitlines() if ln.startswith("bundle: ")][-1]  # the last try's
     return Path(line.removeprefix("bundle: "))
 
 

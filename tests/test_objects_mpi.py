@@ -114,7 +114,7 @@ def mine(w: dict[str, Any]) -> list[str]:
 
 
 def bundle_of(proc: subprocess.CompletedProcess[str]) -> Path:
-    [line] = [ln for ln in proc.stdout.splitlines() if ln.startswith("bundle: ")]
+    line = [ln for ln in proc.stdout.splitlines() if ln.startswith("bundle: ")][-1]  # the last try's
     return Path(line.removeprefix("bundle: "))
 
 

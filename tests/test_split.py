@@ -32,7 +32,7 @@ def run(h: dict[str, Path], cwd: Path, *overrides: str) -> subprocess.CompletedP
 
 
 def bundle_of(proc: subprocess.CompletedProcess[str]) -> Path:
-    [line] = [ln for ln in proc.stdout.splitlines() if ln.startswith("bundle: ")]
+    line = [ln for ln in proc.stdout.splitlines() if ln.startswith("bundle: ")][-1]  # the last try's
     return Path(line[len("bundle: "):])
 
 

@@ -57,7 +57,7 @@ def started(d: Path, until: str, *extra: str) -> tuple[subprocess.Popen[str], li
 
 
 def bundle_of(proc: subprocess.CompletedProcess[str]) -> Path:
-    [line] = [ln for ln in proc.stdout.splitlines() if ln.startswith("bundle: ")]
+    line = [ln for ln in proc.stdout.splitlines() if ln.startswith("bundle: ")][-1]  # the last try's
     return Path(line.removeprefix("bundle: "))
 
 

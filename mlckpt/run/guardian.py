@@ -474,8 +474,7 @@ class _Watcher:
 def guardian_main(ctl: socket.socket, parent: int, proxy: int, listener: socket.socket | None) -> None:
     """The guardian process (see the module docstring)."""
     os.setsid()
-    # It outlives the ranks to clean up after them: Ctrl-C, a hang-up and the SIGTERM of a cancelled
-    # job step (scancel, a time limit; Slurm's SIGKILL follows after KillWait, 30 s) are theirs.
+    # It outlives the ranks to clean up: Ctrl-C, a hang-up, a cancelled step's SIGTERM are theirs.
     for sig in (signal.SIGINT, signal.SIGHUP, signal.SIGPIPE, signal.SIGTERM):
         signal.signal(sig, signal.SIG_IGN)
     # Who died first is only known if the guardian runs the moment a life pipe closes, before
@@ -489,6 +488,7 @@ def guardian_main(ctl: socket.socket, parent: int, proxy: int, listener: socket.
         low = fd + 1
     os.closerange(low, 1 << 16)
     w = _Watcher(ctl, parent, listener)
+    signal.signal(signal.SIGTERM, lambda *_: setattr(w.state, "cancelled", "SIGTERM"))  # still not fatal
     w.run_until_leader_gone()
     if w.state.said_goodbye:  # the leader finished (or rank 0 reported a failure itself)
         how = str(w.state.info.get("end"))

@@ -50,7 +50,7 @@ class GuardianState:
     pids: dict[int, int] = field(default_factory=dict)  # rank -> pid, this host's ranks
     how: dict[int, str] = field(default_factory=dict)  # rank -> "killed by signal 9, SIGKILL"
     step: str = "start-up"
-    ckpt: int = 0  # the last checkpoint whose write started (files may exist up to it)
+    ckpt: int = 0  # the last checkpoint prepared or written (files may exist up to it)
     cur: int = 0  # the checkpoint of the step in progress
     info: dict[str, Any] = field(default_factory=dict)  # the _KEPT keys the leader sent
     first: list[int] = field(default_factory=list)  # this host's first ranks to end
@@ -62,6 +62,7 @@ class GuardianState:
     lost: list[str] = field(default_factory=list)  # hosts (or "hub") no longer heard from
     job_end: str = ""  # the hub said the job ended ("clean" or "reported" by rank 0)
     stopped: str = ""  # what a spoke that lost the hub stopped ("ranks 4-7 and their MPI proxy")
+    cancelled: str = ""  # the signal the guardian itself received with its step ("SIGTERM": scancel)
 
     def handle(self, msg: dict[str, Any]) -> list[tuple[int, int, int | None]]:
         """Take one note from the leader; returns the (rank, pid, life-pipe fd) of this host's
@@ -178,8 +179,8 @@ class GuardianState:
         culprits = self.first or [self.leader]
         if len(culprits) == 1:
             rank = culprits[0]
-            how = self.how.get(rank, "")
-            stopped = how.endswith(("SIGTERM", "SIGINT"))  # a cancelled job, not a crash
+            how = self.how.get(rank, "") or (f"{self.cancelled} to the job step" if self.cancelled else "")
+            stopped = how.endswith(("SIGTERM", "SIGINT")) or bool(self.cancelled)  # cancelled, not a crash
             what = (
                 f"rank {rank} on {self.hosts.get(rank, '?')} (pid {self.pids.get(rank, '?')}) "
                 f"{'was stopped' if stopped else 'died'} during {self.step}"

@@ -159,7 +159,7 @@ def announced(env: Mapping[str, str]) -> tuple[str, int, int] | None:
             if size_var in env:
                 return size_var, int(env[size_var]), int(env.get(rank_var, "0"))
         if "PMIX_RANK" in env:
-            size_var = next((v for v in ("SLURM_STEP_NUM_TASKS", "SLURM_NTASKS") if v in env), "")
+            size_var = "SLURM_STEP_NUM_TASKS" if "SLURM_STEP_NUM_TASKS" in env else ""
             if size_var:
                 return size_var, int(env[size_var]), int(env["PMIX_RANK"])
     except ValueError:
@@ -170,11 +170,13 @@ def announced(env: Mapping[str, str]) -> tuple[str, int, int] | None:
 def slurm_tasks_without_pmi(env: Mapping[str, str]) -> tuple[int, int] | None:
     """``(tasks, this task)`` of an srun step that started several tasks with no PMI for MPI
     (srun --mpi=none, Slurm's usual default), or None (pure)."""
-    if "SLURM_PROCID" not in env or any(v in env for v in PMI_PRESENT):
+    # SLURM_STEP_NUM_TASKS: set by srun; a batch script's own step has SLURM_NTASKS (the job's
+    # tasks) but runs once, and `mlckpt run` there launches its ranks itself.
+    if "SLURM_STEP_NUM_TASKS" not in env or any(v in env for v in PMI_PRESENT):
         return None
     try:
-        tasks = int(env.get("SLURM_STEP_NUM_TASKS", env.get("SLURM_NTASKS", "1")))
-        return (tasks, int(env["SLURM_PROCID"])) if tasks > 1 else None
+        tasks = int(env["SLURM_STEP_NUM_TASKS"])
+        return (tasks, int(env.get("SLURM_PROCID", "0"))) if tasks > 1 else None
     except ValueError:
         return None
 
