@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import itertools
 import os
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -58,17 +59,27 @@ def test_a_mistyped_checkpoint_folder_is_refused_at_once(tmp_path: Path) -> None
     assert elapsed < 2.0, elapsed  # refused before mpiexec starts (about 0.7 s here)
 
 
-def test_the_laptop_preset_survives_overrides() -> None:
+def test_the_laptop_preset_survives_overrides_of_a_bare_run_only() -> None:
     from mlckpt.cli.run_cmd import PRESETS, with_preset
 
     laptop = list(PRESETS["laptop"])
-    assert with_preset([]) == (laptop, "laptop")
-    assert with_preset(["checkpoint.folder=/mnt/x"]) == ([*laptop, "checkpoint.folder=/mnt/x"], "laptop")
-    merged, _ = with_preset(["scale=0.5", "ranks=2"])  # the command line wins, key by key
+    assert with_preset([]) == (laptop, "laptop", "a bare run")
+    assert with_preset(["checkpoint.folder=/mnt/x"]) == ([*laptop, "checkpoint.folder=/mnt/x"], "laptop",
+                                                         "a bare run")
+    merged, _, _ = with_preset(["scale=0.5", "ranks=2"])  # the command line wins, key by key
     assert "scale=0.5" in merged and "scale=0.0125" not in merged and "ranks=2" in merged
     assert with_preset(["division=closed", "workload=llama3_70b"]) == (
-        ["division=closed", "workload=llama3_70b"], "none")
-    assert with_preset(["preset=none", "ranks=4"]) == (["ranks=4"], "none")
+        ["division=closed", "workload=llama3_70b"], "none", "division=closed given")
+    assert with_preset(["preset=none", "ranks=4"]) == (["ranks=4"], "none", "preset= given")
+    # a key that says the run is meant as a result: the workload's own configuration, never scaled
+    # behind the user's back (the README's MLPerf commands, a system description, a split half)
+    for meant in ("rules=mlperf-storage-v3.0", "rules_version=1.9", "accelerator=b200", "system=s.yaml",
+                  "checkpoint.num_reads=0", "checkpoint.num_writes=0", "checkpoint.restore_from=/r/b"):
+        assert with_preset([meant, "ranks=8"]) == ([meant, "ranks=8"], "none", f"{meant} given"), meant
+    assert with_preset(["checkpoint.num_reads=2"])[1] == "laptop"
+    # under mpiexec or srun (a site's run): no preset unless asked for
+    assert with_preset(["ranks=8"], external=True) == (["ranks=8"], "none", "under a launcher")
+    assert with_preset(["preset=laptop"], external=True)[1:] == ("laptop", "preset= given")
 
 
 def test_a_first_override_does_not_fall_off_the_quick_start_cliff(tmp_path: Path) -> None:
@@ -301,3 +312,32 @@ def test_hydra_policy_units() -> None:
     assert folder_name("checkpoint.folder=/tmp/a,io.threads=1") == "checkpoint.folder=_tmp_a,io.threads=1"
     assert folder_name("") == "combination"
     assert quoted("/a/io.threads=1") == "'/a/io.threads=1'" and quoted("it's") == '"it\'s"'
+
+
+@pytest.mark.mpi
+def test_the_readmes_mlperf_command_under_mpiexec_runs_the_workloads_own_configuration(
+        tmp_path: Path) -> None:
+    """The README's phase-1 command, on one host (-n 8 for its hosts and ranks per host): the
+    workload's own configuration, never the laptop preset, said by rank 0 before anything else;
+    refused here before any I/O (this machine cannot hold the state; a bigger one would start the
+    full run, so the test does not run there)."""
+    from mlckpt.host.facts import meminfo
+
+    if meminfo().get("MemTotal", 0) > 64 << 30:
+        pytest.skip("this host could hold llama3_70b's state on 8 ranks: the test would start a full run")
+    readme = (Path(__file__).resolve().parent.parent / "README.md").read_text()
+    phase1 = readme.split("# phase 1:", 1)[1].split("\n# failover", 1)[0].split("\n", 1)[1]
+    words = phase1.replace("\\\n", " ").split()
+    assert words[:6] == ["mpiexec", "-n", "64", "-ppn", "8", "-hosts"] and words[7] == "mlckpt"
+    from conftest import CHECKER_DESCRIPTION
+
+    (tmp_path / "sut.yaml").write_text(CHECKER_DESCRIPTION)
+    args = [w.replace("/mnt/fs/ckpt", str(tmp_path / "ck")) for w in words[8:]]
+    mpiexec = Path(sys.executable).parent / "mpiexec"
+    proc = subprocess.run([str(mpiexec), "-n", "8", str(Path(sys.executable).parent / "mlckpt"), *args,
+                           "signing.key=none"], cwd=tmp_path, text=True, capture_output=True, timeout=300,
+                          check=False)
+    assert "preset laptop" not in proc.stdout and "scaled" not in proc.stdout, proc.stdout
+    assert re.search(r"^mlckpt [\d.]+: llama3_70b on 8 ranks, division closed, [\d.]+ GiB per checkpoint, "
+                     r"10 writes, 0 reads$", proc.stdout, re.M), proc.stdout
+    assert proc.returncode == 2 and not (tmp_path / "ck").exists(), proc.stderr[-2000:]

@@ -28,8 +28,10 @@ from mlckpt.run.site_mpi import Launcher, launcher_args
 # The presets of `mlckpt run`: keys set unless the command line sets them.  ``laptop``, the
 # default: the llama3_8b layout on its 8 ranks, open division, scaled so one checkpoint is ~1.3 GiB,
 # 3 writes and 3 reads (about 10 s on a 2-core VM).  It stays in force whatever else is overridden
-# (a checkpoint folder given for a first try must not turn the run into a full-scale closed one);
-# ``preset=none`` (or ``division=closed``) runs the workload's own configuration.
+# (a checkpoint folder given for a first try must not turn the run into a full-scale closed one),
+# but only for a bare `mlckpt run`: under an external launcher, or with a key that says the run is
+# meant as a result (INTENT_KEYS, division=closed, one half of a split pair), the workload's own
+# configuration runs (with_preset); ``preset=laptop`` asks for it anyway.
 PRESETS: dict[str, tuple[str, ...]] = {
     "laptop": ("workload=llama3_8b", "division=open", "scale=0.0125", "checkpoint.num_writes=3",
                "checkpoint.num_reads=3"),
@@ -85,19 +87,51 @@ def expand_sweeps(overrides: Sequence[str]) -> list[list[str]]:
     return [list(combo) for combo in itertools.product(*axes)]
 
 
-def with_preset(overrides: Sequence[str]) -> tuple[list[str], str]:
-    """The overrides with the preset's keys the command line does not set, and the preset's name
-    (``preset=NAME`` given, else none for ``division=closed``, else laptop)."""
+# Keys that say the run is meant as a result (a rule set, the closed division, an accelerator, a
+# system description, one half of a split run): the laptop preset never fills in around them.
+INTENT_KEYS = ("rules", "rules_version", "accelerator", "system", "checkpoint.restore_from")
+
+
+def intent(overrides: Sequence[str]) -> str:
+    """The first override that says the run is meant as a result, or '' (pure)."""
+    for o in overrides:
+        key, _, value = o.partition("=")
+        key = override_key(o)
+        if key in INTENT_KEYS or (key == "division" and value.strip() == "closed"):
+            return o.lstrip("+~")
+        if key in ("checkpoint.num_writes", "checkpoint.num_reads") and value.strip() == "0":
+            return o.lstrip("+~")  # one half of a split (MLPerf-style) pair
+    return ""
+
+
+def with_preset(overrides: Sequence[str], external: bool = False) -> tuple[list[str], str, str]:
+    """The overrides with the preset's keys the command line does not set, the preset's name and
+    why: ``preset=NAME`` given; else none under an external launcher (mpiexec, srun: a site's run)
+    or with a key that says the run is meant as a result (:func:`intent`); else laptop, the bare
+    quick start's."""
     chosen = [o.split("=", 1)[1] for o in overrides if override_key(o) == "preset"]
     rest = [o for o in overrides if override_key(o) != "preset"]
     if len(chosen) > 1:
         raise UsageError("preset: given more than once")
-    closed = any(override_key(o) == "division" and o.split("=", 1)[1].strip() == "closed" for o in rest)
-    name = chosen[0] if chosen else ("none" if closed else "laptop")
+    meant = intent(rest)
+    if chosen:
+        name, why = chosen[0], "preset= given"
+    elif external:
+        name, why = "none", "under a launcher"
+    elif meant:
+        name, why = "none", f"{meant} given"
+    else:
+        name, why = "laptop", "a bare run"
     if name not in PRESETS:
         raise UsageError(f"preset: unknown preset {name!r}; known: {', '.join(PRESETS)}")
     given = {override_key(o) for o in rest}
-    return [*(o for o in PRESETS[name] if override_key(o) not in given), *rest], name
+    return [*(o for o in PRESETS[name] if override_key(o) not in given), *rest], name, why
+
+
+def preset_line(preset: str, overrides: Sequence[str]) -> str:
+    added = [o for o in PRESETS[preset] if o in overrides]
+    return (f"mlckpt run: preset {preset} in force ({' '.join(added) or 'every key given'}; "
+            "preset=none for the workload's own configuration)")
 
 
 def handle_argv(argv: Sequence[str]) -> int:
@@ -113,12 +147,17 @@ def handle_argv(argv: Sequence[str]) -> int:
     args = hydra_app.parse(rest)
     src = hydra_app.source(args)
     flags = [a for a in rest if a not in args.overrides]  # Hydra's own flags, in order
-    overrides, preset = with_preset(args.overrides if under_mpi() else hydra_app.aliased(args.overrides))
-    if under_mpi():
+    external = under_mpi()
+    overrides, preset, why = with_preset(args.overrides if external else hydra_app.aliased(args.overrides),
+                                         external=external)
+    if external:
         if args.multirun or hydra_app.shows_only(args):
             raise UsageError("-m and the showing flags start no ranks; run them outside mpiexec")
         from mlckpt.run.runner import mpi_main
+        from mlckpt.run.site_mpi import speaks
 
+        if preset != "none" and speaks(os.environ):  # mlckpt's own launch passes preset=none
+            print(preset_line(preset, overrides), flush=True)
         return mpi_main(overrides, source=src)
     task, passed = hydra_app.split(overrides, bool(args.multirun))
     if hydra_app.shows_only(args):
@@ -127,9 +166,10 @@ def handle_argv(argv: Sequence[str]) -> int:
         hydra_app.call([*task, *passed, *flags], lambda cfg: 0, info=args.info is not None)
         return 0
     if preset != "none":
-        added = [o for o in PRESETS[preset] if o in overrides]
-        print(f"mlckpt run: preset {preset} in force ({' '.join(added) or 'every key given'}; "
-              "preset=none for the workload's own configuration)", flush=True)
+        print(preset_line(preset, overrides), flush=True)
+    elif why != "preset= given":
+        print(f"mlckpt run: no preset ({why}): the workload's own configuration with the keys given",
+              flush=True)
     exe = find_mpiexec(mpiexec)
     if not args.multirun:
         s = validate(task, src)  # before Hydra creates the results folder
