@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from typing import Any
+
 import pytest
 import yaml
 
@@ -218,3 +220,51 @@ def test_config_command_unknown_key(run_cli) -> None:  # type: ignore[no-untyped
     assert r.returncode == 2
     assert r.stdout == ""
     assert r.stderr == "mlckpt: error: checkpoint.bogus: unknown key (run `mlckpt config` for the keys)\n"
+
+
+# --- values as storage people type them --------------------------------------------------------
+
+@pytest.mark.parametrize(("given", "value"), [("4M", 4 << 20), ("16MiB", 16 << 20), ("1.5MiB", 1_572_864),
+                                              ("4096", 4096), ("8 KiB", 8192), ("0.004096GB", 4_096_000)])
+def test_byte_keys_take_units(given: str, value: int) -> None:
+    from mlckpt.plan.config import setup
+
+    assert setup([f"io.block_size={given}"]).config["io"]["block_size"] == value
+    assert setup(["residency=stream", f"stream_buffer_bytes={given}" if value >= 1 << 30 else
+                  "stream_buffer_bytes=1GiB"]).config["stream_buffer_bytes"] >= 1 << 30
+
+
+@pytest.mark.parametrize(("word", "value"), [("no", False), ("off", False), ("yes", True), ("ON", True),
+                                             ("false", False)])
+def test_yes_no_keys_take_words(word: str, value: bool) -> None:
+    from mlckpt.plan.config import setup
+
+    cfg = setup([f"io.direct={word}", f"cache.drop_system={word}"]).config
+    assert cfg["io"]["direct"] is value and cfg["cache"]["drop_system"] is value
+
+
+def test_a_value_that_is_no_size_or_word_names_its_key() -> None:
+    from mlckpt.errors import ConfigError
+    from mlckpt.plan.config import setup
+
+    with pytest.raises(ConfigError, match=r"^io\.block_size: '4X' is not a size \(examples: 4096, 4M, "):
+        setup(["io.block_size=4X"])
+    with pytest.raises(ConfigError, match=r"^io\.direct: 'maybe' is not of type 'boolean'"):
+        setup(["io.direct=maybe"])
+
+
+def test_near_misses_get_a_did_you_mean(run_cli: Any) -> None:
+    cases = [
+        (["plan", "checkpoint.num_write=2"],
+         "mlckpt: error: checkpoint.num_write: unknown key (did you mean checkpoint.num_writes?) (run "
+         "`mlckpt config` for the keys)"),
+        (["plan", "workload=llama3_8"],
+         "mlckpt: error: workload: unknown workload 'llama3_8' (did you mean llama3_8b?); known: "),
+        (["run", "--workload", "llama3_8b"],
+         "mlckpt: error: unrecognized arguments: --workload; settings are key=value overrides: did you mean "
+         "workload=…? (mlckpt run --help)"),
+    ]
+    for args, line in cases:
+        proc = run_cli(*args)
+        assert proc.returncode == 2 and proc.stderr.strip().splitlines()[-1].startswith(line), proc.stderr
+        assert "Traceback" not in proc.stderr

@@ -36,10 +36,19 @@ def parser() -> argparse.ArgumentParser:
     p.prog = "mlckpt run"
 
     def error(message: str) -> None:  # one line, exit 2, like every mlckpt usage error
-        raise UsageError(f"{message} (mlckpt run --help)")
+        raise UsageError(f"{message}{flag_hint(message)} (mlckpt run --help)")
 
     p.error = error  # type: ignore[method-assign]
     return p
+
+
+def flag_hint(message: str) -> str:
+    """``--workload`` given as a flag: mlckpt's settings are ``key=value`` overrides (pure)."""
+    flags = [w for w in message.removeprefix("unrecognized arguments:").split() if w.startswith("--")]
+    if not message.startswith("unrecognized arguments:") or not flags:
+        return ""
+    key = flags[0].lstrip("-").split("=", 1)[0].replace("-", "_")
+    return f"; settings are key=value overrides: did you mean {key}=…?"
 
 
 def parse(argv: Sequence[str]) -> argparse.Namespace:

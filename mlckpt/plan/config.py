@@ -4,6 +4,7 @@ structural rules → plan).  The only module that talks to Hydra.
 
 from __future__ import annotations
 
+import difflib
 import logging
 import re
 from collections.abc import Mapping, Sequence
@@ -17,7 +18,7 @@ from mlckpt.plan import aliases
 from mlckpt.resources import workloads_dir
 from mlckpt.rules import Context, HostSpec, RuleSet, host_blocks, known_versions, load_rules, override_key
 from mlckpt.schemas import drop_unknown_nulls, first_error, validator
-from mlckpt.units import GiB
+from mlckpt.units import GiB, parse_size
 from mlckpt.workload.layout import Plan, make_plan
 from mlckpt.workload.model import Workload, workload_from_config
 from mlckpt.workload.pipeline import ring_bytes
@@ -100,8 +101,10 @@ def compose(overrides: Sequence[str], source: ConfigSource = SHIPPED) -> dict[st
             raise UsageError(f"override {ov!r}: expected KEY=VALUE (e.g. ranks=64)", key=ov)
         choice = re.fullmatch(r"workload=(.*)", ov)
         if choice and choice.group(1) not in known_workloads(source):
-            raise ConfigError(f"workload: unknown workload {choice.group(1)!r}; known: "
-                              f"{', '.join(known_workloads(source))}", key="workload")
+            known = known_workloads(source)
+            raise ConfigError(f"workload: unknown workload {choice.group(1)!r}"
+                              f"{did_you_mean(choice.group(1), known)}; known: {', '.join(known)}",
+                              key="workload")
     user = source.user_dir()
     extra = [] if user is None else [f"hydra.searchpath=[file://{user}]"]
     try:
@@ -114,7 +117,7 @@ def compose(overrides: Sequence[str], source: ConfigSource = SHIPPED) -> dict[st
     except MissingConfigException as exc:
         raise ConfigError(f"unknown configuration: {_first_line(exc)}") from None
     except (HydraException, OmegaConfBaseException) as exc:
-        raise UsageError(_hydra_message(exc)) from None
+        raise UsageError(_hydra_message(exc, source)) from None
     assert isinstance(resolved, dict)
     resolved.pop("hydra", None)
     # `rules_version=1.0` arrives as a float from the command line; versions are strings.
@@ -126,7 +129,46 @@ def compose(overrides: Sequence[str], source: ConfigSource = SHIPPED) -> dict[st
     if str(resolved.get("rules_version")) in known_versions():
         drop_unknown_nulls(resolved, "config", str(resolved["rules_version"]))
         _rule_set_defaults(resolved, overrides)
+        as_typed(resolved)
     return resolved
+
+
+# Values as storage people type them: every byte-count key takes units (4M, 16MiB, 1.5GB; a bare
+# number is bytes, K/M/G/T are binary as in fio), every yes/no key takes yes/no/on/off/true/false.
+BYTE_KEYS = ("io.block_size", "stream_buffer_bytes", "storage.s3.part_size")
+BOOLEAN_WORDS = {"yes": True, "on": True, "true": True, "y": True, "no": False, "off": False,
+                 "false": False, "n": False}
+
+
+def as_typed(config: dict[str, Any]) -> None:
+    """Turn sizes with units into bytes and yes/no words into booleans, in place (pure); a value
+    that is neither is left for the schema to refuse, naming the key."""
+    for dotted in BYTE_KEYS:
+        *parents, last = dotted.split(".")
+        node: Any = config
+        for part in parents:
+            node = node.get(part) if isinstance(node, dict) else None
+        if isinstance(node, dict) and isinstance(node.get(last), str):
+            try:
+                node[last] = parse_size(node[last])
+            except ValueError:
+                raise ConfigError(f"{dotted}: {node[last]!r} is not a size (examples: 4096, 4M, 16MiB, "
+                                  "1.5GB)", key=dotted) from None
+    _booleans(config, validator("config", str(config.get("rules_version", "1.0"))).schema)
+
+
+def _booleans(node: Any, schema: Mapping[str, Any]) -> None:
+    props = schema.get("properties", {}) if isinstance(schema, Mapping) else {}
+    if not isinstance(node, dict):
+        return
+    for key, sub in props.items():
+        if key not in node:
+            continue
+        types = sub.get("type", [])
+        if "boolean" in (types if isinstance(types, list) else [types]) and isinstance(node[key], str):
+            node[key] = BOOLEAN_WORDS.get(node[key].strip().lower(), node[key])
+        elif isinstance(node[key], dict):
+            _booleans(node[key], sub)
 
 
 def _rule_set_defaults(config: dict[str, Any], overrides: Sequence[str]) -> None:
@@ -147,14 +189,35 @@ def _first_line(exc: BaseException) -> str:
     return str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
 
 
-def _hydra_message(exc: BaseException) -> str:
+def did_you_mean(given: str, known: Sequence[str]) -> str:
+    """`` (did you mean checkpoint.num_writes?)`` for a near miss, else nothing (pure)."""
+    close = difflib.get_close_matches(given, list(known), n=1, cutoff=0.85)  # near misses only
+    return f" (did you mean {close[0]}?)" if close else ""
+
+
+def known_keys(source: ConfigSource = SHIPPED) -> list[str]:
+    """Every dotted key of the default configuration (for did-you-mean)."""
+    def walk(node: Any, prefix: str) -> list[str]:
+        if not isinstance(node, dict):
+            return [prefix]
+        return [k for key, v in node.items() for k in walk(v, f"{prefix}.{key}" if prefix else key)]
+
+    try:
+        return walk(compose([], source), "")
+    except Exception:  # the hint is a courtesy: never fail the message for it
+        return []
+
+
+def _hydra_message(exc: BaseException, source: ConfigSource = SHIPPED) -> str:
     text = str(exc)
     m = re.search(r"Key '([^']+)' is not in struct", text) or re.search(
         r"Could not override '([^']+)'", text)
     if m:
         key = m.group(1)
         full = re.search(r"full_key: (\S+)", text)
-        return f"{full.group(1) if full else key}: unknown key (run `mlckpt config` for the keys)"
+        name = full.group(1) if full else key
+        hint = did_you_mean(name, known_keys(source))
+        return f"{name}: unknown key{hint} (run `mlckpt config` for the keys)"
     m = re.search(r"Could not append to config. An item is already at '([^']+)'", text)
     if m:
         return f"{m.group(1)}: key already exists; override it without '+'"
