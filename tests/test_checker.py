@@ -63,18 +63,34 @@ def records(fn: Callable[[list[dict[str, Any]]], Any]) -> Callable[[Path], None]
     return edit
 
 
-def foreign_bytes(recs: list[dict[str, Any]], times: int) -> None:
+def foreign_bytes(folder: Path, times: int) -> None:
     """Another tenant on the device all along: its counters gain bytes at ``times`` the ranks' own
-    peak rate from the first sample on (inside every op and between them), the ranks' accounting
-    untouched."""
-    leaders = [r["host_counters"] for r in recs if "host_counters" in r]
-    rate = times * max((hc["after"]["own_written_bytes"] + hc["after"]["own_read_bytes"]
-                        - hc["before"]["own_written_bytes"] - hc["before"]["own_read_bytes"])
-                       / (hc["after"]["t_ns"] - hc["before"]["t_ns"]) for hc in leaders)
-    start = min(hc["before"]["t_ns"] for hc in leaders)
-    for hc in leaders:
-        for sample in (hc["before"], hc["after"]):
-            sample["written_bytes"] += int(rate * (sample["t_ns"] - start))
+    peak rate from the first sample on (the background window before the first op, inside every op
+    and between them), the ranks' accounting untouched; summary.json recomputed."""
+    def rate_of(recs: list[dict[str, Any]]) -> float:
+        return times * max((hc["after"]["own_written_bytes"] + hc["after"]["own_read_bytes"]
+                            - hc["before"]["own_written_bytes"] - hc["before"]["own_read_bytes"])
+                           / (hc["after"]["t_ns"] - hc["before"]["t_ns"])
+                           for hc in (r["host_counters"] for r in recs if "host_counters" in r))
+
+    run = json.loads((folder / "run.json").read_text())
+    windows = [h["background"] for h in (run.get("calibration") or {}).get("hosts", []) if "background" in h]
+    recs = [json.loads(ln) for ln in (folder / "records.jsonl").read_text().splitlines()]
+    rate = rate_of(recs)
+    samples = [s for w in windows for s in (w["before"], w["after"])]
+    samples += [s for r in recs if "host_counters" in r for s in (r["host_counters"]["before"],
+                                                                    r["host_counters"]["after"])]
+    start = min(s["t_ns"] for s in samples)
+
+    def flood(sample: dict[str, Any]) -> None:
+        sample["written_bytes"] += int(rate * (sample["t_ns"] - start))
+
+    for w in windows:
+        flood(w["before"])
+        flood(w["after"])
+    edit_json(folder, "run.json", lambda r: r.update(calibration=run["calibration"]))
+    records(lambda rs: [flood(s) for r in rs if "host_counters" in r
+                        for s in (r["host_counters"]["before"], r["host_counters"]["after"])])(folder)
 
 
 def fast_tier_on(fs: str) -> Callable[[Path], None]:
@@ -499,7 +515,7 @@ NEGATIVE_CASES: dict[str, list[Case]] = {
     # rules 1.8: another tenant moved ten times the run's bytes on the device during every op
     # (run.json's verdict edited to match, as the runner would have recorded it)
     "FOREIGN-IO": [C("by other processes in", predicate={"verdict": "disturbed"},
-                     mutate=lambda f: [records(lambda rs: foreign_bytes(rs, 10))(f),
+                     mutate=lambda f: [foreign_bytes(f, 10),
                                        edit_json(f, "run.json", setitem("verdict", "disturbed"))] and None)],
     "SYSTEM-DESCRIPTION": [
         C("a different embedded description (notes", mutate=lambda f: edit_json(
@@ -914,9 +930,9 @@ def test_missing_trusted_keys_is_a_usage_error(honest_bundles: dict[str, Path], 
 def test_forced_rules_version_and_jobs_agree(honest_bundles: dict[str, Path], tmp_path: Path) -> None:
     root = honest_tree(tmp_path / "t", honest_bundles)
     a = check(root, honest_bundles, jobs=1)
-    b = check(root, honest_bundles, jobs=2, forced_rules="1.8")
+    b = check(root, honest_bundles, jobs=2, forced_rules="1.9")
     assert a["bundles"] == b["bundles"] and a["exit_status"] == b["exit_status"] == 0
-    assert b["rules_versions"] == ["1.8"]
+    assert b["rules_versions"] == ["1.9"]
     # An older rules version judges these newer bundles by its own schemas: records format 3 is
     # not one of them, so they fail there (never silently pass).
     old = check(root, honest_bundles, jobs=2, forced_rules="1.1")
