@@ -304,6 +304,10 @@ def endpoint(root: Path) -> Iterator[str]:
                 os.environ[k] = v
 
 
+def _interrupted(signum: int, frame: object) -> None:
+    raise KeyboardInterrupt
+
+
 def main() -> int:
     import argparse
 
@@ -314,6 +318,7 @@ def main() -> int:
     )
     a = p.parse_args()
     root = Path(a.folder).absolute()
+    signal.signal(signal.SIGTERM, _interrupted)  # a test's terminate() stops the servers as Ctrl-C does
     store = start(root)
     try:
         if a.bucket:
