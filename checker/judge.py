@@ -153,11 +153,13 @@ def _bundle_hosts(st: State, run: dict[str, Any], system: dict[str, Any], ranks:
         st.not_checked.append(("HOST-MEMORY", "run.json does not place every rank exactly once"))
         return None
     mem: dict[str, int | None] = {}
+    folder_fs: dict[str, str | None] = {}
     for h in system["hosts"]:
         mem.setdefault(h["hostname"], h.get("memory_available_bytes"))
+        folder_fs.setdefault(h["hostname"], (h.get("filesystem") or {}).get("fs_type"))
     fast_fs = (run.get("pipeline") or {}).get("fast_fs") or {}  # a tmpfs fast tier takes memory
-    return tuple(HostSpec(h["host"], tuple(h["ranks"]), mem.get(h["host"]), fast_fs=fast_fs.get(h["host"]))
-                 for h in run["hosts"])
+    return tuple(HostSpec(h["host"], tuple(h["ranks"]), mem.get(h["host"]), fast_fs=fast_fs.get(h["host"]),
+                          folder_fs=folder_fs.get(h["host"])) for h in run["hosts"])
 
 
 def _bundle_plan(st: State, ctx: Context, placement_ok: bool) -> Plan | None:

@@ -97,6 +97,7 @@ RUNS: dict[str, tuple[str, ...]] = {
         "checkpoint.num_reads=1",
         "io.direct=false",
         "checkpoint.folder=/dev/shm/mlckpt-forgeries",
+        "rules_version=1.8",  # from 1.9 a folder in memory is refused before any I/O (MEMORY-FOLDER)
     ),
 }
 NEIGHBOURS = ("neighbour", "neighbour_async")

@@ -1073,3 +1073,15 @@ def test_a_gpu_source_run_has_a_class_of_its_own(golden_tree: Path,
     gpu = entry_from_docs(str(folder), "acme", "fast", docs["run"], config, docs["summary"], docs["system"])
     assert (host.pipeline, gpu.pipeline) == ("async", "async+gpu")
     assert host.class_key != gpu.class_key and gpu.mode.startswith("async+gpu, full, ")
+
+
+def test_out_makes_its_folder_as_the_readme_example_does(golden_tree: Path, tmp_path: Path,
+                                                         capsys: pytest.CaptureFixture[str]) -> None:
+    """`mlckpt-check leaderboard … --out site/index.html` with no site/ yet (the README's example)."""
+    out = tmp_path / "site" / "index.html"
+    assert cli.run(["leaderboard", str(golden_tree), "--format", "html", "--out", str(out)]) == 0
+    assert "<html" in out.read_text(encoding="utf-8").lower()
+    capsys.readouterr()
+    assert cli.run(["leaderboard", str(golden_tree), "--out", str(tmp_path / "site")]) == 2
+    assert re.search(r"--out .*site: a folder; give the file to write \(e\.g\. .*index\.html\)",
+                     capsys.readouterr().err)

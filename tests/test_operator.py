@@ -29,8 +29,10 @@ def test_an_invalid_verdict_exits_5_and_says_so_first(tmp_path: Path) -> None:
     if not shm.is_dir() or not os.access(shm, os.W_OK):
         pytest.skip("no writable /dev/shm")
     folder = shm / f"mlckpt-invalid-{os.getpid()}"
-    proc = mlckpt("run", *SMALL, f"checkpoint.folder={folder}", "output.root=results", cwd=tmp_path)
-    assert proc.returncode == 5, proc.stderr  # restores from tmpfs are memory reads: COLD-READ
+    # restores from tmpfs are memory reads: COLD-READ (rules 1.9 refuse the folder before any I/O)
+    proc = mlckpt("run", *SMALL, f"checkpoint.folder={folder}", "output.root=results", "rules_version=1.8",
+                  cwd=tmp_path)
+    assert proc.returncode == 5, proc.stderr
     assert "verdict is invalid" in proc.stderr and "verdict invalid" in proc.stdout
     [bundle] = (tmp_path / "results").iterdir()
     assert (bundle / "run.log").read_text().splitlines()[0] == \
@@ -341,3 +343,28 @@ def test_the_readmes_mlperf_command_under_mpiexec_runs_the_workloads_own_configu
     assert re.search(r"^mlckpt [\d.]+: llama3_70b on 8 ranks, division closed, [\d.]+ GiB per checkpoint, "
                      r"10 writes, 0 reads$", proc.stdout, re.M), proc.stdout
     assert proc.returncode == 2 and not (tmp_path / "ck").exists(), proc.stderr[-2000:]
+
+
+def test_a_memory_shortfall_names_residency_stream_when_it_would_fit(tmp_path: Path) -> None:
+    proc = mlckpt("plan", "division=open", "scale=0.3", "hosts=1", "host_memory_gib=24", cwd=tmp_path)
+    [line] = [ln for ln in proc.stdout.splitlines() if "[HOST-MEMORY]" in ln]
+    assert line.endswith("expected at least 31.41 GiB, got 24.00 GiB available; residency=stream would fit "
+                         "(it needs 2.00 GiB)"), line
+    proc = mlckpt("plan", "division=open", "scale=0.3", "hosts=1", "host_memory_gib=1", cwd=tmp_path)
+    [line] = [ln for ln in proc.stdout.splitlines() if "[HOST-MEMORY]" in ln]
+    assert line.endswith("got 1.00 GiB available"), line  # no remedy where none fits
+
+
+def test_a_checkpoint_folder_in_memory_is_refused_before_any_io(tmp_path: Path) -> None:
+    from mlckpt.host.facts import mount_of
+
+    shm = Path("/dev/shm")
+    if mount_of(shm).get("fs_type") != "tmpfs":
+        pytest.skip("no tmpfs at /dev/shm here")
+    folder = shm / f"mlckpt-test-{os.getpid()}"
+    proc = mlckpt("run", f"checkpoint.folder={folder}", "output.root=results", cwd=tmp_path)
+    assert proc.returncode == 2, proc.stdout + proc.stderr
+    line = proc.stderr.strip().splitlines()[0]
+    assert line.startswith("mlckpt: error: [MEMORY-FOLDER] ") and "checkpoint.tiers.fast=" in line, line
+    assert line.endswith(f"got {folder} on tmpfs"), line
+    assert not folder.exists() and not (tmp_path / "results").exists()  # nothing written

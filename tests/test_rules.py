@@ -194,12 +194,22 @@ NEGATIVE: list[tuple[str, Callable[[], Context], list[str]]] = [
      lambda: raw_ctx("workload=llama3_1t", "accelerator=h100", edits={"ranks": 8},
                      workload_edit=par(tensor=1, pipeline=1), plan=True),
      ["got 8 × 80 GiB (h100) = 640.00 GiB"]),
+    # the remedy where there is one: a ring of stream_buffer_bytes (256 MiB) per rank fits
     ("HOST-MEMORY", lambda: ctx_of("hosts=2", "host_memory_gib=32"),
      [f"host {i}: host memory must hold the resident state of its ranks: expected at least "
-      f"{fmt_bytes(4 * P8B_RANK_RESIDENT)}, got 32.00 GiB available" for i in range(2)]),
+      f"{fmt_bytes(4 * P8B_RANK_RESIDENT)}, got 32.00 GiB available; residency=stream would fit (it "
+      f"needs 1.00 GiB)" for i in range(2)]),
     ("HOST-MEMORY", lambda: ctx_of("division=open", hosts=hosts8(mem_available_bytes=100 * GiB)),
      [f"host h0: host memory must hold the resident state of its ranks: expected at least "
-      f"{fmt_bytes(8 * P8B_RANK_RESIDENT)}, got 100.00 GiB available"]),
+      f"{fmt_bytes(8 * P8B_RANK_RESIDENT)}, got 100.00 GiB available; residency=stream would fit (it "
+      f"needs 2.00 GiB)"]),
+    ("HOST-MEMORY", lambda: ctx_of("division=open", hosts=hosts8(mem_available_bytes=GiB)),
+     [f"host h0: host memory must hold the resident state of its ranks: expected at least "
+      f"{fmt_bytes(8 * P8B_RANK_RESIDENT)}, got 1.00 GiB available"]),  # and where there is none
+    ("MEMORY-FOLDER", lambda: ctx_of("checkpoint.folder=/dev/shm/ck", hosts=hosts8(folder_fs="tmpfs")),
+     ["host h0: restores are cold reads from storage, and a checkpoint folder in memory has none to read "
+      "from (put it on the storage under test; a memory-backed folder can be the fast tier: "
+      "checkpoint.tiers.fast=...): expected a checkpoint folder on storage, got /dev/shm/ck on tmpfs"]),
     ("DISK-SPACE", lambda: ctx_of(hosts=hosts8(disk_free_bytes=TiB)),
      ["host h0: the checkpoint filesystem needs free space for all checkpoints: expected at least "
       "1.02 TiB, got 1.00 TiB free"]),
@@ -344,6 +354,9 @@ POSITIVE: list[tuple[str, Callable[[], Context]]] = [
     ("DISK-SPACE", lambda: ctx_of(hosts=hosts8(disk_free_bytes=2 * TiB))),
     ("DISK-SPACE", lambda: ctx_of(hosts=hosts8(disk_free_bytes=10 * P8B_TOTAL))),  # exactly enough
     ("FOLDER-USABLE", lambda: ctx_of(hosts=hosts8(folder_problem=None))),
+    ("MEMORY-FOLDER", lambda: ctx_of(hosts=hosts8(folder_fs="ext4"))),
+    ("MEMORY-FOLDER", lambda: ctx_of("checkpoint.num_reads=0", "checkpoint.keep=true",
+                                     hosts=hosts8(folder_fs="tmpfs"))),  # a write half reads nothing
     ("OBJECT-STORE-USABLE", lambda: ctx_of(f"checkpoint.folder={S3}", hosts=hosts8(store_problem=None))),
     # a folder run: a problem measured for a store the run does not use is no finding
     ("OBJECT-STORE-USABLE", lambda: ctx_of(hosts=hosts8(store_problem="no S3 credentials found"))),
@@ -416,7 +429,7 @@ PRE_IO_RULES = {
     "RANKS-MULTIPLE", "ZERO3-PIPELINE", "LAYERS-PIPELINE", "SCALE-RANGE", "COUNTS-POSITIVE",
     "CLOSED-WORKLOAD", "CLOSED-RANKS", "CLOSED-COUNTS", "CLOSED-PARAMS", "CLOSED-OVERRIDES",
     "CLOSED-RANKS-PER-HOST", "CLOSED-ACCELERATOR-MEMORY", "HOST-MEMORY", "DISK-SPACE", "FOLDER-USABLE",
-    "IO-ENGINE", "RESULTS-APART",
+    "IO-ENGINE", "RESULTS-APART", "MEMORY-FOLDER",
     "ASYNC-RESIDENCY", "TIERS-DISTINCT", "TIER-SPACE", "TIER-USABLE", "WITNESS-MODE", "HOST-CLOCK-OFFSET",
     "OBJECT-MODES", "OBJECT-STORE-USABLE", "GPU-MODES", "GPU-USABLE"}
 
@@ -453,7 +466,7 @@ def test_default_closed_plan_has_no_findings() -> None:
     assert ev.findings == ()
     assert {r for r, _ in ev.not_checked} == {
         "CLOSED-RANKS-PER-HOST", "CLOSED-ACCELERATOR-MEMORY", "HOST-MEMORY", "DISK-SPACE", "FOLDER-USABLE",
-        "TIER-SPACE", "TIER-USABLE", "IO-ENGINE", "RESULTS-APART",
+        "TIER-SPACE", "TIER-USABLE", "IO-ENGINE", "RESULTS-APART", "MEMORY-FOLDER",
         "HOST-CLOCK-OFFSET", "OBJECT-STORE-USABLE", "GPU-USABLE"}  # measured by the runner's gates only
 
 

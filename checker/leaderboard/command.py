@@ -45,8 +45,9 @@ def cmd_leaderboard(args: argparse.Namespace) -> int:
     jobs = args.jobs if args.jobs is not None else (os.cpu_count() or 1)
     if jobs < 1:
         raise UsageError(f"--jobs: must be at least 1, got {jobs}")
-    if args.out is not None and (args.out.is_dir() or not args.out.parent.is_dir()):
-        raise UsageError(f"--out {args.out}: not a file in an existing folder")
+    if args.out is not None and args.out.is_dir():
+        raise UsageError(f"--out {args.out}: a folder; give the file to write "
+                         f"(e.g. {args.out / 'index.html'})")
     trusted = load_trusted(root, args.trusted_keys)
     witnesses = load_witnesses(root, args.trusted_witnesses)
     if args.witnessed_only and witnesses is None:
@@ -62,6 +63,7 @@ def cmd_leaderboard(args: argparse.Namespace) -> int:
         sys.stdout.flush()
     else:
         try:
+            args.out.parent.mkdir(parents=True, exist_ok=True)  # `--out site/index.html` makes site/
             with open(args.out, "w", encoding="utf-8", newline="") as fh:
                 fh.write(text)
         except OSError as exc:

@@ -112,6 +112,8 @@ class HostSpec:
     store_problem: str | None = None
     # GPU-resident state (rules 1.7): why this host cannot hold it (None: usable, or host memory).
     gpu_problem: str | None = None
+    # The checkpoint folder's filesystem type (rules 1.9: a memory-backed one cannot be read cold).
+    folder_fs: str | None = None
 
 
 @dataclass(frozen=True)

@@ -165,6 +165,7 @@ def local_host(folder: Path, ranks: Sequence[int], fast: str | None = None,
         f["fast_fs"],
         results_same_fs=same_filesystem(folder, results) if results is not None else None,
         gpu_problem=gpu.get("gpu_problem"),
+        folder_fs=mount_of(folder).get("fs_type"),
     )
 
 
@@ -234,6 +235,7 @@ def host_specs(names: Sequence[str], measured: Sequence[Mapping[str, Any]]) -> t
             None if zero is None or by_host[h].get("wall_s") is None else by_host[h]["wall_s"] - zero,
             by_host[h].get("store_problem"),
             by_host[h].get("gpu_problem"),
+            ((by_host[h].get("facts") or {}).get("filesystem") or {}).get("fs_type"),
         )
         for h in dict.fromkeys(names)
     )

@@ -32,18 +32,37 @@ def host_memory(ctx: Context, rs: RuleSet, rule: Rule) -> Iterator[Outcome | Not
             yield NotChecked("host memory unknown (give host_memory_gib=)")
             continue
         need = host_memory_need(ctx, h)
-        yield Outcome(h.mem_available_bytes >= need, fmt_bytes(need),
-                      f"{fmt_bytes(h.mem_available_bytes)} available", where=f"host {h.name}")
+        got = f"{fmt_bytes(h.mem_available_bytes)} available"
+        # the remedy, where one fits and no other rule forbids it (an async run stays resident)
+        if need > h.mem_available_bytes and ctx.get("residency") != "stream" and \
+                str(ctx.get("checkpoint.mode") or "sync") == "sync":
+            streamed = host_memory_need(ctx, h, stream=True)
+            if streamed <= h.mem_available_bytes:
+                got += f"; residency=stream would fit (it needs {fmt_bytes(streamed)})"
+        yield Outcome(h.mem_available_bytes >= need, fmt_bytes(need), got, where=f"host {h.name}")
 
 
-def host_memory_need(ctx: Context, host: HostSpec) -> int:
+def memory_folder(ctx: Context, rs: RuleSet, rule: Rule) -> Iterator[Outcome | NotChecked]:
+    """Restores are cold reads from storage: a checkpoint folder in memory (tmpfs, ramfs) has
+    nothing to read cold from, known before the first byte is written (rules 1.9)."""
+    if not int(ctx.get("checkpoint.num_reads") or 0):
+        return  # a write-only invocation reads nothing
+    for h in ctx.hosts or ():
+        if h.folder_fs is None:
+            yield NotChecked("the checkpoint folder's filesystem was not measured")
+            continue
+        yield Outcome(h.folder_fs not in MEMORY_FILESYSTEMS, "a checkpoint folder on storage",
+                      f"{ctx.get('checkpoint.folder')} on {h.folder_fs}", where=f"host {h.name}")
+
+
+def host_memory_need(ctx: Context, host: HostSpec, *, stream: bool | None = None) -> int:
     """Memory the ranks of ``host`` need: each rank's state (full residency: its shard or what it
     restores, whichever is larger; stream: the ring), plus async staging (a copy of its shard) and
     the drain's ring when tiered, plus the fast tier itself when it lives in this memory (tmpfs)."""
     plan = ctx.plan
     assert plan is not None
     restore = str(ctx.get("checkpoint.restore") or "own")
-    stream = ctx.get("residency") == "stream"
+    stream = ctx.get("residency") == "stream" if stream is None else stream
     cap = int(ctx.get("stream_buffer_bytes") or 0)
     shift = rank_shift(ctx)
     pipe = Pipeline.of(ctx.config)
@@ -148,6 +167,7 @@ CHECKS = checks_table(
     io_engine,
     closed_ranks_per_host,
     host_memory,
+    memory_folder,
     disk_space,
     folder_usable,
     results_apart,
