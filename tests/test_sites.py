@@ -363,9 +363,11 @@ def test_the_readmes_batch_script_runs_and_its_bundle_passes_the_checker(
 
 @pytest.mark.mpi
 @pytest.mark.slow
-@pytest.mark.parametrize("during", ["write 2", "read 1"])
+@pytest.mark.parametrize(("during", "how"), [("write 2", ()), ("read 1", ("--signal=USR1", "--full"))])
 def test_scancel_ends_the_run_with_one_line_and_nothing_left(slurm: Any, site: dict[str, Path],
-                                                             during: str) -> None:
+                                                             during: str, how: tuple[str, ...]) -> None:
+    """scancel (SIGTERM to every process of the job), or the signal `--signal=USR1@T` sends before a
+    time limit (scancel --signal=USR1 here): one line, every checkpoint file and folder removed."""
     d = site["dir"]
     ck = d / f"ck-cancel-{during[0]}"
     script = ("#!/bin/bash\n#SBATCH --ntasks=4\n#SBATCH --output=out-%j.txt\n"
@@ -375,14 +377,15 @@ def test_scancel_ends_the_run_with_one_line_and_nothing_left(slurm: Any, site: d
     out = folder / f"out-{job}.txt"
     wait_for(out, f"   {during}\n")
     t0 = time.monotonic()
-    assert slurm.run("scancel", job).returncode == 0
+    assert slurm.run("scancel", *how, job).returncode == 0
     slurm.wait_idle(timeout=60)
     took = time.monotonic() - t0
     text = out.read_text(errors="replace")
     lines = [ln for ln in text.splitlines() if ln.startswith("mlckpt: error:")]
     assert len(lines) == 1, text[-3000:]
     # the rank's own end (killed by signal 15, SIGTERM), or the signal the guardian itself received
-    assert f"was stopped during {during} (" in lines[0] and "SIGTERM" in lines[0], lines[0]
+    assert f"was stopped during {during} (" in lines[0], lines[0]
+    assert re.search(r"SIG(TERM|USR1)", lines[0]), lines[0]
     assert "the job was cancelled)" in lines[0], lines[0]
     assert re.search(r"removed \d+ checkpoint files of this run", lines[0]), lines[0]
     left = [p for p in ck.rglob("*")] if ck.exists() else []

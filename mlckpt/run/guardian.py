@@ -50,6 +50,7 @@ from mlckpt.run.proctools import comm_of, exit_how, launcher_rank, local_rank, r
 SETTLE_S = 5.0  # how long a guardian lets this host's other ranks end before it sweeps
 PROXY_GRACE_S = 2.0  # how long a cut-off spoke lets its MPI proxy forward its line and end by itself
 PROXIES = ("hydra_pmi_proxy", "orted", "prted")  # MPI launchers' per-host daemons a spoke may stop
+STOPPING = (signal.SIGTERM, signal.SIGUSR1, signal.SIGUSR2)  # scancel, a time limit, Slurm's --signal
 
 
 class Guardian:
@@ -474,13 +475,11 @@ class _Watcher:
 def guardian_main(ctl: socket.socket, parent: int, proxy: int, listener: socket.socket | None) -> None:
     """The guardian process (see the module docstring)."""
     os.setsid()
-    # It outlives the ranks to clean up: Ctrl-C, a hang-up, a cancelled step's SIGTERM are theirs.
-    for sig in (signal.SIGINT, signal.SIGHUP, signal.SIGPIPE, signal.SIGTERM):
+    # It outlives the ranks to clean up: Ctrl-C, a hang-up, a cancelled step's signals are theirs.
+    for sig in (signal.SIGINT, signal.SIGHUP, signal.SIGPIPE, *STOPPING):
         signal.signal(sig, signal.SIG_IGN)
-    # Who died first is only known if the guardian runs the moment a life pipe closes, before
-    # mpiexec's proxy (woken by the same death) kills the rest: on a busy host a normal-priority
-    # guardian can wake too late and see two deaths at once.  A real-time priority (where allowed)
-    # makes it preempt the ranks and the proxy; it only ever sleeps in poll, so it costs nothing.
+    # Who died first is known only if it wakes the moment a life pipe closes, before the proxy kills
+    # the rest: a real-time priority (where allowed) preempts them; it only sleeps in poll.
     realtime(True)
     low = 3
     for fd in sorted({ctl.fileno(), *([listener.fileno()] if listener is not None else [])}):
@@ -488,7 +487,8 @@ def guardian_main(ctl: socket.socket, parent: int, proxy: int, listener: socket.
         low = fd + 1
     os.closerange(low, 1 << 16)
     w = _Watcher(ctl, parent, listener)
-    signal.signal(signal.SIGTERM, lambda *_: setattr(w.state, "cancelled", "SIGTERM"))  # still not fatal
+    for sig in STOPPING:  # still not fatal: noted, for the line
+        signal.signal(sig, lambda n, _: setattr(w.state, "cancelled", signal.Signals(n).name))
     w.run_until_leader_gone()
     if w.state.said_goodbye:  # the leader finished (or rank 0 reported a failure itself)
         how = str(w.state.info.get("end"))

@@ -26,6 +26,8 @@ from mlckpt.run import objectstore
 from mlckpt.run.cleanup import sweep_run
 from mlckpt.run.guardlink import CONTACT_S
 
+# Signals that end a job step on purpose (scancel, a time limit, Slurm's --signal, Ctrl-C).
+STOP_SIGNALS = ("SIGTERM", "SIGINT", "SIGUSR1", "SIGUSR2")
 _KEPT = ("run", "names", "keep", "dirs", "partial", "end", "final", "fast_run", "fast_dirs",
          "shared", "fast_shared", "s3")
 
@@ -180,7 +182,7 @@ class GuardianState:
         if len(culprits) == 1:
             rank = culprits[0]
             how = self.how.get(rank, "") or (f"{self.cancelled} to the job step" if self.cancelled else "")
-            stopped = how.endswith(("SIGTERM", "SIGINT")) or bool(self.cancelled)  # cancelled, not a crash
+            stopped = how.endswith(STOP_SIGNALS) or bool(self.cancelled)  # cancelled, not a crash
             what = (
                 f"rank {rank} on {self.hosts.get(rank, '?')} (pid {self.pids.get(rank, '?')}) "
                 f"{'was stopped' if stopped else 'died'} during {self.step}"
