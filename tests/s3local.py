@@ -318,7 +318,10 @@ def main() -> int:
     )
     a = p.parse_args()
     root = Path(a.folder).absolute()
-    signal.signal(signal.SIGTERM, _interrupted)  # a test's terminate() stops the servers as Ctrl-C does
+    # Ctrl-C and a test's terminate() stop the servers, even when started from a shell whose
+    # background jobs ignore SIGINT (the ignoring is inherited; Python then installs no handler)
+    signal.signal(signal.SIGINT, _interrupted)
+    signal.signal(signal.SIGTERM, _interrupted)
     store = start(root)
     try:
         if a.bucket:

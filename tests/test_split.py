@@ -72,7 +72,7 @@ def test_the_write_half_keeps_its_checkpoints_and_its_content_key(pair: dict[str
     files = [str(p) for p in pair["kept"]]
     assert f"ck/{w.name}/.mlckpt-run" in files
     assert sum(f.startswith(f"ck/{w.name}/ckpt-0002/") for f in files) == 8  # 4 ranks × 2 files
-    assert run_doc["restored_from"] is None and run_doc["run_format"] == 8
+    assert run_doc["restored_from"] is None and run_doc["run_format"] == 9
     summary = json.loads((w / "summary.json").read_text())
     assert summary["num_reads"] == 0 and sorted(summary["metric"]) == [
         "checkpoint_size_GB", "save_checkpoint_duration_mean_seconds",
