@@ -517,6 +517,9 @@ NEGATIVE_CASES: dict[str, list[Case]] = {
     "FOREIGN-IO": [C("by other processes in", predicate={"verdict": "disturbed"},
                      mutate=lambda f: [foreign_bytes(f, 10),
                                        edit_json(f, "run.json", setitem("verdict", "disturbed"))] and None)],
+    # rules 1.9: the checkpoint folder on tmpfs, as system.json's filesystem says
+    "MEMORY-FOLDER": [C("a checkpoint folder on storage, got", mutate=lambda f: edit_json(
+        f, "system.json", lambda s: [h["filesystem"].update(fs_type="tmpfs") for h in s["hosts"]] and None))],
     "SYSTEM-DESCRIPTION": [
         C("a different embedded description (notes", mutate=lambda f: edit_json(
             f, "system.json", lambda s: s["description"].update(notes="faster than it is"))),
