@@ -354,7 +354,8 @@ def test_disk_full_in_the_middle_of_a_checkpoint(small_fs: Path, tmp_path: Path)
     other = small_fs / "other"  # a sibling folder on the same filesystem: someone else's
     other.mkdir()
     (other / "foreign.txt").write_text("not mlckpt's\n")
-    ovs = [*BASE, f"checkpoint.folder={ck}", "checkpoint.num_reads=1", "io.threads=1"]
+    # rules 1.8: a folder in memory is refused before any I/O from 1.9 on (MEMORY-FOLDER)
+    ovs = [*BASE, f"checkpoint.folder={ck}", "checkpoint.num_reads=1", "io.threads=1", "rules_version=1.8"]
     plan = plan_of(ovs)
     free0 = os.statvfs(small_fs).f_bavail * PAGE
     assert 2 * plan.total_bytes < 60 << 20  # the free-space gate passes: the disk fills later

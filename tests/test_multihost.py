@@ -302,8 +302,9 @@ def test_disk_full_on_one_host_only(bed: HostBed, work: Path) -> None:
     filler = bed.local / "filler"
     ready = work / "ready"
     try:
-        job = MultiJob(bed, 2, [f"checkpoint.folder={local}", "checkpoint.rank_shift=0"], work,
-                       fault_env("pause:4:write:2", ready))
+        job = MultiJob(bed, 2, [f"checkpoint.folder={local}", "checkpoint.rank_shift=0",
+                                "rules_version=1.8"],  # its node-local folders are tmpfs: MEMORY-FOLDER
+                       work, fault_env("pause:4:write:2", ready))
         ready_pid(ready)
         bed.run("h2", "sh", "-c", f"dd if=/dev/zero of={filler} bs=1M 2>/dev/null; true")
         assert "/ckpt-0001/" in " ".join(run_files(bed, local, 2))  # write 1 is there, on both hosts
