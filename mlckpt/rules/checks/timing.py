@@ -43,11 +43,14 @@ def start_allowance_s(rs: RuleSet, run: Mapping[str, Any]) -> float:
     d = RunData(run, {}, {}, [])
     cal = (run.get("calibration") or {}).get("hosts", ())
     hosts = [str(h.get("host")) for h in cal if isinstance(h, Mapping)]
-    return max((abs_bound_ns(rs, d, h, "skew_ns", 0) + abs_bound_ns(rs, d, h, "head_ns", 0) for h in hosts),
-               default=0.0) / 1e9
+    floor = _timing(rs).get("witness_floor_s")  # type: ignore[union-attr]  # rules 1.9: its own floor
+    wf = None if floor is None else float(floor)
+    return max((abs_bound_ns(rs, d, h, "skew_ns", 0, wf) + abs_bound_ns(rs, d, h, "head_ns", 0, wf)
+                for h in hosts), default=0.0) / 1e9
 
 
-def abs_bound_ns(rs: RuleSet, d: RunData, host: str, kind: str, constant_s: float) -> float:
+def abs_bound_ns(rs: RuleSet, d: RunData, host: str, kind: str, constant_s: float,
+                 floor_s: float | None = None) -> float:
     """The absolute part of a host's bound of ``kind`` (``skew_ns``, ``head_ns``, ``tail_ns``), in
     ns: the rule set's constant without ``timing:``; else ``margin`` × the host's largest sample,
     between the floor and ``cap_s`` (the floor alone for a host that has no samples: the rule
@@ -58,7 +61,8 @@ def abs_bound_ns(rs: RuleSet, d: RunData, host: str, kind: str, constant_s: floa
     cal = _calibration(d, host)
     samples = [int(x) for x in (cal or {}).get(kind, ())]
     measured = float(t["margin"]) * max(samples) if samples else 0.0
-    return min(float(t["cap_s"]) * 1e9, max(float(t[FLOORS[kind]]) * 1e9, measured))
+    floor = float(t[FLOORS[kind]]) if floor_s is None else floor_s
+    return min(float(t["cap_s"]) * 1e9, max(floor * 1e9, measured))
 
 
 def calibration_outcomes(rs: RuleSet, d: RunData, hosts: list[str],
