@@ -152,7 +152,7 @@ def stage_integrity(st: State) -> None:
         if not kinds & {"signature", "key"}:
             # The signature held (verify_bundle judges files only after it): who signed?
             st.passed("signature", "files", "paths")
-            _check_signer_org(st, _signed_keyid(st.folder))
+            _check_signer_org(st, _signed_key(st.folder))
         raise Stop from None
     except MlckptError as exc:  # the folder vanished
         st.problem("files", ".", "a readable bundle folder", str(exc))
@@ -161,31 +161,35 @@ def stage_integrity(st: State) -> None:
         st.problem("files", ".", "a readable bundle folder", f"cannot read: {exc.strerror or exc}")
         raise Stop from None
     st.passed("signature", "files", "paths")
-    if not _check_signer_org(st, vb.keyid):
+    if not _check_signer_org(st, (vb.keyid, vb.key_label)):
         raise Stop
     st.verified = vb
     if st.facts["layout"]:
         raise Stop  # a required file is missing (and unsigned): nothing to parse
 
 
-def _signed_keyid(folder: Path) -> str | None:
+def _signed_key(folder: Path) -> tuple[str, str] | None:
+    """(keyid, label) of the key that signed a bundle whose signature held."""
     try:
         env = loading.parse_json(loading.read_capped(folder / bundle.SIGNATURE_FILE, 16 << 20))
-        return str(env["signatures"][0]["keyid"])
+        keyid = str(env["signatures"][0]["keyid"])
+        label = f"ed25519:{env['signatures'][0]['public_key']} (fingerprint {keyid[:16]})"
+        return keyid, label
     except (ParseError, KeyError, IndexError, TypeError):
         return None
 
 
-def _check_signer_org(st: State, keyid: str | None) -> bool:
+def _check_signer_org(st: State, signed: tuple[str, str] | None) -> bool:
     """The signer's key must be registered for the organisation the bundle sits under."""
     leaf, trusted = st.leaf, st.task.trusted
+    keyid, label = signed if signed else (None, None)
     signer = trusted.org_for(keyid) if keyid else None
     if keyid is not None and signer == leaf.org:
         st.passed("key")
         return True
     has_keys = bool(trusted.keys_for(leaf.org))
     st.problem("key", bundle.SIGNATURE_FILE, f"a signing key registered for {leaf.org!r}",
-               f"key {keyid} registered for {signer!r}" +
+               f"key {label} registered for {signer!r}" +
                ("" if has_keys else f" ({leaf.org!r} has no registered keys)"))
     return False
 

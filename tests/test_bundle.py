@@ -208,7 +208,8 @@ def test_edited_statement_fails_signature(signed: Path) -> None:
     assert err.problems == [
         (
             b.SIGNATURE_FILE,
-            f"bad signature by key {env['signatures'][0]['keyid']}: "
+            f"bad signature by key ed25519:{env['signatures'][0]['public_key']} "
+            f"(fingerprint {env['signatures'][0]['keyid'][:16]}): "
             "the statement or the signature was altered",
         )
     ]
@@ -219,8 +220,11 @@ def test_untrusted_signer(signed: Path, keys, trusted) -> None:
     resign_statement(signed, statement(signed), rogue_key)
     b.verify_bundle(signed)  # intact, just signed by someone else
     err = problems_of(signed, trusted)
-    assert err.problems == [(b.SIGNATURE_FILE, f"signed by untrusted key {rogue.keyid}")]
-    assert rogue.keyid in str(err)
+    assert err.problems == [(b.SIGNATURE_FILE, f"signed by untrusted key {rogue.label}")]
+    # One notation: the key as its .pub file and trusted-keys.yaml write it, and a short
+    # fingerprint that begins the keyid in the signature file.
+    assert rogue.public_key in str(err) and rogue.keyid.startswith(rogue.fingerprint)
+    assert envelope(signed)["signatures"][0]["keyid"].startswith(rogue.fingerprint)
 
 
 def test_key_of_another_org(signed: Path, keys, trusted) -> None:
@@ -228,7 +232,7 @@ def test_key_of_another_org(signed: Path, keys, trusted) -> None:
     assert err.problems == [
         (
             b.SIGNATURE_FILE,
-            f"signed by key {keys['acme'][1].keyid} registered for organisation 'acme', not 'other'",
+            f"signed by key {keys['acme'][1].label} registered for organisation 'acme', not 'other'",
         )
     ]
 
@@ -832,8 +836,9 @@ def test_cli_flow(
     key = tmp_path / "xdg" / "mlckpt" / "signing-key.pem"
 
     status, out, err = cli(capsys, "keygen")
-    assert status == 0 and str(key) in out and "keyid: " in out and not err
-    keyid = out.split("keyid: ")[1].split()[0]
+    assert status == 0 and str(key) in out and "fingerprint: " in out and not err
+    fp = out.split("fingerprint: ")[1].split()[0]
+    label = f"{(key.parent / 'signing-key.pem.pub').read_text().strip()} (fingerprint {fp})"
     assert stat.S_IMODE(key.stat().st_mode) == 0o600
     status, out, err = cli(capsys, "keygen")
     assert status == 2 and err.count("\n") == 1 and "already exists" in err
@@ -848,12 +853,12 @@ def test_cli_flow(
     assert status == 0, err
 
     status, out, err = cli(capsys, "verify", folder)
-    assert status == 0 and out.startswith(f"verified: 4 files, keyid {keyid}, org unknown"), out
+    assert status == 0 and out.startswith(f"verified: 4 files, key {label}, org unknown"), out
     trusted = tmp_path / "trusted.yaml"
     pub = (key.parent / "signing-key.pem.pub").read_text().strip()
     trusted.write_text(f'mlckpt_trusted_keys: "1.0"\norganizations:\n  acme: [{pub}]\n')
     status, out, err = cli(capsys, "verify", folder, "--trusted-keys", trusted, "--org", "acme")
-    assert status == 0 and out == f"verified: 4 files, keyid {keyid}, org acme\n"
+    assert status == 0 and out == f"verified: 4 files, key {label}, org acme\n"
     status, out, err = cli(capsys, "verify", folder, "--org", "acme")
     assert status == 2 and err == "mlckpt: error: --org needs --trusted-keys\n"
 

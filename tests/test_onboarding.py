@@ -3,6 +3,7 @@ person would: the installed commands, their output pasted into the files they de
 
 from __future__ import annotations
 
+import os
 import subprocess
 import sys
 from pathlib import Path
@@ -29,8 +30,35 @@ def test_keygen_prints_an_entry_that_trusts_the_key(tmp_path: Path) -> None:
     entry = lines[lines.index(next(ln for ln in lines if "under organizations:" in ln)) + 1]
     (tmp_path / "trusted-keys.yaml").write_text(f'mlckpt_trusted_keys: "1.0"\norganizations:\n{entry}\n')
     trusted = bundle.TrustedKeys.load(tmp_path / "trusted-keys.yaml")
-    keyid = next(ln.split(": ", 1)[1] for ln in lines if ln.startswith("keyid: "))
-    assert trusted.org_for(keyid) == "acme"
+    (info,) = trusted.keys_for("acme")
+    assert trusted.org_for(info.keyid) == "acme"
+    # One notation everywhere: the .pub file's text, and the fingerprint keygen prints, which the
+    # pasted entry carries as a comment and the signature's keyid begins with.
+    pub = (tmp_path / "k.pem.pub").read_text().strip()
+    fp = next(ln.split()[1] for ln in lines if ln.startswith("fingerprint: "))
+    assert info.public_key == pub and info.keyid.startswith(fp) and len(fp) == 16
+    assert entry.endswith(f"# fingerprint {fp}") and pub in entry
+
+
+def test_a_passphrase_in_another_variable_is_told_which_one_the_run_reads(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    env = {**os.environ, "PW": "s3cret"}
+    proc = subprocess.run([str(BIN / "mlckpt"), "keygen", "--out", str(tmp_path / "k.pem"),
+                           "--passphrase-env", "PW"], text=True, capture_output=True, env=env,
+                          check=False, timeout=120)
+    assert proc.returncode == 0, proc.stderr
+    assert "mlckpt run reads the passphrase from $MLCKPT_KEY_PASSPHRASE" in proc.stdout
+    assert "--passphrase-env PW" in proc.stdout
+    monkeypatch.delenv("MLCKPT_KEY_PASSPHRASE", raising=False)
+    with pytest.raises(UsageError, match="encrypted; set MLCKPT_KEY_PASSPHRASE to its passphrase"):
+        bundle.load_private_key(tmp_path / "k.pem")  # what the run does
+    monkeypatch.setenv("MLCKPT_KEY_PASSPHRASE", "s3cret")
+    assert bundle.load_private_key(tmp_path / "k.pem") is not None
+    quiet = subprocess.run([str(BIN / "mlckpt"), "keygen", "--out", str(tmp_path / "j.pem"),
+                            "--passphrase-env", "MLCKPT_KEY_PASSPHRASE"], text=True, capture_output=True,
+                           env={**os.environ, "MLCKPT_KEY_PASSPHRASE": "x"}, check=False, timeout=120)
+    assert quiet.returncode == 0 and "reads the passphrase" not in quiet.stdout
 
 
 def test_organisations_at_the_top_level_are_told_where_they_go(tmp_path: Path) -> None:

@@ -35,6 +35,18 @@ def keyid_of(raw_public_key: bytes) -> str:
     return hashlib.sha256(raw_public_key).hexdigest()
 
 
+def fingerprint(raw_public_key: bytes) -> str:
+    """A key's short form for eyes and grep: the first 16 hex digits of its key id, which is how
+    the ``keyid`` in a bundle's signature file begins."""
+    return keyid_of(raw_public_key)[:16]
+
+
+def key_label(raw_public_key: bytes) -> str:
+    """How every message names a key: its ``ed25519:<base64>`` text, as written in ``.pub`` and
+    trusted-keys files, and its fingerprint."""
+    return f"{public_key_text(raw_public_key)} (fingerprint {fingerprint(raw_public_key)})"
+
+
 def read_trust_file(path: Path, what: str) -> Any:
     """A committee's trust file (trusted keys, released runners) parsed strictly: at most 1 MiB,
     YAML (JSON for a ``.json`` name); a usage error naming the file otherwise."""
@@ -204,7 +216,7 @@ class TrustedKeys:
                 if kid in self._by_keyid:
                     other = self._by_keyid[kid][0]
                     if other != org:
-                        raise UsageError(f"{source}: key {kid} is registered for both {other!r} and {org!r}")
+                        raise UsageError(f"{source}: key {key_label(raw)} is registered for both {other!r} and {org!r}")
                     continue
                 self._by_keyid[kid] = (org, raw)
                 infos.append(KeyInfo(keyid=kid, public_key=public_key_text(raw)))

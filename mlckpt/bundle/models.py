@@ -123,6 +123,11 @@ class VerifiedBundle:
     files: dict[str, str]  # name -> sha256 hex, as signed and as found on disk
     statement_sha256: str  # of the signed payload bytes: a replay/duplicate-submission key
 
+    @property
+    def key_label(self) -> str:
+        """The signer's key as every message names it (:func:`mlckpt.bundle.keys.key_label`)."""
+        return f"{self.public_key} (fingerprint {self.keyid[:16]})"
+
 
 @dataclass(frozen=True)
 class KeyInfo:
@@ -132,3 +137,12 @@ class KeyInfo:
     public_key: str
     path: Path | None = None
     public_path: Path | None = None
+
+    @property
+    def fingerprint(self) -> str:
+        return self.keyid[:16]
+
+    @property
+    def label(self) -> str:
+        """The key as every message names it (:func:`mlckpt.bundle.keys.key_label`)."""
+        return f"{self.public_key} (fingerprint {self.fingerprint})"

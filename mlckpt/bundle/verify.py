@@ -33,7 +33,7 @@ from mlckpt.bundle._common import (
     problem,
 )
 from mlckpt.bundle._fs import _hash_many, _open_beneath, _open_error, _open_kind, _open_root, _scan
-from mlckpt.bundle.keys import TrustedKeys, keyid_of, public_key_text
+from mlckpt.bundle.keys import TrustedKeys, key_label, keyid_of, public_key_text
 from mlckpt.bundle.models import VerifiedBundle, _predicate_problems
 from mlckpt.errors import IntegrityKind, UsageError
 
@@ -78,7 +78,7 @@ def open_envelope(data: bytes, payload_type: str) -> tuple[Any, str, str]:
     try:
         Ed25519PublicKey.from_public_bytes(env.public_key).verify(env.sig, pae(payload_type, env.payload))
     except InvalidSignature:
-        raise ValueError(f"bad signature by key {env.keyid}: document or signature altered") from None
+        raise ValueError(f"bad signature by key {key_label(env.public_key)}: document or signature altered") from None
     return strict.parse_json(env.payload), env.keyid, public_key_text(env.public_key)
 
 
@@ -225,12 +225,12 @@ def _signer_key(
         return None, env.public_key
     signer_org = trusted.org_for(env.keyid)
     if signer_org is None:
-        _fail(where, SIGNATURE_FILE, f"signed by untrusted key {env.keyid}", IntegrityKind.KEY)
+        _fail(where, SIGNATURE_FILE, f"signed by untrusted key {key_label(env.public_key)}", IntegrityKind.KEY)
     if org is not None and signer_org != org:
         _fail(
             where,
             SIGNATURE_FILE,
-            f"signed by key {env.keyid} registered for organisation {signer_org!r}, not {org!r}",
+            f"signed by key {key_label(env.public_key)} registered for organisation {signer_org!r}, not {org!r}",
             IntegrityKind.KEY,
         )
     trusted_raw = trusted.public_key_for(env.keyid)
@@ -246,7 +246,7 @@ def _check_signature(where: str, env: _Envelope, key_raw: bytes) -> None:
         _fail(
             where,
             SIGNATURE_FILE,
-            f"bad signature by key {env.keyid}: the statement or the signature was altered",
+            f"bad signature by key {key_label(env.public_key)}: the statement or the signature was altered",
         )
 
 

@@ -37,7 +37,9 @@ def _add_keygen(subparsers: Any) -> None:
         "--passphrase-env",
         metavar="NAME",
         default=None,
-        help="encrypt the key with the passphrase held in environment variable NAME",
+        help="encrypt the key with the passphrase held in environment variable NAME (mlckpt run "
+        f"reads it from ${bundle.DEFAULT_PASSPHRASE_ENV}: NAME={bundle.DEFAULT_PASSPHRASE_ENV} "
+        "keeps one variable)",
     )
     p.add_argument("--org", default=None, metavar="NAME",
                    help="your organisation's name in the submission tree (for the printed "
@@ -141,10 +143,14 @@ def cmd_keygen(args: argparse.Namespace) -> int:
     info = bundle.generate_key(path, passphrase)
     print(f"private key: {info.path}" + (" (encrypted)" if passphrase else ""))
     print(f"public key: {info.public_path}: {info.public_key}")
-    print(f"keyid: {info.keyid}")
+    print(f"fingerprint: {info.fingerprint} (how messages, the checker and the signature's keyid "
+          "name this key)")
+    if passphrase and args.passphrase_env != bundle.DEFAULT_PASSPHRASE_ENV:
+        print(f"mlckpt run reads the passphrase from ${bundle.DEFAULT_PASSPHRASE_ENV}: set it to "
+              f"${args.passphrase_env}'s value (mlckpt sign: --passphrase-env {args.passphrase_env})")
     org = args.org or "YOUR-ORG"
     print("give the committee this entry for their trusted-keys.yaml (under organizations:):")
-    print(f'  {org}: ["{info.public_key}"]')
+    print(f'  {org}: ["{info.public_key}"]  # fingerprint {info.fingerprint}')
     return 0
 
 
@@ -175,7 +181,7 @@ def cmd_sign(args: argparse.Namespace) -> int:
     key = bundle.load_private_key(args.key or default_key_path(), args.passphrase_env)
     out = bundle.sign_bundle(folder, key, pred)
     v = bundle.verify_bundle(folder)
-    print(f"signed: {out} ({len(v.files)} files, keyid {v.keyid})")
+    print(f"signed: {out} ({len(v.files)} files, key {v.key_label})")
     return 0
 
 
@@ -201,7 +207,7 @@ def cmd_verify(args: argparse.Namespace) -> int:
     except BundleIntegrityError as err:
         raise _report(err) from None
     org = v.org if v.org is not None else "unknown (no --trusted-keys: integrity only)"
-    print(f"verified: {len(v.files)} files, keyid {v.keyid}, org {org}")
+    print(f"verified: {len(v.files)} files, key {v.key_label}, org {org}")
     return 0
 
 

@@ -44,7 +44,7 @@ def resolve_signing_key(setting: str, say: Any) -> Any:
         if not path.exists():
             info = bundle.generate_key(path)
             say(
-                f"created signing key {path} (keyid {info.keyid[:16]}…); give {info.public_path} "
+                f"created signing key {path} (fingerprint {info.fingerprint}); give {info.public_path} "
                 "to the committee that checks your results"
             )
         return bundle.load_private_key(path)

@@ -65,7 +65,7 @@ class Witnessing:
         problem = job.comm.bcast(problem)
         if problem:
             raise ConfigError(problem, key=KEY)
-        job.say(f"witnessed by {endpoint(url)} (witness key {me.keyid[:16]}, run {me.run})")
+        job.say(f"witnessed by {endpoint(url)} (witness key fingerprint {me.keyid[:16]}, run {me.run})")
         return me
 
     def _lose(self, what: str, exc: Exception) -> None:
