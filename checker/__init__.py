@@ -3,3 +3,8 @@
 Imports mlckpt's pure parts (workload, sizing, rules, metrics, schemas) and bundle verification,
 never its MPI or I/O engine.
 """
+
+# A submission tree's trust files, at its root: the defaults of --trusted-keys and
+# --trusted-witnesses (here, so that the command line names them without loading the checker).
+TRUSTED_KEYS_FILE = "trusted-keys.yaml"
+TRUSTED_WITNESSES_FILE = "trusted-witnesses.yaml"  # WITNESS-TRUSTED; not checked without it

@@ -4,9 +4,8 @@
                  [--jobs N] [--quiet]
     mlckpt-check check ROOT ...          (the same; ``check`` is the default subcommand)
 
-Subcommands are modules listed in :data:`SUBCOMMAND_MODULES`, each exposing
-``register(subparsers)`` that adds its parser and sets ``func`` (a handler taking the parsed
-arguments and returning an exit status), exactly like ``mlckpt``'s own commands:
+Every command's arguments are defined here (:data:`COMMANDS`); its handler (taking the parsed
+arguments, returning an exit status) is imported only when it runs, so ``--help`` stays fast:
 ``checker.leaderboard.command`` (``mlckpt-check leaderboard ROOT ...``) and ``checker.compare``
 (``mlckpt-check compare A B``).  The tree check itself is :func:`checker.tree_check.check_tree`.
 
@@ -24,46 +23,23 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from checker import report as rep
-from checker.rulesets import known_rules_versions
-from checker.tree_check import (
-    TRUSTED_KEYS_FILE,
-    TRUSTED_WITNESSES_FILE,
-    check_tree,
-    load_trusted,
-    load_witnesses,
-)
+from checker import TRUSTED_KEYS_FILE, TRUSTED_WITNESSES_FILE
 from mlckpt import __version__
-from mlckpt.command import OneLineParser, run_guarded
+from mlckpt.command import OneLineParser, lazy_handler, run_guarded
 from mlckpt.errors import UsageError
 
 PROG = "mlckpt-check"
 DEFAULT_COMMAND = "check"
-
-
-def _leaderboard() -> Any:
-    from checker.leaderboard import command
-
-    return command
-
-
-def _compare() -> Any:
-    from checker import compare
-
-    return compare
-
-
-# name -> the module exposing register(subparsers), imported only when its command is used (the
-# leaderboard pulls in pandas; checking a tree should not pay for it).
-SUBCOMMAND_MODULES: dict[str, Any] = {"check": None, "leaderboard": _leaderboard, "compare": _compare}
+LEADERBOARD_FORMATS = ("md", "csv", "json", "html")
 
 
 # ----------------------------------------------------------------------------------------------
-# Argument parsing
+# Argument parsing: every command's arguments here, its handler imported only when it runs
+# (the leaderboard pulls in pandas, the check the rules and the schemas: --help pays for neither).
 
 
-def register(subparsers: Any) -> None:
-    p = subparsers.add_parser(
+def _add_check(sub: Any) -> None:
+    p = sub.add_parser(
         "check", help="validate a submission tree (the default command)",
         description="Verify, parse and judge every bundle under ROOT/{closed,open}/<org>/results/ "
         "with the rules each bundle declares.")
@@ -83,32 +59,70 @@ def register(subparsers: Any) -> None:
     p.set_defaults(func=cmd_check)
 
 
-def build_parser(command: str | None = None) -> argparse.ArgumentParser:
-    """The parser; with ``command``, only that subcommand's module is imported besides ``check``
-    (some pull in heavy libraries: checking a tree should not pay for pandas)."""
+def _add_leaderboard(sub: Any) -> None:
+    p = sub.add_parser(
+        "leaderboard", help="publish tables of the results that pass the checker",
+        description="Check every bundle under ROOT (as `mlckpt-check ROOT` does) and publish the "
+        "passing results, one table per class (division × workload × full/scaled × checkpoint "
+        "mode), ranked by write bandwidth.")
+    p.add_argument("root", type=Path, metavar="ROOT", help="the submission tree")
+    p.add_argument("--format", choices=LEADERBOARD_FORMATS, default="md", help="output format (default: md)")
+    p.add_argument("--out", type=Path, default=None, metavar="PATH",
+                   help="write to PATH (default: stdout); html links to bundles relative to it")
+    p.add_argument("--trusted-keys", type=Path, default=None, metavar="FILE",
+                   help=f"organisation -> public keys (default: ROOT/{TRUSTED_KEYS_FILE})")
+    p.add_argument("--trusted-witnesses", type=Path, default=None, metavar="FILE",
+                   help="witness -> public keys: results they witnessed are marked "
+                   f"(default: ROOT/{TRUSTED_WITNESSES_FILE} if present)")
+    p.add_argument("--witnessed-only", action="store_true",
+                   help="publish only results a trusted witness witnessed")
+    p.add_argument("--jobs", type=int, default=None, metavar="N",
+                   help="bundles checked in parallel (default: the number of CPUs)")
+    p.set_defaults(func=lazy_handler("checker.leaderboard.command", "cmd_leaderboard"))
+
+
+def _add_compare(sub: Any) -> None:
+    p = sub.add_parser(
+        "compare", help="two result bundles side by side, with ratios B/A",
+        description="Verify two bundles (folders or .tar.gz) and show their metrics side by side, "
+        "with the ratio B/A. Exit 2 if either is not a bundle, 3 if either fails integrity.")
+    p.add_argument("a", type=Path, metavar="A", help="bundle folder or .tar.gz (or a DLIO / mlpstorage "
+                   "result folder: shown unverified)")
+    p.add_argument("b", type=Path, metavar="B", help="bundle folder or .tar.gz (or a DLIO / mlpstorage "
+                   "result folder)")
+    p.add_argument("--json", action="store_true", help="print JSON instead of a text table")
+    p.add_argument("--trusted-witnesses", type=Path, default=None, metavar="FILE",
+                   help="name the witness of a witnessed bundle from FILE (witness -> public keys)")
+    p.add_argument("--trusted-keys", type=Path, default=None, metavar="FILE",
+                   help="also require each signer to be registered in FILE (default: integrity "
+                   "against the key embedded in each bundle)")
+    p.set_defaults(func=lazy_handler("checker.compare", "cmd_compare"))
+
+
+# name -> what adds its parser, in the order --help lists them
+COMMANDS = {"check": _add_check, "leaderboard": _add_leaderboard, "compare": _add_compare}
+
+
+def build_parser() -> argparse.ArgumentParser:
     parser = OneLineParser(prog=PROG, description="Validate mlckpt result bundles in a submission tree.")
     parser.add_argument("--version", action="version", version=f"{PROG} {__version__}")
     sub = parser.add_subparsers(dest="command", metavar="COMMAND", parser_class=OneLineParser)
-    for name, load in SUBCOMMAND_MODULES.items():
-        if name == DEFAULT_COMMAND:
-            register(sub)
-        elif command is None or name == command:
-            load().register(sub)
+    for add in COMMANDS.values():
+        add(sub)
     return parser
 
 
 def normalize_argv(argv: Sequence[str]) -> list[str]:
     """``mlckpt-check ROOT ...`` means ``mlckpt-check check ROOT ...``."""
     args = list(argv)
-    if args and (args[0] in SUBCOMMAND_MODULES or args[0] in ("-h", "--help", "--version")):
+    if args and (args[0] in COMMANDS or args[0] in ("-h", "--help", "--version")):
         return args
     return [DEFAULT_COMMAND, *args]
 
 
 def _dispatch(argv: Sequence[str] | None) -> int:
     args_list = normalize_argv(sys.argv[1:] if argv is None else argv)
-    command = args_list[0] if args_list[0] in SUBCOMMAND_MODULES else None
-    args = build_parser(command).parse_args(args_list)
+    args = build_parser().parse_args(args_list)
     return int(args.func(args) or 0)
 
 
@@ -126,6 +140,10 @@ def run(argv: Sequence[str] | None = None) -> int:
 
 
 def cmd_check(args: argparse.Namespace) -> int:
+    from checker import report as rep
+    from checker.rulesets import known_rules_versions
+    from checker.tree_check import check_tree, load_trusted, load_witnesses
+
     root: Path = args.root
     if not root.is_dir():
         raise UsageError(f"{root}: not a folder (expected a submission tree)")

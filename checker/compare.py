@@ -301,24 +301,6 @@ def _witness_text(w: dict[str, Any]) -> str:
 # The command
 
 
-def register(subparsers: Any) -> None:
-    p = subparsers.add_parser(
-        "compare", help="two result bundles side by side, with ratios B/A",
-        description="Verify two bundles (folders or .tar.gz) and show their metrics side by side, "
-        "with the ratio B/A. Exit 2 if either is not a bundle, 3 if either fails integrity.")
-    p.add_argument("a", type=Path, metavar="A", help="bundle folder or .tar.gz (or a DLIO / mlpstorage "
-                   "result folder: shown unverified)")
-    p.add_argument("b", type=Path, metavar="B", help="bundle folder or .tar.gz (or a DLIO / mlpstorage "
-                   "result folder)")
-    p.add_argument("--json", action="store_true", help="print JSON instead of a text table")
-    p.add_argument("--trusted-witnesses", type=Path, default=None, metavar="FILE",
-                   help="name the witness of a witnessed bundle from FILE (witness -> public keys)")
-    p.add_argument("--trusted-keys", type=Path, default=None, metavar="FILE",
-                   help="also require each signer to be registered in FILE (default: integrity "
-                   "against the key embedded in each bundle)")
-    p.set_defaults(func=cmd_compare)
-
-
 def cmd_compare(args: argparse.Namespace) -> int:
     from mlckpt.bundle import WITNESSES, TrustedKeys
 

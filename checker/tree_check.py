@@ -9,6 +9,7 @@ from concurrent.futures import ProcessPoolExecutor
 from pathlib import Path
 from typing import Any
 
+from checker import TRUSTED_KEYS_FILE, TRUSTED_WITNESSES_FILE
 from checker import report as rep
 from checker.bundle_check import check_bundle, internal_result
 from checker.duplicates import add_duplicates
@@ -20,8 +21,6 @@ from mlckpt.bundle import WITNESSES, TrustedKeys
 from mlckpt.errors import UsageError
 from mlckpt.rules.checks.submission import Problem, SubmissionFacts
 
-TRUSTED_KEYS_FILE = "trusted-keys.yaml"
-TRUSTED_WITNESSES_FILE = "trusted-witnesses.yaml"  # WITNESS-TRUSTED; not checked without it
 RELEASED_RUNNERS_FILE = "released-runners.yaml"  # RUNNER-RELEASED; not checked without it
 
 

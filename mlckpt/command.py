@@ -5,8 +5,10 @@ status (SPEC §7)."""
 from __future__ import annotations
 
 import argparse
+import importlib
 import os
 import sys
+from collections.abc import Callable
 from typing import NoReturn
 
 from mlckpt.errors import InternalError, MlckptError, UsageError
@@ -40,3 +42,20 @@ def run_guarded(func, *args, prog: str = "mlckpt") -> int:  # type: ignore[no-un
         err = InternalError(f"internal error: {type(exc).__name__}: {exc} (set MLCKPT_DEBUG=1)")
         print(f"{prog}: error: {err}", file=sys.stderr)
         return err.exit_status
+
+
+def override_key(override: str) -> str:
+    """The key a Hydra override sets: '++io.threads=8' → 'io.threads'; '~cache' → 'cache'."""
+    key = override.split("=", 1)[0].lstrip("+~")
+    return key.split("@", 1)[0]
+
+
+def lazy_handler(module: str, name: str) -> Callable[[argparse.Namespace], int]:
+    """A command's handler that imports ``module`` only when the command runs: building the parser
+    (and so ``--help``) loads none of the libraries the command needs."""
+
+    def handle(args: argparse.Namespace) -> int:
+        return int(getattr(importlib.import_module(module), name)(args) or 0)
+
+    handle.__qualname__ = f"{module}.{name}"
+    return handle

@@ -6,36 +6,12 @@ import argparse
 import os
 import sys
 from pathlib import Path
-from typing import Any
 
+from checker import TRUSTED_WITNESSES_FILE
 from checker.leaderboard import render
 from checker.leaderboard.collect import collect, is_archive
-from checker.tree_check import TRUSTED_WITNESSES_FILE, load_trusted, load_witnesses
+from checker.tree_check import load_trusted, load_witnesses
 from mlckpt.errors import UsageError
-
-FORMATS = ("md", "csv", "json", "html")
-
-
-def register(subparsers: Any) -> None:
-    p = subparsers.add_parser(
-        "leaderboard", help="publish tables of the results that pass the checker",
-        description="Check every bundle under ROOT (as `mlckpt-check ROOT` does) and publish the "
-        "passing results, one table per class (division × workload × full/scaled × checkpoint "
-        "mode), ranked by write bandwidth.")
-    p.add_argument("root", type=Path, metavar="ROOT", help="the submission tree")
-    p.add_argument("--format", choices=FORMATS, default="md", help="output format (default: md)")
-    p.add_argument("--out", type=Path, default=None, metavar="PATH",
-                   help="write to PATH (default: stdout); html links to bundles relative to it")
-    p.add_argument("--trusted-keys", type=Path, default=None, metavar="FILE",
-                   help="organisation -> public keys (default: ROOT/trusted-keys.yaml)")
-    p.add_argument("--trusted-witnesses", type=Path, default=None, metavar="FILE",
-                   help="witness -> public keys: results they witnessed are marked "
-                   "(default: ROOT/trusted-witnesses.yaml if present)")
-    p.add_argument("--witnessed-only", action="store_true",
-                   help="publish only results a trusted witness witnessed")
-    p.add_argument("--jobs", type=int, default=None, metavar="N",
-                   help="bundles checked in parallel (default: the number of CPUs)")
-    p.set_defaults(func=cmd_leaderboard)
 
 
 def cmd_leaderboard(args: argparse.Namespace) -> int:

@@ -82,6 +82,9 @@ rather than followed.  Archives are extracted only by :func:`safe_unpack`, which
 ``tarfile``'s extraction and bounds every read.
 """
 
+import importlib
+from typing import TYPE_CHECKING, Any
+
 from mlckpt.bundle._common import (
     BUNDLE_FORMAT,
     CODE_DIGEST_ALG,
@@ -93,29 +96,74 @@ from mlckpt.bundle._common import (
     STATEMENT_TYPE,
     SUPPORTED_BUNDLE_FORMATS,
     TRUSTED_KEYS_FORMAT,
+    default_key_path,
     display_name,
     pae,
 )
-from mlckpt.bundle.archive import find_bundle_root, open_bundle, pack, safe_unpack
-from mlckpt.bundle.digest import code_digest
-from mlckpt.bundle.documents import DOCUMENTS, parse_document, read_document
-from mlckpt.bundle.keys import (
-    KEYS,
-    WITNESSES,
-    TrustedKeys,
-    TrustKind,
-    default_key_path,
-    fingerprint,
-    generate_key,
-    key_label,
-    keyid_of,
-    keyid_of_key,
-    load_private_key,
-    public_key_text,
-)
-from mlckpt.bundle.models import KeyInfo, Predicate, VerifiedBundle
-from mlckpt.bundle.sign import make_envelope, make_statement, sign_bundle
-from mlckpt.bundle.verify import open_envelope, read_envelope_predicate, verify_bundle
+
+# Everything else loads on first use (PEP 562): the command line lists `mlckpt keygen` and reads the
+# names above without paying for the cryptography and schema libraries.
+_LAZY = {
+    "find_bundle_root": "mlckpt.bundle.archive",
+    "open_bundle": "mlckpt.bundle.archive",
+    "pack": "mlckpt.bundle.archive",
+    "safe_unpack": "mlckpt.bundle.archive",
+    "code_digest": "mlckpt.bundle.digest",
+    "DOCUMENTS": "mlckpt.bundle.documents",
+    "parse_document": "mlckpt.bundle.documents",
+    "read_document": "mlckpt.bundle.documents",
+    "KEYS": "mlckpt.bundle.keys",
+    "WITNESSES": "mlckpt.bundle.keys",
+    "TrustedKeys": "mlckpt.bundle.keys",
+    "TrustKind": "mlckpt.bundle.keys",
+    "fingerprint": "mlckpt.bundle.keys",
+    "generate_key": "mlckpt.bundle.keys",
+    "key_label": "mlckpt.bundle.keys",
+    "keyid_of": "mlckpt.bundle.keys",
+    "keyid_of_key": "mlckpt.bundle.keys",
+    "load_private_key": "mlckpt.bundle.keys",
+    "public_key_text": "mlckpt.bundle.keys",
+    "KeyInfo": "mlckpt.bundle.models",
+    "Predicate": "mlckpt.bundle.models",
+    "VerifiedBundle": "mlckpt.bundle.models",
+    "make_envelope": "mlckpt.bundle.sign",
+    "make_statement": "mlckpt.bundle.sign",
+    "sign_bundle": "mlckpt.bundle.sign",
+    "open_envelope": "mlckpt.bundle.verify",
+    "read_envelope_predicate": "mlckpt.bundle.verify",
+    "verify_bundle": "mlckpt.bundle.verify",
+}
+
+if TYPE_CHECKING:
+    from mlckpt.bundle.archive import find_bundle_root, open_bundle, pack, safe_unpack
+    from mlckpt.bundle.digest import code_digest
+    from mlckpt.bundle.documents import DOCUMENTS, parse_document, read_document
+    from mlckpt.bundle.keys import (
+        KEYS,
+        WITNESSES,
+        TrustedKeys,
+        TrustKind,
+        fingerprint,
+        generate_key,
+        key_label,
+        keyid_of,
+        keyid_of_key,
+        load_private_key,
+        public_key_text,
+    )
+    from mlckpt.bundle.models import KeyInfo, Predicate, VerifiedBundle
+    from mlckpt.bundle.sign import make_envelope, make_statement, sign_bundle
+    from mlckpt.bundle.verify import open_envelope, read_envelope_predicate, verify_bundle
+
+
+def __getattr__(name: str) -> Any:
+    module = _LAZY.get(name)
+    if module is None:
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    value = getattr(importlib.import_module(module), name)
+    globals()[name] = value
+    return value
+
 
 __all__ = [
     "BUNDLE_FORMAT",

@@ -94,13 +94,6 @@ def _parse_public_key_text(text: Any) -> bytes:
     return raw
 
 
-def default_key_path() -> Path:
-    """``$XDG_CONFIG_HOME/mlckpt/signing-key.pem``, else ``~/.config/mlckpt/signing-key.pem``."""
-    xdg = os.environ.get("XDG_CONFIG_HOME", "")
-    base = Path(xdg) if xdg and os.path.isabs(xdg) else Path.home() / ".config"
-    return base / "mlckpt" / "signing-key.pem"
-
-
 def generate_key(path: Path, passphrase: bytes | None = None) -> KeyInfo:
     """New Ed25519 key: PKCS8 PEM at ``path`` (0600, never overwritten) and ``<path>.pub``."""
     path = Path(path)
@@ -216,7 +209,8 @@ class TrustedKeys:
                 if kid in self._by_keyid:
                     other = self._by_keyid[kid][0]
                     if other != org:
-                        raise UsageError(f"{source}: key {key_label(raw)} is registered for both {other!r} and {org!r}")
+                        raise UsageError(f"{source}: key {key_label(raw)} is registered for both {other!r} "
+                                         f"and {org!r}")
                     continue
                 self._by_keyid[kid] = (org, raw)
                 infos.append(KeyInfo(keyid=kid, public_key=public_key_text(raw)))

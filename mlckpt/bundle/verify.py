@@ -78,7 +78,8 @@ def open_envelope(data: bytes, payload_type: str) -> tuple[Any, str, str]:
     try:
         Ed25519PublicKey.from_public_bytes(env.public_key).verify(env.sig, pae(payload_type, env.payload))
     except InvalidSignature:
-        raise ValueError(f"bad signature by key {key_label(env.public_key)}: document or signature altered") from None
+        raise ValueError(f"bad signature by key {key_label(env.public_key)}: document or signature "
+                         "altered") from None
     return strict.parse_json(env.payload), env.keyid, public_key_text(env.public_key)
 
 
@@ -225,12 +226,14 @@ def _signer_key(
         return None, env.public_key
     signer_org = trusted.org_for(env.keyid)
     if signer_org is None:
-        _fail(where, SIGNATURE_FILE, f"signed by untrusted key {key_label(env.public_key)}", IntegrityKind.KEY)
+        _fail(where, SIGNATURE_FILE, f"signed by untrusted key {key_label(env.public_key)}",
+              IntegrityKind.KEY)
     if org is not None and signer_org != org:
         _fail(
             where,
             SIGNATURE_FILE,
-            f"signed by key {key_label(env.public_key)} registered for organisation {signer_org!r}, not {org!r}",
+            f"signed by key {key_label(env.public_key)} registered for organisation {signer_org!r}, "
+            f"not {org!r}",
             IntegrityKind.KEY,
         )
     trusted_raw = trusted.public_key_for(env.keyid)

@@ -5,7 +5,6 @@ from __future__ import annotations
 import argparse
 
 from mlckpt.cli import hydra_app
-from mlckpt.plan.config import compose, resolved_yaml, validate
 
 
 def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
@@ -18,6 +17,8 @@ def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
 
 
 def handle(args: argparse.Namespace) -> int:
+    from mlckpt.plan.config import compose, resolved_yaml, validate  # Hydra: not for --help
+
     src, overrides = hydra_app.source(args), hydra_app.aliased(args.overrides)
     validate(compose(overrides, src))
     print(resolved_yaml(overrides, src), end="")

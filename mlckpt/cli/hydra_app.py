@@ -10,15 +10,22 @@ overrides: each is honoured (the output folders) or refused with one line, never
 from __future__ import annotations
 
 import argparse
+import contextlib
+import hashlib
+import io
+import os
 import sys
 from collections.abc import Callable, Sequence
-from typing import Any
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
 
+from mlckpt.command import override_key
 from mlckpt.errors import UsageError
 from mlckpt.plan import aliases
-from mlckpt.plan.config import ConfigSource
 from mlckpt.resources import workloads_dir
-from mlckpt.rules import override_key
+
+if TYPE_CHECKING:  # the configuration (Hydra, the rules) loads only when a command composes
+    from mlckpt.plan.config import ConfigSource
 
 # hydra.* keys mlckpt honours, and what they become.  Everything else under hydra is refused:
 # Hydra's logging, working-directory and callback settings would change nothing mlckpt measures
@@ -63,6 +70,8 @@ def parse(argv: Sequence[str]) -> argparse.Namespace:
 
 
 def source(args: argparse.Namespace) -> ConfigSource:
+    from mlckpt.plan.config import ConfigSource
+
     return ConfigSource(args.config_dir, args.config_name or "config")
 
 
@@ -171,3 +180,48 @@ def quoted(value: str) -> str:
         if q not in value:
             return q + value.replace("\\", "\\\\") + q
     raise UsageError(f"{value}: a folder name with both kinds of quote cannot be passed to Hydra")
+
+
+def help_cache_path(inputs: Sequence[Path]) -> Path:
+    """Where the plain ``mlckpt run --help`` is kept: named by a digest of everything it is made
+    from (mlckpt's and Hydra's versions, the shipped configuration, the code that picks the
+    preset), so that any change makes a new one."""
+    from importlib import metadata
+
+    from mlckpt import __version__
+
+    h = hashlib.sha256(f"{__version__}\0{metadata.version('hydra-core')}\0".encode())
+    for path in inputs:
+        h.update(str(path.relative_to(path.parents[1])).encode() + b"\0" + path.read_bytes() + b"\0")
+    xdg = os.environ.get("XDG_CACHE_HOME", "")
+    base = Path(xdg) if xdg and os.path.isabs(xdg) else Path.home() / ".cache"
+    return base / "mlckpt" / f"run-help-{h.hexdigest()[:20]}.txt"
+
+
+def cached_help(render: Callable[[], None], inputs: Sequence[Path]) -> None:
+    """Print the help ``render`` prints (Hydra composing the configuration: half a second of
+    start-up), from the cache when it holds this configuration's; a cache that cannot be written
+    only costs the next --help its speed."""
+    path = help_cache_path(inputs)
+    try:
+        sys.stdout.write(path.read_text(encoding="utf-8"))
+        return
+    except (OSError, UnicodeDecodeError):
+        pass
+    buf = io.StringIO()
+    with contextlib.redirect_stdout(buf):
+        try:
+            render()
+        except SystemExit as exc:  # Hydra ends its --help with sys.exit(0)
+            if exc.code not in (0, None):
+                sys.stdout.write(buf.getvalue())
+                raise
+    text = buf.getvalue()
+    sys.stdout.write(text)
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        tmp = path.with_name(f".{path.name}.{os.getpid()}")
+        tmp.write_text(text, encoding="utf-8")
+        os.replace(tmp, path)
+    except OSError:
+        pass

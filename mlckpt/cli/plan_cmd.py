@@ -7,8 +7,6 @@ import json
 import sys
 
 from mlckpt.cli import hydra_app
-from mlckpt.plan.config import setup
-from mlckpt.plan.report import plan_document, plan_text
 
 
 def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
@@ -25,6 +23,9 @@ def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
 
 
 def handle(args: argparse.Namespace) -> int:
+    from mlckpt.plan.config import setup  # Hydra and the rules: only when a plan is made (fast --help)
+    from mlckpt.plan.report import plan_document, plan_text
+
     s = setup(hydra_app.aliased(args.overrides), hydra_app.source(args))
     ctx = s.context()
     ev = s.rules.evaluate(ctx, ["config"])

@@ -17,13 +17,15 @@ import sys
 import time
 from collections.abc import Mapping, Sequence
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from mlckpt.cli import hydra_app
+from mlckpt.command import override_key
 from mlckpt.errors import DISTURBED_STATUS, UsageError
-from mlckpt.plan.config import SHIPPED, ConfigSource, compose
-from mlckpt.rules import override_key
 from mlckpt.run.site_mpi import Launcher, launcher_args
+
+if TYPE_CHECKING:  # Hydra and the rules load when a run is composed, not for `mlckpt --help`
+    from mlckpt.plan.config import ConfigSource
 
 # The presets of `mlckpt run`: keys set unless the command line sets them.  ``laptop``, the
 # default: the llama3_8b layout on its 8 ranks, open division, scaled so one checkpoint is ~1.3 GiB,
@@ -144,6 +146,8 @@ def handle_argv(argv: Sequence[str]) -> int:
         if a.startswith("--mpiexec="):
             mpiexec, rest = a.split("=", 1)[1], rest[:i] + rest[i + 1:]
             break
+    if rest in (["--help"], ["-h"]):  # the plain help: fast after its first time
+        return _plain_help(rest)
     args = hydra_app.parse(rest)
     src = hydra_app.source(args)
     flags = [a for a in rest if a not in args.overrides]  # Hydra's own flags, in order
@@ -162,6 +166,8 @@ def handle_argv(argv: Sequence[str]) -> int:
     task, passed = hydra_app.split(overrides, bool(args.multirun))
     if hydra_app.shows_only(args):
         if args.cfg or args.info is not None:
+            from mlckpt.plan.config import compose
+
             compose(task, src)  # a bad override is one line and exit 2, as for a run
         hydra_app.call([*task, *passed, *flags], lambda cfg: 0, info=args.info is not None)
         return 0
@@ -183,6 +189,16 @@ def handle_argv(argv: Sequence[str]) -> int:
         hydra_app.call([*task, *flags], one)
         return outcome[0]
     return _multirun(exe, flags, task, passed, src)
+
+
+def _plain_help(flag: list[str]) -> int:
+    from mlckpt.resources import workloads_dir
+
+    shipped = sorted(workloads_dir().rglob("*.yaml"))
+    code = [Path(__file__).resolve(), Path(hydra_app.__file__).resolve()]
+    overrides, _, _ = with_preset([])
+    hydra_app.cached_help(lambda: hydra_app.call([*overrides, *flag], lambda cfg: 0), [*shipped, *code])
+    return 0
 
 
 def _in_folder(combo: list[str], out: str, s: Any) -> list[str]:
@@ -213,14 +229,14 @@ def _multirun(exe: Launcher, flags: list[str], task: list[str], passed: list[str
     return sweep.finish(done, root)
 
 
-def validate(overrides: list[str], source: ConfigSource = SHIPPED) -> Any:
+def validate(overrides: list[str], source: ConfigSource | None = None) -> Any:
     """Everything `mlckpt run` checks before it spawns a rank: the configuration, the system
     description, and the gates every rank applies, on this host.  Returns the Setup."""
     from mlckpt.host.description import load_system_description
-    from mlckpt.plan.config import setup
+    from mlckpt.plan.config import SHIPPED, setup
     from mlckpt.run.gates import blocking_message, description_refusal, local_host, output_problem
 
-    s = setup(overrides, source)
+    s = setup(overrides, source or SHIPPED)
     if s.config.get("system"):
         load_system_description(s.config["system"], s.rules.version)
     # Every rank will be local: apply the same gates the ranks apply, before spawning any.
@@ -245,10 +261,13 @@ def validate(overrides: list[str], source: ConfigSource = SHIPPED) -> Any:
     return s
 
 
-def launch(mpiexec: Launcher, overrides: list[str], source: ConfigSource = SHIPPED, s: Any = None,
+def launch(mpiexec: Launcher, overrides: list[str], source: ConfigSource | None = None, s: Any = None,
            rank_command: Sequence[str] | None = None) -> int:
     """Validate here (fail fast, nothing spawned) unless ``s`` is the validated setup, then run
     ``rank_command`` (default: this ``mlckpt run``) on every rank under mpiexec."""
+    from mlckpt.plan.config import SHIPPED
+
+    source = source or SHIPPED
     s = s or validate(overrides, source)
     ranks = list(rank_command or (sys.executable, "-m", "mlckpt", "run", *source.args(), "preset=none"))
     extra = launcher_args(mpiexec.flavour, os.geteuid() == 0)

@@ -8,8 +8,6 @@ import sys
 
 from mlckpt.cli import hydra_app
 from mlckpt.errors import UsageError
-from mlckpt.plan.config import setup
-from mlckpt.plan.sizer import failure_cost, size
 from mlckpt.units import parse_bandwidth, parse_duration, parse_fraction
 
 
@@ -35,6 +33,9 @@ def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
 
 
 def handle(args: argparse.Namespace) -> int:
+    from mlckpt.plan.config import setup  # Hydra and the rules: only when sizing (fast --help)
+    from mlckpt.plan.sizer import failure_cost, size
+
     try:
         interval = parse_duration(args.interval)
         overhead = parse_fraction(args.overhead) if args.overhead is not None else None

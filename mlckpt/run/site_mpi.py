@@ -23,8 +23,6 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 
-from mlckpt.strict import printable
-
 FLAVOURS = {"mpich": "MPICH", "openmpi": "Open MPI", "intel": "Intel MPI"}
 
 # Launchers to try, in order, for a library of each flavour (names on PATH; `mpiexec` beside the
@@ -75,6 +73,8 @@ def launcher_args(flavour: str | None, root: bool) -> list[str]:
 
 
 def first_line(text: str) -> str:
+    from mlckpt.strict import printable  # YAML with it: not for `mlckpt --help`
+
     return str(printable((text.strip().splitlines() or [""])[0])).strip()
 
 

@@ -85,7 +85,8 @@ def opened(envelope: Any, payload_type: str, keyid: str | None = None) -> dict[s
     """A receipt's or transcript's document, its signature checked (and its signer, if given)."""
     doc, signer, _ = bundle.open_envelope(json.dumps(envelope).encode(), payload_type)
     if keyid is not None and signer != keyid:
-        raise ValueError(f"signed by the key with fingerprint {signer[:16]}, not by the witness's {keyid[:16]}")
+        raise ValueError(f"signed by the key with fingerprint {signer[:16]}, not by the witness's "
+                         f"{keyid[:16]}")
     return dict(doc)
 
 

@@ -186,7 +186,8 @@ async def _serve(host: str, port: int, witness: Witness) -> None:
     site = web.TCPSite(runner, host, port)
     await site.start()
     bound = runner.addresses[0] if runner.addresses else (host, port)
-    print(f"mlckpt witness: listening on http://{bound[0]}:{bound[1]} (key fingerprint {witness.keyid[:16]}, journal "
+    print(f"mlckpt witness: listening on http://{bound[0]}:{bound[1]} (key fingerprint "
+          f"{witness.keyid[:16]}, journal "
           f"{witness.journal.folder}, {len(witness.runs)} runs on record)", flush=True)
     # What a committee pastes under ``witnesses:`` in trusted-witnesses.yaml (README: Witnessed runs).
     print(f'trusted-witnesses entry: NAME: ["{bundle.public_key_text(witness.key)}"]', flush=True)

@@ -8,6 +8,7 @@ from collections.abc import Iterable, Iterator, Mapping
 from pathlib import PurePosixPath
 from typing import Any
 
+from mlckpt.command import override_key
 from mlckpt.rules.engine import Context, NotChecked, Outcome, Rule, RuleSet, checks_table
 from mlckpt.units import GiB, fmt_bytes
 from mlckpt.workload.pipeline import Pipeline
@@ -90,12 +91,6 @@ def closed_fixed_params(ctx: Context, rs: RuleSet, rule: Rule) -> Iterator[Outco
     for key, want in rs.closed["fixed_values"].items():
         have = ctx.get(key)
         yield Outcome(have == want, f"{key}={want}", f"{key}={have}")
-
-
-def override_key(override: str) -> str:
-    """'++io.threads=8' → 'io.threads'; '~cache' → 'cache'."""
-    key = override.split("=", 1)[0].lstrip("+~")
-    return key.split("@", 1)[0]
 
 
 def _allowed(key: str, patterns: Iterable[str]) -> bool:

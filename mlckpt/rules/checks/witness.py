@@ -160,7 +160,8 @@ def witness_signature(ctx: Context, rs: RuleSet, rule: Rule) -> Outcome | NotChe
         return Outcome(True) if f is not None else NotChecked("not reached")
     keyid = f.claim["keyid"]  # type: ignore[index]
     if f.problem is not None:
-        return Outcome(False, f"a transcript signed by the key with fingerprint {keyid[:16]}", f.problem, where=TRANSCRIPT)
+        return Outcome(False, f"a transcript signed by the key with fingerprint {keyid[:16]}", f.problem,
+                       where=TRANSCRIPT)
     return Outcome(f.signer == keyid, f"signed by the key with fingerprint {keyid[:16]} (run.json's witness)",
                    f"signed by {str(f.signer)[:16]}…", where=TRANSCRIPT)
 
