@@ -223,8 +223,24 @@ def compare(a: tuple[str, BundleDocs], b: tuple[str, BundleDocs]) -> dict[str, A
         "compare_format": COMPARE_FORMAT,
         "a": _side(sides[0]), "b": _side(sides[1]),
         "same_class": ea.class_key == eb.class_key and bool(sides[0][1].keyid and sides[1][1].keyid),
+        "differences": differences(ea, eb) if sides[0][1].keyid and sides[1][1].keyid else [],
         "metrics": metrics,
     }
+
+
+# What makes two results unlike: a ratio between them measures the difference as much as the storage.
+UNLIKE: tuple[tuple[str, Callable[[Entry], str]], ...] = (
+    ("workload", lambda e: e.workload),
+    ("scale", lambda e: "full" if not e.scaled else f"×{e.scale:g}"),
+    ("rules", lambda e: e.rules_version),
+    ("division", lambda e: e.division),
+    ("checkpoint mode", lambda e: e.pipeline),
+)
+
+
+def differences(a: Entry, b: Entry) -> list[dict[str, str]]:
+    """Each way two results are unlike (``UNLIKE``), with A's and B's value (pure)."""
+    return [{"what": what, "a": get(a), "b": get(b)} for what, get in UNLIKE if get(a) != get(b)]
 
 
 def _value(row: Row, entry: Entry, docs: BundleDocs) -> Any:
@@ -268,9 +284,15 @@ def render_text(result: dict[str, Any]) -> str:
     out.append("")
     out.append(tabulate(num_rows, headers=["metric", "A", "B", "B/A"], tablefmt="simple",
                         colalign=("left", "right", "right", "right"), disable_numparse=True))
+    if result["differences"]:
+        unlike = ", ".join(f"{d['what']} ({d['a']} vs {d['b']})" for d in result["differences"])
+        out += ["", f"warning: A and B differ in {unlike}: the ratios compare unlike runs, not only "
+                    "their storage"]
     if not result["same_class"] and a["verified"] and b["verified"]:
-        out += ["", f"note: A is in class {a['class']}, B in {b['class']}: the leaderboard never ranks "
-                    "these against each other"]
+        if not result["differences"]:
+            out.append("")
+        out.append(f"note: A is in class {a['class']}, B in {b['class']}: the leaderboard never ranks "
+                   "these against each other")
     for name, side in (("A", a), ("B", b)):
         w = side.get("witness")
         if w:

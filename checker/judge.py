@@ -81,7 +81,11 @@ def stage_facts(st: State) -> None:
     if info.doc is None:
         st.problem("system_description", info.path, "a valid system description",
                    info.problem or "unusable", tree_path=info.path)
-    elif desc is not None and desc != info.doc:
+    elif desc is None:  # run without system=: nothing ties it to the folder it was filed under
+        st.problem("system_description", "system.json",
+                   f"the description of {leaf.system!r} it was run with (mlckpt run system=FILE)",
+                   "none: the run named no system description")
+    elif desc != info.doc:
         diff = _first_difference(info.doc, desc)
         st.problem("system_description", "system.json",
                    f"the description in {info.path}", f"a different embedded description ({diff})")

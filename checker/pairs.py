@@ -35,6 +35,18 @@ def gap_s(write: Mapping[str, Any], read: Mapping[str, Any]) -> float | None:
 
 Writes = Mapping[tuple[str, ...], BundleResult]
 
+# An unpaired write half's one status, worded the same in the checker's report and on the
+# leaderboard: a valid bundle, but not a result on its own.
+UNPAIRED = "unpaired"
+UNPAIRED_WRITE = ("unpaired write half: not a result on its own; ranked once the read-only invocation "
+                  "that restores it (checkpoint.restore_from) passes beside it")
+
+
+def is_write_half(config: Mapping[str, Any]) -> bool:
+    """A write invocation kept for a read-only one: no reads, checkpoints kept."""
+    ck = config.get("checkpoint") or {}
+    return int(ck.get("num_reads") or 0) == 0 and bool(ck.get("keep")) and not ck.get("restore_from")
+
 
 def _problems(r: BundleResult, writes: Writes) -> tuple[list[Problem], float | None]:
     assert r.pair is not None
@@ -77,3 +89,18 @@ def add_pairs(results: Sequence[BundleResult], forced_rules: str | None = None) 
         found, _ = submission_findings(rs, facts, r.declared_division or r.division)
         r.findings += [finding_dict(f, r.path, {"run.json": f"{r.path}/run.json"}) for f in found]
         r.verdict = verdict([_as_finding(f) for f in r.findings], r.declared_division or r.division)
+    _mark_unpaired(results)
+
+
+def _mark_unpaired(results: Sequence[BundleResult]) -> None:
+    """``metrics.unpaired_write_half`` on each passing write half that no read-only invocation in
+    the tree restores: the checker's report says so beside its PASS, the leaderboard excludes it
+    with the same words."""
+    restored = {(r.division, r.org, r.system, r.workload, str(r.pair["run"]["restored_from"].get("run_id")))
+                for r in results if r.pair is not None and r.pair["run"].get("restored_from")
+                and r.verdict in ("closed", "open")}
+    for r in results:
+        if r.pair is None or r.metrics is None or not is_write_half(r.pair["config"]):
+            continue
+        key = (r.division, r.org, r.system, r.workload, str(r.pair["run"]["run_id"]))
+        r.metrics["unpaired_write_half"] = key not in restored

@@ -31,6 +31,7 @@ from collections import Counter
 from collections.abc import Sequence
 from typing import Any
 
+from checker.pairs import UNPAIRED_WRITE
 from checker.results import INTERNAL, BundleResult
 from mlckpt import __version__, formats
 from mlckpt.attribution import foreign_note
@@ -122,6 +123,8 @@ def render_text(report: dict[str, Any], *, quiet: bool = False) -> str:
             if quiet and not b["findings"]:
                 continue
             head = f"PASS {b['path']} ({b['verdict']}{_metrics(b)})"
+            if (b.get("metrics") or {}).get("unpaired_write_half"):
+                head += f"\n    note: {UNPAIRED_WRITE}"
         elif b["verdict"] == "disturbed":
             head = (f"DISTURBED {b['path']} (no result: other processes used its host during the timed "
                     "ops; not a fault of the storage: re-run on a quiet host)")

@@ -149,15 +149,19 @@ REPORT = Format("check report", "mlckpt-check --json: report_format", 3, (1, 2, 
         "status 6 when the worst bundle is disturbed"),
 ))
 
-LEADERBOARD = Format("leaderboard", "mlckpt-check leaderboard --format json: leaderboard_format", 2, (2,), (
+LEADERBOARD = Format("leaderboard", "mlckpt-check leaderboard --format json: leaderboard_format", 3, (3,), (
     (1, "first version: classes by division, workload and scale"),
     (2, "classes split by checkpoint mode; Stall and Time to durable columns"),
+    (3, "scaled classes split by scale factor (class scale_factor; ids end -x<factor> with _ for the point); the unpaired "
+        "half of a split pair excluded with verdict 'unpaired'"),
 ))
 
-COMPARE = Format("compare", "mlckpt-check compare --json: compare_format", 2, (2,), (
+COMPARE = Format("compare", "mlckpt-check compare --json: compare_format", 3, (3,), (
     (1, "first version: two bundles' rows side by side with ratios B/A"),
     (2, "each side says whether it is verified and what it is (an mlckpt bundle, or a DLIO / mlpstorage "
         "result folder: unverified, only the rows it states)"),
+    (3, "differences: each way the two results are unlike (workload, scale, rules, division, checkpoint "
+        "mode), with A's and B's value"),
 ))
 
 WITNESS = Format("witness", "witness journal lines, receipts and transcripts: witness_format", 1, (1,), (

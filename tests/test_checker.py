@@ -29,7 +29,8 @@ from forge import disguise, edit_json, edit_records, edit_yaml, resign, resummar
 from test_forgeries import FORGERIES
 
 import checker.bundle_check
-from checker.cli import check_tree, run
+from checker.cli import run
+from checker.tree_check import check_tree
 from mlckpt import bundle
 from mlckpt.rules import DEFAULT_RULES_VERSION, load_rules
 from mlckpt.schemas import validator
@@ -526,6 +527,10 @@ NEGATIVE_CASES: dict[str, list[Case]] = {
         C("got missing", system="no-such-system", mutate=lambda f: (
             edit_json(f, "system.json", lambda s: s.pop("description") and None),
             edit_json(f, "run.json", setitem("system_name", None)))),
+        # run without system=: filed under a system whose description the tree holds, still refused
+        C("it was run with (mlckpt run system=FILE), got none: the run named no system description",
+          mutate=lambda f: (edit_json(f, "system.json", lambda s: s.pop("description") and None),
+                            edit_json(f, "run.json", setitem("system_name", None)))),
     ],
     "DIVISION-PLACEMENT": [
         C("a bundle under closed/ must earn the closed verdict: expected verdict closed (the bundle sits "

@@ -24,7 +24,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from checker import report as rep
-from checker.cli import check_tree
+from checker.tree_check import check_tree
 from mlckpt import bundle
 from mlckpt import strict as loading
 from mlckpt.rules import DEFAULT_RULES_VERSION

@@ -34,7 +34,7 @@ import pytest
 import yaml
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 
-from checker import cli, leaderboard
+from checker import cli, leaderboard, tree_check
 from checker.leaderboard import COLUMN, COLUMNS, fmt, render, result_id, rounded
 from checker.leaderboard import command as leaderboard_command
 from mlckpt import __version__, bundle
@@ -330,6 +330,9 @@ GOLDEN_TREE: tuple[dict[str, Any], ...] = (
      "extra": ("residency=stream", "io.direct=false"), "write_gib_s": 18.0, "read_gib_s": 16.0},
     {"org": "zeta", "system": "z1", "workload": "llama3_8b", "ranks": 16, "scale": 0.01, "pack": True,
      "extra": ("residency=stream", "io.direct=false"), "write_gib_s": 36.0, "read_gib_s": 60.0},
+    # Open, scaled by another factor (the laptop preset's): its own class, never ranked beside ×0.01.
+    {"org": "zeta", "system": "z1", "workload": "llama3_8b", "ranks": 8, "scale": 0.0125,
+     "write_gib_s": 7.0, "read_gib_s": 9.0},
     # Open, full scale, other workloads: restore=repopulate, markup in a description, no reads.
     {"org": "zeta", "system": "z2", "workload": "llama_7b", "ranks": 4,
      "extra": ("checkpoint.restore=repopulate",), "desc_accelerator": "<b>mi300x</b> | 8/node",
@@ -421,7 +424,7 @@ def check_golden(name: str, text: str) -> None:
 
 def test_the_golden_tree_passes_the_checker(golden_tree: Path) -> None:
     trusted = bundle.TrustedKeys.load(golden_tree / "trusted-keys.yaml")
-    report = cli.check_tree(golden_tree, trusted, jobs=2)
+    report = tree_check.check_tree(golden_tree, trusted, jobs=2)
     assert report["exit_status"] == 0, [f for f in report["findings"]]
     assert len(report["bundles"]) == len(GOLDEN_TREE)
     assert sum(b["path"].endswith(".tar.gz") for b in report["bundles"]) == 1
@@ -453,7 +456,7 @@ def test_stdout_output_equals_file_output(golden_tree: Path, outputs: dict[str, 
     assert cli.run(["leaderboard", str(golden_tree), "--format", "csv", "--jobs", "1"]) == 0
     printed = capsys.readouterr()
     assert printed.out == outputs["csv"]
-    assert printed.err == "leaderboard: 16 results in 9 classes\n"
+    assert printed.err == "leaderboard: 17 results in 10 classes\n"
 
 
 # ----------------------------------------------------------------------------------------------
@@ -482,7 +485,7 @@ def test_ids_stay_stable_when_a_bundle_is_added(golden_tree: Path, tmp_path: Pat
     added = set(after) - set(before)
     assert added == {str(p.relative_to(root)) for p in (new1, new2)}
     assert len(set(after.values())) == len(after)
-    scaled = next(c for c in doc["classes"] if c["id"] == "open-llama3_8b-scaled")
+    scaled = next(c for c in doc["classes"] if c["id"] == "open-llama3_8b-x0_01")
     assert scaled["rows"][0]["bundle"] == str(new1.relative_to(root))
     for c in doc["classes"]:
         for r in c["rows"]:
@@ -533,12 +536,13 @@ def test_closed_full_scale_never_shares_a_table(golden_board: leaderboard.Leader
     assert len(keys) == len(set(keys))
     assert [k.id for k in keys] == [
         "closed-llama3_8b-full", "closed-llama3_70b-full", "open-llama3_8b-full",
-        "open-llama3_8b-scaled", "open-llama3_8b-scaled-sync-tiers", "open-llama3_8b-scaled-async",
-        "open-llama3_8b-scaled-async-tiers", "open-llama_7b-full", "open-llama_7b_zero3-full"]
+        "open-llama3_8b-x0_0125", "open-llama3_8b-x0_01", "open-llama3_8b-x0_01-sync-tiers",
+        "open-llama3_8b-x0_01-async", "open-llama3_8b-x0_01-async-tiers", "open-llama_7b-full",
+        "open-llama_7b_zero3-full"]
     for t in golden_board.tables:
         for e in t.entries:
-            key = (t.key.division, t.key.workload, t.key.scale == "scaled", t.key.pipeline)
-            assert (e.division, e.workload, e.scaled, e.pipeline) == key
+            key = (t.key.division, t.key.workload, t.key.scale == "scaled", t.key.pipeline, t.key.factor)
+            assert (e.division, e.workload, e.scaled, e.pipeline, e.scale) == key
         assert set(t.frame["division"]) == {t.key.division}
         full = t.frame["mode"].str.endswith("full scale")
         assert full.all() if t.key.scale == "full" else not full.any()
@@ -599,7 +603,7 @@ def test_row_values_come_from_the_bundles(golden_tree: Path, golden_board: leade
     modes = {rec["mode"] for t in golden_board.tables for rec in t.frame.to_dict("records")}
     assert modes == {
         "sync, full, direct, full scale", "sync, full, direct, scaled ×0.01",
-        "sync, stream, buffered, scaled ×0.01", "sync, full, direct, restore repopulate, full scale",
+        "sync, full, direct, scaled ×0.0125", "sync, stream, buffered, scaled ×0.01", "sync, full, direct, restore repopulate, full scale",
         "async, full, direct, scaled ×0.01", "sync+tiers, full, direct, scaled ×0.01",
         "async+tiers, full, direct, scaled ×0.01"}
     acc = {rec["accelerator"] for t in golden_board.tables for rec in t.frame.to_dict("records")}
@@ -680,8 +684,8 @@ def test_non_sync_classes_carry_a_mode_badge(outputs: dict[str, str]) -> None:
     badges = re.findall(r'<span class="badge badge-pipeline" title="checkpoint mode">([^<]+)</span>', page)
     assert badges == ["sync+tiers", "async", "async+tiers"]
     assert [(c["pipeline"], c["title"]) for c in doc["classes"] if c["pipeline"] != "sync"] == [
-        ("sync+tiers", "llama3_8b · scaled · sync+tiers"), ("async", "llama3_8b · scaled · async"),
-        ("async+tiers", "llama3_8b · scaled · async+tiers")]
+        ("sync+tiers", "llama3_8b · scaled ×0.01 · sync+tiers"), ("async", "llama3_8b · scaled ×0.01 · async"),
+        ("async+tiers", "llama3_8b · scaled ×0.01 · async+tiers")]
     assert [c["label"] for c in doc["columns"]][12:14] == ["Stall (s)", "Time to durable (s)"]
 
 
@@ -720,11 +724,11 @@ def test_html_is_self_contained(golden_tree: Path, outputs: dict[str, str]) -> N
     figs = json.loads(re.search(r'<script type="application/json" id="lb-figures">(.*?)</script>',
                                 page, re.S).group(1))
     assert set(figs) == {f"chart-bars-{t}" for t in (
-        "closed-llama3_8b-full", "closed-llama3_70b-full", "open-llama3_8b-full", "open-llama3_8b-scaled",
-        "open-llama3_8b-scaled-sync-tiers", "open-llama3_8b-scaled-async",
-        "open-llama3_8b-scaled-async-tiers", "open-llama_7b-full", "open-llama_7b_zero3-full")} | {
-        "chart-scaling-open-llama3_8b-scaled"}
-    scaling = figs["chart-scaling-open-llama3_8b-scaled"]["data"]
+        "closed-llama3_8b-full", "closed-llama3_70b-full", "open-llama3_8b-full", "open-llama3_8b-x0_0125",
+        "open-llama3_8b-x0_01", "open-llama3_8b-x0_01-sync-tiers", "open-llama3_8b-x0_01-async",
+        "open-llama3_8b-x0_01-async-tiers", "open-llama_7b-full", "open-llama_7b_zero3-full")} | {
+        "chart-scaling-open-llama3_8b-x0_01"}
+    scaling = figs["chart-scaling-open-llama3_8b-x0_01"]["data"]
     assert [t["name"] for t in scaling] == ["fast · write", "fast · read", "z1 · write", "z1 · read"]
     assert scaling[0]["x"] == [4, 8, 16] and scaling[2]["x"] == [4, 16]
 
@@ -752,7 +756,7 @@ def test_real_runner_bundles_from_the_sample_tree(tmp_path: Path) -> None:
     if not (sample / "trusted-keys.yaml").is_file():
         pytest.skip("no sample submission tree")
     trusted = bundle.TrustedKeys.load(sample / "trusted-keys.yaml")
-    report = cli.check_tree(sample, trusted)
+    report = tree_check.check_tree(sample, trusted)
     passing = {b["path"]: b for b in report["bundles"] if b["verdict"] in ("closed", "open")}
     board = leaderboard.collect(sample, trusted)
     rows = {e.path: e for t in board.tables for e in t.entries}
@@ -816,6 +820,7 @@ def test_compare_json_ratios(pair: tuple[Path, Path, Path], capsys: pytest.Captu
     assert (m["division"]["a"], m["division"]["b"]) == ("closed", "open")
     assert m["mode"]["a"] == "sync, full, direct, full scale"
     assert doc["same_class"] is False and doc["a"]["class"] == "closed-llama3_8b-full"
+    assert doc["differences"] == [{"what": "division", "a": "closed", "b": "open"}]
 
 
 def test_compare_text_and_archives(pair: tuple[Path, Path, Path], capsys: pytest.CaptureFixture[str]) -> None:
@@ -823,10 +828,11 @@ def test_compare_text_and_archives(pair: tuple[Path, Path, Path], capsys: pytest
     assert cli.run(["compare", str(b), str(archive)]) == 0
     out = capsys.readouterr().out
     assert re.search(r"write bandwidth mean \(GiB/s\)\s+\d+\.\d\d\s+\d+\.\d\d\s+\d+\.\d{3}", out)
-    assert "note: A is in class open-llama3_8b-full, B in open-llama3_8b-scaled" in out
+    assert "note: A is in class open-llama3_8b-full, B in open-llama3_8b-x0_01" in out
+    assert "warning: A and B differ in scale (full vs ×0.01): the ratios compare unlike runs" in out
     assert cli.run(["compare", str(a), str(a)]) == 0
     out = capsys.readouterr().out
-    assert "note: A is in class" not in out
+    assert "note: A is in class" not in out and "warning:" not in out
     assert re.search(r"write bandwidth mean \(GiB/s\)\s+(\d+\.\d\d)\s+\1\s+1\.000", out)
 
 
@@ -922,8 +928,8 @@ def test_compare_pipeline_rows_known_numbers() -> None:
     # Rows neither bundle has a value for are left out; the rest are always there.
     assert "read_mixed_bandwidth_mean_gib_s" not in m and "write_memory_bandwidth_min_gib_s" not in m
     assert doc["same_class"] is False
-    assert doc["a"]["class"] == "open-llama3_8b-scaled"
-    assert doc["b"]["class"] == "open-llama3_8b-scaled-async-tiers"
+    assert doc["a"]["class"] == "open-llama3_8b-x0_01"
+    assert doc["b"]["class"] == "open-llama3_8b-x0_01-async-tiers"
     both = compare.compare(("B", b), ("B2", b))
     m2 = {x["key"]: (x["a"], x["b"], x["ratio_b_over_a"]) for x in both["metrics"]}
     assert m2["write_overlap_efficiency"] == (0.8, 0.8, 1.0)
@@ -1039,7 +1045,7 @@ def test_compare_puts_a_dlio_result_beside_a_bundle_labelled_unverified(
         "parameters": {"checkpoint": checkpoint}}))
     assert cli.run(["compare", str(a), str(dlio), "--json"]) == 0
     out = json.loads(capsys.readouterr().out)
-    assert out["compare_format"] == 2 and out["a"]["verified"] and not out["b"]["verified"]
+    assert out["compare_format"] == 3 and out["a"]["verified"] and not out["b"]["verified"]
     assert "UNVERIFIED" in out["b"]["source"] and out["b"]["keyid"] is None and out["same_class"] is False
     m = {row["key"]: row for row in out["metrics"]}
     assert m["workload"]["b"] == "llama3_8b" and m["division"]["b"] == "closed"  # mlpstorage's names, ours

@@ -182,7 +182,7 @@ def test_every_row_links_to_its_bundle(loaded: Any, site: dict[str, Any]) -> Non
 
 
 def test_clicking_a_header_sorts_both_ways(loaded: Any, site: dict[str, Any]) -> None:
-    cls = next(c for c in site["json"]["classes"] if c["id"] == "open-llama3_8b-scaled")
+    cls = next(c for c in site["json"]["classes"] if c["id"] == "open-llama3_8b-x0_01")
     cid, rows = cls["id"], cls["rows"]
     order = {r["result_id"]: i for i, r in enumerate(rows)}
 
@@ -225,7 +225,7 @@ def test_stall_and_time_to_durable_columns(loaded: Any, site: dict[str, Any]) ->
     their mode in the header badge and in every row's Mode cell."""
     _open(loaded, site["page"])  # as published (other tests sort the tables)
     classes = {c["id"]: c for c in site["json"]["classes"]}
-    cls = classes["open-llama3_8b-scaled-async"]
+    cls = classes["open-llama3_8b-x0_01-async"]
     cid, rows = cls["id"], cls["rows"]
     assert len(rows) == 2
     for key in ("stall_s", "time_to_durable_s"):
@@ -243,10 +243,10 @@ def test_stall_and_time_to_durable_columns(loaded: Any, site: dict[str, Any]) ->
     got = [float(v) for v in _column(loaded, cid, "time_to_durable_s")]
     assert got == sorted((r["time_to_durable_s"] for r in rows), reverse=True)
     # Sync, one tier: training waits until durable, so both columns equal the write duration.
-    for r in classes["open-llama3_8b-scaled"]["rows"]:
+    for r in classes["open-llama3_8b-x0_01"]["rows"]:
         assert r["stall_s"] == r["time_to_durable_s"] == r["write_duration_s"]
     # Every restore from the fast tier: the read columns are empty, not the fast tier's numbers.
-    tiered = classes["open-llama3_8b-scaled-async-tiers"]
+    tiered = classes["open-llama3_8b-x0_01-async-tiers"]
     assert _column(loaded, tiered["id"], "read_gib_s") == ["—"]
     assert _column(loaded, tiered["id"], "stall_s") == [f"{tiered['rows'][0]['stall_s']:.3f}"]
     for c in classes.values():

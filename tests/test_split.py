@@ -14,7 +14,7 @@ from typing import Any
 
 import pytest
 
-from checker.cli import check_tree
+from checker.tree_check import check_tree
 from mlckpt import bundle
 
 BIN = Path(sys.executable).parent
@@ -215,7 +215,21 @@ def test_the_leaderboard_shows_a_pair_as_one_row(pair: dict[str, Any], tmp_path:
     assert row["Checkpointing - Logs"] == " + ".join(entry.halves)
     assert pair["write"].name in entry.halves[0] and pair["read"].name in entry.halves[1]
     assert row["Checkpointing - Read B/W (GiB/s)"] == f"{r['read_bandwidth_mean_gib_s']:.2f}"
-    # the write half alone is no row: a leaderboard row needs both halves
-    alone = collect(tree_of(h, tmp_path / "alone", pair["write"]), trusted)
-    assert alone.tables == () and [x.reason for x in alone.excluded] == [
-        "a write half without its read half (checkpoint.restore_from) among the passing results"]
+    # the write half alone is no row: a leaderboard row needs both halves; the checker passes it
+    # and says, in the same words, that it is unpaired
+    from checker.pairs import UNPAIRED_WRITE
+
+    alone_tree = tree_of(h, tmp_path / "alone", pair["write"])
+    alone = collect(alone_tree, trusted)
+    assert alone.tables == () and [(x.verdict, x.reason) for x in alone.excluded] == [
+        ("unpaired", UNPAIRED_WRITE)]
+    proc = subprocess.run([str(BIN / "mlckpt-check"), str(alone_tree)], capture_output=True, text=True,
+                          check=False)
+    assert proc.returncode == 0, proc.stdout
+    lines = proc.stdout.splitlines()
+    assert lines[0].startswith("PASS ") and lines[1] == f"    note: {UNPAIRED_WRITE}"
+    report = check_tree(alone_tree, trusted)
+    assert report["bundles"][0]["metrics"]["unpaired_write_half"] is True
+    # paired: no note
+    both = check_tree(tree_of(h, tmp_path / "both", pair["write"], pair["read"]), trusted)
+    assert [b["metrics"].get("unpaired_write_half") for b in both["bundles"]].count(True) == 0

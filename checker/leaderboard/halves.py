@@ -7,6 +7,7 @@ import dataclasses
 from collections.abc import Iterable
 
 from checker.leaderboard.model import Entry, Excluded
+from checker.pairs import UNPAIRED, UNPAIRED_WRITE
 
 
 def pair_halves(entries: Iterable[Entry]) -> tuple[list[Entry], list[Excluded]]:
@@ -24,8 +25,7 @@ def pair_halves(entries: Iterable[Entry]) -> tuple[list[Entry], list[Excluded]]:
         r = reads.get((e.division, e.org, e.system, e.workload, e.run_id)) if e.write_half else None
         if r is None:
             if e.write_half:
-                excluded.append(Excluded(e.path, e.division, (), "a write half without its read half "
-                                         "(checkpoint.restore_from) among the passing results"))
+                excluded.append(Excluded(e.path, UNPAIRED, (), UNPAIRED_WRITE))
             else:
                 out.append(e)
             continue
@@ -37,6 +37,6 @@ def pair_halves(entries: Iterable[Entry]) -> tuple[list[Entry], list[Excluded]]:
     joined = {(e.division, e.org, e.system, e.workload, e.run_id) for e in out if e.halves}
     for key, r in reads.items():
         if key not in joined:
-            excluded.append(Excluded(r.path, r.division, (), "a read half without its write half among the "
-                                     "passing results"))
+            excluded.append(Excluded(r.path, UNPAIRED, (), "unpaired read half: its write half is not among "
+                                     "the passing results"))
     return out, excluded

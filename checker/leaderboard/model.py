@@ -48,20 +48,26 @@ class ClassKey:
     workload: str
     scale: str  # "full" | "scaled"
     pipeline: str = "sync"  # Pipeline.label: sync | sync+tiers | async | async+tiers (+gpu: GPU state)
+    factor: float = 1.0  # the scale itself: runs scaled ×0.01 and ×0.0125 never share a table
+
+    @property
+    def scale_label(self) -> str:
+        return "full scale" if self.scale == "full" else f"scaled ×{self.factor:g}"
 
     @property
     def id(self) -> str:
-        base = f"{self.division}-{self.workload}-{self.scale}"
+        # x0_0125 for ×0.0125: ids are HTML ids and CSS selectors, where a '.' would be a class
+        scale = "full" if self.scale == "full" else f"x{self.factor:g}".replace(".", "_")
+        base = f"{self.division}-{self.workload}-{scale}"
         return base if self.pipeline == "sync" else f"{base}-{self.pipeline.replace('+', '-')}"
 
     @property
     def title(self) -> str:
-        title = f"{self.workload} · {'full scale' if self.scale == 'full' else 'scaled'}"
+        title = f"{self.workload} · {self.scale_label}"
         return title if self.pipeline == "sync" else f"{title} · {self.pipeline}"
 
     def describe(self) -> str:
-        scale = "full scale" if self.scale == "full" else "scaled"
-        return f"{self.division} division, {self.workload}, {scale}, {self.pipeline} checkpoints"
+        return f"{self.division} division, {self.workload}, {self.scale_label}, {self.pipeline} checkpoints"
 
 
 @dataclass(frozen=True)
@@ -119,7 +125,8 @@ class Entry:
 
     @property
     def class_key(self) -> ClassKey:
-        return ClassKey(self.division, self.workload, "scaled" if self.scaled else "full", self.pipeline)
+        return ClassKey(self.division, self.workload, "scaled" if self.scaled else "full", self.pipeline,
+                        self.scale)
 
     def m(self, key: str) -> float:
         return float(self.metrics.get(key, math.nan))
@@ -377,7 +384,7 @@ def build(entries: Iterable[Entry], excluded: Iterable[Excluded] = (),
     def class_order(k: ClassKey) -> tuple[Any, ...]:
         div = DIVISIONS.index(k.division) if k.division in DIVISIONS else len(DIVISIONS)
         pipe = PIPELINES.index(k.pipeline) if k.pipeline in PIPELINES else len(PIPELINES)
-        return (div, k.division, order[k.workload], SCALES.index(k.scale), pipe, k.pipeline)
+        return (div, k.division, order[k.workload], SCALES.index(k.scale), -k.factor, pipe, k.pipeline)
 
     tables = []
     for key in sorted(groups, key=class_order):

@@ -38,7 +38,8 @@ from checker.leaderboard.sut import MLPERF_COLUMNS, SUT_FIELDS, mlperf_row
 
 ASSETS = Path(__file__).parent / "assets"
 DIVISION_TITLE = {"closed": "Closed division", "open": "Open division"}
-CLASSES_NOTE = ("A class is division × workload × scale (full, or scaled down in the open division) × "
+CLASSES_NOTE = ("A class is division × workload × scale (full, or scaled down by one factor in the open "
+                "division) × "
                 "checkpoint mode (sync; or, in the open division, async and/or tiered). Results are "
                 "ranked only within their class: a closed full-scale result never shares a table with "
                 "a scaled or an open one, nor an asynchronous or tiered result with a synchronous one.")
@@ -103,8 +104,9 @@ def render_md(board: Leaderboard) -> str:
             n = len(t.entries)
             out += [f"### {t.key.title}", "", f"{n} result{'s' if n != 1 else ''}.", "", _md_table(t), ""]
     if board.excluded:
-        out += ["## Excluded", "", f"{len(board.excluded)} bundle{'s' if len(board.excluded) != 1 else ''} "
-                "did not pass the checker and are not listed:", ""]
+        n = len(board.excluded)
+        out += ["## Excluded", "", f"{n} bundle{'s' if n != 1 else ''} {'are' if n != 1 else 'is'} not "
+                "listed: failed the checker, or half of a split pair whose other half is missing:", ""]
         out += [f"- `{x.path}`: {x.verdict} ({_md_cell(_excluded_why(x))})" for x in board.excluded]
         out.append("")
     out += ["## How to read these tables", ""]
@@ -127,7 +129,8 @@ def render_csv(board: Leaderboard) -> str:
     for t in board.tables:
         for entry, rec in zip(t.entries, t.frame.to_dict("records"), strict=True):
             row = mlperf_row(entry, rec, lambda v, key: fmt(v, COLUMN[key], missing=""))
-            row.update({"Class": t.key.id, "Workload": t.key.workload, "Scale": t.key.scale})
+            row.update({"Class": t.key.id, "Workload": t.key.workload,
+                        "Scale": "full" if t.key.scale == "full" else f"{t.key.factor:g}"})
             row.update({c.label: fmt(rec[c.key], c, missing="") for c in COLUMNS})
             row["Bundle"] = rec["bundle"]
             records.append(row)
@@ -153,7 +156,8 @@ def board_dict(board: Leaderboard) -> dict[str, Any]:
                      "help": c.help or None} for c in COLUMNS],
         "classes": [{
             "id": t.key.id, "division": t.key.division, "workload": t.key.workload,
-            "scale": t.key.scale, "pipeline": t.key.pipeline, "title": t.key.title,
+            "scale": t.key.scale, "scale_factor": t.key.factor, "pipeline": t.key.pipeline,
+            "title": t.key.title,
             "rows": [{**{c.key: rounded(rec[c.key], c) for c in COLUMNS}, "bundle": rec["bundle"]}
                      for rec in t.frame.to_dict("records")],
         } for t in board.tables],
@@ -364,7 +368,7 @@ def _table_html(t: ClassTable, links: Mapping[str, str]) -> str:
 
 def _class_html(t: ClassTable, links: Mapping[str, str], figs: Mapping[str, Any]) -> str:
     n = len(t.entries)
-    badge = "full scale" if t.key.scale == "full" else "scaled"
+    badge = t.key.scale_label
     pipeline = ("" if t.key.pipeline == "sync" else
                 f'<span class="badge badge-pipeline" title="checkpoint mode">{_e(t.key.pipeline)}</span>')
     charts = []
@@ -410,9 +414,9 @@ def _excluded_html(board: Leaderboard) -> str:
                    f'<td class="text">{_e(", ".join(x.rules) or x.reason or "—")}</td></tr>'
                    for x in board.excluded)
     n = len(board.excluded)
-    return (f'<section id="excluded"><h2>Excluded</h2><p>{n} bundle{"s" if n != 1 else ""} did not pass '
-            f'the checker and {"are" if n != 1 else "is"} not listed (run <code>mlckpt-check ROOT</code> '
-            f'for the findings).</p><div class="table-wrap"><table class="plain"><thead><tr>'
+    return (f'<section id="excluded"><h2>Excluded</h2><p>{n} bundle{"s" if n != 1 else ""} '
+            f'{"are" if n != 1 else "is"} not listed: failed the checker (run <code>mlckpt-check ROOT</code> '
+            f'for the findings), or half of a split pair whose other half is missing.</p><div class="table-wrap"><table class="plain"><thead><tr>'
             f'<th scope="col">Bundle</th><th scope="col">Verdict</th><th scope="col">Rules</th></tr></thead>'
             f'<tbody>{rows}</tbody></table></div></section>')
 

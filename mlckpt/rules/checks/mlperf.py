@@ -81,14 +81,17 @@ def mlperf_memory_multiple(ctx: Context, rs: RuleSet, rule: Rule) -> Iterator[Ou
     per_host: dict[str, int] = {}
     for r in d.ops("write")[first]:
         per_host[str(r["host"])] = per_host.get(str(r["host"]), 0) + int(r["bytes"])
+    # What was done about it depends on the phase this invocation ran.
+    cleared = ("mlckpt evicted the page cache and measured it before every read (COLD-READ)"
+               if d.ops("read") else "this invocation reads nothing; a read invocation of its checkpoints "
+               "(checkpoint.restore_from) evicts the page cache and measures it before every read (COLD-READ)")
     for host, data in sorted(per_host.items()):
         mem = memory.get(host)
         if not mem:
             yield NotChecked(f"host {host}: memory not recorded")
             continue
         yield Outcome(data >= multiple * mem, f"at least {multiple:g} × {fmt_bytes(mem)} of memory",
-                      f"{fmt_bytes(data)} per checkpoint here; mlckpt evicted the page cache and "
-                      "measured it before every read (COLD-READ)", where=f"host {host}")
+                      f"{fmt_bytes(data)} per checkpoint here; {cleared}", where=f"host {host}")
 
 
 def _phase_bounds(ctx: Context) -> tuple[float, float, float, float] | None:
