@@ -152,7 +152,8 @@ REPORT = Format("check report", "mlckpt-check --json: report_format", 3, (1, 2, 
 LEADERBOARD = Format("leaderboard", "mlckpt-check leaderboard --format json: leaderboard_format", 3, (3,), (
     (1, "first version: classes by division, workload and scale"),
     (2, "classes split by checkpoint mode; Stall and Time to durable columns"),
-    (3, "scaled classes split by scale factor (class scale_factor; ids end -x<factor> with _ for the point); the unpaired "
+    (3, "scaled classes split by scale factor (class scale_factor; ids end -x<factor> with _ for the "
+        "point); the unpaired "
         "half of a split pair excluded with verdict 'unpaired'"),
 ))
 

@@ -603,7 +603,8 @@ def test_row_values_come_from_the_bundles(golden_tree: Path, golden_board: leade
     modes = {rec["mode"] for t in golden_board.tables for rec in t.frame.to_dict("records")}
     assert modes == {
         "sync, full, direct, full scale", "sync, full, direct, scaled ×0.01",
-        "sync, full, direct, scaled ×0.0125", "sync, stream, buffered, scaled ×0.01", "sync, full, direct, restore repopulate, full scale",
+        "sync, full, direct, scaled ×0.0125", "sync, stream, buffered, scaled ×0.01",
+        "sync, full, direct, restore repopulate, full scale",
         "async, full, direct, scaled ×0.01", "sync+tiers, full, direct, scaled ×0.01",
         "async+tiers, full, direct, scaled ×0.01"}
     acc = {rec["accelerator"] for t in golden_board.tables for rec in t.frame.to_dict("records")}
@@ -684,7 +685,8 @@ def test_non_sync_classes_carry_a_mode_badge(outputs: dict[str, str]) -> None:
     badges = re.findall(r'<span class="badge badge-pipeline" title="checkpoint mode">([^<]+)</span>', page)
     assert badges == ["sync+tiers", "async", "async+tiers"]
     assert [(c["pipeline"], c["title"]) for c in doc["classes"] if c["pipeline"] != "sync"] == [
-        ("sync+tiers", "llama3_8b · scaled ×0.01 · sync+tiers"), ("async", "llama3_8b · scaled ×0.01 · async"),
+        ("sync+tiers", "llama3_8b · scaled ×0.01 · sync+tiers"),
+        ("async", "llama3_8b · scaled ×0.01 · async"),
         ("async+tiers", "llama3_8b · scaled ×0.01 · async+tiers")]
     assert [c["label"] for c in doc["columns"]][12:14] == ["Stall (s)", "Time to durable (s)"]
 

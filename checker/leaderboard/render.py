@@ -416,7 +416,8 @@ def _excluded_html(board: Leaderboard) -> str:
     n = len(board.excluded)
     return (f'<section id="excluded"><h2>Excluded</h2><p>{n} bundle{"s" if n != 1 else ""} '
             f'{"are" if n != 1 else "is"} not listed: failed the checker (run <code>mlckpt-check ROOT</code> '
-            f'for the findings), or half of a split pair whose other half is missing.</p><div class="table-wrap"><table class="plain"><thead><tr>'
+            f'for the findings), or half of a split pair whose other half is missing.</p>'
+            f'<div class="table-wrap"><table class="plain"><thead><tr>'
             f'<th scope="col">Bundle</th><th scope="col">Verdict</th><th scope="col">Rules</th></tr></thead>'
             f'<tbody>{rows}</tbody></table></div></section>')
 

@@ -83,8 +83,9 @@ def mlperf_memory_multiple(ctx: Context, rs: RuleSet, rule: Rule) -> Iterator[Ou
         per_host[str(r["host"])] = per_host.get(str(r["host"]), 0) + int(r["bytes"])
     # What was done about it depends on the phase this invocation ran.
     cleared = ("mlckpt evicted the page cache and measured it before every read (COLD-READ)"
-               if d.ops("read") else "this invocation reads nothing; a read invocation of its checkpoints "
-               "(checkpoint.restore_from) evicts the page cache and measures it before every read (COLD-READ)")
+               if d.ops("read") else "this invocation reads nothing; a read invocation of its "
+               "checkpoints (checkpoint.restore_from) evicts the page cache and measures it before "
+               "every read (COLD-READ)")
     for host, data in sorted(per_host.items()):
         mem = memory.get(host)
         if not mem:
