@@ -288,3 +288,30 @@ def test_a_disturbed_run_is_run_again_when_asked_and_only_then(
     assert launched("5", "2") == (5, 1)  # invalid is no environment's doing: never run again
     with pytest.raises(UsageError, match="MLCKPT_RETRY_DISTURBED='x': expected a whole number"):
         launched("0", "x")
+
+
+def test_the_memory_copy_rate_does_not_fall_when_other_processes_take_the_cores(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """HOST-PHYSICS bounds a snapshot by the host's memory copy rate.  Measured by the wall clock,
+    a copy preempted by other processes ran at a third of its rate and an honest snapshot taken
+    once the host was free broke the bound (invalid).  Timed by the copying thread's CPU clock, a
+    preempted copy (here: one that also sleeps 50 ms, off the CPU) measures the same."""
+    import numpy as np
+
+    from mlckpt.host import facts
+
+    quiet = facts.memory_copy_gib_s(threads=1)
+    real = np.copyto
+
+    def preempted(dst: Any, src: Any) -> None:
+        time.sleep(0.05)  # the wall clock goes on, the thread's CPU clock does not
+        real(dst, src)
+
+    monkeypatch.setattr(np, "copyto", preempted)
+    t0 = time.perf_counter()
+    busy = facts.memory_copy_gib_s(threads=1)
+    wall = time.perf_counter() - t0
+    assert wall >= 6 * 0.05  # it was preempted, every round
+    wall_clock_rate = (16 << 20) / 0.05 / 2**30  # what a wall-clock measure could at most say
+    assert busy > 2 * wall_clock_rate and busy > 0.5 * quiet, (busy, quiet)

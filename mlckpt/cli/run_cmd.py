@@ -11,6 +11,7 @@ from __future__ import annotations
 import argparse
 import itertools
 import os
+import secrets
 import shutil
 import subprocess
 import sys
@@ -179,11 +180,12 @@ def handle_argv(argv: Sequence[str]) -> int:
     exe = find_mpiexec(mpiexec)
     if not args.multirun:
         s = validate(task, src)  # before Hydra creates the results folder
+        existed = Path(s.config["output"]["root"]).absolute().exists()  # an interrupt removes it if not
         outcome: list[int] = []
 
         def one(cfg: Any) -> int:
             combo, out = hydra_app.job_context()
-            outcome.append(launch(exe, _in_folder(combo, out, s), src, s))
+            outcome.append(launch(exe, _in_folder(combo, out, s), src, s, results_existed=existed))
             return outcome[-1]
 
         hydra_app.call([*task, *flags], one)
@@ -234,6 +236,7 @@ def validate(overrides: list[str], source: ConfigSource | None = None) -> Any:
     description, and the gates every rank applies, on this host.  Returns the Setup."""
     from mlckpt.host.description import load_system_description
     from mlckpt.plan.config import SHIPPED, setup
+    from mlckpt.run.folderlock import refusal
     from mlckpt.run.gates import blocking_message, description_refusal, local_host, output_problem
 
     s = setup(overrides, source or SHIPPED)
@@ -246,6 +249,9 @@ def validate(overrides: list[str], source: ConfigSource | None = None) -> Any:
     problem = output_problem(results)  # before Hydra creates the results folder
     if problem:
         raise UsageError(f"output.root: {problem}", key="output.root")
+    held = None if str(s.config["checkpoint"]["folder"]).startswith("s3://") else refusal(folder)
+    if held:  # another run measures the folder, or still removes its files
+        raise UsageError(held, key="checkpoint.folder")
     if str(s.config["signing"]["key"]) not in ("auto", "none"):  # an unusable key file
         from mlckpt.run.configure import resolve_signing_key
 
@@ -262,7 +268,7 @@ def validate(overrides: list[str], source: ConfigSource | None = None) -> Any:
 
 
 def launch(mpiexec: Launcher, overrides: list[str], source: ConfigSource | None = None, s: Any = None,
-           rank_command: Sequence[str] | None = None) -> int:
+           rank_command: Sequence[str] | None = None, *, results_existed: bool = True) -> int:
     """Validate here (fail fast, nothing spawned) unless ``s`` is the validated setup, then run
     ``rank_command`` (default: this ``mlckpt run``) on every rank under mpiexec."""
     from mlckpt.plan.config import SHIPPED
@@ -278,16 +284,34 @@ def launch(mpiexec: Launcher, overrides: list[str], source: ConfigSource | None 
         env[TERMINAL_ENV] = f"{size.columns}x{size.lines}"
     retries = disturbed_retries(os.environ)
     for attempt in range(retries + 1):
-        try:
-            status = subprocess.run(cmd, check=False, env=env).returncode
-        except OSError as exc:
-            raise UsageError(f"cannot start {mpiexec.path}: {exc.strerror}") from None
+        status = _launch_once(mpiexec, cmd, env, s, results_existed)
         if status != DISTURBED_STATUS or attempt == retries:
             return status
         print(f"mlckpt run: the run was disturbed (its bundle is kept); running it again in "
               f"{RETRY_PAUSE_S:g} s ({RETRY_ENV}: retry {attempt + 1} of {retries})", flush=True)
         time.sleep(RETRY_PAUSE_S)
     return status
+
+
+def _launch_once(mpiexec: Launcher, cmd: list[str], env: dict[str, str], s: Any,
+                 results_existed: bool) -> int:
+    """One launch; a Ctrl-C waits for the run's cleanup (mlckpt.cli.interrupt), never kills it."""
+    from mlckpt.cli import interrupt
+    from mlckpt.run.folderlock import LAUNCH_ENV
+
+    folder = str(s.config["checkpoint"]["folder"])
+    results = Path(s.config["output"]["root"]).absolute()
+    launch = interrupt.Launch(None if folder.startswith("s3://") else Path(folder).absolute(),
+                              secrets.token_hex(8), results, results_existed, time.time(),
+                              bool(s.config["checkpoint"]["keep"]))
+    try:
+        proc = subprocess.Popen(cmd, env={**env, LAUNCH_ENV: launch.token})
+    except OSError as exc:
+        raise UsageError(f"cannot start {mpiexec.path}: {exc.strerror}") from None
+    try:
+        return proc.wait()
+    except KeyboardInterrupt:
+        return interrupt.finish(proc, launch)
 
 
 def disturbed_retries(env: Mapping[str, str]) -> int:

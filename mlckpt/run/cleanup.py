@@ -13,6 +13,8 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
+from mlckpt.run.folderlock import release
+
 RUN_MARKER = ".mlckpt-run"  # marks a checkpoint run folder as ours (see the folder gate)
 
 
@@ -32,6 +34,7 @@ class Created:
         self.dirs: list[Path] = []
         self.roots: list[Path] = []
         self.store: Any = None  # object storage: the engine's Store that deletes ``files`` (s3:// URLs)
+        self.locks: list[tuple[Path, str]] = []  # (checkpoint folder, run): released once files are gone
 
     def __enter__(self) -> Created:
         return self
@@ -48,6 +51,8 @@ class Created:
         try:
             self.between()
         finally:
+            for folder, run in self.locks:  # before the folders: the lock sits in one of them
+                release(folder, run)
             if not self.keep:
                 self.remove_dirs()
 
@@ -109,12 +114,14 @@ def sweep_run(
 ) -> str:
     """Remove what a run that cannot finish normally left: the planned checkpoint files
     ``root/ckpt-K/NAME`` (K = 1..upto, NAME one of ``names``; regular files only), the emptied
-    checkpoint folders, the run marker and ``root`` once nothing else is in it, then ``dirs`` (the
+    checkpoint folders, the run marker and ``root`` once nothing else is in it, the checkpoint
+    folder's lock if this run holds it (:mod:`mlckpt.run.folderlock`), then ``dirs`` (the
     folders the run created above ``root``) when empty, and ``partial`` (the run's unfinished
     result folder).  Nothing else is touched.  Returns a short account for the user."""
     if partial:
         shutil.rmtree(partial, ignore_errors=True)
     if keep:
+        release(root.parent, root.name)
         return f"checkpoint.keep=true: checkpoint files kept in {root}"
     removed, left = 0, 0
     wanted = set(names)
@@ -142,6 +149,7 @@ def sweep_run(
         pass
     except OSError:
         left += 1
+    release(root.parent, root.name)  # the folder is free for the next run only now
     for d in sorted((Path(x) for x in dirs), key=lambda p: len(p.parts), reverse=True):
         try:
             d.rmdir()
@@ -151,3 +159,46 @@ def sweep_run(
     if left or root.exists():
         note += f"; some entries could not be removed, see {root}"
     return note
+
+
+# MPI libraries' shared-memory segments (MPICH's, Open MPI's): unlinked by MPI_Finalize, left
+# behind by ranks that were killed (Ctrl-C, a failed rank, scancel), 4-8 MiB of RAM each.
+SHM = Path("/dev/shm")
+SHM_PATTERNS = ("mpich_shm_*", "vader_segment.*", "sm_segment.*")
+
+
+def mapped_shm(shm: Path = SHM) -> set[str]:
+    """The files in ``shm`` some process maps (of the processes this user can see)."""
+    out: set[str] = set()
+    inside = f"{shm}/"
+    for entry in os.scandir("/proc"):
+        if not entry.name.isdigit():
+            continue
+        try:
+            with open(f"/proc/{entry.name}/maps", encoding="utf-8", errors="replace") as f:
+                out.update(line.split(None, 5)[5].strip().removesuffix(" (deleted)")
+                           for line in f if inside in line and len(line.split(None, 5)) == 6)
+        except OSError:
+            continue
+    return out
+
+
+def sweep_shm(since: float, shm: Path = SHM) -> int:
+    """Remove the MPI shared-memory segments this user created since ``since`` (epoch seconds)
+    that no process maps any more: what this run's killed ranks left.  Returns how many."""
+    uid, used, removed = os.getuid(), None, 0
+    for path in (p for pattern in SHM_PATTERNS for p in shm.glob(pattern)):
+        try:
+            st = path.lstat()
+        except OSError:
+            continue
+        if st.st_uid != uid or st.st_ctime < since or not stat.S_ISREG(st.st_mode):
+            continue  # another user's, older than this run (not ours to judge), or not a segment
+        used = mapped_shm(shm) if used is None else used
+        if str(path) not in used:
+            try:
+                path.unlink()
+                removed += 1
+            except OSError:
+                pass
+    return removed

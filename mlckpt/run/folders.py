@@ -5,13 +5,15 @@ made, and the guardian is told first (it can undo all of it)."""
 
 from __future__ import annotations
 
+import datetime
+import os
 from dataclasses import dataclass
 from pathlib import Path
 
 from mlckpt.engine import objects
 from mlckpt.errors import ConfigError
 from mlckpt.locations import ObjectPath, s3_settings
-from mlckpt.run import objectstore, split
+from mlckpt.run import folderlock, objectstore, split
 from mlckpt.run.cleanup import RUN_MARKER, Created
 from mlckpt.run.collective import Job
 from mlckpt.run.configure import Configured
@@ -50,6 +52,7 @@ def make_folders(job: Job, c: Configured, gates: Gates, created: Created, run: R
         job.note(run=str(root), keep=bool(ck["keep"]), dirs=[str(d) for d in missing], names=names,
                  partial=partial_dir)  # before the first mkdir: the guardian can undo all of it
         if leader:
+            take_lock(job, root, created)
             make_run_folder(root, created, key if keeps_key(cfg) else None)
     tell_shared(job, root, leader, "shared")
     fast_root = None
@@ -75,6 +78,18 @@ def object_prefix(job: Job, c: Configured, created: Created, run: RunId, key: by
                  partial=partial_dir, s3=s3_settings(c.config), shared=True)
     created.store = store
     return Folders(run, key, root, None, store)
+
+
+def take_lock(job: Job, root: Path, created: Created) -> None:
+    """The checkpoint folder's lock for this run (mlckpt.run.folderlock), before its run folder:
+    a run already measuring the folder, or still removing its files, refuses this one here."""
+    root.parent.mkdir(parents=True, exist_ok=True)
+    pids = [os.getpid(), *([job.guardian.pid] if job.guardian is not None and job.guardian.pid else [])]
+    note = folderlock.acquire(root.parent, root.name, pids, datetime.datetime.now().astimezone().isoformat(
+        timespec="seconds"))
+    created.locks.append((root.parent, root.name))
+    if note:
+        job.say(f"checkpoint folder {root.parent}: {note}")
 
 
 def make_run_folder(root: Path, created: Created, key: bytes | None = None) -> None:

@@ -23,6 +23,7 @@ from mlckpt.rules import Finding, HostSpec, rank_shift, verdict
 from mlckpt.rules.checks.gpu import gpu_source
 from mlckpt.run import objectstore
 from mlckpt.run.cleanup import RUN_MARKER
+from mlckpt.run.folderlock import LOCK
 
 
 def blocking_message(findings: Sequence[Finding], division: str) -> str | None:
@@ -53,7 +54,7 @@ def description_refusal(config: Mapping[str, Any]) -> UsageError | None:
 def folder_problem(folder: Path) -> str | None:
     """Why ``folder`` can't hold checkpoints, or None.  It may be missing (created later) if its
     parent is a writable directory; if present it must be a writable directory whose entries are
-    all mlckpt run folders (carrying RUN_MARKER)."""
+    all mlckpt run folders (carrying RUN_MARKER), besides a run's lock (mlckpt.run.folderlock)."""
     if folder.is_symlink() and not folder.exists():
         return f"{folder} is a dangling link"
     if folder.exists():
@@ -64,7 +65,8 @@ def folder_problem(folder: Path) -> str | None:
         foreign = [
             e.name
             for e in os.scandir(folder)
-            if not (e.is_dir(follow_symlinks=False) and (Path(e.path) / RUN_MARKER).exists())
+            if e.name != LOCK
+            and not (e.is_dir(follow_symlinks=False) and (Path(e.path) / RUN_MARKER).exists())
         ]
         if foreign:
             shown = ", ".join(sorted(foreign)[:3]) + (" …" if len(foreign) > 3 else "")

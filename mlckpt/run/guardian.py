@@ -56,8 +56,8 @@ STOPPING = (signal.SIGTERM, signal.SIGUSR1, signal.SIGUSR2)  # scancel, a time l
 class Guardian:
     """The leader's end of the control socket (see the module docstring)."""
 
-    def __init__(self, sock: socket.socket | None = None, port: int = 0) -> None:
-        self.sock, self.port = sock, port
+    def __init__(self, sock: socket.socket | None = None, port: int = 0, pid: int = 0) -> None:
+        self.sock, self.port, self.pid = sock, port, pid  # pid: the guardian process
 
     @property
     def hub(self) -> bool:
@@ -94,7 +94,7 @@ class Guardian:
         port = listener.getsockname()[1] if listener is not None else 0
         if listener is not None:
             listener.close()
-        return cls(ours, port)
+        return cls(ours, port, pid)
 
     def send(self, **msg: Any) -> None:
         if self.sock is None:

@@ -18,12 +18,13 @@ job has ended without the leader's goodbye:
 from __future__ import annotations
 
 import shutil
+import time
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 from mlckpt.run import objectstore
-from mlckpt.run.cleanup import sweep_run
+from mlckpt.run.cleanup import sweep_run, sweep_shm
 from mlckpt.run.guardlink import CONTACT_S
 
 # Signals that end a job step on purpose (scancel, a time limit, Slurm's --signal, Ctrl-C).
@@ -65,6 +66,7 @@ class GuardianState:
     job_end: str = ""  # the hub said the job ended ("clean" or "reported" by rank 0)
     stopped: str = ""  # what a spoke that lost the hub stopped ("ranks 4-7 and their MPI proxy")
     cancelled: str = ""  # the signal the guardian itself received with its step ("SIGTERM": scancel)
+    started: float = field(default_factory=time.time)  # this host's MPI segments are newer
 
     def handle(self, msg: dict[str, Any]) -> list[tuple[int, int, int | None]]:
         """Take one note from the leader; returns the (rank, pid, life-pipe fd) of this host's
@@ -243,6 +245,10 @@ class GuardianState:
 
     def swept(self) -> str:
         """Sweep (:meth:`sweep`) and say what was done, never raising."""
+        try:
+            sweep_shm(self.started)  # what the killed ranks' MPI left in this host's memory
+        except OSError:
+            pass
         if not self.info.get("run"):
             return ""
         try:

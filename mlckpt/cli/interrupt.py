@@ -1,0 +1,137 @@
+"""Ctrl-C at a self-launched `mlckpt run`: the prompt comes back only once the run's files are gone.
+
+The terminal's SIGINT reaches mpiexec and the ranks as well as this process.  The ranks end; each
+host's guardian removes what they wrote and then the checkpoint folder's lock
+(:mod:`mlckpt.run.folderlock`).  So this process does not kill mpiexec (a killed mpiexec takes the
+ranks down before they can clean up, and returns the prompt over their files): it waits for
+mpiexec, then for the lock its launch's run holds, shows the removal and bounds it (``BOUND_S``),
+removes what MPI left in /dev/shm and the results folder this launch created if it stayed empty,
+and ends with one line of its own.  A second Ctrl-C does not cut the cleanup short: it is said
+to be under way, with its bound.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+from mlckpt.run.cleanup import sweep_shm
+from mlckpt.run.folderlock import held_by_launch, lock_path, read_holder
+from mlckpt.units import fmt_bytes
+
+BOUND_S = 15.0  # from the Ctrl-C to the prompt, at most (then what is left is named)
+MPIEXEC_GRACE_S = 10.0  # mpiexec ends its ranks; past this it is terminated, then killed
+INTERRUPTED = 130
+
+
+@dataclass(frozen=True)
+class Launch:
+    """What the self-launch knows of its run: the checkpoint folder (None: object storage), the
+    launch token its rank 0 writes into the lock, the results folder and whether it existed
+    before, when it started, and whether checkpoints are kept."""
+
+    folder: Path | None
+    token: str
+    results: Path
+    results_existed: bool
+    started: float
+    keep: bool
+
+
+def _say(line: str) -> None:
+    print(f"mlckpt: {line}", file=sys.stderr, flush=True)
+
+
+def _contents(run_dir: Path) -> tuple[int, int]:
+    """(files, bytes) under a run folder."""
+    files, size = 0, 0
+    for base, _dirs, names in os.walk(run_dir):
+        for name in names:
+            try:
+                size += os.lstat(os.path.join(base, name)).st_size
+                files += 1
+            except OSError:
+                pass
+    return files, size
+
+
+def finish(proc: subprocess.Popen[bytes], launch: Launch) -> int:
+    """After a Ctrl-C: wait for the run to end and its files to go (bounded), then one line."""
+    t0 = time.monotonic()
+    deadline = t0 + BOUND_S
+    seconds = [0]
+
+    def again(_signum: int, _frame: object) -> None:
+        seconds[0] += 1
+        if seconds[0] == 1:
+            _say(f"still removing the run's files (the prompt returns within {BOUND_S:.0f} s of the first "
+                 "Ctrl-C)")
+
+    previous = signal.signal(signal.SIGINT, again)
+    try:
+        if sys.stderr.isatty():
+            sys.stderr.write("\n")  # the progress bar's line is not ours to end with
+        holder = read_holder(launch.folder) if launch.folder is not None else None
+        ours = holder is not None and holder.launch == launch.token
+        run_dir = launch.folder / holder.run if ours and launch.folder is not None and holder else None
+        files, size = _contents(run_dir) if run_dir is not None else (0, 0)
+        _say("interrupted; ending the ranks" + (f" and removing the run's {files} files ({fmt_bytes(size)})"
+                                                 f" in {run_dir}" if run_dir is not None else ""))
+        _end_mpiexec(proc, min(deadline, t0 + MPIEXEC_GRACE_S))
+        if run_dir is None and launch.folder is not None:  # rank 0 took the lock after the Ctrl-C
+            late = read_holder(launch.folder)
+            if late is not None and late.launch == launch.token:
+                run_dir = launch.folder / late.run
+        while (launch.folder is not None and held_by_launch(launch.folder, launch.token)
+               and time.monotonic() < deadline):
+            time.sleep(0.05)
+        sweep_shm(launch.started)
+        _drop_empty_results(launch)
+        return _last_line(launch, run_dir, files, time.monotonic() - t0)
+    finally:
+        signal.signal(signal.SIGINT, previous)
+
+
+def _end_mpiexec(proc: subprocess.Popen[bytes], until: float) -> None:
+    for stop in (None, proc.terminate, proc.kill):
+        if stop is not None:
+            stop()
+        try:
+            proc.wait(timeout=max(0.1, until - time.monotonic()) if stop is None else 2.0)
+            return
+        except subprocess.TimeoutExpired:
+            continue
+
+
+def _drop_empty_results(launch: Launch) -> None:
+    if launch.results_existed:
+        return
+    try:
+        launch.results.rmdir()  # only if empty: a bundle already written stays
+    except OSError:
+        pass
+
+
+def _last_line(launch: Launch, run_dir: Path | None, files: int, took: float) -> int:
+    if launch.folder is not None and held_by_launch(launch.folder, launch.token):
+        left = _contents(run_dir)[0] if run_dir is not None else 0
+        _say(f"interrupted; after {BOUND_S:.0f} s the run's cleanup has not finished: {left} files left in "
+             f"{run_dir}; when no mlckpt process is left (pgrep -f 'mlckpt run'), remove it and "
+             f"{lock_path(launch.folder)}")
+        return INTERRUPTED
+    if run_dir is None:
+        _say(f"interrupted; the run ended before it wrote any checkpoint ({took:.1f} s)")
+    elif launch.keep and run_dir.exists():
+        _say(f"interrupted; the run ended in {took:.1f} s; checkpoint.keep=true: its checkpoints are "
+             f"kept in {run_dir}")
+    elif run_dir.exists():
+        _say(f"interrupted; the run ended, but {_contents(run_dir)[0]} files are left in {run_dir}: "
+             "remove them")
+    else:
+        _say(f"interrupted; the run ended and its {files} files were removed ({took:.1f} s)")
+    return INTERRUPTED

@@ -1,0 +1,226 @@
+"""Ctrl-C, as a person at a terminal presses it (tmux), and the checkpoint folder's lock: the prompt
+returns only after the run's files are gone (bounded), nothing is left in /dev/shm, no empty
+results folder, the last line on a line of its own; a second run on a folder in use is refused
+before any I/O, naming the run that holds it."""
+
+from __future__ import annotations
+
+import json
+import mmap
+import os
+import re
+import shutil
+import socket
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
+
+import pytest
+
+from mlckpt.cli.interrupt import BOUND_S
+from mlckpt.errors import UsageError
+from mlckpt.run import folderlock
+from mlckpt.run.cleanup import sweep_shm
+from mlckpt.run.gates import folder_problem
+
+BIN = Path(sys.executable).parent
+SHM = Path("/dev/shm")
+# The laptop preset with a fourth write: long enough to be interrupted at a chosen step.
+RUN = ("checkpoint.folder=ck", "output.root=results", "checkpoint.num_writes=4", "checkpoint.num_reads=3")
+
+
+def files_under(folder: Path) -> list[str]:
+    return [os.path.join(b, n) for b, _d, ns in os.walk(folder) for n in ns] if folder.exists() else []
+
+
+def leaked_segments(since: float) -> list[str]:
+    """MPI segments in /dev/shm newer than ``since`` that no process maps (what a killed run leaks)."""
+    from mlckpt.run.cleanup import SHM_PATTERNS, mapped_shm
+
+    used = mapped_shm()
+    return sorted(str(p) for pattern in SHM_PATTERNS for p in SHM.glob(pattern)
+                  if p.lstat().st_ctime >= since and str(p) not in used)
+
+
+@contextmanager
+def terminal(tmp_path: Path, command: str) -> Iterator[tuple[object, object]]:
+    """``command`` in a tmux pane; yields (pane text reader, key sender)."""
+    if shutil.which("tmux") is None:
+        pytest.skip("tmux is not installed (.ci/run installs it)")
+    session, sock = f"mlckpt-int-{os.getpid()}", str(tmp_path / "tmux.sock")
+    subprocess.run(["tmux", "-S", sock, "new-session", "-d", "-s", session, "-x", "160", "-y", "50",
+                    f"{command}; echo EXIT=$?; sleep 120"], check=True, timeout=30)
+
+    def pane() -> str:
+        return subprocess.run(["tmux", "-S", sock, "capture-pane", "-p", "-J", "-S", "-200", "-t", session],
+                              text=True, capture_output=True, check=False, timeout=30).stdout
+
+    def keys(*k: str) -> None:
+        subprocess.run(["tmux", "-S", sock, "send-keys", "-t", session, *k], check=True, timeout=30)
+
+    try:
+        yield pane, keys
+    finally:
+        subprocess.run(["tmux", "-S", sock, "kill-server"], check=False, timeout=30)
+
+
+def wait_for(what: object, timeout_s: float, every_s: float = 0.05) -> float:
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        if what():  # type: ignore[operator]
+            return time.monotonic()
+        time.sleep(every_s)
+    raise AssertionError(f"timed out after {timeout_s} s")
+
+
+def run_command(tmp_path: Path, *extra: str) -> str:
+    return (f"cd {tmp_path} && XDG_CONFIG_HOME={tmp_path}/xdg MLCKPT_DEBUG= {BIN / 'mlckpt'} run "
+            f"{' '.join((*RUN, *extra))}")
+
+
+def during_write_2(tmp_path: Path, _pane: object) -> bool:
+    return bool(list((tmp_path / "ck").glob("*/ckpt-0002")))
+
+
+def during_read_1(_tmp_path: Path, pane: object) -> bool:
+    return any(re.match(r"\s*read 1\b", ln) for ln in pane().splitlines())  # type: ignore[operator]
+
+
+@pytest.mark.parametrize(("when", "presses"), [(during_write_2, 1), (during_read_1, 1), (during_write_2, 2)],
+                         ids=["write-2", "read-1", "write-2-twice"])
+def test_ctrl_c_returns_the_prompt_only_after_the_files_are_gone(tmp_path: Path, when: object,
+                                                                   presses: int) -> None:
+    since = time.time() - 1
+    with terminal(tmp_path, run_command(tmp_path)) as (pane, keys):
+        wait_for(lambda: when(tmp_path, pane), 240)  # type: ignore[operator]
+        held = folderlock.read_holder(tmp_path / "ck")
+        assert held is not None and held.launch  # the run holds its folder, from this launch
+        pressed = time.monotonic()
+        keys("C-c")
+        for _ in range(presses - 1):
+            time.sleep(0.3)
+            keys("C-c")
+        back = wait_for(lambda: "EXIT=" in pane(), BOUND_S + 30)  # type: ignore[operator]
+        # The moment the prompt is back: nothing of the run is left.
+        left = files_under(tmp_path / "ck")
+        screen = pane()  # type: ignore[operator]
+    assert "EXIT=130" in screen, screen
+    assert back - pressed <= BOUND_S + 2, (back - pressed, screen)
+    assert left == [], left
+    assert not folderlock.lock_path(tmp_path / "ck").exists()
+    assert not (tmp_path / "results").exists()  # created by this run, left empty: removed
+    assert leaked_segments(since) == []
+    lines = [ln for ln in screen.splitlines() if ln.strip()]
+    last = lines[lines.index(next(ln for ln in lines if ln.startswith("EXIT="))) - 1]
+    assert re.fullmatch(r"mlckpt: interrupted; the run ended and its \d+ files were removed \(\d+\.\d s\)",
+                        last), screen
+    assert any(ln.startswith("mlckpt: interrupted; ending the ranks and removing the run's") for ln in lines)
+    if presses > 1:
+        assert any(ln.startswith("mlckpt: still removing the run's files") for ln in lines), screen
+
+
+def test_a_second_run_on_a_folder_in_use_is_refused_naming_the_first(tmp_path: Path) -> None:
+    first = subprocess.Popen([str(BIN / "mlckpt"), "run", *RUN], cwd=tmp_path, text=True,
+                             stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                             env={**os.environ, "XDG_CONFIG_HOME": str(tmp_path / "xdg")})
+    try:
+        wait_for(lambda: folderlock.read_holder(tmp_path / "ck") is not None, 240)
+        holder = folderlock.read_holder(tmp_path / "ck")
+        assert holder is not None and holder.host == socket.gethostname()
+        runs_before = sorted(p.name for p in (tmp_path / "ck").iterdir())
+        second = subprocess.run([str(BIN / "mlckpt"), "run", "checkpoint.folder=ck", "output.root=second"],
+                                cwd=tmp_path, text=True, capture_output=True, check=False, timeout=120,
+                                env={**os.environ, "XDG_CONFIG_HOME": str(tmp_path / "xdg")})
+        assert second.returncode == 2, second.stderr
+        [line] = second.stderr.strip().splitlines()
+        assert line.startswith(f"mlckpt: error: checkpoint.folder: {tmp_path / 'ck'} is in use by run "
+                               f"{holder.run} (host {holder.host}")
+        assert "wait for it to end" in line and ".mlckpt-lock" in line
+        # refused before any I/O: no run folder, no results folder of its own
+        assert not (tmp_path / "second").exists()
+        assert sorted(p.name for p in (tmp_path / "ck").iterdir()) == runs_before
+    finally:
+        out, err = first.communicate(timeout=600)
+    assert first.returncode in (0, 6), err
+    assert not folderlock.lock_path(tmp_path / "ck").exists()  # released with the run's files
+
+
+# ---------------------------------------------------------------------------- the lock, alone
+
+
+def write_lock(folder: Path, **fields: object) -> None:
+    doc = {"run": "20261126T000000Z-llama3_8b-8r-0123456789abcdef", "host": socket.gethostname(),
+           "pids": [os.getpid()], "started": "2026-11-26T00:00:00+00:00", "launch": ""}
+    doc.update(fields)
+    folder.mkdir(parents=True, exist_ok=True)
+    folderlock.lock_path(folder).write_text(json.dumps(doc))
+
+
+def dead_pid() -> int:
+    proc = subprocess.Popen(["true"])
+    proc.wait()
+    return proc.pid
+
+
+def test_a_live_lock_refuses_with_the_holder_and_the_remedy(tmp_path: Path) -> None:
+    write_lock(tmp_path)
+    message = folderlock.refusal(tmp_path)
+    assert message is not None and f"pids {os.getpid()}" in message and "remove " in message
+    with pytest.raises(UsageError, match="is in use by run 20261126T000000Z"):
+        folderlock.acquire(tmp_path, "another-run", [os.getpid()], "now")
+    assert folderlock.read_holder(tmp_path).run.startswith("20261126T000000Z")  # untouched
+
+
+def test_another_hosts_lock_is_never_taken_over(tmp_path: Path) -> None:
+    write_lock(tmp_path, host="some-other-host", pids=[dead_pid()])
+    with pytest.raises(UsageError, match="host some-other-host"):
+        folderlock.acquire(tmp_path, "mine", [os.getpid()], "now")
+
+
+def test_a_stale_lock_of_this_host_is_taken_over_with_a_note(tmp_path: Path) -> None:
+    write_lock(tmp_path, pids=[dead_pid(), dead_pid()])
+    note = folderlock.acquire(tmp_path, "mine", [os.getpid()], "now")
+    assert note.startswith("took over the lock of run 20261126T000000Z") and "none of its processes" in note
+    assert folderlock.read_holder(tmp_path).run == "mine"
+    assert not folderlock.release(tmp_path, "not-mine") and folderlock.lock_path(tmp_path).exists()
+    assert folderlock.release(tmp_path, "mine") and not folderlock.lock_path(tmp_path).exists()
+
+
+def test_the_same_run_from_another_host_shares_its_lock(tmp_path: Path) -> None:
+    write_lock(tmp_path, run="shared-run", host="host-b")
+    assert folderlock.acquire(tmp_path, "shared-run", [os.getpid()], "now") == ""
+
+
+def test_the_folder_gate_does_not_count_the_lock_as_a_foreign_file(tmp_path: Path) -> None:
+    write_lock(tmp_path / "ck")
+    assert folder_problem(tmp_path / "ck") is None
+    (tmp_path / "ck" / "notes.txt").write_text("x")
+    assert "holds files mlckpt did not write (notes.txt)" in str(folder_problem(tmp_path / "ck"))
+
+
+def test_an_unreadable_lock_refuses_saying_so(tmp_path: Path) -> None:
+    folderlock.lock_path(tmp_path).write_text("{half")
+    message = folderlock.refusal(tmp_path)
+    assert message is not None and "a lock file mlckpt cannot read" in message
+
+
+# ---------------------------------------------------------------------------- /dev/shm
+
+
+def test_sweep_shm_removes_only_unmapped_segments_of_this_run(tmp_path: Path) -> None:
+    old = tmp_path / "mpich_shm_old_0"
+    old.write_bytes(b"\0" * 4096)
+    since = time.time() + 0.01
+    time.sleep(0.05)
+    leaked, mapped, other = (tmp_path / "mpich_shm_dead_0", tmp_path / "vader_segment.1.2",
+                             tmp_path / "notes.txt")
+    for p in (leaked, mapped, other):
+        p.write_bytes(b"\0" * 4096)
+    with open(mapped, "r+b") as f, mmap.mmap(f.fileno(), 4096) as m:
+        m[0] = 1
+        # a tmp folder stands in for /dev/shm (the maps of /proc name the file by its path)
+        assert sweep_shm(since, tmp_path) == 1
+    assert not leaked.exists() and mapped.exists() and old.exists() and other.exists()
