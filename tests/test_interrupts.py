@@ -101,7 +101,7 @@ def test_ctrl_c_returns_the_prompt_only_after_the_files_are_gone(tmp_path: Path,
         pressed = time.monotonic()
         keys("C-c")
         for _ in range(presses - 1):
-            time.sleep(0.3)
+            time.sleep(0.05)  # at once, while the cleanup is under way (it takes a few tenths)
             keys("C-c")
         back = wait_for(lambda: "EXIT=" in pane(), BOUND_S + 30)  # type: ignore[operator]
         # The moment the prompt is back: nothing of the run is left.
@@ -118,6 +118,12 @@ def test_ctrl_c_returns_the_prompt_only_after_the_files_are_gone(tmp_path: Path,
     assert re.fullmatch(r"mlckpt: interrupted; the run ended and its \d+ files were removed \(\d+\.\d s\)",
                         last), screen
     assert any(ln.startswith("mlckpt: interrupted; ending the ranks and removing the run's") for ln in lines)
+    # the guardian's account: the user's own stop, not an error (a second Ctrl-C makes mpiexec
+    # force its proxy down, and with it the guardian's line; the files go all the same)
+    stopped = re.compile(r"mlckpt: interrupted: ranks? [\d, ]+ on \S+ .*(was|were) stopped during "
+                         r"(write 2|prepare checkpoint 2|read 1|evict before restore 1)")
+    assert presses > 1 or any(stopped.match(ln) for ln in lines), screen
+    assert not any(ln.startswith("mlckpt: error:") for ln in lines), screen
     if presses > 1:
         assert any(ln.startswith("mlckpt: still removing the run's files") for ln in lines), screen
 
@@ -143,7 +149,7 @@ def test_a_second_run_on_a_folder_in_use_is_refused_naming_the_first(tmp_path: P
         assert not (tmp_path / "second").exists()
         assert sorted(p.name for p in (tmp_path / "ck").iterdir()) == runs_before
     finally:
-        out, err = first.communicate(timeout=600)
+        _out, err = first.communicate(timeout=600)
     assert first.returncode in (0, 6), err
     assert not folderlock.lock_path(tmp_path / "ck").exists()  # released with the run's files
 

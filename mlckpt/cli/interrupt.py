@@ -6,8 +6,9 @@ host's guardian removes what they wrote and then the checkpoint folder's lock
 ranks down before they can clean up, and returns the prompt over their files): it waits for
 mpiexec, then for the lock its launch's run holds, shows the removal and bounds it (``BOUND_S``),
 removes what MPI left in /dev/shm and the results folder this launch created if it stayed empty,
-and ends with one line of its own.  A second Ctrl-C does not cut the cleanup short: it is said
-to be under way, with its bound.
+and ends with one line of its own.  Its own SIGINT handler counts the presses (no
+KeyboardInterrupt, which could land anywhere in the cleanup): a second Ctrl-C does not cut the
+cleanup short, it is told the cleanup is under way, with its bound.
 """
 
 from __future__ import annotations
@@ -20,7 +21,7 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
-from mlckpt.run.cleanup import sweep_shm
+from mlckpt.run.cleanup import RUN_MARKER, sweep_shm
 from mlckpt.run.folderlock import held_by_launch, lock_path, read_holder
 from mlckpt.units import fmt_bytes
 
@@ -48,10 +49,12 @@ def _say(line: str) -> None:
 
 
 def _contents(run_dir: Path) -> tuple[int, int]:
-    """(files, bytes) under a run folder."""
+    """(checkpoint files, bytes) under a run folder (its marker is no checkpoint file)."""
     files, size = 0, 0
     for base, _dirs, names in os.walk(run_dir):
         for name in names:
+            if name == RUN_MARKER:
+                continue
             try:
                 size += os.lstat(os.path.join(base, name)).st_size
                 files += 1
@@ -60,41 +63,65 @@ def _contents(run_dir: Path) -> tuple[int, int]:
     return files, size
 
 
+class Presses:
+    """Ctrl-C presses while a launch runs, counted by this process's own SIGINT handler (no
+    KeyboardInterrupt: one could land anywhere in the cleanup); the second one is answered."""
+
+    def __init__(self) -> None:
+        self.count = 0
+        self.previous: object = None
+
+    def __enter__(self) -> Presses:
+        self.previous = signal.signal(signal.SIGINT, self.pressed)
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        signal.signal(signal.SIGINT, self.previous)  # type: ignore[arg-type]
+
+    def pressed(self, _signum: int, _frame: object) -> None:
+        self.count += 1
+        if self.count == 2:
+            if sys.stderr.isatty():
+                sys.stderr.write("\n")  # after the terminal's ^C
+            _say(f"still removing the run's files (the prompt returns within {BOUND_S:.0f} s of the first "
+                 "Ctrl-C)")
+
+
+def wait(proc: subprocess.Popen[bytes], launch: Launch, presses: Presses) -> int:
+    """mpiexec's exit status, or after a Ctrl-C :func:`finish`'s."""
+    while not presses.count:
+        try:
+            status = proc.wait(timeout=0.1)
+        except subprocess.TimeoutExpired:
+            continue
+        if not presses.count:  # (a Ctrl-C handled inside that wait still needs its cleanup)
+            return status
+    return finish(proc, launch)
+
+
 def finish(proc: subprocess.Popen[bytes], launch: Launch) -> int:
     """After a Ctrl-C: wait for the run to end and its files to go (bounded), then one line."""
     t0 = time.monotonic()
     deadline = t0 + BOUND_S
-    seconds = [0]
-
-    def again(_signum: int, _frame: object) -> None:
-        seconds[0] += 1
-        if seconds[0] == 1:
-            _say(f"still removing the run's files (the prompt returns within {BOUND_S:.0f} s of the first "
-                 "Ctrl-C)")
-
-    previous = signal.signal(signal.SIGINT, again)
-    try:
-        if sys.stderr.isatty():
-            sys.stderr.write("\n")  # the progress bar's line is not ours to end with
-        holder = read_holder(launch.folder) if launch.folder is not None else None
-        ours = holder is not None and holder.launch == launch.token
-        run_dir = launch.folder / holder.run if ours and launch.folder is not None and holder else None
-        files, size = _contents(run_dir) if run_dir is not None else (0, 0)
-        _say("interrupted; ending the ranks" + (f" and removing the run's {files} files ({fmt_bytes(size)})"
-                                                 f" in {run_dir}" if run_dir is not None else ""))
-        _end_mpiexec(proc, min(deadline, t0 + MPIEXEC_GRACE_S))
-        if run_dir is None and launch.folder is not None:  # rank 0 took the lock after the Ctrl-C
-            late = read_holder(launch.folder)
-            if late is not None and late.launch == launch.token:
-                run_dir = launch.folder / late.run
-        while (launch.folder is not None and held_by_launch(launch.folder, launch.token)
-               and time.monotonic() < deadline):
-            time.sleep(0.05)
-        sweep_shm(launch.started)
-        _drop_empty_results(launch)
-        return _last_line(launch, run_dir, files, time.monotonic() - t0)
-    finally:
-        signal.signal(signal.SIGINT, previous)
+    if sys.stderr.isatty():
+        sys.stderr.write("\n")  # the progress bar's line is not ours to end with
+    holder = read_holder(launch.folder) if launch.folder is not None else None
+    ours = holder is not None and holder.launch == launch.token
+    run_dir = launch.folder / holder.run if ours and launch.folder is not None and holder else None
+    files, size = _contents(run_dir) if run_dir is not None else (0, 0)
+    _say("interrupted; ending the ranks" + (f" and removing the run's {files} files ({fmt_bytes(size)})"
+                                             f" in {run_dir}" if run_dir is not None else ""))
+    _end_mpiexec(proc, min(deadline, t0 + MPIEXEC_GRACE_S))
+    if run_dir is None and launch.folder is not None:  # rank 0 took the lock after the Ctrl-C
+        late = read_holder(launch.folder)
+        if late is not None and late.launch == launch.token:
+            run_dir = launch.folder / late.run
+    while (launch.folder is not None and held_by_launch(launch.folder, launch.token)
+           and time.monotonic() < deadline):
+        time.sleep(0.05)
+    sweep_shm(launch.started)
+    _drop_empty_results(launch)
+    return _last_line(launch, run_dir, files, time.monotonic() - t0)
 
 
 def _end_mpiexec(proc: subprocess.Popen[bytes], until: float) -> None:

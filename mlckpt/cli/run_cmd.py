@@ -304,14 +304,12 @@ def _launch_once(mpiexec: Launcher, cmd: list[str], env: dict[str, str], s: Any,
     launch = interrupt.Launch(None if folder.startswith("s3://") else Path(folder).absolute(),
                               secrets.token_hex(8), results, results_existed, time.time(),
                               bool(s.config["checkpoint"]["keep"]))
-    try:
-        proc = subprocess.Popen(cmd, env={**env, LAUNCH_ENV: launch.token})
-    except OSError as exc:
-        raise UsageError(f"cannot start {mpiexec.path}: {exc.strerror}") from None
-    try:
-        return proc.wait()
-    except KeyboardInterrupt:
-        return interrupt.finish(proc, launch)
+    with interrupt.Presses() as presses:
+        try:
+            proc = subprocess.Popen(cmd, env={**env, LAUNCH_ENV: launch.token})
+        except OSError as exc:
+            raise UsageError(f"cannot start {mpiexec.path}: {exc.strerror}") from None
+        return interrupt.wait(proc, launch, presses)
 
 
 def disturbed_retries(env: Mapping[str, str]) -> int:

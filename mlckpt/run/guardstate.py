@@ -191,9 +191,12 @@ class GuardianState:
             )
             what += f" ({how}{': the job was cancelled' if stopped else ''})" if how else ""
         else:
+            hows = {self.how.get(r, "") for r in culprits}
+            stopped = all(h.endswith(STOP_SIGNALS) for h in hows)  # Ctrl-C reaches every rank at once
             what = (
                 f"ranks {', '.join(map(str, culprits))} on {self.hosts.get(culprits[0], '?')} "
-                f"died at the same moment during {self.step}"
+                f"{'were stopped' if stopped else 'died'} at the same moment during {self.step}"
+                + (f" ({', '.join(sorted(hows))}: the job was cancelled)" if stopped else "")
             )
         return what + self.where(culprits[0])
 
@@ -240,7 +243,10 @@ class GuardianState:
         return note
 
     def headline(self) -> str:
-        line = f"mlckpt: error: {self.what()}"
+        # Ctrl-C at the terminal (SIGINT to every rank) is the user's own stop, not an error.
+        culprits = self.first or [self.leader]
+        interrupted = not self.lost and all(self.how.get(r, "").endswith("SIGINT") for r in culprits)
+        line = f"mlckpt: {'interrupted' if interrupted else 'error'}: {self.what()}"
         return line + (f"; stopped {self.stopped}" if self.stopped else "; the MPI job was ended")
 
     def swept(self) -> str:

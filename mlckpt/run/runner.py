@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import os
 import secrets
+import signal
 import sys
 import time
 from collections.abc import Mapping, Sequence
@@ -452,6 +453,9 @@ def final_barrier(job: Job) -> None:
 def mpi_main(overrides: Sequence[str], faults: Faults = NO_FAULTS, out: TextIO | None = None,
              source: ConfigSource = SHIPPED) -> int:
     """Entry point on every rank under mpiexec (tests pass their own ``faults``)."""
+    # Ctrl-C ends a rank at once, by the signal (a KeyboardInterrupt could hang it in MPI while
+    # the others are gone): its host's guardian removes the run's files and says so.
+    signal.signal(signal.SIGINT, signal.SIG_DFL)
     guardian = Guardian.start()  # each host's first rank, before MPI starts (no fork after MPI_Init)
     try:
         import warnings
