@@ -38,23 +38,28 @@ LEADERBOARD_FORMATS = ("md", "csv", "json", "html")
 # (the leaderboard pulls in pandas, the check the rules and the schemas: --help pays for neither).
 
 
+def _tree_flags(p: Any, witnessed: str) -> None:
+    """ROOT and the trust and parallelism flags every command that checks a tree takes."""
+    p.add_argument("root", type=Path, metavar="ROOT", help="the submission tree")
+    p.add_argument("--trusted-keys", type=Path, default=None, metavar="FILE",
+                   help=f"organisation -> public keys (default: ROOT/{TRUSTED_KEYS_FILE})")
+    p.add_argument("--trusted-witnesses", type=Path, default=None, metavar="FILE",
+                   help=f"witness -> public keys: {witnessed} "
+                   f"(default: ROOT/{TRUSTED_WITNESSES_FILE} if present)")
+    p.add_argument("--jobs", type=int, default=None, metavar="N",
+                   help="bundles checked in parallel (default: the number of CPUs)")
+
+
 def _add_check(sub: Any) -> None:
     p = sub.add_parser(
         "check", help="validate a submission tree (the default command)",
         description="Verify, parse and judge every bundle under ROOT/{closed,open}/<org>/results/ "
         "with the rules each bundle declares.")
-    p.add_argument("root", type=Path, metavar="ROOT", help="the submission tree")
+    _tree_flags(p, "witnessed runs signed by these count as witnessed")
     p.add_argument("--json", type=Path, default=None, metavar="FILE",
                    help="also write the JSON report to FILE ('-' for stdout)")
-    p.add_argument("--trusted-keys", type=Path, default=None, metavar="FILE",
-                   help=f"organisation -> public keys (default: ROOT/{TRUSTED_KEYS_FILE})")
-    p.add_argument("--trusted-witnesses", type=Path, default=None, metavar="FILE",
-                   help=f"witness -> public keys: witnessed runs signed by these count as witnessed "
-                   f"(default: ROOT/{TRUSTED_WITNESSES_FILE} if present)")
     p.add_argument("--rules", default=None, metavar="VERSION",
                    help="judge every bundle with this rules version (default: the one each bundle declares)")
-    p.add_argument("--jobs", type=int, default=None, metavar="N",
-                   help="bundles checked in parallel (default: the number of CPUs)")
     p.add_argument("-q", "--quiet", action="store_true", help="list only bundles with findings")
     p.set_defaults(func=cmd_check)
 
@@ -65,19 +70,12 @@ def _add_leaderboard(sub: Any) -> None:
         description="Check every bundle under ROOT (as `mlckpt-check ROOT` does) and publish the "
         "passing results, one table per class (division × workload × full/scaled × checkpoint "
         "mode), ranked by write bandwidth.")
-    p.add_argument("root", type=Path, metavar="ROOT", help="the submission tree")
+    _tree_flags(p, "results they witnessed are marked")
     p.add_argument("--format", choices=LEADERBOARD_FORMATS, default="md", help="output format (default: md)")
     p.add_argument("--out", type=Path, default=None, metavar="PATH",
                    help="write to PATH (default: stdout); html links to bundles relative to it")
-    p.add_argument("--trusted-keys", type=Path, default=None, metavar="FILE",
-                   help=f"organisation -> public keys (default: ROOT/{TRUSTED_KEYS_FILE})")
-    p.add_argument("--trusted-witnesses", type=Path, default=None, metavar="FILE",
-                   help="witness -> public keys: results they witnessed are marked "
-                   f"(default: ROOT/{TRUSTED_WITNESSES_FILE} if present)")
     p.add_argument("--witnessed-only", action="store_true",
                    help="publish only results a trusted witness witnessed")
-    p.add_argument("--jobs", type=int, default=None, metavar="N",
-                   help="bundles checked in parallel (default: the number of CPUs)")
     p.set_defaults(func=lazy_handler("checker.leaderboard.command", "cmd_leaderboard"))
 
 
