@@ -223,8 +223,8 @@ def test_the_leaderboard_shows_a_pair_as_one_row(pair: dict[str, Any], tmp_path:
     alone = collect(alone_tree, trusted)
     assert alone.tables == () and [(x.verdict, x.reason) for x in alone.excluded] == [
         ("unpaired", UNPAIRED_WRITE)]
-    proc = subprocess.run([str(BIN / "mlckpt-check"), str(alone_tree)], capture_output=True, text=True,
-                          check=False)
+    proc = subprocess.run([str(BIN / "mlckpt-check"), str(alone_tree), "--trusted-keys",
+                           str(h["dir"] / "trusted-keys.yaml")], capture_output=True, text=True, check=False)
     assert proc.returncode == 0, proc.stdout
     lines = proc.stdout.splitlines()
     assert lines[0].startswith("PASS ") and lines[1] == f"    note: {UNPAIRED_WRITE}"
