@@ -11,7 +11,7 @@ import sys
 from collections.abc import Callable
 from typing import NoReturn
 
-from mlckpt.errors import InternalError, MlckptError, UsageError
+from mlckpt.errors import INTERRUPTED_STATUS, InternalError, MlckptError, UsageError
 
 
 class OneLineParser(argparse.ArgumentParser):
@@ -35,7 +35,7 @@ def run_guarded(func, *args, prog: str = "mlckpt") -> int:  # type: ignore[no-un
         return 141
     except KeyboardInterrupt:
         print(f"{prog}: interrupted", file=sys.stderr)
-        return 130
+        return INTERRUPTED_STATUS
     except Exception as exc:  # a defect: say so plainly, exit 4, keep the trace for debugging
         if os.environ.get("MLCKPT_DEBUG"):
             raise

@@ -11,6 +11,7 @@ from __future__ import annotations
 # statuses): its verdict is invalid; or other processes on its host spoilt the measurement.
 INVALID_STATUS = 5
 DISTURBED_STATUS = 6
+INTERRUPTED_STATUS = 130  # Ctrl-C: `mlckpt run` returns once the run's files are removed
 
 
 class MlckptError(Exception):

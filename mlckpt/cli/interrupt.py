@@ -21,20 +21,21 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
+from mlckpt.errors import INTERRUPTED_STATUS
 from mlckpt.run.cleanup import RUN_MARKER, sweep_shm
 from mlckpt.run.folderlock import held_by_launch, lock_path, read_holder
 from mlckpt.units import fmt_bytes
 
 BOUND_S = 15.0  # from the Ctrl-C to the prompt, at most (then what is left is named)
 MPIEXEC_GRACE_S = 10.0  # mpiexec ends its ranks; past this it is terminated, then killed
-INTERRUPTED = 130
 
 
 @dataclass(frozen=True)
 class Launch:
     """What the self-launch knows of its run: the checkpoint folder (None: object storage), the
     launch token its rank 0 writes into the lock, the results folder and whether it existed
-    before, when it started, and whether checkpoints are kept."""
+    before, when it started, and whether checkpoints are kept (checkpoint.keep, or a read-only
+    invocation, which leaves its write half's checkpoints when it fails)."""
 
     folder: Path | None
     token: str
@@ -150,15 +151,15 @@ def _last_line(launch: Launch, run_dir: Path | None, files: int, took: float) ->
         _say(f"interrupted; after {BOUND_S:.0f} s the run's cleanup has not finished: {left} files left in "
              f"{run_dir}; when no mlckpt process is left (pgrep -f 'mlckpt run'), remove it and "
              f"{lock_path(launch.folder)}")
-        return INTERRUPTED
+        return INTERRUPTED_STATUS
     if run_dir is None:
         _say(f"interrupted; the run ended before it wrote any checkpoint ({took:.1f} s)")
     elif launch.keep and run_dir.exists():
-        _say(f"interrupted; the run ended in {took:.1f} s; checkpoint.keep=true: its checkpoints are "
-             f"kept in {run_dir}")
+        _say(f"interrupted; the run ended in {took:.1f} s; its checkpoints are kept in {run_dir} "
+             "(checkpoint.keep=true, or a read-only invocation: run it again)")
     elif run_dir.exists():
         _say(f"interrupted; the run ended, but {_contents(run_dir)[0]} files are left in {run_dir}: "
              "remove them")
     else:
         _say(f"interrupted; the run ended and its {files} files were removed ({took:.1f} s)")
-    return INTERRUPTED
+    return INTERRUPTED_STATUS

@@ -22,7 +22,7 @@ from typing import TYPE_CHECKING, Any
 
 from mlckpt.cli import hydra_app
 from mlckpt.command import override_key
-from mlckpt.errors import DISTURBED_STATUS, UsageError
+from mlckpt.errors import DISTURBED_STATUS, INTERRUPTED_STATUS, UsageError
 from mlckpt.run.site_mpi import Launcher, launcher_args
 
 if TYPE_CHECKING:  # Hydra and the rules load when a run is composed, not for `mlckpt --help`
@@ -220,6 +220,8 @@ def _multirun(exe: Launcher, flags: list[str], task: list[str], passed: list[str
     done: list[sweep.Done] = []
 
     def one(cfg: Any) -> int:
+        if done and done[-1].status == INTERRUPTED_STATUS:  # Ctrl-C stops the sweep, not one combination
+            return INTERRUPTED_STATUS
         combo, out = hydra_app.job_context()
         s = setups[frozenset(combo)]
         print(f"--- multirun {len(done) + 1}/{len(combos)}: {' '.join(combo)}", flush=True)
@@ -227,6 +229,9 @@ def _multirun(exe: Launcher, flags: list[str], task: list[str], passed: list[str
         return done[-1].status
 
     hydra_app.call([*task, *naming, *passed, *flags], one)
+    if done and done[-1].status == INTERRUPTED_STATUS and len(done) < len(combos):
+        print(f"--- sweep interrupted after {len(done)} of {len(combos)} combinations; the rest were not "
+              "run", flush=True)
     root = Path(next(iter(setups.values())).config["output"]["root"]).absolute()
     return sweep.finish(done, root)
 
@@ -303,7 +308,7 @@ def _launch_once(mpiexec: Launcher, cmd: list[str], env: dict[str, str], s: Any,
     results = Path(s.config["output"]["root"]).absolute()
     launch = interrupt.Launch(None if folder.startswith("s3://") else Path(folder).absolute(),
                               secrets.token_hex(8), results, results_existed, time.time(),
-                              bool(s.config["checkpoint"]["keep"]))
+                              bool(s.config["checkpoint"]["keep"] or s.config["checkpoint"]["restore_from"]))
     with interrupt.Presses() as presses:
         try:
             proc = subprocess.Popen(cmd, env={**env, LAUNCH_ENV: launch.token})

@@ -81,8 +81,9 @@ def object_prefix(job: Job, c: Configured, created: Created, run: RunId, key: by
 
 
 def take_lock(job: Job, root: Path, created: Created) -> None:
-    """The checkpoint folder's lock for this run (mlckpt.run.folderlock), before its run folder:
-    a run already measuring the folder, or still removing its files, refuses this one here."""
+    """The checkpoint folder's lock (mlckpt.run.folderlock) for the run folder ``root`` this run
+    uses, before any checkpoint I/O: a run already measuring the folder, or still removing its
+    files, refuses this one here."""
     root.parent.mkdir(parents=True, exist_ok=True)
     pids = [os.getpid(), *([job.guardian.pid] if job.guardian is not None and job.guardian.pid else [])]
     note = folderlock.acquire(root.parent, root.name, pids, datetime.datetime.now().astimezone().isoformat(
@@ -109,7 +110,11 @@ def restored_folders(job: Job, c: Configured, gates: Gates, run: RunId, created:
     root = Path(ck["folder"]).absolute() / c.source.name
     nw = c.source.num_writes
     key = None
+    job.note(run=str(root), keep=True, dirs=[], names=[], partial=str(
+        Path(c.config["output"]["root"]).absolute() / f".{run.name}.partial"))
     with job.step("the write invocation's checkpoints"):  # every rank fails if rank 0 does
+        if gates.leader(job.rank):  # the folder is this invocation's while it restores (the
+            take_lock(job, root, created)  # lock names the run folder it uses, its write half's)
         if job.rank == 0:
             key = split.read_key(root, c.source)
     key = job.comm.bcast(key)
@@ -125,6 +130,4 @@ def restored_folders(job: Job, c: Configured, gates: Gates, run: RunId, created:
     for k in range(1, nw + 1):
         created.add_dir(root / f"ckpt-{k:04d}")
     created.add_dir(root, root=True)
-    job.note(run=str(root), keep=True, dirs=[], names=[], partial=str(
-        Path(c.config["output"]["root"]).absolute() / f".{run.name}.partial"))
     return Folders(run, key, root, None)
