@@ -9,7 +9,7 @@ arguments, returning an exit status) is imported only when it runs, so ``--help`
 ``checker.leaderboard.command`` (``mlckpt-check leaderboard ROOT ...``) and ``checker.compare``
 (``mlckpt-check compare A B``).  The tree check itself is :func:`checker.tree_check.check_tree`.
 
-Exit statuses (SPEC §7): 0 all valid, 1 rule errors, 2 usage, 3 integrity failure, 4 internal
+Exit statuses: 0 all valid, 1 rule errors, 2 usage, 3 integrity failure, 4 internal
 error (see :mod:`checker.report`).  Usage errors are one line on stderr, never a traceback.
 """
 

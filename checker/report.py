@@ -18,7 +18,7 @@ JSON report (``report_format`` 3, schema ``rules/<version>/schemas/report.schema
 A finding is ``{"rule", "severity", "path", "message", "expected", "actual"}``; ``severity`` is a
 rule's (``invalid``, ``disturbed``, ``open``, ``warning``) or ``internal`` for a checker fault.
 
-Exit status (SPEC §7), most serious first: 4 if any bundle met a checker fault (its result is
+Exit status, most serious first: 4 if any bundle met a checker fault (its result is
 unknown); 3 if any bundle failed integrity (signature, key, files, paths); 1 if any bundle is
 invalid or the tree breaks a rule; 6 if any bundle is disturbed (rules 1.8: other processes on its
 host spoilt the measurement: no result, and no fault of the storage or the submitter); 0 when

@@ -1,6 +1,6 @@
 """What both command lines (``mlckpt`` and ``mlckpt-check``) share: an argparse parser whose
 errors are one line, and the guard that turns every error into one stderr line and its exit
-status (SPEC §7)."""
+status (docs: Verdicts and exit statuses)."""
 
 from __future__ import annotations
 

@@ -1,7 +1,7 @@
 """The one error hierarchy of mlckpt.
 
 Every error a user can cause is an ``MlckptError`` subclass carrying the exit status the CLI uses
-(SPEC §7: 2 = usage / bad input, 3 = integrity, 4 = internal) and a one-line message that names
+(2 = usage / bad input, 3 = integrity, 4 = internal) and a one-line message that names
 the rule or key and says what was expected.  The CLI prints ``str(err)`` and exits; no traceback.
 """
 

@@ -91,7 +91,7 @@ SUMMARY = Format("summary", "summary.json: summary_format", 5, (2, 3, 4, 5), (
 ))
 
 PLAN = Format("plan", "mlckpt plan --json: plan_format", 2, (2,), (
-    (1, "first version (SPEC §7 fields plus totals, restore volumes, hosts, not_checked)"),
+    (1, "first version (files, bytes and verdict plus totals, restore volumes, hosts, not_checked)"),
     (2, "pipeline (checkpoint mode, stages, fast tier and the space it needs); a host's resident_bytes is "
         "the HOST-MEMORY rule's figure (async staging and tiers included)"),
 ))

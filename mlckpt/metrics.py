@@ -1,4 +1,4 @@
-"""Metrics from raw per-rank records (SPEC §5).  Pure: the runner and the checker both call
+"""Metrics from raw per-rank records.  Pure: the runner and the checker both call
 ``summarize`` on the same records, so every reported number is recomputable.
 
 Record fields by format version (one JSON object per line of ``records.jsonl``; the version

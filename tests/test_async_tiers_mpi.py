@@ -1,4 +1,4 @@
-"""Asynchronous and tiered checkpointing under real MPI (issue 8): ``checkpoint.mode=async`` and
+"""Asynchronous and tiered checkpointing under real MPI: ``checkpoint.mode=async`` and
 ``checkpoint.tiers.fast``, with real files on both tiers, restores from each tier, and every
 page of every checkpoint file checked on disk.
 

@@ -1,5 +1,5 @@
 """Bad input to every command: exit status 2, exactly one line on stderr naming the key or rule, no
-traceback, and nothing written anywhere (SPEC §7).
+traceback, and nothing written anywhere.
 
 Each case runs in a fresh empty working folder with a fresh empty ``XDG_CONFIG_HOME``; afterwards
 both must still be empty, and the shared input files (a plain file, a read-only folder, files with

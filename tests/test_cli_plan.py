@@ -1,4 +1,4 @@
-"""`mlckpt plan` and `mlckpt size` through the installed console script (SPEC §7)."""
+"""`mlckpt plan` and `mlckpt size` through the installed console script."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""Configuration: Hydra composition, defaults, schema validation, `mlckpt config` (SPEC §7)."""
+"""Configuration: Hydra composition, defaults, schema validation, `mlckpt config`."""
 
 from __future__ import annotations
 

@@ -301,7 +301,6 @@ def test_the_memory_copy_rate_does_not_fall_when_other_processes_take_the_cores(
 
     from mlckpt.host import facts
 
-    quiet = facts.memory_copy_gib_s(threads=1)
     real = np.copyto
 
     def preempted(dst: Any, src: Any) -> None:
@@ -313,5 +312,7 @@ def test_the_memory_copy_rate_does_not_fall_when_other_processes_take_the_cores(
     busy = facts.memory_copy_gib_s(threads=1)
     wall = time.perf_counter() - t0
     assert wall >= 6 * 0.05  # it was preempted, every round
-    wall_clock_rate = (16 << 20) / 0.05 / 2**30  # what a wall-clock measure could at most say
-    assert busy > 2 * wall_clock_rate and busy > 0.5 * quiet, (busy, quiet)
+    wall_clock_rate = (16 << 20) / 0.05 / 2**30  # what a wall-clock measure could at most say: 0.31
+    # A copy runs at GiB/s by its own clock, even beside other processes taking the cores (5-22
+    # GiB/s on the 2-core VM); the wall clock, preempted for 50 ms a round, would give under 0.31.
+    assert busy > 4 * wall_clock_rate, busy

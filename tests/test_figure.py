@@ -1,4 +1,4 @@
-"""What changes the figure (issue 17, rules 1.4: records format 4, summary format 4): the first
+"""What changes the figure (rules 1.4: records format 4, summary format 4): the first
 write apart from the later ones, CPU time per GiB moved, the huge-page share of each rank's state
 buffer; recorded by the real runner, recomputed by the checker."""
 

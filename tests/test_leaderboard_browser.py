@@ -12,37 +12,18 @@ from __future__ import annotations
 import json
 import os
 import shutil
-import tempfile
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 from urllib.parse import unquote, urlparse
 
 import pytest
+from browser import chromium, missing
 from test_leaderboard import GOLDEN_TREE, build_tree, lb_cli
 
 from checker.leaderboard import COLUMNS, fmt
 
-CHROMIUM = os.environ.get("MLCKPT_CHROMIUM", "/usr/bin/chromium")
-CHROMEDRIVER = os.environ.get("MLCKPT_CHROMEDRIVER", "/usr/bin/chromedriver")
-FLAGS = ("--headless", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
-         "--disable-background-networking", "--disable-component-update", "--disable-sync",
-         "--disable-dev-shm-usage", "--window-size=1400,1000")
-
-
-def _missing() -> str | None:
-    if not Path(CHROMIUM).is_file():
-        return f"{CHROMIUM} not installed (apt-get install chromium chromium-driver)"
-    if not Path(CHROMEDRIVER).is_file():
-        return f"{CHROMEDRIVER} not installed (apt-get install chromium-driver)"
-    try:
-        import selenium  # noqa: F401
-    except ImportError:
-        return "selenium not installed (pip install '.[test]')"
-    return None
-
-
-pytestmark = pytest.mark.skipif(_missing() is not None, reason=_missing() or "")
+pytestmark = pytest.mark.skipif(missing() is not None, reason=missing() or "")
 
 
 @pytest.fixture(scope="module")
@@ -56,23 +37,9 @@ def site(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
 
 
 @pytest.fixture(scope="module")
-def driver(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Any]:
-    from selenium import webdriver
-    from selenium.webdriver.chrome.service import Service
-
-    profile = tempfile.mkdtemp(prefix="mlckpt-chromium-")
-    opts = webdriver.ChromeOptions()
-    opts.binary_location = CHROMIUM
-    for flag in (*FLAGS, f"--user-data-dir={profile}"):
-        opts.add_argument(flag)
-    opts.set_capability("goog:loggingPrefs", {"browser": "ALL"})
-    d = webdriver.Chrome(options=opts, service=Service(CHROMEDRIVER))
-    d.set_page_load_timeout(60)
-    try:
+def driver() -> Iterator[Any]:
+    with chromium() as d:
         yield d
-    finally:
-        d.quit()
-        shutil.rmtree(profile, ignore_errors=True)
 
 
 def _open(driver: Any, page: Path) -> Any:

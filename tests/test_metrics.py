@@ -1,5 +1,5 @@
 """Unit tests of mlckpt.metrics: hand-built per-rank records with known numbers, and hypothesis
-invariants of ``summarize`` (SPEC §5)."""
+invariants of ``summarize``."""
 
 from __future__ import annotations
 

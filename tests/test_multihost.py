@@ -1,4 +1,4 @@
-"""Faults on several hosts end cleanly on every host (issue 19), on simulated hosts.
+"""Faults on several hosts end cleanly on every host, on simulated hosts.
 
 Each test runs ``mpiexec -launcher ssh`` on a login host h0 with 4 ranks on each of 2 or 3 hosts
 (``tests/hostbed.py``: own network, hostname, mount, PID and clock namespaces; one shared

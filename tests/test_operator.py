@@ -1,4 +1,4 @@
-"""The operator's hour (issue 18), as a person at a customer site meets it: the installed
+"""The operator's hour, as a person at a customer site meets it: the installed
 `mlckpt run`, its exit status and what it leaves behind."""
 
 from __future__ import annotations
@@ -319,9 +319,9 @@ def test_hydra_policy_units() -> None:
 
 
 @pytest.mark.mpi
-def test_the_readmes_mlperf_command_under_mpiexec_runs_the_workloads_own_configuration(
+def test_the_docs_mlperf_command_under_mpiexec_runs_the_workloads_own_configuration(
         tmp_path: Path) -> None:
-    """The README's phase-1 command, on one host (-n 8 for its hosts and ranks per host): the
+    """The MLPerf page's phase-1 command, on one host (-n 8 for its hosts and ranks per host): the
     workload's own configuration, never the laptop preset, said by rank 0 before anything else;
     refused here before any I/O (this machine cannot hold the state; a bigger one would start the
     full run, so the test does not run there)."""
@@ -329,8 +329,8 @@ def test_the_readmes_mlperf_command_under_mpiexec_runs_the_workloads_own_configu
 
     if meminfo().get("MemTotal", 0) > 64 << 30:
         pytest.skip("this host could hold llama3_70b's state on 8 ranks: the test would start a full run")
-    readme = (Path(__file__).resolve().parent.parent / "README.md").read_text()
-    phase1 = readme.split("# phase 1:", 1)[1].split("\n# failover", 1)[0].split("\n", 1)[1]
+    page = (Path(__file__).resolve().parent.parent / "docs" / "src" / "submit" / "mlperf.md").read_text()
+    phase1 = page.split("# phase 1:", 1)[1].split("\n# failover", 1)[0].split("\n", 1)[1]
     words = phase1.replace("\\\n", " ").split()
     assert words[:6] == ["mpiexec", "-n", "64", "-ppn", "8", "-hosts"] and words[7] == "mlckpt"
     from conftest import CHECKER_DESCRIPTION

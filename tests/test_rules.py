@@ -1,4 +1,4 @@
-"""Rules 1.1 (SPEC §4; 1.0 plus rule facts and IO-ENGINE): one passing and one failing case per rule
+"""Rules 1.1 (1.0 plus rule facts and IO-ENGINE): one passing and one failing case per rule
 ID, verdicts, rule data."""
 
 from __future__ import annotations
@@ -636,7 +636,7 @@ def test_verdict_end_to_end() -> None:
 # ---------------------------------------------------------------------------------------------
 # The rule data itself.
 
-SPEC_CANONICAL = {  # SPEC §2 table: hidden, layers, ffn, vocab, heads, kv heads, TP, PP, ZeRO, ranks
+CANONICAL_TABLE = {  # the canonical table: hidden, layers, ffn, vocab, heads, kv heads, TP, PP, ZeRO, ranks
     "llama3_8b": (4096, 32, 14336, 128256, 32, 8, 1, 1, 3, 8),
     "llama3_70b": (8192, 80, 28672, 128256, 128, 8, 8, 1, 3, 64),
     "llama3_405b": (16384, 126, 53248, 128256, 128, 8, 8, 32, 1, 512),
@@ -650,7 +650,7 @@ def _workload_yaml(name: str) -> dict[str, Any]:
 
 def test_canonical_workloads_agree_with_workload_configs() -> None:
     canon = RS.canonical_workloads
-    assert sorted(canon) == sorted(SPEC_CANONICAL)
+    assert sorted(canon) == sorted(CANONICAL_TABLE)
     canonical_files = sorted(p.stem for p in (workloads_dir() / "workload").glob("*.yaml")
                              if _workload_yaml(p.stem).get("canonical"))
     assert canonical_files == sorted(canon)
@@ -663,7 +663,7 @@ def test_canonical_workloads_agree_with_workload_configs() -> None:
         m, p = want["model"], want["parallelism"]
         assert (m["hidden_size"], m["num_layers"], m["ffn_hidden_size"], m["vocab_size"],
                 m["num_attention_heads"], m["num_kv_heads"], p["tensor"], p["pipeline"],
-                p["zero_stage"], want["closed_ranks"]) == SPEC_CANONICAL[name]
+                p["zero_stage"], want["closed_ranks"]) == CANONICAL_TABLE[name]
         assert (m["model_datatype"], m["optimizer_datatype"], m["type"]) == ("fp16", "fp32", "transformer")
         assert node["checkpoint"] == {"num_writes": 10, "num_reads": 10, "fsync": True}
 

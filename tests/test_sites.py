@@ -314,8 +314,9 @@ def test_srun_with_pmix_runs_open_mpi_ranks_whose_bundle_passes_the_checker(
 
 
 def readme_batch_script() -> str:
-    readme = (Path(__file__).resolve().parent.parent / "README.md").read_text()
-    block = readme.split("## At an HPC site", 1)[1].split("```sh\n#!/bin/bash\n", 1)[1].split("```", 1)[0]
+    """The batch script of the docs' page for HPC sites, as a user copies it."""
+    page = (Path(__file__).resolve().parent.parent / "docs" / "src" / "run" / "hpc.md").read_text()
+    block = page.split("```sh\n#!/bin/bash\n", 1)[1].split("```", 1)[0]
     return "#!/bin/bash\n" + block
 
 
@@ -340,7 +341,7 @@ def wait_for(path: Path, text: str, timeout: float = 300) -> None:
 
 
 @pytest.mark.mpi
-def test_the_readmes_batch_script_runs_and_its_bundle_passes_the_checker(
+def test_the_docs_batch_script_runs_and_its_bundle_passes_the_checker(
         slurm: Any, site: dict[str, Path], tmp_path: Path) -> None:
     from conftest import CHECKER_SYSTEM
 

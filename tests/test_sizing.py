@@ -1,4 +1,4 @@
-"""Sizing (SPEC §2, §3): totals, per-rank files and bytes, rank mapping, stages, scaling, restore."""
+"""Sizing: totals, per-rank files and bytes, rank mapping, stages, scaling, restore."""
 
 from __future__ import annotations
 
@@ -48,7 +48,7 @@ def files(p: Plan, rank: int) -> list[tuple[str, int]]:
 
 
 # ---------------------------------------------------------------------------------------------
-# Reference figures (DLIO's own code; SPEC §2 and the issue).
+# Reference figures (DLIO's own code).
 
 # name: (closed ranks, parameters, total bytes, files, max bytes on one rank)
 TOTALS = {
@@ -63,7 +63,7 @@ TOTALS = {
     "llama_1t": (1024, 1_183_035_102_480, 16_564_174_094_592, 2072, 19_290_344_604),
     "llama3_1t": (1024, 1_183_035_102_480, 16_564_174_094_592, 2072, 19_290_344_604),
 }
-# SPEC §2 totals in GiB (2 decimals).
+# The canonical totals in GiB (2 decimals).
 TOTAL_GIB = {"llama_7b": 87.86, "llama3_8b": 104.70, "llama3_70b": 911.21, "llama3_405b": 5292.25,
              "llama3_1t": 15426.59}
 
@@ -227,7 +227,7 @@ def test_zero0_only_dp0_writes() -> None:
 
 
 # ---------------------------------------------------------------------------------------------
-# An independent re-implementation of SPEC §3, compared on every rank of every workload.
+# An independent re-implementation of DLIO's formulas, compared on every rank of every workload.
 
 def spec_rank_files(w: Workload, ranks: int, r: int) -> list[tuple[str, int]]:
     m, par = w.model, w.parallelism

@@ -1,4 +1,4 @@
-"""The witness service (issue 16, part 1): a real `mlckpt witness serve` on the loopback address,
+"""The witness service: a real `mlckpt witness serve` on the loopback address,
 its journal, its receipts and transcript, restarts, bad requests, concurrent runs."""
 
 from __future__ import annotations

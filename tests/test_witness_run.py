@@ -1,4 +1,4 @@
-"""Witnessed runs end to end (issue 16): a real `mlckpt witness serve` on the loopback address, real
+"""Witnessed runs end to end: a real `mlckpt witness serve` on the loopback address, real
 runs under mpiexec that it witnesses, and the checker holding their bundles against its signed
 transcripts, honest and forged."""
 

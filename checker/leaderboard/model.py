@@ -235,7 +235,7 @@ def _text(value: Any) -> str | None:
 
 
 def model_size(model: Any) -> float:
-    """Parameters of a transformer (the workload's formula, SPEC §3) to order workloads; nan if unknown."""
+    """Parameters of a transformer (the workload's formula) to order workloads; nan if unknown."""
     keys = ("hidden_size", "num_layers", "ffn_hidden_size", "vocab_size", "num_attention_heads",
             "num_kv_heads")
     try:

@@ -2,7 +2,7 @@
 
 Each subcommand lives in its own module exposing ``register(subparsers)``; the module's handler
 returns an exit status.  Every ``MlckptError`` becomes one line on stderr and its exit status
-(SPEC §7); nothing else prints a traceback unless ``MLCKPT_DEBUG`` is set.
+(docs: Verdicts and exit statuses); nothing else prints a traceback unless ``MLCKPT_DEBUG`` is set.
 """
 
 from __future__ import annotations

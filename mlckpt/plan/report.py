@@ -1,4 +1,4 @@
-"""Plan reports: the JSON document of SPEC §7 and the human-readable text.  Pure (returns data
+"""Plan reports: the JSON document (`mlckpt plan --json`) and the human-readable text.  Pure (returns data
 and strings; the CLI prints them)."""
 
 from __future__ import annotations

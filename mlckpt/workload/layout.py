@@ -1,6 +1,6 @@
 """Checkpoint sizing: which rank writes which files, and how many bytes.  Pure functions.
 
-The formulas are DLIO's (SPEC §3), reproduced exactly so that full-scale totals match the
+The formulas are DLIO's, reproduced exactly so that full-scale totals match the
 published MLPerf Storage sizes (llama3_8b = 112,425,623,552 B):
 
 * Rank mapping, TP innermost: ``tp = r % TP``, ``pp = (r // TP) % PP``, ``dp = r // (TP*PP)``.
@@ -192,7 +192,7 @@ def auto_rank_shift(ranks_per_host: list[int]) -> int:
 
 
 def rank_coords(rank: int, tp: int, pp: int) -> tuple[int, int, int, int]:
-    """(tp, pp, dp, mp_rank) of ``rank``, TP innermost (SPEC §3)."""
+    """(tp, pp, dp, mp_rank) of ``rank``, TP innermost (as DLIO)."""
     mp = tp * pp
     return rank % tp, (rank // tp) % pp, rank // mp, rank % mp
 

@@ -39,7 +39,7 @@ class ModelShape:
 
     @property
     def num_parameters(self) -> int:
-        """DLIO's parameter count (untied lm_head), SPEC §3."""
+        """DLIO's parameter count (untied lm_head)."""
         h, L, f, V = self.hidden_size, self.num_layers, self.ffn_hidden_size, self.vocab_size
         block = h + h * (h + 2 * self.kv_dim) + h * h + h + 2 * f * h + f * h
         return V * h + L * block + h + V * h
