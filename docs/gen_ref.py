@@ -67,6 +67,32 @@ def rules_page() -> str:
     return "".join(out)
 
 
+def findings_page() -> str:
+    """Every finding's usual cause and remedy (docs/findings.yaml), joined to its rule; a rule
+    without an entry, or an entry without a rule, is an error."""
+    import yaml
+
+    from mlckpt.rules import load_rules
+    from mlckpt.rules.engine import DEFAULT_RULES_VERSION
+
+    notes = yaml.safe_load((ROOT / "docs" / "findings.yaml").read_text())
+    rules: dict[str, Any] = {}
+    for version in (DEFAULT_RULES_VERSION, "mlps-v3.0r2"):
+        for r in load_rules(version).rules:
+            rules.setdefault(r.id, r)
+    missing, unknown = sorted(set(rules) - set(notes)), sorted(set(notes) - set(rules))
+    if missing or unknown:
+        raise SystemExit(f"docs/findings.yaml: no entry for {', '.join(missing) or '—'}; "
+                         f"no such rule: {', '.join(unknown) or '—'}")
+    rows = [[f"`{rid}`", r.severity, notes[rid]["cause"], notes[rid]["do"]] for rid, r in rules.items()]
+    return (HEAD + "# Findings: cause and remedy\n\n"
+            "Every rule of the default rule set and of the MLPerf set, in the order they are checked: "
+            "what usually makes an honest run meet it, and what to do. A finding line names the rule, "
+            "the file and the expected and actual values; its full text is in the "
+            "[rules reference](rules.md).\n\n"
+            + table(["rule", "severity", "usual cause", "what to do"], rows))
+
+
 # ----------------------------------------------------------------------------------------- config
 def _config_lines() -> Iterator[tuple[str, str, str]]:
     """(dotted key, default as written, its comment) for each key of workloads/config.yaml, in
@@ -221,8 +247,8 @@ def packages_page() -> str:
     return "".join(out)
 
 
-PAGES = {"rules.md": rules_page, "config.md": config_page, "formats.md": formats_page,
-         "cli.md": cli_page, "packages.md": packages_page}
+PAGES = {"rules.md": rules_page, "findings.md": findings_page, "config.md": config_page,
+         "formats.md": formats_page, "cli.md": cli_page, "packages.md": packages_page}
 
 
 def main(argv: list[str]) -> int:

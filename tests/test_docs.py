@@ -50,8 +50,25 @@ def test_every_configuration_key_and_rule_is_in_the_reference() -> None:
     for key in ("checkpoint.folder", "io.block_size", "witness.url", "storage.s3.endpoint"):
         assert f"| `{key}` |" in config
     rules = (DOCS / "src" / "reference" / "generated" / "rules.md").read_text()
-    for rule in load_rules(DEFAULT_RULES_VERSION).rules:
+    findings = (DOCS / "src" / "reference" / "generated" / "findings.md").read_text()
+    for rule in (*load_rules(DEFAULT_RULES_VERSION).rules, *load_rules("mlps-v3.0r2").rules):
         assert f"| `{rule.id}` |" in rules
+        row = next(ln for ln in findings.splitlines() if ln.startswith(f"| `{rule.id}` |"))
+        cause, remedy = row.split(" | ")[2:4]
+        assert len(cause) > 15 and len(remedy) > 15, row  # each finding: its usual cause, what to do
+
+
+def test_a_rule_without_its_cause_and_remedy_stops_the_generator(tmp_path: Path) -> None:
+    notes = DOCS / "findings.yaml"
+    saved = notes.read_text()
+    try:
+        notes.write_text(saved.replace("COLD-READ:", "COLD-READS:", 1))
+        proc = subprocess.run([sys.executable, str(DOCS / "gen_ref.py"), "--check"], text=True,
+                              capture_output=True, check=False, timeout=300, cwd=ROOT)
+    finally:
+        notes.write_text(saved)
+    assert proc.returncode != 0 and "no entry for COLD-READ" in proc.stderr
+    assert "no such rule: COLD-READS" in proc.stderr
 
 
 def test_the_site_builds_strictly_and_shows_its_navigation(tmp_path: Path) -> None:
