@@ -1,5 +1,5 @@
 """gpu_stall.py: the async stall with GPU-resident state against the bare pinned device-to-host copy
-of the same bytes (issue 17).
+of the same bytes.
 
 Each round runs, in alternating order:
 

@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""How fast faults on several hosts end, on simulated hosts (issue 19; needs root).
+"""How fast faults on several hosts end, on simulated hosts (needs root).
 
     sudo .venv/bin/python benchmarks/multihost_faults.py [--rounds N]
 

@@ -7,7 +7,7 @@ the rule or key and says what was expected.  The CLI prints ``str(err)`` and exi
 
 from __future__ import annotations
 
-# A run that completed and published its bundle, but is no valid result (README: Errors and exit
+# A run that completed and published its bundle, but is no valid result (docs: Errors and exit
 # statuses): its verdict is invalid; or other processes on its host spoilt the measurement.
 INVALID_STATUS = 5
 DISTURBED_STATUS = 6

@@ -9,7 +9,7 @@ the same bytes at least as fast as boto3's transfer manager, obstore and s3dlio,
 read CPU of the Python clients; it reads the AWS SDKs' own configuration (``AWS_ENDPOINT_URL``,
 ``AWS_ACCESS_KEY_ID``/``AWS_SECRET_ACCESS_KEY``, ``AWS_PROFILE`` and the shared config files).
 
-Semantics (rules 1.6, README: Object storage):
+Semantics (rules 1.6, docs: Object storage):
 
 - A write of an object is durable when the store acknowledged its completion: the single
   PutObject (objects up to one part) or the CompleteMultipartUpload returned.  Both happen inside

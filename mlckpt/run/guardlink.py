@@ -22,7 +22,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 HEARTBEAT_S = 1.0  # how often each end of a link says it is alive
-CONTACT_S = 5.0  # silence after which a link is lost (the README's "When things go wrong")
+CONTACT_S = 5.0  # silence after which a link is lost (docs: When things go wrong)
 CONNECT_S = 10.0  # how long a spoke tries to reach the hub at start-up, before any I/O
 MAX_LINE = 1 << 16  # a peer that sends longer lines is not a guardian
 

@@ -189,7 +189,7 @@ async def _serve(host: str, port: int, witness: Witness) -> None:
     print(f"mlckpt witness: listening on http://{bound[0]}:{bound[1]} (key fingerprint "
           f"{witness.keyid[:16]}, journal "
           f"{witness.journal.folder}, {len(witness.runs)} runs on record)", flush=True)
-    # What a committee pastes under ``witnesses:`` in trusted-witnesses.yaml (README: Witnessed runs).
+    # What a committee pastes under ``witnesses:`` in trusted-witnesses.yaml (docs: Witnessed runs).
     print(f'trusted-witnesses entry: NAME: ["{bundle.public_key_text(witness.key)}"]', flush=True)
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()

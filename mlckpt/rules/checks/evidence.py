@@ -6,7 +6,7 @@ own records and plan, the records against each other (barrier skew, copied timin
 flags the engine recorded, against each host's clocks and physics (memory copy rate, network
 links), and against the kernel's own counters sampled around every op.  Each bound comes from
 ``rules.yaml`` (``evidence:``), where it is justified by measurements of honest runs.  What a
-coherent forger can still do is written down in the README ("What the checker can prove").
+coherent forger can still do is written down in the docs ("What the checker can prove").
 """
 
 from __future__ import annotations
