@@ -34,6 +34,7 @@ RELEASED_RULES = {
     "1.9": "b0a73127bccac7ef85f6331d58ebbb7dbd698d539c07d8d5dc4d526b3531eb6d",
     "mlps-v3.0": "4bb01ebeb340f687cf6a601214b0d95e77e820d10216f4c813bd9edb228b736c",
     "mlps-v3.0r2": "c240ee1376d9231277259d7d12164f634605e08f1837f9c6689bf32b480cbb9c",
+    "mlps-v3.0r3": "775fc3280f5ad902e79ad620dcde79dc3124ac97dbca1aa95b87b512efb7da45",
 }
 
 

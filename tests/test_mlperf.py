@@ -21,7 +21,7 @@ from mlckpt.rules import Context, HostSpec, RuleSet, load_rules
 from mlckpt.rules.checks.result import RunData
 from mlckpt.units import GiB
 
-MLPERF = "mlps-v3.0r2"  # the rule set rules=mlperf-storage-v3.0 selects
+MLPERF = "mlps-v3.0r3"  # the rule set rules=mlperf-storage-v3.0 selects
 RS = load_rules(MLPERF)
 BIN = Path(sys.executable).parent
 # A closed MLPerf configuration of llama3_8b that passes every MLPerf rule before I/O.
@@ -69,10 +69,10 @@ def only(rule_id: str) -> RuleSet:
     return dataclasses.replace(RS, rules=(RS.rule(rule_id),))
 
 
-def submitted(gap_s: float) -> Context:
+def submitted(gap_s: float, *overrides: str) -> Context:
     from mlckpt.rules.checks.submission import SubmissionFacts
 
-    return dataclasses.replace(ctx(), submission=SubmissionFacts(split=(), split_gap_s=gap_s))
+    return dataclasses.replace(ctx(*overrides), submission=SubmissionFacts(split=(), split_gap_s=gap_s))
 
 
 def findings(c: Context, rule_id: str, stages: tuple[str, ...] = ("config", "host")) -> list[str]:
@@ -113,7 +113,37 @@ NEGATIVE: list[tuple[str, Callable[[], Context], str]] = [
     ("MLPERF-SPLIT-GAP", lambda: submitted(226.0),
      "§4.7.1: the read invocation starts within 30 s of the write invocation's end (failover, remap and "
      "cache flushing included): expected at most 30 s, got 226.0 s"),
+    # MLPerf's checker rejects these in the open division too; so does the rule set
+    ("MLPERF-SPLIT-GAP", lambda: submitted(44.0, "division=open", "scale=0.02"),
+     "expected at most 30 s, got 44.0 s"),
+    ("MLPERF-AGGREGATE-MEMORY", lambda: ctx("division=open", "workload=llama3_70b", "ranks=8"),
+     "aggregate accelerator memory must hold the checkpoint: expected at least 911.19 GiB (the "
+     "checkpoint), got 8 × 80 GiB = 640.00 GiB"),
 ]
+# Rules that refuse the configuration outright, before any plan or I/O (one line, exit 2), in the
+# open division too, as MLPerf's checker rejects such results in every division.
+REFUSED: list[tuple[str, tuple[str, ...], str]] = [
+    ("MLPERF-FSYNC", ("division=open", "checkpoint.fsync=false"),
+     "§4.3.2 (in every division, as MLPerf's checker applies it): checkpoints are written with fsync; "
+     "expected checkpoint.fsync=True, got checkpoint.fsync=False"),
+    ("MLPERF-MODEL", ("division=open", "workload=llama_7b", "ranks=8"),
+     "§4.3.3 (in every division, as MLPerf's checker applies it): the model is one of llama3_8b or "
+     "llama3_70b or llama3_405b or llama3_1t; got llama_7b"),
+    ("MLPERF-PATHS", ("division=open", "checkpoint.folder=same", "output.root=same"),
+     "§4.4.1 (in every division): the checkpoint and results folders are set and differ: expected "
+     "checkpoint.folder and output.root set and different, got both same"),
+    ("RANKS-MULTIPLE", ("division=open", "workload=llama3_70b", "ranks=12"), "(MLPerf Storage v3.0 §4.6.4)"),
+]
+
+
+@pytest.mark.parametrize(("rule_id", "overrides", "says"), REFUSED, ids=[r[0] for r in REFUSED])
+def test_mlperf_rule_refuses_before_any_io_in_every_division(rule_id: str, overrides: tuple[str, ...],
+                                                             says: str) -> None:
+    from mlckpt.errors import RuleError
+
+    with pytest.raises(RuleError) as err:
+        ctx(*overrides)
+    assert err.value.rule == rule_id and says in str(err.value) and err.value.exit_status == 2
 POSITIVE: list[tuple[str, Callable[[], Context]]] = [
     ("MLPERF-PROCESSES", lambda: ctx()),
     ("MLPERF-PROCESSES", lambda: ctx("workload=llama3_70b", "ranks=64")),
@@ -126,6 +156,12 @@ POSITIVE: list[tuple[str, Callable[[], Context]]] = [
     ("MLPERF-MEMORY-MULTIPLE", lambda: result_ctx(run_data(2.0, 3.0, 1, 10 * GiB))),
     ("MLPERF-PHASE-GAP", lambda: result_ctx(run_data(2.0, 31.0, 1, 10 * GiB))),
     ("MLPERF-SPLIT-GAP", lambda: submitted(29.5)),
+    ("MLPERF-SPLIT-GAP", lambda: submitted(29.5, "division=open", "scale=0.02")),
+    ("MLPERF-FSYNC", lambda: ctx("division=open")),
+    ("MLPERF-MODEL", lambda: ctx("division=open", "workload=llama3_70b", "ranks=64")),
+    ("MLPERF-AGGREGATE-MEMORY", lambda: ctx("workload=llama3_70b", "ranks=64")),
+    ("MLPERF-AGGREGATE-MEMORY", lambda: ctx("division=open", "workload=llama3_70b", "ranks=8", "scale=0.5")),
+    ("MLPERF-PATHS", lambda: ctx("division=open")),
 ]
 
 
@@ -215,8 +251,8 @@ ALIASES: list[tuple[str, str]] = [
     ("checkpoint.checkpoint_folder=/mnt/x", "checkpoint.folder=/mnt/x"),
     ("checkpoint.time_between_checkpoints=5", "checkpoint.compute_interval_s=5"),
     ("rules=1.1", "rules_version=1.1"),
-    ("rules=mlperf-storage-v3.0", "rules_version=mlps-v3.0r2"),
-    ("rules_version=mlperf-storage-v3.0", "rules_version=mlps-v3.0r2"),
+    ("rules=mlperf-storage-v3.0", "rules_version=mlps-v3.0r3"),
+    ("rules_version=mlperf-storage-v3.0", "rules_version=mlps-v3.0r3"),
     ("io.threads=2", "io.threads=2"),
 ]
 
@@ -346,3 +382,33 @@ def test_dlio_times_of_a_hostile_run_json_do_not_crash_the_checker() -> None:
                          {"hosts": [{"hostname": "a", "cpu_cores": 2, "memory_total_bytes": GiB}]})
     out = completed({"num_reads": 0}, 4096, 0, facts)
     assert (out["start"], out["end"], out["host_memory_GB"], out["host_cpu_count"]) == ("", "x", [1.0], [2])
+
+
+def test_an_open_split_pair_44_s_apart_is_invalid_as_mlperfs_checker_finds_it() -> None:
+    """MLPerf's checker rejected an open split pair 44 s apart ([4.7.1 checkpointCacheFlushValidation]
+    … exceeds 30-second limit) that rules mlps-v3.0r2 let pass as open: under the rule set
+    rules=mlperf-storage-v3.0 selects now, it is invalid in the open division too."""
+    from mlckpt.rules import verdict
+
+    c = submitted(44.0, "division=open", "scale=0.02")
+    found = RS.evaluate(c, ["submission"]).findings
+    assert [f.rule for f in found] == ["MLPERF-SPLIT-GAP"] and verdict(found, "open") == "invalid"
+    before = load_rules("mlps-v3.0r2").evaluate(c, ["submission"]).findings
+    assert before == [] or verdict(before, "open") == "open"  # r2, kept for its bundles, did not see it
+    assert verdict(RS.evaluate(submitted(29.0, "division=open", "scale=0.02"), ["submission"]).findings,
+                   "open") == "open"
+
+
+def test_every_rule_the_mlperf_checker_enforces_is_mapped_and_tested() -> None:
+    """The rule set names, for each MLPERF-* rule, its counterpart in MLPerf's checker; every one has
+    a failing case here, and every MLPerf-checker rule that is enforced in the open division is
+    enforced by mlckpt in the open division."""
+    data = RS.data["mlperf"]
+    mapped = set(data["checker_rules"])
+    assert {r.id for r in RS.rules if r.id.startswith("MLPERF-")} <= mapped
+    failing = {r[0] for r in NEGATIVE} | {r[0] for r in REFUSED}
+    assert mapped <= failing, mapped - failing
+    every_division = {"4.3.2", "4.3.3", "4.3.4", "4.4.1", "4.6.4", "4.7.1 checkpointCacheFlushValidation"}
+    for rid, theirs in data["checker_rules"].items():
+        if theirs in every_division or theirs.split()[0] in every_division - {"4.7.1 checkpointCacheFlushValidation"}:
+            assert "open" in RS.rule(rid).divisions and RS.rule(rid).severity == "invalid", rid

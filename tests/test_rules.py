@@ -694,7 +694,7 @@ def test_load_rules_unknown_version() -> None:
     with pytest.raises(ConfigError) as exc:
         load_rules("9.9")
     assert str(exc.value) == ("rules_version: unknown rules version '9.9'; known: 1.0, 1.1, 1.2, 1.3, 1.4, "
-                              "1.5, 1.6, 1.7, 1.8, 1.9, mlps-v3.0, mlps-v3.0r2")
+                              "1.5, 1.6, 1.7, 1.8, 1.9, mlps-v3.0, mlps-v3.0r2, mlps-v3.0r3")
     assert exc.value.key == "rules_version"
     assert exc.value.exit_status == 2
 

@@ -219,9 +219,11 @@ class RuleSet:
         return frozenset(r.id for r in self.rules if r.exit_class == "integrity")
 
     def require_structure(self, ctx: Context) -> None:
-        """Raise RuleError for the first failed structural rule: no plan exists without them."""
+        """Raise RuleError for the first failed structural rule: no plan exists without them.  A
+        config rule that needs what the context has not yet (the plan) is judged with the others."""
         for rule in self.rules:
-            if rule.severity == "invalid" and rule.stages == ("config",):
+            if rule.severity == "invalid" and rule.stages == ("config",) and all(
+                    _has(ctx, n) for n in rule.needs):
                 for item in _as_list(self.checks[rule.check](ctx, self, rule)):
                     if isinstance(item, Outcome) and not item.ok:
                         raise RuleError(rule.id, make_finding(rule, item).message)

@@ -6,12 +6,13 @@ counts, bounds) is under ``mlperf:`` in the rule set's rules.yaml.  Pure.
 
 from __future__ import annotations
 
+import os
 from collections.abc import Iterator, Mapping
 from typing import Any
 
 from mlckpt.rules.checks.result import _run
 from mlckpt.rules.engine import CheckFn, Context, NotChecked, Outcome, Rule, RuleSet
-from mlckpt.units import fmt_bytes
+from mlckpt.units import GiB, fmt_bytes
 
 
 def _mlperf(rs: RuleSet) -> Mapping[str, Any]:
@@ -129,6 +130,32 @@ def mlperf_split_gap(ctx: Context, rs: RuleSet, rule: Rule) -> Outcome | NotChec
     return Outcome(gap <= limit, f"at most {limit:g} s", f"{gap:.1f} s")
 
 
+def mlperf_model(ctx: Context, rs: RuleSet, rule: Rule) -> Outcome:
+    """§4.3.3, in every division as MLPerf's checker applies it: one of the four llama3 models."""
+    models = [str(m) for m in _mlperf(rs)["models"]]
+    return Outcome(ctx.workload.name in models, " or ".join(models), ctx.workload.name)
+
+
+def mlperf_aggregate_memory(ctx: Context, rs: RuleSet, rule: Rule) -> Outcome:
+    """§4.3.4 as MLPerf's checker computes it, in every division: processes × its fixed
+    per-accelerator memory (80 GiB, an H100's, whatever accelerator is declared) must hold the
+    checkpoint as written (at its scale)."""
+    assert ctx.plan is not None  # needs: [plan]
+    per = float(_mlperf(rs)["checker_accelerator_gib"])
+    have, need = per * GiB * ctx.plan.ranks, ctx.plan.total_bytes
+    return Outcome(have >= need, f"at least {fmt_bytes(need)} (the checkpoint)",
+                   f"{ctx.plan.ranks} × {per:g} GiB = {fmt_bytes(int(have))}")
+
+
+def mlperf_paths(ctx: Context, rs: RuleSet, rule: Rule) -> Outcome:
+    """§4.4.1, in every division: the checkpoint folder and the results folder are set and differ."""
+    folder, results = str(ctx.get("checkpoint.folder") or ""), str(ctx.get("output.root") or "")
+    same = os.path.normpath(folder) == os.path.normpath(results)
+    return Outcome(bool(folder) and bool(results) and not same,
+                   "checkpoint.folder and output.root set and different", f"both {folder}" if same
+                   else f"checkpoint.folder={folder or '(unset)'}, output.root={results or '(unset)'}")
+
+
 CHECKS: dict[str, CheckFn] = {
     "mlperf_processes": mlperf_processes,
     "mlperf_accelerator": mlperf_accelerator,
@@ -137,4 +164,7 @@ CHECKS: dict[str, CheckFn] = {
     "mlperf_memory_multiple": mlperf_memory_multiple,
     "mlperf_phase_gap": mlperf_phase_gap,
     "mlperf_split_gap": mlperf_split_gap,
+    "mlperf_model": mlperf_model,
+    "mlperf_aggregate_memory": mlperf_aggregate_memory,
+    "mlperf_paths": mlperf_paths,
 }
