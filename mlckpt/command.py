@@ -9,16 +9,21 @@ import importlib
 import os
 import sys
 from collections.abc import Callable
-from typing import NoReturn
+from typing import Any, NoReturn
 
 from mlckpt.errors import INTERRUPTED_STATUS, InternalError, MlckptError, UsageError
 
 
 class OneLineParser(argparse.ArgumentParser):
-    """argparse prints usage plus an error; the contract is one line naming the problem."""
+    """argparse prints usage plus an error; the contract is one line naming the problem, and
+    ``hint`` (given the message) may add its remedy."""
+
+    def __init__(self, *args: Any, hint: Callable[[str], str] | None = None, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self.hint = hint
 
     def error(self, message: str) -> NoReturn:
-        raise UsageError(f"{self.prog}: {message}")
+        raise UsageError(f"{self.prog}: {message}{self.hint(message) if self.hint else ''}")
 
 
 def run_guarded(func, *args, prog: str = "mlckpt") -> int:  # type: ignore[no-untyped-def]

@@ -254,7 +254,35 @@ ALIASES: list[tuple[str, str]] = [
     ("rules=mlperf-storage-v3.0", "rules_version=mlps-v3.0r3"),
     ("rules_version=mlperf-storage-v3.0", "rules_version=mlps-v3.0r3"),
     ("io.threads=2", "io.threads=2"),
+    # mlpstorage's own names
+    ("model=llama3-70b", "workload=llama3_70b"),
+    ("num_processes=64", "ranks=64"),
+    ("checkpoint-folder=/mnt/x", "checkpoint.folder=/mnt/x"),
+    ("client_host_memory_in_gb=512", "host_memory_gib=512"),
 ]
+
+
+def test_mlpstorages_flags_are_taken_with_a_note_each() -> None:
+    """`mlckpt plan` with mlpstorage's `checkpointing run` options, as its users type them."""
+    proc = subprocess.run([str(BIN / "mlckpt"), "plan", "--model", "llama3-8b", "--num-processes=8",
+                           "--checkpoint-folder", "/mnt/ckpt", "--client-host-memory-in-gb", "512",
+                           "division=open", "--json"], text=True, capture_output=True, check=False,
+                          timeout=120)
+    assert proc.returncode == 0, proc.stderr
+    doc = json.loads(proc.stdout)
+    assert (doc["workload"], doc["ranks"]) == ("llama3_8b", 8)
+    notes = proc.stderr.strip().splitlines()
+    assert notes == [
+        "mlckpt: note: --model llama3-8b (mlpstorage's option) is taken as workload=llama3_8b",
+        "mlckpt: note: --num-processes 8 (mlpstorage's option) is taken as ranks=8",
+        "mlckpt: note: --checkpoint-folder /mnt/ckpt (mlpstorage's option) is taken as "
+        "checkpoint.folder=/mnt/ckpt",
+        "mlckpt: note: --client-host-memory-in-gb 512 (mlpstorage's option) is taken as host_memory_gib=512",
+    ]
+    # a flag of neither tool is still refused, in one line, pointing at key=value
+    bad = subprocess.run([str(BIN / "mlckpt"), "plan", "--workload", "llama3_8b"], text=True,
+                         capture_output=True, check=False, timeout=120)
+    assert bad.returncode == 2 and "did you mean workload=" in bad.stderr
 
 
 @pytest.mark.parametrize(("given", "taken"), ALIASES)

@@ -24,7 +24,10 @@ COMMAND_MODULES = ("plan_cmd", "size_cmd", "config_cmd", "run_cmd", "bundle_cmd"
 
 
 def build_parser() -> argparse.ArgumentParser:
+    from mlckpt.cli.hydra_app import flag_hint
+
     parser = OneLineParser(
+        hint=flag_hint,  # `mlckpt plan --workload X`: the settings are key=value overrides
         prog="mlckpt",
         description="LLM checkpoint storage benchmark (plan, size, run, sign, verify).",
     )
@@ -35,8 +38,25 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
+# Commands whose settings are overrides: mlpstorage's --flags are taken there (mlckpt.plan.aliases).
+OVERRIDE_COMMANDS = ("run", "plan", "size", "config")
+
+
+def _mlpstorage_flags(argv: list[str]) -> list[str]:
+    from mlckpt.plan.aliases import flags
+    from mlckpt.run.site_mpi import speaks
+
+    rest, notes = flags(argv[1:])
+    if speaks(os.environ):  # once per launch, not once per rank
+        for note in notes:
+            print(f"mlckpt: note: {note}", file=sys.stderr, flush=True)
+    return [argv[0], *rest]
+
+
 def _dispatch(argv: Sequence[str] | None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
+    if argv[:1] and argv[0] in OVERRIDE_COMMANDS:
+        argv = _mlpstorage_flags(argv)
     if argv[:1] == ["run"]:  # Hydra's own parser reads `mlckpt run`'s flags and overrides
         from mlckpt.run.site_mpi import refuse_slurm_without_pmi
 

@@ -28,8 +28,20 @@ _DLIO_KEYS = {
     "num_checkpoints_read": "checkpoint.num_reads",
     "time_between_checkpoints": "checkpoint.compute_interval_s",
 }
+# mlpstorage's own names (its `checkpointing run` options), as key=value or as its --flags.
+_MLPSTORAGE_KEYS = {
+    "model": "workload",
+    "num_processes": "ranks",
+    "checkpoint-folder": "checkpoint.folder",
+    "client_host_memory_in_gb": "host_memory_gib",
+    "num_checkpoints_write": "checkpoint.num_writes",
+    "num_checkpoints_read": "checkpoint.num_reads",
+}
+FLAGS = {f"--{k.replace('_', '-')}": v for k, v in _MLPSTORAGE_KEYS.items()}
 KEYS = {
     "rules": "rules_version",
+    **_MLPSTORAGE_KEYS,
+    **{k.replace("-", "_"): v for k, v in _MLPSTORAGE_KEYS.items()},
     **_DLIO_KEYS,
     **{f"checkpoint.{k}": v for k, v in _DLIO_KEYS.items()},
     **{f"workload.checkpoint.{k}": v for k, v in _DLIO_KEYS.items()},
@@ -54,4 +66,28 @@ def canonical(overrides: Sequence[str]) -> tuple[list[str], list[str]]:
             prefix = "" if new_key != key else prefix
             notes.append(f"{o} is taken as {prefix}{new_key}={new_value} (mlckpt's name)")
         out.append(f"{prefix}{new_key}={new_value}")
+    return out, notes
+
+
+def flags(argv: Sequence[str]) -> tuple[list[str], list[str]]:
+    """mlpstorage's ``--flag VALUE`` (or ``--flag=VALUE``) options in ``argv`` as mlckpt's
+    ``key=value`` overrides, and one note per flag taken; every other argument as it was."""
+    out: list[str] = []
+    notes: list[str] = []
+    args = list(argv)
+    i = 0
+    while i < len(args):
+        a = args[i]
+        name, eq, value = a.partition("=")
+        if name in FLAGS and (eq or i + 1 < len(args)):
+            if not eq:
+                value = args[i + 1]
+                i += 1
+            key = FLAGS[name]
+            mine = WORKLOADS.get(value, value) if key == "workload" else value
+            out.append(f"{key}={mine}")
+            notes.append(f"{name} {value} (mlpstorage's option) is taken as {key}={mine}")
+        else:
+            out.append(a)
+        i += 1
     return out, notes
