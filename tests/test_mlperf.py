@@ -436,7 +436,7 @@ def test_every_rule_the_mlperf_checker_enforces_is_mapped_and_tested() -> None:
     assert {r.id for r in RS.rules if r.id.startswith("MLPERF-")} <= mapped
     failing = {r[0] for r in NEGATIVE} | {r[0] for r in REFUSED}
     assert mapped <= failing, mapped - failing
-    every_division = {"4.3.2", "4.3.3", "4.3.4", "4.4.1", "4.6.4", "4.7.1 checkpointCacheFlushValidation"}
+    every_division = ("4.3.2 ", "4.3.3 ", "4.3.4 ", "4.4.1 ", "4.6.4 ")  # in the checker's code
     for rid, theirs in data["checker_rules"].items():
-        if theirs in every_division or theirs.split()[0] in every_division - {"4.7.1 checkpointCacheFlushValidation"}:
+        if theirs.startswith(every_division) or theirs == "4.7.1 checkpointCacheFlushValidation":
             assert "open" in RS.rule(rid).divisions and RS.rule(rid).severity == "invalid", rid
