@@ -54,7 +54,7 @@ def read_holder(folder: Path) -> Holder | None:
     """Who holds ``folder``'s lock; None when it is free."""
     try:
         text = lock_path(folder).read_text(encoding="utf-8")
-    except FileNotFoundError:
+    except (FileNotFoundError, NotADirectoryError):  # no lock; or no folder (the folder gate says why)
         return None
     except (OSError, UnicodeDecodeError) as exc:
         return Holder("?", "?", (), "?", problem=str(exc))
