@@ -97,8 +97,21 @@ def _add_compare(sub: Any) -> None:
     p.set_defaults(func=lazy_handler("checker.compare", "cmd_compare"))
 
 
+def _add_import(sub: Any) -> None:
+    p = sub.add_parser(
+        "import", help="list the DLIO / mlpstorage results under a folder (unverified)",
+        description="Find every DLIO / mlpstorage checkpointing result under PATH, at any level of "
+        "a published tree (a timestamp folder, a workload folder with both halves of a split pair, "
+        "a system, a submitter), and list what was read and what could not be. Exit 1 when none "
+        "was read.")
+    p.add_argument("path", type=Path, metavar="PATH")
+    p.add_argument("--json", action="store_true", help="print JSON instead of a table")
+    p.set_defaults(func=lazy_handler("checker.foreign", "cmd_import"))
+
+
 # name -> what adds its parser, in the order --help lists them
-COMMANDS = {"check": _add_check, "leaderboard": _add_leaderboard, "compare": _add_compare}
+COMMANDS = {"check": _add_check, "leaderboard": _add_leaderboard, "compare": _add_compare,
+            "import": _add_import}
 
 
 def build_parser() -> argparse.ArgumentParser:

@@ -1,11 +1,15 @@
-"""A DLIO or mlpstorage result folder as one side of ``mlckpt-check compare``: unverified.
+"""DLIO or mlpstorage result folders: one side of ``mlckpt-check compare``, and what
+``mlckpt-check import`` lists.  Unverified.
 
-Such a folder holds DLIO's ``summary.json`` (its ``metric`` block, ``num_accelerators``,
-``num_hosts``, ``start``), and under mlpstorage a ``*_metadata.json`` (the model, the process
-count, the checkpoint parameters) and DLIO's ``dlio_config/config.yaml``.  Nothing in it is signed
-or recomputable: DLIO times rank 0, does not control the page cache and verifies nothing, so the
-side is labelled unverified and every figure is quoted as the folder states it.  Files are read
-with the same bounded strict loaders as bundles; a folder that is neither is one line, exit 2.
+A result is a timestamp folder (one invocation), or a workload folder holding the two timestamp
+folders of a split pair (the write invocation and the read invocation, joined as one result: write
+figures from the one, read figures from the other).  Such a folder holds DLIO's ``summary.json``
+(its ``metric`` block, ``num_accelerators``, ``num_hosts``, ``start``), and under mlpstorage a
+``*_metadata.json`` (the model, the process count, the checkpoint parameters) and DLIO's
+``dlio_config/config.yaml``.  Nothing in it is signed or recomputable: DLIO times rank 0, does not
+control the page cache and verifies nothing, so a result is labelled unverified and every figure
+is quoted as the folder states it.  Files are read with the same bounded strict loaders as
+bundles; a folder that is neither is one line, exit 2.
 """
 
 from __future__ import annotations
@@ -26,17 +30,48 @@ LABEL = "DLIO / mlpstorage result folder, UNVERIFIED: rank 0's timing, page cach
 STATED = {"workload", "division", "ranks", "hosts", "checkpoint_gib", "restore_gib", "verification",
           *(f"{op}_{what}" for op in ("write", "read")
             for what in ("bandwidth_mean_gib_s", "bandwidth_stdev_gib_s", "duration_mean_s"))}
-_MAX_BYTES = 1 << 20
+_MAX_BYTES = 1 << 20  # summary.json: a few KB
+# mlpstorage's metadata grows with the hosts, about 43 KB each (684 KB at 16 hosts, about 6 MB at
+# the 128 of the largest published result): 64 MiB holds 1,500 hosts.
+_MAX_METADATA_BYTES = 64 << 20
+_MAX_DEPTH = 8  # a whole tree: <division>/<org>/results/<system>/checkpointing/<model>/<ts>
+
+
+def _halves(path: Path) -> list[Path]:
+    """The timestamp folders directly under ``path`` that hold DLIO's summary.json."""
+    try:
+        return sorted(p for p in path.iterdir() if p.is_dir() and (p / "summary.json").is_file())
+    except OSError:
+        return []
 
 
 def is_foreign(path: Path) -> bool:
-    """A folder holding DLIO's summary.json (and no mlckpt signature)."""
-    return path.is_dir() and (path / "summary.json").is_file()
+    """A folder holding DLIO's summary.json, or the two halves of a split pair (and no mlckpt
+    signature)."""
+    return path.is_dir() and ((path / "summary.json").is_file() or len(_halves(path)) == 2)
 
 
-def _json(path: Path, what: str) -> Any:
+def results_under(path: Path) -> list[Path]:
+    """Every folder at or below ``path`` holding DLIO's summary.json, at any level of a
+    published tree (a timestamp folder, a workload, a system, a submitter), sorted."""
+    found: list[Path] = []
+    stack = [(path, 0)]
+    while stack:
+        here, depth = stack.pop()
+        if (here / "summary.json").is_file():
+            found.append(here)
+            continue
+        if depth < _MAX_DEPTH:
+            try:
+                stack += [(p, depth + 1) for p in here.iterdir() if p.is_dir() and not p.is_symlink()]
+            except OSError:
+                continue
+    return sorted(found)
+
+
+def _json(path: Path, what: str, cap: int = _MAX_BYTES) -> Any:
     try:
-        return loading.parse_json(loading.read_capped(path, _MAX_BYTES))
+        return loading.parse_json(loading.read_capped(path, cap))
     except (OSError, loading.ParseError) as exc:
         raise UsageError(f"{what} {path}: {exc}") from None
 
@@ -48,12 +83,29 @@ def _number(doc: Mapping[str, Any], key: str) -> float | None:
 
 def _metadata(folder: Path, which: str) -> Mapping[str, Any]:
     found = sorted(folder.glob("*_metadata.json"))
-    doc = _json(found[0], which) if found else {}
+    doc = _json(found[0], which, _MAX_METADATA_BYTES) if found else {}
     return doc if isinstance(doc, Mapping) else {}
 
 
 def load_foreign(folder: Path, which: str) -> BundleDocs:
-    """The folder's figures in the shape ``compare`` reads, marked unverified."""
+    """The result's figures in the shape ``compare`` reads, marked unverified: one invocation, or
+    a split pair's two joined."""
+    if (folder / "summary.json").is_file():
+        return _one(folder, which)
+    halves = [_one(h, which) for h in _halves(folder)]
+    writes = [d for d in halves if "write_bandwidth_mean_gib_s" in d.summary]
+    reads = [d for d in halves if "read_bandwidth_mean_gib_s" in d.summary]
+    if len(halves) != 2 or len(writes) != 1 or len(reads) != 1 or writes[0] is reads[0]:
+        raise UsageError(f"{which} {folder}: not one result (a split pair is a write invocation and a "
+                         "read invocation side by side); `mlckpt-check import` lists what is there")
+    w, r = writes[0], reads[0]
+    summary = {**w.summary, **{k: v for k, v in r.summary.items() if k.startswith(("read_", "num_reads",
+                                                                               "restore_"))}}
+    run = {**w.run, "name": folder.name, "stated": sorted(set(w.run["stated"]) | set(r.run["stated"]))}
+    return BundleDocs(run, w.config, summary, w.system, "", "", None)
+
+
+def _one(folder: Path, which: str) -> BundleDocs:
     summary = _json(folder / "summary.json", which)
     metric = summary.get("metric") if isinstance(summary, Mapping) else None
     if not isinstance(metric, Mapping) or not isinstance(_number(metric, "checkpoint_size_GB"), float):
@@ -91,3 +143,70 @@ def load_foreign(folder: Path, which: str) -> BundleDocs:
                              "tiers": {"fast": None, "fast_keep": 0},
                              "compute_interval_s": _number(ck, "time_between_checkpoints") or 0.0}}
     return BundleDocs(run, config, out, {"hosts": []}, "", "", None)
+
+
+# ----------------------------------------------------------------------------------------------
+# mlckpt-check import PATH: every published result under a path, read or not
+
+
+def import_rows(path: Path) -> tuple[list[dict[str, Any]], list[tuple[str, str]]]:
+    """(one row per result read, (folder, why) per folder that could not be): every timestamp
+    folder under ``path``; the two halves of a split pair, side by side, as one result."""
+    rows: list[dict[str, Any]] = []
+    problems: list[tuple[str, str]] = []
+    done: set[Path] = set()
+    for folder in results_under(path):
+        if folder in done:
+            continue
+        pair = _halves(folder.parent)
+        docs, target = None, folder
+        if len(pair) == 2:  # a split pair, if it reads as one
+            try:
+                docs, target = load_foreign(folder.parent, "import"), folder.parent
+                done.update(pair)
+            except UsageError:
+                docs = None
+        if docs is None:
+            try:
+                docs = load_foreign(folder, "import")
+            except UsageError as exc:
+                problems.append((str(folder), str(exc).split(f"{folder}: ", 1)[-1]))
+                continue
+        rows.append(_row(target, docs, halves=2 if target != folder else 1))
+    return rows, problems
+
+
+def _row(target: Path, docs: BundleDocs, halves: int) -> dict[str, Any]:
+    s = docs.summary
+    return {"result": str(target), "workload": docs.run["workload"], "division": docs.run["division"],
+            "ranks": docs.run["ranks"], "hosts": len(docs.run["hosts"]),
+            "write_gib_s": s.get("write_bandwidth_mean_gib_s"),
+            "read_gib_s": s.get("read_bandwidth_mean_gib_s"),
+            "checkpoint_gib": round(s["checkpoint_bytes"] / GiB, 2), "halves": halves}
+
+
+def cmd_import(args: Any) -> int:
+    import json
+    import sys
+
+    from tabulate import tabulate
+
+    root: Path = args.path
+    if not root.exists():
+        raise UsageError(f"{root}: no such folder")
+    rows, problems = import_rows(root)
+    if args.json:
+        json.dump({"results": rows, "not_read": [{"folder": f, "why": w} for f, w in problems]}, sys.stdout,
+                  indent=1)
+        sys.stdout.write("\n")
+        return 0 if rows else 1
+    if rows:
+        print(tabulate([[r["result"], r["workload"], r["division"], r["ranks"], r["hosts"],
+                         r["write_gib_s"], r["read_gib_s"], r["halves"]] for r in rows],
+                       headers=["result (UNVERIFIED)", "workload", "division", "ranks", "hosts",
+                                "write GiB/s", "read GiB/s", "halves"], floatfmt=".2f", missingval="—"))
+    for folder, why in problems:
+        print(f"not read: {folder}: {why}")
+    print(f"{len(rows)} result{'s' if len(rows) != 1 else ''} read, {len(problems)} not read, under {root} "
+          "(DLIO / mlpstorage folders: rank 0's timing, nothing signed or recomputed)")
+    return 0 if rows else 1

@@ -15,7 +15,7 @@ import pytest
 
 MLCKPT = ["plan", "size", "config", "keygen", "sign", "verify", "pack", "digest", "describe-system",
           "witness"]
-CHECK = ["check", "leaderboard", "compare"]
+CHECK = ["check", "leaderboard", "compare", "import"]
 HEAVY = ("hydra", "omegaconf", "jsonschema", "cryptography", "pandas", "numpy", "mpi4py", "boto3")
 BUDGET_S = 0.2
 

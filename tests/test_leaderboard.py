@@ -1068,6 +1068,24 @@ def test_compare_puts_a_dlio_result_beside_a_bundle_labelled_unverified(
     assert "neither an mlckpt bundle nor a DLIO checkpointing result" in capsys.readouterr().err
 
 
+def test_compare_joins_a_published_split_pair_beside_a_bundle(
+        pair: tuple[Path, Path, Path], tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """B: a published workload folder holding both halves of a split pair (a write invocation and
+    a read invocation): one result, write figures from the one and read figures from the other."""
+    wl = tmp_path / "llama3-8b"
+    for ts, key, gib_s in (("20260722_185605", "save", 20.0), ("20260722_190012", "load", 31.5)):
+        (wl / ts).mkdir(parents=True)
+        metric = {"checkpoint_size_GB": 104.7045, f"{key}_checkpoint_io_mean_GB_per_second": gib_s,
+                  f"{key}_checkpoint_duration_mean_seconds": 104.7045 / gib_s}
+        (wl / ts / "summary.json").write_text(json.dumps(
+            {"start": "2026-07-22T18:57:02", "num_accelerators": 8, "num_hosts": 2, "metric": metric}))
+    assert cli.run(["compare", str(pair[0]), str(wl), "--json"]) == 0
+    m = {row["key"]: row for row in json.loads(capsys.readouterr().out)["metrics"]}
+    assert (m["write_bandwidth_mean_gib_s"]["b"], m["read_bandwidth_mean_gib_s"]["b"]) == (20.0, 31.5)
+    assert m["read_bandwidth_mean_gib_s"]["ratio_b_over_a"] == pytest.approx(
+        31.5 / m["read_bandwidth_mean_gib_s"]["a"])
+
+
 def test_a_gpu_source_run_has_a_class_of_its_own(golden_tree: Path,
                                                  golden_board: leaderboard.Leaderboard) -> None:
     """Its stall is a device copy, not a host memcpy: never ranked against host-memory runs."""
