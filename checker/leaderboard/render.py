@@ -120,6 +120,8 @@ def render_md(board: Leaderboard) -> str:
 
 
 CSV_LEAD = ("Class", "Workload", "Scale")
+# mlckpt's own columns after MLPerf's, less those MLPerf's already name (headers stay unique)
+OWN_CSV_COLUMNS = tuple(c for c in COLUMNS if c.label not in MLPERF_COLUMNS)
 
 
 def render_csv(board: Leaderboard) -> str:
@@ -131,10 +133,11 @@ def render_csv(board: Leaderboard) -> str:
             row = mlperf_row(entry, rec, lambda v, key: fmt(v, COLUMN[key], missing=""))
             row.update({"Class": t.key.id, "Workload": t.key.workload,
                         "Scale": "full" if t.key.scale == "full" else f"{t.key.factor:g}"})
-            row.update({c.label: fmt(rec[c.key], c, missing="") for c in COLUMNS})
+            row.update({c.label: fmt(rec[c.key], c, missing="") for c in OWN_CSV_COLUMNS})
             row["Bundle"] = rec["bundle"]
             records.append(row)
-    frame = pd.DataFrame(records, columns=[*MLPERF_COLUMNS, *CSV_LEAD, *(c.label for c in COLUMNS), "Bundle"],
+    frame = pd.DataFrame(records, columns=[*MLPERF_COLUMNS, *CSV_LEAD, *(c.label for c in OWN_CSV_COLUMNS),
+                                           "Bundle"],
                          dtype=object)
     buf = io.StringIO()
     frame.to_csv(buf, index=False, lineterminator="\n")

@@ -56,7 +56,7 @@ def sut_facts(description: Any) -> tuple[tuple[str, str], ...]:
 # client storage and the code link have no source in an mlckpt bundle.
 MLPERF_COLUMNS = (
     "Public ID", "Organization", "Division", "Benchmark Type", "Model", "Name", "Description", "Type",
-    "Access Protocol", "Availability", "RU's", "Integrated Client Storage", "Usable Capacity (TiB)",
+    "Access Protocol", "Availability", "RU's", "Integrated Client Storage (TiB)", "Usable Capacity (TiB)",
     "Checkpointing - Checkpoint Mode", "Checkpointing - # Client Nodes", "Checkpointing - DP Instances",
     "Checkpointing - Code", "Checkpointing - Logs", "Checkpointing - Write B/W (GiB/s)",
     "Checkpointing - Write Duration (secs)", "Checkpointing - Read B/W (GiB/s)",
@@ -70,12 +70,13 @@ def mlperf_row(entry: Any, rec: Mapping[str, Any], fmt_num: Any) -> dict[str, st
     ``fmt_num(value, key)`` prints a number as the table's column of that key does."""
     return {
         "Public ID": "", "Organization": entry.sut_value("submitter") or entry.org,
-        "Division": entry.division, "Benchmark Type": "Checkpointing",
-        "Model": MLPERF_MODELS.get(entry.workload, entry.workload),
-        "Name": entry.sut_value("product"), "Description": entry.sut_value("description"),
+        "Division": entry.division.upper(), "Benchmark Type": "checkpointing",
+        "Model": MLPERF_MODELS.get(entry.workload, entry.workload)
+        + (f" (scaled ×{entry.scale:g})" if entry.scaled else ""),  # never mistaken for a full run
+        "Name": entry.system, "Description": entry.sut_value("description"),
         "Type": entry.sut_value("type"),
         "Access Protocol": "file",  # mlckpt writes and reads files through POSIX
-        "Availability": entry.sut_value("availability"), "RU's": "", "Integrated Client Storage": "",
+        "Availability": entry.sut_value("availability"), "RU's": "", "Integrated Client Storage (TiB)": "",
         "Usable Capacity (TiB)": entry.sut_value("usable_capacity_tib"),
         "Checkpointing - Checkpoint Mode": "Full",  # mlckpt has no subset mode
         "Checkpointing - # Client Nodes": str(entry.hosts),
