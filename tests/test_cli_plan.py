@@ -136,7 +136,8 @@ KNOWN = ("llama3_1t, llama3_405b, llama3_70b, llama3_8b, llama_1t, llama_405b, l
     (["ranks"], "override 'ranks': expected KEY=VALUE (e.g. ranks=64)"),
     (["rules_version='2.0'"], "rules_version: unknown rules version '2.0'; known: 1.0, 1.1, 1.2, 1.3, 1.4, "
      "1.5, 1.6, 1.7, 1.8, 1.9, mlps-v3.0, mlps-v3.0r2, mlps-v3.0r3"),
-    (["--bogus"], "mlckpt: unrecognized arguments: --bogus"),
+    (["--bogus"], "mlckpt: unrecognized arguments: --bogus; settings are key=value overrides: did you mean "
+                  "bogus=…?"),
 ])
 def test_plan_bad_input(run_cli, args: list[str], expected: str) -> None:  # type: ignore[no-untyped-def]
     assert one_line(run_cli("plan", *args, "--json")) == f"mlckpt: error: {expected}"
