@@ -21,10 +21,12 @@ def pair_doc(run: Mapping[str, Any], config: Mapping[str, Any]) -> dict[str, Any
 
 
 def _when(stamp: Any) -> datetime.datetime | None:
+    """A run.json time; None when it is not one, or has no zone (no gap can be told from it)."""
     try:
-        return datetime.datetime.fromisoformat(str(stamp).replace("Z", "+00:00"))
+        when = datetime.datetime.fromisoformat(str(stamp).replace("Z", "+00:00"))
     except ValueError:
         return None
+    return when if when.tzinfo is not None else None
 
 
 def gap_s(write: Mapping[str, Any], read: Mapping[str, Any]) -> float | None:

@@ -384,6 +384,20 @@ def test_the_runs_own_bytes_cannot_exceed_the_devices() -> None:
     )
 
 
+@pytest.mark.parametrize(("side", "field"), [("after", "written_bytes"), ("before", "cached_bytes"),
+                                             ("after", "t_ns"), ("before", "read_bytes")])
+def test_a_counter_sample_without_a_field_is_a_finding_never_a_checker_fault(side: str, field: str) -> None:
+    """A signed bundle whose host counters lack a field the rule reads (the released schemas
+    require only t_ns): DEVICE-COUNTERS fails naming it, where it raised KeyError (exit 4)."""
+    recs = two_writes((0, 0))
+    del recs[0]["host_counters"][side][field]
+    found = failed(device_counters, "DEVICE-COUNTERS", run_of(recs))
+    assert any(isinstance(o, Outcome) and o.actual == f"{side} sample without {field}" for o in found), found
+    recs[0]["host_counters"][side][field] = "12"  # a string where a count belongs: the same
+    assert any(isinstance(o, Outcome) and o.actual == f"{side} sample without {field}"
+               for o in failed(device_counters, "DEVICE-COUNTERS", run_of(recs)))
+
+
 # ------------------------------------------------------------------------------ timing
 def test_a_hosts_bounds_follow_its_calibration_between_floor_and_cap() -> None:
     rs = load_rules("1.8")

@@ -233,3 +233,14 @@ def test_the_leaderboard_shows_a_pair_as_one_row(pair: dict[str, Any], tmp_path:
     # paired: no note
     both = check_tree(tree_of(h, tmp_path / "both", pair["write"], pair["read"]), trusted)
     assert [b["metrics"].get("unpaired_write_half") for b in both["bundles"]].count(True) == 0
+
+
+def test_a_time_without_its_zone_gives_no_gap_never_a_checker_fault() -> None:
+    """run.json's times are checked against 'date-time' only where jsonschema's format checkers are
+    installed; a signed bundle with a zoneless time made pairing raise (naive minus aware)."""
+    from checker.pairs import gap_s
+
+    aware, naive = "2026-11-26T10:00:00+00:00", "2026-11-26T10:00:05"
+    assert gap_s({"ended": aware}, {"started": naive}) is None
+    assert gap_s({"ended": naive}, {"started": aware}) is None
+    assert gap_s({"ended": aware}, {"started": "2026-11-26T10:00:05Z"}) == 5.0

@@ -183,6 +183,20 @@ def _between(
                     return
 
 
+def _missing_fields(hc: Rec) -> str:
+    """What a host's counter samples lack of what the checks read ('' when nothing)."""
+    device = ("read_bytes", "written_bytes") if hc.get("device") is not None else ()
+    need = ("t_ns", "cached_bytes", *device)
+    for side in ("before", "after"):
+        sample = hc.get(side)
+        if not isinstance(sample, dict):
+            return f"no {side} sample"
+        lacking = [k for k in need if not isinstance(sample.get(k), int) or isinstance(sample.get(k), bool)]
+        if lacking:
+            return f"{side} sample without {', '.join(lacking)}"
+    return ""
+
+
 def device_counters(ctx: Context, rs: RuleSet, rule: Rule) -> Iterator[Outcome | NotChecked]:
     """The kernel's counters of each host, sampled around every op, agree with the records: the
     window frames the op; a durable write put at least its bytes on the device, a cold restore
@@ -214,6 +228,11 @@ def device_counters(ctx: Context, rs: RuleSet, rule: Rule) -> Iterator[Outcome |
                     f"{len(leaders)}",
                     where=f"{key[0]} {key[1]} on {host}",
                 )
+                continue
+            missing = _missing_fields(leaders[0]["host_counters"])
+            if missing:  # released schemas require only t_ns of a sample: never a checker fault
+                yield Outcome(False, "counter samples with every field the rule reads", missing,
+                              where=f"{key[0]} {key[1]} on {host}")
                 continue
             yield from _window(rs, d, b, key, hr, leaders[0], op_dur)
             yield from _device(d, b, attr, key, hr, leaders[0], facts.get(host, {}))
