@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
-from checker.results import BundleResult
+from checker.results import BundleResult, confined
 from checker.rulesets import _as_finding, fallback_rules, finding_dict, submission_findings
 from mlckpt.rules import (
     load_rules,
@@ -38,11 +38,12 @@ def add_duplicates(results: Sequence[BundleResult], forced_rules: str | None = N
     for r in results:
         if id(r) not in problems and id(r) not in content:
             continue
-        rs = load_rules(r.rules_version) if r.rules_version else fallback_rules(forced_rules)
-        facts = SubmissionFacts(duplicates=tuple(problems.get(id(r), ())),
-                                content=tuple(content.get(id(r), ())))
-        found, _ = submission_findings(rs, facts, r.declared_division or r.division)
-        r.findings += [finding_dict(f, r.path, {"run.json": f"{r.path}/run.json"}) for f in found]
+        with confined(r, "duplicates"):
+            rs = load_rules(r.rules_version) if r.rules_version else fallback_rules(forced_rules)
+            facts = SubmissionFacts(duplicates=tuple(problems.get(id(r), ())),
+                                    content=tuple(content.get(id(r), ())))
+            found, _ = submission_findings(rs, facts, r.declared_division or r.division)
+            r.findings += [finding_dict(f, r.path, {"run.json": f"{r.path}/run.json"}) for f in found]
         if r.verdict != "internal-error":
             r.verdict = verdict([_as_finding(f) for f in r.findings], r.declared_division or r.division)
 

@@ -7,7 +7,7 @@ import datetime
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from checker.results import BundleResult
+from checker.results import BundleResult, confined
 from checker.rulesets import _as_finding, fallback_rules, finding_dict, submission_findings
 from mlckpt.rules import load_rules, verdict
 from mlckpt.rules.checks.split import pair_problems
@@ -83,14 +83,15 @@ def add_pairs(results: Sequence[BundleResult], forced_rules: str | None = None) 
     for r in results:
         if r.pair is None or not r.pair["run"].get("restored_from") or r.verdict == "internal-error":
             continue
-        problems, gap = _problems(r, writes)
-        if r.metrics is not None:
-            r.metrics["split_gap_s"] = gap
-        rs = load_rules(r.rules_version) if r.rules_version else fallback_rules(forced_rules)
-        facts = SubmissionFacts(split=tuple(problems), split_gap_s=gap)
-        found, _ = submission_findings(rs, facts, r.declared_division or r.division)
-        r.findings += [finding_dict(f, r.path, {"run.json": f"{r.path}/run.json"}) for f in found]
-        r.verdict = verdict([_as_finding(f) for f in r.findings], r.declared_division or r.division)
+        with confined(r, "split pairs"):
+            problems, gap = _problems(r, writes)
+            if r.metrics is not None:
+                r.metrics["split_gap_s"] = gap
+            rs = load_rules(r.rules_version) if r.rules_version else fallback_rules(forced_rules)
+            facts = SubmissionFacts(split=tuple(problems), split_gap_s=gap)
+            found, _ = submission_findings(rs, facts, r.declared_division or r.division)
+            r.findings += [finding_dict(f, r.path, {"run.json": f"{r.path}/run.json"}) for f in found]
+            r.verdict = verdict([_as_finding(f) for f in r.findings], r.declared_division or r.division)
     _mark_unpaired(results)
 
 
@@ -99,10 +100,12 @@ def _mark_unpaired(results: Sequence[BundleResult]) -> None:
     the tree restores: the checker's report says so beside its PASS, the leaderboard excludes it
     with the same words."""
     restored = {(r.division, r.org, r.system, r.workload, str(r.pair["run"]["restored_from"].get("run_id")))
-                for r in results if r.pair is not None and r.pair["run"].get("restored_from")
-                and r.verdict in ("closed", "open")}
+                for r in results if r.pair is not None and r.verdict in ("closed", "open")
+                and isinstance(r.pair["run"].get("restored_from"), dict)}
     for r in results:
-        if r.pair is None or r.metrics is None or not is_write_half(r.pair["config"]):
+        if r.pair is None or r.metrics is None or r.verdict == "internal-error":
             continue
-        key = (r.division, r.org, r.system, r.workload, str(r.pair["run"]["run_id"]))
-        r.metrics["unpaired_write_half"] = key not in restored
+        with confined(r, "split pairs"):
+            if is_write_half(r.pair["config"]):
+                key = (r.division, r.org, r.system, r.workload, str(r.pair["run"]["run_id"]))
+                r.metrics["unpaired_write_half"] = key not in restored

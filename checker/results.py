@@ -4,8 +4,12 @@ display of untrusted text."""
 from __future__ import annotations
 
 import dataclasses
+import os
+import sys
+import traceback
 import unicodedata
-from collections.abc import Mapping
+from collections.abc import Iterator, Mapping
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -99,3 +103,19 @@ def jsonable(value: Any, depth: int = 0) -> Any:
         return {clean_text(str(k), 100): jsonable(v, depth + 1) for k, v in list(value.items())[:20]}
     return clean_text(str(value), 500)
 
+
+@contextmanager
+def confined(r: BundleResult, stage: str) -> Iterator[None]:
+    """A tree-level stage's work on one bundle: a fault there (a defect of the checker) becomes
+    that bundle's INTERNAL finding; the other bundles are still judged and the report written."""
+    try:
+        yield
+    except Exception as exc:
+        if os.environ.get("MLCKPT_DEBUG"):
+            traceback.print_exception(exc, file=sys.stderr)
+        r.verdict = "internal-error"
+        r.findings.append({"rule": INTERNAL, "severity": "internal", "path": r.path,
+                           "message": f"checker fault in stage {stage}: {type(exc).__name__}: "
+                           f"{clean_text(str(exc), 300)} (a defect of mlckpt-check, not of this "
+                           "submission; MLCKPT_DEBUG=1 shows the traceback)",
+                           "expected": None, "actual": None})

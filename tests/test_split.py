@@ -244,3 +244,24 @@ def test_a_time_without_its_zone_gives_no_gap_never_a_checker_fault() -> None:
     assert gap_s({"ended": aware}, {"started": naive}) is None
     assert gap_s({"ended": naive}, {"started": aware}) is None
     assert gap_s({"ended": aware}, {"started": "2026-11-26T10:00:05Z"}) == 5.0
+
+
+def test_a_fault_while_pairing_one_bundle_is_that_bundles_alone() -> None:
+    """A defect met while pairing one read half (here: its restored_from is not a mapping) becomes
+    its INTERNAL finding; the write half beside it keeps its verdict, and the tree is still judged."""
+    from checker.pairs import add_pairs
+    from checker.results import INTERNAL, BundleResult
+
+    def result(name: str, run: dict[str, Any], config: dict[str, Any]) -> BundleResult:
+        return BundleResult(f"open/o/results/s/llama3_8b/{name}", "o", "s", "llama3_8b", "open",
+                            run_id=name, rules_version="1.9", verdict="open", integrity="ok", metrics={},
+                            pair={"run": run, "config": config})
+
+    kept = {"checkpoint": {"num_reads": 0, "keep": True}}
+    write = result("w", {"run_id": "w", "restored_from": None}, kept)
+    read = result("r", {"run_id": "r", "restored_from": "not a mapping"}, {"checkpoint": {}})
+    add_pairs([write, read])
+    assert read.verdict == "internal-error"
+    assert [f["rule"] for f in read.findings] == [INTERNAL]
+    assert read.findings[0]["message"].startswith("checker fault in stage split pairs: AttributeError")
+    assert write.verdict == "open" and write.metrics == {"unpaired_write_half": True}
