@@ -1109,6 +1109,24 @@ def test_a_gpu_source_run_has_a_class_of_its_own(golden_tree: Path,
     assert host.class_key != gpu.class_key and gpu.mode.startswith("async+gpu, full, ")
 
 
+def test_object_storage_is_an_object_access_protocol(golden_tree: Path,
+                                                      golden_board: leaderboard.Leaderboard) -> None:
+    """MLPerf's Access Protocol column says what the run's storage block says: a run on S3 is not
+    'file'."""
+    from checker.leaderboard.model import entry_from_docs
+    from checker.leaderboard.sut import mlperf_row
+
+    _, folder = _bundle_of(golden_tree, golden_board, "async", "acme")
+    docs = {n: json.loads((folder / f"{n}.json").read_text()) for n in ("run", "summary", "system")}
+    config = yaml.safe_load((folder / "config.yaml").read_text())
+    files = entry_from_docs(str(folder), "acme", "fast", docs["run"], config, docs["summary"], docs["system"])
+    run = {**docs["run"], "storage": {"kind": "s3", "bucket": "b", "prefix": "p"}}
+    s3 = entry_from_docs(str(folder), "acme", "fast", run, config, docs["summary"], docs["system"])
+    rec = {k: 1.0 for k in ("write_gib_s", "write_duration_s", "read_gib_s", "read_duration_s")}
+    assert mlperf_row(files, rec, lambda v, k: str(v))["Access Protocol"] == "file"
+    assert mlperf_row(s3, rec, lambda v, k: str(v))["Access Protocol"] == "object"
+
+
 def test_out_makes_its_folder_as_the_readme_example_does(golden_tree: Path, tmp_path: Path,
                                                          capsys: pytest.CaptureFixture[str]) -> None:
     """`mlckpt-check leaderboard … --out site/index.html` with no site/ yet (the README's example)."""

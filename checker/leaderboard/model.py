@@ -111,6 +111,7 @@ class Entry:
     # Counted as witnessed (rules 1.4): the witness's name, its conservative write/read GiB/s.
     witnessed_by: str | None = None
     witnessed_gib_s: tuple[float, float] = (math.nan, math.nan)  # write, read
+    protocol: str = "file"  # MLPerf's Access Protocol: file (POSIX), object (S3)
 
     def sut_value(self, key: str) -> str:
         return dict(self.sut).get(key, "")
@@ -294,6 +295,7 @@ def entry_from_docs(path: str, org: str, system: str, run: Mapping[str, Any], co
         sut=sut_facts(system_doc.get("description")),
         restored_from=str(_get(run, "restored_from", "run_id")) if _get(run, "restored_from") else None,
         write_half=int(summary.get("num_reads", 0)) == 0 and bool(ck.get("keep")),
+        protocol="object" if _get(run, "storage", "kind") == "s3" else "file",
     )
 
 

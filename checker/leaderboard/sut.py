@@ -75,7 +75,7 @@ def mlperf_row(entry: Any, rec: Mapping[str, Any], fmt_num: Any) -> dict[str, st
         + (f" (scaled ×{entry.scale:g})" if entry.scaled else ""),  # never mistaken for a full run
         "Name": entry.system, "Description": entry.sut_value("description"),
         "Type": entry.sut_value("type"),
-        "Access Protocol": "file",  # mlckpt writes and reads files through POSIX
+        "Access Protocol": entry.protocol,  # run.json's storage block: files through POSIX, or S3
         "Availability": entry.sut_value("availability"), "RU's": "", "Integrated Client Storage (TiB)": "",
         "Usable Capacity (TiB)": entry.sut_value("usable_capacity_tib"),
         "Checkpointing - Checkpoint Mode": "Full",  # mlckpt has no subset mode
