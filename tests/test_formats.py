@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import re
 from pathlib import Path
 from typing import get_type_hints
 
@@ -119,3 +120,19 @@ def test_every_schema_is_a_valid_draft_2020_12_schema(version: str) -> None:
         schema = json.loads(path.read_text())
         Draft202012Validator.check_schema(schema)
         assert schema["$id"] == f"https://mlckpt.dev/rules/{version}/{path.name}"
+
+
+def test_every_format_a_schema_declares_is_enforced() -> None:
+    """jsonschema checks a schema's `format` only when that format's checker is installed: without
+    rfc3339-validator a run.json time without its zone passed the schema and faulted the checker."""
+    from mlckpt.schemas import validator
+
+    formats_used = set()
+    for schema in rules_dir().rglob("*.schema.json"):
+        formats_used |= set(re.findall(r'"format":\s*"([^"]+)"', schema.read_text()))
+    checker = validator("run", "1.9").format_checker
+    assert checker is not None and formats_used <= set(checker.checkers), formats_used - set(checker.checkers)
+    field = {"type": "string", "format": "date-time"}
+    check = validator("run", "1.9").evolve(schema=field)
+    assert check.is_valid("2026-11-26T17:30:51.123Z")
+    assert not check.is_valid("2026-11-26T17:30:51") and not check.is_valid("yesterday")
