@@ -110,8 +110,13 @@ def finish(proc: subprocess.Popen[bytes], launch: Launch) -> int:
     ours = holder is not None and holder.launch == launch.token
     run_dir = launch.folder / holder.run if ours and launch.folder is not None and holder else None
     files, size = _contents(run_dir) if run_dir is not None else (0, 0)
-    _say("interrupted; ending the ranks" + (f" and removing the run's {files} files ({fmt_bytes(size)})"
-                                             f" in {run_dir}" if run_dir is not None else ""))
+    if run_dir is None:
+        _say("interrupted; ending the ranks")
+    elif launch.keep:
+        _say(f"interrupted; ending the ranks (the checkpoints in {run_dir} are kept)")
+    else:
+        _say(f"interrupted; ending the ranks and removing the run's {files} files ({fmt_bytes(size)}) "
+             f"in {run_dir}")
     _end_mpiexec(proc, min(deadline, t0 + MPIEXEC_GRACE_S))
     if run_dir is None and launch.folder is not None:  # rank 0 took the lock after the Ctrl-C
         late = read_holder(launch.folder)
