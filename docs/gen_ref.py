@@ -28,7 +28,7 @@ from pathlib import Path
 from typing import Any
 
 ROOT = Path(__file__).resolve().parent.parent
-OUT = ROOT / "docs" / "src" / "reference" / "generated"
+DOCS = ROOT / "docs"  # --docs DIR: another copy of the docs folder (the tests check altered copies)
 
 
 def mlperf_rules() -> str:
@@ -84,7 +84,7 @@ def findings_page() -> str:
     from mlckpt.rules import load_rules
     from mlckpt.rules.engine import DEFAULT_RULES_VERSION
 
-    notes = yaml.safe_load((ROOT / "docs" / "findings.yaml").read_text())
+    notes = yaml.safe_load((DOCS / "findings.yaml").read_text())
     rules: dict[str, Any] = {}
     for version in (DEFAULT_RULES_VERSION, mlperf_rules()):
         for r in load_rules(version).rules:
@@ -289,16 +289,22 @@ PAGES = {"rules.md": rules_page, "findings.md": findings_page, "mlperf.md": mlpe
 
 
 def main(argv: list[str]) -> int:
-    check = "--check" in argv
+    global DOCS
+    parser = argparse.ArgumentParser(description="Write (or --check) the generated reference pages.")
+    parser.add_argument("--check", action="store_true", help="exit 1 naming each stale or missing page")
+    parser.add_argument("--docs", type=Path, default=DOCS, help="the docs folder (default: this one)")
+    args = parser.parse_args(argv)
+    DOCS = args.docs.resolve()
+    out = DOCS / "src" / "reference" / "generated"
     sys.path.insert(0, str(ROOT))
     stale = []
     for name, make in PAGES.items():
         with redirect_stdout(io.StringIO()):
             text = make()
-        path = OUT / name
-        if check:
+        path = out / name
+        if args.check:
             if not path.is_file() or path.read_text() != text:
-                stale.append(str(path.relative_to(ROOT)))
+                stale.append(f"docs/src/reference/generated/{name}")
         else:
             path.parent.mkdir(parents=True, exist_ok=True)
             path.write_text(text)

@@ -8,6 +8,7 @@ from __future__ import annotations
 import functools
 import http.server
 import re
+import shutil
 import subprocess
 import sys
 import threading
@@ -27,15 +28,18 @@ def test_the_generated_reference_pages_are_current() -> None:
     assert proc.returncode == 0, proc.stderr
 
 
+def check_copy(tmp_path: Path, name: str, old: str, new: str) -> subprocess.CompletedProcess[str]:
+    """``gen_ref.py --check`` on a copy of the docs folder with one file altered."""
+    copy = tmp_path / "docs"
+    shutil.copytree(DOCS, copy)
+    target = copy / name
+    target.write_text(target.read_text().replace(old, new, 1))
+    return subprocess.run([sys.executable, str(DOCS / "gen_ref.py"), "--check", "--docs", str(copy)],
+                          text=True, capture_output=True, check=False, timeout=300, cwd=ROOT)
+
+
 def test_a_stale_reference_page_is_caught(tmp_path: Path) -> None:
-    page = DOCS / "src" / "reference" / "generated" / "formats.md"
-    saved = page.read_text()
-    try:
-        page.write_text(saved.replace("version **", "version **0", 1))
-        proc = subprocess.run([sys.executable, str(DOCS / "gen_ref.py"), "--check"], text=True,
-                              capture_output=True, check=False, timeout=300, cwd=ROOT)
-    finally:
-        page.write_text(saved)
+    proc = check_copy(tmp_path, "src/reference/generated/formats.md", "version **", "version **0")
     assert proc.returncode == 1 and "docs/src/reference/generated/formats.md" in proc.stderr
 
 
@@ -65,14 +69,7 @@ def test_the_mlperf_map_has_a_failing_test_for_every_rule() -> None:
 
 
 def test_a_rule_without_its_cause_and_remedy_stops_the_generator(tmp_path: Path) -> None:
-    notes = DOCS / "findings.yaml"
-    saved = notes.read_text()
-    try:
-        notes.write_text(saved.replace("COLD-READ:", "COLD-READS:", 1))
-        proc = subprocess.run([sys.executable, str(DOCS / "gen_ref.py"), "--check"], text=True,
-                              capture_output=True, check=False, timeout=300, cwd=ROOT)
-    finally:
-        notes.write_text(saved)
+    proc = check_copy(tmp_path, "findings.yaml", "COLD-READ:", "COLD-READS:")
     assert proc.returncode != 0 and "no entry for COLD-READ" in proc.stderr
     assert "no such rule: COLD-READS" in proc.stderr
 
