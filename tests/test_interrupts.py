@@ -23,7 +23,7 @@ import pytest
 from mlckpt.cli.interrupt import BOUND_S
 from mlckpt.errors import UsageError
 from mlckpt.run import folderlock
-from mlckpt.run.cleanup import sweep_shm
+from mlckpt.run.cleanup import remove_shm, shm_mapped_by
 from mlckpt.run.gates import folder_problem
 
 BIN = Path(sys.executable).parent
@@ -38,10 +38,9 @@ def files_under(folder: Path) -> list[str]:
 
 def leaked_segments(since: float) -> list[str]:
     """MPI segments in /dev/shm newer than ``since`` that no process maps (what a killed run leaks)."""
-    from mlckpt.run.cleanup import SHM_PATTERNS, mapped_shm
-
-    used = mapped_shm()
-    return sorted(str(p) for pattern in SHM_PATTERNS for p in SHM.glob(pattern)
+    used = shm_mapped_by([int(p.name) for p in Path("/proc").iterdir() if p.name.isdigit()])
+    return sorted(str(p) for pattern in ("mpich_shm_*", "vader_segment.*", "sm_segment.*")
+                  for p in SHM.glob(pattern)
                   if p.lstat().st_ctime >= since and str(p) not in used)
 
 
@@ -216,17 +215,16 @@ def test_an_unreadable_lock_refuses_saying_so(tmp_path: Path) -> None:
 # ---------------------------------------------------------------------------- /dev/shm
 
 
-def test_sweep_shm_removes_only_unmapped_segments_of_this_run(tmp_path: Path) -> None:
-    old = tmp_path / "mpich_shm_old_0"
-    old.write_bytes(b"\0" * 4096)
-    since = time.time() + 0.01
-    time.sleep(0.05)
-    leaked, mapped, other = (tmp_path / "mpich_shm_dead_0", tmp_path / "vader_segment.1.2",
-                             tmp_path / "notes.txt")
-    for p in (leaked, mapped, other):
+def test_only_the_segments_a_runs_ranks_mapped_are_removed(tmp_path: Path) -> None:
+    """What a guardian records of its ranks (their maps, while they live) is all it removes: a
+    segment of another process in the same /dev/shm (another container, another pid namespace)
+    stays."""
+    ours, theirs = tmp_path / "mpich_shm_ours_0", tmp_path / "mpich_shm_theirs_0"
+    for p in (ours, theirs):
         p.write_bytes(b"\0" * 4096)
-    with open(mapped, "r+b") as f, mmap.mmap(f.fileno(), 4096) as m:
+    with open(ours, "r+b") as f, mmap.mmap(f.fileno(), 4096) as m:
         m[0] = 1
-        # a tmp folder stands in for /dev/shm (the maps of /proc name the file by its path)
-        assert sweep_shm(since, tmp_path) == 1
-    assert not leaked.exists() and mapped.exists() and old.exists() and other.exists()
+        seen = shm_mapped_by([os.getpid()], tmp_path)  # a tmp folder stands in for /dev/shm
+    assert seen == {str(ours)}
+    assert remove_shm(seen) == 1 and not ours.exists() and theirs.exists()
+    assert remove_shm(seen) == 0  # already gone: nothing to do, no error

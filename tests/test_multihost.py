@@ -170,13 +170,14 @@ def test_a_healthy_run_on_two_hosts_is_valid(bed: HostBed, work: Path) -> None:
 def test_a_rank_killed_on_another_host_is_named_there(bed: HostBed, work: Path, hosts: int, rank: int,
                                                       op: str) -> None:
     """The guardian of the dead rank's host names it (rank, host, op, file) while a neighbour's
-    run on the spare host goes on unharmed."""
+    run on the spare host, on the same storage (a folder of its own: one run per folder), goes on
+    unharmed."""
     kind, index = op.split()
     neighbour = None
-    if hosts == 2:  # a healthy run of somebody else on h3, at the same time, same folder
+    if hosts == 2:  # a healthy run of somebody else on h3, at the same time, same storage
         neighbour = subprocess.Popen(
             [*bed.enter("h3", work), sys.executable, "-m", "mlckpt", "run", "workload=llama3_8b", "ranks=4",
-             "scale=0.0002", "division=open", f"checkpoint.folder={work / 'ckpt'}",
+             "scale=0.0002", "division=open", f"checkpoint.folder={work / 'ckpt-neighbour'}",
              f"output.root={work / 'neighbour'}"],
             cwd=work, text=True, stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
     job = MultiJob(bed, hosts, [f"checkpoint.folder={work / 'ckpt'}"], work,

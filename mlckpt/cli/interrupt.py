@@ -4,9 +4,10 @@ The terminal's SIGINT reaches mpiexec and the ranks as well as this process.  Th
 host's guardian removes what they wrote and then the checkpoint folder's lock
 (:mod:`mlckpt.run.folderlock`).  So this process does not kill mpiexec (a killed mpiexec takes the
 ranks down before they can clean up, and returns the prompt over their files): it waits for
-mpiexec, then for the lock its launch's run holds, shows the removal and bounds it (``BOUND_S``),
-removes what MPI left in /dev/shm and the results folder this launch created if it stayed empty,
-and ends with one line of its own.  Its own SIGINT handler counts the presses (no
+mpiexec, then for the lock its launch's run holds (the guardian releases it after its sweep,
+which also removes the MPI segments its ranks mapped in /dev/shm), shows the removal and bounds it
+(``BOUND_S``), removes the results folder this launch created if it stayed empty, and ends with
+one line of its own.  Its own SIGINT handler counts the presses (no
 KeyboardInterrupt, which could land anywhere in the cleanup): a second Ctrl-C does not cut the
 cleanup short, it is told the cleanup is under way, with its bound.
 """
@@ -22,7 +23,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from mlckpt.errors import INTERRUPTED_STATUS
-from mlckpt.run.cleanup import RUN_MARKER, sweep_shm
+from mlckpt.run.cleanup import RUN_MARKER
 from mlckpt.run.folderlock import held_by_launch, lock_path, read_holder
 from mlckpt.units import fmt_bytes
 
@@ -34,14 +35,13 @@ MPIEXEC_GRACE_S = 10.0  # mpiexec ends its ranks; past this it is terminated, th
 class Launch:
     """What the self-launch knows of its run: the checkpoint folder (None: object storage), the
     launch token its rank 0 writes into the lock, the results folder and whether it existed
-    before, when it started, and whether checkpoints are kept (checkpoint.keep, or a read-only
-    invocation, which leaves its write half's checkpoints when it fails)."""
+    before, and whether checkpoints are kept (checkpoint.keep, or a read-only invocation, which
+    leaves its write half's checkpoints when it fails)."""
 
     folder: Path | None
     token: str
     results: Path
     results_existed: bool
-    started: float
     keep: bool
 
 
@@ -125,7 +125,6 @@ def finish(proc: subprocess.Popen[bytes], launch: Launch) -> int:
     while (launch.folder is not None and held_by_launch(launch.folder, launch.token)
            and time.monotonic() < deadline):
         time.sleep(0.05)
-    sweep_shm(launch.started)
     _drop_empty_results(launch)
     return _last_line(launch, run_dir, files, time.monotonic() - t0)
 

@@ -307,7 +307,7 @@ def _launch_once(mpiexec: Launcher, cmd: list[str], env: dict[str, str], s: Any,
     folder = str(s.config["checkpoint"]["folder"])
     results = Path(s.config["output"]["root"]).absolute()
     launch = interrupt.Launch(None if folder.startswith("s3://") else Path(folder).absolute(),
-                              secrets.token_hex(8), results, results_existed, time.time(),
+                              secrets.token_hex(8), results, results_existed,
                               bool(s.config["checkpoint"]["keep"] or s.config["checkpoint"]["restore_from"]))
     with interrupt.Presses() as presses:
         try:

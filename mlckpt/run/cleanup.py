@@ -9,7 +9,7 @@ import shutil
 import stat
 import sys
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -162,20 +162,19 @@ def sweep_run(
 
 
 # MPI libraries' shared-memory segments (MPICH's, Open MPI's): unlinked by MPI_Finalize, left
-# behind by ranks that were killed (Ctrl-C, a failed rank, scancel), 4-8 MiB of RAM each.
+# behind by ranks that were killed (Ctrl-C, a failed rank, scancel), 4-8 MiB of RAM each.  Only the
+# segments this run's own ranks were seen to map are ever removed: /dev/shm may be shared with
+# processes this host's guardian cannot see (another pid namespace, another container).
 SHM = Path("/dev/shm")
-SHM_PATTERNS = ("mpich_shm_*", "vader_segment.*", "sm_segment.*")
 
 
-def mapped_shm(shm: Path = SHM) -> set[str]:
-    """The files in ``shm`` some process maps (of the processes this user can see)."""
-    out: set[str] = set()
-    inside = f"{shm}/"
-    for entry in os.scandir("/proc"):
-        if not entry.name.isdigit():
-            continue
+def shm_mapped_by(pids: Sequence[int], shm: Path = SHM) -> set[str]:
+    """The files in ``shm`` these processes map now (read from /proc; what cannot be read is
+    skipped)."""
+    inside, out = f"{shm}/", set()
+    for pid in pids:
         try:
-            with open(f"/proc/{entry.name}/maps", encoding="utf-8", errors="replace") as f:
+            with open(f"/proc/{pid}/maps", encoding="utf-8", errors="replace") as f:
                 out.update(line.split(None, 5)[5].strip().removesuffix(" (deleted)")
                            for line in f if inside in line and len(line.split(None, 5)) == 6)
         except OSError:
@@ -183,22 +182,13 @@ def mapped_shm(shm: Path = SHM) -> set[str]:
     return out
 
 
-def sweep_shm(since: float, shm: Path = SHM) -> int:
-    """Remove the MPI shared-memory segments this user created since ``since`` (epoch seconds)
-    that no process maps any more: what this run's killed ranks left.  Returns how many."""
-    uid, used, removed = os.getuid(), None, 0
-    for path in (p for pattern in SHM_PATTERNS for p in shm.glob(pattern)):
+def remove_shm(paths: Iterable[str]) -> int:
+    """Remove these segments (a run's, once its ranks are gone); how many were there."""
+    removed = 0
+    for path in paths:
         try:
-            st = path.lstat()
+            os.unlink(path)
+            removed += 1
         except OSError:
-            continue
-        if st.st_uid != uid or st.st_ctime < since or not stat.S_ISREG(st.st_mode):
-            continue  # another user's, older than this run (not ours to judge), or not a segment
-        used = mapped_shm(shm) if used is None else used
-        if str(path) not in used:
-            try:
-                path.unlink()
-                removed += 1
-            except OSError:
-                pass
+            pass
     return removed

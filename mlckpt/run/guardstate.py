@@ -18,13 +18,12 @@ job has ended without the leader's goodbye:
 from __future__ import annotations
 
 import shutil
-import time
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 from mlckpt.run import objectstore
-from mlckpt.run.cleanup import sweep_run, sweep_shm
+from mlckpt.run.cleanup import remove_shm, shm_mapped_by, sweep_run
 from mlckpt.run.guardlink import CONTACT_S
 
 # Signals that end a job step on purpose (scancel, a time limit, Slurm's --signal, Ctrl-C).
@@ -66,7 +65,7 @@ class GuardianState:
     job_end: str = ""  # the hub said the job ended ("clean" or "reported" by rank 0)
     stopped: str = ""  # what a spoke that lost the hub stopped ("ranks 4-7 and their MPI proxy")
     cancelled: str = ""  # the signal the guardian itself received with its step ("SIGTERM": scancel)
-    started: float = field(default_factory=time.time)  # this host's MPI segments are newer
+    shm: set[str] = field(default_factory=set)  # this host's ranks' MPI segments in /dev/shm
 
     def handle(self, msg: dict[str, Any]) -> list[tuple[int, int, int | None]]:
         """Take one note from the leader; returns the (rank, pid, life-pipe fd) of this host's
@@ -80,6 +79,8 @@ class GuardianState:
                     self.pids[rank] = pid
                     if pid != self.leader_pid:
                         watch.append((rank, pid, life_fd))
+            # MPI's shared memory is in place by now: what the sweep may remove if they are killed
+            self.shm |= shm_mapped_by(list(self.pids.values()))
         if "step" in msg:
             self.step = str(msg["step"])
             self.cur = int(msg.get("ckpt", 0))
@@ -251,10 +252,7 @@ class GuardianState:
 
     def swept(self) -> str:
         """Sweep (:meth:`sweep`) and say what was done, never raising."""
-        try:
-            sweep_shm(self.started)  # what the killed ranks' MPI left in this host's memory
-        except OSError:
-            pass
+        remove_shm(self.shm)  # what the killed ranks' MPI left in this host's memory
         if not self.info.get("run"):
             return ""
         try:
