@@ -3,7 +3,8 @@
 Negative tests are found by reading the test sources (never importing them): a module-level
 table named in ``NEGATIVE_TABLES`` (``NEGATIVE`` in tests/test_rules.py: (rule ID, context,
 messages) rows for the config/host rules; ``NEGATIVE_CASES`` in tests/test_checker.py: rule ID →
-mutated-bundle cases for everything a bundle can break) lists the rule IDs it has failing cases
+mutated-bundle cases for everything a bundle can break; ``REFUSED`` in tests/test_mlperf.py: rules that
+refuse a configuration before any plan) lists the rule IDs it has failing cases
 for.  A rule added to any rules.yaml without a row in one of them fails this suite.
 """
 
@@ -19,7 +20,7 @@ from mlckpt.resources import rules_dir
 from mlckpt.rules import CHECKS, load_rules
 
 TESTS = Path(__file__).resolve().parent
-NEGATIVE_TABLES = ("NEGATIVE", "NEGATIVE_CASES", "FORGERIES")
+NEGATIVE_TABLES = ("NEGATIVE", "NEGATIVE_CASES", "FORGERIES", "REFUSED")
 
 
 def rule_versions() -> list[str]:
