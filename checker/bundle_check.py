@@ -25,14 +25,12 @@ from __future__ import annotations
 import itertools
 import os
 import shutil
-import sys
 import tempfile
-import traceback
 from collections.abc import Callable, Sequence
 from pathlib import Path
 
 from checker.judge import finish, stage_facts, stage_rules
-from checker.results import INTERNAL, BundleResult, Task, clean_text
+from checker.results import BundleResult, Task, fault_finding
 from checker.rulesets import (
     MAX_SCHEMA_ERRORS,
     _err_key,
@@ -92,14 +90,8 @@ def check_bundle(task: Task) -> BundleResult:
 
 
 def internal_result(leaf: Leaf, stage: str, exc: BaseException) -> BundleResult:
-    if os.environ.get("MLCKPT_DEBUG"):
-        traceback.print_exception(exc, file=sys.stderr)
-    message = (f"checker fault in stage {stage}: {type(exc).__name__}: {clean_text(str(exc), 300)} "
-               "(a defect of mlckpt-check, not of this submission; MLCKPT_DEBUG=1 shows the traceback)")
     return BundleResult(leaf.path, leaf.org, leaf.system, leaf.workload, leaf.division,
-                        verdict="internal-error",
-                        findings=[{"rule": INTERNAL, "severity": "internal", "path": leaf.path,
-                                   "message": message, "expected": None, "actual": None}])
+                        verdict="internal-error", findings=[fault_finding(leaf.path, stage, exc)])
 
 
 def stage_layout(st: State) -> None:

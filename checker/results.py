@@ -110,12 +110,16 @@ def confined(r: BundleResult, stage: str) -> Iterator[None]:
     that bundle's INTERNAL finding; the other bundles are still judged and the report written."""
     try:
         yield
-    except Exception as exc:
-        if os.environ.get("MLCKPT_DEBUG"):
-            traceback.print_exception(exc, file=sys.stderr)
+    except Exception as exc:  # any defect, confined to this bundle
         r.verdict = "internal-error"
-        r.findings.append({"rule": INTERNAL, "severity": "internal", "path": r.path,
-                           "message": f"checker fault in stage {stage}: {type(exc).__name__}: "
-                           f"{clean_text(str(exc), 300)} (a defect of mlckpt-check, not of this "
-                           "submission; MLCKPT_DEBUG=1 shows the traceback)",
-                           "expected": None, "actual": None})
+        r.findings.append(fault_finding(r.path, stage, exc))
+
+
+def fault_finding(path: str, stage: str, exc: BaseException) -> dict[str, Any]:
+    """A checker fault as the INTERNAL finding of the bundle it met."""
+    if os.environ.get("MLCKPT_DEBUG"):
+        traceback.print_exception(exc, file=sys.stderr)
+    message = (f"checker fault in stage {stage}: {type(exc).__name__}: {clean_text(str(exc), 300)} "
+               "(a defect of mlckpt-check, not of this submission; MLCKPT_DEBUG=1 shows the traceback)")
+    return {"rule": INTERNAL, "severity": "internal", "path": path, "message": message,
+            "expected": None, "actual": None}
