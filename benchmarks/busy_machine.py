@@ -62,9 +62,10 @@ def one_run(work: Path, preset: str, rules: str) -> dict[str, object]:
     return out
 
 
-def rejudged(bundle: Path) -> dict[str, object]:
-    """A kept bundle's verdict under today's result-stage rules (its gate findings as recorded), and
-    the summary's foreign block recomputed: to try other bounds on the same measurements."""
+def rejudged(bundle: Path, version: str | None = None) -> dict[str, object]:
+    """A kept bundle's verdict under today's result-stage rules of its own version, or of
+    ``version`` (its gate findings as recorded), and the summary's foreign block recomputed: to
+    try other bounds on the same measurements."""
     import yaml
 
     from mlckpt.rules import load_rules, verdict
@@ -78,7 +79,7 @@ def rejudged(bundle: Path) -> dict[str, object]:
     config = yaml.safe_load((bundle / "config.yaml").read_text())
     recs = [json.loads(ln) for ln in (bundle / "records.jsonl").read_text().splitlines()]
     system = json.loads((bundle / "system.json").read_text())
-    rs = load_rules(run["rules_version"])
+    rs = load_rules(version or run["rules_version"])
     workload = workload_from_config(config["workload"])
     plan = make_plan(workload, int(run["ranks"]), float(config["scale"]))
     d = RunData(run, config, {}, recs, system)
@@ -98,12 +99,13 @@ def rejudged(bundle: Path) -> dict[str, object]:
             "foreign": d.summary.get("foreign"), "watched": max(watched, default=None)}
 
 
-def rejudge(folders: list[Path]) -> int:
+def rejudge(folders: list[Path], version: str | None) -> int:
     rows: dict[tuple[int, str], list[dict[str, object]]] = {}
     for folder in folders:
         for b in sorted((folder / "results").glob("*/run.json")):
             run = json.loads(b.read_text())
-            rows.setdefault((int(run["ranks"]), str(run["rules_version"])), []).append(rejudged(b.parent))
+            judged = f"{run['rules_version']} as {version}" if version else str(run["rules_version"])
+            rows.setdefault((int(run["ranks"]), judged), []).append(rejudged(b.parent, version))
     for (ranks, rules), rs in sorted(rows.items()):
         fired = Counter(f for r in rs for f in r["rules_fired"])  # type: ignore[attr-defined]
         blocks: list[dict[str, Any]] = [r["foreign"] for r in rs if r["foreign"]]  # type: ignore[misc]
@@ -128,10 +130,12 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--dir", type=Path, default=None, help="work folder (default: a new one under /tmp)")
     ap.add_argument("--json", type=Path, default=None, help="write every run's row here")
     ap.add_argument("--rejudge", type=Path, nargs="+", default=None,
-                    help="no runs: the bundles kept under these work folders, judged by today's rules")
+                    help="no runs: the bundles kept under these work folders, judged by today's rules "
+                         "(of --rejudge-as, if given, instead of each bundle's own version)")
+    ap.add_argument("--rejudge-as", default=None, help="with --rejudge: the rules version to judge by")
     a = ap.parse_args(argv)
     if a.rejudge:
-        return rejudge(a.rejudge)
+        return rejudge(a.rejudge, a.rejudge_as)
     work = a.dir or Path(tempfile.mkdtemp(prefix="mlckpt-busy-"))
     work.mkdir(parents=True, exist_ok=True)
     tenant = None

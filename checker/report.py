@@ -35,6 +35,7 @@ from checker.pairs import UNPAIRED_WRITE
 from checker.results import INTERNAL, BundleResult
 from mlckpt import __version__, formats
 from mlckpt.attribution import foreign_note
+from mlckpt.rules import version_order
 
 REPORT_FORMAT = formats.REPORT.version
 EXIT_VALID, EXIT_INVALID, EXIT_USAGE, EXIT_INTEGRITY, EXIT_INTERNAL, EXIT_DISTURBED = 0, 1, 2, 3, 4, 6
@@ -67,7 +68,7 @@ def build(root: str, bundles: Sequence[BundleResult],
         "root": root,
         "verdict": VERDICT_OF_EXIT[status],
         "exit_status": status,
-        "rules_versions": sorted({b.rules_version for b in bundles if b.rules_version}),
+        "rules_versions": sorted({b.rules_version for b in bundles if b.rules_version}, key=version_order),
         "bundles": [b.to_dict() for b in bundles],
         "tree_findings": list(tree_findings),
         "findings": everything,

@@ -196,8 +196,9 @@ def _type_of(node: dict[str, Any]) -> str:
 
 def config_page() -> str:
     from mlckpt.rules.engine import DEFAULT_RULES_VERSION
+    from mlckpt.schemas import schema_folder
 
-    path = ROOT / "rules" / DEFAULT_RULES_VERSION / "schemas" / "config.schema.json"
+    path = schema_folder(DEFAULT_RULES_VERSION) / "config.schema.json"
     schema = json.loads(path.read_text())
     rows = [[f"`{key}`", f"`{value}`", _type_of(_schema_of(schema, key)), comment]
             for key, value, comment in _config_lines()]

@@ -435,6 +435,37 @@ def test_records_skew_is_judged_by_the_hosts_own_calibration() -> None:
     assert any(o.actual == "no calibration" for o in failed(start_skew, "RECORDS-SKEW", none))
 
 
+def test_rules_1_10_raise_only_the_skew_floor_and_mlperf_follows() -> None:
+    old, new = load_rules("1.9").data["timing"], load_rules("1.10").data["timing"]
+    assert {k for k in old if old[k] != new[k]} == {"skew_floor_s"}
+    assert new["skew_floor_s"] == 0.05 > old["skew_floor_s"]
+    assert new["witness_floor_s"] == old["witness_floor_s"]  # what a witness allows stays 1.9's
+    r3, r4 = load_rules("mlps-v3.0r3"), load_rules("mlps-v3.0r4")
+    assert r4.data["timing"] == new
+    assert [(r.id, r.severity, r.message) for r in r4.rules] == [
+        (r.id, r.severity, r.message) for r in r3.rules]
+
+
+def test_a_busy_hosts_barrier_is_honest_under_1_10_and_a_late_claim_past_the_floor_is_not() -> None:
+    # Seen beside the tenant: 4 ranks under srun left a barrier 37.2 ms apart after a calibration
+    # whose worst round was 3.3 ms (3 × 3.3 ms under 1.9's 10 ms floor).
+    dur = 80_000_000
+    cal = calibration(ranks=4, skew=3_300_000)
+
+    def recs(late_ns: int) -> list[dict[str, Any]]:
+        return [write(r, 1, 10**9 + (late_ns if r == 3 else 0), dur - (late_ns if r == 3 else 0), MiB)
+                for r in range(4)]
+
+    rel = load_rules("1.10").data["evidence"]["start_skew"]["rel"] * dur
+    seen = recs(37_200_000)
+    [bad] = failed(start_skew, "RECORDS-SKEW", run_of(seen, cal), "1.9")
+    assert bad.actual == "rank 3 37.2 ms after the first"
+    assert failed(start_skew, "RECORDS-SKEW", run_of(seen, cal), "1.10") == []
+    past = recs(int(0.05e9 + rel) + 1_000_000)  # 1 ms past 1.10's floor and relative part
+    [bad] = failed(start_skew, "RECORDS-SKEW", run_of(past, cal), "1.10")
+    assert bad.expected == f"ranks of a host leave the barrier within {(0.05e9 + rel) / 1e6:.1f} ms"
+
+
 def test_calibration_samples_per_host() -> None:
     # host a: ranks 0 and 1; host b: rank 2 (its own leader); two rounds
     bg = background(5 * MiB)

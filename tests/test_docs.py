@@ -17,6 +17,8 @@ from pathlib import Path
 import pytest
 from browser import chromium, missing
 
+from mlckpt.plan.aliases import RULE_SETS
+
 ROOT = Path(__file__).resolve().parent.parent
 DOCS = ROOT / "docs"
 BIN = Path(sys.executable).parent
@@ -55,7 +57,8 @@ def test_every_configuration_key_and_rule_is_in_the_reference() -> None:
         assert f"| `{key}` |" in config
     rules = (DOCS / "src" / "reference" / "generated" / "rules.md").read_text()
     findings = (DOCS / "src" / "reference" / "generated" / "findings.md").read_text()
-    for rule in (*load_rules(DEFAULT_RULES_VERSION).rules, *load_rules("mlps-v3.0r3").rules):
+    mlperf = load_rules(RULE_SETS["mlperf-storage-v3.0"])
+    for rule in (*load_rules(DEFAULT_RULES_VERSION).rules, *mlperf.rules):
         assert f"| `{rule.id}` |" in rules
         row = next(ln for ln in findings.splitlines() if ln.startswith(f"| `{rule.id}` |"))
         cause, remedy = row.split(" | ")[2:4]

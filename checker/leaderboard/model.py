@@ -17,6 +17,7 @@ from checker.leaderboard.sut import dig as _get
 from checker.leaderboard.sut import sut_facts
 from mlckpt import formats
 from mlckpt.errors import InternalError
+from mlckpt.rules import version_order
 from mlckpt.rules.checks.gpu import gpu_source
 from mlckpt.workload.model import ModelShape
 from mlckpt.workload.pipeline import DURABLE, Pipeline
@@ -396,7 +397,7 @@ def build(entries: Iterable[Entry], excluded: Iterable[Excluded] = (),
         by_id = {e.result_id: e for e in groups[key]}
         tables.append(ClassTable(key, frame, tuple(by_id[i] for i in frame["result_id"])))
     excluded = tuple(sorted(excluded, key=lambda x: x.path))
-    return Leaderboard(tuple(tables), excluded, tuple(sorted(set(rules_versions))))
+    return Leaderboard(tuple(tables), excluded, tuple(sorted(set(rules_versions), key=version_order)))
 
 
 def scaling_series(table: ClassTable) -> dict[tuple[str, str], list[tuple[int, float, float, int]]]:

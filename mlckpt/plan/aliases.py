@@ -18,7 +18,7 @@ WORKLOADS = {
 }
 
 # rules=/rules_version=: rule sets by the name their owners give them.
-RULE_SETS = {"mlperf-storage-v3.0": "mlps-v3.0r3"}
+RULE_SETS = {"mlperf-storage-v3.0": "mlps-v3.0r4"}
 
 # Keys: DLIO's checkpoint keys, bare, under checkpoint. or under workload.checkpoint. (as
 # mlpstorage passes them to DLIO), and `rules=` for `rules_version=`.

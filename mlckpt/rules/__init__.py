@@ -21,6 +21,7 @@ from mlckpt.rules.engine import (
     make_finding,
     rank_shift,
     verdict,
+    version_order,
 )
 from mlckpt.rules.registry import CHECKS, load_rules
 
@@ -28,5 +29,5 @@ __all__ = [
     "CHECKS", "DEFAULT_RULES_VERSION", "SEVERITIES", "STAGES", "CheckFn", "Context", "Evaluation",
     "Finding", "HostSpec", "NotChecked", "Outcome", "Rule", "RuleSet", "host_blocks",
     "host_checkpoint_bytes", "host_memory_need", "known_versions", "load_rules", "make_finding",
-    "override_key", "rank_shift", "verdict",
+    "override_key", "rank_shift", "verdict", "version_order",
 ]

@@ -26,7 +26,7 @@ from mlckpt.workload.model import Workload
 
 SEVERITIES = ("invalid", "disturbed", "open", "warning")
 STAGES = ("config", "host", "result", "submission")
-DEFAULT_RULES_VERSION = "1.9"
+DEFAULT_RULES_VERSION = "1.10"
 # A rule's exit class (rules.yaml ``exit``): a failed ``integrity`` rule means the bytes cannot
 # be trusted at all (mlckpt-check exits 3); a failed ``rules`` rule makes a result invalid or open.
 EXIT_CLASSES = ("rules", "integrity")
@@ -262,8 +262,14 @@ def verdict(findings: Iterable[Finding], division: str | None) -> str:
 
 
 def known_versions() -> list[str]:
-    """Every rules version this installation holds (a folder under rules/ with a rules.yaml)."""
-    return sorted(p.name for p in rules_dir().iterdir() if (p / "rules.yaml").is_file())
+    """Every rules version this installation holds (a folder under rules/ with a rules.yaml), in
+    release order (1.9 before 1.10)."""
+    return sorted((p.name for p in rules_dir().iterdir() if (p / "rules.yaml").is_file()), key=version_order)
+
+
+def version_order(version: str) -> tuple[tuple[int, int | str], ...]:
+    """A sort key that orders a version's numeric parts as numbers: 1.9 < 1.10 < mlps-v3.0."""
+    return tuple((0, int(part)) if part.isdigit() else (1, part) for part in version.split("."))
 
 
 def load_rule_set(version: str, checks: Mapping[str, CheckFn]) -> RuleSet:
