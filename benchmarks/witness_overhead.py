@@ -33,10 +33,16 @@ BIN = Path(sys.executable).parent
 
 
 def start_witness(tmp: Path) -> tuple[subprocess.Popen[str], str]:
+    """The witness, trusting the runs' signing key (``tmp/org.pem``, made here if missing)."""
     key = tmp / "witness.pem"
     bundle.generate_key(key)
+    if not (tmp / "org.pem").exists():
+        bundle.generate_key(tmp / "org.pem")
+    org = (tmp / "org.pem.pub").read_text().strip()
+    (tmp / "trusted.yaml").write_text(f'mlckpt_trusted_keys: "1.0"\norganizations:\n  org: ["{org}"]\n')
     proc = subprocess.Popen([str(BIN / "mlckpt"), "witness", "serve", "--listen", "127.0.0.1:0", "--key",
-                             str(key), "--journal", str(tmp / "journal")],
+                             str(key), "--trusted-keys", str(tmp / "trusted.yaml"), "--journal",
+                             str(tmp / "journal"), "--opens-per-minute", "1000"],
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     assert proc.stdout is not None
     m = re.search(r"listening on (http://\S+)", proc.stdout.readline())

@@ -27,7 +27,7 @@ def stage_witness(st: State) -> None:
     claim = run.get("witness")
     present = TRANSCRIPT in st.verified.files
     facts = WitnessFacts(claim, present, run=run, records=st.records, plan_digest=st.plan_digest,
-                         trust_list=st.task.witnesses is not None)
+                         trust_list=st.task.witnesses is not None, bundle_signer=st.verified.keyid)
     if present and claim and claim.get("status") == "witnessed":
         facts = _opened(st, facts)
     st.witness = facts

@@ -165,12 +165,17 @@ COMPARE = Format("compare", "mlckpt-check compare --json: compare_format", 3, (3
         "mode), with A's and B's value"),
 ))
 
-WITNESS = Format("witness", "witness journal lines, receipts and transcripts: witness_format", 1, (1,), (
+WITNESS = Format("witness", "witness journal lines, receipts and transcripts: witness_format", 2, (1, 2), (
     (1, "first version: a journal line per event (seq, kind open|start|end|rtt|close, the witness's "
         "t_wall_ns and t_mono_ns, op and index, a write start's nonce, an end's start_service_ns (how "
         "long the witness took to answer the op's start), the previous line's sha256); "
         "receipts and transcripts are DSSE envelopes of their own payload types; the transcript's schema "
         "is rules/1.4/schemas/witness-transcript.schema.json"),
+    (2, "rules 1.10: an open is a DSSE envelope signed by a trusted key over the witness's challenge; the "
+        "open entry adds opened_by (that key's keyid) and org (its organisation in the witness's "
+        "trusted keys); a run without an event for the witness's bound ends in an expire entry (idle_s); "
+        "closed runs' journals are archived gzip'ed under closed/; schema "
+        "rules/1.10/schemas/witness-transcript.schema.json"),
 ))
 
 ALL: tuple[Format, ...] = (RUN, RECORDS, SUMMARY, PLAN, BUNDLE, CODE_DIGEST, TRUSTED_KEYS, TRUSTED_WITNESSES,

@@ -33,12 +33,14 @@ StrictValidator = validators.extend(
 
 
 def schema_folder(rules_version: str) -> Path:
-    """A rules version's schemas: its own ``schemas/``, or, for a rule set written on top of
-    another (``extends:`` in its rules.yaml, e.g. mlps-v3.0), the base's."""
+    """A rules version's schemas: its own ``schemas/``; or, for a rule set written on top of
+    another, those of the version its rules.yaml names under ``schemas:`` (a rule set whose rules
+    come from one version and whose file formats from a later one), else its ``extends:`` base's."""
     folder = rules_dir() / rules_version
     if (folder / "schemas").is_dir() or not (folder / "rules.yaml").is_file():
         return folder / "schemas"
-    base = strict.parse_yaml((folder / "rules.yaml").read_bytes()).get("extends")
+    data = strict.parse_yaml((folder / "rules.yaml").read_bytes())
+    base = data.get("schemas") or data.get("extends")
     return schema_folder(str(base)) if base else folder / "schemas"
 
 

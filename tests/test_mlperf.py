@@ -228,11 +228,12 @@ def test_the_rule_set_sets_mlperfs_interval_by_default_and_the_command_line_wins
     assert setup([]).config["checkpoint"]["compute_interval_s"] == 0.0  # mlckpt's own rules: none
 
 
-def test_the_rule_set_uses_the_schemas_of_the_rules_it_extends() -> None:
+def test_the_rule_set_uses_the_schemas_of_the_rules_it_extends_or_names() -> None:
     from mlckpt.resources import rules_dir
     from mlckpt.schemas import schema_folder, validator
 
-    assert schema_folder(MLPERF) == schema_folder("1.9")
+    assert schema_folder(MLPERF) == schema_folder("1.10") == rules_dir() / "1.10" / "schemas"  # schemas:
+    assert schema_folder("mlps-v3.0r3") == schema_folder("1.9")  # extends: through r2 to 1.9
     assert schema_folder("mlps-v3.0") == schema_folder("1.3")  # the first, kept for its bundles
     # every rule set's name fits run.json's rules_version (the run schema bounds its length)
     names = [p.name for p in rules_dir().iterdir() if (p / "rules.yaml").is_file()]

@@ -1,63 +1,26 @@
 """The witness service: a real `mlckpt witness serve` on the loopback address,
-its journal, its receipts and transcript, restarts, bad requests, concurrent runs."""
+its journal, its receipts and transcript, restarts, bad requests, concurrent runs.  (Strangers,
+floods, quotas, slow clients, a full disk and TLS: test_witness_attacks.py.)"""
 
 from __future__ import annotations
 
+import gzip
 import json
 import os
 import re
-import signal
 import subprocess
-import sys
 import threading
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import pytest
+from witnessbed import ORG, Witness
 
 from mlckpt import bundle
 from mlckpt.witness.client import Client, WitnessError, receipt_of, transcript_of
 
-BIN = Path(sys.executable).parent
 PLAN = "ab" * 32
-
-
-class Witness:
-    """A witness process; ``restart`` starts it again on the same journal (a new port)."""
-
-    def __init__(self, tmp: Path) -> None:
-        self.key = tmp / "witness.pem"
-        self.keyid = bundle.generate_key(self.key).keyid
-        self.journal = tmp / "journal"
-        self.proc: subprocess.Popen[str] | None = None
-        self.url = ""
-        self.banner = ""
-
-    def start(self, port: int = 0) -> None:
-        self.proc = subprocess.Popen(
-            [str(BIN / "mlckpt"), "witness", "serve", "--listen", f"127.0.0.1:{port}", "--key", str(self.key),
-             "--journal", str(self.journal)], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-        assert self.proc.stdout is not None
-        self.banner = self.proc.stdout.readline()
-        self.entry = self.proc.stdout.readline()
-        m = re.search(r"listening on (http://127\.0\.0\.1:\d+)", self.banner)
-        assert m, (self.banner, self.proc.stderr.read() if self.proc.poll() is not None else "")
-        self.url = m.group(1)
-
-    def kill(self) -> None:
-        assert self.proc is not None
-        self.proc.send_signal(signal.SIGKILL)
-        self.proc.wait(timeout=10)
-
-    def stop(self) -> None:
-        if self.proc is not None and self.proc.poll() is None:
-            self.proc.terminate()
-            self.proc.wait(timeout=10)
-
-    def lines(self) -> list[dict[str, Any]]:
-        return [json.loads(line) for p in sorted(self.journal.glob("*.jsonl"))
-                for line in p.read_text().splitlines()]
 
 
 @pytest.fixture
@@ -79,7 +42,7 @@ def a_run(c: Client, writes: int = 2, reads: int = 1) -> list[dict[str, Any]]:
 
 
 def test_a_witnessed_run_gets_signed_receipts_and_a_transcript(witness: Witness) -> None:
-    c = Client(witness.url)
+    c = witness.client()
     keyid = c.info()["keyid"]
     assert keyid == witness.keyid  # the key the witnessing party made with `mlckpt keygen`
     answers = a_run(c)
@@ -97,6 +60,10 @@ def test_a_witnessed_run_gets_signed_receipts_and_a_transcript(witness: Witness)
     assert t["run"] == c.run and t["witness_keyid"] == keyid
     assert [e["seq"] for e in t["entries"]] == list(range(1, 10)) and t["entries"][-1]["kind"] == "close"
     assert t["entries"][0]["plan_digest"] == PLAN and t["entries"][0]["config"]["ranks"] == 4
+    # who opened it: the trusted key that signed the open, and its organisation in the witness's file
+    assert t["witness_format"] == 2
+    opener = (t["entries"][0]["opened_by"], t["entries"][0]["org"])
+    assert opener == (bundle.keyid_of_key(witness.org_key), ORG)
     # the transcript again, from the journal: the same signed bytes
     assert c.call("GET", f"/v1/runs/{c.run}/transcript") == closing["transcript"]
     with pytest.raises(ValueError, match="not by the witness"):
@@ -104,7 +71,7 @@ def test_a_witnessed_run_gets_signed_receipts_and_a_transcript(witness: Witness)
 
 
 def test_a_client_states_no_time_and_follows_the_order(witness: Witness) -> None:
-    c = Client(witness.url)
+    c = witness.client()
     c.open(PLAN, {})
     before = witness.lines()
     timed = {"kind": "start", "op": "write", "index": 1, "t_wall_ns": 5}
@@ -127,7 +94,7 @@ def test_a_client_states_no_time_and_follows_the_order(witness: Witness) -> None
 def test_malformed_and_oversized_requests_leave_the_journal_intact(witness: Witness) -> None:
     import urllib.request
 
-    c = Client(witness.url)
+    c = witness.client()
     a_run(c, 1, 0)
     before = witness.lines()
     for data, status, says in ((b"{not json", 400, "not JSON"), (b"[1, 2]", 400, "is not of type 'object'"),
@@ -141,11 +108,11 @@ def test_malformed_and_oversized_requests_leave_the_journal_intact(witness: Witn
 
 
 def test_a_restarted_witness_loses_nothing_it_acknowledged(witness: Witness) -> None:
-    c = Client(witness.url)
+    c = witness.client()
     acked = a_run(c, 2, 0)
     witness.kill()  # SIGKILL mid-run: no chance to flush anything
     witness.start()
-    assert "1 runs on record" in witness.banner
+    assert "1 runs open" in witness.banner
     c.url = witness.url
     c.event("start", "read", 1)
     c.event("end", "read", 1)
@@ -156,7 +123,7 @@ def test_a_restarted_witness_loses_nothing_it_acknowledged(witness: Witness) -> 
 
 
 def test_a_torn_last_line_is_dropped_and_an_edited_journal_refused(witness: Witness) -> None:
-    c = Client(witness.url)
+    c = witness.client()
     a_run(c, 1, 0)
     witness.stop()
     [path] = witness.journal.glob("*.jsonl")
@@ -166,21 +133,21 @@ def test_a_torn_last_line_is_dropped_and_an_edited_journal_refused(witness: Witn
     assert path.read_bytes() == whole
     witness.stop()
     path.write_bytes(whole.replace(b'"kind":"start"', b'"kind":"end"', 1))
-    proc = subprocess.run([str(BIN / "mlckpt"), "witness", "serve", "--listen", "127.0.0.1:0", "--key",
-                           str(witness.key), "--journal", str(witness.journal)],
-                          capture_output=True, text=True, timeout=30)
+    proc = subprocess.run(witness.command(), capture_output=True, text=True, timeout=30)
     assert proc.returncode == 2
     assert proc.stderr.strip() == (f"mlckpt: error: witness journal {path} line 4: the hash chain is broken "
                                    "(edited?)")
 
 
-def test_many_runs_at_once_keep_their_own_events(witness: Witness) -> None:
+def test_many_runs_at_once_keep_their_own_events(tmp_path: Path) -> None:
+    busy = Witness(tmp_path / "w", "--max-open-per-key", "32", "--opens-per-minute", "100")
+    busy.start()
     errors: list[BaseException] = []
     runs: list[str] = []
 
     def one() -> None:
         try:
-            c = Client(witness.url)
+            c = busy.client()
             a_run(c, 3, 2)
             c.close()
             runs.append(str(c.run))
@@ -192,9 +159,12 @@ def test_many_runs_at_once_keep_their_own_events(witness: Witness) -> None:
         t.start()
     for t in threads:
         t.join(timeout=60)
+    busy.stop()
     assert not errors and len(set(runs)) == 24
+    assert not list(busy.journal.glob("*.jsonl"))  # closed runs leave for their archives
     for run in runs:
-        lines = (witness.journal / f"{run}.jsonl").read_text().splitlines()
+        archive = busy.journal / "closed" / f"{run}.jsonl.gz"
+        lines = gzip.decompress(archive.read_bytes()).decode().splitlines()
         kinds = [json.loads(line)["kind"] for line in lines]
         assert kinds == ["open", "rtt", *["start", "end"] * 5, "close"], run
         assert [json.loads(line)["seq"] for line in lines] == list(range(1, 14))
@@ -208,7 +178,9 @@ def test_an_unreachable_witness_fails_in_bounded_time(tmp_path: Path) -> None:
         s.bind(("127.0.0.1", 0))
         s.listen()
         port = s.getsockname()[1]
-        c = Client(f"http://127.0.0.1:{port}", timeout_s=0.5)
+        bundle.generate_key(tmp_path / "org.pem")
+        key = bundle.load_private_key(tmp_path / "org.pem")
+        c = Client(f"http://127.0.0.1:{port}", timeout_s=0.5, key=key)
         t0 = time.monotonic()
         with pytest.raises(WitnessError, match="unreachable"):
             c.open(PLAN, {})
@@ -218,10 +190,11 @@ def test_an_unreachable_witness_fails_in_bounded_time(tmp_path: Path) -> None:
 
 
 def test_serve_refuses_a_bad_address_in_one_line(tmp_path: Path) -> None:
-    key = tmp_path / "w.pem"
-    bundle.generate_key(key)
-    proc = subprocess.run([str(BIN / "mlckpt"), "witness", "serve", "--listen", "nowhere", "--key", str(key)],
-                          capture_output=True, text=True, timeout=30, cwd=tmp_path)
+    w = Witness(tmp_path / "w")
+    cmd = w.command()
+    cmd[cmd.index("--listen") + 1] = "nowhere"
+    cmd[cmd.index("--journal") + 1] = str(tmp_path / "mlckpt-witness")
+    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=30, cwd=tmp_path)
     assert proc.returncode == 2 and proc.stderr.strip() == (
         "mlckpt: error: --listen: expected HOST:PORT, got 'nowhere'")
     assert not os.listdir(tmp_path / "mlckpt-witness") if (tmp_path / "mlckpt-witness").exists() else True

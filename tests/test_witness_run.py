@@ -25,7 +25,7 @@ from conftest import CHECKER_DESCRIPTION, MLCKPT, _cli_env
 from forge import edit_json, edit_records, read_json, read_records, resign, resummarize, set_duration
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
-from test_witness import Witness
+from witnessbed import Witness
 
 from checker.tree_check import check_tree
 from mlckpt import bundle
@@ -73,7 +73,7 @@ def runs(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, Any]]:
     org = bundle.generate_key(d / "org.pem")
     (d / f"{SYSTEM}.yaml").write_text(CHECKER_DESCRIPTION)
     (d / "witness").mkdir()
-    w = Witness(d / "witness")
+    w = Witness(d / "witness", org_key=d / "org.pem")
     w.start()
     try:
         out: dict[str, Any] = {"dir": d, "witness": w, "org": org}
@@ -280,6 +280,24 @@ def test_a_forged_witnessed_bundle_fails_its_witness_rule(runs: dict[str, Any], 
     assert b["verdict"] == "invalid" and b["integrity"] == "failed"
 
 
+def test_a_witnessed_bundle_signed_by_another_key_than_its_opener_fails_witness_run(
+        runs: dict[str, Any], tmp_path: Path) -> None:
+    """Another trusted key re-signs a witnessed bundle (a second organisation presenting the run as
+    its own, here a second key of the same one): the transcript says which key opened the run."""
+    work = tmp_path / "work" / runs["a"].name
+    shutil.copytree(runs["a"], work)
+    second = bundle.generate_key(tmp_path / "second.pem")
+    resign(work, bundle.load_private_key(tmp_path / "second.pem"))
+    root = tree(runs, tmp_path / "t", work)
+    (root / "trusted-keys.yaml").write_text(f'mlckpt_trusted_keys: "1.0"\norganizations:\n  {ORG}: '
+                                            f'["{runs["org"].public_key}", "{second.public_key}"]\n')
+    [b] = checked(root)
+    [finding] = [f for f in b["findings"] if f["rule"] == "WITNESS-RUN"]
+    assert (f"expected opened by the bundle's signing key {second.keyid}, got opened by the bundle's "
+            f"signing key {runs['org'].keyid} in the transcript") in finding["message"], finding
+    assert rules_of(b) == {"WITNESS-RUN"} and b["verdict"] == "invalid"
+
+
 def test_shrunk_durations_name_the_op_and_the_bounds(runs: dict[str, Any], tmp_path: Path) -> None:
     work = tmp_path / "work" / runs["a"].name
     shutil.copytree(runs["a"], work)
@@ -311,7 +329,7 @@ def test_a_witness_restarted_mid_run_loses_nothing_and_the_run_stays_witnessed(t
     the journal holds every acknowledged event once, and the bundle is witnessed and passes."""
     d = runs["dir"]
     (tmp_path / "w").mkdir()
-    w = Witness(tmp_path / "w")
+    w = Witness(tmp_path / "w", org_key=d / "org.pem")
     w.start()
     port = int(w.url.rsplit(":", 1)[1])
     try:
@@ -345,7 +363,7 @@ def test_a_witness_that_stops_answering_does_not_hang_the_run(tmp_path: Path, ru
     once and goes on unwitnessed; its bundle passes, not counted as witnessed."""
     d = runs["dir"]
     (tmp_path / "w").mkdir()
-    w = Witness(tmp_path / "w")
+    w = Witness(tmp_path / "w", org_key=d / "org.pem")
     w.start()
     assert w.proc is not None
     try:
@@ -413,6 +431,77 @@ def test_a_witness_that_never_answers_refuses_the_run_in_bounded_time(tmp_path: 
     assert "timed out" in line and took < 30
     assert not (cwd / "results").exists() or not any((cwd / "results").iterdir())
     assert not (cwd / "mlckpt-checkpoints").exists() or not any((cwd / "mlckpt-checkpoints").iterdir())
+
+
+def test_a_witnessed_run_beside_a_flood_of_strangers_passes_the_checker(tmp_path: Path,
+                                                                         runs: dict[str, Any]) -> None:
+    """Strangers post unsigned opens as fast as the witness refuses them while a run, which expects
+    the witness's own key, is witnessed: the run completes, witnessed, and passes the checker; the
+    flood left nothing in the journal."""
+    import http.client
+
+    w, d = runs["witness"], runs["dir"]
+    files = len(w.files())
+    host, port = w.url.removeprefix("http://").split(":")
+    stop, refused = threading.Event(), []
+
+    def flood() -> None:
+        conn = http.client.HTTPConnection(host, int(port), timeout=10)
+        n = 0
+        while not stop.is_set():
+            conn.request("POST", "/v1/runs", body=b'{"plan_digest": "00", "config": {}}')
+            resp = conn.getresponse()
+            resp.read()
+            assert resp.status == 401
+            n += 1
+        refused.append(n)
+
+    flooders = [threading.Thread(target=flood) for _ in range(2)]
+    for t in flooders:
+        t.start()
+    try:
+        proc = run(d, f"witness.url={w.url}", f"witness.public_key={w.public_key}")
+    finally:
+        stop.set()
+        for t in flooders:
+            t.join(30)
+    assert proc.returncode == 0, (proc.stderr, findings(proc.stdout))
+    assert len(refused) == 2 and sum(refused) > 100, refused
+    folder = bundle_of(proc)
+    assert transcript_doc(folder)["entries"][0]["opened_by"] == runs["org"].keyid
+    [b] = checked(tree(runs, tmp_path / "t", folder))
+    assert not {r for r in rules_of(b) if r.startswith("WITNESS-")}, b["findings"]
+    assert b["witness"]["counted"] is True
+    assert len(w.files()) == files + 1  # the run's own archive, nothing of the flood
+
+
+@pytest.mark.parametrize("setting, says", [
+    ("signing.key=none", "witness.url: a witness opens a run only for a key it trusts, and signing.key=none "
+                         "signs nothing: give signing.key (auto, or a key path)"),
+    ("witness.public_key=OTHER", "not the expected ed25519:"),
+    ("signing.key=STRANGER", "is not in this witness's trusted keys"),
+    ("rules_version=1.9", "witness.url: this runner's witness transcripts are witness format 2, which "
+                          "rules_version 1.9 cannot check: use rules 1.10 or later"),
+])
+def test_a_witness_that_will_not_witness_this_run_refuses_it_before_any_io(
+        setting: str, says: str, tmp_path: Path, runs: dict[str, Any]) -> None:
+    cwd = tmp_path / "c"
+    cwd.mkdir()
+    shutil.copy(runs["dir"] / f"{SYSTEM}.yaml", cwd)
+    if "OTHER" in setting:
+        setting = setting.replace("OTHER", bundle.generate_key(cwd / "other.pem").public_key)
+    if "STRANGER" in setting:
+        bundle.generate_key(cwd / "stranger.pem")
+        setting = setting.replace("STRANGER", str(cwd / "stranger.pem"))
+    files = runs["witness"].files()
+    key = [] if setting.startswith("signing.key=") else [f"signing.key={runs['dir'] / 'org.pem'}"]
+    proc = subprocess.run([str(MLCKPT), "run", *RUN, *key, f"witness.url={runs['witness'].url}", setting],
+                          cwd=cwd, env=_cli_env(), text=True, capture_output=True, timeout=120)
+    [line] = [ln for ln in proc.stderr.splitlines() if ln.startswith("mlckpt: error:")]
+    assert proc.returncode == 2 and says in line, proc.stderr
+    assert not (cwd / "results").exists() or not any((cwd / "results").iterdir())
+    assert not (cwd / "mlckpt-checkpoints").exists() or not any((cwd / "mlckpt-checkpoints").iterdir())
+    assert runs["witness"].files() == files  # the witness stored nothing
 
 
 def test_a_witnessed_asynchronous_run_is_refused_before_any_io(tmp_path: Path, runs: dict[str, Any]) -> None:

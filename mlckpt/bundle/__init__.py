@@ -119,6 +119,7 @@ _LAZY = {
     "fingerprint": "mlckpt.bundle.keys",
     "generate_key": "mlckpt.bundle.keys",
     "key_label": "mlckpt.bundle.keys",
+    "parse_public_key_text": "mlckpt.bundle.keys",
     "keyid_of": "mlckpt.bundle.keys",
     "keyid_of_key": "mlckpt.bundle.keys",
     "load_private_key": "mlckpt.bundle.keys",
@@ -149,6 +150,7 @@ if TYPE_CHECKING:
         keyid_of,
         keyid_of_key,
         load_private_key,
+        parse_public_key_text,
         public_key_text,
     )
     from mlckpt.bundle.models import KeyInfo, Predicate, VerifiedBundle
@@ -201,6 +203,7 @@ __all__ = [
     "pack",
     "pae",
     "parse_document",
+    "parse_public_key_text",
     "public_key_text",
     "read_document",
     "read_envelope_predicate",

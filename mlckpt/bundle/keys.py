@@ -83,7 +83,7 @@ def public_key_text(key: Ed25519PublicKey | Ed25519PrivateKey | bytes) -> str:
     return "ed25519:" + _b64encode(raw)
 
 
-def _parse_public_key_text(text: Any) -> bytes:
+def parse_public_key_text(text: Any) -> bytes:
     """Raw key bytes of ``ed25519:<base64>``; ValueError saying what is wrong."""
     if not isinstance(text, str) or not text.startswith("ed25519:"):
         raise ValueError("expected 'ed25519:<base64 raw key>'")
@@ -202,7 +202,7 @@ class TrustedKeys:
             infos = self._by_org.setdefault(org, [])
             for i, text in enumerate(keys):
                 try:
-                    raw = _parse_public_key_text(text)
+                    raw = parse_public_key_text(text)
                 except ValueError as exc:
                     raise UsageError(f"{source}: {kind.group}.{org}[{i}]: {exc}") from None
                 kid = keyid_of(raw)

@@ -12,6 +12,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from mlckpt import formats
 from mlckpt.errors import ConfigError, UsageError
 from mlckpt.locations import is_object_url, parse_object_url
 from mlckpt.plan import aliases
@@ -224,6 +225,12 @@ def _hydra_message(exc: BaseException, source: ConfigSource = SHIPPED) -> str:
     return _first_line(exc)
 
 
+def witness_format_fits(version: str) -> bool:
+    """Whether the transcript schema of rules ``version`` takes the witness format written now."""
+    schema = validator("witness-transcript", version).schema["properties"]["witness_format"]
+    return formats.WITNESS.version in schema.get("enum", [schema.get("const")])
+
+
 def validate(config: Mapping[str, Any]) -> None:
     """JSON Schema of the resolved configuration (types, ranges, unknown keys) → exit 2."""
     version = str(config.get("rules_version", "1.0"))
@@ -236,6 +243,10 @@ def validate(config: Mapping[str, Any]) -> None:
     problem = first_error(config, "config", version)
     if problem:
         raise ConfigError(problem)
+    if (config.get("witness") or {}).get("url") and not witness_format_fits(version):
+        raise ConfigError(f"witness.url: this runner's witness transcripts are witness format "
+                          f"{formats.WITNESS.version}, which rules_version {version} cannot check: use rules "
+                          "1.10 or later", key="witness.url")
     folder = config["checkpoint"]["folder"]
     if is_object_url(folder):
         parse_object_url(str(folder))  # a malformed URL names checkpoint.folder, exit 2

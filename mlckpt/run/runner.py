@@ -417,7 +417,7 @@ def run(job: Job, overrides: Sequence[str], source: ConfigSource = SHIPPED) -> t
             key = resolve_signing_key(str(cfg["signing"]["key"]), job.say)
     ident = identity(job, cfg)
     # Before any I/O: a witness asked for but not reachable refuses the run on every rank.
-    witness = Witnessing.open(job, cfg, c.setup.plan.digest, ident[0].number, ident[0].name)
+    witness = Witnessing.open(job, cfg, c.setup.plan.digest, ident[0].number, ident[0].name, key)
     stage = job.console.stage if job.rank == 0 else (lambda _: None)
     with Created(bool(cfg["checkpoint"]["keep"]), between=lambda: final_barrier(job), stage=stage) as created:
         run_id, records, state, calibration = phases(job, c, gates, created, ident, witness)

@@ -43,24 +43,28 @@ class Witnessing:
     transcript: dict[str, Any] | None = None  # the signed envelope, once closed
 
     @classmethod
-    def open(cls, job: Job, cfg: dict[str, Any], plan_digest: str, run_id: int, name: str
-             ) -> Witnessing | None:
-        """Open the witnessed run before any I/O (collective); None when no witness is asked for.
-        A witness that cannot be reached now refuses the run (one line, exit 2): the operator
-        asked for a witnessed result."""
+    def open(cls, job: Job, cfg: dict[str, Any], plan_digest: str, run_id: int, name: str,
+             key: Any = None) -> Witnessing | None:
+        """Open the witnessed run before any I/O (collective), the open signed with rank 0's
+        signing ``key``; None when no witness is asked for.  A witness that cannot be reached now,
+        or that refuses the key, or whose key is not ``witness.public_key``, refuses the run (one
+        line, exit 2): the operator asked for a witnessed result."""
         w = cfg.get("witness") or {}
         if not w.get("url"):
             return None
         url, timeout = str(w["url"]), float(w.get("timeout_s") or DEFAULT_TIMEOUT_S)
         me = cls(job, url)
         problem = None
-        if job.rank == 0:
+        if job.rank == 0 and key is None:
+            problem = (f"{KEY}: a witness opens a run only for a key it trusts, and signing.key=none "
+                       "signs nothing: give signing.key (auto, or a key path)")
+        elif job.rank == 0:
             try:
-                client = Client(url, timeout)
+                client = Client(url, timeout, key=key, expect=w.get("public_key"), ca_file=w.get("ca_file"))
                 info = client.info()
                 opened = client.open(plan_digest, _opening(cfg, run_id, name), f"mlckpt {__version__}")
                 me.client, me.keyid, me.run = client, str(info["keyid"]), str(opened["run"])
-            except (WitnessError, KeyError, TypeError) as exc:
+            except (WitnessError, KeyError, TypeError, OSError) as exc:  # OSError: an unreadable ca_file
                 problem = f"{KEY}: cannot open a witnessed run at {endpoint(url)}: {exc}"
         problem = job.comm.bcast(problem)
         if problem:

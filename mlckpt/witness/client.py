@@ -1,9 +1,13 @@
-"""A witness client (the runner's rank 0, tests, the load benchmark): plain blocking HTTP with a
-bounded timeout per request, so a witness that never answers cannot hold a run up for longer."""
+"""A witness client (the runner's rank 0, tests, the load benchmark): plain blocking HTTP(S) with a
+bounded timeout per request, so a witness that never answers cannot hold a run up for longer.
+
+It opens a run with a request signed by its key over the witness's fresh challenge, checks the
+witness's key against the one it expects (if told), and every receipt's signature against it."""
 
 from __future__ import annotations
 
 import json
+import ssl
 import time
 import urllib.error
 import urllib.request
@@ -24,10 +28,17 @@ class WitnessError(Exception):
 
 
 class Client:
-    def __init__(self, url: str, timeout_s: float = DEFAULT_TIMEOUT_S) -> None:
+    def __init__(self, url: str, timeout_s: float = DEFAULT_TIMEOUT_S, *, key: Any = None,
+                 expect: str | None = None, ca_file: str | None = None) -> None:
+        """``key``: the private key that signs the open (a key of the witness's trusted keys);
+        ``expect``: the witness's public key text (ed25519:…) to insist on; ``ca_file``: PEM
+        certificates to trust for https (default: the system's)."""
         self.url = url.rstrip("/")
         self.timeout_s = timeout_s
+        self.key, self.expect = key, expect
+        self.tls = ssl.create_default_context(cafile=ca_file) if self.url.startswith("https:") else None
         self.run: str | None = None
+        self.keyid: str | None = None  # the witness's, once :meth:`info` checked it
 
     def call(self, method: str, path: str, body: Any = None) -> Any:
         """One request.  A refused or reset connection (a witness restarting: its journal keeps
@@ -41,7 +52,7 @@ class Client:
                                          headers={"Content-Type": "application/json"})
             left = deadline - time.monotonic()
             try:
-                with urllib.request.urlopen(req, timeout=max(left, 0.01)) as resp:
+                with urllib.request.urlopen(req, timeout=max(left, 0.01), context=self.tls) as resp:
                     return json.loads(resp.read())
             except urllib.error.HTTPError as exc:
                 try:
@@ -58,27 +69,63 @@ class Client:
                 raise WitnessError(f"witness {self.url} unreachable: {why}") from None
 
     def info(self) -> dict[str, Any]:
-        return dict(self.call("GET", "/v1/witness"))
+        """The witness's identity, its key checked against the one expected (if any)."""
+        out = dict(self.call("GET", "/v1/witness"))
+        try:
+            raw = bundle.parse_public_key_text(out["public_key"])
+        except (KeyError, TypeError, ValueError) as exc:
+            raise WitnessError(f"witness {self.url} gave no usable public key: {exc}") from None
+        keyid = bundle.keyid_of(raw)
+        if keyid != out.get("keyid"):
+            raise WitnessError(f"witness {self.url}: its keyid is not its public key's")
+        if self.expect is not None and bundle.public_key_text(raw) != self.expect:
+            raise WitnessError(f"witness {self.url} has the key {bundle.key_label(raw)}, not the expected "
+                               f"{self.expect} (witness.public_key)")
+        self.keyid = keyid
+        return out
 
     def open(self, plan_digest: str, config: dict[str, Any], client: str = "mlckpt") -> dict[str, Any]:
-        out = dict(self.call("POST", "/v1/runs", {"plan_digest": plan_digest, "config": config,
-                                                  "client": client}))
+        """Open a run: the witness's challenge, signed with ``key`` into the open request."""
+        if self.key is None:
+            raise WitnessError("opening a witnessed run needs a signing key the witness trusts")
+        if self.keyid is None:
+            self.info()
+        challenge = str(self.call("GET", "/v1/challenge")["challenge"])
+        doc = protocol.open_document(str(self.keyid), challenge, plan_digest, config, client)
+        envelope = bundle.make_envelope(doc, self.key, protocol.OPEN_TYPE)
+        out = self.signed(self.call("POST", "/v1/runs", envelope))
         self.run = str(out["run"])
+        return out
+
+    def signed(self, answer: Any) -> dict[str, Any]:
+        """An answer whose receipt the witness signed (checked, once its key is known)."""
+        out = dict(answer)
+        if self.keyid is not None and "receipt" in out:
+            try:
+                receipt_of(out, self.keyid)
+            except (ValueError, KeyError, TypeError) as exc:
+                raise WitnessError(f"witness {self.url}: a receipt that does not hold: {exc}") from None
         return out
 
     def event(self, kind: str, op: str, index: int, nbytes: int | None = None) -> dict[str, Any]:
         body: dict[str, Any] = {"kind": kind, "op": op, "index": index}
         if nbytes is not None:
             body["bytes"] = nbytes
-        return dict(self.call("POST", f"/v1/runs/{self.run}/events", body))
+        return self.signed(self.call("POST", f"/v1/runs/{self.run}/events", body))
 
     def round_trip(self) -> dict[str, Any]:
         """One round trip the witness measures on its own clock (ping, then pong at once)."""
         token = self.call("POST", f"/v1/runs/{self.run}/pings", {})["token"]
-        return dict(self.call("POST", f"/v1/runs/{self.run}/pongs", {"token": token}))
+        return self.signed(self.call("POST", f"/v1/runs/{self.run}/pongs", {"token": token}))
 
     def close(self) -> dict[str, Any]:
-        return dict(self.call("POST", f"/v1/runs/{self.run}/close", {}))
+        out = self.signed(self.call("POST", f"/v1/runs/{self.run}/close", {}))
+        if self.keyid is not None:
+            try:
+                transcript_of(out, self.keyid)
+            except (ValueError, KeyError, TypeError) as exc:
+                raise WitnessError(f"witness {self.url}: a transcript that does not hold: {exc}") from None
+        return out
 
 
 def opened(envelope: Any, payload_type: str, keyid: str | None = None) -> dict[str, Any]:

@@ -4,6 +4,10 @@ transcript (witness format 1; history in mlckpt/formats.py).  Pure.
 A client never states a time: requests carry what happened (an op started, an op is durable) and
 the witness stamps every event with its own clocks when the request reaches it.  A write's start
 receipt carries a fresh nonce that the runner binds into that checkpoint's content.
+
+From witness format 2 an open is a DSSE envelope of ``OPEN_TYPE`` signed by a key the witness
+trusts, over an open document naming the witness (its keyid) and a challenge it issued (see
+mlckpt/witness/admission.py); the open entry records the signer.
 """
 
 from __future__ import annotations
@@ -18,14 +22,17 @@ from mlckpt import formats
 WITNESS_FORMAT = formats.WITNESS.version
 RECEIPT_TYPE = "application/vnd.mlckpt.witness-receipt+json"
 TRANSCRIPT_TYPE = "application/vnd.mlckpt.witness-transcript+json"
+OPEN_TYPE = "application/vnd.mlckpt.witness-open+json"
 MAX_REQUEST_BYTES = 64 << 10  # a configuration fits many times over; anything larger is refused
 MAX_EVENTS = 100_000  # per run: ten thousand checkpoints and restores, with pings
 
 _HEX = {"type": "string", "pattern": "^[0-9a-f]{64}$"}
 REQUESTS: dict[str, dict[str, Any]] = {
-    "open": {
-        "type": "object", "required": ["plan_digest", "config"],
-        "properties": {"plan_digest": _HEX, "config": {"type": "object", "maxProperties": 64},
+    "open": {  # the signed document inside the open's envelope
+        "type": "object", "required": ["_type", "witness_keyid", "challenge", "plan_digest", "config"],
+        "properties": {"_type": {"const": "mlckpt-witness-open"}, "witness_keyid": _HEX,
+                       "challenge": {"type": "string", "maxLength": 100},
+                       "plan_digest": _HEX, "config": {"type": "object", "maxProperties": 64},
                        "client": {"type": "string", "maxLength": 200}},
         "additionalProperties": False,
     },
@@ -69,6 +76,8 @@ def order_problem(entries: Sequence[Mapping[str, Any]], event: Mapping[str, Any]
         return "the run was never opened"
     if "close" in kinds:
         return "the run is closed"
+    if "expire" in kinds:
+        return ended_problem(entries)
     if len(entries) >= MAX_EVENTS:
         return f"more than {MAX_EVENTS} events in one run"
     if event["kind"] not in ("start", "end"):
@@ -87,6 +96,21 @@ def order_problem(entries: Sequence[Mapping[str, Any]], event: Mapping[str, Any]
     if event["index"] != want:
         return f"{event['op']} {event['index']} starts; the next {event['op']} is {want}"
     return None
+
+
+def open_document(witness_keyid: str, challenge: str, plan_digest: str, config: Mapping[str, Any],
+                  client: str) -> dict[str, Any]:
+    """What a client signs to open a run at the witness ``witness_keyid``."""
+    return {"_type": "mlckpt-witness-open", "witness_keyid": witness_keyid, "challenge": challenge,
+            "plan_digest": plan_digest, "config": dict(config), "client": client}
+
+
+def ended_problem(entries: Sequence[Mapping[str, Any]]) -> str:
+    """What a request to a run that took its last event hears."""
+    last = entries[-1]
+    if last["kind"] == "expire":
+        return f"the run expired after {last['idle_s']:.0f} s without an event"
+    return "the run is closed"
 
 
 def tag_run_id(run_id: int, nonce: str) -> int:

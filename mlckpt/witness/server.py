@@ -3,16 +3,25 @@
 Every answer that acknowledges an event comes after its journal line is on disk; every time in a
 receipt is the witness's own (wall clock and monotonic clock, read when the request arrived).
 Runs are independent: each has its own lock, so many runs are witnessed at once.
+
+Strangers cannot exhaust it: only a request signed by a trusted key opens a run (refused before
+anything is stored otherwise), each key's share is bounded (mlckpt/witness/admission.py), a run
+that goes quiet expires, closed runs leave memory for a gzip'ed archive kept for a declared time,
+a journal short of space refuses new runs, and every connection must deliver its request within
+``header_timeout_s`` and is closed after ``connection_life_s`` (a slow client cannot hold one).
 """
 
 from __future__ import annotations
 
 import asyncio
+import resource
 import secrets
 import signal
+import ssl
 import sys
 import time
 from collections.abc import Awaitable, Callable
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -21,10 +30,30 @@ from aiohttp import web
 from mlckpt import bundle
 from mlckpt import strict as loading
 from mlckpt.witness import protocol
-from mlckpt.witness.journal import Journal
+from mlckpt.witness.admission import Challenges, Ledger, Limits
+from mlckpt.witness.journal import Journal, JournalFull
 
 Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
 PING_TTL_S = 60.0  # a ping not answered within this is forgotten
+MAX_PINGS_PER_RUN = 16  # outstanding pings one run may hold
+BODY_TIMEOUT_S = 10.0  # a request's body must arrive within this
+
+
+@dataclass(frozen=True)
+class Options:
+    """How a witness serves: everything ``mlckpt witness serve`` takes."""
+    listen: str
+    key: Path
+    journal: Path
+    trusted_keys: Path
+    limits: Limits = field(default_factory=Limits)
+    keep_s: float | None = 90 * 86400.0  # archived runs kept this long (None: forever)
+    keep_runs: int | None = None  # at most this many archived runs (None: no count bound)
+    tls_cert: Path | None = None
+    tls_key: Path | None = None
+    max_connections: int = 512
+    header_timeout_s: float = 10.0
+    connection_life_s: float = 60.0
 
 
 def _error(status: int, message: str) -> web.Response:
@@ -40,25 +69,36 @@ async def errors(request: web.Request, handler: Handler) -> web.StreamResponse:
         return _error(413, f"request larger than {protocol.MAX_REQUEST_BYTES} bytes")
     except web.HTTPException as exc:
         return _error(exc.status, exc.reason)
+    except JournalFull as exc:
+        return _error(507, str(exc.strerror))
 
 
 class Witness:
-    def __init__(self, journal: Journal, key: Any) -> None:
+    def __init__(self, journal: Journal, key: Any, trusted: bundle.TrustedKeys,
+                 limits: Limits | None = None) -> None:
         self.journal = journal
         self.key = key
         self.keyid = bundle.keyid_of_key(key)  # the id trusted-witness files will name
-        self.runs = journal.load()
+        self.trusted = trusted
+        self.ledger = Ledger(limits or Limits())
+        self.challenges = Challenges(secrets.token_bytes(32))
+        self.runs = journal.load()  # open runs only; closed ones are archived on disk
+        now = time.monotonic_ns()
+        for run, entries in self.runs.items():
+            opener = str(entries[0].get("opened_by", "format-1"))
+            self.ledger.opened(opener, run, now, sum(len(str(e)) for e in entries))
         self.locks: dict[str, asyncio.Lock] = {}
         self.pings: dict[tuple[str, str], int] = {}
         # (run, op, index) -> ns from an op's start arriving to its answer being ready (not kept
         # across a restart: an end after one carries none, and the checker uses the arrival)
         self.served: dict[tuple[str, str, int], int] = {}
+        self.refused = 0  # requests refused before anything was stored (shown at the end)
 
     def sign(self, doc: dict[str, Any], payload_type: str) -> dict[str, Any]:
         return bundle.make_envelope(doc, self.key, payload_type)
 
     async def body(self, request: web.Request, kind: str) -> dict[str, Any]:
-        raw = await request.read()
+        raw = await self.raw(request)
         try:
             doc = loading.parse_json(raw or b"{}")
         except loading.ParseError as exc:
@@ -68,12 +108,24 @@ class Witness:
             raise web.HTTPBadRequest(reason=problem)
         return dict(doc)
 
+    @staticmethod
+    async def raw(request: web.Request) -> bytes:
+        try:
+            return await asyncio.wait_for(request.read(), BODY_TIMEOUT_S)
+        except TimeoutError:
+            raise web.HTTPRequestTimeout(reason=f"the request's body took over {BODY_TIMEOUT_S:g} s") \
+                from None
+
     async def record(self, run: str, fields: dict[str, Any], t_wall: int, t_mono: int) -> dict[str, Any]:
         """Journal one event (stamped with the witness's clocks) and sign its receipt."""
-        entries = self.runs.setdefault(run, [])
+        entries = self.runs[run]
         entry = {"seq": len(entries) + 1, "t_wall_ns": t_wall, "t_mono_ns": t_mono, **fields}
-        full = await asyncio.to_thread(self.journal.append, run, entry)
+        room = self.ledger.room(run, len(str(entry)) + 128)
+        if room:
+            raise web.HTTPTooManyRequests(reason=room)
+        full, nbytes = await asyncio.to_thread(self.journal.append, run, entry)
         entries.append(full)
+        self.ledger.wrote(run, nbytes, time.monotonic_ns())
         return {"run": run, "seq": full["seq"], "receipt": self.sign(protocol.receipt(run, {
             k: v for k, v in full.items() if k != "config"}), protocol.RECEIPT_TYPE)}
 
@@ -81,10 +133,33 @@ class Witness:
         return self.locks.setdefault(run, asyncio.Lock())
 
     def known(self, request: web.Request) -> str:
+        """The open run a request names; 409 for one that ended, 404 for one never opened here."""
         run = request.match_info["run"]
-        if run not in self.runs:
-            raise web.HTTPNotFound(reason=f"no witnessed run {run}")
-        return run
+        if run in self.runs:
+            return run
+        ended = self.ended_entries(run)
+        if ended is not None:
+            raise web.HTTPConflict(reason=protocol.ended_problem(ended))
+        raise web.HTTPNotFound(reason=f"no witnessed run {run}")
+
+    def ended_entries(self, run: str) -> list[dict[str, Any]] | None:
+        try:
+            return self.journal.archived(run)
+        except ValueError:  # not a run id at all
+            return None
+
+    def refuse(self, status: type[web.HTTPException], reason: str) -> web.HTTPException:
+        self.refused += 1
+        return status(reason=reason)
+
+    async def end(self, run: str) -> None:
+        """A closed or expired run leaves memory for its archive."""
+        await asyncio.to_thread(self.journal.archive, run)
+        self.ledger.ended(run)
+        del self.runs[run]
+        self.locks.pop(run, None)
+        self.served = {k: v for k, v in self.served.items() if k[0] != run}
+        self.pings = {k: v for k, v in self.pings.items() if k[0] != run}
 
     # --- handlers -------------------------------------------------------------------------------
 
@@ -92,12 +167,47 @@ class Witness:
         return web.json_response({"witness_format": protocol.WITNESS_FORMAT, "keyid": self.keyid,
                                   "public_key": bundle.public_key_text(self.key)})
 
+    async def challenge(self, request: web.Request) -> web.Response:
+        return web.json_response({"challenge": self.challenges.issue(time.time_ns())})
+
     async def open(self, request: web.Request) -> web.Response:
         t_wall, t_mono = time.time_ns(), time.monotonic_ns()
-        body = await self.body(request, "open")
+        raw = await self.raw(request)
+        try:
+            doc, signer, _ = bundle.open_envelope(raw, protocol.OPEN_TYPE)
+        except ValueError as exc:
+            raise self.refuse(web.HTTPUnauthorized, "an open must be signed by a trusted key (mlckpt run "
+                                                    f"signs it with signing.key): {exc}") from None
+        org = self.trusted.org_for(signer)
+        if org is None:
+            raise self.refuse(web.HTTPForbidden, f"the key with fingerprint {signer[:16]} is not in this "
+                                                 "witness's trusted keys")
+        problem = protocol.request_problem("open", doc)
+        if problem:
+            raise self.refuse(web.HTTPBadRequest, problem)
+        if doc["witness_keyid"] != self.keyid:
+            raise self.refuse(web.HTTPUnauthorized, "the open was signed for another witness")
+        stale = self.challenges.redeem(str(doc["challenge"]), time.time_ns())
+        if stale:
+            raise self.refuse(web.HTTPUnauthorized, stale)
+        refusal = self.ledger.admit(signer, t_mono, await asyncio.to_thread(self.journal.free_bytes))
+        if refusal:
+            raise self.refuse(web.HTTPServiceUnavailable if refusal.witness_wide else web.HTTPTooManyRequests,
+                              refusal.reason)
         run = secrets.token_hex(8)
-        async with self.lock(run):
-            out = await self.record(run, {"kind": "open", **body}, t_wall, t_mono)
+        fields = {k: v for k, v in doc.items() if k in ("plan_digest", "config", "client")}
+        self.runs[run] = []
+        self.ledger.opened(signer, run, t_mono, 0)
+        try:
+            async with self.lock(run):
+                out = await self.record(run, {"kind": "open", **fields, "opened_by": signer, "org": org},
+                                        t_wall, t_mono)
+        except BaseException:
+            self.ledger.ended(run)
+            del self.runs[run]
+            self.locks.pop(run, None)
+            self.journal.path(run).unlink(missing_ok=True)  # never acknowledged
+            raise
         return web.json_response(out)
 
     async def event(self, request: web.Request) -> web.Response:
@@ -105,6 +215,7 @@ class Witness:
         run = self.known(request)
         body = await self.body(request, "event")
         async with self.lock(run):
+            run = self.known(request)  # it may have expired while the lock was held
             problem = protocol.order_problem(self.runs[run], body)
             if problem:
                 raise web.HTTPConflict(reason=problem)
@@ -128,6 +239,8 @@ class Witness:
         token = secrets.token_hex(16)
         now = time.monotonic_ns()
         self.pings = {k: t for k, t in self.pings.items() if now - t < PING_TTL_S * 1e9}
+        if sum(1 for r, _ in self.pings if r == run) >= MAX_PINGS_PER_RUN:
+            raise web.HTTPTooManyRequests(reason=f"more than {MAX_PINGS_PER_RUN} pings unanswered")
         self.pings[(run, token)] = time.monotonic_ns()
         return web.json_response({"token": token})
 
@@ -139,6 +252,7 @@ class Witness:
         if sent is None:
             raise web.HTTPConflict(reason="unknown or expired ping token")
         async with self.lock(run):
+            run = self.known(request)
             problem = protocol.order_problem(self.runs[run], {"kind": "rtt"})
             if problem:
                 raise web.HTTPConflict(reason=problem)
@@ -150,26 +264,48 @@ class Witness:
         run = self.known(request)
         await self.body(request, "close")
         async with self.lock(run):
+            run = self.known(request)
             problem = protocol.order_problem(self.runs[run], {"kind": "close"})
             if problem:
                 raise web.HTTPConflict(reason=problem)
             out = await self.record(run, {"kind": "close"}, t_wall, t_mono)
-        out["transcript"] = self.transcript(run)
+            out["transcript"] = self.transcript(run, self.runs[run])
+            await self.end(run)
         return web.json_response(out)
 
     async def get_transcript(self, request: web.Request) -> web.Response:
-        run = self.known(request)
-        if self.runs[run][-1]["kind"] != "close":
+        run = request.match_info["run"]
+        if run in self.runs:
             raise web.HTTPConflict(reason="the run is not closed")
-        return web.json_response(self.transcript(run))
+        entries = self.ended_entries(run)
+        if entries is None:
+            raise web.HTTPNotFound(reason=f"no witnessed run {run} (never opened here, or past retention)")
+        if entries[-1]["kind"] != "close":
+            raise web.HTTPConflict(reason=protocol.ended_problem(entries))
+        return web.json_response(self.transcript(run, entries))
 
-    def transcript(self, run: str) -> dict[str, Any]:
-        return self.sign(protocol.transcript(run, self.runs[run], self.keyid), protocol.TRANSCRIPT_TYPE)
+    def transcript(self, run: str, entries: list[dict[str, Any]]) -> dict[str, Any]:
+        return self.sign(protocol.transcript(run, entries, self.keyid), protocol.TRANSCRIPT_TYPE)
+
+    async def expire(self) -> int:
+        """End every run that went without an event past the bound (an ``expire`` entry, then
+        archived): its opener's share is free again.  How many expired."""
+        done = 0
+        for run, idle in self.ledger.idle(time.monotonic_ns()):
+            async with self.lock(run):
+                if run not in self.runs:
+                    continue
+                await self.record(run, {"kind": "expire", "idle_s": round(idle, 3)}, time.time_ns(),
+                                  time.monotonic_ns())
+                await self.end(run)
+                done += 1
+        return done
 
     def app(self) -> web.Application:
         app = web.Application(middlewares=[errors], client_max_size=protocol.MAX_REQUEST_BYTES)
         app.add_routes([
             web.get("/v1/witness", self.info),
+            web.get("/v1/challenge", self.challenge),
             web.post("/v1/runs", self.open),
             web.post("/v1/runs/{run}/events", self.event),
             web.post("/v1/runs/{run}/pings", self.ping),
@@ -180,36 +316,141 @@ class Witness:
         return app
 
 
-async def _serve(host: str, port: int, witness: Witness) -> None:
-    runner = web.AppRunner(witness.app(), access_log=None)
+class Connections:
+    """How many connections a witness holds now."""
+    def __init__(self) -> None:
+        self.open_now = 0
+
+
+class Guarded(asyncio.Protocol):
+    """One connection, handed to aiohttp's protocol, closed if it has not delivered a request's
+    headers within ``header_timeout_s``, closed after ``connection_life_s`` whatever it does, and
+    refused at once past ``max_connections`` open: a client that trickles bytes holds nothing for
+    long."""
+
+    def __init__(self, inner: Any, opts: Options, count: Connections) -> None:
+        self.inner, self.opts, self.count = inner, opts, count
+        self.transport: asyncio.Transport | None = None
+        self.seen = b""
+        self.timers: list[asyncio.TimerHandle] = []
+
+    def connection_made(self, transport: asyncio.BaseTransport) -> None:
+        assert isinstance(transport, asyncio.Transport)
+        self.transport = transport
+        self.count.open_now += 1
+        if self.count.open_now > self.opts.max_connections:
+            transport.abort()
+            return
+        loop = asyncio.get_running_loop()
+        self.timers = [loop.call_later(self.opts.header_timeout_s, self._slow),
+                       loop.call_later(self.opts.connection_life_s, transport.close)]
+        self.inner.connection_made(transport)
+
+    def _slow(self) -> None:
+        if self.transport is not None and self.seen is not None:
+            self.transport.abort()
+
+    def data_received(self, data: bytes) -> None:
+        if self.seen is not None:
+            self.seen = (self.seen + data)[-4:] if b"\r\n\r\n" not in self.seen + data else None
+        self.inner.data_received(data)
+
+    def eof_received(self) -> bool | None:
+        return self.inner.eof_received()  # type: ignore[no-any-return]
+
+    def pause_writing(self) -> None:
+        self.inner.pause_writing()
+
+    def resume_writing(self) -> None:
+        self.inner.resume_writing()
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        self.count.open_now -= 1
+        for t in self.timers:
+            t.cancel()
+        if self.timers:  # aiohttp's protocol saw the connection made
+            self.inner.connection_lost(exc)
+
+
+def tls_context(opts: Options) -> ssl.SSLContext | None:
+    if opts.tls_cert is None:
+        return None
+    ctx = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH)
+    ctx.load_cert_chain(str(opts.tls_cert), str(opts.tls_key) if opts.tls_key else None)
+    return ctx
+
+
+async def _housekeeping(witness: Witness, opts: Options) -> None:
+    """Expire quiet runs and prune old archives, at a pace set by the expiry bound."""
+    pause = min(60.0, max(0.05, opts.limits.expire_after_s / 4))
+    while True:
+        await asyncio.sleep(pause)
+        try:
+            await witness.expire()
+            if opts.keep_s is not None or opts.keep_runs is not None:
+                await asyncio.to_thread(witness.journal.prune, opts.keep_s, opts.keep_runs)
+        except (OSError, web.HTTPException) as exc:  # a full disk: try again at the next round
+            print(f"mlckpt witness: housekeeping deferred: {exc}", file=sys.stderr, flush=True)
+
+
+async def _serve(host: str, port: int, witness: Witness, opts: Options) -> None:
+    runner = web.AppRunner(witness.app(), access_log=None, keepalive_timeout=5.0)
     await runner.setup()
-    site = web.TCPSite(runner, host, port)
-    await site.start()
-    bound = runner.addresses[0] if runner.addresses else (host, port)
-    print(f"mlckpt witness: listening on http://{bound[0]}:{bound[1]} (key fingerprint "
-          f"{witness.keyid[:16]}, journal "
-          f"{witness.journal.folder}, {len(witness.runs)} runs on record)", flush=True)
+    ctx = tls_context(opts)
+    loop = asyncio.get_running_loop()
+    assert runner.server is not None
+    factory, count = runner.server, Connections()
+    server = await loop.create_server(lambda: Guarded(factory(), opts, count), host, port, ssl=ctx,
+                                      reuse_address=True)
+    bound = server.sockets[0].getsockname() if server.sockets else (host, port)
+    scheme = "https" if ctx else "http"
+    print(f"mlckpt witness: listening on {scheme}://{bound[0]}:{bound[1]} (key fingerprint "
+          f"{witness.keyid[:16]}, journal {witness.journal.folder}, {len(witness.runs)} runs open, "
+          f"{len(witness.trusted.organisations)} organisations may open runs)", flush=True)
     # What a committee pastes under ``witnesses:`` in trusted-witnesses.yaml (docs: Witnessed runs).
     print(f'trusted-witnesses entry: NAME: ["{bundle.public_key_text(witness.key)}"]', flush=True)
     stop = asyncio.Event()
-    loop = asyncio.get_running_loop()
     for sig in (signal.SIGINT, signal.SIGTERM):
         loop.add_signal_handler(sig, stop.set)
+    chores = asyncio.create_task(_housekeeping(witness, opts))
     await stop.wait()
+    chores.cancel()
+    server.close()
     await runner.cleanup()
 
 
-def serve(listen: str, key_path: Path, journal_dir: Path) -> int:
+def _raise_fd_limit(need: int) -> None:
+    """Room for ``need`` connections besides the journal's files (up to the hard limit)."""
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    want = need + 256
+    if soft != resource.RLIM_INFINITY and soft < want:
+        resource.setrlimit(resource.RLIMIT_NOFILE, (want if hard == resource.RLIM_INFINITY
+                                                    else min(want, hard), hard))
+
+
+def serve(opts: Options) -> int:
     """Run the witness until SIGINT or SIGTERM."""
     from mlckpt.errors import UsageError
 
-    host, _, port = listen.rpartition(":")
+    host, _, port = opts.listen.rpartition(":")
     if not host or not port.isdigit():
-        raise UsageError(f"--listen: expected HOST:PORT, got {listen!r}", key="--listen")
-    witness = Witness(Journal(journal_dir), bundle.load_private_key(key_path))
+        raise UsageError(f"--listen: expected HOST:PORT, got {opts.listen!r}", key="--listen")
+    problem = opts.limits.problem()
+    if problem:
+        raise UsageError(problem, key=problem.split(":")[0])
+    if (opts.tls_cert is None) != (opts.tls_key is None):
+        raise UsageError("--tls-cert and --tls-key go together", key="--tls-cert")
+    trusted = bundle.TrustedKeys.load(opts.trusted_keys)
     try:
-        asyncio.run(_serve(host.strip("[]"), int(port), witness))
+        tls_context(opts)
+    except (OSError, ssl.SSLError) as exc:
+        raise UsageError(f"--tls-cert/--tls-key: cannot load them: {exc}", key="--tls-cert") from None
+    witness = Witness(Journal(opts.journal), bundle.load_private_key(opts.key), trusted, opts.limits)
+    _raise_fd_limit(opts.max_connections)
+    try:
+        asyncio.run(_serve(host.strip("[]"), int(port), witness, opts))
     except OSError as exc:
-        raise UsageError(f"--listen {listen}: {exc.strerror or exc}", key="--listen") from None
-    print("mlckpt witness: stopped", file=sys.stderr, flush=True)
+        raise UsageError(f"--listen {opts.listen}: {exc.strerror or exc}", key="--listen") from None
+    print(f"mlckpt witness: stopped ({witness.refused} requests refused before anything was stored)",
+          file=sys.stderr, flush=True)
     return 0

@@ -36,6 +36,7 @@ class WitnessFacts:
     run: Mapping[str, Any] | None = None  # run.json
     records: Sequence[Mapping[str, Any]] = ()
     plan_digest: str | None = None  # recomputed from the bundle's config (None: no plan)
+    bundle_signer: str | None = None  # the key id whose signature over the bundle holds
 
     @property
     def claimed(self) -> bool:
@@ -203,6 +204,8 @@ def witness_run(f: WitnessFacts, rs: RuleSet) -> Failures:
              ("name", run.get("name"), said.get("name"))]
     if f.plan_digest is not None:
         pairs.append(("plan digest", f.plan_digest, opening.get("plan_digest")))
+    if "opened_by" in opening and f.bundle_signer is not None:  # witness format 2: who opened it
+        pairs.append(("opened by the bundle's signing key", f.bundle_signer, opening["opened_by"]))
     for what, want, got in pairs:
         if want != got:
             yield Outcome(False, f"{what} {want}", f"{what} {got} in the transcript", where=TRANSCRIPT)
