@@ -55,7 +55,8 @@ RUN = Format("run", "run.json: run_format", 9, (2, 3, 4, 5, 6, 7, 8, 9), (
         "the run idle)"),
 ))
 
-RECORDS = Format("records", "records.jsonl (run.json and summary.json: records_format)", 6, (2, 3, 4, 5, 6), (
+RECORDS = Format("records", "records.jsonl (run.json and summary.json: records_format)", 7,
+                 (2, 3, 4, 5, 6, 7), (
     (1, "first version: op, index, checkpoint, rank, host, t0_ns/t1_ns (the host's monotonic clock), bytes, "
         "files, fsync, resident_bytes/cached_check_bytes (reads), verified_bytes/mismatches (reads); the "
         "field meanings are written out in mlckpt/metrics.py"),
@@ -74,9 +75,13 @@ RECORDS = Format("records", "records.jsonl (run.json and summary.json: records_f
     (6, "rules 1.8: each counters sample adds what the kernel charged to the host's ranks (own_read_bytes, "
         "own_written_bytes from /proc/<pid>/io, own_cpu_ns), the host's busy CPU time (cpu_busy_ns) and how "
         "long the sample took (read_ns); host_counters adds cpus (mlckpt/attribution.py)"),
+    (7, "rules 1.10: the records of ops whose requests go through the engine's timed file paths add "
+        "requests (count, and an HdrHistogram of every request's latency in ns, 1 ns..1 h, 2 significant "
+        "digits) and phases_ns (the rank's wall time in open, transfer, fsync, dir_fsync; "
+        "mlckpt/latency.py)"),
 ))
 
-SUMMARY = Format("summary", "summary.json: summary_format", 5, (2, 3, 4, 5), (
+SUMMARY = Format("summary", "summary.json: summary_format", 6, (2, 3, 4, 5, 6), (
     (1, "first version: per-op statistics and headlines recomputed from records.jsonl (mlckpt.metrics)"),
     (2, "stall, time to durable, overlap efficiency, back-pressure, per-stage bandwidth, read_fast_*"),
     (3, "DLIO's summary.json shape (rules 1.3): dlio_compat becomes metric, under DLIO's key names and "
@@ -88,6 +93,9 @@ SUMMARY = Format("summary", "summary.json: summary_format", 5, (2, 3, 4, 5), (
         "huge-page share of a rank's state buffer (state_hugepage_fraction_min)"),
     (5, "rules 1.8 (records format 6): foreign, what other processes moved on the checkpoint device during "
         "the timed writes and restores (bytes, share, CPU share, the worst op) and between them"),
+    (6, "rules 1.10 (records format 7): write_latency_ms and read_latency_ms (count, p50, p90, p99, p99_9, "
+        "max of every request), write_iops_mean and read_iops_mean, write_phases and read_phases "
+        "(seconds: the slowest rank's time in each phase, mean over ops; mlckpt/latency.py)"),
 ))
 
 PLAN = Format("plan", "mlckpt plan --json: plan_format", 2, (2,), (

@@ -43,6 +43,10 @@ behind training.  Headline = mean over ops (MLPerf convention), with median, std
 as numpy's default), min and max alongside.  Read headlines cover durable-tier restores; restores
 served by the fast tier are summarised under ``read_fast_*``.
 
+Records format 7 (rules 1.10) adds ``requests`` and ``phases_ns`` to the records of ops whose
+requests go through the engine's timed file paths, and summary format 6 the latency percentiles,
+IOPS and phase times made from them: both are described in mlckpt/latency.py, with the formulas.
+
 Summary format 4 (records format 4) adds: the first write apart, ``write_first_duration_s`` and
 ``write_first_bandwidth_gib_s`` (write 1, durable stage), and ``write_steady_bandwidth_mean_gib_s``
 (mean over writes 2..n; absent with one write): a first write slower than the rest (file creation,
@@ -61,7 +65,7 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any, TypedDict
 
-from mlckpt import formats
+from mlckpt import formats, latency
 from mlckpt.units import GiB
 
 RECORDS_FORMAT = formats.RECORDS.version
@@ -339,6 +343,9 @@ def summarize(records: Iterable[Mapping[str, Any]], *, max_resident_fraction: fl
         out["read_verified"] = out["read_mismatches"] == 0
     if summary_format >= 4 and records_format >= 4:
         out.update(_what_changes_the_figure(grouped, writes))
+    if summary_format >= 6 and records_format >= 7:  # mlckpt/latency.py: requests and phases
+        out.update(latency.summary([(op, recs) for (op, _), recs in grouped.items()
+                                    if op == "write" or all(r.get("tier") == "durable" for r in recs)]))
     out["ops"] = [o.to_dict() for o in ops]
     return out
 

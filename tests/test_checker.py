@@ -387,7 +387,18 @@ NEGATIVE_CASES: dict[str, list[Case]] = {
                      mutate=first("write", lambda r: r.update(bytes=r["bytes"] + 4096)))],
     "METRICS-RECOMPUTE": [C("summary.write_bandwidth_mean_gib_s", mutate=lambda f: edit_json(
         f, "summary.json",
-        lambda s: s.update(write_bandwidth_mean_gib_s=2 * s["write_bandwidth_mean_gib_s"])))],
+        lambda s: s.update(write_bandwidth_mean_gib_s=2 * s["write_bandwidth_mean_gib_s"]))),
+        # a flattering request latency, re-signed: the histograms in the records say otherwise
+        C("summary.read_latency_ms.p99", mutate=lambda f: edit_json(
+            f, "summary.json", lambda s: s["read_latency_ms"].update(p99=s["read_latency_ms"]["p99"] / 2)))],
+    "RECORDS-REQUESTS": [
+        C("requests.count 1 but the histogram holds", mutate=first("write", lambda r: r["requests"].update(
+            count=1 if r["requests"]["count"] != 1 else 2))),
+        C("every rank's requests, or none", mutate=first("read", lambda r: r.pop("requests"))),
+        C("requests.hist: not an HdrHistogram", mutate=first("read", lambda r: r["requests"].update(
+            hist="QUJD" * 8))),
+        C("a request of", mutate=first("write", lambda r: r.update(t1_ns=r["t0_ns"] + 1000))),
+    ],
     "FSYNC-EVERY-WRITE": [C("4 of 4 write records without fsync", closed=True, mutate=both(
         lambda f: edit_yaml(f, "config.yaml", setitem("checkpoint.fsync", False)),
         records(lambda rs: [r.update(fsync=False) for r in rs if r["op"] == "write"])))],

@@ -19,8 +19,8 @@ from mlckpt.command import OneLineParser, run_guarded
 
 # Subcommand modules, in the order `mlckpt --help` lists them; imported when needed (a refusal
 # under srun must come before Hydra and numpy load).
-COMMAND_MODULES = ("plan_cmd", "size_cmd", "config_cmd", "run_cmd", "bundle_cmd", "describe_cmd",
-                   "witness_cmd")
+COMMAND_MODULES = ("plan_cmd", "size_cmd", "config_cmd", "run_cmd", "report_cmd", "bundle_cmd",
+                   "describe_cmd", "witness_cmd")
 
 
 def build_parser() -> argparse.ArgumentParser:

@@ -5,7 +5,9 @@ Modules: ``content`` (buffers, fill, verify), ``files`` (timed writes and reads)
 second storage backend: S3-compatible object storage, same request queue; see its docstring),
 ``gpu`` (GPU-resident state: the one module that imports the array library, imported on demand).
 
-Effects on files only: no MPI, no printing, no clock.  The runner times the calls.
+Effects on files only: no MPI, no printing.  The runner times the calls; the engine's own clock
+reads are each request's latency and each phase of an op, collected for the runner's records
+(``requests``).
 
 Content
 -------
@@ -78,6 +80,7 @@ from mlckpt.engine.files import (
     write_files,
 )
 from mlckpt.engine.objects import ObjectIO, S3Options, Store, get_objects, put_objects
+from mlckpt.engine.requests import Requests, collect, collected
 from mlckpt.engine.stream import (
     SNAPSHOT_CHUNK,
     DrainResult,
@@ -105,11 +108,14 @@ __all__ = [
     "Mismatch",
     "ObjectIO",
     "PageId",
+    "Requests",
     "S3Options",
     "Store",
     "StreamFile",
     "StreamMismatch",
     "alloc",
+    "collect",
+    "collected",
     "decode_tag",
     "drain",
     "drop_caches",

@@ -12,10 +12,12 @@ import threading
 from collections.abc import Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
+from time import perf_counter_ns
 
 import numpy as np
 
 from mlckpt.engine.content import PAGE, PageId, _check_buf, _round_up
+from mlckpt.engine.requests import phase, recorder
 from mlckpt.errors import ConfigError, InternalError, IOFailure
 
 RWF_DONTCACHE = 0x80  # linux/fs.h, Linux 6.14+; Python's os does not define it
@@ -239,13 +241,16 @@ def write_files(
     """
     _check_files(files, opts, "write", writable=False)
     paths, lengths, plan, flags = _layout(files, opts)
+    req, took = recorder(opts.pool)
     fds: list[int] = []
     try:
-        for f in files:
-            fds.append(_create(f.path, opts.direct))
+        with phase(req, "open"):
+            for f in files:
+                fds.append(_create(f.path, opts.direct))
         views = [memoryview(f.buf) for f in files]
 
         def write_one(i: int) -> None:
+            t0 = perf_counter_ns()
             k, pos, end = plan.request(i)
             fd, mv = fds[k], views[k]
             while pos < end:
@@ -261,15 +266,19 @@ def write_files(
                         offset=pos,
                     )
                 pos += n  # short write: continue where it stopped
+            took(perf_counter_ns() - t0)
 
         def finish_one(k: int) -> None:
             _finish(fds[k], files[k].path, files[k].nbytes, lengths[k], opts.fsync)
 
-        _run(plan.total, write_one, opts.threads, opts.pool)
-        _run(len(files), finish_one, opts.threads, opts.pool)  # fsyncs of many files overlap too
-        for d in dir_fsync:
-            _fsync_dir(d)
-        _close_all(fds, paths, report=True)
+        with phase(req, "transfer"):
+            _run(plan.total, write_one, opts.threads, opts.pool)
+        with phase(req, "fsync"):
+            _run(len(files), finish_one, opts.threads, opts.pool)  # fsyncs of many files overlap too
+        with phase(req, "dir_fsync"):
+            for d in dir_fsync:
+                _fsync_dir(d)
+            _close_all(fds, paths, report=True)
     finally:
         _close_all(fds, paths, report=False)
     return [FileResult(f.path, f.nbytes, opts.fsync, plan.counts[k], lengths[k]) for k, f in enumerate(files)]
@@ -329,13 +338,16 @@ def read_files(files: Sequence[FileIO], opts: IOOptions) -> list[FileResult]:
     """
     _check_files(files, opts, "read", writable=True)
     paths, lengths, plan, flags = _layout(files, opts)
+    req, took = recorder(opts.pool)
     fds: list[int] = []
     try:
-        for f in files:
-            fds.append(_open_sized(f.path, f.nbytes, opts.direct))
+        with phase(req, "open"):
+            for f in files:
+                fds.append(_open_sized(f.path, f.nbytes, opts.direct))
         views = [memoryview(f.buf) for f in files]
 
         def read_one(i: int) -> None:
+            t0 = perf_counter_ns()
             k, pos, end = plan.request(i)
             fd, mv, need = fds[k], views[k], min(end, files[k].nbytes)
             while pos < need:  # the padded O_DIRECT tail ends short, at end of file
@@ -352,8 +364,10 @@ def read_files(files: Sequence[FileIO], opts: IOOptions) -> list[FileResult]:
                         offset=pos,
                     )
                 pos += n
+            took(perf_counter_ns() - t0)
 
-        _run(plan.total, read_one, opts.threads, opts.pool)
+        with phase(req, "transfer"):
+            _run(plan.total, read_one, opts.threads, opts.pool)
     finally:
         _close_all(fds, paths, report=False)
     return [FileResult(f.path, f.nbytes, False, plan.counts[k], lengths[k]) for k, f in enumerate(files)]

@@ -7,6 +7,7 @@ import os
 import threading
 from collections.abc import Sequence
 from dataclasses import dataclass, replace
+from time import perf_counter_ns
 
 import numpy as np
 
@@ -26,6 +27,7 @@ from mlckpt.engine.files import (
     _Plan,
     _run,
 )
+from mlckpt.engine.requests import phase, recorder
 from mlckpt.errors import InternalError, IOFailure
 from mlckpt.workload.pipeline import ring_bytes
 
@@ -120,10 +122,12 @@ def write_stream(
     generation (AES-CTR + tags) is inside the caller's timed region: stream results are labelled."""
     paths, lengths, plan, flags = _layout(files, opts)
     slots = _Slots(ring, opts.block_size, 1, min(opts.threads, max(plan.total, 1)))
+    req, took = recorder(opts.pool)
     fds: list[int] = []
     try:
-        for f in files:
-            fds.append(_create(f.path, opts.direct))
+        with phase(req, "open"):
+            for f in files:
+                fds.append(_create(f.path, opts.direct))
 
         def write_one(i: int) -> None:
             k, pos, end = plan.request(i)
@@ -132,16 +136,21 @@ def write_stream(
             real = max(0, min(end, f.nbytes) - pos)
             _Content(key, f.pid, pos).produce(buf[:real], pos)
             buf[real:] = 0  # O_DIRECT tail padding, truncated below
+            t0 = perf_counter_ns()  # the request, not the content's generation before it
             _pwrite_block(fds[k], paths[k], buf, pos, flags)
+            took(perf_counter_ns() - t0)
 
         def finish_one(k: int) -> None:
             _finish(fds[k], files[k].path, files[k].nbytes, lengths[k], opts.fsync)
 
-        _run(plan.total, write_one, opts.threads, opts.pool)
-        _run(len(files), finish_one, opts.threads, opts.pool)
-        for d in dir_fsync:
-            _fsync_dir(d)
-        _close_all(fds, paths, report=True)
+        with phase(req, "transfer"):
+            _run(plan.total, write_one, opts.threads, opts.pool)
+        with phase(req, "fsync"):
+            _run(len(files), finish_one, opts.threads, opts.pool)
+        with phase(req, "dir_fsync"):
+            for d in dir_fsync:
+                _fsync_dir(d)
+            _close_all(fds, paths, report=True)
     finally:
         _close_all(fds, paths, report=False)
     return [FileResult(f.path, f.nbytes, opts.fsync, plan.counts[k], lengths[k]) for k, f in enumerate(files)]
@@ -164,20 +173,25 @@ def read_stream(
     The first difference raises StreamMismatch with its exact file offset."""
     paths, lengths, plan, flags = _layout(files, opts)
     slots = _Slots(ring, opts.block_size, 2, min(opts.threads, max(plan.total, 1)))
+    req, took = recorder(opts.pool)
     fds: list[int] = []
     try:
-        for f in files:
-            fds.append(_open_sized(f.path, f.nbytes, opts.direct))
+        with phase(req, "open"):
+            for f in files:
+                fds.append(_open_sized(f.path, f.nbytes, opts.direct))
 
         def read_one(i: int) -> None:
             k, pos, end = plan.request(i)
             f = files[k]
             got, want = slots.mine(0)[: end - pos], slots.mine(1)[: end - pos]
             need = min(end, f.nbytes)
+            t0 = perf_counter_ns()
             _pread_block(fds[k], f, got, pos, need, flags)
+            took(perf_counter_ns() - t0)  # the request; its verification follows, in the transfer phase
             _check_block(key, f, got[: need - pos], want, pos)
 
-        _run(plan.total, read_one, opts.threads, opts.pool)
+        with phase(req, "transfer"):
+            _run(plan.total, read_one, opts.threads, opts.pool)
     finally:
         _close_all(fds, paths, report=False)
     return [FileResult(f.path, f.nbytes, False, plan.counts[k], lengths[k]) for k, f in enumerate(files)]

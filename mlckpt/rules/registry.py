@@ -14,6 +14,7 @@ from mlckpt.rules.checks import (
     host,
     mlperf,
     objects,
+    requests,
     result,
     split,
     submission,
@@ -23,7 +24,7 @@ from mlckpt.rules.engine import DEFAULT_RULES_VERSION, CheckFn, RuleSet, load_ru
 
 CHECKS: dict[str, CheckFn] = {}
 _MODULES = (config, host, result, evidence, counters, foreign, submission, mlperf, split, witness, objects,
-            gpu)
+            gpu, requests)
 for _module in _MODULES:
     _clash = CHECKS.keys() & _module.CHECKS.keys()
     if _clash:  # a defect of the code, caught at import

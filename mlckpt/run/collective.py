@@ -22,7 +22,7 @@ from contextlib import contextmanager
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
-from mlckpt import engine
+from mlckpt import engine, latency
 from mlckpt.engine import StreamMismatch
 from mlckpt.errors import InternalError, IOFailure, MlckptError, VerificationError
 from mlckpt.run.console import Console, DeviceMeter
@@ -243,6 +243,8 @@ class OpTimer:
     # write and the first restore add the huge-page share of ``state`` (the rank's arena), read
     # from /proc/self/smaps before the barrier (~6 ms of CPU a read: not before every op).
     records_format: int = 3
+    # Records format 7: the leader's device counters sampled through each op (a timeline).
+    sampler: Any = None
     state: Any = None
     sampled: set[str] = field(default_factory=set)
     frozen: bool = False  # the objects of the run's set-up moved out of the collector's reach
@@ -313,8 +315,12 @@ class OpTimer:
             self.sampled.add(op)
             huge = engine.huge_bytes(self.state)
         collecting = self.hold_gc()
+        if self.sampler is not None:
+            self.sampler.start()
         try:
             before = self._opening()
+            if self.records_format >= 7:
+                engine.collect(opts.pool)
             wall = time.time()
             t0 = time.perf_counter_ns()
             c0 = time.process_time_ns()
@@ -360,11 +366,25 @@ class OpTimer:
             rec["host_counters"] = {"device": self.device, "before": before, "after": after}
             if self.records_format >= 6:  # the host's CPUs, to weigh other processes' CPU time
                 rec["host_counters"]["cpus"] = os.cpu_count() or 1
+        if self.sampler is not None:
+            samples = self.sampler.stop()
+            if "host_counters" in rec:
+                rec["host_counters"]["samples"] = samples
         if fmt4:
             rec["cpu_ns"] = c1 - c0
             if huge is not None:  # (None: /proc/self/smaps unreadable)
                 rec["state_bytes"], rec["state_huge_bytes"] = int(self.state.nbytes), int(huge)
+        if self.records_format >= 7:
+            rec.update(request_fields(engine.collected(opts.pool)))
         return rec
+
+
+def request_fields(got: engine.Requests | None) -> dict[str, Any]:
+    """Records format 7: the op's requests as a histogram, and its phases (mlckpt/latency.py);
+    nothing for an op that issued no request through the engine's timed paths."""
+    if got is None or not got.latencies_ns:
+        return {}
+    return {"requests": latency.encode(got.latencies_ns), "phases_ns": dict(got.phases_ns)}
 
 
 def _attempt(op: str, index: int, rank: int, action: Callable[[], Any]) -> BaseException | None:

@@ -18,7 +18,7 @@ import signal
 import sys
 import time
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, replace
+from dataclasses import replace
 from datetime import datetime, timezone
 from functools import partial
 from pathlib import Path
@@ -27,13 +27,12 @@ from typing import Any, TextIO
 from mlckpt import __version__, engine
 from mlckpt.attribution import foreign_note
 from mlckpt.errors import DISTURBED_STATUS, INVALID_STATUS, MlckptError, RunFailure, UsageError
-from mlckpt.host.facts import block_device, counters_sample
-from mlckpt.locations import s3_settings
+from mlckpt.host.facts import SAMPLE_INTERVAL_S, DeviceSampler, block_device, counters_sample
 from mlckpt.plan.config import SHIPPED, ConfigSource
 from mlckpt.rules.checks.gpu import gpu_source
 from mlckpt.run import gpustate, objectstore
 from mlckpt.run.calibrate import calibrate
-from mlckpt.run.cleanup import Created, sweep_run
+from mlckpt.run.cleanup import Created
 from mlckpt.run.collective import Job, MPIDone, OpTimer
 from mlckpt.run.configure import Configured, configure, mpi_library, resolve_signing_key
 from mlckpt.run.console import Console, headline
@@ -54,12 +53,11 @@ from mlckpt.run.publish import (
 )
 from mlckpt.run.reads import ReadPhase
 from mlckpt.run.site_mpi import first_line, mismatch, speaks
+from mlckpt.run.stalls import Stalled
 from mlckpt.run.witnessing import Witnessing
 from mlckpt.run.writes import WritePhase, WriteState
 from mlckpt.units import fmt_bytes
 from mlckpt.workload.layout import PAGE, pages
-
-ABORT_GRACE_S = 0.5  # between printing a fatal line and MPI_Abort (see Stalled)
 
 
 def now() -> str:
@@ -117,75 +115,6 @@ def identity(job: Job, cfg: Mapping[str, Any]) -> tuple[RunId, bytes]:
     return RunId(number, job.comm.bcast(run_name(cfg, number) if job.rank == 0 else None)), key
 
 
-@dataclass
-class Stalled:
-    """Rank 0's op watch, at the deadline: one line naming the stalled ranks, this run's planned
-    files removed (unless kept), then MPI_Abort so that every rank ends."""
-
-    job: Job
-    c: Configured
-    gates: Gates
-    folders: Folders
-    created: Created
-
-    def op_paths(self, rank: int, op: str, ckpt: int) -> list[str]:
-        """The files ``rank`` writes (or reads) in op ``op`` of checkpoint ``ckpt``."""
-        cdir = self.folders.root / f"ckpt-{ckpt:04d}"
-        plan = self.c.setup.plan
-        if op in ("write", "drain"):
-            return [str(cdir / f.name) for f in plan.rank_plans[rank].files]
-        reads = plan.restore_reads(rank, self.c.config["checkpoint"]["restore"], self.gates.shift)
-        return [str(cdir / rd.file.name) for rd in reads]
-
-    def line(self, op: str, index: int, ckpt: int, ranks: list[int], elapsed: float) -> str:
-        hosts = self.gates.rank_hosts
-        who = ", ".join(f"{r} on {hosts[r]}" for r in ranks[:8]) + (" …" if len(ranks) > 8 else "")
-        files = self.op_paths(ranks[0], op, ckpt)
-        doing = "writing" if op == "write" else "reading"
-        shown = (
-            f", {doing} {files[0]}" + (f" (+{len(files) - 1} more)" if len(files) > 1 else "")
-            if files
-            else ""
-        )
-        timeout = f"{float(self.c.config['io']['timeout_s']):g}"
-        return (
-            f"rank{'s' if len(ranks) > 1 else ''} {who}: {op} {index} did not finish within "
-            f"io.timeout_s={timeout} ({elapsed:.1f} s elapsed: a stalled rank or unresponsive "
-            f"storage){shown}; aborting the MPI job"
-        )
-
-    def sweep(self, op: str, ckpt: int) -> str:
-        ck = self.c.config["checkpoint"]
-        upto = ckpt if op == "write" else int(ck["num_writes"])
-        names = [f.name for rp in self.c.setup.plan.rank_plans for f in rp.files]
-        root, fast = self.folders.root, self.folders.fast_root
-        if not isinstance(root, Path):  # object storage: its planned keys and unfinished uploads
-            settings = s3_settings(self.c.config)
-            return "; " + objectstore.sweep(str(root), names, upto, settings, keep=bool(ck["keep"]))
-        note = "; " + sweep_run(root, names, upto, keep=bool(ck["keep"]), dirs=self.created.outside(root))
-        if fast is not None:
-            fnote = sweep_run(fast, names, upto, keep=bool(ck["keep"]))
-            note += f" (fast tier: {fnote.removeprefix('removed ')})"
-        return note
-
-    def __call__(self, op: str, index: int, ckpt: int, ranks: list[int], elapsed: float) -> None:
-        line = self.line(op, index, ckpt, ranks, elapsed)
-        try:
-            line += self.sweep(op, ckpt)
-        except Exception as exc:  # never let cleanup stop the abort
-            line += f"; cleanup failed: {exc}"
-        try:
-            self.job.console.error(line)
-            # MPICH's proxies forward rank output asynchronously; an immediate Abort can tear them
-            # down before the line reaches mpiexec (seen under load). Give the forwarding a moment.
-            time.sleep(ABORT_GRACE_S)
-        finally:
-            if self.job.guardian is not None:
-                self.job.guardian.end("reported")
-            self.job.comm.Abort(1)
-            os._exit(1)  # pragma: no cover - Abort does not return
-
-
 def op_timer(job: Job, c: Configured, gates: Gates, folders: Folders, created: Created) -> OpTimer:
     # The op watch calls MPI from a second thread on rank 0: only with MPI_THREAD_MULTIPLE.
     from mpi4py import MPI
@@ -210,6 +139,9 @@ def op_timer(job: Job, c: Configured, gates: Gates, folders: Folders, created: C
         own = [pids[r] for r in ranks] if timer.records_format >= 6 else ()
         timer.probe = partial(counters_sample, timer.device, own)
         timer.host_ranks = len(ranks)
+        every = c.config["io"].get("sample_interval_s")
+        if timer.records_format >= 7 and timer.device is not None and every != 0:
+            timer.sampler = DeviceSampler(timer.device, float(every or SAMPLE_INTERVAL_S))
     return timer
 
 

@@ -1,0 +1,149 @@
+"""Per-request latency, IOPS and where an op's time goes (records format 7, rules 1.10).  Pure.
+
+Each rank times every request it issues to storage in a timed op: one ``pwritev`` or ``preadv``
+of up to ``io.block_size`` bytes, from its issue until its last byte (a short transfer's
+continuation belongs to the same request).  The latencies of one rank's op go into its record as
+a log-bucketed histogram (HdrHistogram, V2 encoding: 1 ns to 1 h, ``DIGITS`` significant
+digits), ``requests: {count, hist}``.  Histograms merge exactly (bucket counts add), so every
+percentile the summary reports is recomputed by the checker from the records; any value the
+histogram gives back is within ``RELATIVE_ERROR`` of the latency it stands for.
+
+``phases_ns`` splits the rank's op, in order, into what it did: for writes ``open`` (creating
+the files), ``transfer`` (the requests), ``fsync`` (the files) and ``dir_fsync`` (the folder);
+for restores ``open`` (opening and size checks) and ``transfer``.  Each is wall time on the
+rank, its threads overlapping inside a phase.
+
+Summary format 6 adds, per op kind over its durable-tier ops whose records all carry requests:
+``{op}_latency_ms`` (count, p50, p90, p99, p99_9, max of every request of every rank and op),
+``{op}_iops_mean`` (mean over ops of Σ_r requests ÷ the op's duration) and ``{op}_phases``
+(for each phase, the mean over ops of the slowest rank's time in it).  Absent where the records
+cannot give them: an asynchronous write's stall moves no request; object storage's requests are
+timed by its client library, not here.
+"""
+
+from __future__ import annotations
+
+import base64
+import statistics
+import struct
+import zlib
+from collections.abc import Iterable, Mapping, Sequence
+from typing import Any
+
+from hdrh.histogram import HdrHistogram
+
+LOWEST_NS = 1
+HIGHEST_NS = 3_600_000_000_000  # an hour: a request never takes longer than io.timeout_s allows
+DIGITS = 2
+RELATIVE_ERROR = 10.0 ** -DIGITS  # a value given back is within 1 % of the one recorded
+PERCENTILES = {"p50": 50.0, "p90": 90.0, "p99": 99.0, "p99_9": 99.9}
+WRITE_PHASES = ("open", "transfer", "fsync", "dir_fsync")
+READ_PHASES = ("open", "transfer")
+MAX_HIST_CHARS = 64 << 10  # a 2-digit histogram of any latencies encodes to a few KiB
+_MAX_PAYLOAD = 4 << 20  # decompressed: the counts of a 1 ns..1 h, 2-digit histogram fit many times
+_COOKIE_BASE = 0x1C849304  # the V2 compressed encoding's cookie, less its word-size bits
+_PAYLOAD_HEAD = struct.Struct(">IIIIQQd")
+
+
+def histogram() -> HdrHistogram:
+    return HdrHistogram(LOWEST_NS, HIGHEST_NS, DIGITS)
+
+
+def encode(latencies_ns: Iterable[int]) -> dict[str, Any] | None:
+    """A record's ``requests`` block (None when no request was made)."""
+    h = histogram()
+    n = 0
+    for v in latencies_ns:
+        h.record_value(min(max(int(v), LOWEST_NS), HIGHEST_NS))
+        n += 1
+    if n == 0:
+        return None
+    return {"count": n, "hist": h.encode().decode("ascii")}
+
+
+def decode(block: Mapping[str, Any]) -> HdrHistogram:
+    """A record's histogram; ValueError saying what is wrong with it.  Its size and settings are
+    checked before the library decodes it, so a hostile one cannot make it allocate more than a
+    genuine one needs."""
+    text, count = block.get("hist"), block.get("count")
+    if not isinstance(text, str) or len(text) > MAX_HIST_CHARS:
+        raise ValueError(f"requests.hist: expected a histogram of at most {MAX_HIST_CHARS} characters")
+    try:
+        raw = base64.b64decode(text, validate=True)
+        cookie, length = struct.unpack(">II", raw[:8])
+    except (ValueError, struct.error) as exc:
+        raise ValueError(f"requests.hist: not an HdrHistogram encoding ({exc})") from None
+    if cookie & ~0xF0 != _COOKIE_BASE & ~0xF0 or length != len(raw) - 8:
+        raise ValueError("requests.hist: not an HdrHistogram V2 compressed encoding")
+    inflate = zlib.decompressobj()
+    try:
+        payload = inflate.decompress(raw[8:], _MAX_PAYLOAD)
+    except zlib.error as exc:
+        raise ValueError(f"requests.hist: not an HdrHistogram encoding ({exc})") from None
+    if inflate.unconsumed_tail or len(payload) < _PAYLOAD_HEAD.size:
+        raise ValueError("requests.hist: its counts are larger than a histogram of this range holds")
+    _, _, _, digits, lowest, highest, _ = _PAYLOAD_HEAD.unpack(payload[:_PAYLOAD_HEAD.size])
+    if (digits, lowest, highest) != (DIGITS, LOWEST_NS, HIGHEST_NS):
+        raise ValueError(f"requests.hist: a histogram of {lowest}..{highest} ns with {digits} digits, "
+                         f"expected {LOWEST_NS}..{HIGHEST_NS} ns with {DIGITS}")
+    try:
+        h = HdrHistogram.decode(text)
+    except Exception as exc:  # the library's own exception types, whatever it raises
+        raise ValueError(f"requests.hist: undecodable ({type(exc).__name__})") from None
+    if h.get_total_count() != count:
+        raise ValueError(f"requests.count {count} but the histogram holds {h.get_total_count()} requests")
+    return h
+
+
+def merged(blocks: Iterable[Mapping[str, Any]]) -> HdrHistogram:
+    out = histogram()
+    for b in blocks:
+        out.add(decode(b))
+    return out
+
+
+def percentiles_ms(h: HdrHistogram) -> dict[str, float]:
+    """count, p50, p90, p99, p99_9 and max (ms) of a histogram."""
+    got = h.get_percentile_to_value_dict(list(PERCENTILES.values()))
+    out: dict[str, float] = {"count": h.get_total_count()}
+    out.update({name: got[p] / 1e6 for name, p in PERCENTILES.items()})
+    out["max"] = h.get_max_value() / 1e6
+    return out
+
+
+def cdf_ms(h: HdrHistogram) -> tuple[list[float], list[float]]:
+    """The histogram's distribution as (latency ms, fraction of requests at or under it): one point
+    per bucket that holds requests, for a plot."""
+    xs: list[float] = []
+    ys: list[float] = []
+    total = h.get_total_count()
+    for item in h.get_recorded_iterator():
+        xs.append(item.value_iterated_to / 1e6)
+        ys.append(item.total_count_to_this_value / total)
+    return xs, ys
+
+
+def _op_duration_ns(recs: Sequence[Mapping[str, Any]]) -> int:
+    return max(int(r["t1_ns"]) - int(r["t0_ns"]) for r in recs)
+
+
+def summary(ops: Sequence[tuple[str, Sequence[Mapping[str, Any]]]]) -> dict[str, Any]:
+    """Summary format 6's latency, IOPS and phases, from ``(op kind, records of one op)`` pairs of
+    durable-tier ops (see the module docstring)."""
+    out: dict[str, Any] = {}
+    for kind, phases in (("write", WRITE_PHASES), ("read", READ_PHASES)):
+        mine = [recs for op, recs in ops if op == kind]
+        if not mine or any("requests" not in r for recs in mine for r in recs):
+            continue
+        try:
+            everything = merged(r["requests"] for recs in mine for r in recs)
+        except ValueError:  # a histogram that is no evidence (RECORDS-REQUESTS says which): no figure
+            continue
+        out[f"{kind}_latency_ms"] = percentiles_ms(everything)
+        out[f"{kind}_iops_mean"] = statistics.fmean(
+            sum(int(r["requests"]["count"]) for r in recs) / (_op_duration_ns(recs) / 1e9) for recs in mine)
+        if all("phases_ns" in r for recs in mine for r in recs):
+            slowest = [max(recs, key=lambda r: int(r["t1_ns"]) - int(r["t0_ns"])) for recs in mine]
+            out[f"{kind}_phases"] = {
+                p: statistics.fmean(int(r["phases_ns"].get(p, 0)) / 1e9 for r in slowest) for p in phases}
+    return out

@@ -1,0 +1,166 @@
+"""A run's report as data, from its documents (run.json, summary.json, system.json, records).  Pure.
+
+Per op (one row each): its kind, index, checkpoint, tier, duration (the slowest rank's, as the
+summary's), aggregate bandwidth, the slowest rank, requests and IOPS, latency percentiles, and
+the slowest rank's phases.  Per rank and op: its own duration (the strip plot that shows
+stragglers).  Per op kind: the latency distribution of every request (a CDF).  Per host: its
+bandwidth over the run (each op's bytes over its time on that host, on that host's clock,
+from its first op's start; and, where the records carry them, the device's own counters sampled
+through each op).
+"""
+
+from __future__ import annotations
+
+import itertools
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field, replace
+from typing import Any
+
+from mlckpt import latency
+from mlckpt.metrics import group_ops
+from mlckpt.units import GiB
+
+Rec = Mapping[str, Any]
+OP_COLUMNS = ("op", "index", "checkpoint", "tier", "duration_s", "bandwidth_gib_s", "slowest_rank",
+              "slowest_rank_bandwidth_gib_s", "requests", "iops", "p50_ms", "p90_ms", "p99_ms", "p99_9_ms",
+              "max_ms", "open_s", "transfer_s", "fsync_s", "dir_fsync_s")
+
+
+@dataclass(frozen=True)
+class Segment:
+    """One op on one host: when (s from the host's first op), and its bandwidth there."""
+    host: str
+    op: str
+    index: int
+    start_s: float
+    end_s: float
+    gib_s: float
+
+
+@dataclass(frozen=True)
+class Report:
+    title: str
+    facts: tuple[tuple[str, str], ...]  # what the run was, in order (label, value)
+    verdict: str
+    findings: tuple[str, ...]
+    ops: tuple[dict[str, Any], ...]  # OP_COLUMNS each
+    ranks: tuple[dict[str, Any], ...]  # op label, rank, host, duration_s
+    cdfs: dict[str, tuple[list[float], list[float]]] = field(default_factory=dict)  # op kind -> CDF
+    latency: dict[str, dict[str, float]] = field(default_factory=dict)  # op kind -> percentiles
+    segments: tuple[Segment, ...] = ()
+    samples: dict[str, list[tuple[float, float]]] = field(default_factory=dict)  # host -> (s, GiB/s)
+
+
+def _label(op: str, index: int) -> str:
+    return f"{op} {index}"
+
+
+def _duration(r: Rec) -> int:
+    return int(r["t1_ns"]) - int(r["t0_ns"])
+
+
+def op_row(op: str, index: int, recs: Sequence[Rec]) -> dict[str, Any]:
+    slow = max(recs, key=_duration)
+    dur = _duration(slow) / 1e9
+    total = sum(int(r["bytes"]) for r in recs)
+    row: dict[str, Any] = dict.fromkeys(OP_COLUMNS)
+    row.update(op=op, index=index, checkpoint=int(recs[0]["checkpoint"]),
+               tier=str(recs[0].get("tier", "durable")), duration_s=dur,
+               bandwidth_gib_s=total / GiB / dur if dur > 0 else None, slowest_rank=int(slow["rank"]),
+               slowest_rank_bandwidth_gib_s=int(slow["bytes"]) / GiB / dur if dur > 0 else None)
+    if all("requests" in r for r in recs):
+        h = latency.merged(r["requests"] for r in recs)
+        row["requests"] = h.get_total_count()
+        row["iops"] = row["requests"] / dur if dur > 0 else None
+        p = latency.percentiles_ms(h)
+        row.update(p50_ms=p["p50"], p90_ms=p["p90"], p99_ms=p["p99"], p99_9_ms=p["p99_9"], max_ms=p["max"])
+    for name, ns in (slow.get("phases_ns") or {}).items():
+        row[f"{name}_s"] = int(ns) / 1e9
+    return row
+
+
+def segments(records: Sequence[Rec]) -> tuple[Segment, ...]:
+    """Each op's bandwidth on each host, on that host's own clock from its first op's start."""
+    by_host: dict[str, list[Rec]] = {}
+    for r in records:
+        by_host.setdefault(str(r["host"]), []).append(r)
+    out = []
+    for host, recs in sorted(by_host.items()):
+        origin = min(int(r["t0_ns"]) for r in recs)
+        for (op, index), mine in group_ops(recs).items():
+            t0, t1 = min(int(r["t0_ns"]) for r in mine), max(int(r["t1_ns"]) for r in mine)
+            nbytes = sum(int(r["bytes"]) for r in mine)
+            out.append(Segment(host, op, index, (t0 - origin) / 1e9, (t1 - origin) / 1e9,
+                               nbytes / GiB / ((t1 - t0) / 1e9) if t1 > t0 else 0.0))
+    return tuple(out)
+
+
+def sampled(records: Sequence[Rec]) -> dict[str, list[tuple[float, float]]]:
+    """Per host, the device's bandwidth between consecutive counter samples taken through each op
+    (records format 7's ``host_counters.samples``: [t_ns, read_bytes, written_bytes]), on the
+    host's clock from its first op's start."""
+    out: dict[str, list[tuple[float, float]]] = {}
+    origins: dict[str, int] = {}
+    for r in records:
+        origins[str(r["host"])] = min(origins.get(str(r["host"]), int(r["t0_ns"])), int(r["t0_ns"]))
+    for r in sorted(records, key=lambda r: int(r["t0_ns"])):
+        samples = (r.get("host_counters") or {}).get("samples") or []
+        host = str(r["host"])
+        for (ta, ra, wa), (tb, rb, wb) in itertools.pairwise(samples):
+            if tb > ta:
+                rate = ((rb - ra) + (wb - wa)) / GiB / ((tb - ta) / 1e9)
+                out.setdefault(host, []).append(((tb - origins[host]) / 1e9, rate))
+    return out
+
+
+def build(run: Mapping[str, Any], summary: Mapping[str, Any], system: Mapping[str, Any],
+          records: Sequence[Rec]) -> Report:
+    grouped = group_ops(records)
+    ops = tuple(op_row(op, index, recs) for (op, index), recs in grouped.items())
+    ranks = tuple({"op": _label(op, index), "rank": int(r["rank"]), "host": str(r["host"]),
+                   "duration_s": _duration(r) / 1e9}
+                  for (op, index), recs in grouped.items() for r in recs)
+    cdfs, lat = {}, {}
+    for kind in ("write", "read"):
+        mine = [r for (op, _), recs in grouped.items() if op == kind for r in recs
+                if r.get("tier", "durable") == "durable"]
+        if mine and all("requests" in r for r in mine):
+            h = latency.merged(r["requests"] for r in mine)
+            cdfs[kind] = latency.cdf_ms(h)
+            lat[kind] = latency.percentiles_ms(h)
+    hosts = system.get("hosts") or []
+    first = hosts[0] if hosts else {}
+    fs = first.get("filesystem") or {}
+    workload = run.get("workload")
+    facts = (("workload", str(workload.get("name", "?") if isinstance(workload, Mapping) else workload)),
+             ("ranks", f"{run.get('ranks')} on {len(hosts) or '?'} host(s)"),
+             ("division", f"{run.get('division')}, scale {run.get('scale')}"),
+             ("rules", str(run.get("rules_version"))),
+             ("system", str(run.get("system_name") or first.get("hostname") or "?")),
+             ("storage", f"{fs.get('fs_type', '?')} on {fs.get('source', '?')} "
+                         f"({first.get('target_path', '?')})"),
+             ("write", _headline(summary, "write")), ("read", _headline(summary, "read")),
+             ("started", str(run.get("started"))))
+    findings = tuple(f"[{f.get('rule')}] {f.get('message')}" for f in run.get("findings") or ()
+                     if f.get("severity") != "warning") + tuple(
+        f"warning: [{f.get('rule')}] {f.get('message')}" for f in run.get("findings") or ()
+        if f.get("severity") == "warning")
+    return Report(title=str(run.get("name", "run")), facts=facts, verdict=str(run.get("verdict", "?")),
+                  findings=findings, ops=ops, ranks=ranks, cdfs=cdfs, latency=lat,
+                  segments=segments(records), samples=sampled(records))
+
+
+def with_signature(rep: Report, status: str) -> Report:
+    """The report with the bundle's signature status among its facts."""
+    return replace(rep, facts=(*rep.facts, ("signature", status)))
+
+
+def _headline(summary: Mapping[str, Any], op: str) -> str:
+    bw = summary.get(f"{op}_bandwidth_mean_gib_s")
+    if bw is None:
+        return "none"
+    out = f"{bw:.3f} GiB/s mean over {summary.get(f'num_{op}s')} ops"
+    lat = summary.get(f"{op}_latency_ms")
+    if lat:
+        out += f"; request p50 {lat['p50']:.3f} ms, p99 {lat['p99']:.3f} ms"
+    return out

@@ -1,0 +1,89 @@
+"""What rank 0 does when an op stalls past ``io.timeout_s``: one line naming the stalled ranks and
+what they were doing, this run's planned files removed (unless kept), then MPI_Abort so that
+every rank ends (the op watch that calls it is in :mod:`mlckpt.run.collective`)."""
+
+from __future__ import annotations
+
+import os
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+from mlckpt.locations import s3_settings
+from mlckpt.run import objectstore
+from mlckpt.run.cleanup import Created, sweep_run
+from mlckpt.run.collective import Job
+from mlckpt.run.configure import Configured
+from mlckpt.run.folders import Folders
+from mlckpt.run.gates import Gates
+
+ABORT_GRACE_S = 0.5  # between printing the fatal line and MPI_Abort
+
+
+@dataclass
+class Stalled:
+    """Rank 0's op watch, at the deadline: one line naming the stalled ranks, this run's planned
+    files removed (unless kept), then MPI_Abort so that every rank ends."""
+
+    job: Job
+    c: Configured
+    gates: Gates
+    folders: Folders
+    created: Created
+
+    def op_paths(self, rank: int, op: str, ckpt: int) -> list[str]:
+        """The files ``rank`` writes (or reads) in op ``op`` of checkpoint ``ckpt``."""
+        cdir = self.folders.root / f"ckpt-{ckpt:04d}"
+        plan = self.c.setup.plan
+        if op in ("write", "drain"):
+            return [str(cdir / f.name) for f in plan.rank_plans[rank].files]
+        reads = plan.restore_reads(rank, self.c.config["checkpoint"]["restore"], self.gates.shift)
+        return [str(cdir / rd.file.name) for rd in reads]
+
+    def line(self, op: str, index: int, ckpt: int, ranks: list[int], elapsed: float) -> str:
+        hosts = self.gates.rank_hosts
+        who = ", ".join(f"{r} on {hosts[r]}" for r in ranks[:8]) + (" …" if len(ranks) > 8 else "")
+        files = self.op_paths(ranks[0], op, ckpt)
+        doing = "writing" if op == "write" else "reading"
+        shown = (
+            f", {doing} {files[0]}" + (f" (+{len(files) - 1} more)" if len(files) > 1 else "")
+            if files
+            else ""
+        )
+        timeout = f"{float(self.c.config['io']['timeout_s']):g}"
+        return (
+            f"rank{'s' if len(ranks) > 1 else ''} {who}: {op} {index} did not finish within "
+            f"io.timeout_s={timeout} ({elapsed:.1f} s elapsed: a stalled rank or unresponsive "
+            f"storage){shown}; aborting the MPI job"
+        )
+
+    def sweep(self, op: str, ckpt: int) -> str:
+        ck = self.c.config["checkpoint"]
+        upto = ckpt if op == "write" else int(ck["num_writes"])
+        names = [f.name for rp in self.c.setup.plan.rank_plans for f in rp.files]
+        root, fast = self.folders.root, self.folders.fast_root
+        if not isinstance(root, Path):  # object storage: its planned keys and unfinished uploads
+            settings = s3_settings(self.c.config)
+            return "; " + objectstore.sweep(str(root), names, upto, settings, keep=bool(ck["keep"]))
+        note = "; " + sweep_run(root, names, upto, keep=bool(ck["keep"]), dirs=self.created.outside(root))
+        if fast is not None:
+            fnote = sweep_run(fast, names, upto, keep=bool(ck["keep"]))
+            note += f" (fast tier: {fnote.removeprefix('removed ')})"
+        return note
+
+    def __call__(self, op: str, index: int, ckpt: int, ranks: list[int], elapsed: float) -> None:
+        line = self.line(op, index, ckpt, ranks, elapsed)
+        try:
+            line += self.sweep(op, ckpt)
+        except Exception as exc:  # never let cleanup stop the abort
+            line += f"; cleanup failed: {exc}"
+        try:
+            self.job.console.error(line)
+            # MPICH's proxies forward rank output asynchronously; an immediate Abort can tear them
+            # down before the line reaches mpiexec (seen under load). Give the forwarding a moment.
+            time.sleep(ABORT_GRACE_S)
+        finally:
+            if self.job.guardian is not None:
+                self.job.guardian.end("reported")
+            self.job.comm.Abort(1)
+            os._exit(1)  # pragma: no cover - Abort does not return
