@@ -445,7 +445,9 @@ def test_identical_trees_give_byte_identical_outputs(outputs: dict[str, str], tm
     links = {e.path: leaderboard_command._link(other / e.path, base, e.path.endswith(".tar.gz"))
              for t in board.tables for e in t.entries}
     for fmt_name in FORMATS:
-        assert render.render(board, fmt_name, links=links) == outputs[fmt_name], fmt_name
+        reports = (leaderboard_command.run_pages(board, other, base / f"leaderboard.{fmt_name}")
+                   if fmt_name == "html" else None)
+        assert render.render(board, fmt_name, links=links, reports=reports) == outputs[fmt_name], fmt_name
     # No clock, no randomness: nothing like a timestamp in any output.
     for text in outputs.values():
         assert not re.search(r"20\d\d-\d\d-\d\dT\d\d:\d\d", text.replace(render.plotly_bundle(), ""))

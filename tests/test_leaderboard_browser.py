@@ -66,8 +66,10 @@ def _figures(d: Any) -> dict[str, Any]:
 def _table_cells(d: Any, class_id: str) -> list[list[str]]:
     return d.execute_script(
         "return Array.from(document.querySelectorAll('#table-' + arguments[0] + ' tbody tr'))"
-        # a cell's own value: the System cell's is its <summary> (the SUT block opens below it)
-        ".map(r => Array.from(r.cells).map(c => (c.querySelector('summary') || c).textContent));", class_id)
+        # a cell's own value: the System cell's is its <summary> (the SUT block opens below it), the
+        # result id's its first link (the run's report link follows it)
+        ".map(r => Array.from(r.cells).map(c => (c.querySelector('summary') || "
+        "(c.querySelector('a.run-report') ? c.querySelector('a') : c)).textContent));", class_id)
 
 
 def _column(d: Any, class_id: str, key: str) -> list[str]:
@@ -236,3 +238,30 @@ def test_screenshot(loaded: Any, site: dict[str, Any], tmp_path: Path) -> None:
         Path(out_dir).mkdir(parents=True, exist_ok=True)
         shutil.copy(shot, Path(out_dir) / "leaderboard.png")
     loaded.set_window_size(1400, 1000)
+
+
+def test_each_result_links_its_runs_own_page_and_it_draws_offline(driver: Any,
+                                                                  site: dict[str, Any]) -> None:
+    from selenium.webdriver.common.by import By
+    from selenium.webdriver.support.ui import WebDriverWait
+
+    _open(driver, site["page"])
+    links = driver.find_elements(By.CSS_SELECTOR, "a.run-report")
+    from checker.leaderboard.collect import is_archive
+
+    rows = [r for c in site["json"]["classes"] for r in c["rows"] if not is_archive(Path(r["bundle"]))]
+    assert len(links) == len(rows) > 0  # a result kept as an archive has no page (not unpacked)
+    runs = site["page"].parent / "index-runs"
+    assert sorted(p.name for p in runs.iterdir()) == sorted([f"{r['result_id']}.html" for r in rows]
+                                                            + ["plotly.min.js"])  # plotly.js once
+    first = links[0].get_attribute("href")
+    driver.get(first)
+    WebDriverWait(driver, 30).until(
+        lambda d: d.execute_script("return document.querySelectorAll('.js-plotly-plot .main-svg').length")
+        >= 2)
+    ranks = driver.execute_script("return document.getElementById('ranks').data")
+    assert ranks and all(isinstance(y, float) for trace in ranks for y in trace["y"])
+    errors = [e for e in driver.get_log("browser") if e["level"] == "SEVERE"]
+    assert not errors, errors
+    bundle = driver.find_element(By.LINK_TEXT, "the signed bundle").get_attribute("href")
+    assert Path(unquote(urlparse(bundle).path)).joinpath("run.json").is_file()  # back to the bundle

@@ -10,6 +10,7 @@ from pathlib import Path
 from checker import TRUSTED_WITNESSES_FILE
 from checker.leaderboard import render
 from checker.leaderboard.collect import collect, is_archive
+from checker.leaderboard.model import Leaderboard
 from checker.tree_check import load_trusted, load_witnesses
 from mlckpt.errors import UsageError
 
@@ -33,7 +34,8 @@ def cmd_leaderboard(args: argparse.Namespace) -> int:
     base = Path(os.path.abspath(args.out)).parent if args.out is not None else Path(os.path.abspath("."))
     links = {e.path: _link(Path(os.path.abspath(root)) / e.path, base, is_archive(Path(e.path)))
              for t in board.tables for e in t.entries}
-    text = render.render(board, args.format, links=links)
+    reports = run_pages(board, root, args.out) if args.format == "html" and args.out is not None else {}
+    text = render.render(board, args.format, links=links, reports=reports)
     if args.out is None:
         sys.stdout.write(text)
         sys.stdout.flush()
@@ -53,6 +55,37 @@ def cmd_leaderboard(args: argparse.Namespace) -> int:
         note += f"; wrote {args.out}"
     print(note, file=sys.stderr)
     return 0
+
+
+def run_pages(board: Leaderboard, root: Path, out: Path) -> dict[str, str]:
+    """Each result's own page (mlckpt report) in ``OUT-runs/`` beside the leaderboard, sharing one
+    copy of plotly.js; bundle path -> href relative to the leaderboard.  A result kept as an
+    archive gets none (its records are not unpacked here)."""
+    from mlckpt.report import files, page
+
+    folder = out.with_name(out.stem + "-runs")
+    entries = [e for t in board.tables for e in t.entries if not is_archive(Path(e.path))]
+    if not entries:
+        return {}
+    try:
+        folder.mkdir(parents=True, exist_ok=True)
+        (folder / "plotly.min.js").write_text(render.plotly_bundle(), encoding="utf-8")
+    except OSError as exc:
+        raise UsageError(f"--out {out}: cannot write the run pages in {folder}: "
+                         f"{exc.strerror or exc}") from None
+    out_links = {}
+    for e in entries:
+        rid = e.result_id
+        bundle = Path(os.path.abspath(root)) / e.path
+        try:
+            rep = files.read(bundle)
+        except ValueError:
+            continue  # a result the checker passed always reads; nothing to link otherwise
+        href = os.path.relpath(bundle, folder).replace(os.sep, "/") + "/"
+        (folder / f"{rid}.html").write_text(page.render(rep, plotly_src="plotly.min.js", bundle_href=href),
+                                            encoding="utf-8")
+        out_links[e.path] = f"{folder.name}/{rid}.html"
+    return out_links
 
 
 def _link(target: Path, base: Path, archive: bool) -> str:

@@ -23,7 +23,6 @@ from __future__ import annotations
 import html
 import io
 import json
-import math
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
@@ -32,8 +31,9 @@ from urllib.parse import quote
 import pandas as pd
 from tabulate import tabulate
 
+from checker.leaderboard.charts import figures, plotly_bundle, validate_figures
 from checker.leaderboard.columns import COLUMN, COLUMNS, SORT_NOTE, Column, fmt, rounded
-from checker.leaderboard.model import LEADERBOARD_FORMAT, ClassTable, Leaderboard, scaling_series
+from checker.leaderboard.model import LEADERBOARD_FORMAT, ClassTable, Leaderboard
 from checker.leaderboard.sut import MLPERF_COLUMNS, SUT_FIELDS, mlperf_row
 
 ASSETS = Path(__file__).parent / "assets"
@@ -45,16 +45,10 @@ CLASSES_NOTE = ("A class is division × workload × scale (full, or scaled down 
                 "a scaled or an open one, nor an asynchronous or tiered result with a synchronous one.")
 ID_NOTE = ("Result IDs are derived from organisation, system, workload and run id (a hash, in "
            "base32): they never change between builds and adding a result never renumbers others.")
-WRITE_COLOR = "#2563eb"
-READ_COLOR = "#f59e0b"
-# Scaling lines: one colour per system, distinct from the write (blue) / read (amber) bars.
-PALETTE = ("#0f766e", "#7c3aed", "#db2777", "#65a30d", "#0891b2", "#b45309", "#4b5563", "#dc2626",
-           "#1e3a8a", "#a16207")
-FONT = "system-ui, -apple-system, 'Segoe UI', Roboto, 'Helvetica Neue', Arial, sans-serif"
 
 
 def render(board: Leaderboard, fmt_name: str, *, links: Mapping[str, str] | None = None,
-           plotly_js: str | None = None) -> str:
+           plotly_js: str | None = None, reports: Mapping[str, str] | None = None) -> str:
     if fmt_name == "md":
         return render_md(board)
     if fmt_name == "csv":
@@ -62,7 +56,7 @@ def render(board: Leaderboard, fmt_name: str, *, links: Mapping[str, str] | None
     if fmt_name == "json":
         return render_json(board)
     if fmt_name == "html":
-        return render_html(board, links=links, plotly_js=plotly_js)
+        return render_html(board, links=links, plotly_js=plotly_js, reports=reports)
     raise ValueError(f"unknown format {fmt_name!r}")
 
 
@@ -174,125 +168,6 @@ def render_json(board: Leaderboard) -> str:
 
 
 # ----------------------------------------------------------------------------------------------
-# Charts (plotly.js figure specs)
-
-
-def _r(value: Any, digits: int = 3) -> float | None:
-    if value is None or not isinstance(value, int | float) or not math.isfinite(value):
-        return None
-    return round(float(value), digits)
-
-
-def _base_layout(title: str, ytitle: str) -> dict[str, Any]:
-    return {
-        "title": {"text": title, "x": 0, "xanchor": "left", "font": {"size": 14}},
-        "font": {"family": FONT, "size": 12, "color": "#1f2937"},
-        "paper_bgcolor": "#ffffff", "plot_bgcolor": "#ffffff",
-        "margin": {"l": 64, "r": 16, "t": 56, "b": 64},
-        "height": 400,
-        "yaxis": {"title": {"text": ytitle}, "rangemode": "tozero", "gridcolor": "#e5e7eb",
-                  "zerolinecolor": "#9ca3af", "tickformat": ",.2~f"},
-        "legend": {"orientation": "h", "x": 1, "xanchor": "right", "y": 1.02, "yanchor": "bottom"},
-        "hoverlabel": {"font": {"family": FONT}},
-    }
-
-
-def bar_figure(t: ClassTable) -> dict[str, Any]:
-    recs = t.frame.to_dict("records")
-    ids = [r["result_id"] for r in recs]
-    traces = []
-    for op, color in (("write", WRITE_COLOR), ("read", READ_COLOR)):
-        col = COLUMN[f"{op}_gib_s"]
-        y = [rounded(r[col.key], col) for r in recs]
-        hi = [_r(r[f"{op}_max_gib_s"] - r[col.key]) if y[i] is not None else None for i, r in enumerate(recs)]
-        lo = [_r(r[col.key] - r[f"{op}_min_gib_s"]) if y[i] is not None else None for i, r in enumerate(recs)]
-        traces.append({
-            "type": "bar", "name": f"{op.title()} (mean over ops)", "x": ids, "y": y,
-            "marker": {"color": color},
-            "error_y": {"type": "data", "symmetric": False, "array": hi, "arrayminus": lo,
-                        "color": "#374151", "thickness": 1.2, "width": 4},
-            "customdata": [[r["organisation"], r["system"], int(r["ranks"])] for r in recs],
-            "hovertemplate": (f"<b>%{{customdata[1]}}</b> (%{{customdata[0]}})<br>%{{x}} · "
-                              f"%{{customdata[2]}} ranks<br>{op.title()}: %{{y:.2f}} GiB/s"
-                              "<extra>bars: mean · whiskers: min–max over ops</extra>"),
-        })
-    layout = _base_layout("Write and read bandwidth per result", "GiB/s")
-    if len(recs) <= 2:
-        layout["height"] = 320
-    # Few results: narrower bars (plotly has no maximum bar width).
-    layout.update(barmode="group", bargap=round(0.3 + 0.12 * max(0, 5 - len(recs)), 2), bargroupgap=0.08)
-    layout["xaxis"] = {"type": "category", "tickvals": ids, "automargin": True,
-                       "ticktext": [f"{_e(r['system'])}<br>{int(r['ranks'])} ranks<br>"
-                                    f"<span style='font-size:10px;color:#6b7280'>{r['result_id']}</span>"
-                                    for r in recs], "tickfont": {"size": 11}}
-    if len(recs) <= 8:
-        layout["xaxis"]["tickangle"] = 0
-    return {"data": traces, "layout": layout}
-
-
-def scaling_figure(t: ClassTable) -> dict[str, Any] | None:
-    series = scaling_series(t)
-    if not series:
-        return None
-    traces = []
-    all_ranks: set[int] = set()
-    for i, ((org, system), points) in enumerate(series.items()):
-        color = PALETTE[i % len(PALETTE)]
-        ranks = [p[0] for p in points]
-        all_ranks.update(ranks)
-        for op, y, dash, symbol in (("write", [_r(p[1], 2) for p in points], "solid", "circle"),
-                                    ("read", [_r(p[2], 2) for p in points], "dot", "diamond")):
-            traces.append({
-                "type": "scatter", "mode": "lines+markers", "name": f"{system} · {op}", "x": ranks, "y": y,
-                "legendgroup": f"{org}/{system}", "line": {"color": color, "dash": dash, "width": 2},
-                "marker": {"color": color, "symbol": symbol, "size": 8},
-                "customdata": [[org, p[3]] for p in points],
-                "hovertemplate": (f"<b>{html.escape(system)}</b> (%{{customdata[0]}})<br>%{{x}} ranks: "
-                                  f"{op} %{{y:.2f}} GiB/s<br>mean of %{{customdata[1]}} result(s)"
-                                  "<extra></extra>"),
-            })
-    layout = _base_layout("Scaling: bandwidth vs ranks", "GiB/s")
-    layout["legend"] = {"orientation": "h", "x": 0, "xanchor": "left", "y": -0.22, "yanchor": "top"}
-    layout["margin"] = {**layout["margin"], "b": 40}
-    ticks = sorted(all_ranks)
-    layout["xaxis"] = {"type": "log", "title": {"text": "ranks (log scale)"}, "tickvals": ticks,
-                       "ticktext": [str(v) for v in ticks], "gridcolor": "#f3f4f6"}
-    return {"data": traces, "layout": layout}
-
-
-PLOT_CONFIG = {"displaylogo": False, "responsive": True,
-               "modeBarButtonsToRemove": ["select2d", "lasso2d", "autoScale2d"],
-               "toImageButtonOptions": {"format": "png", "scale": 2}}
-
-
-def figures(board: Leaderboard) -> dict[str, dict[str, Any]]:
-    """Chart element id -> {data, layout, config}, in page order."""
-    out: dict[str, dict[str, Any]] = {}
-    for t in board.tables:
-        for kind, fig in (("bars", bar_figure(t)), ("scaling", scaling_figure(t))):
-            if fig is None:
-                continue
-            cid = f"chart-{kind}-{t.key.id}"
-            out[cid] = {**fig, "config": {**PLOT_CONFIG, "toImageButtonOptions": {
-                **PLOT_CONFIG["toImageButtonOptions"], "filename": cid}}}
-    return out
-
-
-def validate_figures(figs: Mapping[str, Mapping[str, Any]]) -> None:
-    """Raise ValueError if a spec uses a property plotly does not know (plotly.py's schema)."""
-    import plotly.graph_objects as go
-
-    for fig in figs.values():
-        go.Figure(data=fig["data"], layout=fig["layout"])
-
-
-def plotly_bundle() -> str:
-    from plotly.offline import get_plotlyjs
-
-    return get_plotlyjs()
-
-
-# ----------------------------------------------------------------------------------------------
 # HTML
 
 
@@ -327,7 +202,7 @@ BAR_COLUMNS = {"write_gib_s": "w", "read_gib_s": "r"}
 
 
 def _td(rec: Mapping[str, Any], c: Column, link: str | None, maxima: Mapping[str, float],
-        sut: Sequence[tuple[str, str]] = ()) -> str:
+        sut: Sequence[tuple[str, str]] = (), report: str | None = None) -> str:
     value = rec[c.key]
     text = fmt(value, c)
     missing = text == "—"
@@ -346,6 +221,8 @@ def _td(rec: Mapping[str, Any], c: Column, link: str | None, maxima: Mapping[str
     if c.key == "result_id" and link is not None:
         href = _e(quote(link, safe="/.-_~"))
         body = f'<a href="{href}" title="open the bundle: {_e(rec["bundle"])}">{body}</a>'
+    if c.key == "result_id" and report is not None:  # the run's own page (mlckpt report)
+        body += f' <a class="run-report" href="{_e(quote(report, safe="/.-_~"))}">report</a>'
     if c.key == "system" and sut:  # the system under test, from its description, one click away
         labels = {key: label for key, label, _ in SUT_FIELDS}
         facts = "".join(f"<dt>{_e(labels[k])}</dt><dd>{_e(v)}</dd>" for k, v in sut)
@@ -353,13 +230,14 @@ def _td(rec: Mapping[str, Any], c: Column, link: str | None, maxima: Mapping[str
     return f'<td class="{" ".join(classes)}"{attrs}>{body}</td>'
 
 
-def _table_html(t: ClassTable, links: Mapping[str, str]) -> str:
+def _table_html(t: ClassTable, links: Mapping[str, str], reports: Mapping[str, str]) -> str:
     recs = t.frame.to_dict("records")
     maxima = {k: float(t.frame[k].max()) for k in BAR_COLUMNS if t.frame[k].notna().any()}
     head = "".join(_th(c, c.key == "write_gib_s") for c in COLUMNS)
     rows = []
     for i, (entry, rec) in enumerate(zip(t.entries, recs, strict=True)):
-        cells = "".join(_td(rec, c, links.get(rec["bundle"]), maxima, entry.sut) for c in COLUMNS)
+        report = reports.get(rec["bundle"])
+        cells = "".join(_td(rec, c, links.get(rec["bundle"]), maxima, entry.sut, report) for c in COLUMNS)
         rows.append(f'<tr data-order="{i}" data-id="{_e(rec["result_id"])}">{cells}</tr>')
     caption = (f'<caption>{_e(t.key.describe())}: {len(recs)} result{"s" if len(recs) != 1 else ""}, '
                f'{_e(SORT_NOTE)}.</caption>')
@@ -369,7 +247,8 @@ def _table_html(t: ClassTable, links: Mapping[str, str]) -> str:
             f'<thead><tr>{head}</tr></thead>\n<tbody>\n{body}\n</tbody></table></div>')
 
 
-def _class_html(t: ClassTable, links: Mapping[str, str], figs: Mapping[str, Any]) -> str:
+def _class_html(t: ClassTable, links: Mapping[str, str], figs: Mapping[str, Any],
+                reports: Mapping[str, str]) -> str:
     n = len(t.entries)
     badge = t.key.scale_label
     pipeline = ("" if t.key.pipeline == "sync" else
@@ -394,8 +273,8 @@ def _class_html(t: ClassTable, links: Mapping[str, str], figs: Mapping[str, Any]
             f'{pipeline}'
             f'<span class="badge badge-{_e(t.key.division)}">{_e(t.key.division)}</span>'
             f'<span class="count">{n} result{"s" if n != 1 else ""}</span></h3>\n'
-            f'{_table_html(t, links)}\n<div class="charts charts-{len(charts)}">{"".join(charts)}</div>\n'
-            f'</section>')
+            f'{_table_html(t, links, reports)}\n'
+            f'<div class="charts charts-{len(charts)}">{"".join(charts)}</div>\n</section>')
 
 
 def _nav(board: Leaderboard) -> str:
@@ -437,16 +316,17 @@ def _asset(name: str) -> str:
 
 
 def render_html(board: Leaderboard, *, links: Mapping[str, str] | None = None,
-                plotly_js: str | None = None) -> str:
+                plotly_js: str | None = None, reports: Mapping[str, str] | None = None) -> str:
     """The page.  ``links``: bundle path (as in the tree) -> href; ``plotly_js``: the plotly.js
-    source to inline (default: the installed plotly package's; tests pass a stub)."""
+    source to inline (default: the installed plotly package's; tests pass a stub); ``reports``:
+    bundle path -> href of the run's own page (mlckpt report), linked beside its result id."""
     links = links or {}
     figs = figures(board)
     validate_figures(figs)
     js = plotly_bundle() if plotly_js is None else plotly_js
     sections = []
     for division, tables in board.divisions():
-        inner = "\n".join(_class_html(t, links, figs) for t in tables)
+        inner = "\n".join(_class_html(t, links, figs, reports or {}) for t in tables)
         sections.append(f'<section class="division" id="division-{_e(division)}">\n'
                         f'<h2>{_e(DIVISION_TITLE.get(division, division))}</h2>\n{inner}\n</section>')
     if not sections:

@@ -8,8 +8,6 @@ from pathlib import Path
 
 from mlckpt.errors import UsageError
 
-DOCS = ("run.json", "summary.json", "system.json", "records.jsonl")
-
 
 def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
     p = sub.add_parser("report", help="one run's report: tables, an offline page with charts, CSV",
@@ -24,25 +22,13 @@ def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
 
 
 def handle(args: argparse.Namespace) -> int:
-    from mlckpt import strict
-    from mlckpt.report import model, page, text
+    from mlckpt.report import files, model, page, text
 
     folder: Path = args.bundle
-    missing = [d for d in DOCS if not (folder / d).is_file()]
-    if missing:
-        raise UsageError(f"{folder}: not a run's result folder (no {', '.join(missing)})", key="bundle")
     try:
-        run, summary, system = (strict.parse_json((folder / d).read_bytes()) for d in DOCS[:3])
-        records = [strict.parse_json(line) for line in (folder / "records.jsonl").read_bytes().splitlines()
-                   if line.strip()]
-    except (OSError, ValueError) as exc:
-        raise UsageError(f"{folder}: unreadable ({exc})", key="bundle") from None
-    try:
-        rep = model.build(run, summary, system, records)
-    except (AttributeError, KeyError, TypeError, ValueError) as exc:
-        raise UsageError(f"{folder}: its records do not make a report ({type(exc).__name__}: {exc}); "
-                         "check it with mlckpt-check", key="bundle") from None
-    rep = model.with_signature(rep, _signature(folder))
+        rep = model.with_signature(files.read(folder), _signature(folder))
+    except ValueError as exc:
+        raise UsageError(f"{folder}: {exc}", key="bundle") from None
     print(text.render(rep), end="")
     for path, body in ((args.html, lambda: page.render(rep)), (args.csv, lambda: text.csv_text(rep))):
         if path is not None:

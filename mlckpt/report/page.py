@@ -102,9 +102,12 @@ def _cell(v: Any) -> str:
     return _e(v)
 
 
-def render(rep: Report, plotly_js: str | None = None) -> str:
-    """The page (``plotly_js``: the plotly.js source to inline; default the installed package's)."""
-    if plotly_js is None:
+def render(rep: Report, plotly_js: str | None = None, *, plotly_src: str | None = None,
+           bundle_href: str | None = None) -> str:
+    """The page.  ``plotly_js``: the plotly.js source to inline (default: the installed package's);
+    ``plotly_src``: instead, a relative path to a copy of it beside the page (the leaderboard's run
+    pages share one); ``bundle_href``: a link to the run's bundle."""
+    if plotly_js is None and plotly_src is None:
         from plotly.offline import get_plotlyjs
 
         plotly_js = get_plotlyjs()
@@ -116,12 +119,15 @@ def render(rep: Report, plotly_js: str | None = None) -> str:
                    for o in rep.ops)
     charts = "".join(f'<section><div id="{name}" class="chart"></div></section>' for name in figs)
     spec = json.dumps(figs).replace("</", "<\\/")
-    js = plotly_js.replace("</script", "<\\/script")
+    inline = (plotly_js or "").replace("</script", "<\\/script")
+    script = (f'<script src="{_e(plotly_src)}"></script>' if plotly_src is not None
+              else "<script>" + inline + "</script>")
+    link = f' <a href="{_e(bundle_href)}">the signed bundle</a>' if bundle_href else ""
     return f"""<!DOCTYPE html>
 <html lang="en"><head><meta charset="utf-8"><title>mlckpt report: {_e(rep.title)}</title>
 <meta name="viewport" content="width=device-width, initial-scale=1"><style>{CSS}</style></head>
 <body><header><h1>mlckpt report: {_e(rep.title)}</h1></header><main>
-<section><h2>Run</h2><p class="verdict">verdict: {_e(rep.verdict)}</p><table>{facts}</table>
+<section><h2>Run</h2><p class="verdict">verdict: {_e(rep.verdict)}{link}</p><table>{facts}</table>
 <h2>Findings</h2><ul>{findings}</ul></section>
 {charts}
 <section><h2>Ops</h2><div style="overflow-x:auto"><table id="ops"><tr>{head}</tr>{rows}</table></div>
@@ -130,7 +136,7 @@ latency percentiles cover every request of every rank (HdrHistogram, within 1 %)
 rank's. Everything here is recomputed from records.jsonl (docs: Reading a run's report).</p></section>
 </main>
 <script type="application/json" id="figures">{spec}</script>
-<script>{js}</script>
+{script}
 <script>
 const figs = JSON.parse(document.getElementById("figures").textContent);
 for (const [id, f] of Object.entries(figs)) {{
