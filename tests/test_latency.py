@@ -140,6 +140,7 @@ def test_the_report_tables_and_csv_come_from_the_records() -> None:
     assert [(o["op"], o["index"]) for o in rep.ops] == [("write", 1), ("write", 2), ("read", 1), ("read", 2)]
     w1 = rep.ops[0]
     assert (w1["duration_s"], w1["slowest_rank"], w1["requests"]) == (0.4, 3, 200)
+    assert w1["straggler_ratio"] == pytest.approx(0.4 / 0.25)  # the slowest over the median rank
     assert w1["bandwidth_gib_s"] == pytest.approx(4 * (1 << 26) / GiB / 0.4)
     assert w1["p99_ms"] == latency.percentiles_ms(latency.merged(
         r["requests"] for r in recs if (r["op"], r["index"]) == ("write", 1)))["p99"]

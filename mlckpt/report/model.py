@@ -1,8 +1,9 @@
 """A run's report as data, from its documents (run.json, summary.json, system.json, records).  Pure.
 
 Per op (one row each): its kind, index, checkpoint, tier, duration (the slowest rank's, as the
-summary's), aggregate bandwidth, the slowest rank, requests and IOPS, latency percentiles, and
-the slowest rank's phases.  Per rank and op: its own duration (the strip plot that shows
+summary's), aggregate bandwidth, the slowest rank and the spread (its duration over the median
+rank's, as the summary's straggler ratio), requests and IOPS, latency percentiles, and the
+slowest rank's phases.  Per rank and op: its own duration (the strip plot that shows
 stragglers).  Per op kind: the latency distribution of every request (a CDF).  Per host: its
 bandwidth over the run (each op's bytes over its time on that host, on that host's clock,
 from its first op's start; and, where the records carry them, the device's own counters sampled
@@ -12,6 +13,7 @@ through each op).
 from __future__ import annotations
 
 import itertools
+import statistics
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from typing import Any
@@ -22,8 +24,8 @@ from mlckpt.units import GiB
 
 Rec = Mapping[str, Any]
 OP_COLUMNS = ("op", "index", "checkpoint", "tier", "duration_s", "bandwidth_gib_s", "slowest_rank",
-              "slowest_rank_bandwidth_gib_s", "requests", "iops", "p50_ms", "p90_ms", "p99_ms", "p99_9_ms",
-              "max_ms", "open_s", "transfer_s", "fsync_s", "dir_fsync_s")
+              "slowest_rank_bandwidth_gib_s", "straggler_ratio", "requests", "iops", "p50_ms", "p90_ms",
+              "p99_ms", "p99_9_ms", "max_ms", "open_s", "transfer_s", "fsync_s", "dir_fsync_s")
 
 
 @dataclass(frozen=True)
@@ -62,12 +64,14 @@ def _duration(r: Rec) -> int:
 def op_row(op: str, index: int, recs: Sequence[Rec]) -> dict[str, Any]:
     slow = max(recs, key=_duration)
     dur = _duration(slow) / 1e9
+    median = statistics.median(_duration(r) for r in recs) / 1e9
     total = sum(int(r["bytes"]) for r in recs)
     row: dict[str, Any] = dict.fromkeys(OP_COLUMNS)
     row.update(op=op, index=index, checkpoint=int(recs[0]["checkpoint"]),
                tier=str(recs[0].get("tier", "durable")), duration_s=dur,
                bandwidth_gib_s=total / GiB / dur if dur > 0 else None, slowest_rank=int(slow["rank"]),
-               slowest_rank_bandwidth_gib_s=int(slow["bytes"]) / GiB / dur if dur > 0 else None)
+               slowest_rank_bandwidth_gib_s=int(slow["bytes"]) / GiB / dur if dur > 0 else None,
+               straggler_ratio=dur / median if median > 0 else None)
     if all("requests" in r for r in recs):
         h = latency.merged(r["requests"] for r in recs)
         row["requests"] = h.get_total_count()

@@ -10,8 +10,8 @@ from tabulate import tabulate
 
 from mlckpt.report.model import OP_COLUMNS, Report
 
-SHOWN = ("op", "index", "tier", "duration_s", "bandwidth_gib_s", "slowest_rank", "iops", "p50_ms", "p99_ms",
-         "max_ms", "open_s", "transfer_s", "fsync_s", "dir_fsync_s")
+SHOWN = ("op", "index", "tier", "duration_s", "bandwidth_gib_s", "slowest_rank", "straggler_ratio", "iops",
+         "p50_ms", "p99_ms", "max_ms", "open_s", "transfer_s", "fsync_s", "dir_fsync_s")
 
 
 def _num(v: Any) -> Any:
