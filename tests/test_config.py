@@ -269,3 +269,10 @@ def test_near_misses_get_a_did_you_mean(run_cli: Any) -> None:
         proc = run_cli(*args)
         assert proc.returncode == 2 and proc.stderr.strip().splitlines()[-1].startswith(line), proc.stderr
         assert "Traceback" not in proc.stderr
+
+
+def test_a_public_key_is_taken_as_typed_though_base64_is_override_syntax() -> None:
+    key = "ed25519:8qLwfaBEXvvOHITLXhFF3cAS5OuUbPFT+iA57tdo41c="
+    for typed in (key, f"'{key}'"):
+        s = setup(["witness.url=http://w:8470", f"witness.public_key={typed}"])
+        assert s.config["witness"]["public_key"] == key

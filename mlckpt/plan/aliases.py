@@ -20,6 +20,9 @@ WORKLOADS = {
 # rules=/rules_version=: rule sets by the name their owners give them.
 RULE_SETS = {"mlperf-storage-v3.0": "mlps-v3.0r4"}
 
+# Keys whose value is text to keep as typed (a public key, ed25519:<base64>), quoted for Hydra.
+VERBATIM = frozenset({"witness.public_key"})
+
 # Keys: DLIO's checkpoint keys, bare, under checkpoint. or under workload.checkpoint. (as
 # mlpstorage passes them to DLIO), and `rules=` for `rules_version=`.
 _DLIO_KEYS = {
@@ -65,6 +68,8 @@ def canonical(overrides: Sequence[str]) -> tuple[list[str], list[str]]:
             # '++' (DLIO's "add or override") on an alias: the canonical key always exists.
             prefix = "" if new_key != key else prefix
             notes.append(f"{o} is taken as {prefix}{new_key}={new_value} (mlckpt's name)")
+        if new_key in VERBATIM and new_value[:1] not in ("'", '"') and "'" not in new_value:
+            new_value = f"'{new_value}'"  # base64's '+', '/' and '=' are override syntax to Hydra
         out.append(f"{prefix}{new_key}={new_value}")
     return out, notes
 
