@@ -949,11 +949,14 @@ def test_missing_trusted_keys_is_a_usage_error(honest_bundles: dict[str, Path], 
 def test_forced_rules_version_and_jobs_agree(honest_bundles: dict[str, Path], tmp_path: Path) -> None:
     root = honest_tree(tmp_path / "t", honest_bundles)
     a = check(root, honest_bundles, jobs=1)
-    b = check(root, honest_bundles, jobs=2, forced_rules="1.9")
-    assert a["rules_versions"] == ["1.10"] and b["rules_versions"] == ["1.9"]
-    # 1.9 differs from the bundles' own 1.10 only in a floor these quiet runs never reach
-    assert [{**x, "rules_version": "1.9"} for x in a["bundles"]] == b["bundles"]
-    assert a["exit_status"] == b["exit_status"] == 0
+    b = check(root, honest_bundles, jobs=2, forced_rules="1.10")
+    assert a["bundles"] == b["bundles"] and a["exit_status"] == b["exit_status"] == 0
+    assert a["rules_versions"] == b["rules_versions"] == ["1.10"]
+    # 1.9 knows neither records format 7 nor 1.10's configuration keys: refused by its schemas
+    older = check(root, honest_bundles, jobs=2, forced_rules="1.9")
+    assert older["exit_status"] == 1 and older["rules_versions"] == ["1.9"]
+    assert all("records_format: 6 was expected" in {f["actual"] for f in x["findings"]}
+               for x in older["bundles"])
     # An older rules version judges these newer bundles by its own schemas: records format 3 is
     # not one of them, so they fail there (never silently pass).
     old = check(root, honest_bundles, jobs=2, forced_rules="1.1")
