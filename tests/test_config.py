@@ -276,3 +276,17 @@ def test_a_public_key_is_taken_as_typed_though_base64_is_override_syntax() -> No
     for typed in (key, f"'{key}'"):
         s = setup(["witness.url=http://w:8470", f"witness.public_key={typed}"])
         assert s.config["witness"]["public_key"] == key
+
+
+def test_rules_1_10_is_never_read_as_the_number_1_1() -> None:
+    from mlckpt.plan.config import rules_version_text
+
+    assert setup(["rules_version=1.10"]).rules.version == "1.10"  # on the command line, as typed
+    assert setup(["rules=1.10"]).rules.version == "1.10"
+    assert setup(["rules_version=1.1"]).rules.version == "1.1"
+    # a config file's unquoted 1.10 is the YAML number 1.1: refused, naming the remedy
+    with pytest.raises(ConfigError) as exc:
+        rules_version_text(yaml.safe_load("v: 1.10")["v"])
+    assert str(exc.value) == ("rules_version: 1.1 as a number is ambiguous (1.10 reads as 1.1): quote it, "
+                              "e.g. rules_version: '1.10' or '1.1'")
+    assert rules_version_text(1.9) == "1.9" and rules_version_text("1.10") == "1.10"

@@ -20,8 +20,9 @@ WORKLOADS = {
 # rules=/rules_version=: rule sets by the name their owners give them.
 RULE_SETS = {"mlperf-storage-v3.0": "mlps-v3.0r4"}
 
-# Keys whose value is text to keep as typed (a public key, ed25519:<base64>), quoted for Hydra.
-VERBATIM = frozenset({"witness.public_key"})
+# Keys whose value is text to keep as typed, quoted for Hydra: a public key (ed25519:<base64>), and
+# a rules version (unquoted, Hydra reads 1.10 as the number 1.1).
+VERBATIM = frozenset({"witness.public_key", "rules_version"})
 
 # Keys: DLIO's checkpoint keys, bare, under checkpoint. or under workload.checkpoint. (as
 # mlpstorage passes them to DLIO), and `rules=` for `rules_version=`.

@@ -122,9 +122,8 @@ def compose(overrides: Sequence[str], source: ConfigSource = SHIPPED) -> dict[st
     assert isinstance(resolved, dict)
     resolved.pop("hydra", None)
     # `rules_version=1.0` arrives as a float from the command line; versions are strings.
-    version = resolved.get("rules_version")
-    if isinstance(version, int | float) and not isinstance(version, bool):
-        resolved["rules_version"] = str(version)
+    if "rules_version" in resolved:
+        resolved["rules_version"] = rules_version_text(resolved["rules_version"])
     if resolved.get("ranks") is None:  # ranks=null: the workload's canonical count
         resolved["ranks"] = resolved["workload"]["closed_ranks"]
     if str(resolved.get("rules_version")) in known_versions():
@@ -132,6 +131,18 @@ def compose(overrides: Sequence[str], source: ConfigSource = SHIPPED) -> dict[st
         _rule_set_defaults(resolved, overrides)
         as_typed(resolved)
     return resolved
+
+
+def rules_version_text(version: Any) -> Any:
+    """A rules version as text: a config file's unquoted 1.9 arrives as a number (the command line
+    quotes it, mlckpt.plan.aliases); one that a later version's name shadows (1.10 reads as 1.1)
+    is refused."""
+    if not isinstance(version, int | float) or isinstance(version, bool):
+        return version
+    if f"{version}0" in known_versions():
+        raise ConfigError(f"rules_version: {version} as a number is ambiguous (1.10 reads as 1.1): "
+                          f"quote it, e.g. rules_version: '{version}0' or '{version}'", key="rules_version")
+    return str(version)
 
 
 # Values as storage people type them: every byte-count key takes units (4M, 16MiB, 1.5GB; a bare
