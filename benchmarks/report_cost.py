@@ -11,6 +11,12 @@ both alike.  For each run: the mean op duration of writes and of restores, and t
 ranks spent per GiB moved (records' cpu_ns), from the bundle's records.  Prints one line per run,
 then per op kind the ratios 1.10 / 1.9 of the mean duration and of CPU per GiB, with the paired
 rounds' spread.  The goal: within 1 % of an op's time and of its CPU.
+
+    .venv/bin/python benchmarks/report_cost.py --engine [--rounds 20] [--folder DIR]
+
+The same question without MPI, ranks or the machine's drift between runs: one process writes and
+reads a 256 MiB file through the engine (O_DIRECT, 4 threads, 1 MiB requests), with and without
+a request collection open, alternated; the wall time and CPU time of each call, medians.
 """
 
 from __future__ import annotations
@@ -21,6 +27,7 @@ import statistics
 import subprocess
 import sys
 import tempfile
+import time
 from pathlib import Path
 from typing import Any
 
@@ -52,6 +59,43 @@ def one_run(a: argparse.Namespace, tmp: Path, rules: str) -> dict[str, Any]:
     return out
 
 
+def engine_cost(a: argparse.Namespace) -> int:
+    import os
+
+    from mlckpt import engine
+
+    folder = Path(a.folder) / "report-cost-engine"
+    folder.mkdir(parents=True, exist_ok=True)
+    n, path = 256 << 20, str(folder / "f")
+    buf = engine.alloc(n)
+    opts = engine.IOOptions(direct=True, threads=4, block_size=1 << 20, fsync=True)
+    out: dict[tuple[str, bool], list[tuple[float, float]]] = {}
+    for k in range(a.rounds + 2):
+        for collecting in ((False, True) if k % 2 == 0 else (True, False)):
+            for op in ("write", "read"):
+                if op == "write" and os.path.exists(path):
+                    os.unlink(path)
+                if collecting:
+                    engine.collect("main")
+                c0, t0 = time.process_time_ns(), time.perf_counter_ns()
+                if op == "write":
+                    engine.write_files([engine.FileIO(path, buf, n)], opts)
+                else:
+                    engine.read_files([engine.FileIO(path, buf, n)], opts)
+                t1, c1 = time.perf_counter_ns(), time.process_time_ns()
+                got = engine.collected("main")
+                if k >= 2:  # the first rounds warm the pool and the page tables
+                    out.setdefault((op, collecting), []).append(((t1 - t0) / 1e6, (c1 - c0) / 1e6))
+                assert (got is not None) == collecting and (not collecting or len(got.latencies_ns) == 256)
+    os.unlink(path)
+    for op in ("write", "read"):
+        off, on = out[(op, False)], out[(op, True)]
+        for i, what in ((0, "wall ms"), (1, "CPU ms")):
+            a0, a1 = statistics.median(x[i] for x in off), statistics.median(x[i] for x in on)
+            print(f"{op} {what}: without {a0:.2f}, with {a1:.2f}, ratio {a1 / a0:.4f}")
+    return 0
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--rounds", type=int, default=8)
@@ -62,7 +106,10 @@ def main() -> int:
     ap.add_argument("--block-size", default="1MiB",
                     help="smaller blocks: more requests per op (the worst case)")
     ap.add_argument("--folder", default="./mlckpt-checkpoints")
+    ap.add_argument("--engine", action="store_true", help="the engine alone, in this process")
     a = ap.parse_args()
+    if a.engine:
+        return engine_cost(a)
     from mlckpt import bundle
 
     with tempfile.TemporaryDirectory(prefix="mlckpt-report-cost-") as t:
