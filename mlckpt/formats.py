@@ -75,7 +75,8 @@ RECORDS = Format("records", "records.jsonl (run.json and summary.json: records_f
     (6, "rules 1.8: each counters sample adds what the kernel charged to the host's ranks (own_read_bytes, "
         "own_written_bytes from /proc/<pid>/io, own_cpu_ns), the host's busy CPU time (cpu_busy_ns) and how "
         "long the sample took (read_ns); host_counters adds cpus (mlckpt/attribution.py)"),
-    (7, "rules 1.10: the records of ops whose requests go through the engine's timed file paths add "
+    (7, "rules 1.10: the records of ops whose timed requests go to the storage through the engine's file "
+        "paths (synchronous one-tier writes, restores) add "
         "requests (count, and an HdrHistogram of every request's latency in ns, 1 ns..1 h, 2 significant "
         "digits) and phases_ns (the rank's wall time in open, transfer, fsync, dir_fsync; "
         "mlckpt/latency.py)"),

@@ -17,7 +17,8 @@ Summary format 6 adds, per op kind over its durable-tier ops whose records all c
 ``{op}_latency_ms`` (count, p50, p90, p99, p99_9, max of every request of every rank and op),
 ``{op}_iops_mean`` (mean over ops of Σ_r requests ÷ the op's duration) and ``{op}_phases``
 (for each phase, the mean over ops of the slowest rank's time in it).  Absent where the records
-cannot give them: an asynchronous write's stall moves no request; object storage's requests are
+cannot give them: an asynchronous or tiered write's timed stall is not the durable tier's
+requests (the runner records none there); object storage's requests are
 timed by its client library, not here.
 """
 

@@ -108,6 +108,8 @@ def test_async_tiers_records_follow_the_pipeline(kept: Run) -> None:
         assert durable["t0_ns"] < durable["t1_ns"] == r["t1_ns"]
         assert durable["verified_bytes"] == r["bytes"] and durable["mismatches"] == 0
         assert r["compute_ns"] >= 0.3e9  # trained at least the configured interval
+        # the timed stall is a memory copy: no request of the durable tier to report
+        assert "requests" not in r and "phases_ns" not in r
     by_rank: dict[int, list[dict[str, Any]]] = {}
     for r in writes:
         by_rank.setdefault(r["rank"], []).append(r)
@@ -121,6 +123,7 @@ def test_async_tiers_records_follow_the_pipeline(kept: Run) -> None:
     s = kept.result.summary
     assert (s["mode"], s["tiers"]) == ("async", ["memory", "fast", "durable"])
     assert 0.0 <= s["write_overlap_efficiency"] <= 1.0
+    assert "write_latency_ms" not in s and "read_latency_ms" in s  # restores are timed requests
     assert s["write_stall_mean_s"] < s["write_time_to_durable_mean_s"]
     assert kept.result.run["pipeline"] == {
         "mode": "async", "compute_interval_s": 0.3, "fast": str(kept.fast.parent), "fast_keep": 1,

@@ -369,6 +369,9 @@ class WritePhase:
         )
         if bg is None:  # sync, one tier: the stage is the whole op, barrier to durable
             info["stage"].update(t0_ns=rec["t0_ns"], t1_ns=rec["t1_ns"])
+        else:  # the timed stall is a copy or a fast-tier write: not the durable tier's requests
+            rec.pop("requests", None)
+            rec.pop("phases_ns", None)
         rec.update(
             mode=self.pipe.mode,
             staged_ns=rec["t1_ns"],
