@@ -201,3 +201,33 @@ def test_the_page_draws_the_timeline_each_ranks_time_and_the_latency_cdf(tmp_pat
     assert drawn["phases"][1]["name"] == "transfer" and drawn["phases"][1]["y"][0] == pytest.approx(0.397)
     assert drawn["finding"] == "warning: [FOREIGN-IO] a <b>tenant</b>"  # escaped, shown as text
     assert len(png) > 50_000
+
+
+def test_mlckpt_report_prints_writes_and_refuses_in_one_line(tmp_path: Path) -> None:
+    import json
+    import subprocess
+    import sys
+
+    mlckpt = Path(sys.executable).parent / "mlckpt"
+    empty = subprocess.run([str(mlckpt), "report", str(tmp_path)], capture_output=True, text=True,
+                           check=False)
+    assert empty.returncode == 2 and empty.stderr == (
+        f"mlckpt: error: {tmp_path}: not a run's result folder (no run.json, summary.json, system.json, "
+        "records.jsonl)\n")
+    recs = runs_records()
+    summary = metrics.summarize(recs, max_resident_fraction=0.01, records_format=7, summary_format=6)
+    run = {"name": "r", "workload": "llama3_8b", "ranks": 4, "verdict": "open", "findings": []}
+    for name, doc in (("run.json", run), ("summary.json", summary), ("system.json", {"hosts": []})):
+        (tmp_path / name).write_text(json.dumps(doc))
+    (tmp_path / "records.jsonl").write_text("".join(json.dumps(r) + "\n" for r in recs))
+    out = subprocess.run([str(mlckpt), "report", str(tmp_path), "--html", str(tmp_path / "p.html"), "--csv",
+                          str(tmp_path / "ops.csv")], capture_output=True, text=True, check=False)
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.startswith("r: verdict open\n") and "signature  unsigned" in out.stdout
+    assert f"wrote {tmp_path / 'p.html'}" in out.stdout and (tmp_path / "p.html").stat().st_size > 1_000_000
+    assert (tmp_path / "ops.csv").read_text() == text.csv_text(model.build(run, summary, {"hosts": []}, recs))
+    (tmp_path / "records.jsonl").write_text('{"op": "write"}\n')  # a record the report cannot use
+    bad = subprocess.run([str(mlckpt), "report", str(tmp_path)], capture_output=True, text=True, check=False)
+    assert bad.returncode == 2
+    assert bad.stderr.startswith(f"mlckpt: error: {tmp_path}: its records do not make")
+    assert len(bad.stderr.splitlines()) == 1
