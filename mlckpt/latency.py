@@ -141,8 +141,10 @@ def summary(ops: Sequence[tuple[str, Sequence[Mapping[str, Any]]]]) -> dict[str,
         except ValueError:  # a histogram that is no evidence (RECORDS-REQUESTS says which): no figure
             continue
         out[f"{kind}_latency_ms"] = percentiles_ms(everything)
-        out[f"{kind}_iops_mean"] = statistics.fmean(
-            sum(int(r["requests"]["count"]) for r in recs) / (_op_duration_ns(recs) / 1e9) for recs in mine)
+        if all(_op_duration_ns(recs) > 0 for recs in mine):  # (RESULT-TIMES names one that is not)
+            out[f"{kind}_iops_mean"] = statistics.fmean(
+                sum(int(r["requests"]["count"]) for r in recs) / (_op_duration_ns(recs) / 1e9)
+                for recs in mine)
         if all("phases_ns" in r for recs in mine for r in recs):
             slowest = [max(recs, key=lambda r: int(r["t1_ns"]) - int(r["t0_ns"])) for recs in mine]
             out[f"{kind}_phases"] = {

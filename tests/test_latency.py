@@ -231,3 +231,13 @@ def test_mlckpt_report_prints_writes_and_refuses_in_one_line(tmp_path: Path) -> 
     assert bad.returncode == 2
     assert bad.stderr.startswith(f"mlckpt: error: {tmp_path}: its records do not make")
     assert len(bad.stderr.splitlines()) == 1
+
+
+def test_an_op_without_a_positive_duration_gives_no_iops_and_no_fault() -> None:
+    recs = runs_records()
+    for r in recs:
+        if (r["op"], r["index"]) == ("write", 1):
+            r["t1_ns"] = r["t0_ns"]  # schema-valid; RESULT-TIMES names it
+    s = latency.summary([(op, [r for r in recs if (r["op"], r["index"]) == (op, k)])
+                         for op in ("write", "read") for k in (1, 2)])
+    assert "write_iops_mean" not in s and "read_iops_mean" in s and "write_latency_ms" in s
