@@ -213,7 +213,8 @@ def test_schema_valid_but_inconsistent_records(honest_bundles: dict[str, Path], 
         p = folder / "records.jsonl"
         recs = [json.loads(line) for line in p.read_text().splitlines()]
         for _ in range(data.draw(st.integers(1, 6))):
-            action = data.draw(st.sampled_from(["set", "stage", "drop", "duplicate"]))
+            action = data.draw(st.sampled_from(["set", "stage", "drop", "duplicate", "requests", "phases",
+                                                "samples"]))
             i = data.draw(st.integers(0, len(recs) - 1))
             if action == "set":
                 key = data.draw(st.sampled_from(sorted(record_fields)))
@@ -224,12 +225,41 @@ def test_schema_valid_but_inconsistent_records(honest_bundles: dict[str, Path], 
                 stage[key] = data.draw(stage_fields[key])
             elif action == "drop" and len(recs) > 1:
                 recs.pop(i)
+            elif action in ("requests", "phases", "samples"):
+                damage_requests(data, recs, i, action)
             else:
-                recs.append(dict(recs[i]))
+                recs.append(json.loads(json.dumps(recs[i])))
         p.write_text("".join(json.dumps(r) + "\n" for r in recs))
         resign(honest_bundles, folder)
         report = judge(root, honest_bundles)
         assert report["exit_status"] in (0, 1)
+
+
+def damage_requests(data: st.DataObject, recs: list[dict[str, Any]], i: int, what: str) -> None:
+    """Records format 7's evidence, damaged within its schema: histograms swapped between records or
+    miscounted or dropped, phases and device samples out of all proportion or out of order."""
+    r = recs[i]
+    if what == "requests" and "requests" in r:
+        j = data.draw(st.integers(0, len(recs) - 1))
+        how = data.draw(st.sampled_from(["swap", "count", "drop"]))
+        if how == "swap" and "requests" in recs[j]:
+            r["requests"], recs[j]["requests"] = recs[j]["requests"], r["requests"]
+        elif how == "count":
+            r["requests"]["count"] = data.draw(st.integers(1, 10**9))
+        else:
+            del r["requests"]
+    elif what == "phases" and r.get("phases_ns"):
+        key = data.draw(st.sampled_from(sorted(r["phases_ns"])))
+        r["phases_ns"][key] = data.draw(st.sampled_from([0, 1, 2**40, 2**63 - 1]))
+    elif what == "samples" and (r.get("host_counters") or {}).get("samples"):
+        samples = r["host_counters"]["samples"]
+        how = data.draw(st.sampled_from(["reverse", "extreme", "empty"]))
+        if how == "reverse":
+            samples.reverse()
+        elif how == "extreme":
+            samples[0] = [2**63 - 1, 0, 10**16]
+        else:
+            samples.clear()
 
 
 modes = st.sampled_from(["sync", "async"])
