@@ -116,11 +116,13 @@ class Witness:
             raise web.HTTPRequestTimeout(reason=f"the request's body took over {BODY_TIMEOUT_S:g} s") \
                 from None
 
-    async def record(self, run: str, fields: dict[str, Any], t_wall: int, t_mono: int) -> dict[str, Any]:
-        """Journal one event (stamped with the witness's clocks) and sign its receipt."""
+    async def record(self, run: str, fields: dict[str, Any], t_wall: int, t_mono: int, *,
+                     bounded: bool = True) -> dict[str, Any]:
+        """Journal one event (stamped with the witness's clocks) and sign its receipt; within its
+        opener's byte bound unless ``bounded`` is False (the witness's own expire entry)."""
         entries = self.runs[run]
         entry = {"seq": len(entries) + 1, "t_wall_ns": t_wall, "t_mono_ns": t_mono, **fields}
-        room = self.ledger.room(run, len(str(entry)) + 128)
+        room = self.ledger.room(run, len(str(entry)) + 128) if bounded else None
         if room:
             raise web.HTTPTooManyRequests(reason=room)
         full, nbytes = await asyncio.to_thread(self.journal.append, run, entry)
@@ -296,7 +298,7 @@ class Witness:
                 if run not in self.runs:
                     continue
                 await self.record(run, {"kind": "expire", "idle_s": round(idle, 3)}, time.time_ns(),
-                                  time.monotonic_ns())
+                                  time.monotonic_ns(), bounded=False)
                 await self.end(run)
                 done += 1
         return done
