@@ -178,7 +178,9 @@ def test_a_replayed_or_misdirected_open_is_refused(witness: Witness) -> None:
 
 
 def test_a_run_left_open_expires_and_frees_its_keys_slot(tmp_path: Path) -> None:
-    w = Witness(tmp_path / "w", "--expire-after", "1s", "--max-open-per-key", "1")
+    # the key's byte bound just above the open and one start: the expire entry goes in past it
+    w = Witness(tmp_path / "w", "--expire-after", "1s", "--max-open-per-key", "1", "--journal-bytes-per-key",
+                "660")
     w.start()
     try:
         c = w.client()
