@@ -442,8 +442,13 @@ def test_rules_1_10_raise_only_the_skew_floor_and_mlperf_follows() -> None:
     assert new["witness_floor_s"] == old["witness_floor_s"]  # what a witness allows stays 1.9's
     r3, r4 = load_rules("mlps-v3.0r3"), load_rules("mlps-v3.0r4")
     assert r4.data["timing"] == new
-    assert [(r.id, r.severity, r.message) for r in r4.rules] == [
+    # r4: r3's rules unchanged, then 1.10's rules on what the records and run.json say
+    added = ["RECORDS-REQUESTS", "WORKLOAD-NAME", "RUN-CLAIMS"]
+    assert [(r.id, r.severity, r.message) for r in r4.rules][:len(r3.rules)] == [
         (r.id, r.severity, r.message) for r in r3.rules]
+    assert [r.id for r in r4.rules][len(r3.rules):] == added
+    assert {r.id: r.message for r in r4.rules if r.id in added} == {
+        r.id: r.message for r in load_rules("1.10").rules if r.id in added}
 
 
 def test_a_busy_hosts_barrier_is_honest_under_1_10_and_a_late_claim_past_the_floor_is_not() -> None:

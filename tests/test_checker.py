@@ -391,6 +391,16 @@ NEGATIVE_CASES: dict[str, list[Case]] = {
         # a flattering request latency, re-signed: the histograms in the records say otherwise
         C("summary.read_latency_ms.p99", mutate=lambda f: edit_json(
             f, "summary.json", lambda s: s["read_latency_ms"].update(p99=s["read_latency_ms"]["p99"] / 2)))],
+    "RUN-CLAIMS": [
+        # a scaled run that says it is not (the leaderboard would list it at full scale)
+        C("run.json scaled=True (scale 0.0005), got scaled=False", mutate=lambda f: edit_json(
+            f, "run.json", setitem("scaled", False))),
+        # a second host that no record evidences (the leaderboard would show 2 hosts)
+        C("records from every host run.json places ranks on, got none from host ghost",
+          mutate=lambda f: edit_json(f, "run.json", lambda r: r.update(hosts=[
+              {**r["hosts"][0], "ranks": r["hosts"][0]["ranks"][:2]},
+              {**r["hosts"][0], "host": "ghost", "ranks": r["hosts"][0]["ranks"][2:]}]))),
+    ],
     "RECORDS-REQUESTS": [
         C("requests.count 1 but the histogram holds", mutate=first("write", lambda r: r["requests"].update(
             count=1 if r["requests"]["count"] != 1 else 2))),

@@ -157,6 +157,11 @@ NEGATIVE: list[tuple[str, Callable[[], Context], list[str]]] = [
     ("CLOSED-WORKLOAD", lambda: ctx_of("workload=llama3_8b", "workload.model.optimizer_datatype=bf16"),
      ["closed runs use a canonical workload unchanged; expected workload.model.optimizer_datatype=fp32, "
       "got workload.model.optimizer_datatype=bf16"]),
+    # rules 1.10: in the open division too, a canonical name names its model (not its parallelism)
+    ("WORKLOAD-NAME", lambda: ctx_of("division=open", "workload=llama3_70b", "workload.model.num_layers=32"),
+     ["a workload named as a canonical one has its model, in every division (a changed model under its "
+      "name would be listed as that model): expected workload.model.num_layers=80 for llama3_70b, got "
+      "workload.model.num_layers=32 (a changed model takes a name of its own: workload.name=...)"]),
     ("CLOSED-RANKS", lambda: ctx_of("workload=llama3_405b", "ranks=1024"),
      ["closed runs of this workload use exactly 512 ranks; got 1024"]),
     ("CLOSED-RANKS", lambda: ctx_of("workload=llama3_8b", "ranks=16"),
@@ -324,6 +329,10 @@ POSITIVE: list[tuple[str, Callable[[], Context]]] = [
     ("LAYERS-PIPELINE", lambda: ctx_of("workload=llama3_405b")),
     ("LAYERS-PIPELINE", lambda: ctx_of("workload=llama3_405b", "workload.model.num_layers=32",
                                        "division=open")),  # L == PP
+    # the open division may change a canonical workload's parallelism, or its model under a new name
+    ("WORKLOAD-NAME", lambda: ctx_of("division=open", "workload=llama3_70b", "workload.parallelism.tensor=4")),
+    ("WORKLOAD-NAME", lambda: ctx_of("division=open", "workload=llama3_70b", "workload.model.num_layers=32",
+                                     "workload.name=my_70b_32l")),
     ("SCALE-RANGE", lambda: ctx_of("scale=1.0")),
     ("SCALE-RANGE", lambda: ctx_of("scale=0.01", "division=open")),
     ("SCALE-RANGE", lambda: raw_ctx("division=open", edits={"scale": 1})),
@@ -429,7 +438,7 @@ PRE_IO_RULES = {
     "RANKS-MULTIPLE", "ZERO3-PIPELINE", "LAYERS-PIPELINE", "SCALE-RANGE", "COUNTS-POSITIVE",
     "CLOSED-WORKLOAD", "CLOSED-RANKS", "CLOSED-COUNTS", "CLOSED-PARAMS", "CLOSED-OVERRIDES",
     "CLOSED-RANKS-PER-HOST", "CLOSED-ACCELERATOR-MEMORY", "HOST-MEMORY", "DISK-SPACE", "FOLDER-USABLE",
-    "IO-ENGINE", "RESULTS-APART", "MEMORY-FOLDER",
+    "IO-ENGINE", "RESULTS-APART", "MEMORY-FOLDER", "WORKLOAD-NAME",
     "ASYNC-RESIDENCY", "TIERS-DISTINCT", "TIER-SPACE", "TIER-USABLE", "WITNESS-MODE", "HOST-CLOCK-OFFSET",
     "OBJECT-MODES", "OBJECT-STORE-USABLE", "GPU-MODES", "GPU-USABLE"}
 
@@ -486,7 +495,8 @@ def test_closed_ranks_not_checked_for_non_canonical_workload() -> None:
 
 def test_closed_overrides_leave_workload_and_own_rules_to_other_rules() -> None:
     ev = evaluate(ctx_of("workload.model.hidden_size=4104", "checkpoint.num_writes=3", "scale=0.5"))
-    assert sorted(f.rule for f in ev.findings) == ["CLOSED-COUNTS", "CLOSED-PARAMS", "CLOSED-WORKLOAD"]
+    assert sorted(f.rule for f in ev.findings) == ["CLOSED-COUNTS", "CLOSED-PARAMS", "CLOSED-WORKLOAD",
+                                                  "WORKLOAD-NAME"]  # rules 1.10: a changed model's name
 
 
 @pytest.mark.parametrize(("override", "key"), [

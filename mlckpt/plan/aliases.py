@@ -20,9 +20,20 @@ WORKLOADS = {
 # rules=/rules_version=: rule sets by the name their owners give them.
 RULE_SETS = {"mlperf-storage-v3.0": "mlps-v3.0r4"}
 
-# Keys whose value is text to keep as typed, quoted for Hydra: a public key (ed25519:<base64>), and
-# a rules version (unquoted, Hydra reads 1.10 as the number 1.1).
+# Keys whose value is text to keep as typed, quoted for Hydra where it would read it otherwise: a
+# public key (ed25519:<base64>: '+', '/' and '=' are override syntax), a rules version (1.10 would
+# be the number 1.1).
 VERBATIM = frozenset({"witness.public_key", "rules_version"})
+
+
+def _misread(value: str) -> bool:
+    """Whether Hydra would take ``value`` for something other than the text typed."""
+    if value[:1] in ("'", '"') or "'" in value:
+        return False  # quoted already (or not quotable this way: Hydra says what is wrong)
+    try:
+        return str(float(value)) != value  # 1.10 → 1.1; 1.9 stays 1.9
+    except ValueError:
+        return any(c in value for c in "=+/:[]{},")
 
 # Keys: DLIO's checkpoint keys, bare, under checkpoint. or under workload.checkpoint. (as
 # mlpstorage passes them to DLIO), and `rules=` for `rules_version=`.
@@ -69,8 +80,8 @@ def canonical(overrides: Sequence[str]) -> tuple[list[str], list[str]]:
             # '++' (DLIO's "add or override") on an alias: the canonical key always exists.
             prefix = "" if new_key != key else prefix
             notes.append(f"{o} is taken as {prefix}{new_key}={new_value} (mlckpt's name)")
-        if new_key in VERBATIM and new_value[:1] not in ("'", '"') and "'" not in new_value:
-            new_value = f"'{new_value}'"  # base64's '+', '/' and '=' are override syntax to Hydra
+        if new_key in VERBATIM and _misread(new_value):
+            new_value = f"'{new_value}'"
         out.append(f"{prefix}{new_key}={new_value}")
     return out, notes
 

@@ -73,6 +73,23 @@ def closed_canonical_workload(ctx: Context, rs: RuleSet, rule: Rule) -> Outcome:
     return Outcome(True)
 
 
+def canonical_name(ctx: Context, rs: RuleSet, rule: Rule) -> Outcome:
+    """Rules 1.10, every division: a workload named as a canonical one has that workload's model
+    (its parallelism and rank count may change in the open division; its architecture may not, or
+    the result would be listed under another model's name)."""
+    canon = rs.canonical_workloads.get(ctx.workload.name)
+    if canon is None:
+        return Outcome(True)
+    got = {"model": {k: getattr(ctx.workload.model, k) for k in canon["model"]}}
+    for key, want in _flatten({"model": canon["model"]}).items():
+        have = _flatten(got).get(key)
+        if have != want:
+            return Outcome(False, f"workload.{key}={want} for {ctx.workload.name}",
+                           f"workload.{key}={have} (a changed model takes a name of its own: "
+                           f"workload.name=...)")
+    return Outcome(True)
+
+
 def closed_rank_count(ctx: Context, rs: RuleSet, rule: Rule) -> Outcome | NotChecked:
     canon = rs.canonical_workloads.get(ctx.workload.name)
     if canon is None:
@@ -171,6 +188,7 @@ CHECKS = checks_table(
     scale_in_range,
     counts_valid,
     closed_canonical_workload,
+    canonical_name,
     closed_rank_count,
     closed_counts,
     closed_fixed_params,

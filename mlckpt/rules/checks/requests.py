@@ -1,5 +1,7 @@
-"""RECORDS-REQUESTS (rules 1.10): each rank's requests, as its records carry them (records format 7,
-mlckpt/latency.py), hold together with the rest of its record.  Pure.
+"""Rules 1.10's result checks of what a run says about itself.  Pure.
+
+RECORDS-REQUESTS: each rank's requests, as its records carry them (records format 7,
+mlckpt/latency.py), hold together with the rest of its record.
 
 A histogram that does not decode, or whose count is not its own, is no evidence; no request can
 take longer than the rank's whole op, nor the op's phases add up to more than the op; and either
@@ -49,4 +51,26 @@ def request_evidence(ctx: Context, rs: RuleSet, rule: Rule) -> Iterator[Outcome 
                               f"phases of {phases / 1e6:.3f} ms", where=where)
 
 
-CHECKS = checks_table(request_evidence)
+def run_claims(ctx: Context, rs: RuleSet, rule: Rule) -> Iterator[Outcome | NotChecked]:
+    """RUN-CLAIMS: what run.json says of the run that its configuration and records can check: the
+    ``scaled`` flag is the configuration's scale below 1; every host run.json places ranks on has
+    records, no record names a host run.json does not, and each record's rank sits on the host
+    run.json places it (a host that nothing evidences would count on the leaderboard)."""
+    d = _run(ctx)
+    scale = d.config.get("scale")
+    if isinstance(scale, int | float) and "scaled" in d.run:
+        yield Outcome(d.run["scaled"] == (scale < 1), f"run.json scaled={scale < 1} (scale {scale})",
+                      f"scaled={d.run['scaled']}")
+    placed = {int(r): str(h.get("host")) for h in d.run.get("hosts") or () for r in h.get("ranks") or ()}
+    seen = {str(r["host"]) for r in d.records}
+    for host in sorted(set(placed.values()) - seen):
+        yield Outcome(False, "records from every host run.json places ranks on", f"none from host {host}")
+    for host in sorted(seen - set(placed.values())):
+        yield Outcome(False, "records only from hosts run.json names", f"records from host {host}")
+    wrong = sorted({(int(r["rank"]), str(r["host"])) for r in d.records
+                    if placed.get(int(r["rank"])) not in (None, str(r["host"]))})
+    for rank, host in wrong[:3]:
+        yield Outcome(False, f"rank {rank} on host {placed[rank]} (run.json)", f"its records from {host}")
+
+
+CHECKS = checks_table(request_evidence, run_claims)
