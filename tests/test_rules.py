@@ -330,7 +330,8 @@ POSITIVE: list[tuple[str, Callable[[], Context]]] = [
     ("LAYERS-PIPELINE", lambda: ctx_of("workload=llama3_405b", "workload.model.num_layers=32",
                                        "division=open")),  # L == PP
     # the open division may change a canonical workload's parallelism, or its model under a new name
-    ("WORKLOAD-NAME", lambda: ctx_of("division=open", "workload=llama3_70b", "workload.parallelism.tensor=4")),
+    ("WORKLOAD-NAME", lambda: ctx_of("division=open", "workload=llama3_70b",
+                                     "workload.parallelism.tensor=4")),
     ("WORKLOAD-NAME", lambda: ctx_of("division=open", "workload=llama3_70b", "workload.model.num_layers=32",
                                      "workload.name=my_70b_32l")),
     ("SCALE-RANGE", lambda: ctx_of("scale=1.0")),
