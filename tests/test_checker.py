@@ -391,6 +391,10 @@ NEGATIVE_CASES: dict[str, list[Case]] = {
         # a flattering request latency, re-signed: the histograms in the records say otherwise
         C("summary.read_latency_ms.p99", mutate=lambda f: edit_json(
             f, "summary.json", lambda s: s["read_latency_ms"].update(p99=s["read_latency_ms"]["p99"] / 2)))],
+    # a canonical name on another model (the leaderboard would list it as llama3_8b)
+    "WORKLOAD-NAME": [C("expected workload.model.num_layers=32 for llama3_8b, got "
+                        "workload.model.num_layers=16", mutate=lambda f: edit_yaml(
+                            f, "config.yaml", setitem("workload.model.num_layers", 16)))],
     "RUN-CLAIMS": [
         # a scaled run that says it is not (the leaderboard would list it at full scale)
         C("run.json scaled=True (scale 0.0005), got scaled=False", mutate=lambda f: edit_json(
