@@ -252,7 +252,7 @@ ALIASES: list[tuple[str, str]] = [
     ("++workload.checkpoint.num_checkpoints_read=0", "checkpoint.num_reads=0"),
     ("checkpoint.checkpoint_folder=/mnt/x", "checkpoint.folder=/mnt/x"),
     ("checkpoint.time_between_checkpoints=5", "checkpoint.compute_interval_s=5"),
-    ("rules=1.1", "rules_version=1.1"),
+    ("rules=1.1", "rules_version='1.1'"),  # quoted: a version is text, never the number 1.1
     ("rules=mlperf-storage-v3.0", "rules_version=mlps-v3.0r4"),
     ("rules_version=mlperf-storage-v3.0", "rules_version=mlps-v3.0r4"),
     ("io.threads=2", "io.threads=2"),

@@ -27,13 +27,15 @@ VERBATIM = frozenset({"witness.public_key", "rules_version"})
 
 
 def _misread(value: str) -> bool:
-    """Whether Hydra would take ``value`` for something other than the text typed."""
+    """Whether Hydra would take ``value`` for something other than the text typed: a number
+    (a version is text: 1.10 is not 1.1), or override syntax."""
     if value[:1] in ("'", '"') or "'" in value:
         return False  # quoted already (or not quotable this way: Hydra says what is wrong)
     try:
-        return str(float(value)) != value  # 1.10 → 1.1; 1.9 stays 1.9
+        float(value)
     except ValueError:
         return any(c in value for c in "=+/:[]{},")
+    return True
 
 # Keys: DLIO's checkpoint keys, bare, under checkpoint. or under workload.checkpoint. (as
 # mlpstorage passes them to DLIO), and `rules=` for `rules_version=`.
@@ -76,12 +78,13 @@ def canonical(overrides: Sequence[str]) -> tuple[list[str], list[str]]:
         key = raw_key[len(prefix):]
         new_key = KEYS.get(key, key)
         new_value = {"workload": WORKLOADS, "rules_version": RULE_SETS}.get(new_key, {}).get(value, value)
-        if (new_key, new_value) != (key, value):
+        renamed = (new_key, new_value) != (key, value)
+        if new_key in VERBATIM and _misread(new_value):
+            new_value = f"'{new_value}'"
+        if renamed:
             # '++' (DLIO's "add or override") on an alias: the canonical key always exists.
             prefix = "" if new_key != key else prefix
             notes.append(f"{o} is taken as {prefix}{new_key}={new_value} (mlckpt's name)")
-        if new_key in VERBATIM and _misread(new_value):
-            new_value = f"'{new_value}'"
         out.append(f"{prefix}{new_key}={new_value}")
     return out, notes
 
