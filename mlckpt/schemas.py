@@ -91,7 +91,7 @@ def fast_check(name: str, rules_version: str) -> Callable[[Any], bool] | None:
     run = fastjsonschema.compile(plain, formats={"date-time": _date_time})
 
     def check(doc: Any) -> bool:
-        if _integral_float(doc):
+        if has_integral_float(doc):
             return False
         try:
             run(doc)
@@ -110,13 +110,13 @@ def _uses(node: Any, keywords: frozenset[str]) -> bool:
     return False
 
 
-def _integral_float(node: Any) -> bool:
+def has_integral_float(node: Any) -> bool:
     if isinstance(node, float):
         return node.is_integer()
     if isinstance(node, dict):
-        return any(_integral_float(v) for v in node.values())
+        return any(has_integral_float(v) for v in node.values())
     if isinstance(node, list):
-        return any(_integral_float(v) for v in node)
+        return any(has_integral_float(v) for v in node)
     return False
 
 

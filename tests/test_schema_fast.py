@@ -13,7 +13,7 @@ from typing import Any
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from mlckpt.schemas import fast_check, validator
+from mlckpt.schemas import fast_check, has_integral_float, validator
 
 RECORDS = [json.loads(line) for line in
            (Path(__file__).parent / "fixtures" / "records-format-7.jsonl").read_text().splitlines()]
@@ -72,17 +72,7 @@ def test_fast_says_valid_exactly_where_the_strict_validator_does(rec: dict[str, 
     if FAST(rec):
         assert strict_ok, list(STRICT.iter_errors(rec))[:1]
     elif strict_ok:
-        assert "." in json.dumps(rec) and _has_integral_float(rec), rec  # only those go the slow way
-
-
-def _has_integral_float(node: Any) -> bool:
-    if isinstance(node, float):
-        return node.is_integer()
-    if isinstance(node, dict):
-        return any(_has_integral_float(v) for v in node.values())
-    if isinstance(node, list):
-        return any(_has_integral_float(v) for v in node)
-    return False
+        assert "." in json.dumps(rec) and has_integral_float(rec), rec  # only those go the slow way
 
 
 def test_what_the_fast_path_cannot_judge_goes_to_the_strict_validator() -> None:
