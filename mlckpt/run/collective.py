@@ -280,14 +280,19 @@ class OpTimer:
         if was:
             gc.enable()
 
-    def _opening(self) -> dict[str, Any] | None:
+    def _opening(self, pool: str) -> dict[str, Any] | None:
         """The op's barrier and the leader's first counters (None elsewhere).  From records format 6
         no rank starts before its host's counters are read (a second barrier): with many ranks per
-        core the leader can leave the first tens of ms after the others began moving bytes."""
+        core the leader can leave the first tens of ms after the others began moving bytes.  From
+        7 the device is sampled from before the barrier, and the op's requests are collected."""
+        if self.sampler is not None:
+            self.sampler.start()
         self.job.comm.Barrier()
         before = self.probe() if self.probe is not None else None
         if self.records_format >= 6:
             self.job.comm.Barrier()
+        if self.records_format >= 7:
+            engine.collect(pool)
         return before
 
     def __call__(
@@ -315,12 +320,8 @@ class OpTimer:
             self.sampled.add(op)
             huge = engine.huge_bytes(self.state)
         collecting = self.hold_gc()
-        if self.sampler is not None:
-            self.sampler.start()
         try:
-            before = self._opening()
-            if self.records_format >= 7:
-                engine.collect(opts.pool)
+            before = self._opening(opts.pool)
             wall = time.time()
             t0 = time.perf_counter_ns()
             c0 = time.process_time_ns()
@@ -361,6 +362,16 @@ class OpTimer:
             "direct": opts.direct,
             "dontcache": opts.dontcache,
         }
+        self._evidence(rec, before, opts.pool)
+        if fmt4:
+            rec["cpu_ns"] = c1 - c0
+            if huge is not None:  # (None: /proc/self/smaps unreadable)
+                rec["state_bytes"], rec["state_huge_bytes"] = int(self.state.nbytes), int(huge)
+        return rec
+
+    def _evidence(self, rec: dict[str, Any], before: dict[str, Any] | None, pool: str) -> None:
+        """After every rank agreed the op ended: the host's counters (its leader), the device's
+        samples through the op, the op's requests (records format 7)."""
         if self.probe is not None:
             after = self.probe(closing=True)
             rec["host_counters"] = {"device": self.device, "before": before, "after": after}
@@ -370,13 +381,8 @@ class OpTimer:
             samples = self.sampler.stop()
             if "host_counters" in rec:
                 rec["host_counters"]["samples"] = samples
-        if fmt4:
-            rec["cpu_ns"] = c1 - c0
-            if huge is not None:  # (None: /proc/self/smaps unreadable)
-                rec["state_bytes"], rec["state_huge_bytes"] = int(self.state.nbytes), int(huge)
         if self.records_format >= 7:
-            rec.update(request_fields(engine.collected(opts.pool)))
-        return rec
+            rec.update(request_fields(engine.collected(pool)))
 
 
 def request_fields(got: engine.Requests | None) -> dict[str, Any]:
