@@ -92,11 +92,29 @@ def rejudged(bundle: Path, version: str | None = None) -> dict[str, object]:
     from mlckpt.rules.checks.evidence import counted_op
 
     seen = {b.host: b for b in backgrounds(run)}
+    skew = skew_share(rs, d)
     watched = [watched_rate_share(seen[sp.host], sp) for sp in spans(recs, lambda r: counted_op(d, r))
                if sp.host in seen]
     return {"verdict": verdict(findings, run["division"]),
             "rules_fired": sorted({f.rule for f in findings if f.severity != "warning"}),
-            "foreign": d.summary.get("foreign"), "watched": max(watched, default=None)}
+            "foreign": d.summary.get("foreign"), "watched": max(watched, default=None), "skew_share": skew}
+
+
+def skew_share(rs: Any, d: Any) -> float:
+    """The largest barrier skew of any op on any host, as a share of RECORDS-SKEW's bound there."""
+    from mlckpt.metrics import group_ops
+    from mlckpt.rules.checks.timing import abs_bound_ns
+
+    b = rs.data["evidence"]["start_skew"]
+    worst = 0.0
+    for recs in group_ops(d.records).values():
+        for host in {str(r["host"]) for r in recs}:
+            mine = [r for r in recs if str(r["host"]) == host]
+            t0 = [int(r["t0_ns"]) for r in mine]
+            dur = max(int(r["t1_ns"]) - int(r["t0_ns"]) for r in mine)
+            bound = abs_bound_ns(rs, d, host, "skew_ns", float(b["abs_s"])) + float(b["rel"]) * dur
+            worst = max(worst, (max(t0) - min(t0)) / bound)
+    return worst
 
 
 def rejudge(folders: list[Path], version: str | None) -> int:
@@ -115,7 +133,8 @@ def rejudge(folders: list[Path], version: str | None) -> int:
         print(f"{ranks:3d} ranks, rules {rules}: {dict(Counter(str(r['verdict']) for r in rs))}; rules fired "
               f"{dict(fired)}" + (f"; phase share max {max(shares):.2f}" if shares else "")
               + (f"; span rate share max {max(rate):.2f}" if rate else "")
-              + (f"; watched rate share (1.9) max {max(watched):.2f}" if watched else ""))
+              + (f"; watched rate share (1.9) max {max(watched):.2f}" if watched else "")
+              + f"; barrier skew max {max(float(str(r['skew_share'])) for r in rs):.2f} of its bound")
     return 0
 
 

@@ -241,3 +241,20 @@ def test_an_op_without_a_positive_duration_gives_no_iops_and_no_fault() -> None:
     s = latency.summary([(op, [r for r in recs if (r["op"], r["index"]) == (op, k)])
                          for op in ("write", "read") for k in (1, 2)])
     assert "write_iops_mean" not in s and "read_iops_mean" in s and "write_latency_ms" in s
+
+
+def test_records_before_format_7_are_not_checked_for_requests_and_a_pass_says_nothing() -> None:
+    from mlckpt.rules import load_rules
+    from mlckpt.rules.checks.requests import request_evidence
+    from mlckpt.rules.checks.result import RunData
+    from mlckpt.rules.engine import Context, NotChecked
+
+    rs = load_rules("1.10")
+
+    def judged(fmt: int) -> list[Any]:
+        ctx = Context({}, None, (), run=RunData({"records_format": fmt}, {}, {}, runs_records(), {}))  # type: ignore[arg-type]
+        return list(request_evidence(ctx, rs, rs.rule("RECORDS-REQUESTS")))
+
+    [older] = judged(6)  # a 1.9 bundle judged by rules 1.10 (mlckpt-check --rules 1.10)
+    assert isinstance(older, NotChecked) and "before format 7" in str(older.reason)
+    assert judged(7) == []  # every histogram holds: no finding

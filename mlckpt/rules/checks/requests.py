@@ -25,7 +25,7 @@ PHASE_SLACK_NS = 1_000_000  # the phases' own clock reads, between the op's t0 a
 def request_evidence(ctx: Context, rs: RuleSet, rule: Rule) -> Iterator[Outcome | NotChecked]:
     d = _run(ctx)
     if int(d.run.get("records_format", 0)) < 7:
-        yield NotChecked(rule.id, "records before format 7 carry no requests")
+        yield NotChecked("records before format 7 carry no requests")
         return
     for (op, idx), recs in group_ops(d.records).items():
         carried = [r for r in recs if "requests" in r]
