@@ -31,6 +31,7 @@ from mlckpt import bundle
 from mlckpt import strict as loading
 from mlckpt.witness import protocol
 from mlckpt.witness.admission import Challenges, Ledger, Limits
+from mlckpt.witness.connections import Connections, Guarded
 from mlckpt.witness.journal import Journal, JournalFull
 
 Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
@@ -318,62 +319,6 @@ class Witness:
         return app
 
 
-class Connections:
-    """How many connections a witness holds now."""
-    def __init__(self) -> None:
-        self.open_now = 0
-
-
-class Guarded(asyncio.Protocol):
-    """One connection, handed to aiohttp's protocol, closed if it has not delivered a request's
-    headers within ``header_timeout_s``, closed after ``connection_life_s`` whatever it does, and
-    refused at once past ``max_connections`` open: a client that trickles bytes holds nothing for
-    long."""
-
-    def __init__(self, inner: Any, opts: Options, count: Connections) -> None:
-        self.inner, self.opts, self.count = inner, opts, count
-        self.transport: asyncio.Transport | None = None
-        self.seen = b""
-        self.timers: list[asyncio.TimerHandle] = []
-
-    def connection_made(self, transport: asyncio.BaseTransport) -> None:
-        assert isinstance(transport, asyncio.Transport)
-        self.transport = transport
-        self.count.open_now += 1
-        if self.count.open_now > self.opts.max_connections:
-            transport.abort()
-            return
-        loop = asyncio.get_running_loop()
-        self.timers = [loop.call_later(self.opts.header_timeout_s, self._slow),
-                       loop.call_later(self.opts.connection_life_s, transport.close)]
-        self.inner.connection_made(transport)
-
-    def _slow(self) -> None:
-        if self.transport is not None and self.seen is not None:
-            self.transport.abort()
-
-    def data_received(self, data: bytes) -> None:
-        if self.seen is not None:
-            self.seen = (self.seen + data)[-4:] if b"\r\n\r\n" not in self.seen + data else None
-        self.inner.data_received(data)
-
-    def eof_received(self) -> bool | None:
-        return self.inner.eof_received()  # type: ignore[no-any-return]
-
-    def pause_writing(self) -> None:
-        self.inner.pause_writing()
-
-    def resume_writing(self) -> None:
-        self.inner.resume_writing()
-
-    def connection_lost(self, exc: Exception | None) -> None:
-        self.count.open_now -= 1
-        for t in self.timers:
-            t.cancel()
-        if self.timers:  # aiohttp's protocol saw the connection made
-            self.inner.connection_lost(exc)
-
-
 def tls_context(opts: Options) -> ssl.SSLContext | None:
     if opts.tls_cert is None:
         return None
@@ -402,8 +347,11 @@ async def _serve(host: str, port: int, witness: Witness, opts: Options) -> None:
     loop = asyncio.get_running_loop()
     assert runner.server is not None
     factory, count = runner.server, Connections()
-    server = await loop.create_server(lambda: Guarded(factory(), opts, count), host, port, ssl=ctx,
-                                      reuse_address=True)
+    def guarded() -> Guarded:
+        return Guarded(factory(), count, max_connections=opts.max_connections,
+                       header_timeout_s=opts.header_timeout_s, life_s=opts.connection_life_s)
+
+    server = await loop.create_server(guarded, host, port, ssl=ctx, reuse_address=True)
     bound = server.sockets[0].getsockname() if server.sockets else (host, port)
     scheme = "https" if ctx else "http"
     print(f"mlckpt witness: listening on {scheme}://{bound[0]}:{bound[1]} (key fingerprint "
