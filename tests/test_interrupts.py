@@ -209,8 +209,30 @@ def test_the_same_run_from_another_host_shares_its_lock(tmp_path: Path) -> None:
     assert folderlock.acquire(tmp_path, "shared-run", [os.getpid()], "now") == ""
 
 
+def test_the_lock_is_never_seen_half_written(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Another host's leader of the same run reads the lock the moment it exists: while its body
+    is being written the lock must not be visible yet (an empty lock refused honest multi-host
+    runs as 'a lock file mlckpt cannot read')."""
+    seen: list[object] = []
+    write = os.write
+
+    def watched(fd: int, data: bytes) -> int:
+        seen.append(folderlock.read_holder(tmp_path))
+        return write(fd, data)
+
+    monkeypatch.setattr(folderlock.os, "write", watched)
+    assert folderlock.acquire(tmp_path, "mine", [os.getpid()], "now") == ""
+    assert seen == [None]
+    assert folderlock.read_holder(tmp_path).run == "mine"
+    assert [p.name for p in tmp_path.iterdir()] == [folderlock.LOCK]  # nothing of the taking left
+    with pytest.raises(UsageError, match="is in use by run mine"):
+        folderlock.acquire(tmp_path, "another-run", [os.getpid()], "now")
+    assert [p.name for p in tmp_path.iterdir()] == [folderlock.LOCK]
+
+
 def test_the_folder_gate_does_not_count_the_lock_as_a_foreign_file(tmp_path: Path) -> None:
     write_lock(tmp_path / "ck")
+    (tmp_path / "ck" / f"{folderlock.LOCK}.host-b.4242").write_text("{}")  # being taken, or kill -9
     assert folder_problem(tmp_path / "ck") is None
     (tmp_path / "ck" / "notes.txt").write_text("x")
     assert "holds files mlckpt did not write (notes.txt)" in str(folder_problem(tmp_path / "ck"))

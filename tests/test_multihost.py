@@ -26,7 +26,7 @@ from pathlib import Path
 
 import pytest
 from hostbed import FAKETIME, HostBed, unavailable
-from test_faults import _private_config_home, snapshot, tagged_pids, wait_for  # noqa: F401 (autouse)
+from test_faults import _private_config_home, snapshot, tagged_pids  # noqa: F401 (autouse)
 
 REPO = Path(__file__).resolve().parents[1]
 LAUNCHER = REPO / "tests" / "fault_launcher.py"
@@ -91,6 +91,21 @@ class MultiJob:
             pytest.fail(f"mpiexec did not return within {timeout} s:\n{out}")
         return Ended(self.proc.returncode, out, time.monotonic())
 
+    def ready_pid(self, path: Path, timeout: float = 90) -> int:
+        """The faulted rank's pid once it wrote ``path``; the job's output if it ended first."""
+        until = time.monotonic() + timeout
+        while not path.exists():
+            if self.proc.poll() is not None:
+                pytest.fail(f"the job ended ({self.proc.returncode}) before the faulted rank wrote "
+                            f"{path}:\n{self.proc.communicate()[0]}")
+            if time.monotonic() > until:
+                for pid in tagged_pids(self.token):
+                    os.kill(pid, signal.SIGKILL)
+                pytest.fail(f"timed out waiting for the faulted rank to write {path} ({timeout:g} s):\n"
+                            f"{self.proc.communicate()[0]}")
+            time.sleep(0.02)
+        return int(path.read_text())
+
 
 def no_process_within(token: str, seconds: float = 10.0) -> None:
     """Nothing of the job (mpiexec, proxies, ranks, guardians) on any host, within ``seconds``."""
@@ -130,9 +145,6 @@ def work(tmp_path: Path) -> Iterator[Path]:
     assert snapshot(other) == before
 
 
-def ready_pid(path: Path) -> int:
-    wait_for(path.exists, f"the faulted rank to write {path}", timeout=90)
-    return int(path.read_text())
 
 
 def fault_env(spec: str, ready: Path) -> dict[str, str]:
@@ -216,7 +228,7 @@ def test_a_stopped_rank_on_another_host_is_named_by_rank_0(bed: HostBed, work: P
     ready = work / "ready"
     job = MultiJob(bed, 2, [f"checkpoint.folder={work / 'ckpt'}", "io.timeout_s=5"], work,
                    fault_env("pause:6:read:1", ready))
-    pid = bed.host_pid("h2", ready_pid(ready))
+    pid = bed.host_pid("h2", job.ready_pid(ready))
     os.kill(pid, signal.SIGSTOP)
     stopped = time.monotonic()
     ready.unlink()
@@ -238,7 +250,7 @@ def test_ranks_whose_mpi_proxy_died_are_stopped_when_the_job_fails(bed: HostBed,
     ready = work / "ready"
     job = MultiJob(bed, 2, [f"checkpoint.folder={work / 'ckpt'}", "io.timeout_s=5"], work,
                    fault_env("pause:4:write:1", ready))  # rank 4 stays paused: the ready file stays
-    rank4 = bed.host_pid("h2", ready_pid(ready))
+    rank4 = bed.host_pid("h2", job.ready_pid(ready))
     proxy = int(Path(f"/proc/{rank4}/stat").read_text().rsplit(")", 1)[1].split()[1])
     assert Path(f"/proc/{proxy}/comm").read_text().strip() == "hydra_pmi_proxy"
     os.kill(proxy, signal.SIGKILL)
@@ -259,7 +271,7 @@ def test_a_host_cut_off_mid_write_ends_everywhere(bed: HostBed, work: Path, host
     ready = work / "ready"
     job = MultiJob(bed, hosts, [f"checkpoint.folder={work / 'ckpt'}", "io.timeout_s=20"], work,
                    fault_env("pause:4:write:1", ready))
-    ready_pid(ready)
+    job.ready_pid(ready)
     bed.cut("h2")
     try:
         cut = time.monotonic()
@@ -306,7 +318,7 @@ def test_disk_full_on_one_host_only(bed: HostBed, work: Path) -> None:
         job = MultiJob(bed, 2, [f"checkpoint.folder={local}", "checkpoint.rank_shift=0",
                                 "rules_version=1.8"],  # its node-local folders are tmpfs: MEMORY-FOLDER
                        work, fault_env("pause:4:write:2", ready))
-        ready_pid(ready)
+        job.ready_pid(ready)
         bed.run("h2", "sh", "-c", f"dd if=/dev/zero of={filler} bs=1M 2>/dev/null; true")
         assert "/ckpt-0001/" in " ".join(run_files(bed, local, 2))  # write 1 is there, on both hosts
         ready.unlink()
@@ -329,7 +341,7 @@ def test_rank_0s_host_going_down_ends_every_other_host(tmp_path_factory: pytest.
         ready = work / "ready"
         job = MultiJob(own, 3, [f"checkpoint.folder={work / 'ckpt'}", "io.timeout_s=20"], work,
                        fault_env("pause:0:write:1", ready))
-        ready_pid(ready)
+        job.ready_pid(ready)
         own.power_off("h1")
         off = time.monotonic()
         end = job.wait()

@@ -1,11 +1,12 @@
 """One run at a time on a checkpoint folder: the lock file ``FOLDER/.mlckpt-lock``.
 
 Two runs on one folder measure each other, and a run started while the previous one's files are
-still being removed measures that removal.  So rank 0 creates the lock (``O_EXCL``: atomic on a
-local filesystem and on NFS v3+) before the run's first checkpoint I/O, and it goes only once the
-run's files are gone: rank 0 removes it after its cleanup, a guardian after its sweep (a killed or
-interrupted run), the self-launching ``mlckpt run`` waits for it before the prompt returns.  A run
-that meets it refuses before any I/O, on whichever host it starts, naming the run that holds it.
+still being removed measures that removal. So rank 0 creates the lock (written aside, then linked
+into place: atomic on a local filesystem and on NFS, and never seen half written) before the run's
+first checkpoint I/O, and it goes only once the run's files are gone: rank 0 removes it after its
+cleanup, a guardian after its sweep (a killed or interrupted run), the self-launching ``mlckpt run``
+waits for it before the prompt returns. A run that meets it refuses before any I/O, on whichever
+host it starts, naming the run that holds it.
 
 The lock says who holds it (JSON): the run, the host, rank 0's and its guardian's pids, when, and
 the launch token of a self-launching ``mlckpt run``.  Held from this host by processes that are all
@@ -99,27 +100,35 @@ def acquire(folder: Path, run: str, pids: Sequence[int], started: str) -> str:
     doc = Holder(run, socket.gethostname(), tuple(pids), started, os.environ.get(LAUNCH_ENV, ""))
     body = json.dumps({k: v for k, v in asdict(doc).items() if k != "problem"}).encode() + b"\n"
     note = ""
-    for _ in range(2):
-        try:
-            fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o644)
-        except FileExistsError:
-            h = read_holder(folder)
-            if h is None:
-                continue  # released in between
-            if h.run == run:  # a shared folder: another host's leader of this run took it
-                return ""
-            if not stale(h):
-                raise UsageError(refusal(folder) or f"checkpoint.folder: {folder} is in use",
-                                 key="checkpoint.folder") from None
-            path.unlink(missing_ok=True)
-            note = f"took over the lock of {h.describe()}: none of its processes is alive"
-            continue
-        try:
-            os.write(fd, body)
-            os.fsync(fd)
-        finally:
-            os.close(fd)
-        return note
+    # The lock appears whole or not at all: written to a file of this process's own, then linked
+    # into place (link fails if the name exists: atomic on local filesystems and on NFS).  Another
+    # host's leader of this run reads it at once and must never meet it empty.
+    tmp = path.with_name(f"{LOCK}.{socket.gethostname()}.{os.getpid()}")
+    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
+    try:
+        os.write(fd, body)
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+    try:
+        for _ in range(2):
+            try:
+                os.link(tmp, path)
+            except FileExistsError:
+                h = read_holder(folder)
+                if h is None:
+                    continue  # released in between
+                if h.run == run:  # a shared folder: another host's leader of this run took it
+                    return ""
+                if not stale(h):
+                    raise UsageError(refusal(folder) or f"checkpoint.folder: {folder} is in use",
+                                     key="checkpoint.folder") from None
+                path.unlink(missing_ok=True)
+                note = f"took over the lock of {h.describe()}: none of its processes is alive"
+                continue
+            return note
+    finally:
+        tmp.unlink(missing_ok=True)
     raise UsageError(f"checkpoint.folder: cannot take the lock {path}", key="checkpoint.folder")
 
 

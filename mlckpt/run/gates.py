@@ -65,7 +65,7 @@ def folder_problem(folder: Path) -> str | None:
         foreign = [
             e.name
             for e in os.scandir(folder)
-            if e.name != LOCK
+            if e.name != LOCK and not e.name.startswith(LOCK + ".")  # the lock, or one being taken
             and not (e.is_dir(follow_symlinks=False) and (Path(e.path) / RUN_MARKER).exists())
         ]
         if foreign:
