@@ -88,6 +88,8 @@ def _rows() -> tuple[Row, ...]:
             lambda e, d: e.fast_reads if e.pipeline.endswith("+tiers") else None, optional=True),
         Row("compute_interval_s", "training interval (configured)", "s", 3,
             lambda e, d: e.compute_interval_s),
+        Row("write_compute_mean_s", "training interval (measured, mean)", "s", 3, _m("write_compute_mean_s"),
+            optional=True),
     ]
     for op in ("write", "read"):
         for stat in ("mean", "median", "min", "max", "stdev"):

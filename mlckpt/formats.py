@@ -166,12 +166,14 @@ LEADERBOARD = Format("leaderboard", "mlckpt-check leaderboard --format json: lea
         "half of a split pair excluded with verdict 'unpaired'"),
 ))
 
-COMPARE = Format("compare", "mlckpt-check compare --json: compare_format", 3, (3,), (
+COMPARE = Format("compare", "mlckpt-check compare --json: compare_format", 4, (4,), (
     (1, "first version: two bundles' rows side by side with ratios B/A"),
     (2, "each side says whether it is verified and what it is (an mlckpt bundle, or a DLIO / mlpstorage "
         "result folder: unverified, only the rows it states)"),
     (3, "differences: each way the two results are unlike (workload, scale, rules, division, checkpoint "
         "mode), with A's and B's value"),
+    (4, "rules 1.10: write_compute_mean_s, the training interval as measured (each write's shortest across "
+        "ranks, mean over the writes; recomputed from the records), beside compute_interval_s as configured"),
 ))
 
 WITNESS = Format("witness", "witness journal lines, receipts and transcripts: witness_format", 2, (1, 2), (

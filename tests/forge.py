@@ -9,7 +9,7 @@ checker would rightly call them one run submitted many times).
 from __future__ import annotations
 
 import json
-from collections.abc import Callable, Iterator, Mapping
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -73,7 +73,7 @@ def resign(folder: Path, key: Any, **predicate: Any) -> None:
 
 
 # ------------------------------------------------------------------------------ record surgery
-def ns_fields(r: Rec) -> Iterator[tuple[Mapping[str, Any], str]]:
+def ns_fields(r: Rec) -> Iterator[tuple[Any, str | int]]:
     """Every (container, key) of a record holding a reading of its host's monotonic clock."""
     for k in ("t0_ns", "t1_ns", "staged_ns"):
         if k in r:
@@ -85,6 +85,8 @@ def ns_fields(r: Rec) -> Iterator[tuple[Mapping[str, Any], str]]:
     if hc:
         yield hc["before"], "t_ns"
         yield hc["after"], "t_ns"
+        for sample in hc.get("samples", ()):  # records format 7: [t_ns, read_bytes, written_bytes]
+            yield sample, 0
 
 
 def shift(r: Rec, delta_ns: int, *, wall: bool = True) -> None:

@@ -430,6 +430,15 @@ def longer_training(recs: list[Rec]) -> None:
             r["compute_ns"] += 2_000_000_000
 
 
+def interval_recorded_shorter(recs: list[Rec]) -> None:
+    """The run trained a second after its first checkpoint, and records the 0.05 s it claims: every
+    op from the second write on comes 0.95 s later than the recorded training explains."""
+    first_done = max(end_of(r) for r in ops(recs, "write")[1])
+    for r in recs:
+        if r["t0_ns"] > first_done:
+            shift(r, 950_000_000)
+
+
 def copy_of(source: str, *, new_id: bool = True, shift_ns: int = 0) -> Edit:
     """The source run's bundle content as another submission (new run id, clocks shifted)."""
 
@@ -752,6 +761,14 @@ FORGERIES: dict[str, list[Forgery]] = {
                 )
             ),
             "back-pressure of at least",
+        ),
+    ],
+    "TRAINING-INTERVAL": [
+        Forgery(
+            "interval-recorded-shorter",
+            "async",
+            recs_edit(interval_recorded_shorter),
+            "s later on every host: an interval recorded shorter than trained",
         ),
     ],
     "ASYNC-TIMELINE": [

@@ -70,8 +70,9 @@ COLUMNS: tuple[Column, ...] = (
            "processes moved during the timed writes or restores, the larger share (rules 1.8 on)"),
     Column("mode", "Mode", "text",
            help="checkpoint mode (sync / async; +tiers: written to a fast tier first, drained to the "
-                "durable one in the background; +gpu: the state in GPU memory), residency (full state / "
-                "stream), I/O path (direct / buffered / dontcache), scale"),
+                "durable one in the background; +gpu: the state in GPU memory), for async or tiered runs the "
+                "training each checkpoint's background work overlapped (measured, mean over the writes), "
+                "residency (full state / stream), I/O path (direct / buffered / dontcache), scale"),
 )
 COLUMN = {c.key: c for c in COLUMNS}
 SORT_NOTE = ("sorted by write bandwidth, highest first (ties: read bandwidth, then result ID); "

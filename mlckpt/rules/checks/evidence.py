@@ -411,6 +411,39 @@ def async_evidence(ctx: Context, rs: RuleSet, rule: Rule) -> Iterator[Outcome | 
                 break
 
 
+def training_interval(ctx: Context, rs: RuleSet, rule: Rule) -> Iterator[Outcome | NotChecked]:
+    """The training interval a write records is the one it trained: the next checkpoint's barrier
+    follows the last rank's training closely on at least one host (that host's ranks arrived last
+    and waited for nobody).  A forger who shortens every rank's interval, to list the result under
+    a shorter one, leaves the rest of it as a wait that no host explains.  Hosts' monotonic clocks
+    differ, so each host is judged on its own ranks."""
+    d = _run(ctx)
+    bound = rs.data["training"]
+    floor_ns, rel = float(bound["gap_floor_s"]) * 1e9, float(bound["gap_rel"])
+    writes = [r for r in d.records if r.get("op") == "write"]
+    by_index: dict[int, list[Rec]] = {}
+    for r in writes:
+        by_index.setdefault(int(r["index"]), []).append(r)
+    pairs = [(by_index[k], by_index[k + 1]) for k in sorted(by_index) if k + 1 in by_index]
+    if not pairs:
+        yield NotChecked("fewer than two writes: no training interval is followed by a barrier")
+        return
+    for done, nxt in pairs:
+        waits = []
+        for host in sorted({str(r["host"]) for r in done}):
+            ends = [int(r["staged_ns"]) + int(r["compute_ns"]) for r in done if str(r["host"]) == host]
+            starts = [int(r["t0_ns"]) for r in nxt if str(r["host"]) == host]
+            if ends and starts:
+                waits.append(min(starts) - max(ends))
+        trained = min(int(r["compute_ns"]) for r in done)
+        allowed = floor_ns + rel * trained
+        if waits and min(waits) > allowed:
+            yield Outcome(False, f"the next checkpoint's barrier within {allowed / 1e9:.2f} s of the last "
+                          f"rank's training on some host (a {trained / 1e9:.3f} s interval recorded)",
+                          f"{min(waits) / 1e9:.3f} s later on every host: an interval recorded shorter "
+                          "than trained", where=f"write {done[0]['index']}")
+
+
 # ------------------------------------------------------------------------------ fingerprints
 def fingerprints(records: Sequence[Rec]) -> tuple[str, ...]:
     """Content fingerprints of a run's measurements, for duplicates across a tree: the timings
@@ -433,4 +466,5 @@ CHECKS = checks_table(
     host_clocks,
     host_physics,
     async_evidence,
+    training_interval,
 )
