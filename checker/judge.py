@@ -219,6 +219,8 @@ def finish(st: State) -> BundleResult:
         st.facts["content"] = []  # likewise
     if st.verified is not None and st.facts["split"] is None:
         st.facts["split"] = []  # likewise (checker.pairs.add_pairs)
+    if st.verified is not None and st.facts["split_evidence"] is None:
+        st.facts["split_evidence"] = []  # likewise
     facts = SubmissionFacts(
         **{k: (tuple(v) if v is not None else None) for k, v in st.facts.items()}, verdicts=st.verdicts,
         witness=st.witness)
@@ -238,7 +240,7 @@ def finish(st: State) -> BundleResult:
     if st.verified is not None and st.records:
         result.fingerprints = fingerprints(st.records)
     if st.facts["schema"] == [] and isinstance(st.docs.get("config.yaml"), dict) and run:
-        result.pair = pair_doc(run, st.docs["config.yaml"])
+        result.pair = pair_doc(run, st.docs["config.yaml"], st.records, st.docs.get("system.json"))
     result.integrity = ("failed" if any(f["rule"] in rs.integrity_rules for f in findings)
                         else "ok" if vb else "not checked")
     seen = set()

@@ -27,7 +27,7 @@ class Format:
             raise ValueError(f"{self.name}: must read its own version {self.version!r}")
 
 
-RUN = Format("run", "run.json: run_format", 9, (2, 3, 4, 5, 6, 7, 8, 9), (
+RUN = Format("run", "run.json: run_format", 10, (2, 3, 4, 5, 6, 7, 8, 9, 10), (
     (1, "first version: run identity, status, workload, division, scaled, verdict, findings, overrides, "
         "host mapping, timings, file list"),
     (2, "pipeline: checkpoint mode, compute interval, fast tier (folder, fast_keep, filesystem type per "
@@ -53,6 +53,10 @@ RUN = Format("run", "run.json: run_format", 9, (2, 3, 4, 5, 6, 7, 8, 9), (
     (9, "rules 1.9: each host's calibration adds background (the device and its leader's counters around "
         "attribution.background_s of the run asleep before the first op: what other processes moved with "
         "the run idle)"),
+    (10, "rules 1.10: content_commitment (a write invocation kept for a read-only one: sha256 of its "
+         "content proof; else null) and restored_from.content_proof (sha256 of a domain tag and the "
+         "write invocation's content key, which only the checkpoints' own folder holds); "
+         "mlckpt/rules/checks/split.py"),
 ))
 
 RECORDS = Format("records", "records.jsonl (run.json and summary.json: records_format)", 7,

@@ -442,8 +442,11 @@ def test_rules_1_10_raise_only_the_skew_floor_and_mlperf_follows() -> None:
     assert new["witness_floor_s"] == old["witness_floor_s"]  # what a witness allows stays 1.9's
     r3, r4 = load_rules("mlps-v3.0r3"), load_rules("mlps-v3.0r4")
     assert r4.data["timing"] == new and r4.data["training"] == load_rules("1.10").data["training"]
+    from mlckpt.witness.client import DEFAULT_TIMEOUT_S  # TRAINING-INTERVAL allows the runner's wait
+
+    assert r4.data["training"]["witness_timeout_default_s"] == DEFAULT_TIMEOUT_S
     # r4: r3's rules unchanged, then 1.10's rules on what the records and run.json say
-    added = ["RECORDS-REQUESTS", "WORKLOAD-NAME", "RUN-CLAIMS", "TRAINING-INTERVAL"]
+    added = ["RECORDS-REQUESTS", "WORKLOAD-NAME", "RUN-CLAIMS", "TRAINING-INTERVAL", "SPLIT-EVIDENCE"]
     assert [(r.id, r.severity, r.message) for r in r4.rules][:len(r3.rules)] == [
         (r.id, r.severity, r.message) for r in r3.rules]
     assert [r.id for r in r4.rules][len(r3.rules):] == added

@@ -317,7 +317,7 @@ NEGATIVE_CASES: dict[str, list[Case]] = {
     "SPLIT-PAIR": [C("got not in the tree", mutate=lambda f: edit_json(f, "run.json", setitem(
         "restored_from", {"run_id": "00000000000000aa", "num_writes": 1, "statement_sha256": "0" * 64,
                           "name": "20260101T000000Z-llama3_8b-4r-00000000000000aa",
-                          "ended": "2026-01-01T00:00:00.000Z"})))],
+                          "ended": "2026-01-01T00:00:00.000Z", "content_proof": "0" * 64})))],
     "COUNTS-POSITIVE": [C("got num_writes=0, num_reads=1",
                           mutate=lambda f: edit_yaml(f, "config.yaml", setitem("checkpoint.num_writes", 0)))],
     # --- closed-division eligibility: closed-shaped copies of a tiny open run
@@ -654,12 +654,14 @@ def test_every_rule_a_bundle_can_break_has_a_case() -> None:
                               "RESULTS-APART", "HOST-CLOCK-OFFSET", "OBJECT-STORE-USABLE",
                               "GPU-USABLE"}
     # the cross-examination rules (1.2) have their cases in the forgery suite, the transcript
-    # rules (1.4) theirs in tests/test_witness_run.py (bundles of real witnessed runs)
+    # rules (1.4) theirs in tests/test_witness_run.py (bundles of real witnessed runs), SPLIT-EVIDENCE
+    # (1.10) in tests/test_split.py (real pairs)
+    from test_split import CAUGHT_HERE as SPLIT_CASES
     from test_witness_run import FORGERIES as WITNESS_FORGERIES
 
     # and the warning STATE-HUGEPAGES its case in tests/test_figure.py (NEGATIVE_CASES count verdicts)
     assert {r.id for r in load_rules().rules} - no_bundle_data == (
-        set(NEGATIVE_CASES) | set(FORGERIES) | set(WITNESS_FORGERIES) | {"STATE-HUGEPAGES"})
+        set(NEGATIVE_CASES) | set(FORGERIES) | set(WITNESS_FORGERIES) | SPLIT_CASES | {"STATE-HUGEPAGES"})
 
 
 def test_mutated_tree_exit_status_and_counts(mutated: Any) -> None:

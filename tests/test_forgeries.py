@@ -430,6 +430,13 @@ def longer_training(recs: list[Rec]) -> None:
             r["compute_ns"] += 2_000_000_000
 
 
+def later_iso(stamp: str, seconds: float) -> str:
+    import datetime
+
+    when = datetime.datetime.fromisoformat(stamp.replace("Z", "+00:00")) + datetime.timedelta(seconds=seconds)
+    return when.isoformat(timespec="milliseconds").replace("+00:00", "Z")
+
+
 def interval_recorded_shorter(recs: list[Rec]) -> None:
     """The run trained a second after its first checkpoint, and records the 0.05 s it claims: every
     op from the second write on comes 0.95 s later than the recorded training explains."""
@@ -617,7 +624,9 @@ FORGERIES: dict[str, list[Forgery]] = {
             "the leader's start at most",
             also=frozenset({"RECORDS-SKEW", "ASYNC-TIMELINE"}),
         ),
-        Forgery("worst-write-dropped", "sync", drop_op_edit("write"), "between consecutive ops"),
+        # the writes after the dropped one now follow their predecessor's training by a whole op
+        Forgery("worst-write-dropped", "sync", drop_op_edit("write"), "between consecutive ops",
+                also=frozenset({"TRAINING-INTERVAL"})),
         Forgery("worst-read-dropped", "sync", drop_op_edit("read"), "between consecutive ops"),
         Forgery(
             "warm-tmpfs-reads-claimed-cold",
@@ -767,7 +776,8 @@ FORGERIES: dict[str, list[Forgery]] = {
         Forgery(
             "interval-recorded-shorter",
             "async",
-            recs_edit(interval_recorded_shorter),
+            chain(doc_edit("run.json", lambda r: r.update(ended=later_iso(r["ended"], 0.95))),
+                  recs_edit(interval_recorded_shorter)),
             "s later on every host: an interval recorded shorter than trained",
         ),
     ],

@@ -175,7 +175,7 @@ def test_cpu_fallback_runs_the_whole_path_and_is_no_gpu_result(gpu_world: dict[s
     assert len(re.findall(r"^read \d/2: .* verified, 0\.0% cached before\)$", proc.stdout, re.M)) == 2
     folder = _bundle(proc)
     run = json.loads((folder / "run.json").read_text())
-    assert (run["run_format"], run["records_format"], run["verdict"]) == (9, 7, "invalid")
+    assert (run["run_format"], run["records_format"], run["verdict"]) == (10, 7, "invalid")
     state = run["state"]
     assert state["source"] == "gpu" and state["library"] == "torch"
     assert [(e["rank"], e["device_type"]) for e in state["ranks"]] == [(0, "cpu"), (1, "cpu")]

@@ -20,6 +20,8 @@ from mlckpt import bundle
 BIN = Path(sys.executable).parent
 ORG, SYSTEM = "example-org", "laptop-ext4"
 SMALL = ("workload=llama3_8b", "division=open", "scale=0.0005", "ranks=4", "io.direct=false")
+# Rules whose failing cases are here, on bundles of real split pairs (tests/test_checker.py counts them)
+CAUGHT_HERE = frozenset({"SPLIT-EVIDENCE"})
 
 
 def run(h: dict[str, Path], cwd: Path, *overrides: str) -> subprocess.CompletedProcess[str]:
@@ -72,7 +74,14 @@ def test_the_write_half_keeps_its_checkpoints_and_its_content_key(pair: dict[str
     files = [str(p) for p in pair["kept"]]
     assert f"ck/{w.name}/.mlckpt-run" in files
     assert sum(f.startswith(f"ck/{w.name}/ckpt-0002/") for f in files) == 8  # 4 ranks × 2 files
-    assert run_doc["restored_from"] is None and run_doc["run_format"] == 9
+    assert run_doc["restored_from"] is None and run_doc["run_format"] == 10
+    # its commitment to the content key: the read half's proof opens it, nothing else does
+    from mlckpt.rules.checks.split import proof_matches
+
+    proof = json.loads((pair["read"] / "run.json").read_text())["restored_from"]["content_proof"]
+    assert proof_matches(proof, run_doc["content_commitment"])
+    assert not proof_matches(run_doc["content_commitment"], run_doc["content_commitment"])
+    assert not proof_matches(proof[:-1] + ("0" if proof[-1] != "0" else "1"), run_doc["content_commitment"])
     summary = json.loads((w / "summary.json").read_text())
     assert summary["num_reads"] == 0 and sorted(summary["metric"]) == [
         "checkpoint_size_GB", "save_checkpoint_duration_mean_seconds",
@@ -100,8 +109,11 @@ def test_the_read_half_restores_and_verifies_the_write_halfs_content(pair: dict[
                                       "load_checkpoint_io_mean_GB_per_second",
                                       "load_checkpoint_io_stdev_GB_per_second"}
     assert f"read-only invocation: restoring the 2 checkpoints of {w.name}" in pair["out"]
-    # restored, so removed (checkpoint.keep=false): nothing of the pair is left
-    assert not list((pair["cwd"] / "ck").rglob("*"))
+    # restored, so removed (checkpoint.keep=false): nothing of the write half is left (a try of it
+    # that a busy machine disturbed, retried, kept its own checkpoints: another run's)
+    assert not (pair["cwd"] / "ck" / w.name).exists()
+    assert [p.name for p in (pair["cwd"] / "ck").iterdir()] == [
+        b.name for b in (pair["cwd"] / "results").iterdir() if b.name < w.name]
 
 
 def test_the_checker_pairs_the_two_halves(pair: dict[str, Any], tmp_path: Path) -> None:
@@ -109,7 +121,8 @@ def test_the_checker_pairs_the_two_halves(pair: dict[str, Any], tmp_path: Path) 
     by = {b["run_id"]: b for b in report["bundles"]}
     read_id = json.loads((pair["read"] / "run.json").read_text())["run_id"]
     assert all(b["verdict"] == "open" for b in report["bundles"]), report["findings"]
-    assert not [f for f in report["findings"] if f["rule"] == "SPLIT-PAIR"]
+    assert not [f for f in report["findings"] if f["rule"] in ("SPLIT-PAIR", "SPLIT-EVIDENCE")]
+    assert "SPLIT-EVIDENCE" not in {n["rule"] for b in report["bundles"] for n in b["not_checked"]}
     gap = by[read_id]["metrics"]["split_gap_s"]
     assert 0 <= gap < 60
 
@@ -136,6 +149,103 @@ def test_a_write_half_other_than_the_one_restored_fails_split_pair(pair: dict[st
     report = checked(pair["h"], tree_of(pair["h"], tmp_path / "tree", other, pair["read"]))
     hits = [f for f in report["findings"] if f["rule"] == "SPLIT-PAIR"]
     assert hits and "another bundle under that run id" in hits[0]["message"], report["findings"]
+
+
+def test_a_read_half_presented_as_another_write_halfs_fails_split_evidence(
+        pair: dict[str, Any], tmp_path: Path) -> None:
+    """The vendor re-points a read half at another write half of the same system (an earlier,
+    better one, whose own restores it never ran) and re-signs: SPLIT-PAIR holds (that half is in
+    the tree, unchanged, compatible, ended before), but the read half's content proof opens only
+    the commitment of the write half whose key it held."""
+    from forge import edit_json, resign
+
+    h, cwd = pair["h"], tmp_path / "later"
+    cwd.mkdir()
+    later = write_half(h, cwd, writes=2)
+    proc = run(h, cwd, "checkpoint.num_writes=0", "checkpoint.num_reads=1",
+               f"checkpoint.restore_from={later}")
+    assert proc.returncode == 0, proc.stderr
+    forged = tmp_path / bundle_of(proc).name
+    shutil.copytree(bundle_of(proc), forged)
+    w = pair["write"]
+    wrun = json.loads((w / "run.json").read_text())
+    edit_json(forged, "run.json", lambda r: r["restored_from"].update(
+        run_id=wrun["run_id"], name=w.name, ended=wrun["ended"],
+        statement_sha256=bundle.verify_bundle(w).statement_sha256))
+    resign(forged, bundle.load_private_key(h["dir"] / "keys" / "org.pem"))
+    report = checked(h, tree_of(h, tmp_path / "tree", w, forged))
+    [b] = [b for b in report["bundles"] if b["path"].endswith(forged.name)]
+    assert b["verdict"] == "invalid", report["findings"]
+    assert {f["rule"] for f in b["findings"]} == {"SPLIT-EVIDENCE"}, [
+        (f["rule"], f["message"]) for f in b["findings"]]
+    [hit] = [f for f in b["findings"] if f["rule"] == "SPLIT-EVIDENCE"]
+    assert hit["message"].startswith("run.json: ") and "does not" in hit["message"], hit["message"]
+    # the honest pair of the same halves passes
+    honest = checked(h, tree_of(h, tmp_path / "honest", later, bundle_of(proc)))
+    assert {b["verdict"] for b in honest["bundles"]} <= {"open", "disturbed"}, honest["findings"]
+    assert not [f for f in honest["findings"] if f["rule"].startswith("SPLIT-")]
+
+
+def test_a_read_half_moved_later_on_the_wall_clock_fails_split_evidence(
+        pair: dict[str, Any], tmp_path: Path) -> None:
+    """The vendor widens the gap between the halves (MLPerf asks for 30 s) by moving the read
+    half's wall-clock times a minute later, run.json and records alike, and re-signs: on the same
+    boot, its monotonic clock says it did not move."""
+    from forge import edit_json, edit_records, resign, resummarize
+
+    forged = tmp_path / pair["read"].name
+    shutil.copytree(pair["read"], forged)
+
+    def later(stamp: str) -> str:
+        import datetime
+
+        when = datetime.datetime.fromisoformat(stamp.replace("Z", "+00:00")) + datetime.timedelta(seconds=60)
+        return when.isoformat(timespec="milliseconds").replace("+00:00", "Z")
+
+    edit_records(forged, lambda rs: [r.update(wall_start=r["wall_start"] + 60) for r in rs] and None)
+    resummarize(forged)
+    edit_json(forged, "run.json", lambda r: r.update(started=later(r["started"]), ended=later(r["ended"])))
+    resign(forged, bundle.load_private_key(pair["h"]["dir"] / "keys" / "org.pem"))
+    report = checked(pair["h"], tree_of(pair["h"], tmp_path / "tree", pair["write"], forged))
+    [b] = [b for b in report["bundles"] if b["path"].endswith(forged.name)]
+    hits = [f for f in b["findings"] if f["rule"] == "SPLIT-EVIDENCE"]
+    assert b["verdict"] == "invalid" and hits, b["findings"]
+    message = hits[0]["message"]
+    assert message.startswith("records.jsonl: ") and message.endswith("got 60.000 s apart"), hits
+    assert "expected host vm: one wall-minus-monotonic clock offset in both halves on boot " in message
+    assert b["metrics"]["split_gap_s"] >= 60  # the gap it claims
+
+
+def test_clock_offsets_are_compared_only_on_one_boot() -> None:
+    from mlckpt.rules.checks.split import clock_problems
+
+    w = {"h": {"boot_id": "b1", "offset_s": 1000.0, "first_s": 0.0, "last_s": 10.0}}
+    moved = {"h": {"boot_id": "b1", "offset_s": 1030.0, "first_s": 40.0, "last_s": 50.0}}
+    assert [got for _, got in clock_problems(w, moved, 0.02, 0.001)] == ["30.000 s apart"]
+    rebooted = {"h": {**moved["h"], "boot_id": "b2"}}  # the operator rebooted between the halves
+    assert clock_problems(w, rebooted, 0.02, 0.001) == []
+    slewed = {"h": {"boot_id": "b1", "offset_s": 1000.5, "first_s": 1010.0, "last_s": 1020.0}}
+    assert clock_problems(w, slewed, 0.02, 0.001) == []  # 0.5 s over 1000 s: within NTP's slew
+    assert clock_problems(w, {"other": moved["h"]}, 0.02, 0.001) == []  # no host in common
+
+
+def test_a_write_half_without_a_commitment_is_refused_under_1_10_before_any_io(
+        honest_bundles: dict[str, Path], tmp_path: Path) -> None:
+    proc = run(honest_bundles, tmp_path, "checkpoint.num_writes=1", "checkpoint.num_reads=0",
+               "checkpoint.keep=true", "rules_version=1.9")
+    assert proc.returncode == 0, proc.stderr
+    w = bundle_of(proc)
+    proc = run(honest_bundles, tmp_path, "checkpoint.num_writes=0", "checkpoint.num_reads=1",
+               f"checkpoint.restore_from={w}")
+    assert proc.returncode == 2
+    assert proc.stderr.strip().splitlines()[-1] == (
+        f"mlckpt: error: checkpoint.restore_from: {w.name} cannot be restored here: it has no content "
+        "commitment (rules 1.9), which rules 1.10 bind a restore to: restore it under rules_version=1.9, "
+        "or write it again under 1.10")
+    assert len(list((tmp_path / "ck" / w.name).rglob("*.pt"))) == 8  # untouched: 4 ranks × 2 files
+    proc = run(honest_bundles, tmp_path, "checkpoint.num_writes=0", "checkpoint.num_reads=1",
+               f"checkpoint.restore_from={w}", "rules_version=1.9")
+    assert proc.returncode == 0, proc.stderr  # under its own rules it restores
 
 
 def test_a_read_only_invocation_of_a_missing_bundle_is_refused_before_any_io(

@@ -65,6 +65,7 @@ def manifest_of(
     storage: Mapping[str, Any] | None = None,
     state: Mapping[str, Any] | None = None,
     calibration: Mapping[str, Any] | None = None,
+    content_commitment: str | None = None,
 ) -> dict[str, Any]:
     """run.json before the result-stage rules add their findings (pure), in the run format the
     rule set's schema pins (rules 1.2 bundles stay run format 3)."""
@@ -73,6 +74,8 @@ def manifest_of(
     extra: dict[str, Any] = {}
     if run_format >= 4:
         extra["restored_from"] = dict(restored_from) if restored_from else None
+        if run_format < 10 and restored_from:  # the content proof came with run format 10
+            extra["restored_from"].pop("content_proof", None)
     if run_format >= 5:  # rules 1.4: who witnessed the run (null: not witnessed)
         extra["witness"] = dict(witness) if witness else None
     if run_format >= 6:  # rules 1.6: where the checkpoints went (a folder, or an object store)
@@ -81,6 +84,8 @@ def manifest_of(
         extra["state"] = dict(state) if state else None
     if run_format >= 8:  # rules 1.8: each host's timing, measured before the first op
         extra["calibration"] = dict(calibration) if calibration else None
+    if run_format >= 10:  # rules 1.10: a write half's commitment to its content key (split.py)
+        extra["content_commitment"] = content_commitment
     return {
         "run_format": run_format,
         **extra,

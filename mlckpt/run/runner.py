@@ -25,31 +25,24 @@ from pathlib import Path
 from typing import Any, TextIO
 
 from mlckpt import __version__, engine
-from mlckpt.attribution import foreign_note
-from mlckpt.errors import DISTURBED_STATUS, INVALID_STATUS, MlckptError, RunFailure, UsageError
+from mlckpt.errors import DISTURBED_STATUS, INVALID_STATUS, MlckptError, UsageError
 from mlckpt.host.facts import SAMPLE_INTERVAL_S, DeviceSampler, block_device, counters_sample
 from mlckpt.plan.config import SHIPPED, ConfigSource
 from mlckpt.rules.checks.gpu import gpu_source
-from mlckpt.run import gpustate, objectstore
+from mlckpt.run import gpustate, objectstore, outcome
 from mlckpt.run.calibrate import calibrate
 from mlckpt.run.cleanup import Created
 from mlckpt.run.collective import Job, MPIDone, OpTimer
 from mlckpt.run.configure import Configured, configure, mpi_library, resolve_signing_key
-from mlckpt.run.console import Console, headline
+from mlckpt.run.console import Console
 from mlckpt.run.faults import NO_FAULTS, Faults
 from mlckpt.run.folders import Folders, make_folders
 from mlckpt.run.gates import Gates, judge, measure_host, measure_object_host
 from mlckpt.run.guardian import Guardian
 from mlckpt.run.hostwatch import link_guardians
 from mlckpt.run.publish import (
-    BundleFiles,
     RunId,
-    judged,
-    manifest_of,
     records_format,
-    summary_of,
-    verdict_line,
-    write_bundle,
 )
 from mlckpt.run.reads import ReadPhase
 from mlckpt.run.site_mpi import first_line, mismatch, speaks
@@ -58,10 +51,6 @@ from mlckpt.run.witnessing import Witnessing
 from mlckpt.run.writes import WritePhase, WriteState
 from mlckpt.units import fmt_bytes
 from mlckpt.workload.layout import PAGE, pages
-
-
-def now() -> str:
-    return datetime.now(timezone.utc).isoformat(timespec="milliseconds").replace("+00:00", "Z")
 
 
 def run_name(cfg: Mapping[str, Any], run_id: int) -> str:
@@ -177,11 +166,8 @@ def timer_opts(cfg: Mapping[str, Any]) -> engine.IOOptions:
 
 
 def phases(job: Job, c: Configured, gates: Gates, created: Created, ident: tuple[RunId, bytes],
-           witness: Witnessing | None) -> tuple[RunId, list[dict[str, Any]], dict[str, Any] | None,
-                                                dict[str, Any] | None]:
-    """Folders, allocation, the timing calibration, the writes, eviction, the restores.  Returns
-    the run's identity, the records and run.json's state and calibration blocks (rank 0; other
-    ranks: none)."""
+           witness: Witnessing | None) -> outcome.Measured:
+    """Folders, allocation, the timing calibration, the writes, eviction, the restores."""
     cfg, plan, ck = c.config, c.setup.plan, c.config["checkpoint"]
     folders = make_folders(job, c, gates, created, *ident)
     timer = op_timer(job, c, gates, folders, created)
@@ -209,7 +195,7 @@ def phases(job: Job, c: Configured, gates: Gates, created: Created, ident: tuple
     finally:
         if dev is not None:
             dev.close()
-    return run_id, records, state, calibration
+    return outcome.Measured(run_id, records, state, calibration, folders.key)
 
 
 def _io_phases(job: Job, c: Configured, gates: Gates, created: Created, folders: Folders, timer: OpTimer,
@@ -260,74 +246,9 @@ def _io_phases(job: Job, c: Configured, gates: Gates, created: Created, folders:
     return folders.run, records
 
 
-def publish(
-    job: Job,
-    c: Configured,
-    gates: Gates,
-    run: RunId,
-    records: list[dict[str, Any]],
-    started: str,
-    signing_key: Any,
-    witness: Witnessing | None = None,
-    state: Mapping[str, Any] | None = None,
-    calibration: Mapping[str, Any] | None = None,
-) -> Path:
-    """Rank 0: summary, manifest, the result-stage rules, then the signed bundle."""
-    s, cfg = c.setup, c.config
-    objects = objectstore.is_objects(cfg["checkpoint"]["folder"])
-    system: dict[str, Any] = {"hosts": list(gates.facts)}
-    if c.description is not None:
-        system["description"] = c.description
-    manifest = manifest_of(
-        s,
-        gates,
-        run,
-        ranks=job.size,
-        overrides=c.overrides,
-        started=started,
-        ended=now(),
-        description=c.description,
-        restored_from=c.source.manifest_entry() if c.source else None,
-        witness=witness.block(int(cfg["checkpoint"]["num_writes"])) if witness else None,
-        storage=objectstore.storage_block(cfg, objectstore.open_store(cfg)[0] if objects else None),
-        state=state,
-        calibration=calibration,
-    )
-    summary = summary_of(s, records, manifest, system)
-    bound = s.rules.data["cold_read"]["max_resident_fraction"]
-    if summary.get("num_reads") and not summary["read_cold"]:
-        job.say(
-            f"warning: [COLD-READ] {summary['read_resident_fraction_max']:.1%} of the restored "
-            f"bytes were in the page cache before a restore (bound {bound:.0%}): read results are invalid"
-        )
-    for f in judged(s, gates, manifest, summary, records, system):
-        job.say(f"finding: [{f.rule}] ({f.severity}) {f.message}")
-    shared = foreign_note(summary.get("foreign"), at_least=0.01)
-    if shared:  # a valid run says what it shared the device with, a disturbed one why it is no result
-        job.say(f"note: {shared} (summary.json: foreign)")
-    job.say(headline(summary) + f"; verdict {manifest['verdict']}")
-    log = list(job.console.log_lines)
-    if manifest["verdict"] in ("invalid", "disturbed"):  # the first thing anyone opening the bundle reads
-        log.insert(0, verdict_line(manifest))
-    files = BundleFiles(manifest, cfg, records, summary, system, log,
-                        witness.transcript_bytes() if witness else None)
-    root = Path(cfg["output"]["root"]).absolute()
-    try:
-        final = write_bundle(root, run.name, files, signing_key)
-    except OSError as exc:  # the results folder changed under the run (removed, replaced, full)
-        raise RunFailure(f"output.root: cannot write the bundle in {root}: "
-                         f"{exc.strerror or exc}{f' ({exc.filename})' if exc.filename else ''}") from None
-    if signing_key is None:
-        print(
-            "mlckpt: warning: signing.key=none: the bundle is NOT signed and no checker will accept it",
-            file=sys.stderr,
-        )
-    return final
-
-
 def run(job: Job, overrides: Sequence[str], source: ConfigSource = SHIPPED) -> tuple[Path | None, str]:
     """The whole run on this rank; rank 0 returns the bundle's folder; every rank the verdict."""
-    started = now()
+    started = outcome.now()
     with job.step("configuration"):
         c = configure(job, overrides, source)
     c = replace(c, source=job.comm.bcast(c.source))  # rank 0 verified the write invocation's bundle
@@ -351,14 +272,28 @@ def run(job: Job, overrides: Sequence[str], source: ConfigSource = SHIPPED) -> t
     # Before any I/O: a witness asked for but not reachable refuses the run on every rank.
     witness = Witnessing.open(job, cfg, c.setup.plan.digest, ident[0].number, ident[0].name, key)
     stage = job.console.stage if job.rank == 0 else (lambda _: None)
+    # A read-only invocation removes what it restored only once it is a result: judged first, a
+    # disturbed or invalid one keeps the write invocation's checkpoints, to be run again.
+    early = c.source is not None and not cfg["checkpoint"]["keep"]
+    assessed: outcome.Assessed | None = None
+    failure: BaseException | None = None
     with Created(bool(cfg["checkpoint"]["keep"]), between=lambda: final_barrier(job), stage=stage) as created:
-        run_id, records, state, calibration = phases(job, c, gates, created, ident, witness)
-    folder, failure = None, None
-    if job.rank == 0:
+        measured = phases(job, c, gates, created, ident, witness)
+        if early:
+            assessed, failure = outcome.assessed(job, c, gates, measured, started, witness)
+            kept = assessed is not None and assessed.manifest["verdict"] in ("disturbed", "invalid")
+            if job.comm.bcast(kept if job.rank == 0 else None):
+                created.keep = True
+                if job.rank == 0 and assessed is not None and c.source is not None:
+                    job.say(f"note: the checkpoints of {c.source.name} are kept (verdict "
+                            f"{assessed.manifest['verdict']}): run this read-only invocation again; "
+                            "the one that restores them as a result removes them")
+    if not early:
+        assessed, failure = outcome.assessed(job, c, gates, measured, started, witness)
+    folder = None
+    if job.rank == 0 and assessed is not None:
         try:
-            if witness is not None:
-                witness.close()
-            folder = publish(job, c, gates, run_id, records, started, key, witness, state, calibration)
+            folder = outcome.publish(job, c, assessed, key, witness)
         except BaseException as exc:  # the other ranks wait for the verdict: tell them, then fail
             failure = exc
     verdict = job.comm.bcast(read_verdict(folder) if folder is not None else "no bundle")

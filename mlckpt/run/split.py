@@ -19,8 +19,9 @@ from typing import Any
 
 from mlckpt import bundle
 from mlckpt.errors import BundleIntegrityError, ConfigError, MlckptError
-from mlckpt.rules.checks.split import pair_problems
+from mlckpt.rules.checks.split import content_proof, pair_problems, proof_matches
 from mlckpt.run.cleanup import RUN_MARKER
+from mlckpt.schemas import pinned
 from mlckpt.witness import protocol
 
 KEY = "checkpoint.restore_from"
@@ -40,11 +41,14 @@ class Source:
     # Checkpoint -> the run id its page tags carry (the writes a witness sealed; run.json's
     # witness.nonces)
     tags: tuple[tuple[int, int], ...] = ()
+    commitment: str | None = None  # run.json content_commitment (run format 10): the key's
 
-    def manifest_entry(self) -> dict[str, Any]:
-        """run.json's ``restored_from``."""
+    def manifest_entry(self, key: bytes) -> dict[str, Any]:
+        """run.json's ``restored_from``, with the proof that this invocation held the write
+        invocation's content key (``key``: read from its marker)."""
         return {"run_id": f"{self.run_id:016x}", "name": self.name, "num_writes": self.num_writes,
-                "statement_sha256": self.statement_sha256, "ended": self.ended}
+                "statement_sha256": self.statement_sha256, "ended": self.ended,
+                "content_proof": content_proof(key)}
 
 
 def keeps_key(config: Mapping[str, Any]) -> bool:
@@ -85,6 +89,11 @@ def load_source(value: str, output_root: Path, read_config: Mapping[str, Any]) -
     except MlckptError as exc:
         raise ConfigError(f"{KEY}: {folder}: {str(exc).splitlines()[0]}", key=KEY) from None
     problems = pair_problems(run, config, read_config)
+    rules = str(read_config.get("rules_version"))
+    if pinned("run", "run_format", rules) >= 10 and not run.get("content_commitment"):
+        was = run.get("rules_version")
+        problems.append(f"it has no content commitment (rules {was}), which rules {rules} bind a restore "
+                        f"to: restore it under rules_version={was}, or write it again under {rules}")
     if problems:
         raise ConfigError(f"{KEY}: {run.get('name')} cannot be restored here: {problems[0]}"
                           + "".join(f"; {p}" for p in problems[1:3]), key=KEY)
@@ -92,7 +101,8 @@ def load_source(value: str, output_root: Path, read_config: Mapping[str, Any]) -
     nonces = (run.get("witness") or {}).get("nonces") or []
     tags = tuple((k, protocol.tag_run_id(run_id, n)) for k, n in enumerate(nonces, 1) if n)
     return Source(folder, run_id, str(run["name"]), vb.statement_sha256,
-                  str(run["ended"]), int(config["checkpoint"]["num_writes"]), tags)
+                  str(run["ended"]), int(config["checkpoint"]["num_writes"]), tags,
+                  run.get("content_commitment"))
 
 
 def read_key(root: Path, source: Source) -> bytes:
@@ -104,7 +114,8 @@ def read_key(root: Path, source: Source) -> bytes:
         raise ConfigError(f"{KEY}: {root} holds no content key of {source.name} (its checkpoint "
                           "folder is not here, or it was not run with num_reads=0 keep=true)",
                           key=KEY) from None
-    if int.from_bytes(key[:8], "little") != source.run_id:
+    if int.from_bytes(key[:8], "little") != source.run_id or (
+            source.commitment is not None and not proof_matches(content_proof(key), source.commitment)):
         raise ConfigError(f"{KEY}: the checkpoints in {root} are not {source.name}'s", key=KEY)
     return key
 

@@ -416,10 +416,14 @@ def training_interval(ctx: Context, rs: RuleSet, rule: Rule) -> Iterator[Outcome
     follows the last rank's training closely on at least one host (that host's ranks arrived last
     and waited for nobody).  A forger who shortens every rank's interval, to list the result under
     a shorter one, leaves the rest of it as a wait that no host explains.  Hosts' monotonic clocks
-    differ, so each host is judged on its own ranks."""
+    differ, so each host is judged on its own ranks.  A witnessed run (or one whose witness was
+    lost) also waits for the witness to hear each op's start, up to witness.timeout_s."""
     d = _run(ctx)
     bound = rs.data["training"]
     floor_ns, rel = float(bound["gap_floor_s"]) * 1e9, float(bound["gap_rel"])
+    if d.run.get("witness"):  # each op's start is reported before its barrier: up to the timeout
+        timeout = (d.config.get("witness") or {}).get("timeout_s") or bound["witness_timeout_default_s"]
+        floor_ns += float(timeout) * 1e9
     writes = [r for r in d.records if r.get("op") == "write"]
     by_index: dict[int, list[Rec]] = {}
     for r in writes:

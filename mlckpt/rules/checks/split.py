@@ -7,6 +7,8 @@ I/O and by the checker on the two bundles; and the SPLIT-PAIR check over the che
 
 from __future__ import annotations
 
+import hashlib
+import hmac
 from collections.abc import Iterator, Mapping
 from typing import Any
 
@@ -16,6 +18,32 @@ from mlckpt.rules.engine import CheckFn, Context, NotChecked, Outcome, Rule, Rul
 # What the read invocation must share with the write invocation for its restores to be the
 # write's checkpoints, read the way a single invocation would read them.
 SAME = ("workload", "ranks", "scale", "division", "residency", "checkpoint.restore")
+
+
+# Run format 10 (rules 1.10): a write half publishes a commitment to its content key, and the read
+# half that restored it publishes the commitment's preimage, which only the key (left beside the
+# checkpoints, never in a bundle) yields.  So a read half cannot be paired with another write half
+# without that half's key, and the checker verifies the pair without ever seeing a key.
+_PROOF_DOMAIN = b"mlckpt split content proof v1\0"
+
+
+def content_proof(key: bytes) -> str:
+    """What a read half publishes of the write half's content key (run.json restored_from)."""
+    return hashlib.sha256(_PROOF_DOMAIN + key).hexdigest()
+
+
+def content_commitment(key: bytes) -> str:
+    """What a write half publishes of its content key (run.json content_commitment)."""
+    return hashlib.sha256(bytes.fromhex(content_proof(key))).hexdigest()
+
+
+def proof_matches(proof: Any, commitment: Any) -> bool:
+    """Whether ``proof`` (a read half's) opens ``commitment`` (its write half's)."""
+    try:
+        opened = hashlib.sha256(bytes.fromhex(str(proof))).hexdigest()
+    except ValueError:
+        return False
+    return isinstance(commitment, str) and hmac.compare_digest(opened, commitment)
 
 
 def _get(config: Mapping[str, Any], dotted: str) -> Any:
@@ -53,4 +81,45 @@ def split_pair(ctx: Context, rs: RuleSet, rule: Rule) -> Iterator[Outcome | NotC
     yield from _report(ctx, "split")
 
 
-CHECKS: dict[str, CheckFn] = {"split_pair": split_pair}
+def split_evidence(ctx: Context, rs: RuleSet, rule: Rule) -> Iterator[Outcome | NotChecked]:
+    """SPLIT-EVIDENCE (rules 1.10): a read-only invocation proves it held its write half's content
+    key (:func:`proof_matches`), and on a host that did not reboot between the halves both read
+    one wall-minus-monotonic clock offset (:func:`clock_problems`)."""
+    yield from _report(ctx, "split_evidence")
+
+
+def host_clocks(records: Any, system: Any) -> dict[str, dict[str, Any]]:
+    """Per host of a half's records: its boot id (system.json), the median of its records'
+    wall-clock start minus monotonic t0, its first op's wall-clock start and its last op's end."""
+    boots = {str(h.get("hostname")): h.get("boot_id") for h in (system or {}).get("hosts", ())
+             if isinstance(h, Mapping)}
+    out: dict[str, dict[str, Any]] = {}
+    for host in sorted({str(r["host"]) for r in records}):
+        mine = [r for r in records if str(r["host"]) == host]
+        offsets = sorted(float(r["wall_start"]) - int(r["t0_ns"]) / 1e9 for r in mine)
+        out[host] = {"boot_id": boots.get(host), "offset_s": offsets[len(offsets) // 2],
+                     "first_s": min(float(r["wall_start"]) for r in mine),
+                     "last_s": max(float(r["wall_start"]) + (int(r["t1_ns"]) - int(r["t0_ns"])) / 1e9
+                                   for r in mine)}
+    return out
+
+
+def clock_problems(write: Mapping[str, Any], read: Mapping[str, Any], offset_s: float,
+                   slew: float) -> list[tuple[str, str]]:
+    """(expected, got) for each host of both halves, on one boot, whose two offsets
+    (:func:`host_clocks`) differ by more than ``offset_s`` + ``slew`` × the time between the halves:
+    a half's wall-clock times moved without its monotonic ones (to widen the gap between them)."""
+    out = []
+    for host in sorted(set(write) & set(read)):
+        w, r = write[host], read[host]
+        if not w.get("boot_id") or w.get("boot_id") != r.get("boot_id"):
+            continue  # rebooted between the halves (allowed): two clocks, nothing to compare
+        allowed = offset_s + slew * max(0.0, float(r["first_s"]) - float(w["last_s"]))
+        apart = abs(float(r["offset_s"]) - float(w["offset_s"]))
+        if apart > allowed:
+            out.append((f"host {host}: one wall-minus-monotonic clock offset in both halves on boot "
+                        f"{w['boot_id']} (within {allowed * 1e3:.1f} ms)", f"{apart:.3f} s apart"))
+    return out
+
+
+CHECKS: dict[str, CheckFn] = {"split_pair": split_pair, "split_evidence": split_evidence}

@@ -1,0 +1,129 @@
+"""A run's outcome on rank 0: what its I/O phases measured (:class:`Measured`), judged by the
+checker's own result-stage rules (:func:`assess`), then shown and published as a signed bundle
+(:func:`publish`).  Apart from the phases so that a read-only invocation can learn its verdict
+before its cleanup (a disturbed or invalid one keeps what it restored, to be run again)."""
+
+from __future__ import annotations
+
+import sys
+from dataclasses import dataclass
+from datetime import datetime, timezone
+from pathlib import Path
+from typing import Any
+
+from mlckpt.attribution import foreign_note
+from mlckpt.errors import RunFailure
+from mlckpt.rules.checks.split import content_commitment
+from mlckpt.run import objectstore
+from mlckpt.run.collective import Job
+from mlckpt.run.configure import Configured
+from mlckpt.run.console import headline
+from mlckpt.run.gates import Gates
+from mlckpt.run.publish import BundleFiles, RunId, judged, manifest_of, summary_of, verdict_line, write_bundle
+from mlckpt.run.split import keeps_key
+from mlckpt.run.witnessing import Witnessing
+
+
+def now() -> str:
+    return datetime.now(timezone.utc).isoformat(timespec="milliseconds").replace("+00:00", "Z")
+
+
+@dataclass(frozen=True)
+class Measured:
+    """What the I/O phases leave for publishing (records, state and calibration: rank 0's)."""
+
+    run: RunId
+    records: list[dict[str, Any]]
+    state: dict[str, Any] | None
+    calibration: dict[str, Any] | None
+    content_key: bytes  # whose content the checkpoints carry: this run's, or its write half's
+
+
+@dataclass(frozen=True)
+class Assessed:
+    """Rank 0's judgement of the measured run: what the bundle will say."""
+
+    measured: Measured
+    manifest: dict[str, Any]
+    summary: dict[str, Any]
+    system: dict[str, Any]
+    findings: tuple[Any, ...]  # the result-stage findings, to show
+
+
+def assess(job: Job, c: Configured, gates: Gates, measured: Measured, started: str,
+           witness: Witnessing | None = None) -> Assessed:
+    """Rank 0: the manifest, the summary and the result-stage rules' verdict."""
+    s, cfg = c.setup, c.config
+    objects = objectstore.is_objects(cfg["checkpoint"]["folder"])
+    system: dict[str, Any] = {"hosts": list(gates.facts)}
+    if c.description is not None:
+        system["description"] = c.description
+    manifest = manifest_of(
+        s,
+        gates,
+        measured.run,
+        ranks=job.size,
+        overrides=c.overrides,
+        started=started,
+        ended=now(),
+        description=c.description,
+        restored_from=c.source.manifest_entry(measured.content_key) if c.source else None,
+        witness=witness.block(int(cfg["checkpoint"]["num_writes"])) if witness else None,
+        storage=objectstore.storage_block(cfg, objectstore.open_store(cfg)[0] if objects else None),
+        state=measured.state,
+        calibration=measured.calibration,
+        content_commitment=content_commitment(measured.content_key) if keeps_key(cfg) else None,
+    )
+    summary = summary_of(s, measured.records, manifest, system)
+    found = judged(s, gates, manifest, summary, measured.records, system)
+    return Assessed(measured, manifest, summary, system, tuple(found))
+
+
+def publish(job: Job, c: Configured, a: Assessed, signing_key: Any,
+            witness: Witnessing | None = None) -> Path:
+    """Rank 0: what the judgement found, then the signed bundle."""
+    s, cfg = c.setup, c.config
+    manifest, summary = a.manifest, a.summary
+    bound = s.rules.data["cold_read"]["max_resident_fraction"]
+    if summary.get("num_reads") and not summary["read_cold"]:
+        job.say(
+            f"warning: [COLD-READ] {summary['read_resident_fraction_max']:.1%} of the restored "
+            f"bytes were in the page cache before a restore (bound {bound:.0%}): read results are invalid"
+        )
+    for f in a.findings:
+        job.say(f"finding: [{f.rule}] ({f.severity}) {f.message}")
+    shared = foreign_note(summary.get("foreign"), at_least=0.01)
+    if shared:  # a valid run says what it shared the device with, a disturbed one why it is no result
+        job.say(f"note: {shared} (summary.json: foreign)")
+    job.say(headline(summary) + f"; verdict {manifest['verdict']}")
+    log = list(job.console.log_lines)
+    if manifest["verdict"] in ("invalid", "disturbed"):  # the first thing anyone opening the bundle reads
+        log.insert(0, verdict_line(manifest))
+    files = BundleFiles(manifest, cfg, a.measured.records, summary, a.system, log,
+                        witness.transcript_bytes() if witness else None)
+    root = Path(cfg["output"]["root"]).absolute()
+    try:
+        final = write_bundle(root, a.measured.run.name, files, signing_key)
+    except OSError as exc:  # the results folder changed under the run (removed, replaced, full)
+        raise RunFailure(f"output.root: cannot write the bundle in {root}: "
+                         f"{exc.strerror or exc}{f' ({exc.filename})' if exc.filename else ''}") from None
+    if signing_key is None:
+        print(
+            "mlckpt: warning: signing.key=none: the bundle is NOT signed and no checker will accept it",
+            file=sys.stderr,
+        )
+    return final
+
+
+def assessed(job: Job, c: Configured, gates: Gates, measured: Measured, started: str,
+              witness: Witnessing | None) -> tuple[Assessed | None, BaseException | None]:
+    """Rank 0's judgement (the witness told the run ended first), or why it failed; (None, None)
+    on the other ranks."""
+    if job.rank != 0:
+        return None, None
+    try:
+        if witness is not None:
+            witness.close()
+        return assess(job, c, gates, measured, started, witness), None
+    except BaseException as exc:  # the other ranks wait for the verdict: tell them, then fail
+        return None, exc
