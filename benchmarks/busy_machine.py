@@ -97,7 +97,8 @@ def rejudged(bundle: Path, version: str | None = None) -> dict[str, object]:
                if sp.host in seen]
     return {"verdict": verdict(findings, run["division"]),
             "rules_fired": sorted({f.rule for f in findings if f.severity != "warning"}),
-            "foreign": d.summary.get("foreign"), "watched": max(watched, default=None), "skew_share": skew}
+            "foreign": d.summary.get("foreign"), "watched": max(watched, default=None), "skew_share": skew,
+            "training_share": training_share(rs, d)}
 
 
 def skew_share(rs: Any, d: Any) -> float:
@@ -117,6 +118,30 @@ def skew_share(rs: Any, d: Any) -> float:
     return worst
 
 
+def training_share(rs: Any, d: Any) -> float | None:
+    """The longest wait from the last rank's training to the next checkpoint's barrier (on the
+    host that waited least, as TRAINING-INTERVAL takes it), as a share of that rule's bound;
+    None under rules without it."""
+    if "training" not in rs.data:
+        return None
+    b = rs.data["training"]
+    writes: dict[int, list[Any]] = {}
+    for r in d.records:
+        if r["op"] == "write":
+            writes.setdefault(int(r["index"]), []).append(r)
+    worst = 0.0
+    for k, done in writes.items():
+        nxt = writes.get(k + 1)
+        if not nxt:
+            continue
+        waits = [min(int(r["t0_ns"]) for r in nxt if r["host"] == h)
+                 - max(int(r["staged_ns"]) + int(r["compute_ns"]) for r in done if r["host"] == h)
+                 for h in {r["host"] for r in done}]
+        trained = min(int(r["compute_ns"]) for r in done)
+        worst = max(worst, min(waits) / (float(b["gap_floor_s"]) * 1e9 + float(b["gap_rel"]) * trained))
+    return worst
+
+
 def rejudge(folders: list[Path], version: str | None) -> int:
     rows: dict[tuple[int, str], list[dict[str, object]]] = {}
     for folder in folders:
@@ -130,11 +155,13 @@ def rejudge(folders: list[Path], version: str | None) -> int:
         shares = [max(b[op]["foreign_share"] for op in ("write", "read") if b.get(op)) for b in blocks]
         rate = [b["span"]["foreign_rate_share"] for b in blocks if b.get("span")]
         watched = [float(r["watched"]) for r in rs if r.get("watched") is not None]  # type: ignore[arg-type]
+        trained = [float(str(r["training_share"])) for r in rs if r.get("training_share") is not None]
         print(f"{ranks:3d} ranks, rules {rules}: {dict(Counter(str(r['verdict']) for r in rs))}; rules fired "
               f"{dict(fired)}" + (f"; phase share max {max(shares):.2f}" if shares else "")
               + (f"; span rate share max {max(rate):.2f}" if rate else "")
               + (f"; watched rate share (1.9) max {max(watched):.2f}" if watched else "")
-              + f"; barrier skew max {max(float(str(r['skew_share'])) for r in rs):.2f} of its bound")
+              + f"; barrier skew max {max(float(str(r['skew_share'])) for r in rs):.2f} of its bound"
+              + (f"; training gap max {max(trained):.2f} of its bound" if trained else ""))
     return 0
 
 

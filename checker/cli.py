@@ -76,6 +76,10 @@ def _add_leaderboard(sub: Any) -> None:
                    help="write to PATH (default: stdout); html links to bundles relative to it")
     p.add_argument("--witnessed-only", action="store_true",
                    help="publish only results a trusted witness witnessed")
+    p.add_argument("--published", type=Path, action="append", default=[], metavar="DIR",
+                   help="also list the DLIO / mlpstorage results published under DIR (any level of an "
+                   "MLPerf results tree), each marked UNVERIFIED below the checked results of its class; "
+                   "repeatable")
     p.set_defaults(func=lazy_handler("checker.leaderboard.command", "cmd_leaderboard"))
 
 

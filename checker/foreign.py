@@ -152,7 +152,13 @@ def _one(folder: Path, which: str) -> BundleDocs:
 def import_rows(path: Path) -> tuple[list[dict[str, Any]], list[tuple[str, str]]]:
     """(one row per result read, (folder, why) per folder that could not be): every timestamp
     folder under ``path``; the two halves of a split pair, side by side, as one result."""
-    rows: list[dict[str, Any]] = []
+    results, problems = read_results(path)
+    return [_row(target, docs, halves) for target, docs, halves in results], problems
+
+
+def read_results(path: Path) -> tuple[list[tuple[Path, BundleDocs, int]], list[tuple[str, str]]]:
+    """((folder, its figures, halves) per result read, (folder, why) per folder that could not be)."""
+    rows: list[tuple[Path, BundleDocs, int]] = []
     problems: list[tuple[str, str]] = []
     done: set[Path] = set()
     for folder in results_under(path):
@@ -172,8 +178,34 @@ def import_rows(path: Path) -> tuple[list[dict[str, Any]], list[tuple[str, str]]
             except UsageError as exc:
                 problems.append((str(folder), str(exc).split(f"{folder}: ", 1)[-1]))
                 continue
-        rows.append(_row(target, docs, halves=2 if target != folder else 1))
+        rows.append((target, docs, 2 if target != folder else 1))
     return rows, problems
+
+
+def published_entries(path: Path) -> tuple[list[Any], list[tuple[str, str]]]:
+    """Leaderboard entries, marked unverified, for every result published under ``path`` (any
+    level of ``<division>/<org>/results/<system>/checkpointing/<model>/<timestamp>``), and what
+    could not be read.  Organisation, system and division come from the published tree's folder
+    names where the path has them."""
+    from dataclasses import replace
+
+    from checker.leaderboard.model import entry_from_docs
+
+    results, problems = read_results(path)
+    out = []
+    for target, docs, _ in results:
+        parts = target.resolve().parts
+        org = system = "—"
+        division = str(docs.run["division"])
+        if "results" in parts[:-1] and parts.index("results") >= 1:
+            i = parts.index("results")
+            org, system = parts[i - 1], parts[i + 1]
+            if i >= 2 and parts[i - 2].lower() in ("closed", "open"):
+                division = parts[i - 2].lower()
+        entry = entry_from_docs(str(target.resolve()), org, system, docs.run, docs.config, docs.summary,
+                                docs.system, division=division)
+        out.append(replace(entry, run_id=str(docs.run["name"]), unverified=True))
+    return out, problems
 
 
 def _row(target: Path, docs: BundleDocs, halves: int) -> dict[str, Any]:

@@ -162,12 +162,14 @@ REPORT = Format("check report", "mlckpt-check --json: report_format", 3, (1, 2, 
         "status 6 when the worst bundle is disturbed"),
 ))
 
-LEADERBOARD = Format("leaderboard", "mlckpt-check leaderboard --format json: leaderboard_format", 3, (3,), (
+LEADERBOARD = Format("leaderboard", "mlckpt-check leaderboard --format json: leaderboard_format", 4, (4,), (
     (1, "first version: classes by division, workload and scale"),
     (2, "classes split by checkpoint mode; Stall and Time to durable columns"),
     (3, "scaled classes split by scale factor (class scale_factor; ids end -x<factor> with _ for the "
         "point); the unpaired "
         "half of a split pair excluded with verdict 'unpaired'"),
+    (4, "each row's verified: false for a published DLIO / mlpstorage result listed with --published "
+        "(quoted as published, below the checked results of its class)"),
 ))
 
 COMPARE = Format("compare", "mlckpt-check compare --json: compare_format", 4, (4,), (

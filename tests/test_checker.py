@@ -656,12 +656,13 @@ def test_every_rule_a_bundle_can_break_has_a_case() -> None:
     # the cross-examination rules (1.2) have their cases in the forgery suite, the transcript
     # rules (1.4) theirs in tests/test_witness_run.py (bundles of real witnessed runs), SPLIT-EVIDENCE
     # (1.10) in tests/test_split.py (real pairs)
-    from test_split import CAUGHT_HERE as SPLIT_CASES
+    from test_split import FORGERIES as SPLIT_FORGERIES
     from test_witness_run import FORGERIES as WITNESS_FORGERIES
 
     # and the warning STATE-HUGEPAGES its case in tests/test_figure.py (NEGATIVE_CASES count verdicts)
     assert {r.id for r in load_rules().rules} - no_bundle_data == (
-        set(NEGATIVE_CASES) | set(FORGERIES) | set(WITNESS_FORGERIES) | SPLIT_CASES | {"STATE-HUGEPAGES"})
+        set(NEGATIVE_CASES) | set(FORGERIES) | set(WITNESS_FORGERIES) | set(SPLIT_FORGERIES)
+        | {"STATE-HUGEPAGES"})
 
 
 def test_mutated_tree_exit_status_and_counts(mutated: Any) -> None:

@@ -1147,3 +1147,54 @@ def test_out_makes_its_folder_as_the_readme_example_does(golden_tree: Path, tmp_
     assert cli.run(["leaderboard", str(golden_tree), "--out", str(tmp_path / "site")]) == 2
     assert re.search(r"--out .*site: a folder; give the file to write \(e\.g\. .*index\.html\)",
                      capsys.readouterr().err)
+
+
+def test_published_results_are_listed_unverified_below_the_checked_ones(
+        golden_tree: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """--published DIR: MLPerf's published results (folders written here in the published shape)
+    beside the checked ones, each figure as published, marked UNVERIFIED, below every checked
+    result of its class whatever its figures."""
+    from test_foreign import invocation
+
+    pub = tmp_path / "published"
+    wl = pub / "closed" / "vendorx" / "results" / "sysx" / "checkpointing" / "llama3-8b"
+    invocation(wl / "20260722_185605", write=45.5)  # above both checked results of its class
+    invocation(wl / "20260722_190012", read=60.25, start="2026-07-22T19:00:12")
+    open70 = pub / "open" / "vendorx" / "results" / "sysx" / "checkpointing" / "llama3-70b"
+    invocation(open70 / "20260801_000000", write=150.0, read=200.0, model="llama3-70b", division="OPEN",
+               processes=64)
+    (pub / "notes").mkdir()
+    (pub / "notes" / "summary.json").write_text("{}")  # not a result: counted as not read
+    doc = json.loads(lb_cli(golden_tree, "json", tmp_path / "lb.json", "--published", str(pub)))
+    assert doc["leaderboard_format"] == 4
+    [c8] = [c for c in doc["classes"]
+            if (c["division"], c["workload"], c["scale"]) == ("closed", "llama3_8b", "full")]
+    rows = c8["rows"]
+    assert [r["verified"] for r in rows] == [True, True, False]
+    mine = rows[-1]
+    assert (mine["write_gib_s"], mine["read_gib_s"]) == (45.5, 60.25)  # as published
+    assert mine["write_gib_s"] > max(r["write_gib_s"] for r in rows[:-1])  # and still below them
+    assert (mine["organisation"], mine["system"], mine["division"]) == ("vendorx", "sysx", "closed")
+    assert mine["verification"].startswith("UNVERIFIED: a published DLIO / mlpstorage result")
+    assert mine["bundle"] == str(wl.resolve()) and mine["stall_s"] is None  # never guessed
+    [c70] = [c for c in doc["classes"] if (c["division"], c["workload"]) == ("open", "llama3_70b")]
+    assert [(r["verified"], r["write_gib_s"], r["ranks"]) for r in c70["rows"]] == [(False, 150.0, 64)]
+    assert all(r["verified"] for c in doc["classes"] for r in c["rows"]
+               if not r["bundle"].startswith(str(pub.resolve())))
+    note = capsys.readouterr().err
+    assert note.startswith("leaderboard: 17 results in 11 classes; ")
+    said = "; and 2 published elsewhere, UNVERIFIED (1 folder not read: `mlckpt-check import DIR` says why)"
+    assert said in note
+    md = lb_cli(golden_tree, "md", tmp_path / "lb.md", "--published", str(pub))
+    assert md.count("| UNVERIFIED: a published DLIO / mlpstorage result") == 2
+    assert ("17 results from 2 organisations that pass `mlckpt-check` (rules 1.1), in 11 classes. Beside "
+            "them, 2 results published elsewhere (DLIO / mlpstorage), quoted UNVERIFIED") in md
+    # what cannot be published beside checked results is refused in one line, exit 2
+    capsys.readouterr()
+    none = tmp_path / "none"
+    for extra, want in ((["--published", str(none)], f"--published {none}: not a folder"),
+                        (["--published", str(pub), "--witnessed-only"],
+                         "a published DLIO / mlpstorage result has no witness")):
+        assert cli.run(["leaderboard", str(golden_tree), *extra]) == 2
+        err = capsys.readouterr().err.strip().splitlines()
+        assert len(err) == 1 and want in err[0], err

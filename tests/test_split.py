@@ -20,8 +20,10 @@ from mlckpt import bundle
 BIN = Path(sys.executable).parent
 ORG, SYSTEM = "example-org", "laptop-ext4"
 SMALL = ("workload=llama3_8b", "division=open", "scale=0.0005", "ranks=4", "io.direct=false")
-# Rules whose failing cases are here, on bundles of real split pairs (tests/test_checker.py counts them)
-CAUGHT_HERE = frozenset({"SPLIT-EVIDENCE"})
+# Rules whose failing cases are here, on bundles of real split pairs: a read half re-pointed at
+# another write half, a read half moved on the wall clock (tests/test_checker.py and
+# tests/test_rules_coverage.py count them)
+FORGERIES = ("SPLIT-EVIDENCE",)
 
 
 def run(h: dict[str, Path], cwd: Path, *overrides: str) -> subprocess.CompletedProcess[str]:

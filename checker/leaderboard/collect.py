@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import math
 import os
+from collections.abc import Sequence
 from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
@@ -113,9 +114,10 @@ def _recomputed(path: Path, docs: dict[str, Any], records: list[dict[str, Any]],
 
 
 def collect(root: Path, trusted: Any, *, jobs: int = 1, witnesses: Any = None,
-            witnessed_only: bool = False) -> Leaderboard:
+            witnessed_only: bool = False, published: Sequence[Entry] = ()) -> Leaderboard:
     """Check the tree in-process and build the leaderboard from the bundles that pass (only those
-    a trusted witness witnessed, with ``witnessed_only``)."""
+    a trusted witness witnessed, with ``witnessed_only``), with ``published`` results (unverified
+    entries, :func:`checker.foreign.published_entries`) beside them."""
     from checker.tree_check import check_tree
 
     report = check_tree(root, trusted, jobs=jobs, witnesses=witnesses)
@@ -151,7 +153,7 @@ def collect(root: Path, trusted: Any, *, jobs: int = 1, witnesses: Any = None,
         entries.append(entry)
         versions.add(entry.rules_version)
     entries, unpaired = pair_halves(entries)  # split invocations: one row per pair
-    return build(entries, [*excluded, *unpaired], versions)
+    return build([*entries, *published], [*excluded, *unpaired], versions)
 
 
 def _integrity_rules(version: str | None) -> frozenset[str]:

@@ -65,7 +65,8 @@ COLUMNS: tuple[Column, ...] = (
     Column("verification", "Verification", "text",
            help="reads: every byte verified and read cold (page cache emptied, residency measured); "
                 "how many restores a fast tier served; witnessed by NAME: a trusted witness timed every "
-                "op on its own clock (≥: the bytes over the witness's interval)"),
+                "op on its own clock (≥: the bytes over the witness's interval); UNVERIFIED: a published "
+                "DLIO / mlpstorage result listed with --published, its figures quoted"),
     Column("foreign_pct", "Foreign I/O", "num", 0, "%", help="the checkpoint device's bytes that other "
            "processes moved during the timed writes or restores, the larger share (rules 1.8 on)"),
     Column("mode", "Mode", "text",

@@ -6,6 +6,7 @@ import argparse
 import os
 import sys
 from pathlib import Path
+from typing import Any
 
 from checker import TRUSTED_WITNESSES_FILE
 from checker.leaderboard import render
@@ -25,12 +26,14 @@ def cmd_leaderboard(args: argparse.Namespace) -> int:
     if args.out is not None and args.out.is_dir():
         raise UsageError(f"--out {args.out}: a folder; give the file to write "
                          f"(e.g. {args.out / 'index.html'})")
+    published, unread = published_results(args.published, args.witnessed_only)
     trusted = load_trusted(root, args.trusted_keys)
     witnesses = load_witnesses(root, args.trusted_witnesses)
     if args.witnessed_only and witnesses is None:
         raise UsageError("--witnessed-only: no trusted witnesses (give --trusted-witnesses FILE or put "
                          f"{TRUSTED_WITNESSES_FILE} in {root})")
-    board = collect(root, trusted, jobs=jobs, witnesses=witnesses, witnessed_only=args.witnessed_only)
+    board = collect(root, trusted, jobs=jobs, witnesses=witnesses, witnessed_only=args.witnessed_only,
+                    published=published)
     base = Path(os.path.abspath(args.out)).parent if args.out is not None else Path(os.path.abspath("."))
     links = {e.path: _link(Path(os.path.abspath(root)) / e.path, base, is_archive(Path(e.path)))
              for t in board.tables for e in t.entries}
@@ -51,10 +54,35 @@ def cmd_leaderboard(args: argparse.Namespace) -> int:
     if board.excluded:
         note += (f"; {len(board.excluded)} bundle{'s' if len(board.excluded) != 1 else ''} excluded "
                  f"(run `mlckpt-check {root}` for the findings)")
+    if args.published:
+        note += (f"; and {len(published)} published elsewhere, UNVERIFIED"
+                 + (f" ({len(unread)} folder{'s' if len(unread) != 1 else ''} not read: "
+                    f"`mlckpt-check import DIR` says why)" if unread else ""))
     if args.out is not None:
         note += f"; wrote {args.out}"
     print(note, file=sys.stderr)
     return 0
+
+
+def published_results(folders: list[Path], witnessed_only: bool) -> tuple[list[Any], list[tuple[str, str]]]:
+    """The --published folders' results (unverified entries) and the folders that could not be read."""
+    from checker.foreign import published_entries
+
+    if folders and witnessed_only:
+        raise UsageError("--published with --witnessed-only: a published DLIO / mlpstorage result has no "
+                         "witness; drop one of the two")
+    entries: list[Any] = []
+    unread: list[tuple[str, str]] = []
+    for folder in folders:
+        if not folder.is_dir():
+            raise UsageError(f"--published {folder}: not a folder (expected a published results tree)")
+        found, problems = published_entries(folder)
+        if not found:
+            raise UsageError(f"--published {folder}: no DLIO / mlpstorage result under it "
+                             f"(`mlckpt-check import {folder}` lists what it could not read)")
+        entries += found
+        unread += problems
+    return entries, unread
 
 
 def run_pages(board: Leaderboard, root: Path, out: Path) -> dict[str, str]:
@@ -64,7 +92,8 @@ def run_pages(board: Leaderboard, root: Path, out: Path) -> dict[str, str]:
     from mlckpt.report import files, page
 
     folder = out.with_name(out.stem + "-runs")
-    entries = [e for t in board.tables for e in t.entries if not is_archive(Path(e.path))]
+    entries = [e for t in board.tables for e in t.entries
+               if not is_archive(Path(e.path)) and not e.unverified]  # a published result has no records
     if not entries:
         return {}
     try:

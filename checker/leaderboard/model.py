@@ -71,6 +71,11 @@ class ClassKey:
         return f"{self.division} division, {self.workload}, {self.scale_label}, {self.pipeline} checkpoints"
 
 
+# A published DLIO / mlpstorage result's Verification: every figure quoted as the folder states it.
+UNVERIFIED = ("UNVERIFIED: a published DLIO / mlpstorage result, quoted (rank 0's timing, page cache not "
+              "controlled, nothing signed, recomputed or verified)")
+
+
 @dataclass(frozen=True)
 class Entry:
     """A passing result: what the tables, charts and ``compare`` need, read from its bundle."""
@@ -113,6 +118,7 @@ class Entry:
     witnessed_by: str | None = None
     witnessed_gib_s: tuple[float, float] = (math.nan, math.nan)  # write, read
     protocol: str = "file"  # MLPerf's Access Protocol: file (POSIX), object (S3)
+    unverified: bool = False  # a published DLIO / mlpstorage result (--published): quoted, not checked
 
     def sut_value(self, key: str) -> str:
         return dict(self.sut).get(key, "")
@@ -141,6 +147,8 @@ class Entry:
 
     @property
     def verification(self) -> str:
+        if self.unverified:
+            return UNVERIFIED
         return self._reads_verified() + self._witness_note()
 
     def _reads_verified(self) -> str:
@@ -330,18 +338,24 @@ class Leaderboard:
 
     @property
     def results(self) -> int:
-        return sum(len(t.entries) for t in self.tables)
+        """The checked results listed (published ones, --published, are :attr:`published`)."""
+        return sum(not e.unverified for t in self.tables for e in t.entries)
+
+    @property
+    def published(self) -> int:
+        return sum(e.unverified for t in self.tables for e in t.entries)
 
     @property
     def organisations(self) -> tuple[str, ...]:
-        return tuple(sorted({e.org for t in self.tables for e in t.entries}))
+        """The organisations of the checked results."""
+        return tuple(sorted({e.org for t in self.tables for e in t.entries if not e.unverified}))
 
     def divisions(self) -> list[tuple[str, list[ClassTable]]]:
         return [(d, [t for t in self.tables if t.key.division == d])
                 for d in DIVISIONS if any(t.key.division == d for t in self.tables)]
 
 
-EXTRA_FIELDS = ("bundle", "workload", "scale", "write_min_gib_s", "write_max_gib_s",
+EXTRA_FIELDS = ("bundle", "workload", "scale", "verified", "write_min_gib_s", "write_max_gib_s",
                 "read_min_gib_s", "read_max_gib_s")
 
 
@@ -349,7 +363,7 @@ def _frame(entries: Sequence[Entry]) -> pd.DataFrame:
     rows = []
     for e in entries:
         row = e.row()
-        row.update(bundle=e.path, workload=e.workload, scale=e.scale,
+        row.update(bundle=e.path, workload=e.workload, scale=e.scale, verified=not e.unverified,
                    write_min_gib_s=e.m("write_bandwidth_min_gib_s"),
                    write_max_gib_s=e.m("write_bandwidth_max_gib_s"),
                    read_min_gib_s=e.m("read_bandwidth_min_gib_s"),
@@ -395,8 +409,10 @@ def build(entries: Iterable[Entry], excluded: Iterable[Excluded] = (),
     tables = []
     for key in sorted(groups, key=class_order):
         frame = _frame(groups[key])
-        frame = frame.sort_values(["write_gib_s", "read_gib_s", "result_id"], ascending=[False, False, True],
-                                  na_position="last", kind="mergesort").reset_index(drop=True)
+        # checked results first; published ones (--published) below them, ranked the same way
+        frame = frame.sort_values(["verified", "write_gib_s", "read_gib_s", "result_id"],
+                                  ascending=[False, False, False, True], na_position="last",
+                                  kind="mergesort").reset_index(drop=True)
         by_id = {e.result_id: e for e in groups[key]}
         tables.append(ClassTable(key, frame, tuple(by_id[i] for i in frame["result_id"])))
     excluded = tuple(sorted(excluded, key=lambda x: x.path))

@@ -61,12 +61,14 @@ def render(board: Leaderboard, fmt_name: str, *, links: Mapping[str, str] | None
 
 
 def _intro(board: Leaderboard) -> str:
-    n, orgs, k = board.results, len(board.organisations), len(board.tables)
+    n, orgs, k, pub = board.results, len(board.organisations), len(board.tables), board.published
+    published = (f" Beside them, {pub} result{'s' if pub != 1 else ''} published elsewhere (DLIO / "
+                 "mlpstorage), quoted UNVERIFIED below the checked results of their class." if pub else "")
     if not n:
-        return "No result passes the checker yet."
+        return "No result passes the checker yet." + published
     versions = ", ".join(board.rules_versions) or "?"
     return (f"{n} result{'s' if n != 1 else ''} from {orgs} organisation{'s' if orgs != 1 else ''} "
-            f"that pass `mlckpt-check` (rules {versions}), in {k} class{'es' if k != 1 else ''}.")
+            f"that pass `mlckpt-check` (rules {versions}), in {k} class{'es' if k != 1 else ''}." + published)
 
 
 def _excluded_why(x: Any) -> str:
@@ -155,8 +157,8 @@ def board_dict(board: Leaderboard) -> dict[str, Any]:
             "id": t.key.id, "division": t.key.division, "workload": t.key.workload,
             "scale": t.key.scale, "scale_factor": t.key.factor, "pipeline": t.key.pipeline,
             "title": t.key.title,
-            "rows": [{**{c.key: rounded(rec[c.key], c) for c in COLUMNS}, "bundle": rec["bundle"]}
-                     for rec in t.frame.to_dict("records")],
+            "rows": [{**{c.key: rounded(rec[c.key], c) for c in COLUMNS}, "bundle": rec["bundle"],
+                      "verified": bool(rec["verified"])} for rec in t.frame.to_dict("records")],
         } for t in board.tables],
         "excluded": [{"path": x.path, "verdict": x.verdict, "rules": list(x.rules),
                       "reason": x.reason or None} for x in board.excluded],
