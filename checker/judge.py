@@ -258,7 +258,8 @@ def finish(st: State) -> BundleResult:
         metrics.update({k: run[k] for k in ("ranks", "scale", "scaled") if k in run})
         result.metrics = jsonable(metrics)
     if st.witness is not None and st.witness.claim:
-        result.witness = witness_doc(st.witness)
+        held = not any(str(f["rule"]).startswith("WITNESS-") for f in findings)
+        result.witness = witness_doc(st.witness, held)
     return result
 
 

@@ -76,8 +76,10 @@ def compare_side(folder: Path, vb: bundle.VerifiedBundle, run: dict[str, Any], r
     return out
 
 
-def witness_doc(f: WitnessFacts) -> dict[str, Any]:
-    """The report's ``witness`` of a bundle whose run asked for one (witnessed, or lost mid-run)."""
+def witness_doc(f: WitnessFacts, held: bool = True) -> dict[str, Any]:
+    """The report's ``witness`` of a bundle whose run asked for one (witnessed, or lost mid-run).
+    Counted as witnessed only when the records held against the transcript (``held``: no WITNESS-*
+    rule failed)."""
     claim = f.claim or {}
     return {"by": f.trusted_as, "keyid": str(claim.get("keyid")), "endpoint": str(claim.get("endpoint")),
-            "status": str(claim.get("status")), "counted": f.witnessed, **figures(f)}
+            "status": str(claim.get("status")), "counted": f.witnessed and held, **figures(f)}

@@ -278,6 +278,7 @@ def test_a_forged_witnessed_bundle_fails_its_witness_rule(runs: dict[str, Any], 
     if alone:
         assert rules_of(b) == {rule}, b["findings"]
     assert b["verdict"] == "invalid" and b["integrity"] == "failed"
+    assert not (b.get("witness") or {}).get("counted"), b["witness"]  # never reported as witnessed
 
 
 def test_a_witnessed_bundle_signed_by_another_key_than_its_opener_fails_witness_run(
@@ -296,6 +297,7 @@ def test_a_witnessed_bundle_signed_by_another_key_than_its_opener_fails_witness_
     assert (f"expected opened by the bundle's signing key {second.keyid}, got opened by the bundle's "
             f"signing key {runs['org'].keyid} in the transcript") in finding["message"], finding
     assert rules_of(b) == {"WITNESS-RUN"} and b["verdict"] == "invalid"
+    assert b["witness"]["counted"] is False  # the witness saw another key's run
 
 
 def test_shrunk_durations_name_the_op_and_the_bounds(runs: dict[str, Any], tmp_path: Path) -> None:
