@@ -119,27 +119,15 @@ def skew_share(rs: Any, d: Any) -> float:
 
 
 def training_share(rs: Any, d: Any) -> float | None:
-    """The longest wait from the last rank's training to the next checkpoint's barrier (on the
-    host that waited least, as TRAINING-INTERVAL takes it), as a share of that rule's bound;
-    None under rules without it."""
+    """The longest wait from the last rank's training to the next checkpoint's barrier (as
+    TRAINING-INTERVAL takes it), as a share of that rule's bound; None under rules without it."""
+    from mlckpt.rules.checks.evidence import training_waits
+
     if "training" not in rs.data:
         return None
     b = rs.data["training"]
-    writes: dict[int, list[Any]] = {}
-    for r in d.records:
-        if r["op"] == "write":
-            writes.setdefault(int(r["index"]), []).append(r)
-    worst = 0.0
-    for k, done in writes.items():
-        nxt = writes.get(k + 1)
-        if not nxt:
-            continue
-        waits = [min(int(r["t0_ns"]) for r in nxt if r["host"] == h)
-                 - max(int(r["staged_ns"]) + int(r["compute_ns"]) for r in done if r["host"] == h)
-                 for h in {r["host"] for r in done}]
-        trained = min(int(r["compute_ns"]) for r in done)
-        worst = max(worst, min(waits) / (float(b["gap_floor_s"]) * 1e9 + float(b["gap_rel"]) * trained))
-    return worst
+    return max((wait / (float(b["gap_floor_s"]) * 1e9 + float(b["gap_rel"]) * trained)
+                for _, wait, trained in training_waits(d.records)), default=0.0)
 
 
 def rejudge(folders: list[Path], version: str | None) -> int:

@@ -18,8 +18,9 @@ def pair_doc(run: Mapping[str, Any], config: Mapping[str, Any], records: Sequenc
              system: Any) -> dict[str, Any]:
     """What pairing needs of a schema-valid bundle (kept on its result, never reported)."""
     keep = ("run_id", "name", "verdict", "restored_from", "started", "ended", "content_commitment")
+    half = bool(run.get("restored_from")) or is_write_half(config)  # only a pair's halves need clocks
     return {"run": {k: run.get(k) for k in keep}, "config": dict(config),
-            "clocks": host_clocks(records, system)}
+            "clocks": host_clocks(records, system) if half else {}}
 
 
 def _when(stamp: Any) -> datetime.datetime | None:

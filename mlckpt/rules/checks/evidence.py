@@ -411,41 +411,53 @@ def async_evidence(ctx: Context, rs: RuleSet, rule: Rule) -> Iterator[Outcome | 
                 break
 
 
+def training_waits(records: Sequence[Rec]) -> list[tuple[int, int, int]]:
+    """(write index, wait, trained) for each write followed by another: how long after the last
+    rank's training the next checkpoint's barrier began, in ns, on the host that waited least
+    (each host on its own clock), and the shortest training interval any rank recorded."""
+    by_index: dict[int, dict[str, list[Rec]]] = {}
+    for r in records:
+        if r.get("op") == "write":
+            by_index.setdefault(int(r["index"]), {}).setdefault(str(r["host"]), []).append(r)
+    out = []
+    for k, hosts in sorted(by_index.items()):
+        nxt = by_index.get(k + 1)
+        if nxt is None:
+            continue
+        waits = [min(int(r["t0_ns"]) for r in nxt[h]) - max(int(r["staged_ns"]) + int(r["compute_ns"])
+                                                              for r in mine)
+                 for h, mine in hosts.items() if h in nxt]
+        if waits:
+            trained = min(int(r["compute_ns"]) for mine in hosts.values() for r in mine)
+            out.append((k, min(waits), trained))
+    return out
+
+
 def training_interval(ctx: Context, rs: RuleSet, rule: Rule) -> Iterator[Outcome | NotChecked]:
     """The training interval a write records is the one it trained: the next checkpoint's barrier
     follows the last rank's training closely on at least one host (that host's ranks arrived last
     and waited for nobody).  A forger who shortens every rank's interval, to list the result under
     a shorter one, leaves the rest of it as a wait that no host explains.  Hosts' monotonic clocks
-    differ, so each host is judged on its own ranks.  A witnessed run (or one whose witness was
-    lost) also waits for the witness to hear each op's start, up to witness.timeout_s."""
+    differ, so each host is judged on its own ranks (:func:`training_waits`).  A witnessed run (or
+    one whose witness was lost) also waits for the witness to hear each op's start, up to
+    witness.timeout_s."""
     d = _run(ctx)
     bound = rs.data["training"]
     floor_ns, rel = float(bound["gap_floor_s"]) * 1e9, float(bound["gap_rel"])
     if d.run.get("witness"):  # each op's start is reported before its barrier: up to the timeout
         timeout = (d.config.get("witness") or {}).get("timeout_s") or bound["witness_timeout_default_s"]
         floor_ns += float(timeout) * 1e9
-    writes = [r for r in d.records if r.get("op") == "write"]
-    by_index: dict[int, list[Rec]] = {}
-    for r in writes:
-        by_index.setdefault(int(r["index"]), []).append(r)
-    pairs = [(by_index[k], by_index[k + 1]) for k in sorted(by_index) if k + 1 in by_index]
-    if not pairs:
+    waits = training_waits(d.records)
+    if not waits:
         yield NotChecked("fewer than two writes: no training interval is followed by a barrier")
         return
-    for done, nxt in pairs:
-        waits = []
-        for host in sorted({str(r["host"]) for r in done}):
-            ends = [int(r["staged_ns"]) + int(r["compute_ns"]) for r in done if str(r["host"]) == host]
-            starts = [int(r["t0_ns"]) for r in nxt if str(r["host"]) == host]
-            if ends and starts:
-                waits.append(min(starts) - max(ends))
-        trained = min(int(r["compute_ns"]) for r in done)
+    for k, wait, trained in waits:
         allowed = floor_ns + rel * trained
-        if waits and min(waits) > allowed:
+        if wait > allowed:
             yield Outcome(False, f"the next checkpoint's barrier within {allowed / 1e9:.2f} s of the last "
                           f"rank's training on some host (a {trained / 1e9:.3f} s interval recorded)",
-                          f"{min(waits) / 1e9:.3f} s later on every host: an interval recorded shorter "
-                          "than trained", where=f"write {done[0]['index']}")
+                          f"{wait / 1e9:.3f} s later on every host: an interval recorded shorter "
+                          "than trained", where=f"write {k}")
 
 
 # ------------------------------------------------------------------------------ fingerprints

@@ -93,9 +93,11 @@ def host_clocks(records: Any, system: Any) -> dict[str, dict[str, Any]]:
     wall-clock start minus monotonic t0, its first op's wall-clock start and its last op's end."""
     boots = {str(h.get("hostname")): h.get("boot_id") for h in (system or {}).get("hosts", ())
              if isinstance(h, Mapping)}
+    by_host: dict[str, list[Mapping[str, Any]]] = {}
+    for r in records:
+        by_host.setdefault(str(r["host"]), []).append(r)
     out: dict[str, dict[str, Any]] = {}
-    for host in sorted({str(r["host"]) for r in records}):
-        mine = [r for r in records if str(r["host"]) == host]
+    for host, mine in sorted(by_host.items()):
         offsets = sorted(float(r["wall_start"]) - int(r["t0_ns"]) / 1e9 for r in mine)
         out[host] = {"boot_id": boots.get(host), "offset_s": offsets[len(offsets) // 2],
                      "first_s": min(float(r["wall_start"]) for r in mine),
