@@ -19,7 +19,7 @@ from checker.rulesets import (
     without,
 )
 from checker.state import State, Stop
-from checker.witness_check import witness_doc
+from checker.witness_check import open_transcript, witness_doc
 from mlckpt.errors import ConfigError
 from mlckpt.rules import (
     Context,
@@ -29,6 +29,7 @@ from mlckpt.rules import (
 from mlckpt.rules.checks.evidence import fingerprints, recomputed_summary
 from mlckpt.rules.checks.result import RunData
 from mlckpt.rules.checks.submission import SubmissionFacts, Verdicts
+from mlckpt.rules.checks.witness import TRANSCRIPT
 from mlckpt.workload.layout import Plan, make_plan
 from mlckpt.workload.model import Workload, workload_from_config
 from mlckpt.workload.pipeline import Pipeline
@@ -112,6 +113,17 @@ def plan_files_estimate(w: Workload, ranks: int) -> int:
     return ranks * per_rank + w.model.num_layers
 
 
+def _transcript(st: State, run: dict[str, Any]) -> dict[str, Any] | None:
+    """A witnessed run's transcript, for the result rules that read it (WITNESS-HOST): None when
+    the run claims no witness or the transcript does not open (the WITNESS-* rules say why)."""
+    claim = run.get("witness")
+    if not isinstance(claim, dict) or claim.get("status") != "witnessed" or st.verified is None \
+            or st.folder is None or TRANSCRIPT not in st.verified.files:
+        return None
+    assert st.rules is not None
+    return open_transcript(st.folder, st.verified, st.rules.version)[0]
+
+
 def stage_rules(st: State) -> None:
     """The config, host and result rules over the bundle's own data (the runner's own rules)."""
     rs = st.rules
@@ -129,7 +141,7 @@ def stage_rules(st: State) -> None:
     # The tree's description stands in for one the bundle does not embed (bandwidth bounds).
     if system.get("description") is None and st.task.system.doc is not None:
         system = {**system, "description": st.task.system.doc}
-    data = RunData(run, config, summary, st.records, system)
+    data = RunData(run, config, summary, st.records, system, witness=_transcript(st, run))
     ctx = dataclasses.replace(ctx, plan=plan, run=data)
     st.plan_digest = plan.digest if plan is not None else None
     skip = _unrecomputable(st, config)
@@ -259,7 +271,7 @@ def finish(st: State) -> BundleResult:
         result.metrics = jsonable(metrics)
     if st.witness is not None and st.witness.claim:
         held = not any(str(f["rule"]).startswith("WITNESS-") for f in findings)
-        result.witness = witness_doc(st.witness, held)
+        result.witness = witness_doc(st.witness, held, st.rules)
     return result
 
 

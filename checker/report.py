@@ -1,8 +1,8 @@
 """Findings → the JSON report, the human report and the exit status.
 
-JSON report (``report_format`` 3, schema ``rules/<version>/schemas/report.schema.json``)::
+JSON report (``report_format`` 4, schema ``rules/<version>/schemas/report.schema.json``)::
 
-    {"report_format": 3, "checker": {...}, "root": "...",
+    {"report_format": 4, "checker": {...}, "root": "...",
      "verdict": "valid" | "disturbed" | "invalid" | "integrity-failure" | "internal-error",
      "exit_status": 0 | 6 | 1 | 3 | 4, "rules_versions": ["1.0"],
      "bundles": [{"path", "org", "system", "workload", "division", "run_id", "rules_version",
@@ -114,6 +114,14 @@ def _metrics(b: dict[str, Any]) -> str:
     return f": {', '.join(parts)}" if parts else ""
 
 
+def unbounded_note(short: list[dict[str, Any]]) -> str:
+    """What the witness cannot bound closely: ops too short beside the time it leaves untimed."""
+    ops = ", ".join(f"{o['op']} {o['index']} ({o['duration_s']:.3f} s, ±{o['unbounded_s'] * 1e3:.0f} ms)"
+                    for o in short[:4]) + (f" and {len(short) - 4} more" if len(short) > 4 else "")
+    return (f"the witness bounds {len(short)} op{'s' if len(short) != 1 else ''} only loosely, too short "
+            f"beside what it cannot time: {ops}; longer ops (more bytes per rank) are bounded closer")
+
+
 def render_text(report: dict[str, Any], *, quiet: bool = False) -> str:
     """PASS/FAIL/ERROR per bundle with its findings indented, then the tree's, then one summary."""
     out: list[str] = []
@@ -127,12 +135,15 @@ def render_text(report: dict[str, Any], *, quiet: bool = False) -> str:
             if (b.get("metrics") or {}).get("unpaired_write_half"):
                 head += f"\n    note: {UNPAIRED_WRITE}"
         elif b["verdict"] == "disturbed":
-            head = (f"DISTURBED {b['path']} (no result: other processes used its host during the timed "
-                    "ops; not a fault of the storage: re-run on a quiet host)")
+            head = (f"DISTURBED {b['path']} (no result: its host was too busy to measure the storage "
+                    "alone, as the findings show; not a fault of the storage: re-run on a quiet host)")
         else:
             head = f"FAIL {b['path']}"
         out.append(head)
         out += [_line(f) for f in b["findings"]]
+        short = (b.get("witness") or {}).get("unbounded") or []
+        if short and b["verdict"] in ("closed", "open"):
+            out.append("    note: " + unbounded_note(short))
     if report["tree_findings"]:
         out.append("TREE (outside any bundle)")
         out += [_line(f) for f in report["tree_findings"]]

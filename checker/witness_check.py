@@ -12,7 +12,8 @@ from typing import Any
 from checker.rulesets import schema_message
 from checker.state import State
 from mlckpt import bundle
-from mlckpt.rules.checks.witness import TRANSCRIPT, WitnessFacts, figures
+from mlckpt.rules.checks.witness import TRANSCRIPT, WitnessFacts, figures, too_short
+from mlckpt.rules.engine import RuleSet
 from mlckpt.schemas import validator
 from mlckpt.strict import ParseError
 from mlckpt.witness.protocol import TRANSCRIPT_TYPE
@@ -76,10 +77,14 @@ def compare_side(folder: Path, vb: bundle.VerifiedBundle, run: dict[str, Any], r
     return out
 
 
-def witness_doc(f: WitnessFacts, held: bool = True) -> dict[str, Any]:
+def witness_doc(f: WitnessFacts, held: bool = True, rules: RuleSet | None = None) -> dict[str, Any]:
     """The report's ``witness`` of a bundle whose run asked for one (witnessed, or lost mid-run).
     Counted as witnessed only when the records held against the transcript (``held``: no WITNESS-*
-    rule failed)."""
+    rule failed).  Rules 1.10: ``unbounded`` names the ops the witness bounds only loosely."""
     claim = f.claim or {}
-    return {"by": f.trusted_as, "keyid": str(claim.get("keyid")), "endpoint": str(claim.get("endpoint")),
-            "status": str(claim.get("status")), "counted": f.witnessed and held, **figures(f)}
+    out = {"by": f.trusted_as, "keyid": str(claim.get("keyid")), "endpoint": str(claim.get("endpoint")),
+           "status": str(claim.get("status")), "counted": f.witnessed and held, **figures(f)}
+    short = too_short(f, rules) if rules is not None and f.claimed else []
+    if short:
+        out["unbounded"] = short
+    return out

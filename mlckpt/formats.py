@@ -83,7 +83,8 @@ RECORDS = Format("records", "records.jsonl (run.json and summary.json: records_f
         "paths (synchronous one-tier writes, restores) add "
         "requests (count, and an HdrHistogram of every request's latency in ns, 1 ns..1 h, 2 significant "
         "digits) and phases_ns (the rank's wall time in open, transfer, fsync, dir_fsync; "
-        "mlckpt/latency.py)"),
+        "mlckpt/latency.py); a witnessed op's rank 0 adds witness_host_ns (its own time from the "
+        "witness's answer to the start until t0_ns, and from t1_ns until it sent the end)"),
 ))
 
 SUMMARY = Format("summary", "summary.json: summary_format", 6, (2, 3, 4, 5, 6), (
@@ -153,13 +154,15 @@ SYSTEM_DESCRIPTION = Format("system description", "systems/<system>.yaml: descri
     (1, "first version (rules/1.0/schemas/system-description.schema.json)"),
 ))
 
-REPORT = Format("check report", "mlckpt-check --json: report_format", 3, (1, 2, 3), (
+REPORT = Format("check report", "mlckpt-check --json: report_format", 4, (1, 2, 3, 4), (
     (1, "first version (rules/1.0/schemas/report.schema.json)"),
     (2, "rules 1.4: each bundle's witness (null, or by whom, whether counted as witnessed, and the "
         "witness-conservative bandwidths)"),
     (3, "rules 1.8: a bundle's verdict may be disturbed (another process moved a declared share of the "
         "checkpoint device's bytes during its timed ops: neither valid nor invalid); summary.disturbed; exit "
         "status 6 when the worst bundle is disturbed"),
+    (4, "rules 1.10: a witnessed bundle's witness.unbounded names the ops the witness bounds only loosely "
+        "(each op's duration and how much shorter it could be recorded and still hold)"),
 ))
 
 LEADERBOARD = Format("leaderboard", "mlckpt-check leaderboard --format json: leaderboard_format", 4, (4,), (
@@ -191,6 +194,7 @@ WITNESS = Format("witness", "witness journal lines, receipts and transcripts: wi
     (2, "rules 1.10: an open is a DSSE envelope signed by a trusted key over the witness's challenge; the "
         "open entry adds opened_by (that key's keyid) and org (its organisation in the witness's "
         "trusted keys); a run without an event for the witness's bound ends in an expire entry (idle_s); "
+        "each start and end adds lag_ns (how late the witness's own loop may have stamped it); "
         "closed runs' journals are archived gzip'ed under closed/; schema "
         "rules/1.10/schemas/witness-transcript.schema.json"),
 ))

@@ -126,6 +126,20 @@ def set_duration(r: Rec, new_ns: int, *, from_start: bool = False) -> None:
         r["t1_ns"] -= delta
 
 
+def scale_requests(r: Rec, factor: float) -> None:
+    """A record's requests and phases scaled by ``factor`` as a forger who shortened its op would
+    recompute them (records format 7): every request's latency and every phase, in proportion."""
+    from mlckpt import latency
+
+    if "phases_ns" in r:
+        r["phases_ns"] = {k: int(v * factor) for k, v in r["phases_ns"].items()}
+    if "requests" in r:
+        values: list[int] = []
+        for item in latency.decode(r["requests"]).get_recorded_iterator():
+            values += [int(item.value_iterated_to * factor)] * item.count_at_value_iterated_to
+        r["requests"] = latency.encode(values)
+
+
 def disguise(folder: Path, n: int) -> None:
     """Give a copied bundle timings of its own without changing what any rule sees: every clock
     reading moves by n µs, every op lasts n ns longer; summary.json recomputed."""

@@ -257,7 +257,8 @@ def test_the_checker_shows_a_disturbed_bundle_as_disturbed(site: dict[str, Path]
     assert report["summary"]["valid"] == 0 and report["summary"]["invalid"] == 0
     [b] = report["bundles"]
     assert b["verdict"] == "disturbed" and {f["rule"] for f in b["findings"]} == {"FOREIGN-IO"}
-    assert re.search(r"^DISTURBED open/.* \(no result: other processes used its host", proc.stdout, re.M)
+    assert re.search(r"^DISTURBED open/.* \(no result: its host was too busy to measure the storage alone",
+                     proc.stdout, re.M)
     assert "1 disturbed" in proc.stdout
     board = subprocess.run(
         [str(CHECK), "leaderboard", str(root), "--format", "json"],

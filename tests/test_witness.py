@@ -10,6 +10,7 @@ import os
 import re
 import subprocess
 import threading
+import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -198,3 +199,59 @@ def test_serve_refuses_a_bad_address_in_one_line(tmp_path: Path) -> None:
     assert proc.returncode == 2 and proc.stderr.strip() == (
         "mlckpt: error: --listen: expected HOST:PORT, got 'nowhere'")
     assert not os.listdir(tmp_path / "mlckpt-witness") if (tmp_path / "mlckpt-witness").exists() else True
+
+
+# ------------------------------------------------------------------------- the witness's own lag
+
+def test_the_lag_meter_reports_a_blockage_around_a_stamp_and_not_one_long_past() -> None:
+    from mlckpt.witness.lag import LagMeter
+
+    m = LagMeter(period_ns=5_000_000)
+    m.ran(due=1_000_000_000, now=1_300_000_000)  # the loop could not run for 300 ms
+    assert m.lag_ns(1_300_000_000) == 300_000_000  # a request stamped as it came back waited that long
+    assert m.lag_ns(1_200_000_000) == 200_000_000  # one stamped inside it, as long as it had lasted
+    assert m.lag_ns(1_304_000_000) == 300_000_000  # within a period after it: it may have waited
+    assert m.lag_ns(1_400_000_000) == 0  # long after: the loop was free, nothing waited
+    m.ran(due=1_400_000_000, now=1_400_500_000)  # on time (under 1 ms late): not kept
+    assert len(m.late) == 1 and m.worst_ns == 300_000_000
+    m.due_ns = 1_500_000_000  # the next tick is overdue at 1.62 s: the loop is blocked right now
+    assert m.lag_ns(1_620_000_000) == 120_000_000
+
+
+def test_an_end_stamped_while_the_witness_could_not_run_says_how_late(tmp_path: Path) -> None:
+    """The witness's loop is blocked for 0.3 s (as a flood or a busy host would) while an op's end
+    waits in its socket: the end's entry carries lag_ns of at least that, measured by the witness."""
+    import asyncio
+
+    from aiohttp import web
+
+    from mlckpt.witness.journal import Journal
+    from mlckpt.witness.server import Witness as Server
+
+    bundle.generate_key(tmp_path / "w.pem")
+    org = bundle.generate_key(tmp_path / "org.pem")
+    (tmp_path / "keys.yaml").write_text(
+        f'mlckpt_trusted_keys: "1.0"\norganizations:\n  {ORG}: ["{org.public_key}"]\n')
+    server = Server(Journal(tmp_path / "j"), bundle.load_private_key(tmp_path / "w.pem"),
+                    bundle.TrustedKeys.load(tmp_path / "keys.yaml"))
+
+    async def main() -> dict[str, Any]:
+        runner = web.AppRunner(server.app())
+        await runner.setup()
+        site = web.TCPSite(runner, "127.0.0.1", 0)
+        await site.start()
+        port = site._server.sockets[0].getsockname()[1]  # type: ignore[union-attr]
+        c = Client(f"http://127.0.0.1:{port}", key=bundle.load_private_key(tmp_path / "org.pem"))
+        loop = asyncio.get_running_loop()
+        await loop.run_in_executor(None, lambda: c.open("0" * 64, {}))
+        await loop.run_in_executor(None, lambda: c.event("start", "write", 1))
+        await asyncio.sleep(0.05)
+        # The end is sent from another thread while the witness's loop is blocked (no await between).
+        end = loop.run_in_executor(None, lambda: c.event("end", "write", 1))
+        time.sleep(0.3)
+        answer = await end
+        await runner.cleanup()
+        return receipt_of(answer)
+
+    receipt = asyncio.run(main())
+    assert receipt["kind"] == "end" and 0.25e9 <= receipt["lag_ns"] < 1e9, receipt

@@ -105,7 +105,7 @@ def test_a_flood_of_unsigned_opens_writes_nothing_and_keeps_memory_flat(witness:
     # nothing of the flood was stored: the honest run's archive is the journal's only file
     assert [p.name for p in witness.files()] == [f"{transcript['run']}.jsonl.gz"]
     assert rss1 - rss0 < 2048, (rss0, rss1, f"{rate:.0f} refusals/s")
-    assert "(4500 requests refused before anything was stored)" in witness.stop()
+    assert "(4500 requests refused before anything was stored; its loop ran at worst" in witness.stop()
 
 
 def test_signed_opens_past_a_keys_quota_are_refused_in_one_line(tmp_path: Path) -> None:
@@ -180,7 +180,7 @@ def test_a_replayed_or_misdirected_open_is_refused(witness: Witness) -> None:
 def test_a_run_left_open_expires_and_frees_its_keys_slot(tmp_path: Path) -> None:
     # the key's byte bound just above the open and one start: the expire entry goes in past it
     w = Witness(tmp_path / "w", "--expire-after", "1s", "--max-open-per-key", "1", "--journal-bytes-per-key",
-                "660")
+                "680")
     w.start()
     try:
         c = w.client()

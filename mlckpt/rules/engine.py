@@ -297,7 +297,7 @@ def _extended(version: str, data: Mapping[str, Any], own: tuple[Rule, ...], fold
     base = load_rule_set(str(data["extends"]), checks)
     omit, cite = set(data.get("omit", ())), dict(data.get("cite", {}))
     known = {r.id for r in base.rules}
-    if (omit | set(cite)) - known or known & {r.id for r in own}:
+    if (omit | set(cite)) - known or (known - omit) & {r.id for r in own}:
         raise ValueError(f"{path}: omit/cite name unknown rules, or a rule id repeats the base's")
     kept = tuple(replace(r, message=f"{r.message} ({cite[r.id]})") if r.id in cite else r
                  for r in base.rules if r.id not in omit)

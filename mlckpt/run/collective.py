@@ -363,6 +363,9 @@ class OpTimer:
             "dontcache": opts.dontcache,
         }
         self._evidence(rec, before, opts.pool)
+        host_ns = self.witness.host_ns(t0, t1) if self.witness is not None else None
+        if host_ns is not None and self.records_format >= 7:
+            rec["witness_host_ns"] = host_ns
         if fmt4:
             rec["cpu_ns"] = c1 - c0
             if huge is not None:  # (None: /proc/self/smaps unreadable)

@@ -75,7 +75,8 @@ def assess(job: Job, c: Configured, gates: Gates, measured: Measured, started: s
         content_commitment=content_commitment(measured.content_key) if keeps_key(cfg) else None,
     )
     summary = summary_of(s, measured.records, manifest, system)
-    found = judged(s, gates, manifest, summary, measured.records, system)
+    found = judged(s, gates, manifest, summary, measured.records, system,
+                   witness.document() if witness else None)
     return Assessed(measured, manifest, summary, system, tuple(found))
 
 

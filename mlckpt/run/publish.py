@@ -136,10 +136,12 @@ def judged(
     summary: Mapping[str, Any],
     records: Sequence[Mapping[str, Any]],
     system: Mapping[str, Any],
+    witness: Mapping[str, Any] | None = None,
 ) -> tuple[Finding, ...]:
-    """Judge the run with the checker's result-stage rules; the manifest gets every finding and
-    the verdict.  Returns the result-stage findings (to show them)."""
-    data = RunData(manifest, setup.config, summary, list(records), system)
+    """Judge the run with the checker's result-stage rules (``witness``: the witness's transcript
+    document, for the rules that read it); the manifest gets every finding and the verdict.
+    Returns the result-stage findings (to show them)."""
+    data = RunData(manifest, setup.config, summary, list(records), system, witness=witness)
     ctx = replace(setup.context(gates.hosts, complete=True, measured=True), run=data)
     result = setup.rules.evaluate(ctx, ["result"]).findings
     manifest["findings"] = [f.to_dict() for f in (*gates.findings, *result)]

@@ -357,8 +357,9 @@ def mpi_main(overrides: Sequence[str], faults: Faults = NO_FAULTS, out: TextIO |
         if verdict == "disturbed":  # nothing wrong with the storage or the run: its host was busy
             if job.rank == 0:
                 print("mlckpt: the run was disturbed: other processes used its checkpoint device or its "
-                      "CPUs during the timed ops (see the FOREIGN-IO finding above). The bundle is kept "
-                      "and says so, but it is no result: quiet the device and the host, and run again",
+                      "CPUs during the timed ops, or its host was too busy around them to be witnessed "
+                      "(see the findings above). The bundle is kept and says so, but it is no result: "
+                      "quiet the device and the host, and run again",
                       file=sys.stderr, flush=True)
             return DISTURBED_STATUS
         return 0

@@ -19,7 +19,7 @@ from urllib.parse import urlsplit
 from mlckpt import __version__
 from mlckpt.errors import ConfigError
 from mlckpt.run.collective import Job
-from mlckpt.witness.client import DEFAULT_TIMEOUT_S, Client, WitnessError
+from mlckpt.witness.client import DEFAULT_TIMEOUT_S, Client, WitnessError, transcript_of
 
 TRANSCRIPT_FILE = "witness.dsse.json"
 KEY = "witness.url"
@@ -41,6 +41,10 @@ class Witnessing:
     lost: str | None = None
     nonces: dict[int, str] = field(default_factory=dict)  # write index -> nonce
     transcript: dict[str, Any] | None = None  # the signed envelope, once closed
+    # Rank 0's perf counter when the op's start was answered and when its end was sent: the host's
+    # own share of the witness's interval (records' witness_host_ns).
+    answered_ns: int | None = None
+    sent_ns: int | None = None
 
     @classmethod
     def open(cls, job: Job, cfg: dict[str, Any], plan_digest: str, run_id: int, name: str,
@@ -82,9 +86,11 @@ class Witnessing:
         """Report an op's start (rank 0) before its barrier; every rank gets a write's nonce
         (collective), or None once the witness is lost."""
         nonce = None
+        self.answered_ns = self.sent_ns = None
         if self.client is not None:
             try:
                 nonce = self.client.event("start", op, index).get("nonce")
+                self.answered_ns = self.client.answered_ns
             except WitnessError as exc:
                 self._lose(f"{op} {index} start", exc)
         nonce = self.job.comm.bcast(nonce)
@@ -97,8 +103,17 @@ class Witnessing:
         if self.client is not None:
             try:
                 self.client.event("end", op, index)
+                self.sent_ns = self.client.sent_ns
             except WitnessError as exc:
                 self._lose(f"{op} {index} end", exc)
+
+    def host_ns(self, t0_ns: int, t1_ns: int) -> list[int] | None:
+        """Rank 0's time from the start's answer to its op's start (``t0_ns``: the nonce's
+        broadcast and seal, the op's barriers) and from its op's end (``t1_ns``) to sending the end
+        (the closing barrier and agreement), on its perf counter; None elsewhere or once lost."""
+        if self.client is None or self.answered_ns is None or self.sent_ns is None:
+            return None
+        return [max(0, t0_ns - self.answered_ns), max(0, self.sent_ns - t1_ns)]
 
     def close(self) -> None:
         """Rank 0, after the last op: two measured round trips, then the close and its signed
@@ -129,6 +144,11 @@ class Witnessing:
             "nonces": [self.nonces.get(k) for k in range(1, num_writes + 1)],
             "transcript": TRANSCRIPT_FILE if self.witnessed else None,
         }
+
+    def document(self) -> dict[str, Any] | None:
+        """The transcript's document (its signature was checked as it arrived), for the rules
+        that read it; None when not witnessed."""
+        return transcript_of(self.transcript) if self.witnessed and self.transcript is not None else None
 
     def transcript_bytes(self) -> bytes | None:
         if not self.witnessed:

@@ -39,6 +39,9 @@ class Client:
         self.tls = ssl.create_default_context(cafile=ca_file) if self.url.startswith("https:") else None
         self.run: str | None = None
         self.keyid: str | None = None  # the witness's, once :meth:`info` checked it
+        # The perf counter as the last request was about to go out and as its answer had been
+        # read (before its receipt is checked): what the runner holds against the witness's clock.
+        self.sent_ns = self.answered_ns = 0
 
     def call(self, method: str, path: str, body: Any = None) -> Any:
         """One request.  A refused or reset connection (a witness restarting: its journal keeps
@@ -52,8 +55,11 @@ class Client:
                                          headers={"Content-Type": "application/json"})
             left = deadline - time.monotonic()
             try:
+                self.sent_ns = time.perf_counter_ns()
                 with urllib.request.urlopen(req, timeout=max(left, 0.01), context=self.tls) as resp:
-                    return json.loads(resp.read())
+                    raw = resp.read()
+                    self.answered_ns = time.perf_counter_ns()
+                    return json.loads(raw)
             except urllib.error.HTTPError as exc:
                 try:
                     reason = json.loads(exc.read()).get("error", exc.reason)

@@ -20,7 +20,7 @@ import signal
 import ssl
 import sys
 import time
-from collections.abc import Awaitable, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -33,6 +33,7 @@ from mlckpt.witness import protocol
 from mlckpt.witness.admission import Challenges, Ledger, Limits
 from mlckpt.witness.connections import Connections, Guarded
 from mlckpt.witness.journal import Journal, JournalFull
+from mlckpt.witness.lag import LagMeter
 
 Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
 PING_TTL_S = 60.0  # a ping not answered within this is forgotten
@@ -94,6 +95,7 @@ class Witness:
         # across a restart: an end after one carries none, and the checker uses the arrival)
         self.served: dict[tuple[str, str, int], int] = {}
         self.refused = 0  # requests refused before anything was stored (shown at the end)
+        self.lag = LagMeter()  # ticks while the app runs (witness format 2: each event's lag_ns)
 
     def sign(self, doc: dict[str, Any], payload_type: str) -> dict[str, Any]:
         return bundle.make_envelope(doc, self.key, payload_type)
@@ -226,6 +228,8 @@ class Witness:
             if body["kind"] == "start" and body["op"] == "write":
                 fields["nonce"] = secrets.token_hex(16)  # bound into this checkpoint's content
             op = (run, body["op"], body["index"])
+            # How late this request's stamp may be: the witness's own loop was busy or off the CPU.
+            fields["lag_ns"] = self.lag.lag_ns(t_mono)
             if body["kind"] == "end" and op in self.served:
                 # How long the start took the witness to answer (its journal's fsync, the
                 # signature): the op could not begin before that answer reached the runner.
@@ -304,8 +308,15 @@ class Witness:
                 done += 1
         return done
 
+    async def ticking(self, app: web.Application) -> AsyncIterator[None]:
+        """The lag meter's tick, for as long as the app runs."""
+        tick = asyncio.create_task(self.lag.run())
+        yield
+        tick.cancel()
+
     def app(self) -> web.Application:
         app = web.Application(middlewares=[errors], client_max_size=protocol.MAX_REQUEST_BYTES)
+        app.cleanup_ctx.append(self.ticking)
         app.add_routes([
             web.get("/v1/witness", self.info),
             web.get("/v1/challenge", self.challenge),
@@ -401,6 +412,7 @@ def serve(opts: Options) -> int:
         asyncio.run(_serve(host.strip("[]"), int(port), witness, opts))
     except OSError as exc:
         raise UsageError(f"--listen {opts.listen}: {exc.strerror or exc}", key="--listen") from None
-    print(f"mlckpt witness: stopped ({witness.refused} requests refused before anything was stored)",
+    print(f"mlckpt witness: stopped ({witness.refused} requests refused before anything was stored; "
+          f"its loop ran at worst {witness.lag.worst_ns / 1e6:.1f} ms late)",
           file=sys.stderr, flush=True)
     return 0

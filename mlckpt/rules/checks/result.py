@@ -33,6 +33,9 @@ class RunData:
     summary: Mapping[str, Any]
     records: Sequence[Mapping[str, Any]]
     system: Mapping[str, Any] = field(default_factory=dict)
+    # The witness's transcript (its document, its signature held), for a witnessed run's
+    # WITNESS-HOST (rules 1.10): None without a witness or one that could not be opened.
+    witness: Mapping[str, Any] | None = None
     # summarize() of the records, computed once for every rule (and report) that needs it
     _summaries: dict[tuple[float, int, int], dict[str, Any]] = field(default_factory=dict, compare=False,
                                                                 repr=False)

@@ -61,6 +61,8 @@ class OpSpan:
     wall_start: tuple[float, float]  # earliest and latest rank wall clock at the op's start
     start_wall_s: float  # the witness's wall clock at the start and at the end
     end_wall_s: float
+    lag_s: float = 0.0  # witness format 2: how late the witness's own loop may have stamped the end
+    leader: Mapping[str, Any] | None = None  # rank 0's record (the rank that talks to the witness)
 
 
 def _facts(ctx: Context) -> WitnessFacts | None:
@@ -92,7 +94,8 @@ def spans(doc: Mapping[str, Any], records: Sequence[Mapping[str, Any]]) -> list[
             served = min(e.get("start_service_ns", 0) / 1e9, interval)
             out.append(OpSpan(e["op"], e["index"], max((r["t1_ns"] - r["t0_ns"]) / 1e9 for r in rs),
                               interval, interval - served, sum(int(r["bytes"]) for r in rs),
-                              (min(walls), max(walls)), s["t_wall_ns"] / 1e9, e["t_wall_ns"] / 1e9))
+                              (min(walls), max(walls)), s["t_wall_ns"] / 1e9, e["t_wall_ns"] / 1e9,
+                              e.get("lag_ns", 0) / 1e9, next((r for r in rs if r.get("rank") == 0), None)))
     return out
 
 
@@ -252,6 +255,116 @@ def witness_times(f: WitnessFacts, rs: RuleSet) -> Failures:
                           f"{s.duration_s:.3f} s", where="records.jsonl")
 
 
+@dataclass(frozen=True)
+class Account:
+    """Rules 1.10: one witnessed op's interval as rank 0 accounts for it.  Rank 0 records its own
+    time from reading the start's answer to its op's start (``pre_s``) and from its op's end to
+    sending the end (``post_s``).  What the witness saw beyond the op's duration (``excess_s``) is
+    rank 0's own time around the op (``host_s``) plus what nobody timed (``gap_s``: the trips,
+    the host waking rank 0 for the answer, the witness's own lag).  Only the witness's lag and
+    round trips are the witness's measurements; the rest is the host's, so the whole excess is
+    bounded (``bound_s``), and a run that recorded its op shorter than it was moved the
+    difference into it."""
+
+    span: OpSpan
+    pre_s: float
+    own_s: float  # rank 0's own t1 - t0
+    post_s: float
+    bound_s: float  # the most excess_s may be: round trips, lag, the host's allowance
+
+    @property
+    def excess_s(self) -> float:
+        return self.span.answered_s - self.span.duration_s
+
+    @property
+    def gap_s(self) -> float:
+        return self.span.answered_s - (self.pre_s + self.own_s + self.post_s)
+
+    @property
+    def host_s(self) -> float:
+        return self.pre_s + self.own_s + self.post_s - self.span.duration_s
+
+
+def accounts(f: WitnessFacts, rs: RuleSet) -> list[OpSpan | Account]:
+    """Each witnessed op's account (rules 1.10, ``witness.account_s``); the bare span of an op
+    whose rank 0 record carries no ``witness_host_ns``."""
+    b = rs.data["witness"]
+    rtt = max_rtt_s(f.transcript)  # type: ignore[arg-type]
+    allowance = start_allowance_s(rs, f.run or {})
+    out: list[OpSpan | Account] = []
+    for s in spans(f.transcript, f.records):  # type: ignore[arg-type]
+        host = (s.leader or {}).get("witness_host_ns")
+        if not isinstance(host, list) or len(host) != 2 or s.leader is None:
+            out.append(s)
+            continue
+        out.append(Account(s, host[0] / 1e9, (s.leader["t1_ns"] - s.leader["t0_ns"]) / 1e9, host[1] / 1e9,
+                           b["rtt_multiple"] * rtt + s.lag_s + b["account_s"] + b["host_floor_s"]
+                           + b["host_fraction"] * s.answered_s + allowance))
+    return out
+
+
+def witness_account(f: WitnessFacts, rs: RuleSet) -> Failures:
+    """WITNESS-TIMES under rules 1.10: what cannot be: an op longer than its witnessed interval,
+    or rank 0 accounting for more time around its op than the witness saw; and every op's
+    account is recorded."""
+    over = float(rs.data["witness"]["over_s"])
+    for a in accounts(f, rs):
+        s = a if isinstance(a, OpSpan) else a.span
+        if s.duration_s > s.interval_s + over:
+            yield Outcome(False, f"{s.op} {s.index}: a duration within the witness's interval "
+                          f"{s.interval_s:.3f} s (+{over * 1e3:g} ms)", f"{s.duration_s:.3f} s",
+                          where="records.jsonl")
+        elif isinstance(a, OpSpan):
+            yield Outcome(False, f"{s.op} {s.index}: rank 0's witness_host_ns (its own time around "
+                          "the op, which the witness's interval is held against)", "none",
+                          where="records.jsonl")
+        elif a.gap_s < -over:
+            yield Outcome(False, f"{s.op} {s.index}: rank 0's account ({a.pre_s * 1e3:.1f} ms to its "
+                          f"start, {a.own_s:.3f} s its op, {a.post_s * 1e3:.1f} ms to reporting its end) "
+                          f"within the witness's {s.answered_s:.3f} s from answering the start",
+                          f"{-a.gap_s * 1e3:.1f} ms more than the witness saw", where="records.jsonl")
+
+
+def witness_host(ctx: Context, rs: RuleSet, rule: Rule) -> Outcome | NotChecked | list[Outcome]:
+    """WITNESS-HOST (rules 1.10, disturbed; a result rule, so the runner judges it too and a run
+    retried when disturbed is retried for it): the witness's interval exceeds each op by no more
+    than the witness can leave untimed.  An honest host that stalled around an op (a tenant, too
+    many ranks per core, rank 0 woken late) breaks it; so does a run that recorded its op shorter
+    than it was.  Either way the op was not measured to the witness's satisfaction: no result,
+    never ranked, and the finding says where rank 0 says the time went."""
+    d = ctx.run
+    claim = (d.run.get("witness") or {}) if d is not None else {}
+    if d is None or claim.get("status") != "witnessed":
+        return Outcome(True)
+    if d.witness is None:
+        return NotChecked("no transcript whose witness signature holds (see WITNESS-SIGNATURE)")
+    f = WitnessFacts(claim, True, transcript=d.witness, run=d.run, records=d.records)
+    over = float(rs.data["witness"]["over_s"])
+    out = []
+    for a in accounts(f, rs):
+        if isinstance(a, Account) and a.gap_s >= -over and a.excess_s > a.bound_s:
+            s = a.span
+            out.append(Outcome(False, f"{s.op} {s.index}: the witness's interval longer than the op by "
+                               f"at most {a.bound_s * 1e3:.0f} ms", f"{a.excess_s * 1e3:.0f} ms longer "
+                               f"(rank 0: {a.pre_s * 1e3:.0f} ms from the witness's answer to its start, "
+                               f"{a.post_s * 1e3:.0f} ms from its end to reporting it; "
+                               f"{a.gap_s * 1e3:.0f} ms in transit, the witness's own lag "
+                               f"{s.lag_s * 1e3:.0f} ms; an op of {s.duration_s:.3f} s)",
+                               where="records.jsonl"))
+    return out or Outcome(True)
+
+
+def too_short(f: WitnessFacts, rs: RuleSet) -> list[dict[str, Any]]:
+    """The witnessed ops the witness bounds to no better than ``witness.bound_fraction`` of their
+    duration (rules 1.10; none before): what the report says of ops too short to bound."""
+    if f.transcript is None or "bound_fraction" not in rs.data.get("witness", {}):
+        return []
+    frac = float(rs.data["witness"]["bound_fraction"])
+    return [{"op": a.span.op, "index": a.span.index, "duration_s": round(a.span.duration_s, 6),
+             "unbounded_s": round(a.bound_s, 6)}
+            for a in accounts(f, rs) if isinstance(a, Account) and a.bound_s > frac * a.span.duration_s]
+
+
 def _epoch(stamp: Any) -> float | None:
     try:
         return datetime.fromisoformat(str(stamp).replace("Z", "+00:00")).timestamp()
@@ -282,4 +395,6 @@ def _iso(t: float) -> str:
 
 CHECKS: dict[str, CheckFn] = checks_table(
     witness_mode, witness_transcript, witness_signature, witness_trusted,
-    *(_on_transcript(judge) for judge in (witness_run, witness_events, witness_times, witness_clock)))
+    witness_host,
+    *(_on_transcript(judge) for judge in (witness_run, witness_events, witness_times, witness_clock,
+                                          witness_account)))
