@@ -28,6 +28,7 @@ import shutil
 import tempfile
 from collections.abc import Callable, Sequence
 from pathlib import Path
+from typing import Any
 
 from checker.judge import finish, stage_facts, stage_rules
 from checker.results import BundleResult, Task, fault_finding
@@ -78,6 +79,8 @@ def check_bundle(task: Task) -> BundleResult:
             for name, step in PIPELINE:
                 st.stage = name
                 step(st)
+                if st.over_budget():
+                    break
         except Stop:
             pass
         st.stage = "submission"
@@ -238,11 +241,19 @@ def _records(st: State, version: str) -> bool:
     except ParseError as exc:
         st.problem("schema", name, "JSON lines within the checker's limits", str(exc))
         return True
+    bound = _records_bound(st.docs.get("config.yaml"))
+    lines = data.count(b"\n") + (not data.endswith(b"\n") and bool(data))
+    if bound is not None and lines > bound:  # refused before a line is parsed
+        st.problem("schema", name, f"at most {bound:,} records (config.yaml: ranks × (num_writes + "
+                   "num_reads), one per rank and op)", f"{lines:,} lines")
+        return True
     v = validator("record", version)
     fast = fast_check("record", version)  # a large run has tens of thousands of records
     messages: list[str] = []
     try:
         for lineno, rec in loading.iter_jsonl(data):
+            if lineno % 4096 == 0 and st.over_budget():
+                return True
             if fast is not None and fast(rec):
                 st.records.append(rec)
                 continue
@@ -259,6 +270,19 @@ def _records(st: State, version: str) -> bool:
         messages.append("no records")
     _schema_problems(st, name, "record", messages)
     return bool(messages)
+
+
+def _records_bound(config: Any) -> int | None:
+    """How many records the bundle's configuration can produce (None: a configuration whose
+    counts are not plain integers, which its schema finding reports)."""
+    try:
+        ranks, ck = config["ranks"], config["checkpoint"]
+        counts = (ranks, ck["num_writes"], ck["num_reads"])
+    except (KeyError, TypeError):
+        return None
+    if not all(isinstance(n, int) and not isinstance(n, bool) and n >= 0 for n in counts):
+        return None
+    return counts[0] * (counts[1] + counts[2])
 
 
 _STRUCTURAL_KEYS = {"ranks", "scale", "checkpoint.num_writes", "checkpoint.num_reads"}

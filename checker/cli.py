@@ -23,7 +23,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from checker import TRUSTED_KEYS_FILE, TRUSTED_WITNESSES_FILE
+from checker import BUNDLE_BUDGET_S, TRUSTED_KEYS_FILE, TRUSTED_WITNESSES_FILE
 from mlckpt import __version__
 from mlckpt.command import OneLineParser, lazy_handler, run_guarded
 from mlckpt.errors import UsageError
@@ -48,6 +48,9 @@ def _tree_flags(p: Any, witnessed: str) -> None:
                    f"(default: ROOT/{TRUSTED_WITNESSES_FILE} if present)")
     p.add_argument("--jobs", type=int, default=None, metavar="N",
                    help="bundles checked in parallel (default: the number of CPUs)")
+    p.add_argument("--bundle-budget", type=float, default=BUNDLE_BUDGET_S, metavar="SECONDS",
+                   help="the most one bundle's check may take; a bundle past it gets a BUNDLE-SCHEMA "
+                   f"finding and the others are still judged (default: {BUNDLE_BUDGET_S:g})")
 
 
 def _add_check(sub: Any) -> None:
@@ -157,7 +160,7 @@ def run(argv: Sequence[str] | None = None) -> int:
 def cmd_check(args: argparse.Namespace) -> int:
     from checker import report as rep
     from checker.rulesets import known_rules_versions
-    from checker.tree_check import check_tree, load_trusted, load_witnesses
+    from checker.tree_check import budget_of, check_tree, load_trusted, load_witnesses
 
     root: Path = args.root
     if not root.is_dir():
@@ -172,13 +175,15 @@ def cmd_check(args: argparse.Namespace) -> int:
     jobs = args.jobs if args.jobs is not None else (os.cpu_count() or 1)
     if jobs < 1:
         raise UsageError(f"--jobs: must be at least 1, got {jobs}")
+    check_budget = budget_of(args)
     if args.json is not None and str(args.json) != "-":
         parent = args.json.parent if str(args.json.parent) else Path(".")
         if not parent.is_dir() or args.json.is_dir():
             raise UsageError(f"--json {args.json}: cannot write there (no such folder, or a folder)")
     trusted = load_trusted(root, args.trusted_keys)
     witnesses = load_witnesses(root, args.trusted_witnesses)
-    report = check_tree(root, trusted, forced_rules=args.rules, jobs=jobs, witnesses=witnesses)
+    report = check_tree(root, trusted, forced_rules=args.rules, jobs=jobs, witnesses=witnesses,
+                        budget_s=check_budget)
     text = rep.render_text(report, quiet=args.quiet)
     if args.json is not None:
         body = json.dumps(report, indent=1, ensure_ascii=False, allow_nan=False) + "\n"

@@ -37,6 +37,7 @@ class Task:
     system: SystemInfo
     released: frozenset[str] | None = None  # runner code digests the tree's released-runners.yaml lists
     witnesses: bundle.TrustedKeys | None = None  # --trusted-witnesses (None: witnesses not judged)
+    budget_s: float = 60.0  # --bundle-budget: the most one bundle's check may take
 
 
 @dataclass

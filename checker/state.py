@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import dataclasses
+import time
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -41,6 +42,7 @@ class State:
     witness: WitnessFacts | None = None
     stage: str = "layout"
     tmp: str | None = None  # where an archive was unpacked
+    started: float = field(default_factory=time.monotonic)
 
     @property
     def leaf(self) -> Leaf:
@@ -53,6 +55,17 @@ class State:
             items = self.facts[kind] = []
         items.append(Problem(where, expected, actual))
         self.where_paths[where] = tree_path if tree_path is not None else f"{self.leaf.path}/{where}"
+
+    def over_budget(self) -> bool:
+        """Past the task's time budget: the check stops here, with a schema finding saying so
+        (one pathological bundle cannot hold a tree's check; the others are still judged)."""
+        took = time.monotonic() - self.started
+        if took <= self.task.budget_s:
+            return False
+        self.problem("schema", "bundle", f"a bundle the checker judges within its budget of "
+                     f"{self.task.budget_s:g} s (mlckpt-check --bundle-budget)",
+                     f"still in stage {self.stage} after {took:.1f} s", tree_path=self.leaf.path)
+        return True
 
     def passed(self, *kinds: str) -> None:
         for kind in kinds:

@@ -9,7 +9,7 @@ from concurrent.futures import ProcessPoolExecutor
 from pathlib import Path
 from typing import Any
 
-from checker import TRUSTED_KEYS_FILE, TRUSTED_WITNESSES_FILE
+from checker import BUNDLE_BUDGET_S, TRUSTED_KEYS_FILE, TRUSTED_WITNESSES_FILE
 from checker import report as rep
 from checker.bundle_check import check_bundle, internal_result
 from checker.duplicates import add_duplicates
@@ -52,16 +52,27 @@ def load_witnesses(root: Path, given: Path | None) -> TrustedKeys | None:
     return TrustedKeys.load(path, WITNESSES)
 
 
+def budget_of(args: Any) -> float:
+    """``--bundle-budget``, refused unless a positive number of seconds."""
+    budget = float(args.bundle_budget)
+    if not 0 < budget < float("inf"):
+        raise UsageError(f"--bundle-budget: a positive number of seconds, got {args.bundle_budget}",
+                         key="--bundle-budget")
+    return budget
+
+
 def check_tree(root: Path, trusted: TrustedKeys, *, forced_rules: str | None = None,
-               jobs: int = 1, witnesses: TrustedKeys | None = None) -> dict[str, Any]:
-    """Check every bundle under ``root``; the report as a dict (see :mod:`checker.report`)."""
+               jobs: int = 1, witnesses: TrustedKeys | None = None,
+               budget_s: float = BUNDLE_BUDGET_S) -> dict[str, Any]:
+    """Check every bundle under ``root``, each within ``budget_s``; the report as a dict (see
+    :mod:`checker.report`)."""
     root = Path(root)
     scan = walk(root)
     fallback = fallback_rules(forced_rules)
     systems = _systems(root, scan, fallback.version)
     released = load_released(root)
     tasks = [Task(str(root), leaf, trusted, forced_rules,
-                  systems[(leaf.division, leaf.org, leaf.system)], released, witnesses)
+                  systems[(leaf.division, leaf.org, leaf.system)], released, witnesses, budget_s)
              for leaf in scan.leaves]
     results = _run_tasks(tasks, jobs)
     add_duplicates(results, forced_rules)

@@ -114,13 +114,14 @@ def _recomputed(path: Path, docs: dict[str, Any], records: list[dict[str, Any]],
 
 
 def collect(root: Path, trusted: Any, *, jobs: int = 1, witnesses: Any = None,
-            witnessed_only: bool = False, published: Sequence[Entry] = ()) -> Leaderboard:
+            witnessed_only: bool = False, published: Sequence[Entry] = (), budget_s: float = 60.0
+            ) -> Leaderboard:
     """Check the tree in-process and build the leaderboard from the bundles that pass (only those
     a trusted witness witnessed, with ``witnessed_only``), with ``published`` results (unverified
     entries, :func:`checker.foreign.published_entries`) beside them."""
     from checker.tree_check import check_tree
 
-    report = check_tree(root, trusted, jobs=jobs, witnesses=witnesses)
+    report = check_tree(root, trusted, jobs=jobs, witnesses=witnesses, budget_s=budget_s)
     entries: list[Entry] = []
     excluded: list[Excluded] = []
     versions: set[str] = set()

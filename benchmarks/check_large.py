@@ -1,0 +1,166 @@
+#!/usr/bin/env python3
+"""How long does ``mlckpt-check`` take over one bundle of a large run (1,024 ranks × 20 ops with
+host counters), and does the cost grow linearly with the records?
+
+    .venv/bin/python benchmarks/check_large.py [--ranks 8 64 256 1024] [--repeat 3]
+
+The real runner makes one llama3_8b run of 8 ranks with 10 writes and 10 restores (open, scale
+0.002, records format 7: host counters, latency histograms, phases).  For each rank count N it is
+widened to N ranks on its one host: rank r's records are rank r mod 8's with r's own bytes and
+files from the plan for N ranks, config.yaml and run.json say N ranks, summary.json is
+recomputed and the bundle re-signed.  The result is coherent enough for every rule to run on all
+N × 20 records (its findings, if any, are printed: a laptop's calibration says nothing of 1,024
+ranks).  Timed: ``mlckpt-check`` end to end (interpreter start included), best of --repeat.
+"""
+
+from __future__ import annotations
+
+import argparse
+import copy
+import json
+import os
+import re
+import shutil
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import yaml
+
+from mlckpt import bundle
+from mlckpt.rules import load_rules
+from mlckpt.rules.checks.evidence import recomputed_summary
+from mlckpt.rules.checks.result import RunData
+from mlckpt.workload.layout import make_plan
+from mlckpt.workload.model import workload_from_config
+
+BIN = Path(sys.executable).parent
+ORG, SYSTEM = "large-org", "large-ext4"
+DESCRIPTION = """\
+description_format: 1
+system_name: large-ext4
+submitter: Large Org
+availability: available
+storage: {product: ext4, type: local-nvme, usable_capacity_tib: 1, max_write_gib_s: 100, max_read_gib_s: 100}
+clients: {count: 1, model: VM, memory_gib: 24}
+network: {type: none}
+"""
+BASE_RANKS = 8
+
+
+def make_source(work: Path) -> Path:
+    (work / f"{SYSTEM}.yaml").write_text(DESCRIPTION)
+    bundle.generate_key(work / "org.pem")
+    env = {**os.environ, "XDG_CONFIG_HOME": str(work / "xdg"), "MLCKPT_RETRY_DISTURBED": "3"}
+    env.pop("MLCKPT_DEBUG", None)
+    proc = subprocess.run(
+        [str(BIN / "mlckpt"), "run", "workload=llama3_8b", "division=open", "scale=0.002",
+         f"ranks={BASE_RANKS}", "checkpoint.num_writes=10", "checkpoint.num_reads=10", "io.direct=false",
+         f"system={SYSTEM}.yaml", "signing.key=org.pem", "output.root=sources"],
+        cwd=work, env=env, text=True, capture_output=True, check=False)
+    if proc.returncode not in (0, 6):
+        sys.exit(f"check_large: the runner failed:\n{proc.stderr}")
+    return Path(re.findall(r"^bundle: (.+)$", proc.stdout, re.M)[-1])
+
+
+def widen(source: Path, dest: Path, ranks: int, key: object) -> int:
+    """``source`` widened to ``ranks`` ranks in ``dest``, re-signed; the number of records."""
+    shutil.copytree(source, dest)
+    config = yaml.safe_load((dest / "config.yaml").read_text())
+    config["ranks"] = ranks
+    plan = make_plan(workload_from_config(config["workload"]), ranks, float(config["scale"]))
+    base = [json.loads(line) for line in (dest / "records.jsonl").read_text().splitlines()]
+    by_op: dict[tuple[str, int], dict[int, dict]] = {}
+    for r in base:
+        by_op.setdefault((r["op"], r["index"]), {})[r["rank"]] = r
+    recs = []
+    for (_, _), ranks_of in by_op.items():
+        for rank in range(ranks):
+            r = copy.deepcopy(ranks_of[rank % BASE_RANKS])
+            r["rank"] = rank
+            r["bytes"] = plan.rank_plans[rank].bytes
+            r["files"] = len(plan.rank_plans[rank].files)
+            for k in ("verified_bytes", "cached_check_bytes"):
+                if k in r:
+                    r[k] = r["bytes"]
+            # The copies of one rank's record get timings of their own: moved by µs, each op ns longer.
+            copy_no = rank // BASE_RANKS
+            sync_end = r.get("staged_ns") == r["t1_ns"]
+            for box in (r, *r.get("stages", ())):
+                for k in ("t0_ns", "t1_ns", "staged_ns"):
+                    if k in box:
+                        box[k] += copy_no * 1000
+            r["t1_ns"] += copy_no
+            if r.get("stages"):
+                r["stages"][-1]["t1_ns"] += copy_no
+            if sync_end:
+                r["staged_ns"] += copy_no
+            if rank != 0:
+                r.pop("host_counters", None)
+            recs.append(r)
+    (dest / "records.jsonl").write_text("".join(json.dumps(r, sort_keys=True) + "\n" for r in recs))
+    (dest / "config.yaml").write_text(yaml.safe_dump(config, sort_keys=False))
+    run = json.loads((dest / "run.json").read_text())
+    run["ranks"] = ranks
+    run["hosts"] = [{"host": run["hosts"][0]["host"], "ranks": list(range(ranks))}]
+    run["name"] = run["name"].replace(f"-{BASE_RANKS}r-", f"-{ranks}r-")
+    (dest / "run.json").write_text(json.dumps(run, indent=1, sort_keys=True) + "\n")
+    system = json.loads((dest / "system.json").read_text())
+    data = RunData(run, config, {}, recs, system)
+    summary = recomputed_summary(load_rules(run["rules_version"]), data, plan)
+    (dest / "summary.json").write_text(json.dumps(summary, indent=1, sort_keys=True) + "\n")
+    pred = bundle.read_envelope_predicate(dest)
+    pred.update(name=run["name"], ranks=ranks)
+    bundle.sign_bundle(dest, key, pred)
+    return len(recs)
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--ranks", type=int, nargs="+", default=[8, 64, 256, 1024])
+    ap.add_argument("--repeat", type=int, default=3)
+    ap.add_argument("--keep", type=Path, default=None, metavar="DIR",
+                    help="build the trees in DIR and keep them")
+    args = ap.parse_args()
+    work = args.keep or Path(tempfile.mkdtemp(prefix="mlckpt-large-"))
+    work.mkdir(parents=True, exist_ok=True)
+    try:
+        source = make_source(work)
+        info = bundle.generate_key(work / "check.pem")
+        key = bundle.load_private_key(info.path)
+        for n in args.ranks:
+            root = work / f"tree-{n}"
+            (root / "open" / ORG / "systems").mkdir(parents=True)
+            (root / "open" / ORG / "systems" / f"{SYSTEM}.yaml").write_text(DESCRIPTION)
+            (root / "trusted-keys.yaml").write_text(
+                f'mlckpt_trusted_keys: "1.0"\norganizations:\n  {ORG}: ["{info.public_key}"]\n')
+            dest = root / "open" / ORG / "results" / SYSTEM / "llama3_8b" / source.name.replace(
+                f"-{BASE_RANKS}r-", f"-{n}r-")
+            count = widen(source, dest, n, key)
+            best, out = float("inf"), None
+            for _ in range(args.repeat):
+                t0 = time.monotonic()
+                out = subprocess.run([str(BIN / "mlckpt-check"), str(root), "--jobs", "1", "--json",
+                                      str(work / "r.json")], capture_output=True, text=True, check=False)
+                best = min(best, time.monotonic() - t0)
+            report = json.loads((work / "r.json").read_text())
+            [b] = report["bundles"]
+            rules = sorted({f["rule"] for f in b["findings"]})
+            if os.environ.get("SHOW"):
+                for f in {f["rule"]: f for f in b["findings"]}.values():
+                    print("   ", f["message"][:400])
+            size = (dest / "records.jsonl").stat().st_size / 2**20
+            print(f"{n:5d} ranks, {count:6d} records ({size:.1f} MiB): {best:.2f} s "
+                  f"({best / count * 1e6:.0f} µs a record), verdict {b['verdict']}"
+                  + (f", findings {', '.join(rules)}" if rules else ""), flush=True)
+            assert out is not None and out.returncode in (0, 1, 6), out.stderr
+        return 0
+    finally:
+        if args.keep is None:
+            shutil.rmtree(work, ignore_errors=True)
+
+
+if __name__ == "__main__":
+    sys.exit(main())
