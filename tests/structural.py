@@ -228,7 +228,7 @@ def check_case(root: Path, trusted: bundle.TrustedKeys, budget_s: float, what: s
         problem = f"checker fault: {internal[0]}"
     elif report["exit_status"] not in (0, 1, 3, 6):
         problem = f"exit status {report['exit_status']}"
-    elif took > budget_s + 2.0:  # the budget is checked between stages and every 4096 records
+    elif took > budget_s + 2.0:  # the budget is checked between stages and every 64 records
         problem = f"took {took:.1f} s, over the {budget_s:g} s budget"
     else:
         json.dumps(report, allow_nan=False)
