@@ -573,6 +573,9 @@ def test_op_timer_keeps_the_garbage_collector_out_of_the_timed_region() -> None:
         def end(self, op: str, index: int) -> None:
             pass
 
+        def host_ns(self, t0_ns: int, t1_ns: int) -> list[int] | None:
+            return None
+
     timer.witness = Witness()
     assert gc.isenabled()
     try:

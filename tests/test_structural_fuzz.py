@@ -101,3 +101,24 @@ def test_a_bundle_past_the_budget_is_stopped_and_the_others_are_judged(honest_bu
                               timeout=60, check=False)
         assert proc.returncode == 2 and proc.stderr.strip().endswith(
             f"--bundle-budget: a positive number of seconds, got {float(bad)}"), proc.stderr
+
+
+def test_many_records_beside_an_unreadable_configuration_stop_at_the_budget(
+        honest_bundles: dict[str, Path], tmp_path: Path) -> None:
+    """Found by the fuzzer: config.yaml swapped with summary.json (so no bound on the records) and
+    one record repeated 60,000 times took 67 s against a 60 s budget on a loaded machine, the
+    budget then being checked every 4,096 lines.  Now the check stops within a few lines of it."""
+    key = bundle.load_private_key(honest_bundles["dir"] / "keys" / "org.pem")
+    folder = structural.fresh_case(honest_bundles["llama3_8b"], tmp_path / "t", CHECKER_ORG, CHECKER_SYSTEM,
+                                   (honest_bundles["dir"] / "laptop-ext4.yaml").read_bytes())
+    summary, config = (folder / "summary.json").read_bytes(), (folder / "config.yaml").read_bytes()
+    (folder / "summary.json").write_bytes(config)
+    (folder / "config.yaml").write_bytes(summary)
+    line = (folder / "records.jsonl").read_text().splitlines()[0]
+    (folder / "records.jsonl").write_text((line + "\n") * 60000)
+    bundle.sign_bundle(folder, key, bundle.read_envelope_predicate(folder))
+    trusted = bundle.TrustedKeys.load(honest_bundles["dir"] / "trusted-keys.yaml")
+    out = structural.check_case(tmp_path / "t", trusted, 0.5, "swapped, 60,000 records")
+    assert out.problem is None and out.seconds < 1.0, out
+    report = check_tree(tmp_path / "t", trusted, budget_s=0.5)
+    assert any("still in stage schema after" in f["message"] for f in report["findings"]), report["findings"]

@@ -586,7 +586,8 @@ def test_a_witnessed_run_beside_a_flood_of_strangers_passes_the_checker(tmp_path
     [b] = checked(tree(runs, tmp_path / "t", folder))
     assert not {r for r in rules_of(b) if r.startswith("WITNESS-")}, b["findings"]
     assert b["witness"]["counted"] is True
-    assert len(w.files()) == files + 1  # the run's own archive, nothing of the flood
+    tries = 1 + proc.stdout.count("running it again in")  # a busy host: disturbed tries retried
+    assert len(w.files()) == files + tries  # each try's own archive, nothing of the flood
 
 
 @pytest.mark.parametrize("setting, says", [
