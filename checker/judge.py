@@ -19,7 +19,7 @@ from checker.rulesets import (
     without,
 )
 from checker.state import State, Stop
-from checker.witness_check import open_transcript, witness_doc
+from checker.witness_check import transcript_of, witness_doc
 from mlckpt.errors import ConfigError
 from mlckpt.rules import (
     Context,
@@ -120,8 +120,7 @@ def _transcript(st: State, run: dict[str, Any]) -> dict[str, Any] | None:
     if not isinstance(claim, dict) or claim.get("status") != "witnessed" or st.verified is None \
             or st.folder is None or TRANSCRIPT not in st.verified.files:
         return None
-    assert st.rules is not None
-    return open_transcript(st.folder, st.verified, st.rules.version)[0]
+    return transcript_of(st)[0]
 
 
 def stage_rules(st: State) -> None:

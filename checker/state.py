@@ -40,6 +40,7 @@ class State:
     verdicts: Verdicts | None = None
     plan_digest: str | None = None  # the layout's digest, recomputed from config.yaml (a witness saw it)
     witness: WitnessFacts | None = None
+    transcript: tuple[Any, ...] | None = None  # open_transcript's (document, signer, why not), once
     stage: str = "layout"
     tmp: str | None = None  # where an archive was unpacked
     started: float = field(default_factory=time.monotonic)

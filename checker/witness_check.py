@@ -49,9 +49,16 @@ def open_transcript(folder: Path, vb: bundle.VerifiedBundle, version: str
     return dict(doc), signer, None
 
 
-def _opened(st: State, facts: WitnessFacts) -> WitnessFacts:
+def transcript_of(st: State) -> tuple[dict[str, Any] | None, str | None, str | None]:
+    """The bundle's transcript opened once (the result rules and the witness stage both read it)."""
     assert st.verified is not None and st.rules is not None and st.folder is not None
-    doc, signer, problem = open_transcript(st.folder, st.verified, st.rules.version)
+    if st.transcript is None:
+        st.transcript = open_transcript(st.folder, st.verified, st.rules.version)
+    return st.transcript  # type: ignore[return-value]
+
+
+def _opened(st: State, facts: WitnessFacts) -> WitnessFacts:
+    doc, signer, problem = transcript_of(st)
     if doc is None:
         return replace(facts, signer=signer, problem=problem)
     trusted = st.task.witnesses.org_for(str(signer)) if st.task.witnesses is not None else None

@@ -363,9 +363,6 @@ class OpTimer:
             "dontcache": opts.dontcache,
         }
         self._evidence(rec, before, opts.pool)
-        host_ns = self.witness.host_ns(t0, t1) if self.witness is not None else None
-        if host_ns is not None and self.records_format >= 7:
-            rec["witness_host_ns"] = host_ns
         if fmt4:
             rec["cpu_ns"] = c1 - c0
             if huge is not None:  # (None: /proc/self/smaps unreadable)
@@ -374,7 +371,8 @@ class OpTimer:
 
     def _evidence(self, rec: dict[str, Any], before: dict[str, Any] | None, pool: str) -> None:
         """After every rank agreed the op ended: the host's counters (its leader), the device's
-        samples through the op, the op's requests (records format 7)."""
+        samples through the op, the op's requests and a witnessed op's rank 0 time around it
+        (records format 7)."""
         if self.probe is not None:
             after = self.probe(closing=True)
             rec["host_counters"] = {"device": self.device, "before": before, "after": after}
@@ -386,6 +384,9 @@ class OpTimer:
                 rec["host_counters"]["samples"] = samples
         if self.records_format >= 7:
             rec.update(request_fields(engine.collected(pool)))
+            host_ns = self.witness.host_ns(rec["t0_ns"], rec["t1_ns"]) if self.witness is not None else None
+            if host_ns is not None:
+                rec["witness_host_ns"] = host_ns
 
 
 def request_fields(got: engine.Requests | None) -> dict[str, Any]:
