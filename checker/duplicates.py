@@ -5,7 +5,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 from checker.results import BundleResult, confined
-from checker.rulesets import _as_finding, fallback_rules, finding_dict, submission_findings
+from checker.rulesets import as_finding, fallback_rules, finding_dict, submission_findings
 from mlckpt.rules import (
     load_rules,
     verdict,
@@ -45,7 +45,7 @@ def add_duplicates(results: Sequence[BundleResult], forced_rules: str | None = N
             found, _ = submission_findings(rs, facts, r.declared_division or r.division)
             r.findings += [finding_dict(f, r.path, {"run.json": f"{r.path}/run.json"}) for f in found]
         if r.verdict != "internal-error":
-            r.verdict = verdict([_as_finding(f) for f in r.findings], r.declared_division or r.division)
+            r.verdict = verdict([as_finding(f) for f in r.findings], r.declared_division or r.division)
 
 
 

@@ -10,7 +10,7 @@ from typing import Any
 from checker.pairs import pair_doc
 from checker.results import BundleResult, clean_text, jsonable
 from checker.rulesets import (
-    _as_finding,
+    as_finding,
     fallback_rules,
     finding_dict,
     only,
@@ -259,7 +259,7 @@ def finish(st: State) -> BundleResult:
         if (rule_id, reason) not in seen:
             seen.add((rule_id, reason))
             result.not_checked.append({"rule": rule_id, "reason": reason})
-    result.verdict = verdict([_as_finding(f) for f in findings], division)
+    result.verdict = verdict([as_finding(f) for f in findings], division)
     summary = st.docs.get("summary.json")
     if st.facts["schema"] == [] and isinstance(summary, dict):  # schema-valid: safe to quote
         # The recomputed figures where the records allow it (the claimed ones otherwise: a bundle

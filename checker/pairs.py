@@ -8,7 +8,7 @@ from collections.abc import Mapping, Sequence
 from typing import Any
 
 from checker.results import BundleResult, confined
-from checker.rulesets import _as_finding, fallback_rules, finding_dict, submission_findings
+from checker.rulesets import as_finding, fallback_rules, finding_dict, submission_findings
 from mlckpt.rules import load_rules, verdict
 from mlckpt.rules.checks.split import clock_problems, host_clocks, pair_problems, proof_matches
 from mlckpt.rules.checks.submission import Problem, SubmissionFacts
@@ -114,7 +114,7 @@ def add_pairs(results: Sequence[BundleResult], forced_rules: str | None = None) 
             found, _ = submission_findings(rs, facts, r.declared_division or r.division)
             paths = {"run.json": f"{r.path}/run.json", "records.jsonl": f"{r.path}/records.jsonl"}
             r.findings += [finding_dict(f, r.path, paths) for f in found]
-            r.verdict = verdict([_as_finding(f) for f in r.findings], r.declared_division or r.division)
+            r.verdict = verdict([as_finding(f) for f in r.findings], r.declared_division or r.division)
     _mark_unpaired(results)
 
 

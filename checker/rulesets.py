@@ -97,16 +97,14 @@ def _err_key(err: Any) -> tuple[str, str]:
     return (".".join(map(str, err.absolute_path)), err.message)
 
 
-def _as_finding(d: Mapping[str, Any]) -> Finding:
+def as_finding(d: Mapping[str, Any]) -> Finding:
     return Finding(d["rule"], d["severity"], d["message"])
 
 
 def finding_dict(f: Finding, bundle_path: str, where_paths: Mapping[str, str]) -> dict[str, Any]:
-    path = bundle_path
-    best = -1
-    for where, target in where_paths.items():
-        if len(where) > best and f.message.startswith(f"{where}: "):
-            path, best = target, len(where)
+    """A finding as the report lists it, under the path of the place it concerns (``where_paths``:
+    a place's path in the tree) or else the bundle's."""
+    path = where_paths.get(f.where, bundle_path) if f.where else bundle_path
     return {"rule": f.rule, "severity": f.severity, "path": clean_text(path, 1000),
             "message": clean_text(f.message), "expected": jsonable(f.expected),
             "actual": jsonable(f.actual)}

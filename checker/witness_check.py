@@ -11,7 +11,8 @@ from typing import Any
 
 from checker.rulesets import schema_message
 from checker.state import State
-from mlckpt import bundle
+from mlckpt import bundle, dsse
+from mlckpt.errors import EnvelopeError
 from mlckpt.rules.checks.witness import TRANSCRIPT, WitnessFacts, figures, too_short
 from mlckpt.rules.engine import RuleSet
 from mlckpt.schemas import validator
@@ -40,8 +41,8 @@ def open_transcript(folder: Path, vb: bundle.VerifiedBundle, version: str
     over it holds and it matches its schema; otherwise (None, signer or None, why not)."""
     try:
         data = bundle.read_document(folder, TRANSCRIPT, vb)
-        doc, signer, _ = bundle.open_envelope(data, TRANSCRIPT_TYPE)
-    except (ParseError, ValueError) as exc:
+        doc, signer, _ = dsse.open_signed(data, TRANSCRIPT_TYPE)
+    except (ParseError, EnvelopeError) as exc:  # unreadable as signed, or not a sound envelope
         return None, None, str(exc)
     errors = list(itertools.islice(validator("witness-transcript", version).iter_errors(doc), 1))
     if errors:

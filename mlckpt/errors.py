@@ -52,6 +52,20 @@ class IntegrityError(MlckptError):
     exit_status = 3
 
 
+class EnvelopeError(IntegrityError):
+    """A DSSE envelope (a bundle's signature file, a witness's receipt or transcript) that does not
+    hold; ``kind`` says which part failed, set where it is raised."""
+
+    MALFORMED = "malformed"  # not an envelope of the expected type: JSON, fields, base64, sizes, key id
+    SIGNATURE = "signature"  # the signature does not verify under the key
+    PAYLOAD = "payload"  # signed, but the payload is not strict JSON
+    KEY = "key"  # signed, but by another key than the one the caller expects
+
+    def __init__(self, message: str, kind: str) -> None:
+        super().__init__(message)
+        self.kind = kind
+
+
 class RunFailure(MlckptError):
     """The benchmark itself failed (I/O error, verification mismatch, timeout, a rank died)."""
 

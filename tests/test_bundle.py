@@ -20,6 +20,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from mlckpt import bundle as b
+from mlckpt import dsse
 from mlckpt.bundle import _common as b_common
 from mlckpt.bundle import archive as b_archive
 from mlckpt.bundle import digest as b_code
@@ -135,7 +136,7 @@ def test_sign_then_verify(signed: Path, keys, trusted) -> None:
     # The signature is over PAE exactly as DSSE defines it.
     payload = base64.b64decode(env["payload"])
     expected_pae = b"DSSEv1 28 application/vnd.in-toto+json %d " % len(payload) + payload
-    assert b.pae(b.PAYLOAD_TYPE, payload) == expected_pae
+    assert dsse.pae(b.PAYLOAD_TYPE, payload) == expected_pae
     pub = keys["acme"][0].public_key()
     pub.verify(base64.b64decode(env["signatures"][0]["sig"]), expected_pae)
 
@@ -945,15 +946,15 @@ def test_the_statement_is_parsed_by_the_one_strict_loader(signed: Path, keys, ra
     the bundle code accepted 1e999, a 30-digit integer and a lone surrogate)."""
     from cryptography.hazmat.primitives import serialization
 
-    from mlckpt.bundle._common import _canonical_json
+    from mlckpt.dsse import canonical_json
 
     key = keys["acme"][0]
-    body = _canonical_json(statement(signed))
+    body = canonical_json(statement(signed))
     payload = body[:-1] + b"," + raw + b"}"  # a signed payload no json.dumps would write
     raw_pub = key.public_key().public_bytes(serialization.Encoding.Raw, serialization.PublicFormat.Raw)
     env = {"payloadType": b.PAYLOAD_TYPE, "payload": base64.b64encode(payload).decode(),
            "signatures": [{"keyid": b.keyid_of(raw_pub),
-                           "sig": base64.b64encode(key.sign(b.pae(b.PAYLOAD_TYPE, payload))).decode(),
+                           "sig": base64.b64encode(key.sign(dsse.pae(b.PAYLOAD_TYPE, payload))).decode(),
                            "public_key": base64.b64encode(raw_pub).decode()}]}
     write_envelope(signed, env)
     err = problems_of(signed)

@@ -1024,3 +1024,22 @@ def test_human_output_escapes_control_characters(honest_bundles: dict[str, Path]
     out = capsys.readouterr().out
     assert "\x1b" not in out and "\r" not in out
     assert "evil\\x1b[2J\\r\\nhost" in out
+
+
+def test_a_finding_is_listed_under_the_path_of_the_place_it_names() -> None:
+    """The report's path comes from the finding's place (Finding.where), never from its wording."""
+    from checker.rulesets import finding_dict
+    from mlckpt.rules.engine import Finding, Outcome, make_finding
+
+    rules = load_rules(DEFAULT_RULES_VERSION)
+    rule = rules.rules[0]
+    placed = make_finding(rule, Outcome(False, 1, 2, where="records.jsonl"))
+    assert placed.where == "records.jsonl" and placed.message.startswith("records.jsonl: ")
+    paths = {"records.jsonl": "org/results/sys/w/r1/records.jsonl",
+             "run.json": "org/results/sys/w/r1/run.json"}
+    assert finding_dict(placed, "org/results/sys/w/r1", paths)["path"] == paths["records.jsonl"]
+    # a message that merely begins like a place is the bundle's
+    worded = Finding(rule.id, rule.severity, "run.json: looks placed", where=None)
+    assert finding_dict(worded, "org/results/sys/w/r1", paths)["path"] == "org/results/sys/w/r1"
+    unknown = make_finding(rule, Outcome(False, 1, 2, where="host-a"))
+    assert finding_dict(unknown, "org/results/sys/w/r1", paths)["path"] == "org/results/sys/w/r1"

@@ -19,6 +19,7 @@ import pytest
 from witnessbed import ORG, Witness
 
 from mlckpt import bundle
+from mlckpt.errors import EnvelopeError
 from mlckpt.witness.client import Client, WitnessError, receipt_of, transcript_of
 
 PLAN = "ab" * 32
@@ -67,8 +68,9 @@ def test_a_witnessed_run_gets_signed_receipts_and_a_transcript(witness: Witness)
     assert opener == (bundle.keyid_of_key(witness.org_key), ORG)
     # the transcript again, from the journal: the same signed bytes
     assert c.call("GET", f"/v1/runs/{c.run}/transcript") == closing["transcript"]
-    with pytest.raises(ValueError, match="not by the witness"):
+    with pytest.raises(EnvelopeError, match="not by the witness") as info:
         transcript_of(closing, "0" * 64)
+    assert info.value.kind == EnvelopeError.KEY
 
 
 def test_a_client_states_no_time_and_follows_the_order(witness: Witness) -> None:

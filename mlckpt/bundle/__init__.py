@@ -1,9 +1,10 @@
 """Signed result bundles: layout, in-toto statement, DSSE envelope, Ed25519 keys, pack/unpack.
 
-The public surface is this package's ``__all__``: ``sign`` (statement, envelope, signing),
-``verify`` (verification in named steps), ``keys`` (keys and trusted keys), ``archive`` (pack,
-``safe_unpack``), ``models`` and ``digest`` (the runner code digest); modules starting with ``_``
-are internal.
+The public surface is this package's ``__all__``, what the runner, the checker, the witness and
+the tests use: ``sign`` (signing a folder), ``verify`` (verification in named steps), ``keys`` (key
+files and trusted keys), ``archive`` (pack, ``safe_unpack``), ``documents`` (reading what was
+verified), ``models`` and ``digest`` (the runner code digest); modules starting with ``_`` are
+internal.  The envelope itself is :mod:`mlckpt.dsse`'s, which the witness shares.
 
 Format
 ------
@@ -91,14 +92,10 @@ from mlckpt.bundle._common import (
     DEFAULT_PASSPHRASE_ENV,
     PAYLOAD_TYPE,
     PREDICATE_TYPE,
-    REQUIRED_PREDICATE_KEYS,
     SIGNATURE_FILE,
     STATEMENT_TYPE,
-    SUPPORTED_BUNDLE_FORMATS,
-    TRUSTED_KEYS_FORMAT,
     default_key_path,
     display_name,
-    pae,
 )
 
 # Everything else loads on first use (PEP 562): the command line lists `mlckpt keygen` and reads the
@@ -112,25 +109,20 @@ _LAZY = {
     "DOCUMENTS": "mlckpt.bundle.documents",
     "parse_document": "mlckpt.bundle.documents",
     "read_document": "mlckpt.bundle.documents",
-    "KEYS": "mlckpt.bundle.keys",
     "WITNESSES": "mlckpt.bundle.keys",
     "TrustedKeys": "mlckpt.bundle.keys",
-    "TrustKind": "mlckpt.bundle.keys",
-    "fingerprint": "mlckpt.bundle.keys",
     "generate_key": "mlckpt.bundle.keys",
-    "key_label": "mlckpt.bundle.keys",
     "parse_public_key_text": "mlckpt.bundle.keys",
-    "keyid_of": "mlckpt.bundle.keys",
     "keyid_of_key": "mlckpt.bundle.keys",
     "load_private_key": "mlckpt.bundle.keys",
-    "public_key_text": "mlckpt.bundle.keys",
+    "key_label": "mlckpt.dsse",
+    "keyid_of": "mlckpt.dsse",
+    "public_key_text": "mlckpt.dsse",
     "KeyInfo": "mlckpt.bundle.models",
     "Predicate": "mlckpt.bundle.models",
     "VerifiedBundle": "mlckpt.bundle.models",
     "make_envelope": "mlckpt.bundle.sign",
-    "make_statement": "mlckpt.bundle.sign",
     "sign_bundle": "mlckpt.bundle.sign",
-    "open_envelope": "mlckpt.bundle.verify",
     "read_envelope_predicate": "mlckpt.bundle.verify",
     "verify_bundle": "mlckpt.bundle.verify",
 }
@@ -140,22 +132,17 @@ if TYPE_CHECKING:
     from mlckpt.bundle.digest import code_digest
     from mlckpt.bundle.documents import DOCUMENTS, parse_document, read_document
     from mlckpt.bundle.keys import (
-        KEYS,
         WITNESSES,
         TrustedKeys,
-        TrustKind,
-        fingerprint,
         generate_key,
-        key_label,
-        keyid_of,
         keyid_of_key,
         load_private_key,
         parse_public_key_text,
-        public_key_text,
     )
     from mlckpt.bundle.models import KeyInfo, Predicate, VerifiedBundle
-    from mlckpt.bundle.sign import make_envelope, make_statement, sign_bundle
-    from mlckpt.bundle.verify import open_envelope, read_envelope_predicate, verify_bundle
+    from mlckpt.bundle.sign import make_envelope, sign_bundle
+    from mlckpt.bundle.verify import read_envelope_predicate, verify_bundle
+    from mlckpt.dsse import key_label, keyid_of, public_key_text
 
 
 def __getattr__(name: str) -> Any:
@@ -172,36 +159,27 @@ __all__ = [
     "CODE_DIGEST_ALG",
     "DEFAULT_PASSPHRASE_ENV",
     "DOCUMENTS",
-    "KEYS",
     "PAYLOAD_TYPE",
     "PREDICATE_TYPE",
-    "REQUIRED_PREDICATE_KEYS",
     "SIGNATURE_FILE",
     "STATEMENT_TYPE",
-    "SUPPORTED_BUNDLE_FORMATS",
-    "TRUSTED_KEYS_FORMAT",
     "WITNESSES",
     "KeyInfo",
     "Predicate",
-    "TrustKind",
     "TrustedKeys",
     "VerifiedBundle",
     "code_digest",
     "default_key_path",
     "display_name",
     "find_bundle_root",
-    "fingerprint",
     "generate_key",
     "key_label",
     "keyid_of",
     "keyid_of_key",
     "load_private_key",
     "make_envelope",
-    "make_statement",
     "open_bundle",
-    "open_envelope",
     "pack",
-    "pae",
     "parse_document",
     "parse_public_key_text",
     "public_key_text",

@@ -1,11 +1,8 @@
 """Internal: the bundle format's constants and the small helpers every part uses (strict JSON,
-base64, PAE, path rules, problem reports, atomic files)."""
+path rules, problem reports, atomic files)."""
 
 from __future__ import annotations
 
-import base64
-import binascii
-import json
 import os
 import re
 import tempfile
@@ -148,31 +145,12 @@ def default_key_path() -> Path:
     return base / "mlckpt" / "signing-key.pem"
 
 
-def _b64encode(data: bytes) -> str:
-    return base64.b64encode(data).decode("ascii")
 
 
-def _b64decode(text: Any, what: str) -> bytes:
-    """Strict standard base64 (padding required, no whitespace); ValueError naming ``what``."""
-    if not isinstance(text, str):
-        raise ValueError(f"{what} is not a string")
-    try:
-        return base64.b64decode(text.encode("ascii"), validate=True)
-    except (UnicodeEncodeError, binascii.Error, ValueError):
-        raise ValueError(f"{what} is not valid base64") from None
 
 
-def _canonical_json(obj: Any) -> bytes:
-    """Deterministic serialisation: sorted keys, compact, UTF-8, no NaN/Infinity."""
-    return json.dumps(obj, sort_keys=True, separators=(",", ":"), ensure_ascii=False, allow_nan=False).encode(
-        "utf-8"
-    )
 
 
-def pae(payload_type: str, body: bytes) -> bytes:
-    """DSSE v1 pre-authentication encoding."""
-    t = payload_type.encode("utf-8")
-    return b"DSSEv1 %d %s %d %s" % (len(t), t, len(body), body)
 
 
 def _check_relpath(name: Any) -> str | None:

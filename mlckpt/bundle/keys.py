@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import hashlib
 import os
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
@@ -21,30 +20,12 @@ from mlckpt.bundle._common import (
     DEFAULT_PASSPHRASE_ENV,
     MAX_KEY_FILE_BYTES,
     MAX_TRUSTED_KEYS_BYTES,
-    _b64decode,
-    _b64encode,
     _create_exclusive,
 )
 from mlckpt.bundle.models import KeyInfo
+from mlckpt.dsse import b64decode, key_label, keyid_of, public_key_text, raw_public
 from mlckpt.errors import UsageError
 from mlckpt.schemas import first_error
-
-
-def keyid_of(raw_public_key: bytes) -> str:
-    """sha256 hex of the raw 32-byte Ed25519 public key."""
-    return hashlib.sha256(raw_public_key).hexdigest()
-
-
-def fingerprint(raw_public_key: bytes) -> str:
-    """A key's short form for eyes and grep: the first 16 hex digits of its key id, which is how
-    the ``keyid`` in a bundle's signature file begins."""
-    return keyid_of(raw_public_key)[:16]
-
-
-def key_label(raw_public_key: bytes) -> str:
-    """How every message names a key: its ``ed25519:<base64>`` text, as written in ``.pub`` and
-    trusted-keys files, and its fingerprint."""
-    return f"{public_key_text(raw_public_key)} (fingerprint {fingerprint(raw_public_key)})"
 
 
 def read_trust_file(path: Path, what: str) -> Any:
@@ -64,30 +45,18 @@ def read_trust_file(path: Path, what: str) -> Any:
         raise UsageError(f"{path}: cannot parse {what}: {first}") from None
 
 
-def _raw_public(key: Ed25519PublicKey) -> bytes:
-    return key.public_bytes(serialization.Encoding.Raw, serialization.PublicFormat.Raw)
-
-
 def keyid_of_key(key: Ed25519PublicKey | Ed25519PrivateKey) -> str:
     """The key id of a key (its public half's raw bytes, hashed as :func:`keyid_of` does)."""
     if isinstance(key, Ed25519PrivateKey):
         key = key.public_key()
-    return keyid_of(_raw_public(key))
-
-
-def public_key_text(key: Ed25519PublicKey | Ed25519PrivateKey | bytes) -> str:
-    """``ed25519:<base64 raw key>``: the one-line form used in ``.pub`` and trusted-keys files."""
-    if isinstance(key, Ed25519PrivateKey):
-        key = key.public_key()
-    raw = key if isinstance(key, bytes) else _raw_public(key)
-    return "ed25519:" + _b64encode(raw)
+    return keyid_of(raw_public(key))
 
 
 def parse_public_key_text(text: Any) -> bytes:
     """Raw key bytes of ``ed25519:<base64>``; ValueError saying what is wrong."""
     if not isinstance(text, str) or not text.startswith("ed25519:"):
         raise ValueError("expected 'ed25519:<base64 raw key>'")
-    raw = _b64decode(text[len("ed25519:") :].strip(), "public key")
+    raw = b64decode(text[len("ed25519:") :].strip(), "public key")
     if len(raw) != 32:
         raise ValueError(f"an Ed25519 public key has 32 bytes, this one {len(raw)}")
     Ed25519PublicKey.from_public_bytes(raw)
@@ -126,7 +95,7 @@ def generate_key(path: Path, passphrase: bytes | None = None) -> KeyInfo:
         if isinstance(exc, FileExistsError):
             raise UsageError(f"{pub_path}: already exists; refusing to overwrite a key") from None
         raise
-    raw = _raw_public(key.public_key())
+    raw = raw_public(key)
     return KeyInfo(keyid=keyid_of(raw), public_key=text, path=path, public_path=pub_path)
 
 

@@ -15,8 +15,8 @@ from mlckpt.bundle._common import (
     DIVISIONS,
     REQUIRED_PREDICATE_KEYS,
     SUPPORTED_BUNDLE_FORMATS,
-    _canonical_json,
 )
+from mlckpt.dsse import canonical_json
 from mlckpt.errors import UsageError
 
 
@@ -104,7 +104,7 @@ def _predicate_dict(predicate: Predicate | Mapping[str, Any]) -> dict[str, Any]:
     if problems:
         raise UsageError("invalid predicate: " + "; ".join(dict.fromkeys(problems)))
     try:
-        _canonical_json(pred)
+        canonical_json(pred)
     except (TypeError, ValueError) as exc:
         raise UsageError(f"invalid predicate: not serialisable as strict JSON: {exc}") from None
     return pred

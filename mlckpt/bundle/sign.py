@@ -18,16 +18,13 @@ from mlckpt.bundle._common import (
     SIGNATURE_FILE,
     STATEMENT_TYPE,
     _atomic_write,
-    _b64encode,
-    _canonical_json,
     _check_relpath,
     _raise_problems,
-    pae,
     problem,
 )
 from mlckpt.bundle._fs import _hash_many, _open_error, _open_kind, _open_root, _scan
-from mlckpt.bundle.keys import _raw_public, keyid_of
 from mlckpt.bundle.models import Predicate, _predicate_dict
+from mlckpt.dsse import canonical_json, seal
 from mlckpt.errors import IntegrityKind
 
 
@@ -45,21 +42,7 @@ def make_envelope(statement: Mapping[str, Any], key: Ed25519PrivateKey,
                   payload_type: str = PAYLOAD_TYPE) -> dict[str, Any]:
     """Serialise ``statement`` deterministically and sign it into a DSSE envelope (``payload_type``:
     a bundle's in-toto statement by default; the witness signs its receipts under its own)."""
-    if not isinstance(key, Ed25519PrivateKey):
-        raise TypeError(f"expected an Ed25519PrivateKey, got {type(key).__name__}")
-    payload = _canonical_json(statement)
-    raw = _raw_public(key.public_key())
-    return {
-        "payloadType": payload_type,
-        "payload": _b64encode(payload),
-        "signatures": [
-            {
-                "keyid": keyid_of(raw),
-                "sig": _b64encode(key.sign(pae(payload_type, payload))),
-                "public_key": _b64encode(raw),
-            }
-        ],
-    }
+    return seal(canonical_json(statement), key, payload_type)
 
 
 def sign_bundle(folder: Path, key: Ed25519PrivateKey, predicate: Predicate | Mapping[str, Any]) -> Path:

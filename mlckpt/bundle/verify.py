@@ -6,16 +6,10 @@ from __future__ import annotations
 import hashlib
 import io
 import os
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from cryptography.exceptions import InvalidSignature
-from cryptography.hazmat.primitives.asymmetric.ed25519 import (
-    Ed25519PublicKey,
-)
-
-from mlckpt import strict
+from mlckpt import dsse, strict
 from mlckpt.bundle._common import (
     _HEX64,
     MAX_ENVELOPE_BYTES,
@@ -25,17 +19,16 @@ from mlckpt.bundle._common import (
     STATEMENT_TYPE,
     SUPPORTED_BUNDLE_FORMATS,
     Problem,
-    _b64decode,
     _check_relpath,
     _fail,
     _raise_problems,
-    pae,
     problem,
 )
 from mlckpt.bundle._fs import _hash_many, _open_beneath, _open_error, _open_kind, _open_root, _scan
-from mlckpt.bundle.keys import TrustedKeys, key_label, keyid_of, public_key_text
+from mlckpt.bundle.keys import TrustedKeys
 from mlckpt.bundle.models import VerifiedBundle, _predicate_problems
-from mlckpt.errors import IntegrityKind, UsageError
+from mlckpt.dsse import key_label, public_key_text
+from mlckpt.errors import EnvelopeError, IntegrityKind, UsageError
 
 
 def _read_envelope_bytes(root_fd: int, where: str) -> bytes:
@@ -60,71 +53,6 @@ def _read_envelope_bytes(root_fd: int, where: str) -> bytes:
     if total > MAX_ENVELOPE_BYTES:
         _fail(where, SIGNATURE_FILE, f"larger than {MAX_ENVELOPE_BYTES >> 20} MiB")
     return b"".join(chunks)
-
-
-@dataclass(frozen=True)
-class _Envelope:
-    payload: bytes
-    keyid: str
-    sig: bytes
-    public_key: bytes
-
-
-def open_envelope(data: bytes, payload_type: str) -> tuple[Any, str, str]:
-    """A DSSE envelope of ``payload_type`` (the witness's receipts and transcripts): its document,
-    after the signature over it is checked against the key it embeds, with that key's id and
-    text.  ValueError saying what is wrong; whether the key is trusted is the caller's question."""
-    env = _parse_envelope(data, payload_type)
-    try:
-        Ed25519PublicKey.from_public_bytes(env.public_key).verify(env.sig, pae(payload_type, env.payload))
-    except InvalidSignature:
-        raise ValueError(f"bad signature by key {key_label(env.public_key)}: document or signature "
-                         "altered") from None
-    return strict.parse_json(env.payload), env.keyid, public_key_text(env.public_key)
-
-
-def _parse_envelope(data: bytes, payload_type: str = PAYLOAD_TYPE) -> _Envelope:
-    """Strict structural parse; ValueError saying what is wrong.  Verifies nothing."""
-    try:
-        env = strict.parse_json(data)
-    except ValueError as exc:
-        raise ValueError(f"not valid JSON ({exc}); truncated or corrupted?") from None
-    if not isinstance(env, dict):
-        raise ValueError("not a JSON object")
-    want = {"payloadType", "payload", "signatures"}
-    if set(env) != want:
-        extra = sorted(set(env) - want)
-        missing = sorted(want - set(env))
-        detail = "; ".join(
-            s
-            for s in (
-                f"missing {', '.join(missing)}" if missing else "",
-                f"unexpected {', '.join(map(repr, extra))}" if extra else "",
-            )
-            if s
-        )
-        raise ValueError(f"envelope fields must be exactly payloadType, payload, signatures ({detail})")
-    if env["payloadType"] != payload_type:
-        raise ValueError(f"payloadType must be {payload_type!r}, got {env['payloadType']!r:.80}")
-    payload = _b64decode(env["payload"], "payload")
-    sigs = env["signatures"]
-    if not isinstance(sigs, list) or len(sigs) != 1:
-        raise ValueError("signatures must be a list of exactly one signature (format 1.0)")
-    entry = sigs[0]
-    if not isinstance(entry, dict) or set(entry) != {"keyid", "sig", "public_key"}:
-        raise ValueError("the signature entry must have exactly keyid, sig and public_key")
-    keyid = entry["keyid"]
-    if not isinstance(keyid, str) or not _HEX64.fullmatch(keyid):
-        raise ValueError("keyid must be 64 lowercase hex digits")
-    sig = _b64decode(entry["sig"], "sig")
-    if len(sig) != 64:
-        raise ValueError(f"an Ed25519 signature has 64 bytes, this one {len(sig)}")
-    pub = _b64decode(entry["public_key"], "public_key")
-    if len(pub) != 32:
-        raise ValueError(f"an Ed25519 public key has 32 bytes, this one {len(pub)}")
-    if keyid_of(pub) != keyid:
-        raise ValueError("keyid is not the sha256 of the embedded public key")
-    return _Envelope(payload=payload, keyid=keyid, sig=sig, public_key=pub)
 
 
 def _statement_problems(stmt: Any) -> tuple[dict[str, str], list[Problem]]:
@@ -167,7 +95,7 @@ def verify_bundle(
     """Verify ``folder``; return what was verified or raise BundleIntegrityError (exit 3).
 
     Steps, in order: the envelope read and parsed (:func:`_read_envelope_bytes`,
-    :func:`_parse_envelope`); the signer (:func:`_signer_key`: with ``trusted``, registered, and
+    :func:`mlckpt.dsse.parse`); the signer (:func:`_signer_key`: with ``trusted``, registered, and
     for ``org`` when given); the signature over PAE of the payload bytes (:func:`_check_signature`);
     only then the statement (:func:`_statement`: types, bundle_format); then the subjects against
     the folder (:func:`_subject_problems`) and every digest (:func:`_digest_problems`).  Problems
@@ -180,8 +108,8 @@ def verify_bundle(
     try:
         data = _read_envelope_bytes(root_fd, where)
         try:
-            env = _parse_envelope(data)
-        except ValueError as exc:
+            env = dsse.parse(data, PAYLOAD_TYPE)
+        except EnvelopeError as exc:
             _fail(where, SIGNATURE_FILE, str(exc))
         signer_org, key_raw = _signer_key(where, env, trusted, org)
         _check_signature(where, env, key_raw)
@@ -218,7 +146,7 @@ def _check_org_request(trusted: TrustedKeys | None, org: str | None) -> None:
 
 
 def _signer_key(
-    where: str, env: _Envelope, trusted: TrustedKeys | None, org: str | None
+    where: str, env: dsse.Envelope, trusted: TrustedKeys | None, org: str | None
 ) -> tuple[str | None, bytes]:
     """(the signer's organisation, the public key to verify with): the embedded key without
     ``trusted``; with it, the registered key, which must be the embedded one."""
@@ -242,15 +170,11 @@ def _signer_key(
     return signer_org, trusted_raw  # type: ignore[return-value]
 
 
-def _check_signature(where: str, env: _Envelope, key_raw: bytes) -> None:
+def _check_signature(where: str, env: dsse.Envelope, key_raw: bytes) -> None:
     try:
-        Ed25519PublicKey.from_public_bytes(key_raw).verify(env.sig, pae(PAYLOAD_TYPE, env.payload))
-    except (InvalidSignature, ValueError):
-        _fail(
-            where,
-            SIGNATURE_FILE,
-            f"bad signature by key {key_label(env.public_key)}: the statement or the signature was altered",
-        )
+        env.verify(key_raw, what="the statement")
+    except EnvelopeError as exc:
+        _fail(where, SIGNATURE_FILE, str(exc))
 
 
 def _statement(where: str, payload: bytes) -> tuple[dict[str, Any], dict[str, Any]]:
@@ -325,9 +249,8 @@ def read_envelope_predicate(folder: Path) -> dict[str, Any]:
     finally:
         os.close(root_fd)
     try:
-        env = _parse_envelope(data)
-        stmt = strict.parse_json(env.payload)
-    except ValueError as exc:
+        stmt = dsse.parse(data, PAYLOAD_TYPE).document()
+    except EnvelopeError as exc:
         _fail(str(folder), SIGNATURE_FILE, str(exc))
     pred = stmt.get("predicate") if isinstance(stmt, dict) else None
     if not isinstance(pred, dict):

@@ -62,14 +62,11 @@ class Finding:
     message: str
     expected: Any = None
     actual: Any = None
-    path: str | None = None
+    where: str | None = None  # the place (a host, a file) its message begins with, as Outcome.where
 
     def to_dict(self) -> dict[str, Any]:
-        d = {"rule": self.rule, "severity": self.severity, "message": self.message,
-             "expected": self.expected, "actual": self.actual}
-        if self.path is not None:
-            d["path"] = self.path
-        return d
+        return {"rule": self.rule, "severity": self.severity, "message": self.message,
+                "expected": self.expected, "actual": self.actual}
 
 
 @dataclass(frozen=True)
@@ -239,11 +236,11 @@ def _as_list(result: CheckResult) -> list[Outcome | NotChecked]:
     return [result] if isinstance(result, Outcome | NotChecked) else list(result)
 
 
-def make_finding(rule: Rule, o: Outcome, path: str | None = None) -> Finding:
+def make_finding(rule: Rule, o: Outcome) -> Finding:
     message = rule.message.format(expected=_show(o.expected), actual=_show(o.actual))
     if o.where:
         message = f"{o.where}: {message}"
-    return Finding(rule.id, rule.severity, message, o.expected, o.actual, path)
+    return Finding(rule.id, rule.severity, message, o.expected, o.actual, o.where or None)
 
 
 def _show(v: Any) -> str:

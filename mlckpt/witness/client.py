@@ -13,7 +13,8 @@ import urllib.error
 import urllib.request
 from typing import Any
 
-from mlckpt import bundle
+from mlckpt import bundle, dsse
+from mlckpt.errors import EnvelopeError
 from mlckpt.witness import protocol
 
 DEFAULT_TIMEOUT_S = 5.0
@@ -109,7 +110,7 @@ class Client:
         if self.keyid is not None and "receipt" in out:
             try:
                 receipt_of(out, self.keyid)
-            except (ValueError, KeyError, TypeError) as exc:
+            except (EnvelopeError, KeyError, TypeError) as exc:
                 raise WitnessError(f"witness {self.url}: a receipt that does not hold: {exc}") from None
         return out
 
@@ -129,17 +130,17 @@ class Client:
         if self.keyid is not None:
             try:
                 transcript_of(out, self.keyid)
-            except (ValueError, KeyError, TypeError) as exc:
+            except (EnvelopeError, KeyError, TypeError) as exc:
                 raise WitnessError(f"witness {self.url}: a transcript that does not hold: {exc}") from None
         return out
 
 
 def opened(envelope: Any, payload_type: str, keyid: str | None = None) -> dict[str, Any]:
     """A receipt's or transcript's document, its signature checked (and its signer, if given)."""
-    doc, signer, _ = bundle.open_envelope(json.dumps(envelope).encode(), payload_type)
+    doc, signer, _ = dsse.open_signed(json.dumps(envelope).encode(), payload_type)
     if keyid is not None and signer != keyid:
-        raise ValueError(f"signed by the key with fingerprint {signer[:16]}, not by the witness's "
-                         f"{keyid[:16]}")
+        raise EnvelopeError(f"signed by the key with fingerprint {signer[:16]}, not by the witness's "
+                            f"{keyid[:16]}", EnvelopeError.KEY)
     return dict(doc)
 
 

@@ -27,8 +27,9 @@ from typing import Any
 
 from aiohttp import web
 
-from mlckpt import bundle
+from mlckpt import bundle, dsse
 from mlckpt import strict as loading
+from mlckpt.errors import EnvelopeError
 from mlckpt.witness import protocol
 from mlckpt.witness.admission import Challenges, Ledger, Limits
 from mlckpt.witness.connections import Connections, Guarded
@@ -179,8 +180,8 @@ class Witness:
         t_wall, t_mono = time.time_ns(), time.monotonic_ns()
         raw = await self.raw(request)
         try:
-            doc, signer, _ = bundle.open_envelope(raw, protocol.OPEN_TYPE)
-        except ValueError as exc:
+            doc, signer, _ = dsse.open_signed(raw, protocol.OPEN_TYPE)
+        except EnvelopeError as exc:
             raise self.refuse(web.HTTPUnauthorized, "an open must be signed by a trusted key (mlckpt run "
                                                     f"signs it with signing.key): {exc}") from None
         org = self.trusted.org_for(signer)
