@@ -28,6 +28,7 @@ from mlckpt.errors import InternalError, IOFailure, MlckptError, VerificationErr
 from mlckpt.run.console import Console, DeviceMeter
 from mlckpt.run.faults import NO_FAULTS, Faults
 from mlckpt.run.guardian import Guardian
+from mlckpt.written import Written
 
 WATCH_POLL_S = 0.01  # how often rank 0's op watch looks for the other ranks' "done"
 DONE_TAG = 7  # tag of the "done" messages, on the runner's private duplicate communicator
@@ -239,10 +240,10 @@ class OpTimer:
     # barrier (a write's nonce comes back and ``seal`` binds it into the content, untimed), its
     # end once every rank agreed it is over.
     witness: Any = None
-    # Records format 4 (rules 1.4): each record adds the rank's CPU time over the op; the first
-    # write and the first restore add the huge-page share of ``state`` (the rank's arena), read
-    # from /proc/self/smaps before the barrier (~6 ms of CPU a read: not before every op).
-    records_format: int = 3
+    # What the rule set's records carry (mlckpt.written).  ``op_cpu``: the huge-page share of
+    # ``state`` (the rank's arena) is read from /proc/self/smaps before the barrier (~6 ms of CPU a
+    # read: not before every op).
+    written: Written = field(default_factory=lambda: Written("", 0, 3, 0))
     # Records format 7: the leader's device counters sampled through each op (a timeline).
     sampler: Any = None
     state: Any = None
@@ -281,17 +282,17 @@ class OpTimer:
             gc.enable()
 
     def _opening(self, pool: str) -> dict[str, Any] | None:
-        """The op's barrier and the leader's first counters (None elsewhere).  From records format 6
+        """The op's barrier and the leader's first counters (None elsewhere).  With ``own_io``
         no rank starts before its host's counters are read (a second barrier): with many ranks per
-        core the leader can leave the first tens of ms after the others began moving bytes.  From
-        7 the device is sampled from before the barrier, and the op's requests are collected."""
+        core the leader can leave the first tens of ms after the others began moving bytes.  With
+        ``requests`` the device is sampled from before the barrier, and the op's requests collected."""
         if self.sampler is not None:
             self.sampler.start()
         self.job.comm.Barrier()
         before = self.probe() if self.probe is not None else None
-        if self.records_format >= 6:
+        if self.written.has("own_io"):
             self.job.comm.Barrier()
-        if self.records_format >= 7:
+        if self.written.has("requests"):
             engine.collect(pool)
         return before
 
@@ -314,9 +315,9 @@ class OpTimer:
         sent = None
         if job.rank == 0:  # a progress line before the barrier, never inside the timing
             job.console.stage(f"{op} {index}", op_meter(self, op, nbytes))
-        fmt4 = self.records_format >= 4
+        op_cpu = self.written.has("op_cpu")
         huge = None
-        if fmt4 and self.state is not None and op not in self.sampled:
+        if op_cpu and self.state is not None and op not in self.sampled:
             self.sampled.add(op)
             huge = engine.huge_bytes(self.state)
         collecting = self.hold_gc()
@@ -363,7 +364,7 @@ class OpTimer:
             "dontcache": opts.dontcache,
         }
         self._evidence(rec, before, opts.pool)
-        if fmt4:
+        if op_cpu:
             rec["cpu_ns"] = c1 - c0
             if huge is not None:  # (None: /proc/self/smaps unreadable)
                 rec["state_bytes"], rec["state_huge_bytes"] = int(self.state.nbytes), int(huge)
@@ -376,13 +377,13 @@ class OpTimer:
         if self.probe is not None:
             after = self.probe(closing=True)
             rec["host_counters"] = {"device": self.device, "before": before, "after": after}
-            if self.records_format >= 6:  # the host's CPUs, to weigh other processes' CPU time
+            if self.written.has("own_io"):  # the host's CPUs, to weigh other processes' CPU time
                 rec["host_counters"]["cpus"] = os.cpu_count() or 1
         if self.sampler is not None:
             samples = self.sampler.stop()
             if "host_counters" in rec:
                 rec["host_counters"]["samples"] = samples
-        if self.records_format >= 7:
+        if self.written.has("requests"):
             rec.update(request_fields(engine.collected(pool)))
             host_ns = self.witness.host_ns(rec["t0_ns"], rec["t1_ns"]) if self.witness is not None else None
             if host_ns is not None:

@@ -20,8 +20,9 @@ from mlckpt.rules import Finding, verdict
 from mlckpt.rules.checks.evidence import recomputed_summary
 from mlckpt.rules.checks.result import DATA_SCHEME, RunData
 from mlckpt.run.gates import Gates
-from mlckpt.schemas import describe, pinned, validator
+from mlckpt.schemas import describe, validator
 from mlckpt.workload.pipeline import Pipeline
+from mlckpt.written import Written
 
 
 @dataclass(frozen=True)
@@ -45,11 +46,6 @@ def summary_of(setup: Setup, records: Sequence[Mapping[str, Any]], manifest: Map
                               setup.plan)
 
 
-def records_format(rules_version: str) -> int:
-    """The records format a rule set's run schema pins (what the runner records under it)."""
-    return int(pinned("run", "records_format", rules_version))
-
-
 def manifest_of(
     setup: Setup,
     gates: Gates,
@@ -67,28 +63,24 @@ def manifest_of(
     calibration: Mapping[str, Any] | None = None,
     content_commitment: str | None = None,
 ) -> dict[str, Any]:
-    """run.json before the result-stage rules add their findings (pure), in the run format the
-    rule set's schema pins (rules 1.2 bundles stay run format 3)."""
+    """run.json before the result-stage rules add their findings (pure), with the keys the rule
+    set's run format has (mlckpt.written: rules 1.2 bundles stay run format 3)."""
     cfg, pipe = setup.config, Pipeline.of(setup.config)
-    run_format = int(pinned("run", "run_format", setup.rules.version))
-    extra: dict[str, Any] = {}
-    if run_format >= 4:
-        extra["restored_from"] = dict(restored_from) if restored_from else None
-        if run_format < 10 and restored_from:  # the content proof came with run format 10
-            extra["restored_from"].pop("content_proof", None)
-    if run_format >= 5:  # rules 1.4: who witnessed the run (null: not witnessed)
-        extra["witness"] = dict(witness) if witness else None
-    if run_format >= 6:  # rules 1.6: where the checkpoints went (a folder, or an object store)
-        extra["storage"] = dict(storage) if storage else {"kind": "posix"}
-    if run_format >= 7:  # rules 1.7: where the state lived (null: host memory; or the GPU source)
-        extra["state"] = dict(state) if state else None
-    if run_format >= 8:  # rules 1.8: each host's timing, measured before the first op
-        extra["calibration"] = dict(calibration) if calibration else None
-    if run_format >= 10:  # rules 1.10: a write half's commitment to its content key (split.py)
-        extra["content_commitment"] = content_commitment
+    written = Written.of(setup.rules.version)
+    source = dict(restored_from) if restored_from else None
+    if source is not None and not written.has("content_commitment"):
+        source.pop("content_proof", None)
+    keyed = {
+        "restored_from": source,
+        "witness": dict(witness) if witness else None,
+        "storage": dict(storage) if storage else {"kind": "posix"},
+        "state": dict(state) if state else None,
+        "calibration": dict(calibration) if calibration else None,
+        "content_commitment": content_commitment,
+    }
     return {
-        "run_format": run_format,
-        **extra,
+        "run_format": written.run,
+        **{key: value for key, value in keyed.items() if written.has(key)},
         "run_id": run.hex,
         "name": run.name,
         "status": "complete",
@@ -106,7 +98,7 @@ def manifest_of(
         "overrides": list(overrides),
         "started": started,
         "ended": ended,
-        "records_format": records_format(setup.rules.version),
+        "records_format": written.records,
         "data_scheme": DATA_SCHEME,
         "system_name": (description or {}).get("system_name"),
         "pipeline": {

@@ -42,7 +42,6 @@ from mlckpt.run.guardian import Guardian
 from mlckpt.run.hostwatch import link_guardians
 from mlckpt.run.publish import (
     RunId,
-    records_format,
 )
 from mlckpt.run.reads import ReadPhase
 from mlckpt.run.site_mpi import first_line, mismatch, speaks
@@ -51,6 +50,7 @@ from mlckpt.run.witnessing import Witnessing
 from mlckpt.run.writes import WritePhase, WriteState
 from mlckpt.units import fmt_bytes
 from mlckpt.workload.layout import PAGE, pages
+from mlckpt.written import Written
 
 
 def run_name(cfg: Mapping[str, Any], run_id: int) -> str:
@@ -118,18 +118,18 @@ def op_timer(job: Job, c: Configured, gates: Gates, folders: Folders, created: C
         )
     stalled = Stalled(job, c, gates, folders, created)
     timer = OpTimer(job, float(c.config["io"]["timeout_s"]), channel, stalled)
-    timer.records_format = records_format(c.setup.rules.version)
+    timer.written = Written.of(c.setup.rules.version)
     pids = job.comm.allgather(os.getpid())
     if gates.leader(job.rank):  # the host's kernel counters around every op (records format 3)
         timer.device = block_device(folders.root) if isinstance(folders.root, Path) else None
         ranks = next(h for h in gates.hosts if job.rank in h.ranks).ranks
         # Records format 6: and what the kernel charged to the host's ranks, to tell the run's
         # own I/O from other tenants' on the same device.
-        own = [pids[r] for r in ranks] if timer.records_format >= 6 else ()
+        own = [pids[r] for r in ranks] if timer.written.has("own_io") else ()
         timer.probe = partial(counters_sample, timer.device, own)
         timer.host_ranks = len(ranks)
         every = c.config["io"].get("sample_interval_s")
-        if timer.records_format >= 7 and timer.device is not None and every != 0:
+        if timer.written.has("requests") and timer.device is not None and every != 0:
             timer.sampler = DeviceSampler(timer.device, float(every or SAMPLE_INTERVAL_S))
     return timer
 
@@ -188,7 +188,7 @@ def phases(job: Job, c: Configured, gates: Gates, created: Created, ident: tuple
         entries = job.comm.gather(mine_gpu["entry"], root=0)
         state = gpustate.state_block(mine_gpu, entries) if job.rank == 0 else None
     idle_s = float(c.setup.rules.data.get("attribution", {}).get("background_s", 0.0))  # rules 1.9
-    calibration = calibrate(timer, background_s=idle_s) if timer.records_format >= 6 else None
+    calibration = calibrate(timer, background_s=idle_s) if timer.written.has("own_io") else None
     try:
         run_id, records = _io_phases(job, c, gates, created, folders, timer, arena,
                                      (mine, own, reads, rd_offsets), dev)

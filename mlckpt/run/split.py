@@ -21,8 +21,8 @@ from mlckpt import bundle
 from mlckpt.errors import BundleIntegrityError, ConfigError, MlckptError
 from mlckpt.rules.checks.split import content_proof, pair_problems, proof_matches
 from mlckpt.run.cleanup import RUN_MARKER
-from mlckpt.schemas import pinned
 from mlckpt.witness import protocol
+from mlckpt.written import Written
 
 KEY = "checkpoint.restore_from"
 _NAME = re.compile(r"^[0-9]{8}T[0-9]{6}Z-.+-[0-9]+r-[0-9a-f]{16}$")
@@ -90,7 +90,7 @@ def load_source(value: str, output_root: Path, read_config: Mapping[str, Any]) -
         raise ConfigError(f"{KEY}: {folder}: {str(exc).splitlines()[0]}", key=KEY) from None
     problems = pair_problems(run, config, read_config)
     rules = str(read_config.get("rules_version"))
-    if pinned("run", "run_format", rules) >= 10 and not run.get("content_commitment"):
+    if Written.of(rules).has("content_commitment") and not run.get("content_commitment"):
         was = run.get("rules_version")
         problems.append(f"it has no content commitment (rules {was}), which rules {rules} bind a restore "
                         f"to: restore it under rules_version={was}, or write it again under {rules}")

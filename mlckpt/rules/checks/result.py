@@ -17,8 +17,8 @@ from typing import Any
 from mlckpt import formats
 from mlckpt.metrics import hugepage_share_min, summarize
 from mlckpt.rules.engine import Context, NotChecked, Outcome, Rule, RuleSet, checks_table, rank_shift
-from mlckpt.schemas import pinned
 from mlckpt.workload.pipeline import DURABLE, FAST, MEMORY_FILESYSTEMS, Pipeline
+from mlckpt.written import Written
 
 # The data scheme the runner declares in run.json; see mlckpt/engine/content.py (AES-128-CTR keystream per
 # run/rank/checkpoint/file, 32-byte tag on every 4 KiB page).
@@ -69,7 +69,7 @@ def written(d: RunData) -> int:
 
 def summary_format(rs: RuleSet) -> int:
     """The summary format a rule set's bundles carry (its summary schema's ``summary_format``)."""
-    return int(pinned("summary", "summary_format", rs.version))
+    return Written.of(rs.version).summary
 
 
 def _run(ctx: Context) -> RunData:

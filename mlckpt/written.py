@@ -1,0 +1,55 @@
+"""What a runner judged by a rules version writes: the formats that version's schemas pin, and what
+each format brought.  The one place where a rules version becomes the runner's choices: the phases
+ask ``Written.of(version).has("calibration")``, never ``run_format >= 8``.  A new rules version that
+adds a key adds one line to :data:`FEATURES` (and its format's history in ``mlckpt/formats.py``).
+"""
+
+from __future__ import annotations
+
+import functools
+from dataclasses import dataclass
+from typing import Literal
+
+from mlckpt.schemas import pinned
+
+Document = Literal["run", "records", "summary"]
+
+# feature -> (the document that carries it, the format of that document that brought it, what it is)
+FEATURES: dict[str, tuple[Document, int, str]] = {
+    "restored_from": ("run", 4, "a read-only invocation names the write invocation it restored"),
+    "witness": ("run", 5, "who witnessed the run (null: not witnessed)"),
+    "storage": ("run", 6, "where the checkpoints went: a folder, or an object store"),
+    "state": ("run", 7, "where the state lived (null: host memory; or the GPU source)"),
+    "calibration": ("run", 8, "each host's timing, measured before the first op"),
+    "content_commitment": ("run", 10, "a write half's commitment to its content key, and a read half's "
+                           "proof (restored_from.content_proof)"),
+    "op_cpu": ("records", 4, "each rank's CPU time over an op, and the huge-page share of its state "
+               "at the first write and the first restore"),
+    "own_io": ("records", 6, "what the kernel charged to the host's ranks beside the device's total, "
+               "the host's CPUs, and a second barrier after the counters are read"),
+    "requests": ("records", 7, "each op's requests (latency histogram, phases), the device sampled "
+                 "through the op, rank 0's own time around a witnessed op"),
+    "what_changes": ("summary", 4, "what changes the figure: the slowest rank's share, stalls"),
+    "latency": ("summary", 6, "per-request latency percentiles, IOPS and where time went"),
+}
+
+
+@dataclass(frozen=True)
+class Written:
+    """The formats of what is written under one rules version."""
+
+    rules_version: str
+    run: int
+    records: int
+    summary: int
+
+    @staticmethod
+    @functools.cache
+    def of(rules_version: str) -> Written:
+        return Written(rules_version, int(pinned("run", "run_format", rules_version)),
+                       int(pinned("run", "records_format", rules_version)),
+                       int(pinned("summary", "summary_format", rules_version)))
+
+    def has(self, feature: str) -> bool:
+        document, since, _ = FEATURES[feature]
+        return int(getattr(self, document)) >= since
