@@ -34,7 +34,7 @@ from checker.judge import finish, stage_facts, stage_rules
 from checker.results import BundleResult, Task, fault_finding
 from checker.rulesets import (
     MAX_SCHEMA_ERRORS,
-    _err_key,
+    error_key,
     known_rules_versions,
     only,
     schema_message,
@@ -213,7 +213,7 @@ def stage_schema(st: State) -> None:
             bad = True
             continue
         errors = sorted(itertools.islice(validator(schema, version).iter_errors(doc), MAX_SCHEMA_ERRORS),
-                        key=_err_key)
+                        key=error_key)
         _schema_problems(st, name, schema, [schema_message(e) for e in errors])
         bad = bad or bool(errors)
         st.docs[name] = doc
@@ -260,7 +260,7 @@ def _records(st: State, version: str) -> bool:
                 continue
             errs = list(v.iter_errors(rec)) if not v.is_valid(rec) else []
             if errs:
-                messages += [f"line {lineno}: {schema_message(e)}" for e in sorted(errs, key=_err_key)]
+                messages += [f"line {lineno}: {schema_message(e)}" for e in sorted(errs, key=error_key)]
                 if len(messages) > MAX_SCHEMA_PROBLEMS:
                     break
                 continue

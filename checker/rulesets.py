@@ -72,7 +72,7 @@ def load_system_file(root: Path, sf: SystemFile | None, path: str, rules_version
     except ParseError as exc:
         return SystemInfo(sf.path, None, str(exc))
     errors = sorted(itertools.islice(validator("system-description", rules_version).iter_errors(doc),
-                                     MAX_SCHEMA_ERRORS), key=_err_key)
+                                     MAX_SCHEMA_ERRORS), key=error_key)
     if errors:
         more = f" (and {len(errors) - 1} more)" if len(errors) > 1 else ""
         return SystemInfo(sf.path, None, f"{schema_message(errors[0])}{more}")
@@ -93,7 +93,7 @@ def schema_message(err: Any) -> str:
     return clean_text(f"{dotted(err)}: {msg}", 300)
 
 
-def _err_key(err: Any) -> tuple[str, str]:
+def error_key(err: Any) -> tuple[str, str]:
     return (".".join(map(str, err.absolute_path)), err.message)
 
 

@@ -93,10 +93,10 @@ MAX_TAR_METADATA_BYTES = 32 << 10  # one pax/GNU long-name header; names are <= 
 HASH_CHUNK = 1 << 20  # 1 MiB reads: as fast as 4-8 MiB here and kinder to the L2 cache
 
 
-_PARALLEL_MIN_BYTES = 8 << 20
+PARALLEL_MIN_BYTES = 8 << 20
 
 
-_HEX64 = re.compile(r"[0-9a-f]{64}")
+HEX64 = re.compile(r"[0-9a-f]{64}")
 
 
 _CONTROL = re.compile(r"[\x00-\x1f\x7f]")
@@ -105,16 +105,16 @@ _CONTROL = re.compile(r"[\x00-\x1f\x7f]")
 _DRIVE = re.compile(r"[A-Za-z]:")
 
 
-_O_CLOEXEC = getattr(os, "O_CLOEXEC", 0)
+O_CLOEXEC = getattr(os, "O_CLOEXEC", 0)
 
 
-_O_NOFOLLOW = getattr(os, "O_NOFOLLOW", 0)
+O_NOFOLLOW = getattr(os, "O_NOFOLLOW", 0)
 
 
-_O_NONBLOCK = getattr(os, "O_NONBLOCK", 0)
+O_NONBLOCK = getattr(os, "O_NONBLOCK", 0)
 
 
-_O_DIRECTORY = getattr(os, "O_DIRECTORY", 0)
+O_DIRECTORY = getattr(os, "O_DIRECTORY", 0)
 
 
 Problem = IntegrityProblem
@@ -153,7 +153,7 @@ def default_key_path() -> Path:
 
 
 
-def _check_relpath(name: Any) -> str | None:
+def relpath_problem(name: Any) -> str | None:
     """Why ``name`` is not an acceptable bundle-relative path, or None when it is."""
     if not isinstance(name, str):
         return "name is not a string"
@@ -185,7 +185,7 @@ def _check_relpath(name: Any) -> str | None:
     return None
 
 
-def _raise_problems(where: str, problems: Sequence[Problem]) -> None:
+def raise_problems(where: str, problems: Sequence[Problem]) -> None:
     """One BundleIntegrityError listing every problem; first line = count + first problem."""
     if not problems:
         return
@@ -200,17 +200,17 @@ def _raise_problems(where: str, problems: Sequence[Problem]) -> None:
     raise BundleIntegrityError("\n".join(lines), problems)
 
 
-def _fail(where: str, path: str, message: str, kind: str | None = None) -> NoReturn:
-    _raise_problems(where, [problem(path, message, kind)])
+def fail(where: str, path: str, message: str, kind: str | None = None) -> NoReturn:
+    raise_problems(where, [problem(path, message, kind)])
     raise AssertionError("unreachable")
 
 
-_tls = threading.local()
+thread_state = threading.local()
 
 
 def _fsync_dir(path: Path) -> None:
     try:
-        fd = os.open(path, os.O_RDONLY | _O_DIRECTORY | _O_CLOEXEC)
+        fd = os.open(path, os.O_RDONLY | O_DIRECTORY | O_CLOEXEC)
     except OSError:
         return
     try:
@@ -222,7 +222,7 @@ def _fsync_dir(path: Path) -> None:
 
 
 @contextmanager
-def _atomic_file(target: Path, mode: int = 0o644) -> Iterator[BinaryIO]:
+def atomic_file(target: Path, mode: int = 0o644) -> Iterator[BinaryIO]:
     """A file that appears at ``target`` complete or not at all: temp file in the same folder,
     fsync, rename, fsync of the folder (the temp file is removed on any failure)."""
     fd, tmp = tempfile.mkstemp(prefix=f".{target.name}.", suffix=".tmp", dir=target.parent)
@@ -242,13 +242,13 @@ def _atomic_file(target: Path, mode: int = 0o644) -> Iterator[BinaryIO]:
     _fsync_dir(target.parent)
 
 
-def _atomic_write(target: Path, data: bytes, mode: int = 0o644) -> None:
-    with _atomic_file(target, mode) as f:
+def atomic_write(target: Path, data: bytes, mode: int = 0o644) -> None:
+    with atomic_file(target, mode) as f:
         f.write(data)
 
 
-def _create_exclusive(path: Path, data: bytes, mode: int) -> None:
-    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | _O_NOFOLLOW | _O_CLOEXEC, mode)
+def create_exclusive(path: Path, data: bytes, mode: int) -> None:
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | O_NOFOLLOW | O_CLOEXEC, mode)
     try:
         os.fchmod(fd, mode)
         view = memoryview(data)

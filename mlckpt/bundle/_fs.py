@@ -13,17 +13,17 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 from mlckpt.bundle._common import (
-    _O_CLOEXEC,
-    _O_DIRECTORY,
-    _O_NOFOLLOW,
-    _O_NONBLOCK,
-    _PARALLEL_MIN_BYTES,
     HASH_CHUNK,
     MAX_DEPTH,
+    O_CLOEXEC,
+    O_DIRECTORY,
+    O_NOFOLLOW,
+    O_NONBLOCK,
+    PARALLEL_MIN_BYTES,
     SIGNATURE_FILE,
     Problem,
-    _tls,
     problem,
+    thread_state,
 )
 from mlckpt.errors import IntegrityKind, UsageError
 
@@ -32,25 +32,25 @@ class _NotRegular(OSError):
     pass
 
 
-def _open_root(folder: Path) -> int:
+def open_root(folder: Path) -> int:
     try:
-        return os.open(folder, os.O_RDONLY | _O_DIRECTORY | _O_CLOEXEC)
+        return os.open(folder, os.O_RDONLY | O_DIRECTORY | O_CLOEXEC)
     except FileNotFoundError:
         raise UsageError(f"{folder}: no such bundle folder") from None
     except NotADirectoryError:
         raise UsageError(f"{folder}: not a folder") from None
 
 
-def _open_beneath(root_fd: int, rel: str) -> int:
+def open_beneath(root_fd: int, rel: str) -> int:
     """Open regular file ``rel`` beneath ``root_fd`` following no symlink; fd or OSError."""
     parts = rel.split("/")
     dir_fd = root_fd
     opened: list[int] = []
     try:
         for part in parts[:-1]:
-            dir_fd = os.open(part, os.O_RDONLY | _O_DIRECTORY | _O_NOFOLLOW | _O_CLOEXEC, dir_fd=dir_fd)
+            dir_fd = os.open(part, os.O_RDONLY | O_DIRECTORY | O_NOFOLLOW | O_CLOEXEC, dir_fd=dir_fd)
             opened.append(dir_fd)
-        fd = os.open(parts[-1], os.O_RDONLY | _O_NOFOLLOW | _O_NONBLOCK | _O_CLOEXEC, dir_fd=dir_fd)
+        fd = os.open(parts[-1], os.O_RDONLY | O_NOFOLLOW | O_NONBLOCK | O_CLOEXEC, dir_fd=dir_fd)
     finally:
         for d in opened:
             os.close(d)
@@ -65,7 +65,7 @@ def _open_beneath(root_fd: int, rel: str) -> int:
     return fd
 
 
-def _open_error(exc: OSError) -> str:
+def open_error(exc: OSError) -> str:
     if isinstance(exc, _NotRegular):
         return "is not a regular file"
     if exc.errno in (errno.ELOOP, errno.EMLINK):
@@ -77,14 +77,14 @@ def _open_error(exc: OSError) -> str:
     return f"cannot read: {exc.strerror or exc}"
 
 
-def _open_kind(exc: OSError) -> str | None:
+def open_kind(exc: OSError) -> str | None:
     """The integrity kind of a failed open: an entry a bundle may not hold, or (None) the default."""
     if isinstance(exc, _NotRegular) or exc.errno in (errno.ELOOP, errno.EMLINK, errno.ENOTDIR):
         return IntegrityKind.PATHS
     return None
 
 
-def _scan(root_fd: int) -> tuple[dict[str, int], list[Problem]]:
+def scan(root_fd: int) -> tuple[dict[str, int], list[Problem]]:
     """Regular files (name -> size) under root, and every entry that is not allowed."""
     files: dict[str, int] = {}
     bad: list[Problem] = []
@@ -105,7 +105,7 @@ def _scan(root_fd: int) -> tuple[dict[str, int], list[Problem]]:
                         continue
                     sub = os.open(
                         entry.name,
-                        os.O_RDONLY | _O_DIRECTORY | _O_NOFOLLOW | _O_CLOEXEC,
+                        os.O_RDONLY | O_DIRECTORY | O_NOFOLLOW | O_CLOEXEC,
                         dir_fd=dir_fd,
                     )
                     try:
@@ -119,7 +119,7 @@ def _scan(root_fd: int) -> tuple[dict[str, int], list[Problem]]:
                         problem(rel, "is not a regular file (device, FIFO or socket)", IntegrityKind.PATHS)
                     )
             except OSError as exc:
-                bad.append(problem(rel, _open_error(exc), _open_kind(exc)))
+                bad.append(problem(rel, open_error(exc), open_kind(exc)))
 
     walk(root_fd, "", 0)
     files.pop(SIGNATURE_FILE, None)
@@ -129,11 +129,11 @@ def _scan(root_fd: int) -> tuple[dict[str, int], list[Problem]]:
 
 
 def _hash_one(root_fd: int, rel: str) -> str:
-    buf = getattr(_tls, "buf", None)
+    buf = getattr(thread_state, "buf", None)
     if buf is None:
-        buf = _tls.buf = bytearray(HASH_CHUNK)
+        buf = thread_state.buf = bytearray(HASH_CHUNK)
     view = memoryview(buf)
-    fd = _open_beneath(root_fd, rel)
+    fd = open_beneath(root_fd, rel)
     with io.FileIO(fd, "rb", closefd=True) as f:
         if hasattr(os, "posix_fadvise"):
             try:
@@ -157,7 +157,7 @@ def _hash_workers() -> int:
     return max(2, min(8, ncpu))
 
 
-def _hash_many(root_fd: int, sizes: Mapping[str, int]) -> dict[str, str | OSError]:
+def hash_many(root_fd: int, sizes: Mapping[str, int]) -> dict[str, str | OSError]:
     """sha256 of each file (or the OSError met), largest first over a small thread pool."""
     order = sorted(sizes, key=lambda n: (-sizes[n], n))
 
@@ -167,7 +167,7 @@ def _hash_many(root_fd: int, sizes: Mapping[str, int]) -> dict[str, str | OSErro
         except OSError as exc:
             return exc
 
-    if len(order) < 2 or sum(sizes.values()) < _PARALLEL_MIN_BYTES:
+    if len(order) < 2 or sum(sizes.values()) < PARALLEL_MIN_BYTES:
         return {rel: job(rel) for rel in order}
     with ThreadPoolExecutor(max_workers=min(_hash_workers(), len(order))) as pool:
         return dict(zip(order, pool.map(job, order), strict=True))

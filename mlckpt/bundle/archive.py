@@ -17,22 +17,22 @@ from pathlib import Path
 from typing import Any
 
 from mlckpt.bundle._common import (
-    _O_CLOEXEC,
-    _O_NOFOLLOW,
     DEFAULT_MAX_MEMBER_BYTES,
     DEFAULT_MAX_MEMBERS,
     DEFAULT_MAX_TOTAL_BYTES,
     HASH_CHUNK,
     MAX_TAR_METADATA_BYTES,
+    O_CLOEXEC,
+    O_NOFOLLOW,
     SIGNATURE_FILE,
-    _atomic_file,
-    _check_relpath,
-    _fail,
-    _raise_problems,
+    atomic_file,
     display_name,
+    fail,
     problem,
+    raise_problems,
+    relpath_problem,
 )
-from mlckpt.bundle._fs import _open_beneath, _open_error, _open_kind, _open_root, _scan
+from mlckpt.bundle._fs import open_beneath, open_error, open_kind, open_root, scan
 from mlckpt.errors import IntegrityKind, UsageError
 
 
@@ -49,16 +49,16 @@ def pack(folder: Path, out: Path) -> Path:
             raise UsageError(f"{out}: the archive cannot be written inside the bundle {folder}")
     except OSError as exc:
         raise UsageError(f"{out}: {exc.strerror or exc}") from None
-    root_fd = _open_root(folder)
+    root_fd = open_root(folder)
     try:
-        files, bad = _scan(root_fd)
+        files, bad = scan(root_fd)
         names = sorted(files)
         if _has_envelope(root_fd, where):
             names = sorted([*names, SIGNATURE_FILE])
-        problems = bad + [problem(n, why, IntegrityKind.PATHS) for n in names if (why := _check_relpath(n))]
-        _raise_problems(where, sorted(problems))
+        problems = bad + [problem(n, why, IntegrityKind.PATHS) for n in names if (why := relpath_problem(n))]
+        raise_problems(where, sorted(problems))
         with (
-            _atomic_file(out_abs) as raw,
+            atomic_file(out_abs) as raw,
             gzip.GzipFile(filename="", mode="wb", fileobj=raw, mtime=0) as gz,
             tarfile.open(fileobj=gz, mode="w", format=tarfile.PAX_FORMAT) as tar,
         ):
@@ -75,15 +75,15 @@ def _has_envelope(root_fd: int, where: str) -> bool:
     except FileNotFoundError:
         return False
     if not stat.S_ISREG(st.st_mode):
-        _fail(where, SIGNATURE_FILE, "is not a regular file", IntegrityKind.PATHS)
+        fail(where, SIGNATURE_FILE, "is not a regular file", IntegrityKind.PATHS)
     return True
 
 
 def _add_member(tar: tarfile.TarFile, root_fd: int, name: str, where: str) -> None:
     try:
-        fd = _open_beneath(root_fd, name)
+        fd = open_beneath(root_fd, name)
     except OSError as exc:
-        _fail(where, name, _open_error(exc), _open_kind(exc))
+        fail(where, name, open_error(exc), open_kind(exc))
     with io.FileIO(fd, "rb", closefd=True) as f:
         info = tarfile.TarInfo(name)
         info.size = os.fstat(fd).st_size
@@ -114,7 +114,7 @@ class _BoundedReader:
         size = min(size, 1 << 20, self._left + 1)  # one byte past the limit detects it
         data = self._inner.read(size)
         if len(data) > self._left:
-            _fail(
+            fail(
                 self._where,
                 "(archive)",
                 f"decompressed stream exceeds {self._limit} bytes (limit reached; archive bomb?)",
@@ -139,13 +139,13 @@ class _GuardedTarInfo(tarfile.TarInfo):
             tarfile.GNUTYPE_LONGLINK,
         )
         if self.type in meta and self.size > MAX_TAR_METADATA_BYTES:
-            _fail(
+            fail(
                 self.where,
                 self.name,
                 f"metadata header of {self.size} bytes exceeds {MAX_TAR_METADATA_BYTES}",
             )
         if self.type == tarfile.GNUTYPE_SPARSE:
-            _fail(self.where, self.name, "sparse members are not allowed", IntegrityKind.PATHS)
+            fail(self.where, self.name, "sparse members are not allowed", IntegrityKind.PATHS)
         return super()._proc_member(tarfile_)  # type: ignore[misc]
 
 
@@ -188,9 +188,9 @@ def safe_unpack(
         try:
             _extract_all(bounded, dest, where, max_members, max_total_bytes, max_member_bytes)
         except (tarfile.TarError, EOFError, zlib.error, gzip.BadGzipFile) as exc:
-            _fail(where, "(archive)", f"not a valid .tar.gz: {exc}")
+            fail(where, "(archive)", f"not a valid .tar.gz: {exc}")
         except UnicodeError as exc:
-            _fail(where, "(archive)", f"undecodable member name: {exc}")
+            fail(where, "(archive)", f"undecodable member name: {exc}")
         os.chmod(dest, 0o755)
         ok = True
         return dest
@@ -202,30 +202,30 @@ def safe_unpack(
 
 def _check_member(member: tarfile.TarInfo, name: str, raw_name: str, where: str, dest_str: str) -> None:
     """Refuse a member whose name or type a bundle may not hold (every refusal is a PATHS problem)."""
-    why = _check_relpath(name)
+    why = relpath_problem(name)
     if why:
-        _fail(where, raw_name, f"member name rejected: {why}", IntegrityKind.PATHS)
+        fail(where, raw_name, f"member name rejected: {why}", IntegrityKind.PATHS)
     if member.issym():
-        _fail(
+        fail(
             where,
             raw_name,
             f"symlink member (-> {display_name(member.linkname)}) not allowed",
             IntegrityKind.PATHS,
         )
     if member.islnk():
-        _fail(
+        fail(
             where,
             raw_name,
             f"hard-link member (-> {display_name(member.linkname)}) not allowed",
             IntegrityKind.PATHS,
         )
     if member.sparse is not None:
-        _fail(where, raw_name, "sparse member not allowed", IntegrityKind.PATHS)
+        fail(where, raw_name, "sparse member not allowed", IntegrityKind.PATHS)
     if not (member.isreg() or member.isdir()):
-        _fail(where, raw_name, "device, FIFO or other special member not allowed", IntegrityKind.PATHS)
+        fail(where, raw_name, "device, FIFO or other special member not allowed", IntegrityKind.PATHS)
     target = os.path.normpath(os.path.join(dest_str, name))
     if os.path.commonpath([dest_str, target]) != dest_str or target == dest_str:
-        _fail(
+        fail(
             where, raw_name, "member would land outside the destination", IntegrityKind.PATHS
         )  # belt and braces
 
@@ -253,7 +253,7 @@ def _extract_all(
                 name = name[2:]
             name = name.rstrip("/") if member.isdir() else name
             if count > max_members:
-                _fail(where, raw_name, f"more than {max_members} members")
+                fail(where, raw_name, f"more than {max_members} members")
             if member.isdir() and name in ("", "."):
                 continue
             _check_member(member, name, raw_name, where, dest_str)
@@ -261,25 +261,25 @@ def _extract_all(
                 seen[name] = "dir"  # its contents came first; the folder exists already
                 continue
             if seen.get(name) == "implied dir":
-                _fail(
+                fail(
                     where,
                     raw_name,
                     "a file member named like a folder of earlier members",
                     IntegrityKind.PATHS,
                 )
             if name in seen:
-                _fail(where, raw_name, "duplicate member")
+                fail(where, raw_name, "duplicate member")
             if name == SIGNATURE_FILE and member.isdir():
-                _fail(where, raw_name, "the envelope name cannot be a folder", IntegrityKind.PATHS)
+                fail(where, raw_name, "the envelope name cannot be a folder", IntegrityKind.PATHS)
             _make_parents(name, raw_name, dest, where, seen)
             if member.isdir():
                 _mkdir_member(dest / name, where, raw_name)
                 seen[name] = "dir"
                 continue
             if member.size > max_member_bytes:
-                _fail(where, raw_name, f"member of {member.size} bytes exceeds {max_member_bytes}")
+                fail(where, raw_name, f"member of {member.size} bytes exceeds {max_member_bytes}")
             if total + member.size > max_total_bytes:
-                _fail(
+                fail(
                     where,
                     raw_name,
                     f"total uncompressed size would exceed {max_total_bytes} bytes",
@@ -297,7 +297,7 @@ def _make_parents(name: str, raw_name: str, dest: Path, where: str, seen: dict[s
         parent = "/".join(parts[:i])
         kind = seen.get(parent)
         if kind == "file":
-            _fail(where, raw_name, f"parent {display_name(parent)} is a file member", IntegrityKind.PATHS)
+            fail(where, raw_name, f"parent {display_name(parent)} is a file member", IntegrityKind.PATHS)
         if kind is None:
             _mkdir_member(dest / parent, where, raw_name)
             seen[parent] = "implied dir"
@@ -308,9 +308,9 @@ def _mkdir_member(path: Path, where: str, raw_name: str) -> None:
         os.mkdir(path, 0o755)
     except FileExistsError:
         if not path.is_dir() or path.is_symlink():
-            _fail(where, raw_name, "conflicts with an existing member")
+            fail(where, raw_name, "conflicts with an existing member")
     except OSError as exc:
-        _fail(where, raw_name, f"cannot create folder: {exc.strerror or exc}")
+        fail(where, raw_name, f"cannot create folder: {exc.strerror or exc}")
 
 
 def _write_member(
@@ -325,13 +325,13 @@ def _write_member(
 ) -> int:
     src = tar.extractfile(member)
     if src is None:
-        _fail(where, raw_name, "cannot read member data")
-    flags = os.O_WRONLY | os.O_CREAT | os.O_EXCL | _O_NOFOLLOW | _O_CLOEXEC
+        fail(where, raw_name, "cannot read member data")
+    flags = os.O_WRONLY | os.O_CREAT | os.O_EXCL | O_NOFOLLOW | O_CLOEXEC
     try:
         fd = os.open(target, flags, 0o644)
     except OSError as exc:
         if exc.errno in (errno.EEXIST, errno.EISDIR, errno.ENOTDIR, errno.ENAMETOOLONG):
-            _fail(where, raw_name, f"cannot create file: {exc.strerror}")
+            fail(where, raw_name, f"cannot create file: {exc.strerror}")
         raise
     written = 0
     with os.fdopen(fd, "wb") as out:
@@ -342,12 +342,12 @@ def _write_member(
             written += len(chunk)
             total += len(chunk)
             if written > max_member_bytes:
-                _fail(where, raw_name, f"member larger than {max_member_bytes} bytes")
+                fail(where, raw_name, f"member larger than {max_member_bytes} bytes")
             if total > max_total_bytes:
-                _fail(where, raw_name, f"total uncompressed size exceeds {max_total_bytes} bytes")
+                fail(where, raw_name, f"total uncompressed size exceeds {max_total_bytes} bytes")
             out.write(chunk)
     if written != member.size:
-        _fail(where, raw_name, f"truncated member: {written} of {member.size} bytes")
+        fail(where, raw_name, f"truncated member: {written} of {member.size} bytes")
     return total
 
 

@@ -20,7 +20,7 @@ from mlckpt.bundle._common import (
     DEFAULT_PASSPHRASE_ENV,
     MAX_KEY_FILE_BYTES,
     MAX_TRUSTED_KEYS_BYTES,
-    _create_exclusive,
+    create_exclusive,
 )
 from mlckpt.bundle.models import KeyInfo
 from mlckpt.dsse import b64decode, key_label, keyid_of, public_key_text, raw_public
@@ -83,13 +83,13 @@ def generate_key(path: Path, passphrase: bytes | None = None) -> KeyInfo:
     pem = key.private_bytes(serialization.Encoding.PEM, serialization.PrivateFormat.PKCS8, encryption)
     text = public_key_text(key)
     try:
-        _create_exclusive(path, pem, 0o600)
+        create_exclusive(path, pem, 0o600)
     except FileExistsError:
         raise UsageError(f"{path}: already exists; refusing to overwrite a key") from None
     except OSError as exc:
         raise UsageError(f"{path}: cannot write the key: {exc.strerror or exc}") from None
     try:
-        _create_exclusive(pub_path, (text + "\n").encode("ascii"), 0o644)
+        create_exclusive(pub_path, (text + "\n").encode("ascii"), 0o644)
     except BaseException as exc:
         os.unlink(path)
         if isinstance(exc, FileExistsError):

@@ -9,10 +9,10 @@ from pathlib import Path
 from typing import Any
 
 from mlckpt.bundle._common import (
-    _HEX64,
     BUNDLE_FORMAT,
     CODE_DIGEST_ALG,
     DIVISIONS,
+    HEX64,
     REQUIRED_PREDICATE_KEYS,
     SUPPORTED_BUNDLE_FORMATS,
 )
@@ -58,7 +58,7 @@ def _parse_utc(value: Any) -> datetime | None:
     return when
 
 
-def _predicate_problems(pred: Any) -> list[str]:
+def predicate_problems(pred: Any) -> list[str]:
     """Format-level checks of a predicate (both when signing and when verifying)."""
     if not isinstance(pred, Mapping):
         return ["predicate is not an object"]
@@ -73,7 +73,7 @@ def _predicate_problems(pred: Any) -> list[str]:
     if isinstance(fmt, str) and fmt and fmt not in SUPPORTED_BUNDLE_FORMATS:
         out.append(f"unsupported bundle_format {fmt!r}")
     code = pred.get("runner_code_sha256")
-    if isinstance(code, str) and code and not _HEX64.fullmatch(code):
+    if isinstance(code, str) and code and not HEX64.fullmatch(code):
         out.append("predicate key 'runner_code_sha256' must be 64 lowercase hex digits")
     div = pred.get("division")
     if isinstance(div, str) and div and div not in DIVISIONS:
@@ -89,7 +89,7 @@ def _predicate_problems(pred: Any) -> list[str]:
     return out
 
 
-def _predicate_dict(predicate: Predicate | Mapping[str, Any]) -> dict[str, Any]:
+def predicate_dict(predicate: Predicate | Mapping[str, Any]) -> dict[str, Any]:
     if isinstance(predicate, Predicate):
         pred = predicate.to_dict()
     elif isinstance(predicate, Mapping):
@@ -98,7 +98,7 @@ def _predicate_dict(predicate: Predicate | Mapping[str, Any]) -> dict[str, Any]:
         pred.setdefault("runner_code_hash_alg", CODE_DIGEST_ALG)
     else:
         raise UsageError(f"predicate must be a Predicate or a mapping, got {type(predicate)}")
-    problems = _predicate_problems(pred)
+    problems = predicate_problems(pred)
     if pred.get("bundle_format") != BUNDLE_FORMAT:
         problems.append(f"this mlckpt writes bundle_format {BUNDLE_FORMAT!r} only")
     if problems:

@@ -17,13 +17,13 @@ from mlckpt.bundle._common import (
     PREDICATE_TYPE,
     SIGNATURE_FILE,
     STATEMENT_TYPE,
-    _atomic_write,
-    _check_relpath,
-    _raise_problems,
+    atomic_write,
     problem,
+    raise_problems,
+    relpath_problem,
 )
-from mlckpt.bundle._fs import _hash_many, _open_error, _open_kind, _open_root, _scan
-from mlckpt.bundle.models import Predicate, _predicate_dict
+from mlckpt.bundle._fs import hash_many, open_error, open_kind, open_root, scan
+from mlckpt.bundle.models import Predicate, predicate_dict
 from mlckpt.dsse import canonical_json, seal
 from mlckpt.errors import IntegrityKind
 
@@ -52,22 +52,22 @@ def sign_bundle(folder: Path, key: Ed25519PrivateKey, predicate: Predicate | Map
     anything that cannot be part of a bundle (symlinks, devices, unacceptable names).
     """
     folder = Path(folder)
-    pred = _predicate_dict(predicate)
-    root_fd = _open_root(folder)
+    pred = predicate_dict(predicate)
+    root_fd = open_root(folder)
     try:
-        files, bad = _scan(root_fd)
+        files, bad = scan(root_fd)
         problems = list(bad)
-        problems += [problem(n, why, IntegrityKind.PATHS) for n in files if (why := _check_relpath(n))]
+        problems += [problem(n, why, IntegrityKind.PATHS) for n in files if (why := relpath_problem(n))]
         target = folder / SIGNATURE_FILE
         if target.is_symlink() or (target.exists() and not target.is_file()):
             problems.append(problem(SIGNATURE_FILE, "exists and is not a regular file", IntegrityKind.PATHS))
-        _raise_problems(f"{folder}: cannot sign", sorted(problems))
-        digests = _hash_many(root_fd, files)
+        raise_problems(f"{folder}: cannot sign", sorted(problems))
+        digests = hash_many(root_fd, files)
     finally:
         os.close(root_fd)
-    errors = [problem(n, _open_error(d), _open_kind(d)) for n, d in digests.items() if isinstance(d, OSError)]
-    _raise_problems(f"{folder}: cannot sign", sorted(errors))
+    errors = [problem(n, open_error(d), open_kind(d)) for n, d in digests.items() if isinstance(d, OSError)]
+    raise_problems(f"{folder}: cannot sign", sorted(errors))
     statement = make_statement({n: str(d) for n, d in digests.items()}, pred)
     envelope = make_envelope(statement, key)
-    _atomic_write(target, (json.dumps(envelope, indent=2, sort_keys=True) + "\n").encode())
+    atomic_write(target, (json.dumps(envelope, indent=2, sort_keys=True) + "\n").encode())
     return target

@@ -11,7 +11,7 @@ from typing import Any
 
 from mlckpt import dsse, strict
 from mlckpt.bundle._common import (
-    _HEX64,
+    HEX64,
     MAX_ENVELOPE_BYTES,
     PAYLOAD_TYPE,
     PREDICATE_TYPE,
@@ -19,29 +19,29 @@ from mlckpt.bundle._common import (
     STATEMENT_TYPE,
     SUPPORTED_BUNDLE_FORMATS,
     Problem,
-    _check_relpath,
-    _fail,
-    _raise_problems,
+    fail,
     problem,
+    raise_problems,
+    relpath_problem,
 )
-from mlckpt.bundle._fs import _hash_many, _open_beneath, _open_error, _open_kind, _open_root, _scan
+from mlckpt.bundle._fs import hash_many, open_beneath, open_error, open_kind, open_root, scan
 from mlckpt.bundle.keys import TrustedKeys
-from mlckpt.bundle.models import VerifiedBundle, _predicate_problems
+from mlckpt.bundle.models import VerifiedBundle, predicate_problems
 from mlckpt.dsse import key_label, public_key_text
 from mlckpt.errors import EnvelopeError, IntegrityKind, UsageError
 
 
 def _read_envelope_bytes(root_fd: int, where: str) -> bytes:
     try:
-        fd = _open_beneath(root_fd, SIGNATURE_FILE)
+        fd = open_beneath(root_fd, SIGNATURE_FILE)
     except OSError as exc:
-        why = _open_error(exc)
+        why = open_error(exc)
         if why == "missing":
             why = "missing: the bundle is not signed"
-        _fail(where, SIGNATURE_FILE, why, _open_kind(exc))
+        fail(where, SIGNATURE_FILE, why, open_kind(exc))
     with io.FileIO(fd, "rb", closefd=True) as f:
         if os.fstat(fd).st_size > MAX_ENVELOPE_BYTES:
-            _fail(where, SIGNATURE_FILE, f"larger than {MAX_ENVELOPE_BYTES >> 20} MiB")
+            fail(where, SIGNATURE_FILE, f"larger than {MAX_ENVELOPE_BYTES >> 20} MiB")
         chunks = []
         total = 0
         while total <= MAX_ENVELOPE_BYTES:
@@ -51,7 +51,7 @@ def _read_envelope_bytes(root_fd: int, where: str) -> bytes:
             chunks.append(chunk)
             total += len(chunk)
     if total > MAX_ENVELOPE_BYTES:
-        _fail(where, SIGNATURE_FILE, f"larger than {MAX_ENVELOPE_BYTES >> 20} MiB")
+        fail(where, SIGNATURE_FILE, f"larger than {MAX_ENVELOPE_BYTES >> 20} MiB")
     return b"".join(chunks)
 
 
@@ -68,7 +68,7 @@ def _statement_problems(stmt: Any) -> tuple[dict[str, str], list[Problem]]:
             continue
         name, digest = item["name"], item["digest"]
         label = name if isinstance(name, str) else f"subject #{i}"
-        why = _check_relpath(name)
+        why = relpath_problem(name)
         if why is None and name == SIGNATURE_FILE:
             why = "the envelope cannot be its own subject"
         if why:
@@ -78,7 +78,7 @@ def _statement_problems(stmt: Any) -> tuple[dict[str, str], list[Problem]]:
             not isinstance(digest, dict)
             or set(digest) != {"sha256"}
             or not isinstance(digest["sha256"], str)
-            or not _HEX64.fullmatch(digest["sha256"])
+            or not HEX64.fullmatch(digest["sha256"])
         ):
             problems.append(problem(name, "subject digest must be exactly {sha256: 64 lowercase hex}"))
             continue
@@ -104,26 +104,26 @@ def verify_bundle(
     folder = Path(folder)
     where = str(folder)
     _check_org_request(trusted, org)
-    root_fd = _open_root(folder)
+    root_fd = open_root(folder)
     try:
         data = _read_envelope_bytes(root_fd, where)
         try:
             env = dsse.parse(data, PAYLOAD_TYPE)
         except EnvelopeError as exc:
-            _fail(where, SIGNATURE_FILE, str(exc))
+            fail(where, SIGNATURE_FILE, str(exc))
         signer_org, key_raw = _signer_key(where, env, trusted, org)
         _check_signature(where, env, key_raw)
         stmt, pred = _statement(where, env.payload)  # authenticated from here on
-        problems: list[Problem] = [problem(SIGNATURE_FILE, p) for p in _predicate_problems(pred)]
+        problems: list[Problem] = [problem(SIGNATURE_FILE, p) for p in predicate_problems(pred)]
         subjects, subject_problems = _statement_problems(stmt)
         problems += subject_problems
-        on_disk, bad = _scan(root_fd)
+        on_disk, bad = scan(root_fd)
         problems += _subject_problems(subjects, subject_problems, on_disk, bad)
-        digests = _hash_many(root_fd, {n: on_disk[n] for n in subjects if n in on_disk})
+        digests = hash_many(root_fd, {n: on_disk[n] for n in subjects if n in on_disk})
     finally:
         os.close(root_fd)
     problems += _digest_problems(subjects, digests)
-    _raise_problems(where, problems)
+    raise_problems(where, problems)
     return VerifiedBundle(
         folder=folder,
         statement=stmt,
@@ -154,10 +154,10 @@ def _signer_key(
         return None, env.public_key
     signer_org = trusted.org_for(env.keyid)
     if signer_org is None:
-        _fail(where, SIGNATURE_FILE, f"signed by untrusted key {key_label(env.public_key)}",
+        fail(where, SIGNATURE_FILE, f"signed by untrusted key {key_label(env.public_key)}",
               IntegrityKind.KEY)
     if org is not None and signer_org != org:
-        _fail(
+        fail(
             where,
             SIGNATURE_FILE,
             f"signed by key {key_label(env.public_key)} registered for organisation {signer_org!r}, "
@@ -166,7 +166,7 @@ def _signer_key(
         )
     trusted_raw = trusted.public_key_for(env.keyid)
     if trusted_raw != env.public_key:
-        _fail(where, SIGNATURE_FILE, "embedded public key differs from the trusted key", IntegrityKind.KEY)
+        fail(where, SIGNATURE_FILE, "embedded public key differs from the trusted key", IntegrityKind.KEY)
     return signer_org, trusted_raw  # type: ignore[return-value]
 
 
@@ -174,7 +174,7 @@ def _check_signature(where: str, env: dsse.Envelope, key_raw: bytes) -> None:
     try:
         env.verify(key_raw, what="the statement")
     except EnvelopeError as exc:
-        _fail(where, SIGNATURE_FILE, str(exc))
+        fail(where, SIGNATURE_FILE, str(exc))
 
 
 def _statement(where: str, payload: bytes) -> tuple[dict[str, Any], dict[str, Any]]:
@@ -182,25 +182,25 @@ def _statement(where: str, payload: bytes) -> tuple[dict[str, Any], dict[str, An
     try:
         stmt = strict.parse_json(payload)
     except ValueError as exc:
-        _fail(where, SIGNATURE_FILE, f"signed payload is not valid JSON: {exc}")
+        fail(where, SIGNATURE_FILE, f"signed payload is not valid JSON: {exc}")
     if not isinstance(stmt, dict) or set(stmt) != {"_type", "subject", "predicateType", "predicate"}:
-        _fail(
+        fail(
             where, SIGNATURE_FILE, "statement must have exactly _type, subject, predicateType and predicate"
         )
     if stmt["_type"] != STATEMENT_TYPE:
-        _fail(where, SIGNATURE_FILE, f"statement _type must be {STATEMENT_TYPE!r}")
+        fail(where, SIGNATURE_FILE, f"statement _type must be {STATEMENT_TYPE!r}")
     if stmt["predicateType"] != PREDICATE_TYPE:
-        _fail(
+        fail(
             where,
             SIGNATURE_FILE,
             f"predicateType must be {PREDICATE_TYPE!r}, got {stmt['predicateType']!r:.80}",
         )
     pred = stmt["predicate"]
     if not isinstance(pred, dict):
-        _fail(where, SIGNATURE_FILE, "predicate is not an object")
+        fail(where, SIGNATURE_FILE, "predicate is not an object")
     fmt = pred.get("bundle_format")
     if not isinstance(fmt, str) or fmt not in SUPPORTED_BUNDLE_FORMATS:
-        _fail(
+        fail(
             where,
             SIGNATURE_FILE,
             f"unsupported bundle_format {fmt!r} (this mlckpt reads "
@@ -231,7 +231,7 @@ def _digest_problems(subjects: dict[str, str], digests: dict[str, str | OSError]
     for name in sorted(digests):
         got = digests[name]
         if isinstance(got, OSError):
-            out.append(problem(name, _open_error(got), _open_kind(got)))
+            out.append(problem(name, open_error(got), open_kind(got)))
         elif got != subjects[name]:
             out.append(problem(name, f"digest mismatch: signed sha256 {subjects[name]}, file has {got}"))
     return out
@@ -243,7 +243,7 @@ def read_envelope_predicate(folder: Path) -> dict[str, Any]:
     For re-signing a bundle whose files changed: the new signer takes responsibility for it.
     """
     folder = Path(folder)
-    root_fd = _open_root(folder)
+    root_fd = open_root(folder)
     try:
         data = _read_envelope_bytes(root_fd, str(folder))
     finally:
@@ -251,8 +251,8 @@ def read_envelope_predicate(folder: Path) -> dict[str, Any]:
     try:
         stmt = dsse.parse(data, PAYLOAD_TYPE).document()
     except EnvelopeError as exc:
-        _fail(str(folder), SIGNATURE_FILE, str(exc))
+        fail(str(folder), SIGNATURE_FILE, str(exc))
     pred = stmt.get("predicate") if isinstance(stmt, dict) else None
     if not isinstance(pred, dict):
-        _fail(str(folder), SIGNATURE_FILE, "statement has no predicate object")
+        fail(str(folder), SIGNATURE_FILE, "statement has no predicate object")
     return pred  # type: ignore[return-value]

@@ -14,7 +14,7 @@ from collections.abc import Callable
 import numpy as np
 
 from mlckpt.engine.content import KEY_BYTES, PAGE, PageId, alloc, fill
-from mlckpt.engine.files import RWF_DONTCACHE, _fail
+from mlckpt.engine.files import RWF_DONTCACHE, io_failure
 from mlckpt.errors import IOFailure
 
 
@@ -24,18 +24,18 @@ def evict(path: str) -> None:
     try:
         fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC)
     except OSError as exc:
-        raise _fail("open", path, exc) from exc
+        raise io_failure("open", path, exc) from exc
     try:
         try:
             os.fdatasync(fd)
         except OSError as exc:
             # Filesystems that cannot sync (read-only, special) have no dirty pages to flush.
             if exc.errno not in (errno_mod.EINVAL, errno_mod.EBADF, errno_mod.EROFS):
-                raise _fail("fdatasync", path, exc) from exc
+                raise io_failure("fdatasync", path, exc) from exc
         try:
             os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)
         except OSError as exc:
-            raise _fail("fadvise", path, exc) from exc
+            raise io_failure("fadvise", path, exc) from exc
     finally:
         os.close(fd)
 
@@ -76,7 +76,7 @@ _MINCORE_WINDOW = 1 << 30  # map big files a window at a time: bounded address s
 
 def _ctypes_error(op: str, path: str) -> IOFailure:
     err = ctypes.get_errno()
-    return _fail(op, path, OSError(err, os.strerror(err)))
+    return io_failure(op, path, OSError(err, os.strerror(err)))
 
 
 def resident_bytes(path: str) -> tuple[int, int]:
@@ -87,7 +87,7 @@ def resident_bytes(path: str) -> tuple[int, int]:
     try:
         fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC)
     except OSError as exc:
-        raise _fail("open", path, exc) from exc
+        raise io_failure("open", path, exc) from exc
     try:
         size = os.fstat(fd).st_size
         if size == 0:
@@ -139,7 +139,7 @@ def _probe(folder: str, what: str, attempt: Callable[[int, np.ndarray], None]) -
     try:
         fd, path = tempfile.mkstemp(prefix=".mlckpt-probe-", dir=folder)
     except OSError as exc:
-        raise _fail(what, folder, exc) from exc
+        raise io_failure(what, folder, exc) from exc
     try:
         page = alloc(PAGE)
         fill(page, PAGE, bytes(KEY_BYTES), PageId(0, 0, 0, 0))
@@ -148,7 +148,7 @@ def _probe(folder: str, what: str, attempt: Callable[[int, np.ndarray], None]) -
     except OSError as exc:
         if exc.errno in (errno_mod.EINVAL, errno_mod.EOPNOTSUPP, errno_mod.ENOTSUP):
             return False
-        raise _fail(what, folder, exc) from exc
+        raise io_failure(what, folder, exc) from exc
     finally:
         os.close(fd)
         os.unlink(path)

@@ -68,7 +68,7 @@ _PAGE_NUMBERS = np.arange(_GEN_CHUNK // PAGE + 1, dtype=np.uint64)
 _U16, _U32, _U64 = (1 << 16) - 1, (1 << 32) - 1, (1 << 64) - 1
 
 
-def _round_up(n: int) -> int:
+def round_up(n: int) -> int:
     return (n + PAGE - 1) // PAGE * PAGE
 
 
@@ -80,7 +80,7 @@ def alloc(nbytes: int) -> np.ndarray:
     """
     if nbytes < 0:
         raise ValueError(f"alloc: negative size {nbytes}")
-    size = _round_up(nbytes)
+    size = round_up(nbytes)
     # alloc(0) maps one page and returns an empty view of it, so it is page-aligned as well.
     m = mmap.mmap(-1, max(size, PAGE), flags=mmap.MAP_PRIVATE | mmap.MAP_ANONYMOUS)
     madv_huge = getattr(mmap, "MADV_HUGEPAGE", None)
@@ -130,7 +130,7 @@ def huge_bytes(buf: np.ndarray, smaps: str = "/proc/self/smaps") -> int | None:
     return total
 
 
-def _check_buf(buf: np.ndarray, need: int, what: str, *, writable: bool) -> None:
+def check_buffer(buf: np.ndarray, need: int, what: str, *, writable: bool) -> None:
     if not isinstance(buf, np.ndarray) or buf.dtype != np.uint8 or buf.ndim != 1:
         raise InternalError(f"{what}: buffer must be a 1-D uint8 numpy array")
     if not buf.flags.c_contiguous:
@@ -170,7 +170,7 @@ def _check_key(key: bytes) -> None:
         raise InternalError(f"content key must be {KEY_BYTES} bytes, got {len(key)}")
 
 
-class _Content:
+class FileContent:
     """Expected bytes of one file, produced front to back in page-aligned pieces."""
 
     def __init__(self, key: bytes, pid: PageId, start: int = 0) -> None:
@@ -219,9 +219,9 @@ def fill(buf: np.ndarray, nbytes: int, key: bytes, pid: PageId) -> None:
 
     Bytes after ``nbytes`` up to the next page boundary (the O_DIRECT tail padding) are zeroed.
     """
-    _check_buf(buf, nbytes, "fill", writable=True)
-    _Content(key, pid).produce(buf[:nbytes], 0)
-    buf[nbytes : min(len(buf), _round_up(nbytes))] = 0
+    check_buffer(buf, nbytes, "fill", writable=True)
+    FileContent(key, pid).produce(buf[:nbytes], 0)
+    buf[nbytes : min(len(buf), round_up(nbytes))] = 0
 
 
 def seal(buf: np.ndarray, nbytes: int, tag_run_id: int) -> None:
@@ -232,7 +232,7 @@ def seal(buf: np.ndarray, nbytes: int, tag_run_id: int) -> None:
     ahead, untimed, yet no page of the checkpoint can be written before the witness's clock
     started.  Eight bytes per page, so it costs a few ms per GiB, outside the timed region.
     """
-    _check_buf(buf, nbytes, "seal", writable=True)
+    check_buffer(buf, nbytes, "seal", writable=True)
     if not 0 <= tag_run_id <= _U64:
         raise InternalError(f"seal: tag run id out of range: {tag_run_id}")
     value = np.frombuffer(struct.pack("<Q", tag_run_id), dtype=np.uint8)
@@ -294,7 +294,7 @@ class Mismatch:
         return f"{head} ({why})"
 
 
-def _equal(a: np.ndarray, b: np.ndarray) -> bool:
+def equal_bytes(a: np.ndarray, b: np.ndarray) -> bool:
     if len(a) % 8 == 0:  # 8-byte lanes: ~12 GB/s here versus ~6 for byte lanes
         return np.array_equal(a.view(np.uint64), b.view(np.uint64))
     return np.array_equal(a, b)
@@ -312,24 +312,24 @@ def verify(
     The expected bytes are regenerated piece by piece into ``scratch`` (reuse one across calls;
     its length, rounded down to a page multiple, is the piece size), so memory stays O(piece).
     """
-    _check_buf(buf, nbytes, "verify", writable=False)
+    check_buffer(buf, nbytes, "verify", writable=False)
     if scratch is None:
         scratch = alloc(VERIFY_SCRATCH_BYTES)
     chunk = len(scratch) // PAGE * PAGE
     if chunk == 0:
         raise InternalError(f"verify: scratch must hold at least {PAGE} bytes")
-    content = _Content(key, pid)
+    content = FileContent(key, pid)
     for off in range(0, nbytes, chunk):
         n = min(chunk, nbytes - off)
         want, got = scratch[:n], buf[off : off + n]
         content.produce(want, off)
-        if not _equal(want, got):
+        if not equal_bytes(want, got):
             at = off + int(np.flatnonzero(want != got)[0])
-            return _mismatch(buf, nbytes, pid, at)
+            return mismatch_at(buf, nbytes, pid, at)
     return None
 
 
-def _mismatch(buf: np.ndarray, nbytes: int, pid: PageId, offset: int) -> Mismatch:
+def mismatch_at(buf: np.ndarray, nbytes: int, pid: PageId, offset: int) -> Mismatch:
     page = offset // PAGE
     start = page * PAGE
     end = min(start + PAGE, nbytes)

@@ -16,7 +16,7 @@ from time import perf_counter_ns
 
 import numpy as np
 
-from mlckpt.engine.content import PAGE, PageId, _check_buf, _round_up
+from mlckpt.engine.content import PAGE, PageId, check_buffer, round_up
 from mlckpt.engine.requests import phase, recorder
 from mlckpt.errors import ConfigError, InternalError, IOFailure
 
@@ -30,7 +30,7 @@ class IOOptions:
     threads: int = 4  # requests in flight per rank
     block_size: int = 4 << 20  # bytes per request, multiple of PAGE
     fsync: bool = True
-    pool: str = "main"  # which worker pool: "background" for persists behind training (see _run)
+    pool: str = "main"  # which worker pool: "background" for persists behind training (see run_pool)
 
     def __post_init__(self) -> None:
         if self.threads < 1:
@@ -85,7 +85,7 @@ def _get_pool(workers: int, name: str = "main") -> ThreadPoolExecutor:
         return pool
 
 
-def _run(njobs: int, job: Callable[[int], None], threads: int, pool_name: str = "main") -> None:
+def run_pool(njobs: int, job: Callable[[int], None], threads: int, pool_name: str = "main") -> None:
     """Run job(0..njobs-1) with ``threads`` workers pulling from one shared counter.
 
     The first failure stops every worker after its current job and is re-raised once all have
@@ -123,7 +123,7 @@ def _run(njobs: int, job: Callable[[int], None], threads: int, pool_name: str = 
         raise errors[0]
 
 
-def _fail(op: str, path: str, exc: OSError, offset: int | None = None, note: str = "") -> IOFailure:
+def io_failure(op: str, path: str, exc: OSError, offset: int | None = None, note: str = "") -> IOFailure:
     at = f" at offset {offset}" if offset is not None else ""
     reason = exc.strerror or os.strerror(exc.errno or 0)
     return IOFailure(
@@ -146,7 +146,7 @@ def _set_direct(fd: int, path: str, *, created: bool) -> None:
                 os.unlink(path)
             except OSError:
                 pass
-        raise _fail(
+        raise io_failure(
             "open_direct",
             path,
             exc,
@@ -154,13 +154,13 @@ def _set_direct(fd: int, path: str, *, created: bool) -> None:
         ) from exc
 
 
-def _create(path: str, direct: bool) -> int:
+def create_file(path: str, direct: bool) -> int:
     try:
         # O_EXCL: never overwrite a file nor follow a symlink planted at the path.
         fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC, 0o644)
     except OSError as exc:
         note = "; refusing to overwrite an existing file" if exc.errno == errno_mod.EEXIST else ""
-        raise _fail("open", path, exc, note=note) from exc
+        raise io_failure("open", path, exc, note=note) from exc
     if direct:
         _set_direct(fd, path, created=True)
     return fd
@@ -170,13 +170,13 @@ def _open_read(path: str, direct: bool) -> int:
     try:
         fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC)
     except OSError as exc:
-        raise _fail("open", path, exc) from exc
+        raise io_failure("open", path, exc) from exc
     if direct:
         _set_direct(fd, path, created=False)
     return fd
 
 
-def _close_all(fds: list[int], paths: Sequence[str], *, report: bool) -> None:
+def close_all(fds: list[int], paths: Sequence[str], *, report: bool) -> None:
     first: IOFailure | None = None
     for k, fd in enumerate(fds):
         if fd < 0:
@@ -186,12 +186,12 @@ def _close_all(fds: list[int], paths: Sequence[str], *, report: bool) -> None:
             os.close(fd)
         except OSError as exc:  # NFS and others report deferred write errors at close
             if report and first is None:
-                first = _fail("close", paths[k], exc)
+                first = io_failure("close", paths[k], exc)
     if first is not None:
         raise first
 
 
-class _Plan:
+class RequestPlan:
     """Requests of several files as one numbered queue: request i -> (file, offset, end)."""
 
     def __init__(self, lengths: Sequence[int], block_size: int) -> None:
@@ -207,25 +207,110 @@ class _Plan:
         return k, off, min(off + self.bs, self.lengths[k])
 
 
-def _layout(
-    files: Sequence[FileIO] | Sequence[StreamFile], opts: IOOptions
-) -> tuple[list[str], list[int], _Plan, int]:
-    """Paths, on-disk request lengths (O_DIRECT pads the tail to a page), the numbered request
-    queue and the pwritev/preadv flags shared by every timed path."""
-    lengths = [_round_up(f.nbytes) if opts.direct else f.nbytes for f in files]
-    return (
-        [f.path for f in files],
-        lengths,
-        _Plan(lengths, opts.block_size),
-        RWF_DONTCACHE if opts.dontcache else 0,
-    )
+@dataclass(frozen=True)
+class Layout:
+    """What every timed path shares: the paths, the on-disk lengths (O_DIRECT pads the tail to a
+    page), the numbered request queue and the pwritev/preadv flags."""
+
+    paths: list[str]
+    lengths: list[int]
+    plan: RequestPlan
+    flags: int
+
+
+def layout(files: Sequence[FileIO] | Sequence[StreamFile], opts: IOOptions) -> Layout:
+    lengths = [round_up(f.nbytes) if opts.direct else f.nbytes for f in files]
+    return Layout([f.path for f in files], lengths, RequestPlan(lengths, opts.block_size),
+                  RWF_DONTCACHE if opts.dontcache else 0)
+
+
+# One request of a write or read set: (the open files, the request's number) -> the nanoseconds
+# the request itself took (what the op's latency histogram records).
+Request = Callable[[Sequence[int], int], int]
+
+
+def write_set(files: Sequence[FileIO] | Sequence[StreamFile], opts: IOOptions, lay: Layout,
+              request: Request, *, dir_fsync: Sequence[str] = ()) -> list[FileResult]:
+    """The skeleton of every timed write, each step a phase: create every file (never an existing
+    one), issue the requests in the pool, cut each file's padding and fsync it (many files'
+    fsyncs overlap too), fsync the folders, close.  Files already created are left in place on
+    failure (the runner owns the folder and cleans it)."""
+    req, took = recorder(opts.pool)
+    fds: list[int] = []
+    try:
+        with phase(req, "open"):
+            for f in files:
+                fds.append(create_file(f.path, opts.direct))
+
+        def finish_one(k: int) -> None:
+            finish_file(fds[k], files[k].path, files[k].nbytes, lay.lengths[k], opts.fsync)
+
+        with phase(req, "transfer"):
+            run_pool(lay.plan.total, lambda i: took(request(fds, i)), opts.threads, opts.pool)
+        with phase(req, "fsync"):
+            run_pool(len(files), finish_one, opts.threads, opts.pool)
+        with phase(req, "dir_fsync"):
+            for d in dir_fsync:
+                fsync_dir(d)
+            close_all(fds, lay.paths, report=True)
+    finally:
+        close_all(fds, lay.paths, report=False)
+    return [FileResult(f.path, f.nbytes, opts.fsync, lay.plan.counts[k], lay.lengths[k])
+            for k, f in enumerate(files)]
+
+
+def read_set(files: Sequence[FileIO] | Sequence[StreamFile], opts: IOOptions, lay: Layout,
+             request: Request) -> list[FileResult]:
+    """The skeleton of every timed read: open every file (its size checked before any read),
+    issue the requests in the pool, close."""
+    req, took = recorder(opts.pool)
+    fds: list[int] = []
+    try:
+        with phase(req, "open"):
+            for f in files:
+                fds.append(open_sized(f.path, f.nbytes, opts.direct))
+        with phase(req, "transfer"):
+            run_pool(lay.plan.total, lambda i: took(request(fds, i)), opts.threads, opts.pool)
+    finally:
+        close_all(fds, lay.paths, report=False)
+    return [FileResult(f.path, f.nbytes, False, lay.plan.counts[k], lay.lengths[k])
+            for k, f in enumerate(files)]
+
+
+def pwrite_all(fd: int, path: str, mv: memoryview, pos: int, flags: int) -> None:
+    """Write all of ``mv`` at file offset ``pos``, continuing short writes where they stopped."""
+    done = 0
+    while done < len(mv):
+        try:
+            n = os.pwritev(fd, [mv[done:]], pos + done, flags)
+        except OSError as exc:
+            raise io_failure("write", path, exc, pos + done) from exc
+        if n <= 0:
+            raise IOFailure(f"write failed on {path} at offset {pos + done}: wrote 0 bytes",
+                            op="write", path=path, offset=pos + done)
+        done += n
+
+
+def pread_all(fd: int, path: str, mv: memoryview, pos: int, need: int, size: int, flags: int) -> None:
+    """Read file bytes [pos, need) into ``mv`` (whose length may be the padded request: an O_DIRECT
+    read of the tail ends short, at end of file), continuing short reads."""
+    done = pos
+    while done < need:
+        try:
+            n = os.preadv(fd, [mv[done - pos :]], done, flags)
+        except OSError as exc:
+            raise io_failure("read", path, exc, done) from exc
+        if n <= 0:
+            raise IOFailure(f"read failed on {path} at offset {done}: unexpected end of file "
+                            f"(expected {size} bytes)", op="read", path=path, offset=done)
+        done += n
 
 
 def _check_files(files: Sequence[FileIO], opts: IOOptions, what: str, writable: bool) -> None:
     for f in files:
         if f.nbytes < 0:
             raise InternalError(f"{what}: negative size for {f.path}")
-        _check_buf(f.buf, _round_up(f.nbytes), f"{what} {f.path}", writable=writable)
+        check_buffer(f.buf, round_up(f.nbytes), f"{what} {f.path}", writable=writable)
         if opts.direct and f.buf.ctypes.data % PAGE:
             raise InternalError(f"{what} {f.path}: O_DIRECT needs a page-aligned buffer (alloc)")
 
@@ -240,72 +325,40 @@ def write_files(
     left in place (the runner owns the folder and cleans it).
     """
     _check_files(files, opts, "write", writable=False)
-    paths, lengths, plan, flags = _layout(files, opts)
-    req, took = recorder(opts.pool)
-    fds: list[int] = []
-    try:
-        with phase(req, "open"):
-            for f in files:
-                fds.append(_create(f.path, opts.direct))
-        views = [memoryview(f.buf) for f in files]
+    lay = layout(files, opts)
+    views = [memoryview(f.buf) for f in files]
 
-        def write_one(i: int) -> None:
-            t0 = perf_counter_ns()
-            k, pos, end = plan.request(i)
-            fd, mv = fds[k], views[k]
-            while pos < end:
-                try:
-                    n = os.pwritev(fd, [mv[pos:end]], pos, flags)
-                except OSError as exc:
-                    raise _fail("write", paths[k], exc, pos) from exc
-                if n <= 0:
-                    raise IOFailure(
-                        f"write failed on {paths[k]} at offset {pos}: wrote 0 bytes",
-                        op="write",
-                        path=paths[k],
-                        offset=pos,
-                    )
-                pos += n  # short write: continue where it stopped
-            took(perf_counter_ns() - t0)
+    def write_one(fds: Sequence[int], i: int) -> int:
+        t0 = perf_counter_ns()
+        k, pos, end = lay.plan.request(i)
+        pwrite_all(fds[k], lay.paths[k], views[k][pos:end], pos, lay.flags)
+        return perf_counter_ns() - t0
 
-        def finish_one(k: int) -> None:
-            _finish(fds[k], files[k].path, files[k].nbytes, lengths[k], opts.fsync)
-
-        with phase(req, "transfer"):
-            _run(plan.total, write_one, opts.threads, opts.pool)
-        with phase(req, "fsync"):
-            _run(len(files), finish_one, opts.threads, opts.pool)  # fsyncs of many files overlap too
-        with phase(req, "dir_fsync"):
-            for d in dir_fsync:
-                _fsync_dir(d)
-            _close_all(fds, paths, report=True)
-    finally:
-        _close_all(fds, paths, report=False)
-    return [FileResult(f.path, f.nbytes, opts.fsync, plan.counts[k], lengths[k]) for k, f in enumerate(files)]
+    return write_set(files, opts, lay, write_one, dir_fsync=dir_fsync)
 
 
-def _finish(fd: int, path: str, nbytes: int, written: int, fsync: bool) -> None:
+def finish_file(fd: int, path: str, nbytes: int, written: int, fsync: bool) -> None:
     """After the data: cut the O_DIRECT tail padding back to ``nbytes``, then fsync."""
     if written != nbytes:
         try:
             os.ftruncate(fd, nbytes)
         except OSError as exc:
-            raise _fail("truncate", path, exc, nbytes) from exc
+            raise io_failure("truncate", path, exc, nbytes) from exc
     if fsync:
         try:
             os.fsync(fd)
         except OSError as exc:
-            raise _fail("fsync", path, exc) from exc
+            raise io_failure("fsync", path, exc) from exc
 
 
-def _open_sized(path: str, nbytes: int, direct: bool) -> int:
+def open_sized(path: str, nbytes: int, direct: bool) -> int:
     """Open a checkpoint file for reading; its size must be exactly ``nbytes``."""
     fd = _open_read(path, direct)
     try:
         size = os.fstat(fd).st_size
     except OSError as exc:
         os.close(fd)
-        raise _fail("stat", path, exc) from exc
+        raise io_failure("stat", path, exc) from exc
     if size != nbytes:
         os.close(fd)
         how = "truncated" if size < nbytes else "extended"
@@ -317,15 +370,15 @@ def _open_sized(path: str, nbytes: int, direct: bool) -> int:
     return fd
 
 
-def _fsync_dir(path: str) -> None:
+def fsync_dir(path: str) -> None:
     try:
         fd = os.open(path, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
     except OSError as exc:
-        raise _fail("fsync_dir", path, exc) from exc
+        raise io_failure("fsync_dir", path, exc) from exc
     try:
         os.fsync(fd)
     except OSError as exc:
-        raise _fail("fsync_dir", path, exc) from exc
+        raise io_failure("fsync_dir", path, exc) from exc
     finally:
         os.close(fd)
 
@@ -337,40 +390,17 @@ def read_files(files: Sequence[FileIO], opts: IOOptions) -> list[FileResult]:
     the tail is read as a full page; the kernel stops at end of file.
     """
     _check_files(files, opts, "read", writable=True)
-    paths, lengths, plan, flags = _layout(files, opts)
-    req, took = recorder(opts.pool)
-    fds: list[int] = []
-    try:
-        with phase(req, "open"):
-            for f in files:
-                fds.append(_open_sized(f.path, f.nbytes, opts.direct))
-        views = [memoryview(f.buf) for f in files]
+    lay = layout(files, opts)
+    views = [memoryview(f.buf) for f in files]
 
-        def read_one(i: int) -> None:
-            t0 = perf_counter_ns()
-            k, pos, end = plan.request(i)
-            fd, mv, need = fds[k], views[k], min(end, files[k].nbytes)
-            while pos < need:  # the padded O_DIRECT tail ends short, at end of file
-                try:
-                    n = os.preadv(fd, [mv[pos:end]], pos, flags)
-                except OSError as exc:
-                    raise _fail("read", paths[k], exc, pos) from exc
-                if n <= 0:
-                    raise IOFailure(
-                        f"read failed on {paths[k]} at offset {pos}: unexpected end of file "
-                        f"(expected {files[k].nbytes} bytes)",
-                        op="read",
-                        path=paths[k],
-                        offset=pos,
-                    )
-                pos += n
-            took(perf_counter_ns() - t0)
+    def read_one(fds: Sequence[int], i: int) -> int:
+        t0 = perf_counter_ns()
+        k, pos, end = lay.plan.request(i)
+        pread_all(fds[k], lay.paths[k], views[k][pos:end], pos, min(end, files[k].nbytes),
+                  files[k].nbytes, lay.flags)
+        return perf_counter_ns() - t0
 
-        with phase(req, "transfer"):
-            _run(plan.total, read_one, opts.threads, opts.pool)
-    finally:
-        _close_all(fds, paths, report=False)
-    return [FileResult(f.path, f.nbytes, False, plan.counts[k], lengths[k]) for k, f in enumerate(files)]
+    return read_set(files, opts, lay, read_one)
 
 
 @dataclass(frozen=True, eq=False)

@@ -33,8 +33,8 @@ from urllib.parse import urlsplit
 
 import numpy as np
 
-from mlckpt.engine.content import _check_buf, _round_up
-from mlckpt.engine.files import FileResult, _run
+from mlckpt.engine.content import check_buffer, round_up
+from mlckpt.engine.files import FileResult, run_pool
 from mlckpt.errors import ConfigError, IOFailure
 from mlckpt.locations import ObjectPath
 
@@ -163,7 +163,7 @@ def failure(op: str, where: ObjectPath | str, exc: BaseException, offset: int | 
 
 def _check(objs: Sequence[ObjectIO], opts: S3Options, what: str, writable: bool) -> None:
     for o in objs:
-        _check_buf(o.buf, _round_up(o.nbytes), f"{what} {o.where}", writable=writable)
+        check_buffer(o.buf, round_up(o.nbytes), f"{what} {o.where}", writable=writable)
         if opts.parts(o.nbytes) > MAX_PARTS:
             raise ConfigError(
                 f"storage.s3.part_size: {o.where} ({o.nbytes} bytes) would need more than "
@@ -229,9 +229,9 @@ def put_objects(store: Store, objs: Sequence[ObjectIO]) -> list[FileResult]:
         del uploads[k]
 
     try:
-        _run(len(objs), start, opts.inflight, opts.pool)
-        _run(len(reqs.items), send, opts.inflight, opts.pool)
-        _run(len(objs), complete, opts.inflight, opts.pool)
+        run_pool(len(objs), start, opts.inflight, opts.pool)
+        run_pool(len(reqs.items), send, opts.inflight, opts.pool)
+        run_pool(len(objs), complete, opts.inflight, opts.pool)
     except BaseException:
         for k, upload in list(uploads.items()):
             try:
@@ -286,7 +286,7 @@ def get_objects(store: Store, objs: Sequence[ObjectIO]) -> list[FileResult]:
             )
         _receive(o.where, resp["Body"], views[k], s, e)
 
-    _run(len(reqs.items), fetch, opts.inflight, opts.pool)
+    run_pool(len(reqs.items), fetch, opts.inflight, opts.pool)
     return [FileResult(str(o.where), o.nbytes, False, opts.parts(o.nbytes), o.nbytes) for o in objs]
 
 
@@ -360,7 +360,7 @@ def delete_objects(store: Store, paths: Sequence[ObjectPath]) -> tuple[int, list
             with lock:
                 left.append(failure("delete", paths[i], exc).args[0])
 
-    _run(len(paths), one, store.opts.inflight, "cleanup")
+    run_pool(len(paths), one, store.opts.inflight, "cleanup")
     return len(paths) - len(left), left
 
 

@@ -3,7 +3,6 @@ snapshot, and the verified drain from a fast tier to the durable one."""
 
 from __future__ import annotations
 
-import os
 import threading
 from collections.abc import Sequence
 from dataclasses import dataclass, replace
@@ -11,24 +10,34 @@ from time import perf_counter_ns
 
 import numpy as np
 
-from mlckpt.engine.content import PAGE, Mismatch, _check_buf, _Content, _equal, _mismatch, _round_up
+from mlckpt.engine.content import (
+    PAGE,
+    FileContent,
+    Mismatch,
+    check_buffer,
+    equal_bytes,
+    mismatch_at,
+    round_up,
+)
 from mlckpt.engine.files import (
     RWF_DONTCACHE,
     FileResult,
     IOOptions,
+    RequestPlan,
     StreamFile,
-    _close_all,
-    _create,
-    _fail,
-    _finish,
-    _fsync_dir,
-    _layout,
-    _open_sized,
-    _Plan,
-    _run,
+    close_all,
+    create_file,
+    finish_file,
+    fsync_dir,
+    layout,
+    open_sized,
+    pread_all,
+    pwrite_all,
+    read_set,
+    run_pool,
+    write_set,
 )
-from mlckpt.engine.requests import phase, recorder
-from mlckpt.errors import InternalError, IOFailure
+from mlckpt.errors import InternalError
 from mlckpt.workload.pipeline import ring_bytes
 
 
@@ -59,53 +68,15 @@ def stream_ring_bytes(opts: IOOptions, *, reading: bool) -> int:
     return ring_bytes(opts.threads, opts.block_size, verifying=reading)
 
 
-def _pwrite_block(fd: int, path: str, buf: np.ndarray, pos: int, flags: int) -> None:
-    """Write all of ``buf`` at ``pos``, continuing short writes."""
-    mv, done = memoryview(buf), 0
-    while done < len(buf):
-        try:
-            n = os.pwritev(fd, [mv[done:]], pos + done, flags)
-        except OSError as exc:
-            raise _fail("write", path, exc, pos + done) from exc
-        if n <= 0:
-            raise IOFailure(
-                f"write failed on {path} at offset {pos + done}: wrote 0 bytes",
-                op="write",
-                path=path,
-                offset=pos + done,
-            )
-        done += n
-
-
-def _pread_block(fd: int, f: StreamFile, buf: np.ndarray, pos: int, need: int, flags: int) -> None:
-    """Read file bytes [pos, need) into ``buf`` (whose length may be the padded request: an
-    O_DIRECT read of the tail ends short, at end of file), continuing short reads."""
-    mv, done = memoryview(buf), pos
-    while done < need:
-        try:
-            n = os.preadv(fd, [mv[done - pos :]], done, flags)
-        except OSError as exc:
-            raise _fail("read", f.path, exc, done) from exc
-        if n <= 0:
-            raise IOFailure(
-                f"read failed on {f.path} at offset {done}: unexpected end of file "
-                f"(expected {f.nbytes} bytes)",
-                op="read",
-                path=f.path,
-                offset=done,
-            )
-        done += n
-
-
 def _check_block(key: bytes, f: StreamFile, got: np.ndarray, want: np.ndarray, pos: int) -> None:
     """Compare one block read at file offset ``pos`` with its regenerated content (``want`` is
     scratch of the same length); raise StreamMismatch at the first differing byte."""
     real = len(got)
-    _Content(key, f.pid, pos).produce(want[:real], pos)
-    if not _equal(want[:real], got):
+    FileContent(key, f.pid, pos).produce(want[:real], pos)
+    if not equal_bytes(want[:real], got):
         at = int(np.flatnonzero(want[:real] != got)[0])
         page0 = at // PAGE * PAGE
-        m = _mismatch(got[page0 : page0 + PAGE], min(PAGE, real - page0), f.pid, at - page0)
+        m = mismatch_at(got[page0 : page0 + PAGE], min(PAGE, real - page0), f.pid, at - page0)
         raise StreamMismatch(f.path, replace(m, offset=pos + at, expected_page=(pos + at) // PAGE))
 
 
@@ -120,40 +91,21 @@ def write_stream(
     """``residency=stream`` write: every request's content is generated into the worker's ring slot
     and written from there, so memory stays at the ring while the file can be any size.  The
     generation (AES-CTR + tags) is inside the caller's timed region: stream results are labelled."""
-    paths, lengths, plan, flags = _layout(files, opts)
-    slots = _Slots(ring, opts.block_size, 1, min(opts.threads, max(plan.total, 1)))
-    req, took = recorder(opts.pool)
-    fds: list[int] = []
-    try:
-        with phase(req, "open"):
-            for f in files:
-                fds.append(_create(f.path, opts.direct))
+    lay = layout(files, opts)
+    slots = _Slots(ring, opts.block_size, 1, min(opts.threads, max(lay.plan.total, 1)))
 
-        def write_one(i: int) -> None:
-            k, pos, end = plan.request(i)
-            f = files[k]
-            buf = slots.mine(0)[: end - pos]
-            real = max(0, min(end, f.nbytes) - pos)
-            _Content(key, f.pid, pos).produce(buf[:real], pos)
-            buf[real:] = 0  # O_DIRECT tail padding, truncated below
-            t0 = perf_counter_ns()  # the request, not the content's generation before it
-            _pwrite_block(fds[k], paths[k], buf, pos, flags)
-            took(perf_counter_ns() - t0)
+    def write_one(fds: Sequence[int], i: int) -> int:
+        k, pos, end = lay.plan.request(i)
+        f = files[k]
+        buf = slots.mine(0)[: end - pos]
+        real = max(0, min(end, f.nbytes) - pos)
+        FileContent(key, f.pid, pos).produce(buf[:real], pos)
+        buf[real:] = 0  # O_DIRECT tail padding, truncated after the data
+        t0 = perf_counter_ns()  # the request, not the content's generation before it
+        pwrite_all(fds[k], f.path, memoryview(buf), pos, lay.flags)
+        return perf_counter_ns() - t0
 
-        def finish_one(k: int) -> None:
-            _finish(fds[k], files[k].path, files[k].nbytes, lengths[k], opts.fsync)
-
-        with phase(req, "transfer"):
-            _run(plan.total, write_one, opts.threads, opts.pool)
-        with phase(req, "fsync"):
-            _run(len(files), finish_one, opts.threads, opts.pool)
-        with phase(req, "dir_fsync"):
-            for d in dir_fsync:
-                _fsync_dir(d)
-            _close_all(fds, paths, report=True)
-    finally:
-        _close_all(fds, paths, report=False)
-    return [FileResult(f.path, f.nbytes, opts.fsync, plan.counts[k], lengths[k]) for k, f in enumerate(files)]
+    return write_set(files, opts, lay, write_one, dir_fsync=dir_fsync)
 
 
 class StreamMismatch(Exception):
@@ -171,30 +123,21 @@ def read_stream(
     """``residency=stream`` restore: each block is read into the worker's ring slot and verified
     there against regenerated content (inside the timed region: there is nowhere else to keep it).
     The first difference raises StreamMismatch with its exact file offset."""
-    paths, lengths, plan, flags = _layout(files, opts)
-    slots = _Slots(ring, opts.block_size, 2, min(opts.threads, max(plan.total, 1)))
-    req, took = recorder(opts.pool)
-    fds: list[int] = []
-    try:
-        with phase(req, "open"):
-            for f in files:
-                fds.append(_open_sized(f.path, f.nbytes, opts.direct))
+    lay = layout(files, opts)
+    slots = _Slots(ring, opts.block_size, 2, min(opts.threads, max(lay.plan.total, 1)))
 
-        def read_one(i: int) -> None:
-            k, pos, end = plan.request(i)
-            f = files[k]
-            got, want = slots.mine(0)[: end - pos], slots.mine(1)[: end - pos]
-            need = min(end, f.nbytes)
-            t0 = perf_counter_ns()
-            _pread_block(fds[k], f, got, pos, need, flags)
-            took(perf_counter_ns() - t0)  # the request; its verification follows, in the transfer phase
-            _check_block(key, f, got[: need - pos], want, pos)
+    def read_one(fds: Sequence[int], i: int) -> int:
+        k, pos, end = lay.plan.request(i)
+        f = files[k]
+        got, want = slots.mine(0)[: end - pos], slots.mine(1)[: end - pos]
+        need = min(end, f.nbytes)
+        t0 = perf_counter_ns()
+        pread_all(fds[k], f.path, memoryview(got), pos, need, f.nbytes, lay.flags)
+        took = perf_counter_ns() - t0  # the request; its verification follows, in the transfer phase
+        _check_block(key, f, got[: need - pos], want, pos)
+        return took
 
-        with phase(req, "transfer"):
-            _run(plan.total, read_one, opts.threads, opts.pool)
-    finally:
-        _close_all(fds, paths, report=False)
-    return [FileResult(f.path, f.nbytes, False, plan.counts[k], lengths[k]) for k, f in enumerate(files)]
+    return read_set(files, opts, lay, read_one)
 
 
 SNAPSHOT_CHUNK = 64 << 20
@@ -204,15 +147,15 @@ def snapshot(dst: np.ndarray, src: np.ndarray, nbytes: int, threads: int) -> Non
     """Copy ``src[:nbytes]`` into the staging buffer ``dst`` (what an asynchronous checkpoint's
     stall is: a device-to-host copy in a real trainer).  ``threads`` copies in parallel (numpy
     releases the GIL for plain copies)."""
-    _check_buf(src, nbytes, "snapshot source", writable=False)
-    _check_buf(dst, nbytes, "snapshot staging", writable=True)
+    check_buffer(src, nbytes, "snapshot source", writable=False)
+    check_buffer(dst, nbytes, "snapshot staging", writable=True)
     chunks = -(-nbytes // SNAPSHOT_CHUNK)
 
     def copy_one(i: int) -> None:
         a, b = i * SNAPSHOT_CHUNK, min((i + 1) * SNAPSHOT_CHUNK, nbytes)
         np.copyto(dst[a:b], src[a:b])
 
-    _run(chunks, copy_one, threads)
+    run_pool(chunks, copy_one, threads)
 
 
 @dataclass(frozen=True)
@@ -239,8 +182,8 @@ def drain(
     if len(files) != len(targets):
         raise InternalError("drain: one target per file")
     padded = src.direct or dst.direct  # an O_DIRECT side needs whole-page requests (tail padded)
-    lengths = [_round_up(f.nbytes) if padded else f.nbytes for f in files]
-    plan = _Plan(lengths, dst.block_size)
+    lengths = [round_up(f.nbytes) if padded else f.nbytes for f in files]
+    plan = RequestPlan(lengths, dst.block_size)
     slots = _Slots(ring, dst.block_size, 2, min(dst.threads, max(plan.total, 1)))
     rflags = RWF_DONTCACHE if src.dontcache else 0
     wflags = RWF_DONTCACHE if dst.dontcache else 0
@@ -249,36 +192,36 @@ def drain(
     outs: list[int] = []
     try:
         for f in files:
-            fds.append(_open_sized(f.path, f.nbytes, src.direct))
+            fds.append(open_sized(f.path, f.nbytes, src.direct))
         for t in targets:
-            outs.append(_create(t, dst.direct))
+            outs.append(create_file(t, dst.direct))
 
         def copy_one(i: int) -> None:
             k, pos, end = plan.request(i)
             f = files[k]
             got, want = slots.mine(0)[: end - pos], slots.mine(1)[: end - pos]
             need = min(end, f.nbytes)
-            _pread_block(fds[k], f, got, pos, need, rflags)
+            pread_all(fds[k], f.path, memoryview(got), pos, need, f.nbytes, rflags)
             try:
                 _check_block(key, f, got[: need - pos], want, pos)
             except StreamMismatch as exc:
                 found.append((exc.path, exc.mismatch))
                 raise
             got[need - pos :] = 0  # O_DIRECT tail padding, truncated below
-            _pwrite_block(outs[k], targets[k], got, pos, wflags)
+            pwrite_all(outs[k], targets[k], memoryview(got), pos, wflags)
 
         def finish_one(k: int) -> None:
-            _finish(outs[k], targets[k], files[k].nbytes, lengths[k], dst.fsync)
+            finish_file(outs[k], targets[k], files[k].nbytes, lengths[k], dst.fsync)
 
         try:
-            _run(plan.total, copy_one, dst.threads, dst.pool)
+            run_pool(plan.total, copy_one, dst.threads, dst.pool)
         except StreamMismatch:
             return DrainResult(0, found[0])
-        _run(len(files), finish_one, dst.threads, dst.pool)
+        run_pool(len(files), finish_one, dst.threads, dst.pool)
         for d in dir_fsync:
-            _fsync_dir(d)
-        _close_all(outs, list(targets), report=True)
+            fsync_dir(d)
+        close_all(outs, list(targets), report=True)
     finally:
-        _close_all(fds, [f.path for f in files], report=False)
-        _close_all(outs, list(targets), report=False)
+        close_all(fds, [f.path for f in files], report=False)
+        close_all(outs, list(targets), report=False)
     return DrainResult(sum(f.nbytes for f in files), None)

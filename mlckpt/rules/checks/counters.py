@@ -10,8 +10,8 @@ from typing import Any
 
 from mlckpt.attribution import attributed, op_window
 from mlckpt.metrics import group_ops
-from mlckpt.rules.checks.evidence import Rec, _bounds, _by_host, _end, _host_facts, counted_op
-from mlckpt.rules.checks.result import RunData, _run
+from mlckpt.rules.checks.evidence import Rec, by_host, counted_op, evidence_bounds, host_facts, op_end
+from mlckpt.rules.checks.result import RunData, run_data
 from mlckpt.rules.checks.timing import abs_bound_ns, calibration_outcomes
 from mlckpt.rules.engine import Context, NotChecked, Outcome, Rule, RuleSet, checks_table
 from mlckpt.workload.pipeline import MEMORY_FILESYSTEMS, Pipeline
@@ -30,7 +30,7 @@ def _window(
     c0, c1 = int(hc["before"]["t_ns"]), int(hc["after"]["t_ns"])
     host = str(leader["host"])
     where = f"{key[0]} {key[1]} on {host}"
-    last = max(_end(r) for r in hr)
+    last = max(op_end(r) for r in hr)
     head = int(leader["t0_ns"]) - c0
     # rules 1.8: the host's calibration, plus a share of the op (the other allowances have theirs)
     head_max = abs_bound_ns(rs, d, host, "head_ns", b["head_abs_s"]) + (
@@ -42,7 +42,7 @@ def _window(
             f"{head / 1e6:+.1f} ms",
             where=where,
         )
-    host_dur = max(_end(r) - int(r["t0_ns"]) for r in hr)
+    host_dur = max(op_end(r) - int(r["t0_ns"]) for r in hr)
     tail = (abs_bound_ns(rs, d, host, "tail_ns", b["tail_abs_s"]) + b["tail_rel"] * op_dur
             + (op_dur - host_dur))
     if key[0] == "write" and Pipeline.of(d.config).background:
@@ -203,11 +203,11 @@ def device_counters(ctx: Context, rs: RuleSet, rule: Rule) -> Iterator[Outcome |
     read at least the bytes not resident, and no op's worth of bytes moved between ops; O_DIRECT
     did not fill the page cache; a memory filesystem is never cold, and a block filesystem has its
     device."""
-    d, b, attr = _run(ctx), _bounds(rs)["counters"], rs.data.get("attribution")
+    d, b, attr = run_data(ctx), evidence_bounds(rs)["counters"], rs.data.get("attribution")
     if int(d.run.get("records_format", 0)) < 3:
         yield NotChecked("the records carry no kernel counters (records format 2)")
         return
-    facts = _host_facts(d)
+    facts = host_facts(d)
     for host, f in sorted(facts.items()):
         fs = (f.get("filesystem") or {}).get("fs_type")
         if fs in BLOCK_FILESYSTEMS and f.get("block_device") is None:
@@ -215,11 +215,11 @@ def device_counters(ctx: Context, rs: RuleSet, rule: Rule) -> Iterator[Outcome |
                 False, f"the block device of the {fs} checkpoint folder", "none", where=f"host {host}"
             )
     ops = group_ops(d.records)
-    yield from calibration_outcomes(rs, d, sorted(_by_host(d.records)), ("head_ns", "tail_ns"))
+    yield from calibration_outcomes(rs, d, sorted(by_host(d.records)), ("head_ns", "tail_ns"))
     windows: dict[str, list[tuple[tuple[str, int], Rec, int]]] = {}
     for key, recs in ops.items():  # writes first, each in index order
-        op_dur = max(_end(r) - int(r["t0_ns"]) for r in recs)
-        for host, hr in sorted(_by_host(recs).items()):
+        op_dur = max(op_end(r) - int(r["t0_ns"]) for r in recs)
+        for host, hr in sorted(by_host(recs).items()):
             leaders = [r for r in hr if "host_counters" in r]
             if len(leaders) != 1 or leaders[0]["host_counters"]["before"] is None:
                 yield Outcome(

@@ -22,7 +22,7 @@ from typing import Any
 from mlckpt.attribution import cpu_window_s, foreign_summary
 from mlckpt.locations import is_object_url
 from mlckpt.metrics import DlioFacts, completed, group_ops
-from mlckpt.rules.checks.result import RunData, _compare, _run, _writes_by_rank, summary_format
+from mlckpt.rules.checks.result import RunData, compare_values, run_data, summary_format, writes_by_rank
 from mlckpt.rules.checks.timing import abs_bound_ns, calibration_outcomes
 from mlckpt.rules.engine import Context, NotChecked, Outcome, Rule, RuleSet, checks_table
 from mlckpt.workload.pipeline import DURABLE, MEMORY, Pipeline
@@ -53,24 +53,24 @@ NETWORK_FILESYSTEMS = frozenset(
 )
 
 
-def _bounds(rs: RuleSet) -> Mapping[str, Any]:
+def evidence_bounds(rs: RuleSet) -> Mapping[str, Any]:
     return rs.data["evidence"]
 
 
-def _end(r: Rec) -> int:
+def op_end(r: Rec) -> int:
     """Where the timed op of a record ended on its rank: a write's stall ends at ``staged_ns``
     (its background stages may go on), a read at ``t1_ns``."""
     return int(r["staged_ns"]) if r["op"] == "write" and "staged_ns" in r else int(r["t1_ns"])
 
 
-def _by_host(recs: Sequence[Rec]) -> dict[str, list[Rec]]:
+def by_host(recs: Sequence[Rec]) -> dict[str, list[Rec]]:
     out: dict[str, list[Rec]] = {}
     for r in recs:
         out.setdefault(str(r["host"]), []).append(r)
     return out
 
 
-def _host_facts(d: RunData) -> dict[str, Mapping[str, Any]]:
+def host_facts(d: RunData) -> dict[str, Mapping[str, Any]]:
     return {str(h.get("hostname")): h for h in d.system.get("hosts", [])}
 
 
@@ -104,7 +104,7 @@ def summary_exact(ctx: Context, rs: RuleSet, rule: Rule) -> Iterator[Outcome | N
     """summary.json is exactly what the checker recomputes: no key it does not recompute, the
     plan's bytes, the read validity and the DLIO-named block (METRICS-RECOMPUTE covers the
     statistics themselves)."""
-    d, plan = _run(ctx), ctx.plan
+    d, plan = run_data(ctx), ctx.plan
     assert plan is not None  # needs: [plan]
     want = recomputed_summary(rs, d, plan)
     extra = sorted(set(d.summary) - set(want))
@@ -115,7 +115,7 @@ def summary_exact(ctx: Context, rs: RuleSet, rule: Rule) -> Iterator[Outcome | N
             f"summary.{extra[0]}" + (f" (and {len(extra) - 1} more)" if len(extra) > 1 else ""),
         )
     shown = {k: want[k] for k in (*EXACT_KEYS, "dlio_compat", "foreign", *DLIO_KEYS) if k in want}
-    diffs = list(_compare("", shown, d.summary))
+    diffs = list(compare_values("", shown, d.summary))
     for path, exp, got in diffs[:5]:
         yield Outcome(False, f"summary.{path} = {exp}", got)
     if not extra and not diffs:
@@ -126,7 +126,7 @@ def summary_exact(ctx: Context, rs: RuleSet, rule: Rule) -> Iterator[Outcome | N
 def records_mode(ctx: Context, rs: RuleSet, rule: Rule) -> Iterator[Outcome | NotChecked]:
     """Every record carries the I/O mode the configuration asked for (the engine records what it
     did per op), and every restore's residency was measured over every byte it read."""
-    d = _run(ctx)
+    d = run_data(ctx)
     io, fsync = d.config["io"], bool(d.config["checkpoint"]["fsync"])
     want_direct, want_dontcache = bool(io["direct"]), bool(io["dontcache"]) and not bool(io["direct"])
     if is_object_url(d.config["checkpoint"].get("folder")):  # rules 1.6: objects have no page cache to skip
@@ -167,18 +167,18 @@ def records_mode(ctx: Context, rs: RuleSet, rule: Rule) -> Iterator[Outcome | No
 def start_skew(ctx: Context, rs: RuleSet, rule: Rule) -> Iterator[Outcome | NotChecked]:
     """The ranks of one host leave each op's barrier together (same clock): a rank that claims it
     started late shortens its own duration."""
-    d, b = _run(ctx), _bounds(rs)["start_skew"]
+    d, b = run_data(ctx), evidence_bounds(rs)["start_skew"]
     # Rules 1.4: a write whose barrier the ranks' own background persists overlap (the previous
     # checkpoint not yet durable on some rank) gets the larger allowance ``busy_abs_s``: those
     # threads compete with the ranks for the host's cores as they leave the barrier.
     # Rules 1.8: the absolute part is the host's own calibration's (mlckpt.rules.checks.timing).
     busy_abs = float(rs.data.get("start_skew_busy", {}).get("abs_s", b["abs_s"]))
     durable = {(int(r["rank"]), int(r["index"])): int(r["t1_ns"]) for r in d.records if r["op"] == "write"}
-    yield from calibration_outcomes(rs, d, sorted(_by_host(d.records)), ("skew_ns",))
+    yield from calibration_outcomes(rs, d, sorted(by_host(d.records)), ("skew_ns",))
     for (op, idx), recs in sorted(group_ops(d.records).items()):
-        for host, hr in sorted(_by_host(recs).items()):
+        for host, hr in sorted(by_host(recs).items()):
             t0 = [int(r["t0_ns"]) for r in hr]
-            dur = max(_end(r) - int(r["t0_ns"]) for r in hr)
+            dur = max(op_end(r) - int(r["t0_ns"]) for r in hr)
             busy = op == "write" and any(durable.get((int(r["rank"]), idx - 1), 0) > int(r["t0_ns"])
                                          for r in hr)
             base = abs_bound_ns(rs, d, host, "skew_ns", b["abs_s"])
@@ -207,11 +207,11 @@ def timing_copies(ctx: Context, rs: RuleSet, rule: Rule) -> Iterator[Outcome | N
     """Nanosecond timings never repeat in honest runs: a record whose timings and start offset
     equal another's, or an op whose per-rank durations equal another op's (or a rank's across
     ops equal another rank's), was copied."""
-    d = _run(ctx)
+    d = run_data(ctx)
     ops = group_ops(d.records)
     seen: dict[tuple[Any, ...], Rec] = {}
     for (op, idx), recs in sorted(ops.items()):
-        starts = {h: min(int(r["t0_ns"]) for r in hr) for h, hr in _by_host(recs).items()}
+        starts = {h: min(int(r["t0_ns"]) for r in hr) for h, hr in by_host(recs).items()}
         for r in recs:
             key = (op, _signature(r), int(r["t0_ns"]) - starts[str(r["host"])])
             if key in seen:
@@ -265,14 +265,14 @@ def host_clocks(ctx: Context, rs: RuleSet, rule: Rule) -> Iterator[Outcome | Not
     """Each record's wall-clock start and monotonic t0 are read together, so on one host their
     difference is the same for every record (up to NTP slew); every op lies inside the run's
     started..ended; and hosts with different names are different machines (boot ids, clocks)."""
-    d, b = _run(ctx), _bounds(rs)["clocks"]
+    d, b = run_data(ctx), evidence_bounds(rs)["clocks"]
     started, ended = _iso(str(d.run.get("started"))), _iso(str(d.run.get("ended")))
     offsets: dict[str, list[float]] = {}
     for r in d.records:
         wall = float(r.get("wall_start", 0.0))
         offsets.setdefault(str(r["host"]), []).append(wall - int(r["t0_ns"]) / 1e9)
         if started is not None and ended is not None:
-            end = wall + (_end(r) - int(r["t0_ns"])) / 1e9
+            end = wall + (op_end(r) - int(r["t0_ns"])) / 1e9
             if wall < started - b["iso_s"] or end > ended + b["iso_s"]:
                 yield Outcome(
                     False,
@@ -293,7 +293,7 @@ def host_clocks(ctx: Context, rs: RuleSet, rule: Rule) -> Iterator[Outcome | Not
                 f"{(max(offs) - min(offs)) * 1e3:.1f} ms apart",
                 where=f"host {host}",
             )
-    facts = _host_facts(d)
+    facts = host_facts(d)
     hosts = sorted(offsets)
     for i, a in enumerate(hosts):
         for h in hosts[i + 1 :]:
@@ -312,7 +312,7 @@ def _host_rates(recs: Sequence[Rec], tier: str | None = None) -> Iterator[tuple[
     span: ranks whose stages did not overlap (an async snapshot after different back-pressure
     waits) did not move their bytes at once, and summing them over one span overstated the host's
     rate 4× in an honest run under load."""
-    for host, hr in sorted(_by_host(recs).items()):
+    for host, hr in sorted(by_host(recs).items()):
         if tier is None:
             windows = [(int(r["t0_ns"]), int(r["t1_ns"])) for r in hr]
         else:
@@ -341,8 +341,8 @@ def host_physics(ctx: Context, rs: RuleSet, rule: Rule) -> Iterator[Outcome | No
     """No host moves checkpoint bytes faster than its own memory can copy them (measured by the
     runner on that host), nor faster than its network links where the storage is remote; a
     snapshot into memory (the async stall) obeys the memory bound too."""
-    d, b = _run(ctx), _bounds(rs)["physics"]
-    facts = _host_facts(d)
+    d, b = run_data(ctx), evidence_bounds(rs)["physics"]
+    facts = host_facts(d)
     measured = False
     for (op, idx), recs in sorted(group_ops(d.records).items()):
         tiers = [None, MEMORY] if op == "write" else [None]
@@ -383,11 +383,11 @@ def async_evidence(ctx: Context, rs: RuleSet, rule: Rule) -> Iterator[Outcome | 
     """On each rank, the training interval a write reports fits between its stall and the next
     checkpoint's barrier; the back-pressure a write reports covers the wait for the previous
     checkpoint to become durable."""
-    d = _run(ctx)
+    d = run_data(ctx)
     # Rules 1.4: the back-pressure clock starts a moment after the op's own t0 (and a persist
     # that ends in that moment is not waited for at all): under load the gap reached 2.6 ms.
     slack = int(float(rs.data.get("async_evidence", {}).get("backpressure_slack_ms", 0)) * 1e6)
-    for rank, recs in sorted(_writes_by_rank(d).items()):
+    for rank, recs in sorted(writes_by_rank(d).items()):
         for a, nxt in itertools.pairwise(recs):
             where = f"write {a['index']} rank {rank}"
             over = int(a["staged_ns"]) + int(a["compute_ns"]) - int(nxt["t0_ns"])
@@ -441,7 +441,7 @@ def training_interval(ctx: Context, rs: RuleSet, rule: Rule) -> Iterator[Outcome
     differ, so each host is judged on its own ranks (:func:`training_waits`).  A witnessed run (or
     one whose witness was lost) also waits for the witness to hear each op's start, up to
     witness.timeout_s."""
-    d = _run(ctx)
+    d = run_data(ctx)
     bound = rs.data["training"]
     floor_ns, rel = float(bound["gap_floor_s"]) * 1e9, float(bound["gap_rel"])
     if d.run.get("witness"):  # each op's start is reported before its barrier: up to the timeout

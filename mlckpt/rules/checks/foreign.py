@@ -34,7 +34,7 @@ from mlckpt.attribution import (
     watched_rate_share,
 )
 from mlckpt.rules.checks.evidence import counted_op
-from mlckpt.rules.checks.result import _run
+from mlckpt.rules.checks.result import run_data
 from mlckpt.rules.engine import Context, NotChecked, Outcome, Rule, RuleSet, checks_table
 from mlckpt.units import fmt_bytes
 
@@ -116,7 +116,7 @@ def _watched_outcome(a: Mapping[str, Any], sp: Span, b: Background | None) -> It
 def foreign_io(ctx: Context, rs: RuleSet, rule: Rule) -> Iterator[Outcome | NotChecked]:
     """Per host and phase, what other processes moved on the checkpoint device (and how much of
     the host's CPU time they took) during the weighed timed ops stays within ``attribution:``."""
-    d, a = _run(ctx), rs.data["attribution"]
+    d, a = run_data(ctx), rs.data["attribution"]
     by_phase = phases(d.records, lambda r: counted_op(d, r))
     if not any(by_phase.values()):
         yield NotChecked(NOT_ATTRIBUTED)

@@ -9,7 +9,7 @@ from collections.abc import Iterator, Mapping
 from typing import Any
 
 from mlckpt.rules.checks.objects import beyond_one_tier
-from mlckpt.rules.checks.result import _run
+from mlckpt.rules.checks.result import run_data
 from mlckpt.rules.engine import Context, NotChecked, Outcome, Rule, RuleSet, checks_table
 
 
@@ -40,7 +40,7 @@ def gpu_source_recorded(ctx: Context, rs: RuleSet, rule: Rule) -> Iterator[Outco
     """The state block agrees with the configuration; every rank held its shard on a CUDA device;
     every write and read record of a GPU run carries its device copy, inside the op (inside the
     memory stage of an async write), no faster than ``copy_rate_multiple`` × that rank's probe."""
-    d = _run(ctx)
+    d = run_data(ctx)
     if "state" not in d.run:
         yield NotChecked("run.json has no state block (run format 6 or older)")
         return

@@ -10,7 +10,7 @@ import os
 from collections.abc import Iterator, Mapping
 from typing import Any
 
-from mlckpt.rules.checks.result import _run
+from mlckpt.rules.checks.result import run_data
 from mlckpt.rules.engine import CheckFn, Context, NotChecked, Outcome, Rule, RuleSet
 from mlckpt.units import GiB, fmt_bytes
 
@@ -72,7 +72,7 @@ def param_equals(ctx: Context, rs: RuleSet, rule: Rule) -> Outcome:
 def mlperf_memory_multiple(ctx: Context, rs: RuleSet, rule: Rule) -> Iterator[Outcome | NotChecked]:
     """§4.3.1: where a client's checkpoint data is under 3× its memory, the page cache must be
     cleared between the phases (mlckpt evicts and measures residency before every read)."""
-    d = _run(ctx)
+    d = run_data(ctx)
     multiple = float(_mlperf(rs)["memory_multiple"])
     memory = {h.get("hostname"): int(h.get("memory_total_bytes") or 0) for h in d.system.get("hosts", [])}
     first = min(d.ops("write"), default=None)
@@ -98,7 +98,7 @@ def mlperf_memory_multiple(ctx: Context, rs: RuleSet, rule: Rule) -> Iterator[Ou
 
 def _phase_bounds(ctx: Context) -> tuple[float, float, float, float] | None:
     """(first write start, last write end, first read start, last read end), wall seconds."""
-    d = _run(ctx)
+    d = run_data(ctx)
     def span(op: str) -> tuple[float, float] | None:
         recs = [r for r in d.records if r.get("op") == op]
         if not recs:

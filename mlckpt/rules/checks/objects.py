@@ -7,7 +7,7 @@ from __future__ import annotations
 from collections.abc import Iterator
 
 from mlckpt.locations import is_object_url, parse_object_url, s3_settings
-from mlckpt.rules.checks.result import _run
+from mlckpt.rules.checks.result import run_data
 from mlckpt.rules.engine import Context, NotChecked, Outcome, Rule, RuleSet, checks_table
 from mlckpt.workload.pipeline import Pipeline
 
@@ -56,7 +56,7 @@ def object_storage_recorded(ctx: Context, rs: RuleSet, rule: Rule) -> Iterator[O
     """The storage block agrees with the configuration, and every host's facts name the store
     (filesystem type s3, the same endpoint host): a bundle cannot pass files off as objects or
     one store off as another without the configuration saying so too."""
-    d = _run(ctx)
+    d = run_data(ctx)
     block = d.run.get("storage")
     if block is None:
         yield NotChecked("run.json has no storage block (run format 5 or older)")

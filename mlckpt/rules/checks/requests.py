@@ -16,14 +16,14 @@ from collections.abc import Iterator
 
 from mlckpt import latency
 from mlckpt.metrics import group_ops
-from mlckpt.rules.checks.result import _run
+from mlckpt.rules.checks.result import run_data
 from mlckpt.rules.engine import Context, NotChecked, Outcome, Rule, RuleSet, checks_table
 
 PHASE_SLACK_NS = 1_000_000  # the phases' own clock reads, between the op's t0 and t1
 
 
 def request_evidence(ctx: Context, rs: RuleSet, rule: Rule) -> Iterator[Outcome | NotChecked]:
-    d = _run(ctx)
+    d = run_data(ctx)
     if int(d.run.get("records_format", 0)) < 7:
         yield NotChecked("records before format 7 carry no requests")
         return
@@ -56,7 +56,7 @@ def run_claims(ctx: Context, rs: RuleSet, rule: Rule) -> Iterator[Outcome | NotC
     ``scaled`` flag is the configuration's scale below 1; every host run.json places ranks on has
     records, no record names a host run.json does not, and each record's rank sits on the host
     run.json places it (a host that nothing evidences would count on the leaderboard)."""
-    d = _run(ctx)
+    d = run_data(ctx)
     scale = d.config.get("scale")
     if isinstance(scale, int | float) and "scaled" in d.run:
         yield Outcome(d.run["scaled"] == (scale < 1), f"run.json scaled={scale < 1} (scale {scale})",

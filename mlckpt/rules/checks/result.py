@@ -72,7 +72,7 @@ def summary_format(rs: RuleSet) -> int:
     return Written.of(rs.version).summary
 
 
-def _run(ctx: Context) -> RunData:
+def run_data(ctx: Context) -> RunData:
     """The run's data; every result rule declares ``needs: [run]``, so the engine never calls a
     check without it (a rule that forgot the need is a defect of the rules data)."""
     if not isinstance(ctx.run, RunData):
@@ -81,7 +81,7 @@ def _run(ctx: Context) -> RunData:
 
 
 def result_consistent(ctx: Context, rs: RuleSet, rule: Rule) -> Iterator[Outcome | NotChecked]:
-    d = _run(ctx)
+    d = run_data(ctx)
     cfg = d.config
     pairs = (("workload", cfg.get("workload", {}).get("name")), ("division", cfg.get("division")),
              ("ranks", cfg.get("ranks")), ("scale", cfg.get("scale")),
@@ -100,7 +100,7 @@ def result_consistent(ctx: Context, rs: RuleSet, rule: Rule) -> Iterator[Outcome
 
 
 def result_counts(ctx: Context, rs: RuleSet, rule: Rule) -> Iterator[Outcome | NotChecked]:
-    d = _run(ctx)
+    d = run_data(ctx)
     ranks = int(d.config["ranks"])
     for op, key in (("write", "num_writes"), ("read", "num_reads")):
         want = int(d.config["checkpoint"][key])
@@ -121,7 +121,7 @@ def result_counts(ctx: Context, rs: RuleSet, rule: Rule) -> Iterator[Outcome | N
 
 
 def result_times(ctx: Context, rs: RuleSet, rule: Rule) -> Iterator[Outcome | NotChecked]:
-    d = _run(ctx)
+    d = run_data(ctx)
     bad = [r for r in d.records if not int(r["t1_ns"]) > int(r["t0_ns"])]
     yield Outcome(not bad, "t1_ns > t0_ns in every record",
                   f"{len(bad)} records out of order" + (
@@ -148,7 +148,7 @@ def result_times(ctx: Context, rs: RuleSet, rule: Rule) -> Iterator[Outcome | No
 
 
 def bytes_match_plan(ctx: Context, rs: RuleSet, rule: Rule) -> Iterator[Outcome | NotChecked]:
-    d, plan = _run(ctx), ctx.plan
+    d, plan = run_data(ctx), ctx.plan
     if plan is None:
         yield NotChecked("no run data or plan")
         return
@@ -180,27 +180,27 @@ def _num_equal(a: Any, b: Any) -> bool:
     return a == b
 
 
-def _compare(path: str, want: Any, have: Any) -> Iterator[tuple[str, Any, Any]]:
+def compare_values(path: str, want: Any, have: Any) -> Iterator[tuple[str, Any, Any]]:
     if isinstance(want, Mapping):
         if not isinstance(have, Mapping):
             yield path, "an object", have
             return
         for k, v in want.items():
-            yield from _compare(f"{path}.{k}" if path else k, v, have.get(k, "<missing>"))
+            yield from compare_values(f"{path}.{k}" if path else k, v, have.get(k, "<missing>"))
     elif isinstance(want, list):
         if not isinstance(have, list) or len(have) != len(want):
             yield path, f"{len(want)} items", f"{len(have) if isinstance(have, list) else have!r}"
             return
         for i, (w, h) in enumerate(zip(want, have, strict=True)):
-            yield from _compare(f"{path}[{i}]", w, h)
+            yield from compare_values(f"{path}[{i}]", w, h)
     elif not _num_equal(want, have):
         yield path, want, have
 
 
 def metrics_recompute(ctx: Context, rs: RuleSet, rule: Rule) -> Iterator[Outcome | NotChecked]:
-    d = _run(ctx)
+    d = run_data(ctx)
     want = d.summarized(rs)
-    diffs = list(_compare("", want, d.summary))
+    diffs = list(compare_values("", want, d.summary))
     for path, exp, got in diffs[:5]:
         yield Outcome(False, f"summary.{path} = {exp}", got)
     if not diffs:
@@ -208,7 +208,7 @@ def metrics_recompute(ctx: Context, rs: RuleSet, rule: Rule) -> Iterator[Outcome
 
 
 def fsync_every_write(ctx: Context, rs: RuleSet, rule: Rule) -> Outcome | NotChecked:
-    d = _run(ctx)
+    d = run_data(ctx)
     writes = [r for r in d.records if r["op"] == "write"]
     bad = [r for r in writes if r.get("fsync") is not True]
     return Outcome(not bad and bool(d.config["checkpoint"].get("fsync")),
@@ -216,7 +216,7 @@ def fsync_every_write(ctx: Context, rs: RuleSet, rule: Rule) -> Outcome | NotChe
 
 
 def cold_reads(ctx: Context, rs: RuleSet, rule: Rule) -> Iterator[Outcome | NotChecked]:
-    d = _run(ctx)
+    d = run_data(ctx)
     bound = float(rs.data["cold_read"]["max_resident_fraction"])
     multiple = float(rs.data["cold_read"]["memory_multiple"])
     # Alternative from the rules: per-host data at least `multiple` × host memory.
@@ -243,7 +243,7 @@ def cold_reads(ctx: Context, rs: RuleSet, rule: Rule) -> Iterator[Outcome | NotC
 
 
 def data_verified(ctx: Context, rs: RuleSet, rule: Rule) -> Iterator[Outcome | NotChecked]:
-    d = _run(ctx)
+    d = run_data(ctx)
     for r in d.records:
         if r["op"] != "read":
             continue
@@ -255,13 +255,13 @@ def data_verified(ctx: Context, rs: RuleSet, rule: Rule) -> Iterator[Outcome | N
 
 
 def data_unique(ctx: Context, rs: RuleSet, rule: Rule) -> Outcome | NotChecked:
-    d = _run(ctx)
+    d = run_data(ctx)
     scheme = d.run.get("data_scheme")
     return Outcome(scheme == DATA_SCHEME, f"data_scheme {DATA_SCHEME}", f"data_scheme {scheme!r}")
 
 
 def bandwidth_plausible(ctx: Context, rs: RuleSet, rule: Rule) -> Iterator[Outcome | NotChecked]:
-    d = _run(ctx)
+    d = run_data(ctx)
     storage = (d.system.get("description") or {}).get("storage") or {}
     declared = False
     for op, key in (("write", "max_write_gib_s"), ("read", "max_read_gib_s")):
@@ -278,7 +278,7 @@ def bandwidth_plausible(ctx: Context, rs: RuleSet, rule: Rule) -> Iterator[Outco
 
 
 # ---------------------------------------------------------------------- async and tiered checkpoints
-def _writes_by_rank(d: RunData) -> dict[int, list[Mapping[str, Any]]]:
+def writes_by_rank(d: RunData) -> dict[int, list[Mapping[str, Any]]]:
     out: dict[int, list[Mapping[str, Any]]] = {}
     for r in d.records:
         if r.get("op") == "write":
@@ -291,7 +291,7 @@ def _writes_by_rank(d: RunData) -> dict[int, list[Mapping[str, Any]]]:
 def pipeline_declared(ctx: Context, rs: RuleSet, rule: Rule) -> Iterator[Outcome | NotChecked]:
     """Every write record follows the configured pipeline: its mode, its stages in order, and a
     training interval at least as long as configured (overlap is only credited for real time)."""
-    d = _run(ctx)
+    d = run_data(ctx)
     pipe = Pipeline.of(d.config)
     want = list(pipe.stages)
     least = int(pipe.compute_interval_s * 1e9)
@@ -315,8 +315,8 @@ def async_timeline(ctx: Context, rs: RuleSet, rule: Rule) -> Iterator[Outcome | 
     one's blocking stage (one staging slot); the part of a checkpoint's background work that
     training waited through (exposed) is within the next one's back-pressure and never more than
     the background work itself."""
-    d = _run(ctx)
-    for rank, recs in sorted(_writes_by_rank(d).items()):
+    d = run_data(ctx)
+    for rank, recs in sorted(writes_by_rank(d).items()):
         for i, r in enumerate(recs):
             where = f"write {r['index']} rank {rank}"
             t0, staged, t1 = int(r["t0_ns"]), int(r["staged_ns"]), int(r["t1_ns"])
@@ -350,7 +350,7 @@ def async_timeline(ctx: Context, rs: RuleSet, rule: Rule) -> Iterator[Outcome | 
 
 
 def tier_drain_verified(ctx: Context, rs: RuleSet, rule: Rule) -> Iterator[Outcome | NotChecked]:
-    d = _run(ctx)
+    d = run_data(ctx)
     if not Pipeline.of(d.config).tiered:
         yield Outcome(True)  # one tier: nothing to check
         return
@@ -371,7 +371,7 @@ def tier_drain_verified(ctx: Context, rs: RuleSet, rule: Rule) -> Iterator[Outco
 
 def tier_restore_source(ctx: Context, rs: RuleSet, rule: Rule) -> Iterator[Outcome | NotChecked]:
     """Each restore read from the nearest tier holding a copy (mlckpt/workload/pipeline.py: restore_tier)."""
-    d, plan = _run(ctx), ctx.plan
+    d, plan = run_data(ctx), ctx.plan
     if plan is None:
         yield NotChecked("no run data or plan")
         return
@@ -396,7 +396,7 @@ def tier_restore_source(ctx: Context, rs: RuleSet, rule: Rule) -> Iterator[Outco
 
 def state_hugepages(ctx: Context, rs: RuleSet, rule: Rule) -> Outcome | NotChecked:
     """STATE-HUGEPAGES (rules 1.4): the smallest huge-page share of a rank's state buffer."""
-    share = hugepage_share_min(_run(ctx).records)  # from the records: no summary needed
+    share = hugepage_share_min(run_data(ctx).records)  # from the records: no summary needed
     if share is None:
         return NotChecked("no huge-page share in the records (records format 4, /proc/self/smaps)")
     bound = float(rs.data["memory"]["min_hugepage_fraction"])

@@ -12,7 +12,7 @@ import hmac
 from collections.abc import Iterator, Mapping
 from typing import Any
 
-from mlckpt.rules.checks.submission import _report
+from mlckpt.rules.checks.submission import report_problems
 from mlckpt.rules.engine import CheckFn, Context, NotChecked, Outcome, Rule, RuleSet
 
 # What the read invocation must share with the write invocation for its restores to be the
@@ -78,14 +78,14 @@ def pair_problems(write_run: Mapping[str, Any], write_config: Mapping[str, Any],
 def split_pair(ctx: Context, rs: RuleSet, rule: Rule) -> Iterator[Outcome | NotChecked]:
     """SPLIT-PAIR: a read-only invocation's write half is in the tree, unchanged (its signed
     statement's digest), compatible (:func:`pair_problems`), and ended before the reads began."""
-    yield from _report(ctx, "split")
+    yield from report_problems(ctx, "split")
 
 
 def split_evidence(ctx: Context, rs: RuleSet, rule: Rule) -> Iterator[Outcome | NotChecked]:
     """SPLIT-EVIDENCE (rules 1.10): a read-only invocation proves it held its write half's content
     key (:func:`proof_matches`), and on a host that did not reboot between the halves both read
     one wall-minus-monotonic clock offset (:func:`clock_problems`)."""
-    yield from _report(ctx, "split_evidence")
+    yield from report_problems(ctx, "split_evidence")
 
 
 def host_clocks(records: Any, system: Any) -> dict[str, dict[str, Any]]:

@@ -75,7 +75,7 @@ def _facts(ctx: Context) -> SubmissionFacts:
     return ctx.submission
 
 
-def _report(ctx: Context, name: str) -> Iterator[Outcome | NotChecked]:
+def report_problems(ctx: Context, name: str) -> Iterator[Outcome | NotChecked]:
     problems: Sequence[Problem] | None = getattr(_facts(ctx), name)
     if problems is None:
         yield NotChecked("not reached: an earlier stage stopped this bundle")
@@ -88,54 +88,54 @@ def _report(ctx: Context, name: str) -> Iterator[Outcome | NotChecked]:
 
 
 def bundle_layout(ctx: Context, rs: RuleSet, rule: Rule) -> Iterator[Outcome | NotChecked]:
-    yield from _report(ctx, "layout")
+    yield from report_problems(ctx, "layout")
 
 
 def bundle_signature(ctx: Context, rs: RuleSet, rule: Rule) -> Iterator[Outcome | NotChecked]:
-    yield from _report(ctx, "signature")
+    yield from report_problems(ctx, "signature")
 
 
 def bundle_key(ctx: Context, rs: RuleSet, rule: Rule) -> Iterator[Outcome | NotChecked]:
-    yield from _report(ctx, "key")
+    yield from report_problems(ctx, "key")
 
 
 def bundle_files(ctx: Context, rs: RuleSet, rule: Rule) -> Iterator[Outcome | NotChecked]:
-    yield from _report(ctx, "files")
+    yield from report_problems(ctx, "files")
 
 
 def bundle_paths(ctx: Context, rs: RuleSet, rule: Rule) -> Iterator[Outcome | NotChecked]:
-    yield from _report(ctx, "paths")
+    yield from report_problems(ctx, "paths")
 
 
 def bundle_schema(ctx: Context, rs: RuleSet, rule: Rule) -> Iterator[Outcome | NotChecked]:
-    yield from _report(ctx, "schema")
+    yield from report_problems(ctx, "schema")
 
 
 def rules_version_known(ctx: Context, rs: RuleSet, rule: Rule) -> Iterator[Outcome | NotChecked]:
-    yield from _report(ctx, "rules_version")
+    yield from report_problems(ctx, "rules_version")
 
 
 def bundle_predicate(ctx: Context, rs: RuleSet, rule: Rule) -> Iterator[Outcome | NotChecked]:
-    yield from _report(ctx, "predicate")
+    yield from report_problems(ctx, "predicate")
 
 
 def system_description(ctx: Context, rs: RuleSet, rule: Rule) -> Iterator[Outcome | NotChecked]:
-    yield from _report(ctx, "system_description")
+    yield from report_problems(ctx, "system_description")
 
 
 def duplicate_run(ctx: Context, rs: RuleSet, rule: Rule) -> Iterator[Outcome | NotChecked]:
-    yield from _report(ctx, "duplicates")
+    yield from report_problems(ctx, "duplicates")
 
 
 def runner_released(ctx: Context, rs: RuleSet, rule: Rule) -> Iterator[Outcome | NotChecked]:
     if _facts(ctx).runner is None:
         yield NotChecked("the tree has no released-runners.yaml (or an earlier stage stopped this bundle)")
         return
-    yield from _report(ctx, "runner")
+    yield from report_problems(ctx, "runner")
 
 
 def duplicate_content(ctx: Context, rs: RuleSet, rule: Rule) -> Iterator[Outcome | NotChecked]:
-    yield from _report(ctx, "content")
+    yield from report_problems(ctx, "content")
 
 
 def _because(v: Verdicts) -> str:
