@@ -25,10 +25,12 @@ import json
 import math
 import os
 import stat
-from collections.abc import Iterator
-from typing import Any
+from collections.abc import Callable, Iterator
+from typing import Any, TypeVar
 
 import yaml
+
+T = TypeVar("T")
 
 MiB = 1 << 20
 CAPS: dict[str, int] = {
@@ -201,16 +203,7 @@ _decoder = json.JSONDecoder(object_pairs_hook=_pairs, parse_constant=_constant, 
 
 def loads_json(text: str, *, max_nodes: int = MAX_NODES) -> Any:
     """Strict JSON text → data (see the module docstring)."""
-    try:
-        doc = _decoder.decode(text)
-    except ParseError:
-        raise
-    except RecursionError:
-        raise ParseError(f"nested deeper than {MAX_DEPTH} levels") from None
-    except json.JSONDecodeError as exc:
-        raise ParseError(f"not valid JSON: {exc.msg} at line {exc.lineno} column {exc.colno}") from None
-    except ValueError as exc:  # e.g. int digit limits
-        raise ParseError(f"not valid JSON: {str(exc).splitlines()[0][:200]}") from None
+    doc = _refusing(lambda: _decoder.decode(text), "JSON", _json_reason)
     check_shape(doc, max_nodes=max_nodes)
     return doc
 
@@ -318,24 +311,45 @@ _CORE_TAGS = frozenset(f"tag:yaml.org,2002:{t}" for t in ("str", "int", "float",
 
 def loads_yaml(text: str, *, max_nodes: int = MAX_NODES) -> Any:
     """Strict YAML text (one document) → data (see the module docstring)."""
-    try:
+    def load() -> list[Any]:
         _scan_events(text, max_nodes)
-        docs = list(yaml.load_all(text, Loader=_StrictLoader))  # a SafeLoader subclass
-    except ParseError:
-        raise
-    except RecursionError:
-        raise ParseError(f"nested deeper than {MAX_DEPTH} levels") from None
-    except yaml.YAMLError as exc:
-        raise ParseError(f"not valid YAML: {_yaml_reason(exc)}") from None
-    except (ValueError, TypeError, OverflowError) as exc:  # odd scalars (e.g. huge sexagesimal)
-        raise ParseError(f"not valid YAML: {type(exc).__name__}") from None
+        return list(yaml.load_all(text, Loader=_StrictLoader))  # a SafeLoader subclass
+
+    docs = _refusing(load, "YAML", _yaml_reason)
     if len(docs) != 1:
         raise ParseError(f"expected exactly one YAML document, found {len(docs)}")
     check_shape(docs[0], max_nodes=max_nodes)
     return docs[0]
 
 
-def _yaml_reason(exc: yaml.YAMLError) -> str:
+def _refusing(parse: Callable[[], T], kind: str, reason: Callable[[Exception], str | None]) -> T:
+    """``parse()``, every way it fails one ParseError: ``reason`` says why (None: not a failure of
+    the input, so it propagates)."""
+    try:
+        return parse()
+    except ParseError:
+        raise
+    except RecursionError:
+        raise ParseError(f"nested deeper than {MAX_DEPTH} levels") from None
+    except Exception as exc:
+        why = reason(exc)
+        if why is None:
+            raise
+        raise ParseError(f"not valid {kind}: {why}") from None
+
+
+def _json_reason(exc: Exception) -> str | None:
+    if isinstance(exc, json.JSONDecodeError):
+        return f"{exc.msg} at line {exc.lineno} column {exc.colno}"
+    if isinstance(exc, ValueError):  # e.g. int digit limits
+        return str(exc).splitlines()[0][:200]
+    return None
+
+
+def _yaml_reason(exc: Exception) -> str | None:
+    if not isinstance(exc, yaml.YAMLError):
+        # odd scalars (e.g. huge sexagesimal)
+        return type(exc).__name__ if isinstance(exc, ValueError | TypeError | OverflowError) else None
     problem = getattr(exc, "problem", None) or getattr(exc, "context", None) or type(exc).__name__
     mark = getattr(exc, "problem_mark", None)
     at = f" at line {mark.line + 1}" if mark is not None else ""

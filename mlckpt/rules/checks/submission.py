@@ -17,7 +17,7 @@ from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from mlckpt.rules.engine import Context, NotChecked, Outcome, Rule, RuleSet, checks_table
+from mlckpt.rules.engine import CheckFn, Context, NotChecked, Outcome, Rule, RuleSet, checks_table
 
 
 @dataclass(frozen=True)
@@ -87,44 +87,31 @@ def report_problems(ctx: Context, name: str) -> Iterator[Outcome | NotChecked]:
         yield Outcome(False, p.expected, p.actual, where=p.where)
 
 
-def bundle_layout(ctx: Context, rs: RuleSet, rule: Rule) -> Iterator[Outcome | NotChecked]:
-    yield from report_problems(ctx, "layout")
+# The checks that report what the checker collected under one name of SubmissionFacts.
+REPORTED = {
+    "bundle_layout": "layout",
+    "bundle_signature": "signature",
+    "bundle_key": "key",
+    "bundle_files": "files",
+    "bundle_paths": "paths",
+    "bundle_schema": "schema",
+    "rules_version_known": "rules_version",
+    "bundle_predicate": "predicate",
+    "system_description": "system_description",
+    "duplicate_run": "duplicates",
+    "duplicate_content": "content",
+}
 
 
-def bundle_signature(ctx: Context, rs: RuleSet, rule: Rule) -> Iterator[Outcome | NotChecked]:
-    yield from report_problems(ctx, "signature")
+def reporter(check: str, facts: str) -> CheckFn:
+    """The check named ``check``: every problem in ``SubmissionFacts.<facts>``."""
 
+    def report(ctx: Context, rs: RuleSet, rule: Rule) -> Iterator[Outcome | NotChecked]:
+        yield from report_problems(ctx, facts)
 
-def bundle_key(ctx: Context, rs: RuleSet, rule: Rule) -> Iterator[Outcome | NotChecked]:
-    yield from report_problems(ctx, "key")
-
-
-def bundle_files(ctx: Context, rs: RuleSet, rule: Rule) -> Iterator[Outcome | NotChecked]:
-    yield from report_problems(ctx, "files")
-
-
-def bundle_paths(ctx: Context, rs: RuleSet, rule: Rule) -> Iterator[Outcome | NotChecked]:
-    yield from report_problems(ctx, "paths")
-
-
-def bundle_schema(ctx: Context, rs: RuleSet, rule: Rule) -> Iterator[Outcome | NotChecked]:
-    yield from report_problems(ctx, "schema")
-
-
-def rules_version_known(ctx: Context, rs: RuleSet, rule: Rule) -> Iterator[Outcome | NotChecked]:
-    yield from report_problems(ctx, "rules_version")
-
-
-def bundle_predicate(ctx: Context, rs: RuleSet, rule: Rule) -> Iterator[Outcome | NotChecked]:
-    yield from report_problems(ctx, "predicate")
-
-
-def system_description(ctx: Context, rs: RuleSet, rule: Rule) -> Iterator[Outcome | NotChecked]:
-    yield from report_problems(ctx, "system_description")
-
-
-def duplicate_run(ctx: Context, rs: RuleSet, rule: Rule) -> Iterator[Outcome | NotChecked]:
-    yield from report_problems(ctx, "duplicates")
+    report.__name__ = report.__qualname__ = check
+    report.__doc__ = f"Every problem the checker collected as ``{facts}``; passes when there is none."
+    return report
 
 
 def runner_released(ctx: Context, rs: RuleSet, rule: Rule) -> Iterator[Outcome | NotChecked]:
@@ -132,10 +119,6 @@ def runner_released(ctx: Context, rs: RuleSet, rule: Rule) -> Iterator[Outcome |
         yield NotChecked("the tree has no released-runners.yaml (or an earlier stage stopped this bundle)")
         return
     yield from report_problems(ctx, "runner")
-
-
-def duplicate_content(ctx: Context, rs: RuleSet, rule: Rule) -> Iterator[Outcome | NotChecked]:
-    yield from report_problems(ctx, "content")
 
 
 def _because(v: Verdicts) -> str:
@@ -164,18 +147,8 @@ def result_verdict(ctx: Context, rs: RuleSet, rule: Rule) -> Outcome | NotChecke
 
 
 CHECKS = checks_table(
-    bundle_layout,
-    bundle_signature,
-    bundle_key,
-    bundle_files,
-    bundle_paths,
-    bundle_schema,
-    rules_version_known,
-    bundle_predicate,
-    system_description,
-    duplicate_run,
+    *(reporter(check, facts) for check, facts in REPORTED.items()),
     runner_released,
-    duplicate_content,
     division_placement,
     result_verdict,
 )
