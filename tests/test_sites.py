@@ -20,8 +20,9 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from mlckpt import strict
+from mlckpt.errors import DISTURBED_STATUS
 from mlckpt.host.facts import host_facts
-from mlckpt.run.publish import self_check
+from mlckpt.run.phases.publish import self_check
 
 # What Open MPI 4.1.4's MPI_Get_library_version returns (Debian's build): a NUL ends it.
 OPEN_MPI = "Open MPI v4.1.4, package: Debian OpenMPI, ident: 4.1.4, repo rev: v4.1.4, May 26, 2022\x00"
@@ -196,7 +197,10 @@ def checked(site: dict[str, Path], made: Path, tmp_path: Path) -> dict[str, obje
     proc = subprocess.run([str(CHECK), str(root), "--json", str(tmp_path / "r.json")], capture_output=True,
                           text=True, timeout=120, check=False)
     report = json.loads((tmp_path / "r.json").read_text())
-    assert proc.returncode == 0 and report["verdict"] != "invalid", proc.stdout[-3000:]
+    # valid; or, a run the busy disk disturbed, disturbed (exit 6): never invalid
+    assert (proc.returncode, report["verdict"] == "disturbed") in ((0, False), (DISTURBED_STATUS, True)), \
+        proc.stdout[-3000:]
+    assert report["verdict"] != "invalid", proc.stdout[-3000:]
     return report
 
 
@@ -239,7 +243,7 @@ def test_another_mpis_launcher_is_refused_in_one_line(site: dict[str, Path]) -> 
 
 
 def test_a_checkpoint_being_prepared_is_inside_what_a_guardian_sweeps() -> None:
-    from mlckpt.run.guardstate import GuardianState
+    from mlckpt.run.guardian.state import GuardianState
 
     st = GuardianState()
     st.handle({"step": "write 2", "ckpt": 2})
@@ -265,10 +269,19 @@ def slurm(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Any]:
 
 def srun(slurm: Any, site: dict[str, Path], mpi: str, name: str, *, timeout: float = 300,
          **env: str) -> subprocess.CompletedProcess[str]:
-    return subprocess.run(["srun", "-n", "4", f"--mpi={mpi}", str(MLCKPT), "run", *run_args(site, name)],
-                          env={**env_of(site, **env), "SLURM_CONF": slurm.env["SLURM_CONF"],
-                               "PATH": slurm.env["PATH"]},
-                          capture_output=True, text=True, timeout=timeout, check=False)
+    """``srun -n 4 mlckpt run``.  Under srun every task is a rank, with no ``mlckpt run`` above them
+    to run a disturbed run again (MLCKPT_RETRY_DISTURBED), so this does what a user's job script
+    would: a run that ended disturbed (exit 6, another process on the test's busy disk) is run
+    again, as often as the suite lets ``mlckpt run`` retry."""
+    for _ in range(1 + int(os.environ.get("MLCKPT_RETRY_DISTURBED", "0"))):
+        proc = subprocess.run(["srun", "-n", "4", f"--mpi={mpi}", str(MLCKPT), "run", *run_args(site, name)],
+                              env={**env_of(site, **env), "SLURM_CONF": slurm.env["SLURM_CONF"],
+                                   "PATH": slurm.env["PATH"]},
+                              capture_output=True, text=True, timeout=timeout, check=False)
+        if proc.returncode != DISTURBED_STATUS:
+            break
+        assert "verdict disturbed" in proc.stdout, proc.stdout[-3000:]  # said so, with its evidence
+    return proc
 
 
 @pytest.mark.mpi
@@ -291,7 +304,8 @@ def test_srun_with_pmi2_runs_mpich_ranks_whose_bundle_passes_the_checker(
     if not (Path(sys.executable).parent / "mpiexec").exists():
         pytest.skip("no mpich wheel in this environment")
     proc = srun(slurm, site, "pmi2", "pmi2")
-    assert proc.returncode == 0, (proc.stdout + proc.stderr)[-3000:]
+    # valid, or disturbed by the busy disk and said so (never invalid: the checker below)
+    assert proc.returncode in (0, DISTURBED_STATUS), (proc.stdout + proc.stderr)[-3000:]
     made = bundle_of(proc.stdout)
     assert json.loads((made / "run.json").read_text())["ranks"] == 4
     assert json.loads((made / "system.json").read_text())["hosts"][0]["mpi_library"].startswith("MPICH")
@@ -307,7 +321,8 @@ def test_srun_with_pmix_runs_open_mpi_ranks_whose_bundle_passes_the_checker(
     if open_mpi_missing():
         pytest.skip(str(open_mpi_missing()))
     proc = srun(slurm, site, "pmix", "pmix", **OPEN_MPI_ENV)
-    assert proc.returncode == 0, (proc.stdout + proc.stderr)[-3000:]
+    # valid, or disturbed by the busy disk and said so (never invalid: the checker below)
+    assert proc.returncode in (0, DISTURBED_STATUS), (proc.stdout + proc.stderr)[-3000:]
     made = bundle_of(proc.stdout)
     assert json.loads((made / "system.json").read_text())["hosts"][0]["mpi_library"].startswith("Open MPI")
     checked(site, made, tmp_path)
