@@ -49,7 +49,7 @@ RUN = Format("run", "run.json: run_format", 10, (2, 3, 4, 5, 6, 7, 8, 9, 10), (
         "(library, device type, count, names) in a GPU-source run"),
     (8, "rules 1.8: records format 6; calibration (each host's timing measured before the first op: per "
         "empty op the spread of its ranks' barrier exits, the leader's t0 after its counters, the counters "
-        "after the host's last t0; mlckpt/run/calibrate.py); verdict may be disturbed"),
+        "after the host's last t0; mlckpt/run/phases/calibrate.py); verdict may be disturbed"),
     (9, "rules 1.9: each host's calibration adds background (the device and its leader's counters around "
         "attribution.background_s of the run asleep before the first op: what other processes moved with "
         "the run idle)"),

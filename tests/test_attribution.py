@@ -24,7 +24,7 @@ from mlckpt.rules.checks.foreign import foreign_io
 from mlckpt.rules.checks.result import RunData
 from mlckpt.rules.checks.timing import abs_bound_ns
 from mlckpt.rules.engine import Context, Finding, NotChecked, Outcome, verdict
-from mlckpt.run.calibrate import host_samples
+from mlckpt.run.phases.calibrate import host_samples
 
 MiB = 1 << 20
 CONFIG = {

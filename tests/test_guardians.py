@@ -10,9 +10,9 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from mlckpt.run.cleanup import RUN_MARKER
-from mlckpt.run.guardlink import CONTACT_S, HEARTBEAT_S, MAX_LINE, Contact, encode, lines
-from mlckpt.run.guardstate import GuardianState, ranks_text
+from mlckpt.run.guardian.link import CONTACT_S, HEARTBEAT_S, MAX_LINE, Contact, encode, lines
+from mlckpt.run.guardian.state import GuardianState, ranks_text
+from mlckpt.run.storage.cleanup import RUN_MARKER
 
 RANKS = [[r, 100 + r, f"h{r // 4 + 1}", 3] for r in range(12)]  # 3 hosts of 4 ranks
 
@@ -196,7 +196,7 @@ def fake_job(rank: int, guardian: FakeGuardian) -> object:
 
 def test_rank_0_refuses_a_host_whose_guardian_never_linked() -> None:
     from mlckpt.errors import ConfigError
-    from mlckpt.run.hostwatch import link_guardians
+    from mlckpt.run.phases.guardians import link_guardians
 
     names = [f"h{r // 4 + 1}" for r in range(12)]
     hub = FakeGuardian({"linked": ["h3"]})
@@ -213,7 +213,7 @@ def test_rank_0_refuses_a_host_whose_guardian_never_linked() -> None:
 
 def test_a_spoke_that_cannot_reach_the_hub_says_why() -> None:
     from mlckpt.errors import ConfigError
-    from mlckpt.run.hostwatch import link_guardians
+    from mlckpt.run.phases.guardians import link_guardians
 
     names = [f"h{r // 4 + 1}" for r in range(12)]
     spoke = FakeGuardian({"linked": False, "why": "h1:41234: Connection refused"})
@@ -252,7 +252,7 @@ def test_the_hub_takes_hellos_from_the_jobs_own_hosts_only(tmp_path: Path) -> No
 ])
 def test_each_launchers_local_rank(env: dict[str, str], local: int | None,
                                    monkeypatch: pytest.MonkeyPatch) -> None:
-    from mlckpt.run.proctools import local_rank
+    from mlckpt.run.guardian.processes import local_rank
 
     for var in ("MPI_LOCALRANKID", "OMPI_COMM_WORLD_LOCAL_RANK", "PMIX_LOCAL_RANK", "PMI_LOCAL_RANK",
                 "SLURM_LOCALID"):

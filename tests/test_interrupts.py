@@ -22,9 +22,9 @@ import pytest
 
 from mlckpt.cli.interrupt import BOUND_S
 from mlckpt.errors import UsageError
-from mlckpt.run import folderlock
-from mlckpt.run.cleanup import remove_shm, shm_mapped_by
-from mlckpt.run.gates import folder_problem
+from mlckpt.run.phases.gates import folder_problem
+from mlckpt.run.storage import folderlock
+from mlckpt.run.storage.cleanup import remove_shm, shm_mapped_by
 
 BIN = Path(sys.executable).parent
 SHM = Path("/dev/shm")

@@ -172,7 +172,7 @@ def make_bundle(root: Path, *, org: str, system: str, workload: str, division: s
     def pipelined_write(k: int, per_rank: list[tuple[int, int]]) -> None:
         """An async and/or tiered write, per rank: the back-pressure wait (the previous checkpoint
         still in the background), the blocking stage, then the background stages while training
-        goes on for ``compute_ns`` (mlckpt/run/writes.py: WritePhase.checkpoint)."""
+        goes on for ``compute_ns`` (mlckpt/run/phases/writes.py: WritePhase.checkpoint)."""
         nonlocal t, wall
         total = sum(b for b, _ in per_rank)
         spans: dict[str, tuple[float, int]] = {}

@@ -27,7 +27,7 @@ from mlckpt.engine.content import PageId
 from mlckpt.errors import ConfigError, IOFailure
 from mlckpt.locations import ObjectPath, is_object_url, parse_object_url, s3_settings
 from mlckpt.rules.checks.evidence import _remote_store
-from mlckpt.run import objectstore
+from mlckpt.run.storage import objectstore
 
 # ---------------------------------------------------------------------------------------------
 # locations (pure)

@@ -166,7 +166,7 @@ def test_a_terminal_run_shows_a_live_bar(tmp_path: Path) -> None:
 
 
 def test_a_closed_run_without_a_system_description_is_refused() -> None:
-    from mlckpt.run.gates import description_refusal
+    from mlckpt.run.phases.gates import description_refusal
 
     err = description_refusal({"division": "closed", "system": None})
     assert err is not None and err.exit_status == 2

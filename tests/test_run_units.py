@@ -15,12 +15,19 @@ from mlckpt import formats
 from mlckpt.errors import IOFailure, UsageError
 from mlckpt.plan.config import setup
 from mlckpt.rules import Finding
-from mlckpt.run.cleanup import RUN_MARKER, Created, sweep_run
 from mlckpt.run.collective import CollectiveFailure, Job, OpWatch, failures_of
 from mlckpt.run.console import Console, op_line
-from mlckpt.run.gates import Gates, blocking_message, folder_problem, host_specs, io_engine_refusal, judge
-from mlckpt.run.guardian import GuardianState
-from mlckpt.run.publish import RunId, manifest_of
+from mlckpt.run.guardian.state import GuardianState
+from mlckpt.run.phases.gates import (
+    Gates,
+    blocking_message,
+    folder_problem,
+    host_specs,
+    io_engine_refusal,
+    judge,
+)
+from mlckpt.run.phases.publish import RunId, manifest_of
+from mlckpt.run.storage.cleanup import RUN_MARKER, Created, sweep_run
 
 SMALL = [
     "workload=llama3_8b",
@@ -405,9 +412,9 @@ class _Done:
 def test_write_and_read_phases_on_one_rank(tmp_path: Path, mode: str) -> None:
     from mlckpt import engine
     from mlckpt.run.collective import OpTimer
-    from mlckpt.run.reads import ReadPhase
+    from mlckpt.run.phases.reads import ReadPhase
+    from mlckpt.run.phases.writes import WritePhase, WriteState
     from mlckpt.run.runner import offsets
-    from mlckpt.run.writes import WritePhase, WriteState
     from mlckpt.workload.pipeline import DURABLE, FAST, Pipeline
 
     ovs = [

@@ -2,7 +2,7 @@
 
 The terminal's SIGINT reaches mpiexec and the ranks as well as this process.  The ranks end; each
 host's guardian removes what they wrote and then the checkpoint folder's lock
-(:mod:`mlckpt.run.folderlock`).  So this process does not kill mpiexec (a killed mpiexec takes the
+(:mod:`mlckpt.run.storage.folderlock`).  So this process does not kill mpiexec (a killed mpiexec takes the
 ranks down before they can clean up, and returns the prompt over their files): it waits for
 mpiexec, then for the lock its launch's run holds (the guardian releases it after its sweep,
 which also removes the MPI segments its ranks mapped in /dev/shm), shows the removal and bounds it
@@ -23,8 +23,8 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from mlckpt.errors import INTERRUPTED_STATUS
-from mlckpt.run.cleanup import RUN_MARKER
-from mlckpt.run.folderlock import held_by_launch, lock_path, read_holder
+from mlckpt.run.storage.cleanup import RUN_MARKER
+from mlckpt.run.storage.folderlock import held_by_launch, lock_path, read_holder
 from mlckpt.units import fmt_bytes
 
 BOUND_S = 15.0  # from the Ctrl-C to the prompt, at most (then what is left is named)

@@ -241,8 +241,8 @@ def validate(overrides: list[str], source: ConfigSource | None = None) -> Any:
     description, and the gates every rank applies, on this host.  Returns the Setup."""
     from mlckpt.host.description import load_system_description
     from mlckpt.plan.config import SHIPPED, setup
-    from mlckpt.run.folderlock import refusal
-    from mlckpt.run.gates import blocking_message, description_refusal, local_host, output_problem
+    from mlckpt.run.phases.gates import blocking_message, description_refusal, local_host, output_problem
+    from mlckpt.run.storage.folderlock import refusal
 
     s = setup(overrides, source or SHIPPED)
     if s.config.get("system"):
@@ -258,7 +258,7 @@ def validate(overrides: list[str], source: ConfigSource | None = None) -> Any:
     if held:  # another run measures the folder, or still removes its files
         raise UsageError(held, key="checkpoint.folder")
     if str(s.config["signing"]["key"]) not in ("auto", "none"):  # an unusable key file
-        from mlckpt.run.configure import resolve_signing_key
+        from mlckpt.run.phases.configure import resolve_signing_key
 
         resolve_signing_key(str(s.config["signing"]["key"]), print)
     here = local_host(folder, range(s.plan.ranks), fast, results, s.config)
@@ -302,7 +302,7 @@ def _launch_once(mpiexec: Launcher, cmd: list[str], env: dict[str, str], s: Any,
                  results_existed: bool) -> int:
     """One launch; a Ctrl-C waits for the run's cleanup (mlckpt.cli.interrupt), never kills it."""
     from mlckpt.cli import interrupt
-    from mlckpt.run.folderlock import LAUNCH_ENV
+    from mlckpt.run.storage.folderlock import LAUNCH_ENV
 
     folder = str(s.config["checkpoint"]["folder"])
     results = Path(s.config["output"]["root"]).absolute()

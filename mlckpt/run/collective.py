@@ -236,7 +236,7 @@ class OpTimer:
     probe: Callable[..., dict[str, Any]] | None = None
     device: str | None = None
     host_ranks: int = 1  # ranks on this rank's host (rank 0's progress estimate)
-    # A witnessed run (mlckpt.run.witnessing.Witnessing): each op's start is reported before its
+    # A witnessed run (mlckpt.run.features.witnessing.Witnessing): each op's start is reported before its
     # barrier (a write's nonce comes back and ``seal`` binds it into the content, untimed), its
     # end once every rank agreed it is over.
     witness: Any = None

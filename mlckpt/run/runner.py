@@ -2,7 +2,7 @@
 
 configure → gates → signing key → folders → allocation → writes → eviction → restores → publish.
 Each phase returns a small frozen value (or the records); what the run created on the storage is
-owned by :class:`~mlckpt.run.cleanup.Created` and removed on the way out, success or failure.
+owned by :class:`~mlckpt.run.storage.cleanup.Created` and removed on the way out, success or failure.
 
 Timing is per rank on its host's monotonic clock between leaving a barrier and its last byte being
 durable (writes) or read (reads); metrics take the max over ranks.  Two guards cover ranks that
@@ -29,25 +29,26 @@ from mlckpt.errors import DISTURBED_STATUS, INVALID_STATUS, MlckptError, UsageEr
 from mlckpt.host.facts import SAMPLE_INTERVAL_S, DeviceSampler, block_device, counters_sample
 from mlckpt.plan.config import SHIPPED, ConfigSource
 from mlckpt.rules.checks.gpu import gpu_source
-from mlckpt.run import gpustate, objectstore, outcome
-from mlckpt.run.calibrate import calibrate
-from mlckpt.run.cleanup import Created
 from mlckpt.run.collective import Job, MPIDone, OpTimer
-from mlckpt.run.configure import Configured, configure, mpi_library, resolve_signing_key
 from mlckpt.run.console import Console
 from mlckpt.run.faults import NO_FAULTS, Faults
-from mlckpt.run.folders import Folders, make_folders
-from mlckpt.run.gates import Gates, judge, measure_host, measure_object_host
+from mlckpt.run.features.witnessing import Witnessing
 from mlckpt.run.guardian import Guardian
-from mlckpt.run.hostwatch import link_guardians
-from mlckpt.run.publish import (
+from mlckpt.run.phases import gpustate, outcome
+from mlckpt.run.phases.calibrate import calibrate
+from mlckpt.run.phases.configure import Configured, configure, mpi_library, resolve_signing_key
+from mlckpt.run.phases.folders import Folders, make_folders
+from mlckpt.run.phases.gates import Gates, judge, measure_host, measure_object_host
+from mlckpt.run.phases.guardians import link_guardians
+from mlckpt.run.phases.publish import (
     RunId,
 )
-from mlckpt.run.reads import ReadPhase
+from mlckpt.run.phases.reads import ReadPhase
+from mlckpt.run.phases.stalls import Stalled
+from mlckpt.run.phases.writes import WritePhase, WriteState
 from mlckpt.run.site_mpi import first_line, mismatch, speaks
-from mlckpt.run.stalls import Stalled
-from mlckpt.run.witnessing import Witnessing
-from mlckpt.run.writes import WritePhase, WriteState
+from mlckpt.run.storage import objectstore
+from mlckpt.run.storage.cleanup import Created
 from mlckpt.units import fmt_bytes
 from mlckpt.workload.layout import PAGE, pages
 from mlckpt.written import Written

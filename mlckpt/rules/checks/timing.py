@@ -3,7 +3,7 @@
 Rules 1.2-1.7 bound a host's barrier skew and the gap between an op and its counters by constants
 (``evidence:`` in rules.yaml) fitted on one quiet 2-core machine.  From 1.8 on (``timing:``), each
 host's bound is ``margin`` × the largest sample of its own calibration (run.json ``calibration``,
-recorded by mlckpt/run/calibrate.py before the first op, with all its ranks running), between a
+recorded by mlckpt/run/phases/calibrate.py before the first op, with all its ranks running), between a
 floor and ``cap_s``.  Rule sets without ``timing:`` keep their constants.
 """
 

@@ -1,39 +1,10 @@
-"""Every host's guardian: a helper process that names a rank killed mid-run, notices a host lost
-from the job, and cleans up after either.
-
-When a rank dies (SIGKILL, the OOM killer, a crash), mpiexec kills every other rank at once, so no
-rank can say what happened nor remove the run's files; when a host drops off the network, its ranks
-spin in MPI for ever while mpiexec has long returned.  So each host's first rank (its *leader*, by
-the launcher's local rank) forks, before MPI starts, a small process in its own session (mpiexec's
-cleanup signals the ranks' process groups, not it).  The leader tells it over a socket pair its
-host's ranks' pids and life pipes, this run's planned paths and the step in progress.  Rank 0's
-guardian is the *hub*; every other host's guardian connects to it before any I/O with the job's
-secret and both ends exchange heartbeats (:mod:`mlckpt.run.guardlink`).  Only silence loses a
-host: a closed connection means a guardian ended while its host still answers, and a healthy job
-is not ended for that.
-
-* A rank of this host dies first: the guardian reports it to the hub, which decides which report
-  was first and tells every guardian; the guardian of the host where it happened prints the one
-  line (rank, host, op, file), removes this run's files and exits.  Its stdout and stderr are its
-  leader's, so mpiexec forwards the line.  On one host the proxy waits for it (MPICH's proxy ends
-  once every copy of its ranks' output pipes is closed), so the line comes after the sweep and
-  says what was removed; on several hosts mpiexec may tear the proxy down at once, so the line
-  goes out first and the account of the sweep follows on its own line.
-* A spoke no longer hears the hub (``CONTACT_S``): it kills its host's ranks and their MPI proxy,
-  removes what it can reach of this run, says so and exits, so nothing of the run keeps running on
-  a cut-off host.  The hub no longer hears a spoke: it ends the job (kills rank 0, so mpiexec ends
-  every rank it can reach) and prints a line naming the lost host.
-* The hub says the job failed, and this host's ranks are still running ``CONTACT_S`` later (mpiexec
-  could not reach them): the spoke stops them and their proxy, quietly (the line was printed).
-
-Only one guardian prints, and the shared checkpoint folder is swept by that one only (the others
-sweep what lies on their own host); :class:`mlckpt.run.guardstate.GuardianState` holds those
-decisions, unit tested without processes; the loop here is the thin part around it.
-"""
+"""The guardian process itself: its loop around :class:`~mlckpt.run.guardian.state.GuardianState`
+(the decisions, pure), watching its host's ranks' life pipes, its control socket to the leader and
+its links to the other hosts' guardians (see the package docstring for what it does when a rank
+or a host dies)."""
 
 from __future__ import annotations
 
-import json
 import os
 import select
 import signal
@@ -42,10 +13,10 @@ import sys
 import time
 from typing import Any
 
-from mlckpt.run import guardlink
-from mlckpt.run.guardlink import CONNECT_S, CONTACT_S, Contact, Link
-from mlckpt.run.guardstate import GuardianState, ranks_phrase
-from mlckpt.run.proctools import comm_of, exit_how, launcher_rank, local_rank, realtime
+from mlckpt.run.guardian import link as guardlink
+from mlckpt.run.guardian.link import CONNECT_S, CONTACT_S, Contact, Link
+from mlckpt.run.guardian.processes import comm_of, exit_how, realtime
+from mlckpt.run.guardian.state import GuardianState, ranks_phrase
 
 SETTLE_S = 5.0  # how long a guardian lets this host's other ranks end before it sweeps
 PROXY_GRACE_S = 2.0  # how long a cut-off spoke lets its MPI proxy forward its line and end by itself
@@ -53,96 +24,7 @@ PROXIES = ("hydra_pmi_proxy", "orted", "prted")  # MPI launchers' per-host daemo
 STOPPING = (signal.SIGTERM, signal.SIGUSR1, signal.SIGUSR2)  # scancel, a time limit, Slurm's --signal
 
 
-class Guardian:
-    """The leader's end of the control socket (see the module docstring)."""
-
-    def __init__(self, sock: socket.socket | None = None, port: int = 0, pid: int = 0) -> None:
-        self.sock, self.port, self.pid = sock, port, pid  # pid: the guardian process
-
-    @property
-    def hub(self) -> bool:
-        return self.port != 0
-
-    @classmethod
-    def start(cls) -> Guardian | None:
-        rank, local = launcher_rank(), local_rank()
-        leader = local == 0 if local is not None else rank == 0
-        if rank is None or not leader or not hasattr(os, "pidfd_open"):
-            return None
-        try:
-            listener = guardlink.listen() if rank == 0 else None
-            ours, theirs = socket.socketpair()
-        except OSError:
-            return None
-        parent, proxy = os.getpid(), os.getppid()
-        try:
-            pid = os.fork()
-        except OSError:
-            ours.close()
-            theirs.close()
-            return None
-        if pid == 0:  # the guardian
-            code = 0
-            try:
-                ours.close()
-                guardian_main(theirs, parent, proxy, listener)
-            except BaseException:
-                code = 1
-            finally:
-                os._exit(code)
-        theirs.close()
-        port = listener.getsockname()[1] if listener is not None else 0
-        if listener is not None:
-            listener.close()
-        return cls(ours, port, pid)
-
-    def send(self, **msg: Any) -> None:
-        if self.sock is None:
-            return
-        try:
-            self.sock.sendall(guardlink.encode(msg))
-        except OSError:  # the guardian is gone: carry on without it
-            self.close()
-
-    def ask(self, timeout_s: float, **msg: Any) -> dict[str, Any] | None:
-        """Send ``msg`` and wait for the guardian's one-line answer."""
-        self.send(**msg)
-        if self.sock is None:
-            return None
-        buf = b""
-        self.sock.settimeout(timeout_s)
-        try:
-            while b"\n" not in buf:
-                data = self.sock.recv(1 << 16)
-                if not data:
-                    return None
-                buf += data
-        except OSError:
-            return None
-        finally:
-            if self.sock is not None:
-                self.sock.settimeout(None)
-        answer = json.loads(buf.split(b"\n", 1)[0])
-        return answer if isinstance(answer, dict) else None
-
-    def addresses(self) -> list[tuple[str, int]]:
-        return guardlink.hub_addresses(self.port) if self.hub else []
-
-    def end(self, how: str) -> None:
-        """Goodbye: ``clean`` (the leader finished, cleaned up) or ``reported`` (rank 0 is aborting)."""
-        self.send(end=how)
-        self.close()
-
-    def close(self) -> None:
-        if self.sock is not None:
-            sock, self.sock = self.sock, None
-            try:
-                sock.close()
-            except OSError:
-                pass
-
-
-class _Watcher:
+class Watcher:
     """The guardian's file descriptors in one poller: the control socket, this host's ranks'
     pidfds and life pipes, the hub's listening socket and the links.  Who died first is told by
     the *life pipes*: each rank holds the write end of a pipe whose read end the guardian opens
@@ -486,7 +368,7 @@ def guardian_main(ctl: socket.socket, parent: int, proxy: int, listener: socket.
         os.closerange(low, fd)
         low = fd + 1
     os.closerange(low, 1 << 16)
-    w = _Watcher(ctl, parent, listener)
+    w = Watcher(ctl, parent, listener)
     for sig in STOPPING:  # still not fatal: noted, for the line
         signal.signal(sig, lambda n, _: setattr(w.state, "cancelled", signal.Signals(n).name))
     w.run_until_leader_gone()

@@ -1,7 +1,7 @@
 """What one host's guardian knows and decides (pure: messages in, decisions and lines out).
 
 Every host's first rank (its *leader*) has a guardian (:mod:`mlckpt.run.guardian`).  Rank 0's is
-the *hub*; the others are *spokes*, linked to it (:mod:`mlckpt.run.guardlink`).  The state here
+the *hub*; the others are *spokes*, linked to it (:mod:`mlckpt.run.guardian.link`).  The state here
 takes the leader's notes (ranks, step, this run's planned paths), the deaths of this host's ranks,
 the messages from the other guardians and the loss of a link, and answers three questions once the
 job has ended without the leader's goodbye:
@@ -22,9 +22,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from mlckpt.run import objectstore
-from mlckpt.run.cleanup import remove_shm, shm_mapped_by, sweep_run
-from mlckpt.run.guardlink import CONTACT_S
+from mlckpt.run.guardian.link import CONTACT_S
+from mlckpt.run.storage import objectstore
+from mlckpt.run.storage.cleanup import remove_shm, shm_mapped_by, sweep_run
 
 # Signals that end a job step on purpose (scancel, a time limit, Slurm's --signal, Ctrl-C).
 STOP_SIGNALS = ("SIGTERM", "SIGINT", "SIGUSR1", "SIGUSR2")

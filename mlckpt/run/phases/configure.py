@@ -14,9 +14,9 @@ from mlckpt.errors import UsageError
 from mlckpt.host.description import load_system_description
 from mlckpt.plan.config import SHIPPED, ConfigSource, Setup, setup
 from mlckpt.run.collective import Job
-from mlckpt.run.gates import output_problem
+from mlckpt.run.features.split import Source, load_source
+from mlckpt.run.phases.gates import output_problem
 from mlckpt.run.site_mpi import first_line
-from mlckpt.run.split import Source, load_source
 from mlckpt.workload.pipeline import Pipeline
 
 

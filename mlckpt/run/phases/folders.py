@@ -13,14 +13,15 @@ from pathlib import Path
 from mlckpt.engine import objects
 from mlckpt.errors import ConfigError
 from mlckpt.locations import ObjectPath, s3_settings
-from mlckpt.run import folderlock, objectstore, split
-from mlckpt.run.cleanup import RUN_MARKER, Created
 from mlckpt.run.collective import Job
-from mlckpt.run.configure import Configured
-from mlckpt.run.gates import Gates
-from mlckpt.run.hostwatch import tell_shared
-from mlckpt.run.publish import RunId
-from mlckpt.run.split import keeps_key
+from mlckpt.run.features import split
+from mlckpt.run.features.split import keeps_key
+from mlckpt.run.phases.configure import Configured
+from mlckpt.run.phases.gates import Gates
+from mlckpt.run.phases.guardians import tell_shared
+from mlckpt.run.phases.publish import RunId
+from mlckpt.run.storage import folderlock, objectstore
+from mlckpt.run.storage.cleanup import RUN_MARKER, Created
 
 
 @dataclass(frozen=True)
@@ -81,7 +82,7 @@ def object_prefix(job: Job, c: Configured, created: Created, run: RunId, key: by
 
 
 def take_lock(job: Job, root: Path, created: Created) -> None:
-    """The checkpoint folder's lock (mlckpt.run.folderlock) for the run folder ``root`` this run
+    """The checkpoint folder's lock (mlckpt.run.storage.folderlock) for the run folder ``root`` this run
     uses, before any checkpoint I/O: a run already measuring the folder, or still removing its
     files, refuses this one here."""
     root.parent.mkdir(parents=True, exist_ok=True)

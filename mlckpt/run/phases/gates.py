@@ -21,9 +21,9 @@ from mlckpt.host.facts import disk_free_bytes, existing_ancestor, host_facts, me
 from mlckpt.plan.config import Setup
 from mlckpt.rules import Finding, HostSpec, rank_shift, verdict
 from mlckpt.rules.checks.gpu import gpu_source
-from mlckpt.run import objectstore
-from mlckpt.run.cleanup import RUN_MARKER
-from mlckpt.run.folderlock import LOCK
+from mlckpt.run.storage import objectstore
+from mlckpt.run.storage.cleanup import RUN_MARKER
+from mlckpt.run.storage.folderlock import LOCK
 
 
 def blocking_message(findings: Sequence[Finding], division: str) -> str | None:
@@ -54,7 +54,7 @@ def description_refusal(config: Mapping[str, Any]) -> UsageError | None:
 def folder_problem(folder: Path) -> str | None:
     """Why ``folder`` can't hold checkpoints, or None.  It may be missing (created later) if its
     parent is a writable directory; if present it must be a writable directory whose entries are
-    all mlckpt run folders (carrying RUN_MARKER), besides a run's lock (mlckpt.run.folderlock)."""
+    all mlckpt run folders (carrying RUN_MARKER), besides a run's lock (mlckpt.run.storage.folderlock)."""
     if folder.is_symlink() and not folder.exists():
         return f"{folder} is a dangling link"
     if folder.exists():

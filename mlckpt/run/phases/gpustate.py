@@ -10,7 +10,7 @@ from collections.abc import Mapping, Sequence
 from typing import Any
 
 from mlckpt.run.collective import Job
-from mlckpt.run.gates import Gates, gpu_device
+from mlckpt.run.phases.gates import Gates, gpu_device
 
 
 def open_gpu(job: Job, cfg: Mapping[str, Any], gates: Gates, arena: Any) -> tuple[Any, dict[str, Any]]:

@@ -10,7 +10,7 @@ from pathlib import Path
 
 from mlckpt.errors import ConfigError
 from mlckpt.run.collective import Job
-from mlckpt.run.guardlink import CONNECT_S
+from mlckpt.run.guardian.link import CONNECT_S
 
 KEY = "guardians"  # named in the refusal: there is no config key for this, it is the hosts' network
 

@@ -14,14 +14,22 @@ from typing import Any
 from mlckpt.attribution import foreign_note
 from mlckpt.errors import RunFailure
 from mlckpt.rules.checks.split import content_commitment
-from mlckpt.run import objectstore
 from mlckpt.run.collective import Job
-from mlckpt.run.configure import Configured
 from mlckpt.run.console import headline
-from mlckpt.run.gates import Gates
-from mlckpt.run.publish import BundleFiles, RunId, judged, manifest_of, summary_of, verdict_line, write_bundle
-from mlckpt.run.split import keeps_key
-from mlckpt.run.witnessing import Witnessing
+from mlckpt.run.features.split import keeps_key
+from mlckpt.run.features.witnessing import Witnessing
+from mlckpt.run.phases.configure import Configured
+from mlckpt.run.phases.gates import Gates
+from mlckpt.run.phases.publish import (
+    BundleFiles,
+    RunId,
+    judged,
+    manifest_of,
+    summary_of,
+    verdict_line,
+    write_bundle,
+)
+from mlckpt.run.storage import objectstore
 
 
 def now() -> str:

@@ -19,7 +19,7 @@ from mlckpt.plan.config import Setup
 from mlckpt.rules import Finding, verdict
 from mlckpt.rules.checks.evidence import recomputed_summary
 from mlckpt.rules.checks.result import DATA_SCHEME, RunData
-from mlckpt.run.gates import Gates
+from mlckpt.run.phases.gates import Gates
 from mlckpt.schemas import describe, validator
 from mlckpt.workload.pipeline import Pipeline
 from mlckpt.written import Written

@@ -16,7 +16,7 @@ from mlckpt import engine
 from mlckpt.errors import VerificationError
 from mlckpt.run.collective import Job, OpTimer
 from mlckpt.run.console import op_line
-from mlckpt.run.writes import fast_opts
+from mlckpt.run.phases.writes import fast_opts
 from mlckpt.workload.pipeline import DURABLE, FAST, Pipeline
 
 

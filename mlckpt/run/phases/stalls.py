@@ -10,12 +10,12 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from mlckpt.locations import s3_settings
-from mlckpt.run import objectstore
-from mlckpt.run.cleanup import Created, sweep_run
 from mlckpt.run.collective import Job
-from mlckpt.run.configure import Configured
-from mlckpt.run.folders import Folders
-from mlckpt.run.gates import Gates
+from mlckpt.run.phases.configure import Configured
+from mlckpt.run.phases.folders import Folders
+from mlckpt.run.phases.gates import Gates
+from mlckpt.run.storage import objectstore
+from mlckpt.run.storage.cleanup import Created, sweep_run
 
 ABORT_GRACE_S = 0.5  # between printing the fatal line and MPI_Abort
 

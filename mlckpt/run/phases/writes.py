@@ -24,9 +24,9 @@ from typing import Any
 
 from mlckpt import engine
 from mlckpt.errors import VerificationError
-from mlckpt.run.cleanup import Created
 from mlckpt.run.collective import Job, OpTimer
 from mlckpt.run.console import durable_line, op_line, stall_line
+from mlckpt.run.storage.cleanup import Created
 from mlckpt.witness import protocol
 from mlckpt.workload.layout import PAGE
 from mlckpt.workload.pipeline import DURABLE, FAST, MEMORY, Pipeline

@@ -13,7 +13,7 @@ from collections.abc import Callable, Iterable, Sequence
 from pathlib import Path
 from typing import Any
 
-from mlckpt.run.folderlock import release
+from mlckpt.run.storage.folderlock import release
 
 RUN_MARKER = ".mlckpt-run"  # marks a checkpoint run folder as ours (see the folder gate)
 
@@ -73,7 +73,7 @@ class Created:
 
     def remove_files(self) -> None:
         if self.store is not None:  # this rank's objects, by their planned keys
-            from mlckpt.run.objectstore import remove
+            from mlckpt.run.storage.objectstore import remove
 
             for line in remove(self.store, self.files):
                 print(f"mlckpt: warning: could not remove {line}", file=sys.stderr)
@@ -115,7 +115,7 @@ def sweep_run(
     """Remove what a run that cannot finish normally left: the planned checkpoint files
     ``root/ckpt-K/NAME`` (K = 1..upto, NAME one of ``names``; regular files only), the emptied
     checkpoint folders, the run marker and ``root`` once nothing else is in it, the checkpoint
-    folder's lock if this run holds it (:mod:`mlckpt.run.folderlock`), then ``dirs`` (the
+    folder's lock if this run holds it (:mod:`mlckpt.run.storage.folderlock`), then ``dirs`` (the
     folders the run created above ``root``) when empty, and ``partial`` (the run's unfinished
     result folder).  Nothing else is touched.  Returns a short account for the user."""
     if partial:
