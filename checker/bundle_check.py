@@ -30,7 +30,8 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
-from checker.judge import finish, stage_facts, stage_rules
+from checker.bundle_rules import finish, stage_facts, stage_rules
+from checker.bundle_state import State, Stop
 from checker.results import BundleResult, Task, fault_finding
 from checker.rulesets import (
     MAX_SCHEMA_ERRORS,
@@ -40,7 +41,6 @@ from checker.rulesets import (
     schema_message,
     structural_rule_ids,
 )
-from checker.state import State, Stop
 from checker.tree import Leaf
 from checker.witness_check import stage_witness
 from mlckpt import bundle

@@ -25,7 +25,7 @@ from typing import Any
 
 from checker import BUNDLE_BUDGET_S, TRUSTED_KEYS_FILE, TRUSTED_WITNESSES_FILE
 from mlckpt import __version__
-from mlckpt.command import OneLineParser, lazy_handler, run_guarded
+from mlckpt.command_line import OneLineParser, lazy_handler, run_guarded
 from mlckpt.errors import UsageError
 
 PROG = "mlckpt-check"
@@ -113,7 +113,7 @@ def _add_import(sub: Any) -> None:
         "was read.")
     p.add_argument("path", type=Path, metavar="PATH")
     p.add_argument("--json", action="store_true", help="print JSON instead of a table")
-    p.set_defaults(func=lazy_handler("checker.foreign", "cmd_import"))
+    p.set_defaults(func=lazy_handler("checker.imported", "cmd_import"))
 
 
 # name -> what adds its parser, in the order --help lists them

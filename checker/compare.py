@@ -3,7 +3,7 @@
     mlckpt-check compare A B [--json] [--trusted-keys FILE]
 
 A and B are bundle folders or packed ``.tar.gz`` bundles; one of them may be a DLIO or
-mlpstorage result folder (``checker.foreign``: labelled unverified, only the rows it states).
+mlpstorage result folder (``checker.imported``: labelled unverified, only the rows it states).
 Both are first checked to *be* bundles (a folder holding ``bundle.dsse.json``, or a gzip archive)
 or such a folder: otherwise one line and exit 2.  Then the bundles are verified (signature, every
 file's digest, paths; with ``--trusted-keys`` the signer must also be registered): a failure is
@@ -38,7 +38,7 @@ from typing import Any
 
 from tabulate import tabulate
 
-from checker import foreign
+from checker import imported
 from checker.leaderboard import BundleDocs, Entry, entry_from_docs, read_bundle
 from mlckpt import formats
 from mlckpt.errors import BundleIntegrityError, IntegrityError, UsageError
@@ -185,7 +185,7 @@ def _is_foreign(path: Path, which: str) -> bool:
     """A DLIO / mlpstorage result folder (True) or a bundle (False); else one line, exit 2."""
     from mlckpt.bundle import SIGNATURE_FILE
 
-    if path.is_dir() and not os.path.lexists(path / SIGNATURE_FILE) and foreign.is_foreign(path):
+    if path.is_dir() and not os.path.lexists(path / SIGNATURE_FILE) and imported.is_foreign(path):
         return True
     _is_bundle(path, which)
     return False
@@ -204,7 +204,7 @@ def _load(path: Path, which: str, trusted: Any, witnesses: Any = None) -> Bundle
 
 def compare(a: tuple[str, BundleDocs], b: tuple[str, BundleDocs]) -> dict[str, Any]:
     """The comparison as a JSON-ready dict (pure).  A side without a key id is a DLIO or
-    mlpstorage result folder (checker.foreign): unverified, and labelled so."""
+    mlpstorage result folder (checker.imported): unverified, and labelled so."""
     sides = []
     for path, docs in (a, b):
         entry = entry_from_docs(path, docs.org or "", str(docs.run.get("system_name") or ""), docs.run,
@@ -258,7 +258,7 @@ def _side(side: tuple[str, BundleDocs, Entry]) -> dict[str, Any]:
     return {"path": path, "run_id": entry.run_id, "name": docs.run.get("name"), "keyid": docs.keyid or None,
             "org": docs.org, "class": entry.class_key.id if docs.keyid else None,
             "started": docs.run.get("started"),
-            "verified": bool(docs.keyid), "source": "mlckpt bundle" if docs.keyid else foreign.LABEL,
+            "verified": bool(docs.keyid), "source": "mlckpt bundle" if docs.keyid else imported.LABEL,
             "witness": docs.witness}
 
 
@@ -333,7 +333,7 @@ def cmd_compare(args: argparse.Namespace) -> int:
                  if args.trusted_witnesses is not None else None)
     sides = [(path, which, _is_foreign(path, which)) for path, which in ((args.a, "A"), (args.b, "B"))]
     # Both are known to be bundles or result folders before either is verified or read.
-    da, db = (foreign.load_foreign(path, which) if other else _load(path, which, trusted, witnesses)
+    da, db = (imported.load_foreign(path, which) if other else _load(path, which, trusted, witnesses)
               for path, which, other in sides)
     if not (da.keyid or db.keyid):
         raise UsageError("compare needs at least one mlckpt bundle (both are DLIO / mlpstorage folders)")

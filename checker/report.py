@@ -31,8 +31,8 @@ from collections import Counter
 from collections.abc import Sequence
 from typing import Any
 
-from checker.pairs import UNPAIRED_WRITE
 from checker.results import INTERNAL, BundleResult
+from checker.split import UNPAIRED_WRITE
 from mlckpt import __version__, formats
 from mlckpt.attribution import foreign_note
 from mlckpt.rules import version_order

@@ -58,7 +58,7 @@ class BundleResult:
     statement_sha256: str | None = None
     declared_division: str | None = None
     fingerprints: tuple[str, ...] = ()  # of the measurements (DUPLICATE-CONTENT); not reported
-    pair: dict[str, Any] | None = None  # what SPLIT-PAIR needs (checker.pairs.pair_doc); not reported
+    pair: dict[str, Any] | None = None  # what SPLIT-PAIR needs (checker.split.pair_doc); not reported
     witness: dict[str, Any] | None = None  # a run that says it was witnessed (checker.witness_check)
 
     @property

@@ -13,9 +13,9 @@ from checker import BUNDLE_BUDGET_S, TRUSTED_KEYS_FILE, TRUSTED_WITNESSES_FILE
 from checker import report as rep
 from checker.bundle_check import check_bundle, internal_result
 from checker.duplicates import add_duplicates
-from checker.pairs import add_pairs
 from checker.results import BundleResult, SystemInfo, Task
 from checker.rulesets import fallback_rules, finding_dict, load_system_file, submission_findings
+from checker.split import add_pairs
 from checker.tree import SystemFile, TreeScan, walk
 from mlckpt.bundle import WITNESSES, TrustedKeys
 from mlckpt.errors import UsageError

@@ -9,8 +9,8 @@ from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
+from checker.bundle_state import State
 from checker.rulesets import schema_message
-from checker.state import State
 from mlckpt import bundle, dsse
 from mlckpt.errors import EnvelopeError
 from mlckpt.rules.checks.witness import TRANSCRIPT, WitnessFacts, figures, too_short

@@ -35,7 +35,7 @@ from typing import Any
 
 from mlckpt import engine
 from mlckpt.cli.run_cmd import find_mpiexec, launch, under_mpi
-from mlckpt.command import run_guarded
+from mlckpt.command_line import run_guarded
 from mlckpt.run.faults import Faults
 from mlckpt.run.runner import mpi_main
 

@@ -20,7 +20,7 @@ from mlckpt.host import facts
 from mlckpt.rules import load_rules
 from mlckpt.rules.checks.counters import device_counters
 from mlckpt.rules.checks.evidence import start_skew
-from mlckpt.rules.checks.foreign import foreign_io
+from mlckpt.rules.checks.foreign_io import foreign_io
 from mlckpt.rules.checks.result import RunData
 from mlckpt.rules.checks.timing import abs_bound_ns
 from mlckpt.rules.engine import Context, Finding, NotChecked, Outcome, verdict

@@ -1015,7 +1015,7 @@ def test_the_csv_leads_with_mlperfs_results_table(tmp_path: Path) -> None:
     import csv
     import io
 
-    from checker.leaderboard.sut import MLPERF_COLUMNS
+    from checker.leaderboard.systems import MLPERF_COLUMNS
 
     root = build_tree(tmp_path / "tree")
     rows = list(csv.reader(io.StringIO(lb_cli(root, "csv", tmp_path / "lb.csv"))))
@@ -1124,7 +1124,7 @@ def test_object_storage_is_an_object_access_protocol(golden_tree: Path,
     """MLPerf's Access Protocol column says what the run's storage block says: a run on S3 is not
     'file'."""
     from checker.leaderboard.model import entry_from_docs
-    from checker.leaderboard.sut import mlperf_row
+    from checker.leaderboard.systems import mlperf_row
 
     _, folder = _bundle_of(golden_tree, golden_board, "async", "acme")
     docs = {n: json.loads((folder / f"{n}.json").read_text()) for n in ("run", "summary", "system")}
@@ -1154,7 +1154,7 @@ def test_published_results_are_listed_unverified_below_the_checked_ones(
     """--published DIR: MLPerf's published results (folders written here in the published shape)
     beside the checked ones, each figure as published, marked UNVERIFIED, below every checked
     result of its class whatever its figures."""
-    from test_foreign import invocation
+    from test_imported import invocation
 
     pub = tmp_path / "published"
     wl = pub / "closed" / "vendorx" / "results" / "sysx" / "checkpointing" / "llama3-8b"

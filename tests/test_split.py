@@ -329,7 +329,7 @@ def test_the_leaderboard_shows_a_pair_as_one_row(pair: dict[str, Any], tmp_path:
     assert row["Checkpointing - Read B/W (GiB/s)"] == f"{r['read_bandwidth_mean_gib_s']:.2f}"
     # the write half alone is no row: a leaderboard row needs both halves; the checker passes it
     # and says, in the same words, that it is unpaired
-    from checker.pairs import UNPAIRED_WRITE
+    from checker.split import UNPAIRED_WRITE
 
     alone_tree = tree_of(h, tmp_path / "alone", pair["write"])
     alone = collect(alone_tree, trusted)
@@ -350,7 +350,7 @@ def test_the_leaderboard_shows_a_pair_as_one_row(pair: dict[str, Any], tmp_path:
 def test_a_time_without_its_zone_gives_no_gap_never_a_checker_fault() -> None:
     """run.json's times are checked against 'date-time' only where jsonschema's format checkers are
     installed; a signed bundle with a zoneless time made pairing raise (naive minus aware)."""
-    from checker.pairs import gap_s
+    from checker.split import gap_s
 
     aware, naive = "2026-11-26T10:00:00+00:00", "2026-11-26T10:00:05"
     assert gap_s({"ended": aware}, {"started": naive}) is None
@@ -361,8 +361,8 @@ def test_a_time_without_its_zone_gives_no_gap_never_a_checker_fault() -> None:
 def test_a_fault_while_pairing_one_bundle_is_that_bundles_alone() -> None:
     """A defect met while pairing one read half (here: its restored_from is not a mapping) becomes
     its INTERNAL finding; the write half beside it keeps its verdict, and the tree is still judged."""
-    from checker.pairs import add_pairs
     from checker.results import INTERNAL, BundleResult
+    from checker.split import add_pairs
 
     def result(name: str, run: dict[str, Any], config: dict[str, Any]) -> BundleResult:
         return BundleResult(f"open/o/results/s/llama3_8b/{name}", "o", "s", "llama3_8b", "open",

@@ -10,8 +10,8 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
-from checker.leaderboard.halves import pair_halves
 from checker.leaderboard.model import DIVISIONS, Entry, Excluded, Leaderboard, build, entry_from_docs
+from checker.leaderboard.split import pair_halves
 from mlckpt.errors import MlckptError, UsageError
 
 READ_FILES = ("run.json", "config.yaml", "summary.json", "system.json")
@@ -94,7 +94,7 @@ def _recomputed(path: Path, docs: dict[str, Any], records: list[dict[str, Any]],
                 version: str) -> dict[str, Any]:
     """The summary the records and the plan of the bundle's own workload and scale give: what the
     tables and ``compare`` show, never what summary.json claims."""
-    from checker.judge import MAX_PLAN_FILES, plan_files_estimate
+    from checker.bundle_rules import MAX_PLAN_FILES, plan_files_estimate
     from mlckpt.rules import load_rules
     from mlckpt.rules.checks.evidence import recomputed_summary
     from mlckpt.rules.checks.result import RunData
@@ -118,7 +118,7 @@ def collect(root: Path, trusted: Any, *, jobs: int = 1, witnesses: Any = None,
             ) -> Leaderboard:
     """Check the tree in-process and build the leaderboard from the bundles that pass (only those
     a trusted witness witnessed, with ``witnessed_only``), with ``published`` results (unverified
-    entries, :func:`checker.foreign.published_entries`) beside them."""
+    entries, :func:`checker.imported.published_entries`) beside them."""
     from checker.tree_check import check_tree
 
     report = check_tree(root, trusted, jobs=jobs, witnesses=witnesses, budget_s=budget_s)

@@ -67,7 +67,7 @@ def cmd_leaderboard(args: argparse.Namespace) -> int:
 
 def published_results(folders: list[Path], witnessed_only: bool) -> tuple[list[Any], list[tuple[str, str]]]:
     """The --published folders' results (unverified entries) and the folders that could not be read."""
-    from checker.foreign import published_entries
+    from checker.imported import published_entries
 
     if folders and witnessed_only:
         raise UsageError("--published with --witnessed-only: a published DLIO / mlpstorage result has no "

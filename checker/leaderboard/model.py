@@ -13,8 +13,8 @@ from typing import Any
 import pandas as pd
 
 from checker.leaderboard.columns import COLUMNS
-from checker.leaderboard.sut import dig as _get
-from checker.leaderboard.sut import sut_facts
+from checker.leaderboard.systems import dig as _get
+from checker.leaderboard.systems import sut_facts
 from mlckpt import formats
 from mlckpt.errors import InternalError
 from mlckpt.rules import version_order

@@ -15,7 +15,7 @@ from collections.abc import Sequence
 
 import mlckpt.cli._threads  # noqa: F401  (first: one BLAS thread per process, before numpy loads)
 from mlckpt import __version__
-from mlckpt.command import OneLineParser, run_guarded
+from mlckpt.command_line import OneLineParser, run_guarded
 
 # Subcommand modules, in the order `mlckpt --help` lists them; imported when needed (a refusal
 # under srun must come before Hydra and numpy load).

@@ -19,7 +19,7 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from mlckpt.command import override_key
+from mlckpt.command_line import override_key
 from mlckpt.errors import UsageError
 from mlckpt.plan import aliases
 from mlckpt.resources import workloads_dir

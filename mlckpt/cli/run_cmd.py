@@ -21,7 +21,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from mlckpt.cli import hydra_app
-from mlckpt.command import override_key
+from mlckpt.command_line import override_key
 from mlckpt.errors import DISTURBED_STATUS, INTERRUPTED_STATUS, UsageError
 from mlckpt.run.site_mpi import Launcher, launcher_args
 

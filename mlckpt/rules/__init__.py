@@ -1,7 +1,7 @@
 """The rules: one engine (``engine``), check functions by stage (``checks/``) and the registry
 that composes them.  The runner's gates and the checker use the same rule set."""
 
-from mlckpt.command import override_key
+from mlckpt.command_line import override_key
 from mlckpt.rules.checks.host import host_checkpoint_bytes, host_memory_need
 from mlckpt.rules.engine import (
     DEFAULT_RULES_VERSION,

@@ -9,7 +9,7 @@ from mlckpt.rules.checks import (
     config,
     counters,
     evidence,
-    foreign,
+    foreign_io,
     gpu,
     host,
     mlperf,
@@ -23,7 +23,7 @@ from mlckpt.rules.checks import (
 from mlckpt.rules.engine import DEFAULT_RULES_VERSION, CheckFn, RuleSet, load_rule_set
 
 CHECKS: dict[str, CheckFn] = {}
-_MODULES = (config, host, result, evidence, counters, foreign, submission, mlperf, split, witness, objects,
+_MODULES = (config, host, result, evidence, counters, foreign_io, submission, mlperf, split, witness, objects,
             gpu, requests)
 for _module in _MODULES:
     _clash = CHECKS.keys() & _module.CHECKS.keys()

@@ -8,7 +8,7 @@ from collections.abc import Iterable, Iterator, Mapping
 from pathlib import PurePosixPath
 from typing import Any
 
-from mlckpt.command import override_key
+from mlckpt.command_line import override_key
 from mlckpt.rules.engine import Context, NotChecked, Outcome, Rule, RuleSet, checks_table
 from mlckpt.units import GiB, fmt_bytes
 from mlckpt.workload.pipeline import Pipeline

@@ -7,7 +7,7 @@ import dataclasses
 from collections.abc import Iterable
 
 from checker.leaderboard.model import Entry, Excluded
-from checker.pairs import UNPAIRED, UNPAIRED_WRITE
+from checker.split import UNPAIRED, UNPAIRED_WRITE
 
 
 def pair_halves(entries: Iterable[Entry]) -> tuple[list[Entry], list[Excluded]]:

@@ -13,7 +13,7 @@ from typing import Any
 
 import pytest
 
-from checker import foreign
+from checker import imported
 from mlckpt.errors import UsageError
 
 BIN = Path(sys.executable).parent
@@ -48,7 +48,7 @@ def invocation(folder: Path, *, write: float | None = None, read: float | None =
 
 def test_a_timestamp_folder_reads_as_published(tmp_path: Path) -> None:
     run = invocation(tmp_path / "20260722_185605", write=20.0, read=30.0)
-    docs = foreign.load_foreign(run, "B")
+    docs = imported.load_foreign(run, "B")
     s = docs.summary
     assert s["write_bandwidth_mean_gib_s"] == 20.0 and s["read_bandwidth_mean_gib_s"] == 30.0
     assert docs.run["workload"] == "llama3_8b" and docs.run["division"] == "closed" and docs.keyid == ""
@@ -58,8 +58,8 @@ def test_a_workload_folder_with_both_halves_is_one_result(tmp_path: Path) -> Non
     wl = tmp_path / "llama3-8b"
     invocation(wl / "20260722_185605", write=20.0)
     invocation(wl / "20260722_190012", read=31.5, start="2026-07-22T19:00:12")
-    assert foreign.is_foreign(wl)
-    docs = foreign.load_foreign(wl, "B")
+    assert imported.is_foreign(wl)
+    docs = imported.load_foreign(wl, "B")
     s = docs.summary
     assert (s["write_bandwidth_mean_gib_s"], s["read_bandwidth_mean_gib_s"]) == (20.0, 31.5)
     assert (s["num_writes"], s["num_reads"]) == (10, 10) and s["restore_bytes"] == s["checkpoint_bytes"]
@@ -68,7 +68,7 @@ def test_a_workload_folder_with_both_halves_is_one_result(tmp_path: Path) -> Non
     invocation(two / "a", write=1.0)
     invocation(two / "b", write=2.0)
     with pytest.raises(UsageError, match=r"not one result .* `mlckpt-check import` lists what is there"):
-        foreign.load_foreign(two, "B")
+        imported.load_foreign(two, "B")
 
 
 def test_metadata_of_200_hosts_reads(tmp_path: Path) -> None:
@@ -76,7 +76,7 @@ def test_metadata_of_200_hosts_reads(tmp_path: Path) -> None:
                      metadata_hosts=200)
     meta = next(run.glob("*_metadata.json"))
     assert meta.stat().st_size > 8_000_000  # about 43 KB per host, as published; 8 × the old bound
-    docs = foreign.load_foreign(run, "B")
+    docs = imported.load_foreign(run, "B")
     assert docs.run["ranks"] == 1600 and len(docs.run["hosts"]) == 200
 
 
@@ -91,9 +91,9 @@ def test_import_lists_every_result_of_a_submitters_tree_and_what_it_could_not_re
     (broken / "summary.json").write_text('{"metric": {}}')
     (tmp_path / "closed" / "Acme" / "systems").mkdir(parents=True)
     for level in (tmp_path, tmp_path / "closed" / "Acme", sysdir, sysdir / "llama3-8b"):
-        rows, problems = foreign.import_rows(level)
+        rows, problems = imported.import_rows(level)
         assert rows, level
-    rows, problems = foreign.import_rows(tmp_path)
+    rows, problems = imported.import_rows(tmp_path)
     assert [(Path(r["result"]).name, r["halves"], r["write_gib_s"], r["read_gib_s"]) for r in rows] == [
         ("20260723_101010", 1, 140.0, 190.0), ("llama3-8b", 2, 20.0, 31.5)]
     assert [(Path(f).name, "checkpoint_size_GB" in why) for f, why in problems] == [("20260724_000000", True)]

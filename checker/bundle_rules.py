@@ -7,7 +7,7 @@ from __future__ import annotations
 import dataclasses
 from typing import Any
 
-from checker.pairs import pair_doc
+from checker.bundle_state import State, Stop
 from checker.results import BundleResult, clean_text, jsonable
 from checker.rulesets import (
     as_finding,
@@ -18,7 +18,7 @@ from checker.rulesets import (
     submission_findings,
     without,
 )
-from checker.state import State, Stop
+from checker.split import pair_doc
 from checker.witness_check import transcript_of, witness_doc
 from mlckpt.errors import ConfigError
 from mlckpt.rules import (
@@ -229,7 +229,7 @@ def finish(st: State) -> BundleResult:
     if st.verified is not None and st.facts["content"] is None and st.records:
         st.facts["content"] = []  # likewise
     if st.verified is not None and st.facts["split"] is None:
-        st.facts["split"] = []  # likewise (checker.pairs.add_pairs)
+        st.facts["split"] = []  # likewise (checker.split.add_pairs)
     if st.verified is not None and st.facts["split_evidence"] is None:
         st.facts["split_evidence"] = []  # likewise
     facts = SubmissionFacts(
