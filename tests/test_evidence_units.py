@@ -159,7 +159,7 @@ def test_a_barrier_overlapped_by_background_persists_gets_the_busy_allowance() -
 def test_a_hosts_rate_is_its_bytes_over_the_window_its_ranks_span() -> None:
     """Two ranks' memory stages of 10 ms each, one after the other: the host moved its bytes in
     20 ms, not in one rank's 10 ms (an honest async run under load staggers them this way)."""
-    from mlckpt.rules.checks.evidence import _host_rates
+    from mlckpt.rules.checks.physics import _host_rates
 
     def write(rank: int, t0: int) -> dict[str, Any]:
         return {"op": "write", "index": 1, "rank": rank, "host": "h", "t0_ns": 0, "t1_ns": 50_000_000,

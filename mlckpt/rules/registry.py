@@ -14,6 +14,7 @@ from mlckpt.rules.checks import (
     host,
     mlperf,
     objects,
+    physics,
     requests,
     result,
     split,
@@ -23,8 +24,8 @@ from mlckpt.rules.checks import (
 from mlckpt.rules.engine import DEFAULT_RULES_VERSION, CheckFn, RuleSet, load_rule_set
 
 CHECKS: dict[str, CheckFn] = {}
-_MODULES = (config, host, result, evidence, counters, foreign_io, submission, mlperf, split, witness, objects,
-            gpu, requests)
+_MODULES = (config, host, result, evidence, physics, counters, foreign_io, submission, mlperf, split, witness,
+            objects, gpu, requests)
 for _module in _MODULES:
     _clash = CHECKS.keys() & _module.CHECKS.keys()
     if _clash:  # a defect of the code, caught at import
