@@ -173,6 +173,7 @@ def test_cpu_fallback_runs_the_whole_path_and_is_no_gpu_result(gpu_world: dict[s
     proc = _run(gpu_world, tmp_path, "state.source=gpu", "state.gpu.device=cpu", *extra)
     assert proc.returncode == 5, proc.stderr
     assert len(re.findall(r"^read \d/2: .* verified, 0\.0% cached before\)$", proc.stdout, re.M)) == 2
+    assert "GPU copy rates again" in proc.stdout  # probed again after the last restore
     folder = _bundle(proc)
     run = json.loads((folder / "run.json").read_text())
     assert (run["run_format"], run["records_format"], run["verdict"]) == (10, 7, "invalid")

@@ -602,3 +602,22 @@ def test_op_timer_keeps_the_garbage_collector_out_of_the_timed_region() -> None:
     finally:
         gc.enable()
         gc.unfreeze()
+
+
+def test_a_second_gpu_probe_keeps_the_higher_rate_of_each_direction() -> None:
+    """A host busy during the first probe must not make later honest copies look impossible."""
+    from types import SimpleNamespace
+
+    from mlckpt.run.phases.gpustate import probed_again
+
+    class Dev:
+        def probe(self, arena: object) -> dict[str, float]:
+            return {"d2h_gib_s": 3.8, "h2d_gib_s": 0.9}
+
+    barriers: list[int] = []
+    job = SimpleNamespace(rank=1, idle_barrier=lambda: barriers.append(1))
+    gates = SimpleNamespace(hosts=[SimpleNamespace(ranks=(0, 1)), SimpleNamespace(ranks=(2, 3, 4))])
+    entry = {"rank": 1, "device": "cuda:1", "d2h_gib_s": 1.19, "h2d_gib_s": 1.5}
+    assert probed_again(job, gates, Dev(), None, entry) == {"rank": 1, "device": "cuda:1", "d2h_gib_s": 3.8,
+                                                            "h2d_gib_s": 1.5}
+    assert len(barriers) == 3  # one turn per local rank of the largest host, for every rank

@@ -193,6 +193,11 @@ def phases(job: Job, c: Configured, gates: Gates, created: Created, ident: tuple
     try:
         run_id, records = _io_phases(job, c, gates, created, folders, timer, arena,
                                      (mine, own, reads, rd_offsets), dev)
+        if dev is not None:
+            with job.step("GPU copy rates again"):
+                entry = gpustate.probed_again(job, gates, dev, arena, mine_gpu["entry"])
+            entries = job.comm.gather(entry, root=0)
+            state = gpustate.state_block(mine_gpu, entries) if job.rank == 0 else None
     finally:
         if dev is not None:
             dev.close()
