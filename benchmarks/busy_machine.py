@@ -1,6 +1,6 @@
 """Honest runs beside another tenant of the machine: how many come out valid, disturbed, invalid.
 
-Starts tests/tenant.py on the checkpoint disk (a file copy paced to --tenant-mb-s, 0 for flat out,
+Starts tests/support/tenant.py on the checkpoint disk (a file copy paced to --tenant-mb-s, 0 for flat out,
 plus --busy-cores spinning cores), then runs `mlckpt run` --runs times for each preset, under each
 rules version named, alternating, and tallies the verdicts, the rules that fired and the foreign
 share each run recorded.  The false-alarm rate before and after rules 1.8 is the share of honest

@@ -6,7 +6,7 @@ without a fault and within its budget?
 
 The real runner makes three bundles (llama3_8b and llama_7b, sync, 1 write + 1 restore; llama3_8b
 asynchronous with a fast tier, 2 + 2; open division, scale 0.0005, 4 ranks).  Each case copies
-one, applies one to three structural mutations (tests/structural.py: keys dropped, values of
+one, applies one to three structural mutations (tests/support/structural.py: keys dropped, values of
 another type or extreme, records repeated up to 60,000 times, dropped, reordered or retargeted,
 files swapped or added, links), re-signs it with the trusted key and checks it in-process.  It
 prints the verdicts, the checker faults, the checks over the budget and the slowest ones, and
@@ -30,7 +30,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "tests"))
 
-import structural  # tests/structural.py
+from support import structural  # tests/support/structural.py
 
 from mlckpt import bundle
 

@@ -273,7 +273,7 @@ def main() -> int:
     p.add_argument("--bucket", default="mlckpt-clients")
     a = p.parse_args()
     sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "tests"))
-    import s3local
+    from support import s3local
 
     with s3local.endpoint(Path("/tmp/mlckpt-s3-clients")):
         spec = Spec(a, a.bucket)

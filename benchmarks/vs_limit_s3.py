@@ -285,7 +285,7 @@ def main() -> int:
     p.add_argument("--bucket", default="mlckpt-bench")
     a = p.parse_args()
     sys.path.insert(0, str(ROOT / "tests"))
-    import s3local
+    from support import s3local
 
     with s3local.endpoint(Path(tempfile.mkdtemp(prefix="mlckpt-s3-bench-"))):
         from mlckpt.plan.config import setup

@@ -104,7 +104,7 @@ def findings_page() -> str:
 
 def mlperf_page() -> str:
     """MLPerf's checker's rules beside mlckpt's, from the rule set's own data, with the negative
-    test each one has in tests/test_mlperf.py."""
+    test each one has in tests/e2e/test_mlperf.py."""
     from mlckpt.rules import load_rules
 
     rs = load_rules(mlperf_rules())
@@ -120,7 +120,7 @@ def mlperf_page() -> str:
             f"Rule set `{rs.version}` (`rules=mlperf-storage-v3.0`), compared against {data['checker']}. "
             "Each row: the rule MLPerf's submission checker applies (its section and name), the "
             "mlckpt rule that checks the same before any I/O or in `mlckpt-check`, what a failure "
-            "makes the result, in which divisions, and whether `tests/test_mlperf.py` holds a "
+            "makes the result, in which divisions, and whether `tests/e2e/test_mlperf.py` holds a "
             "failing case of it. A rule MLPerf's checker enforces in a division is enforced by "
             "mlckpt in that division: a PASS here is never an MLPerf reject for a rule both can "
             "see. The checker's 4.7.2 (total duration), 4.7.3 (remapping time as declared) and "

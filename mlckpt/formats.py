@@ -1,6 +1,6 @@
 """Every persisted format mlckpt writes or reads: its current version, the versions this code
 still reads, and its history (newest last).  The one place a version is defined: modules import
-their constant from here, and ``tests/test_formats.py`` checks that each history ends at the
+their constant from here, and ``tests/unit/formats/test_formats.py`` checks that each history ends at the
 current version and that what is written carries it.
 
 A released rules folder (``rules/<version>/``) fixes the schemas a bundle made under it is judged

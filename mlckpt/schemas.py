@@ -51,7 +51,7 @@ def _registry(rules_version: str) -> tuple[Registry, dict[str, Any]]:
     schemas: dict[str, Any] = {}
     registry: Registry = Registry()
     for path in sorted(schema_folder(rules_version).glob("*.schema.json")):
-        # Released schema files are fixed data: tests/test_formats.py checks each against the
+        # Released schema files are fixed data: tests/unit/formats/test_formats.py checks each against the
         # draft 2020-12 metaschema and pins them, so loading need not (it cost ~70 ms a version).
         schema = json.loads(path.read_text(encoding="utf-8"))
         schemas[path.name.removesuffix(".schema.json")] = schema
@@ -80,7 +80,7 @@ def fast_check(name: str, rules_version: str) -> Callable[[Any], bool] | None:
     thousands of records a large run has).  Its "yes" is trusted only for a document with no
     integral float anywhere (draft 6 on counts 2.0 as an integer, ours do not); every other
     document goes to :func:`validator`, which decides and says why (exactly its verdicts, tested
-    against it in tests/test_formats.py)."""
+    against it in tests/unit/formats/test_formats.py)."""
     import fastjsonschema
 
     _, schemas = _registry(rules_version)

@@ -4,36 +4,27 @@ from __future__ import annotations
 
 import os
 import subprocess
-import sys
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
 import pytest
+from support.cli import (
+    ASYNC_COMPUTE_S,
+    ASYNC_FAST_TIER,
+    CHECKER_DESCRIPTION,
+    CHECKER_ORG,
+    CLI_TIMEOUT_S,
+    MLCKPT,
+    S3_BUCKET,
+    cli_env,
+    s3_client,
+)
 
 # The suite runs on shared machines (CI, a laptop beside other work, the suite beside a tenant):
 # a run another process disturbed is run again, as the product tells its users to (README: On a
-# busy machine); tests that study disturbed runs unset it (tests/test_environment.py).
+# busy machine); tests that study disturbed runs unset it (tests/mpi/test_environment.py).
 os.environ.setdefault("MLCKPT_RETRY_DISTURBED", "2")
-
-# The console script installed into the same environment as the interpreter running the tests.
-MLCKPT = Path(sys.executable).parent / "mlckpt"
-CLI_TIMEOUT_S = 60
-FAULT_LAUNCHER = Path(__file__).resolve().parent / "fault_launcher.py"
-
-
-def mlckpt_command(env: dict[str, str] | None = None) -> list[str]:
-    """``mlckpt``, or the test-only fault launcher (tests/fault_launcher.py) when ``env`` asks
-    for an injected fault: the product has no switch for faults, only a seam."""
-    if any(k.startswith("MLCKPT_TEST_") for k in env or {}):
-        return [sys.executable, str(FAULT_LAUNCHER)]
-    return [str(MLCKPT)]
-
-
-def _cli_env() -> dict[str, str]:
-    env = dict(os.environ)
-    env.pop("MLCKPT_DEBUG", None)  # with it set, internal errors re-raise with a traceback
-    return env
 
 
 @pytest.fixture
@@ -44,30 +35,13 @@ def run_cli(tmp_path: Path) -> Callable[..., subprocess.CompletedProcess[str]]:
         pytest.fail(f"console script not installed next to the interpreter: {MLCKPT}")
 
     def run(*args: str, timeout: float = CLI_TIMEOUT_S) -> subprocess.CompletedProcess[str]:
-        return subprocess.run([str(MLCKPT), *args], cwd=tmp_path, env=_cli_env(), text=True,
+        return subprocess.run([str(MLCKPT), *args], cwd=tmp_path, env=cli_env(), text=True,
                               capture_output=True, timeout=timeout, check=False)
 
     return run
 
 
-
-# --- mlckpt-check (tests/test_checker*.py): honest bundles made once by the real runner --------
-
-CHECKER_ORG = "example-org"
-CHECKER_SYSTEM = "laptop-ext4"
-ASYNC_FAST_TIER = "fast-tier"  # honest_bundles["async_tiers"]: its fast tier, under "dir"
-ASYNC_COMPUTE_S = 0.05
-CHECKER_DESCRIPTION = """\
-description_format: 1
-system_name: laptop-ext4
-submitter: Example Org
-availability: available
-storage: {product: ext4 test disk, type: local-nvme, usable_capacity_tib: 0.5,
-          max_write_gib_s: 100, max_read_gib_s: 100}
-clients: {count: 1, model: test VM, memory_gib: 24}
-network: {type: none}
-"""
-
+# --- mlckpt-check: honest bundles made once by the real runner ----------------------------------
 
 @pytest.fixture(scope="session")
 def honest_bundles(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
@@ -84,7 +58,7 @@ def honest_bundles(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
     (d / "trusted-keys.yaml").write_text(
         f'mlckpt_trusted_keys: "1.0"\norganizations:\n  {CHECKER_ORG}: ["{infos["org"].public_key}"]\n'
         f'  other-org: ["{infos["other"].public_key}"]\n')
-    env = {**_cli_env(), "XDG_CONFIG_HOME": str(d / "xdg")}
+    env = {**cli_env(), "XDG_CONFIG_HOME": str(d / "xdg")}
     proc = subprocess.run(
         [str(MLCKPT), "run", "-m", "workload=llama3_8b,llama_7b", "division=open", "scale=0.0005",
          "ranks=4", "checkpoint.num_writes=1", "checkpoint.num_reads=1", "io.direct=false",
@@ -114,14 +88,11 @@ def honest_bundles(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
 
 # --- object storage (tests/test_objects*.py): one real S3 store (Swift's all-in-one) per session --
 
-S3_BUCKET = "mlckpt-test"
-
-
 @pytest.fixture(scope="session")
 def s3_store(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Any]:
     """A real S3-compatible store on the loopback address (tests/s3local.py: OpenStack Swift with
     its S3 API) holding the bucket ``S3_BUCKET``; ``.env`` is what a client (and mlckpt) needs."""
-    import s3local
+    from support import s3local
 
     why = s3local.unavailable()
     if why:
@@ -134,12 +105,3 @@ def s3_store(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Any]:
         store.stop()
 
 
-def s3_client(env: dict[str, str]) -> Any:
-    """A plain boto3 client on the test store (the tests' own view, independent of mlckpt's)."""
-    import boto3
-    from botocore.config import Config
-
-    return boto3.client("s3", endpoint_url=env["AWS_ENDPOINT_URL"], region_name=env["AWS_REGION"],
-                        aws_access_key_id=env["AWS_ACCESS_KEY_ID"],
-                        aws_secret_access_key=env["AWS_SECRET_ACCESS_KEY"],
-                        config=Config(s3={"addressing_style": "path"}))

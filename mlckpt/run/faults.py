@@ -2,7 +2,7 @@
 
 Production code runs with :data:`NO_FAULTS`, whose every hook does nothing.  A test passes its own
 :class:`Faults` subclass to :func:`mlckpt.run.runner.mpi_main` from a launcher that lives in
-``tests/`` (``tests/fault_launcher.py``); no environment variable or switch in the product turns
+``tests/`` (``tests/support/fault_launcher.py``); no environment variable or switch in the product turns
 a fault on, so an ordinary bundle can never have been made with one.
 """
 

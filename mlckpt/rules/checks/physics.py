@@ -88,7 +88,7 @@ def host_clocks(ctx: Context, rs: RuleSet, rule: Rule) -> Iterator[Outcome | Not
                 )
 
 
-def _host_rates(recs: Sequence[Rec], tier: str | None = None) -> Iterator[tuple[str, float, int]]:
+def host_rates(recs: Sequence[Rec], tier: str | None = None) -> Iterator[tuple[str, float, int]]:
     """(host, bytes per second, bytes) of each host in one op: its ranks' bytes over the window
     from the first rank's start to the last rank's end.  The window, not the slowest rank's own
     span: ranks whose stages did not overlap (an async snapshot after different back-pressure
@@ -112,7 +112,7 @@ def _host_rates(recs: Sequence[Rec], tier: str | None = None) -> Iterator[tuple[
             yield host, total / (span / 1e9), total
 
 
-def _remote_store(facts: Mapping[str, Any]) -> bool:
+def remote_store(facts: Mapping[str, Any]) -> bool:
     """An object store (rules 1.6) reached over the host's links: not on its loopback address."""
     fs = facts.get("filesystem") or {}
     host = str(fs.get("source") or "").rsplit(":", 1)[0].strip("[]")
@@ -129,7 +129,7 @@ def host_physics(ctx: Context, rs: RuleSet, rule: Rule) -> Iterator[Outcome | No
     for (op, idx), recs in sorted(group_ops(d.records).items()):
         tiers = [None, MEMORY] if op == "write" else [None]
         for tier in tiers:
-            for host, rate, _ in _host_rates(recs, tier):
+            for host, rate, _ in host_rates(recs, tier):
                 f = facts.get(host, {})
                 copy = f.get("memory_copy_gib_s")
                 what = f"{op} {idx}" + (" (memory stage)" if tier == MEMORY else "") + f" on {host}"
@@ -146,7 +146,7 @@ def host_physics(ctx: Context, rs: RuleSet, rule: Rule) -> Iterator[Outcome | No
                         )
                 links = f.get("net_links_mbps") or {}
                 fs = (f.get("filesystem") or {}).get("fs_type")
-                if tier is None and links and (fs in NETWORK_FILESYSTEMS or _remote_store(f)):
+                if tier is None and links and (fs in NETWORK_FILESYSTEMS or remote_store(f)):
                     measured = True
                     limit = b["link_margin"] * sum(links.values()) * 1e6 / 8
                     if rate > limit:

@@ -1,0 +1,125 @@
+"""The structural fuzzer (tests/support/structural.py), a short seeded run: signed hostile bundles made
+from real ones, each judged without a checker fault and within the budget.  The long run is
+benchmarks/fuzz_checker.py.  Also the two bounds that keep a hostile bundle's check short: the
+records a configuration can produce, and the per-bundle time budget."""
+
+from __future__ import annotations
+
+import json
+import random
+import subprocess
+import sys
+from collections import Counter
+from pathlib import Path
+
+import pytest
+from support import structural
+from support.cli import CHECKER_ORG, CHECKER_SYSTEM
+
+from checker.tree_check import check_tree
+from mlckpt import bundle
+
+CHECK = Path(sys.executable).parent / "mlckpt-check"
+CASES = 48
+BUDGET_S = 20.0
+
+
+@pytest.mark.parametrize("seed", [1, 2])
+def test_signed_hostile_bundles_are_judged_never_a_fault(honest_bundles: dict[str, Path], tmp_path: Path,
+                                                         seed: int) -> None:
+    rng = random.Random(seed)
+    key = bundle.load_private_key(honest_bundles["dir"] / "keys" / "org.pem")
+    trusted = bundle.TrustedKeys.load(honest_bundles["dir"] / "trusted-keys.yaml")
+    description = (honest_bundles["dir"] / "laptop-ext4.yaml").read_bytes()
+    outcomes = []
+    for i in range(CASES // 2):
+        source = honest_bundles[rng.choice(("llama3_8b", "llama_7b", "async_tiers"))]
+        root = tmp_path / f"case{i}"
+        folder = structural.fresh_case(source, root, CHECKER_ORG, CHECKER_SYSTEM, description)
+        what = structural.mutate(rng, folder, key)
+        outcomes.append(structural.check_case(root, trusted, BUDGET_S, what))
+        structural.shutil.rmtree(root, ignore_errors=True)
+    bad = [(o.what, o.problem) for o in outcomes if o.problem]
+    assert not bad, bad
+    # The mutations reach past integrity into the rules: not every case stops at the schema.
+    verdicts = Counter(o.verdict for o in outcomes)
+    deep = [o for o in outcomes if o.rules - {"BUNDLE-SCHEMA", "BUNDLE-FILES", "BUNDLE-SIGNATURE",
+                                              "BUNDLE-PATHS", "BUNDLE-LAYOUT"}]
+    assert verdicts["invalid"] + verdicts["integrity-failure"] > 0, verdicts
+    assert deep, [(o.what, sorted(o.rules)) for o in outcomes]
+
+
+def test_records_beyond_what_the_configuration_makes_are_refused_before_parsing(
+        honest_bundles: dict[str, Path], tmp_path: Path) -> None:
+    """60,000 copies of one record in a 4-rank, 1-write, 1-restore run: one schema finding naming
+    the bound, found without parsing a line (well under a second)."""
+    key = bundle.load_private_key(honest_bundles["dir"] / "keys" / "org.pem")
+    source = honest_bundles["llama3_8b"]
+    folder = structural.fresh_case(source, tmp_path / "t", CHECKER_ORG, CHECKER_SYSTEM,
+                                   (honest_bundles["dir"] / "laptop-ext4.yaml").read_bytes())
+    line = (folder / "records.jsonl").read_text().splitlines()[0]
+    (folder / "records.jsonl").write_text((line + "\n") * 60000)
+    bundle.sign_bundle(folder, key, bundle.read_envelope_predicate(folder))
+    trusted = bundle.TrustedKeys.load(honest_bundles["dir"] / "trusted-keys.yaml")
+    out = structural.check_case(tmp_path / "t", trusted, BUDGET_S, "60,000 records")
+    assert out.problem is None and out.verdict == "invalid" and out.rules == {"BUNDLE-SCHEMA"}, out
+    assert out.seconds < 2.0, out
+    report = check_tree(tmp_path / "t", trusted)
+    [f] = report["findings"]
+    assert f["message"].endswith("expected at most 1,040 records (twice the ranks × (num_writes + "
+                                 "num_reads) of config.yaml, plus 1,024: a bound on the checker's work, not "
+                                 "the count the rules hold the records to), got 60,000 lines"), f
+
+
+def test_a_bundle_past_the_budget_is_stopped_and_the_others_are_judged(honest_bundles: dict[str, Path],
+                                                                       tmp_path: Path) -> None:
+    """With a budget no check can meet, each bundle stops after its first stage with a finding
+    that names the budget; the report is whole and the exit status is the findings', not a
+    fault's.  --bundle-budget refuses what is not a positive number of seconds."""
+    root = tmp_path / "t"
+    description = (honest_bundles["dir"] / "laptop-ext4.yaml").read_bytes()
+    for name in ("llama3_8b", "llama_7b"):
+        structural.fresh_case(honest_bundles[name], tmp_path / name, CHECKER_ORG, CHECKER_SYSTEM, description)
+        src = next((tmp_path / name / "open" / CHECKER_ORG / "results").rglob("run.json")).parent
+        dest = root / src.relative_to(tmp_path / name)
+        structural.shutil.copytree(src, dest)
+    (root / "open" / CHECKER_ORG / "systems").mkdir(parents=True)
+    (root / "open" / CHECKER_ORG / "systems" / f"{CHECKER_SYSTEM}.yaml").write_bytes(description)
+    (root / "trusted-keys.yaml").write_bytes((honest_bundles["dir"] / "trusted-keys.yaml").read_bytes())
+    proc = subprocess.run([str(CHECK), str(root), "--bundle-budget", "1e-9", "--json",
+                           str(tmp_path / "r.json")], capture_output=True, text=True, timeout=120,
+                          check=False)
+    report = json.loads((tmp_path / "r.json").read_text())
+    assert proc.returncode == 1 and len(report["bundles"]) == 2, proc.stdout
+    for b in report["bundles"]:
+        assert b["verdict"] == "invalid", b
+        [f] = b["findings"]
+        assert f["rule"] == "BUNDLE-SCHEMA" and f["message"].startswith("bundle: ") and (
+            "expected a bundle the checker judges within its budget of 1e-09 s (mlckpt-check "
+            "--bundle-budget), got still in stage layout after ") in f["message"], f
+    for bad in ("0", "-1", "nan", "inf"):
+        proc = subprocess.run([str(CHECK), str(root), "--bundle-budget", bad], capture_output=True, text=True,
+                              timeout=60, check=False)
+        assert proc.returncode == 2 and proc.stderr.strip().endswith(
+            f"--bundle-budget: a positive number of seconds, got {float(bad)}"), proc.stderr
+
+
+def test_many_records_beside_an_unreadable_configuration_stop_at_the_budget(
+        honest_bundles: dict[str, Path], tmp_path: Path) -> None:
+    """Found by the fuzzer: config.yaml swapped with summary.json (so no bound on the records) and
+    one record repeated 60,000 times took 67 s against a 60 s budget on a loaded machine, the
+    budget then being checked every 4,096 lines.  Now the check stops within a few lines of it."""
+    key = bundle.load_private_key(honest_bundles["dir"] / "keys" / "org.pem")
+    folder = structural.fresh_case(honest_bundles["llama3_8b"], tmp_path / "t", CHECKER_ORG, CHECKER_SYSTEM,
+                                   (honest_bundles["dir"] / "laptop-ext4.yaml").read_bytes())
+    summary, config = (folder / "summary.json").read_bytes(), (folder / "config.yaml").read_bytes()
+    (folder / "summary.json").write_bytes(config)
+    (folder / "config.yaml").write_bytes(summary)
+    line = (folder / "records.jsonl").read_text().splitlines()[0]
+    (folder / "records.jsonl").write_text((line + "\n") * 60000)
+    bundle.sign_bundle(folder, key, bundle.read_envelope_predicate(folder))
+    trusted = bundle.TrustedKeys.load(honest_bundles["dir"] / "trusted-keys.yaml")
+    out = structural.check_case(tmp_path / "t", trusted, 0.5, "swapped, 60,000 records")
+    assert out.problem is None and out.seconds < 1.0, out
+    report = check_tree(tmp_path / "t", trusted, budget_s=0.5)
+    assert any("still in stage schema after" in f["message"] for f in report["findings"]), report["findings"]
