@@ -109,7 +109,7 @@ def mlperf_page() -> str:
 
     rs = load_rules(mlperf_rules())
     data = rs.data["mlperf"]
-    tests = (ROOT / "tests" / "test_mlperf.py").read_text()
+    tests = (ROOT / "tests" / "e2e" / "test_mlperf.py").read_text()
     rows = []
     for rid, theirs in data["checker_rules"].items():
         r = rs.rule(rid)
