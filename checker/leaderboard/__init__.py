@@ -52,16 +52,8 @@ again), ``render`` (md, csv, json, html; imports the model only) and ``command``
 
 from checker.leaderboard.collect import BundleDocs, collect, is_archive, read_bundle
 from checker.leaderboard.columns import COLUMN, COLUMNS, Column, fmt, rounded
-from checker.leaderboard.model import (
-    ClassKey,
-    ClassTable,
-    Entry,
-    Excluded,
-    Leaderboard,
-    build,
-    entry_from_docs,
-    result_id,
-)
+from checker.leaderboard.model import ClassKey, Entry, Excluded, entry_from_docs, result_id
+from checker.leaderboard.tables import ClassTable, Leaderboard, build
 
 __all__ = ["COLUMN", "COLUMNS", "BundleDocs", "ClassKey", "ClassTable", "Column", "Entry", "Excluded",
            "Leaderboard", "build", "collect", "entry_from_docs", "fmt", "is_archive", "read_bundle",

@@ -11,7 +11,7 @@ from collections.abc import Mapping
 from typing import Any
 
 from checker.leaderboard.columns import COLUMN, rounded
-from checker.leaderboard.model import ClassTable, Leaderboard, scaling_series
+from checker.leaderboard.tables import ClassTable, Leaderboard, scaling_series
 
 WRITE_COLOR = "#2563eb"
 READ_COLOR = "#f59e0b"

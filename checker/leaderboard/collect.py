@@ -10,8 +10,9 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
-from checker.leaderboard.model import DIVISIONS, Entry, Excluded, Leaderboard, build, entry_from_docs
+from checker.leaderboard.model import DIVISIONS, Entry, Excluded, entry_from_docs
 from checker.leaderboard.split import pair_halves
+from checker.leaderboard.tables import Leaderboard, build
 from mlckpt.errors import MlckptError, UsageError
 
 READ_FILES = ("run.json", "config.yaml", "summary.json", "system.json")

@@ -11,7 +11,7 @@ from typing import Any
 from checker import TRUSTED_WITNESSES_FILE
 from checker.leaderboard import render
 from checker.leaderboard.collect import collect, is_archive
-from checker.leaderboard.model import Leaderboard
+from checker.leaderboard.tables import Leaderboard
 from checker.tree_check import budget_of, load_trusted, load_witnesses
 from mlckpt.errors import UsageError
 

@@ -33,8 +33,9 @@ from tabulate import tabulate
 
 from checker.leaderboard.charts import figures, plotly_bundle, validate_figures
 from checker.leaderboard.columns import COLUMN, COLUMNS, SORT_NOTE, Column, fmt, rounded
-from checker.leaderboard.model import LEADERBOARD_FORMAT, ClassTable, Leaderboard
+from checker.leaderboard.model import LEADERBOARD_FORMAT
 from checker.leaderboard.systems import MLPERF_COLUMNS, SUT_FIELDS, mlperf_row
+from checker.leaderboard.tables import ClassTable, Leaderboard
 
 ASSETS = Path(__file__).parent / "assets"
 DIVISION_TITLE = {"closed": "Closed division", "open": "Open division"}

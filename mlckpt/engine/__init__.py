@@ -3,7 +3,8 @@
 Modules: ``content`` (buffers, fill, verify), ``files`` (timed writes and reads), ``stream``
 (the bounded ring, snapshot, drain), ``cache`` (eviction, residency, probes), ``objects`` (the
 second storage backend: S3-compatible object storage, same request queue; see its docstring),
-``gpu`` (GPU-resident state: the one module that imports the array library, imported on demand).
+``buckets`` (a bucket outside the timed ops: sizes, removal, the probe), ``gpu`` (GPU-resident
+state: the one module that imports the array library, imported on demand).
 
 Effects on files only: no MPI, no printing.  The runner times the calls; the engine's own clock
 reads are each request's latency and each phase of an op, collected for the runner's records

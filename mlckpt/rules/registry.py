@@ -15,6 +15,7 @@ from mlckpt.rules.checks import (
     mlperf,
     objects,
     physics,
+    pipeline,
     requests,
     result,
     split,
@@ -24,8 +25,8 @@ from mlckpt.rules.checks import (
 from mlckpt.rules.engine import DEFAULT_RULES_VERSION, CheckFn, RuleSet, load_rule_set
 
 CHECKS: dict[str, CheckFn] = {}
-_MODULES = (config, host, result, evidence, physics, counters, foreign_io, submission, mlperf, split, witness,
-            objects, gpu, requests)
+_MODULES = (config, host, result, pipeline, evidence, physics, counters, foreign_io, submission, mlperf,
+            split, witness, objects, gpu, requests)
 for _module in _MODULES:
     _clash = CHECKS.keys() & _module.CHECKS.keys()
     if _clash:  # a defect of the code, caught at import

@@ -405,7 +405,7 @@ def test_the_summary_has_dlio_published_shape_key_for_key(honest_bundles: dict[s
 def test_dlio_times_of_a_hostile_run_json_do_not_crash_the_checker() -> None:
     """A run.json whose start is no time (found by the fuzzer: '' passes the schema's format
     check without a date-time validator) is reported as a mismatch, never a checker fault."""
-    from mlckpt.metrics import DlioFacts, completed, dlio_time
+    from mlckpt.dlio import DlioFacts, completed, dlio_time
 
     assert dlio_time("2026-07-22T18:57:02.533Z") == "2026-07-22T18:57:02.533000"
     assert dlio_time("") == "" and dlio_time("yesterday") == "yesterday"

@@ -22,6 +22,7 @@ from hypothesis import strategies as st
 from support.cli import S3_BUCKET, s3_client
 
 from mlckpt.engine import alloc, fill
+from mlckpt.engine import buckets as bk
 from mlckpt.engine import objects as ob
 from mlckpt.engine.content import PageId
 from mlckpt.errors import ConfigError, IOFailure
@@ -171,7 +172,7 @@ def test_objects_round_trip_through_parts_single_puts_and_empty_objects(store: o
         (1, True, 0),
         (1, True, 5 << 20),
     ]
-    assert ob.sizes(store, [o.where for o in objs] + [root / "missing"]) == {
+    assert bk.sizes(store, [o.where for o in objs] + [root / "missing"]) == {
         **{str(o.where): n for o, n in zip(objs, sizes, strict=True)},
         f"{root}/missing": None,
     }
@@ -180,7 +181,7 @@ def test_objects_round_trip_through_parts_single_puts_and_empty_objects(store: o
     assert [r.requests for r in res] == [3, 1, 1, 1]
     for a, b, n in zip(bufs, back, sizes, strict=True):
         assert np.array_equal(a[:n], b[:n])
-    assert ob.delete_objects(store, [o.where for o in objs] + [root / "missing"]) == (5, [])
+    assert bk.delete_objects(store, [o.where for o in objs] + [root / "missing"]) == (5, [])
     assert s3_client(dict(os.environ)).list_objects_v2(Bucket=S3_BUCKET, Prefix=root.prefix)["KeyCount"] == 0
 
 
@@ -200,7 +201,7 @@ def test_a_read_names_an_object_of_the_wrong_size_or_a_missing_one(store: ob.Sto
             ob.get_objects(store, [ob.ObjectIO(root / "gone", alloc(4096), 100)])
         assert str(exc.value).startswith(f"read failed on {root}/gone at offset 0: NoSuchKey")
     finally:
-        ob.delete_objects(store, [root / "short"])
+        bk.delete_objects(store, [root / "short"])
 
 
 def test_the_sweep_removes_the_run_s_objects_and_uploads_and_nothing_else(
@@ -239,21 +240,21 @@ def test_the_probe_leaves_nothing_and_names_each_problem(
     store: ob.Store, s3_store: Any, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     where = ObjectPath(S3_BUCKET, f"probe-{uuid.uuid4().hex[:8]}") / "p"
-    assert ob.probe(store, where) is None
+    assert bk.probe(store, where) is None
     assert s3_client(s3_store.env).list_objects_v2(Bucket=S3_BUCKET, Prefix=where.key)["KeyCount"] == 0
     endpoint = s3_store.endpoint
     missing = ob.Store("no-such-bucket-x", ob.S3Options())
     assert (
-        ob.probe(missing, where)
+        bk.probe(missing, where)
         == f"the bucket no-such-bucket-x does not exist at {endpoint} (create it first)"
     )
     monkeypatch.setenv("AWS_SECRET_ACCESS_KEY", "wrong")
-    refused = ob.probe(ob.Store(S3_BUCKET, ob.S3Options()), where)
+    refused = bk.probe(ob.Store(S3_BUCKET, ob.S3Options()), where)
     assert refused is not None and refused.startswith(
         f"the S3 credentials are refused by {endpoint} for bucket"
     )
     far = ob.Store(S3_BUCKET, ob.S3Options(endpoint="http://127.0.0.1:9", timeout_s=5))
-    assert str(ob.probe(far, where)).startswith("the S3 endpoint http://127.0.0.1:9 cannot be reached")
+    assert str(bk.probe(far, where)).startswith("the S3 endpoint http://127.0.0.1:9 cannot be reached")
 
 
 def test_the_storage_block_names_the_store_without_credentials(store: ob.Store) -> None:

@@ -29,7 +29,8 @@ from support.runs import (
     snapshot,
 )
 
-from mlckpt.metrics import dlio_compat, summarize
+from mlckpt.dlio import dlio_compat
+from mlckpt.metrics import summarize
 from mlckpt.plan.config import setup
 from mlckpt.workload.layout import PAGE, Plan
 

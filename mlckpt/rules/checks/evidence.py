@@ -18,8 +18,9 @@ from collections.abc import Iterator, Mapping, Sequence
 from typing import Any
 
 from mlckpt.attribution import cpu_window_s, foreign_summary
+from mlckpt.dlio import DlioFacts, completed
 from mlckpt.locations import is_object_url
-from mlckpt.metrics import DlioFacts, completed, group_ops
+from mlckpt.metrics import group_ops
 from mlckpt.rules.checks.result import RunData, compare_values, run_data, summary_format, writes_by_rank
 from mlckpt.rules.checks.timing import abs_bound_ns, calibration_outcomes
 from mlckpt.rules.engine import Context, NotChecked, Outcome, Rule, RuleSet, checks_table

@@ -15,7 +15,7 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
-from mlckpt.engine import objects
+from mlckpt.engine import buckets, objects
 from mlckpt.errors import MlckptError
 from mlckpt.host.facts import host_facts
 from mlckpt.locations import ObjectPath, is_object_url, parse_object_url, s3_settings
@@ -47,7 +47,7 @@ def measure(config: Mapping[str, Any], host: str, mpi_library: str, results: Pat
     problem: str | None
     try:
         store, loc = open_store(config)
-        problem = objects.probe(store, loc / f"{PROBE_PREFIX}{host}-{secrets.token_hex(6)}")
+        problem = buckets.probe(store, loc / f"{PROBE_PREFIX}{host}-{secrets.token_hex(6)}")
         endpoint = store.endpoint_host
     except MlckptError as exc:
         problem, endpoint = str(exc), ""
@@ -96,8 +96,8 @@ def sweep(url: str, names: Sequence[str], upto: int, settings: Mapping[str, Any]
     try:
         root = parse_object_url(url)
         store = objects.Store(root.bucket, options(settings, pool="cleanup"))
-        aborted = objects.abort_uploads(store, root.prefix)
-        removed, left = objects.delete_objects(store, planned(root, sorted(set(names)), upto))
+        aborted = buckets.abort_uploads(store, root.prefix)
+        removed, left = buckets.delete_objects(store, planned(root, sorted(set(names)), upto))
     except Exception as exc:  # the store is gone or refuses: say so, never hide it
         return f"could not remove this run's objects under {url}: {exc}"
     note = f"removed {removed} checkpoint object{'s' if removed != 1 else ''} of this run"
@@ -111,7 +111,7 @@ def sweep(url: str, names: Sequence[str], upto: int, settings: Mapping[str, Any]
 def remove(store: objects.Store, urls: Sequence[str]) -> list[str]:
     """Delete these objects (a run's normal end); returns the failures, one line each."""
     paths = [parse_object_url(u) for u in dict.fromkeys(urls)]
-    return objects.delete_objects(store, paths)[1]
+    return buckets.delete_objects(store, paths)[1]
 
 
 def is_objects(folder: object) -> bool:

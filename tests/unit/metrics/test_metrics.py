@@ -12,10 +12,10 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from mlckpt.dlio import dlio_compat
 from mlckpt.metrics import (
     RECORDS_FORMAT,
     SUMMARY_FORMAT,
-    dlio_compat,
     group_ops,
     op_stats,
     summarize,
