@@ -164,16 +164,8 @@ class DrainResult:
     mismatch: tuple[str, Mismatch] | None  # (fast-tier path, first difference), if any
 
 
-def drain(
-    files: Sequence[StreamFile],
-    targets: Sequence[str],
-    key: bytes,
-    src: IOOptions,
-    dst: IOOptions,
-    ring: np.ndarray,
-    *,
-    dir_fsync: Sequence[str] = (),
-) -> DrainResult:
+def drain(files: Sequence[StreamFile], targets: Sequence[str], key: bytes, src: IOOptions, dst: IOOptions,
+          ring: np.ndarray, *, dir_fsync: Sequence[str] = ()) -> DrainResult:
     """Copy fast-tier files (``files``: path, size and whose content they hold) to the durable tier
     (``targets``), verifying every page of what the fast tier gave back before writing it, then
     fsync each target and ``dir_fsync``.  Bounded memory: two blocks per worker of ``ring``.

@@ -301,25 +301,8 @@ class OpTimer:
         seal: Callable[[str], None] | None = None,
     ) -> dict[str, Any]:
         job = self.job
-        self.collect_garbage()
-        if self.witness is not None:
-            nonce = self.witness.start(op, index)
-            if nonce is not None and seal is not None:
-                seal(nonce)  # the same numpy stores on every rank: nothing to agree on
-        action = job.faults.timed_action(job.rank, op, index, action)
-        job.note(step=f"{op} {index}", ckpt=ckpt)
-        watch = None
-        if job.rank == 0 and self.channel is not None:
-            watch = OpWatch(self.channel, job.size, self.timeout_s,
-                            lambda late, el: self.on_stall(op, index, ckpt, late, el))
+        action, watch, huge = self._before(op, index, ckpt, action, nbytes, seal)
         sent = None
-        if job.rank == 0:  # a progress line before the barrier, never inside the timing
-            job.console.stage(f"{op} {index}", op_meter(self, op, nbytes))
-        op_cpu = self.written.has("op_cpu")
-        huge = None
-        if op_cpu and self.state is not None and op not in self.sampled:
-            self.sampled.add(op)
-            huge = engine.huge_bytes(self.state)
         collecting = self.hold_gc()
         try:
             before = self._opening(opts.pool)
@@ -348,27 +331,41 @@ class OpTimer:
             job.console.stage(None)
             if self.witness is not None:
                 self.witness.end(op, index)
-        rec = {
-            "op": op,
-            "index": index,
-            "checkpoint": ckpt,
-            "rank": job.rank,
-            "host": job.host,
-            "t0_ns": t0,
-            "t1_ns": t1,
-            "wall_start": wall,
-            "bytes": nbytes,
-            "files": nfiles,
-            "fsync": bool(op == "write" and opts.fsync),
-            "direct": opts.direct,
-            "dontcache": opts.dontcache,
-        }
+        rec = {"op": op, "index": index, "checkpoint": ckpt, "rank": job.rank, "host": job.host,
+               "t0_ns": t0, "t1_ns": t1, "wall_start": wall, "bytes": nbytes, "files": nfiles,
+               "fsync": bool(op == "write" and opts.fsync), "direct": opts.direct,
+               "dontcache": opts.dontcache}
         self._evidence(rec, before, opts.pool)
-        if op_cpu:
+        if self.written.has("op_cpu"):
             rec["cpu_ns"] = c1 - c0
             if huge is not None:  # (None: /proc/self/smaps unreadable)
                 rec["state_bytes"], rec["state_huge_bytes"] = int(self.state.nbytes), int(huge)
         return rec
+
+    def _before(self, op: str, index: int, ckpt: int, action: Callable[[], Any], nbytes: int,
+                seal: Callable[[str], None] | None) -> tuple[Callable[[], Any], OpWatch | None, int | None]:
+        """Everything before the op's barrier, untimed: the collector run, the witness told (a
+        write's nonce sealed into its content), the fault seam, the guardian's step, rank 0's watch
+        and progress line, and the state's huge pages once per op kind (records' ``op_cpu``)."""
+        job = self.job
+        self.collect_garbage()
+        if self.witness is not None:
+            nonce = self.witness.start(op, index)
+            if nonce is not None and seal is not None:
+                seal(nonce)  # the same numpy stores on every rank: nothing to agree on
+        action = job.faults.timed_action(job.rank, op, index, action)
+        job.note(step=f"{op} {index}", ckpt=ckpt)
+        watch = None
+        if job.rank == 0 and self.channel is not None:
+            watch = OpWatch(self.channel, job.size, self.timeout_s,
+                            lambda late, el: self.on_stall(op, index, ckpt, late, el))
+        if job.rank == 0:  # a progress line before the barrier, never inside the timing
+            job.console.stage(f"{op} {index}", op_meter(self, op, nbytes))
+        huge = None
+        if self.written.has("op_cpu") and self.state is not None and op not in self.sampled:
+            self.sampled.add(op)
+            huge = engine.huge_bytes(self.state)
+        return action, watch, huge
 
     def _evidence(self, rec: dict[str, Any], before: dict[str, Any] | None, pool: str) -> None:
         """After every rank agreed the op ended: the host's counters (its leader), the device's

@@ -63,6 +63,17 @@ def _window(
         )
 
 
+def _memory_restores(counted: Sequence[Rec], facts: Mapping[str, Any], where: str) -> Iterator[Outcome]:
+    """Restores from a folder in a memory filesystem: nothing in it is ever "cold"."""
+    total = sum(int(r["bytes"]) for r in counted)
+    if total and (facts.get("filesystem") or {}).get("fs_type") in MEMORY_FILESYSTEMS:
+        resident = sum(int(r.get("resident_bytes", 0)) for r in counted)
+        if resident < total:
+            yield Outcome(False, "restores from a memory filesystem resident in memory",
+                          f"{total - resident} B claimed cold on {facts['filesystem']['fs_type']}",
+                          where=where)
+
+
 def _device(
     d: RunData,
     b: Mapping[str, Any],
@@ -78,16 +89,8 @@ def _device(
     where = f"{key[0]} {key[1]} on {leader['host']}"
     op = key[0]
     counted = [r for r in hr if counted_op(d, r)]
-    total = sum(int(r["bytes"]) for r in counted)
-    if op == "read" and total and (facts.get("filesystem") or {}).get("fs_type") in MEMORY_FILESYSTEMS:
-        resident = sum(int(r.get("resident_bytes", 0)) for r in counted)
-        if resident < total:  # the durable folder is memory: nothing in it is ever "cold"
-            yield Outcome(
-                False,
-                "restores from a memory filesystem resident in memory",
-                f"{total - resident} B claimed cold on {facts['filesystem']['fs_type']}",
-                where=where,
-            )
+    if op == "read":
+        yield from _memory_restores(counted, facts, where)
     claimed_direct = [r for r in counted if r.get("direct")]
     if claimed_direct and "cached_bytes" in after and "cached_bytes" in before:
         grew = (int(after["cached_bytes"]) - int(before["cached_bytes"])) - (

@@ -65,7 +65,7 @@ def manifest_of(
 ) -> dict[str, Any]:
     """run.json before the result-stage rules add their findings (pure), with the keys the rule
     set's run format has (mlckpt.written: rules 1.2 bundles stay run format 3)."""
-    cfg, pipe = setup.config, Pipeline.of(setup.config)
+    cfg = setup.config
     written = Written.of(setup.rules.version)
     source = dict(restored_from) if restored_from else None
     if source is not None and not written.has("content_commitment"):
@@ -101,13 +101,18 @@ def manifest_of(
         "records_format": written.records,
         "data_scheme": DATA_SCHEME,
         "system_name": (description or {}).get("system_name"),
-        "pipeline": {
-            "mode": pipe.mode,
-            "compute_interval_s": pipe.compute_interval_s,
-            "fast": pipe.fast,
-            "fast_keep": pipe.fast_keep,
-            "fast_fs": ({h.name: gates.fast_fs.get(h.name) for h in gates.hosts} if pipe.tiered else {}),
-        },
+        "pipeline": pipeline_block(Pipeline.of(cfg), gates),
+    }
+
+
+def pipeline_block(pipe: Pipeline, gates: Gates) -> dict[str, Any]:
+    """run.json's ``pipeline``: the checkpoint mode, and the fast tier's filesystem on each host."""
+    return {
+        "mode": pipe.mode,
+        "compute_interval_s": pipe.compute_interval_s,
+        "fast": pipe.fast,
+        "fast_keep": pipe.fast_keep,
+        "fast_fs": ({h.name: gates.fast_fs.get(h.name) for h in gates.hosts} if pipe.tiered else {}),
     }
 
 
