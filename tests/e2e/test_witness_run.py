@@ -34,6 +34,7 @@ from support.forge import (
     scale_requests,
     set_duration,
 )
+from support.runs import printed_bundle
 from support.witnessbed import Witness
 
 from checker.tree_check import check_tree
@@ -65,11 +66,6 @@ def started(d: Path, until: str, *extra: str) -> tuple[subprocess.Popen[str], li
     return proc, lines
 
 
-def bundle_of(proc: subprocess.CompletedProcess[str]) -> Path:
-    line = [ln for ln in proc.stdout.splitlines() if ln.startswith("bundle: ")][-1]  # the last try's
-    return Path(line.removeprefix("bundle: "))
-
-
 def findings(stdout: str) -> list[str]:
     """A run's finding and note lines (stdout), to say why it was not valid."""
     return [ln for ln in stdout.splitlines() if ln.startswith(("finding:", "note:"))]
@@ -89,10 +85,10 @@ def runs(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, Any]]:
         for name in ("a", "b"):
             proc = run(d, f"witness.url={w.url}")
             assert proc.returncode == 0, (proc.stderr, findings(proc.stdout))
-            out[name], out[f"{name}_out"] = bundle_of(proc), proc.stdout
+            out[name], out[f"{name}_out"] = printed_bundle(proc), proc.stdout
         proc = run(d)
         assert proc.returncode == 0, (proc.stderr, findings(proc.stdout))
-        out["plain"] = bundle_of(proc)
+        out["plain"] = printed_bundle(proc)
         yield out
     finally:
         w.stop()
@@ -463,7 +459,7 @@ def test_a_witness_restarted_mid_run_loses_nothing_and_the_run_stays_witnessed(t
     assert before >= 3 and len(entries) > before
     seqs = [e["seq"] for e in entries]
     assert seqs == list(range(1, len(entries) + 1))  # nothing lost, nothing twice
-    folder = bundle_of(subprocess.CompletedProcess([], 0, "".join(lines), ""))
+    folder = printed_bundle(subprocess.CompletedProcess([], 0, "".join(lines), ""))
     assert read_json(folder, "run.json")["witness"]["status"] == "witnessed"
     [b] = checked(tree(runs, tmp_path / "t", folder, witness=w))
     # (the witness's rules only: the evidence rules' bounds are exercised elsewhere, and this run
@@ -494,7 +490,7 @@ def test_a_witness_that_stops_answering_does_not_hang_the_run(tmp_path: Path, ru
     assert proc.returncode == 0, err
     assert text.count("will not be witnessed") == 1
     assert took < 15, took  # one timeout of 1 s, then the rest of the run at its own pace
-    folder = bundle_of(subprocess.CompletedProcess([], 0, text, ""))
+    folder = printed_bundle(subprocess.CompletedProcess([], 0, text, ""))
     claim = read_json(folder, "run.json")["witness"]
     assert claim["status"] == "lost" and claim["transcript"] is None and "write 2 start" in claim["reason"]
     assert not (folder / "witness.dsse.json").exists()
@@ -581,7 +577,7 @@ def test_a_witnessed_run_beside_a_flood_of_strangers_passes_the_checker(tmp_path
             t.join(30)
     assert proc.returncode == 0, (proc.stderr, findings(proc.stdout))
     assert len(refused) == 2 and sum(refused) > 100, refused
-    folder = bundle_of(proc)
+    folder = printed_bundle(proc)
     assert transcript_doc(folder)["entries"][0]["opened_by"] == runs["org"].keyid
     [b] = checked(tree(runs, tmp_path / "t", folder))
     assert not {r for r in rules_of(b) if r.startswith("WITNESS-")}, b["findings"]
@@ -717,16 +713,16 @@ def test_a_read_only_invocation_restores_a_witnessed_write_half(runs: dict[str, 
     base = ("checkpoint.folder=split-ck",)
     w = run(d, *base, "checkpoint.num_reads=0", "checkpoint.keep=true", f"witness.url={runs['witness'].url}")
     assert w.returncode == 0, w.stderr
-    half = bundle_of(w)
+    half = printed_bundle(w)
     assert all(read_json(half, "run.json")["witness"]["nonces"])
     r = run(d, *base, "checkpoint.num_writes=0", "checkpoint.num_reads=2", f"checkpoint.restore_from={half}",
             f"witness.url={runs['witness'].url}")
     assert r.returncode == 0, r.stderr
-    reads = [x for x in read_records(bundle_of(r)) if x["op"] == "read"]
+    reads = [x for x in read_records(printed_bundle(r)) if x["op"] == "read"]
     assert reads and all(x["verified_bytes"] == x["bytes"] for x in reads)
-    claim = read_json(bundle_of(r), "run.json")["witness"]
+    claim = read_json(printed_bundle(r), "run.json")["witness"]
     assert claim["status"] == "witnessed" and claim["nonces"] == []
-    both = checked(tree(runs, tmp_path / "t", half, bundle_of(r)))
+    both = checked(tree(runs, tmp_path / "t", half, printed_bundle(r)))
     assert [b["findings"] for b in both] == [[], []]
     assert all(b["witness"]["counted"] for b in both)
 

@@ -23,6 +23,7 @@ from typing import Any
 import pytest
 from support.cli import CHECKER_DESCRIPTION, cli_env
 from support.forge import edit_json, edit_records, resign
+from support.runs import printed_bundle
 
 from mlckpt import bundle, engine
 from mlckpt.errors import UsageError
@@ -152,11 +153,6 @@ def _check(w: dict[str, Any], folder: Path, tmp: Path) -> dict[str, Any]:
     return {"exit": proc.returncode, **b}
 
 
-def _bundle(proc: subprocess.CompletedProcess[str]) -> Path:
-    line = [ln for ln in proc.stdout.splitlines() if ln.startswith("bundle: ")][-1]  # the last try's
-    return Path(line.removeprefix("bundle: "))
-
-
 def _records(folder: Path) -> list[dict[str, Any]]:
     return [json.loads(ln) for ln in (folder / "records.jsonl").read_text().splitlines()]
 
@@ -174,7 +170,7 @@ def test_cpu_fallback_runs_the_whole_path_and_is_no_gpu_result(gpu_world: dict[s
     assert proc.returncode == 5, proc.stderr
     assert len(re.findall(r"^read \d/2: .* verified, 0\.0% cached before\)$", proc.stdout, re.M)) == 2
     assert "GPU copy rates again" in proc.stdout  # probed again after the last restore
-    folder = _bundle(proc)
+    folder = printed_bundle(proc)
     run = json.loads((folder / "run.json").read_text())
     assert (run["run_format"], run["records_format"], run["verdict"]) == (10, 7, "invalid")
     state = run["state"]
@@ -210,7 +206,7 @@ def test_forged_gpu_bundles_are_caught(gpu_world: dict[str, Any], tmp_path: Path
     _torch()
     proc = _run(gpu_world, tmp_path, "state.source=gpu", "state.gpu.device=cpu")
     assert proc.returncode == 5, proc.stderr
-    src, key = _bundle(proc), bundle.load_private_key(gpu_world["dir"] / "org.pem")
+    src, key = printed_bundle(proc), bundle.load_private_key(gpu_world["dir"] / "org.pem")
 
     def cuda(run: dict[str, Any], d2h: float = 1e6) -> None:
         for e in run["state"]["ranks"]:

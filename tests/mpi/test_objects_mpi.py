@@ -22,6 +22,7 @@ from typing import Any
 
 import pytest
 from support.cli import S3_BUCKET, mlckpt_command, s3_client
+from support.runs import printed_bundle
 
 from mlckpt import bundle
 from mlckpt.plan.config import setup
@@ -113,11 +114,6 @@ def mine(w: dict[str, Any]) -> list[str]:
     return [k for k in keys_under(w, w["prefix"] + "/") if "not-mlckpt/" not in k]
 
 
-def bundle_of(proc: subprocess.CompletedProcess[str]) -> Path:
-    line = [ln for ln in proc.stdout.splitlines() if ln.startswith("bundle: ")][-1]  # the last try's
-    return Path(line.removeprefix("bundle: "))
-
-
 def checked(w: dict[str, Any], folder: Path, tmp: Path) -> dict[str, Any]:
     """The checker's verdict on one bundle placed in a submission tree, as a CI job runs it."""
     root = tmp / "tree"
@@ -179,7 +175,7 @@ def test_run_on_object_storage_passes_the_checker(world: dict[str, Any], tmp_pat
     )
     assert re.search(last, out, re.M), out
     assert len(re.findall(r"^read \d/3: .* verified, 0\.0% cached before\)$", out, re.M)) == 3, out
-    folder = bundle_of(proc)
+    folder = printed_bundle(proc)
     run_json = json.loads((folder / "run.json").read_text())
     assert run_json["run_format"] == 10 and run_json["rules_version"] == "1.10"
     storage = run_json["storage"]
@@ -315,7 +311,7 @@ def honest_object_bundle(world: dict[str, Any], tmp_path_factory: pytest.TempPat
     proc = run(world, [*BASE, f"checkpoint.folder={world['folder']}", "checkpoint.num_writes=1",
                        "checkpoint.num_reads=1", *signed(world), "output.root=results"], d)
     assert proc.returncode == 0, proc.stderr
-    return bundle_of(proc)
+    return printed_bundle(proc)
 
 
 def test_the_honest_object_bundle_passes(world: dict[str, Any], honest_object_bundle: Path,

@@ -19,6 +19,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 from support import paths
+from support.runs import printed_bundle
 
 from mlckpt import strict
 from mlckpt.errors import DISTURBED_STATUS
@@ -73,6 +74,7 @@ def test_the_runner_refuses_to_publish_a_bundle_its_checker_would_refuse(
 
 
 # --- which MPI: the library mpi4py loads, the launcher that matches it ----------------------------
+
 
 def test_the_flavour_of_a_library_and_of_a_launcher_from_what_they_print() -> None:
     from mlckpt.run import site_mpi as m
@@ -177,12 +179,6 @@ def env_of(site: dict[str, Path], **extra: str) -> dict[str, str]:
     return {**env, "XDG_CONFIG_HOME": str(site["dir"] / "xdg"), **extra}
 
 
-def bundle_of(out: str) -> Path:
-    lines = [ln for ln in out.splitlines() if ln.startswith("bundle: ")]
-    assert lines, out[-3000:]
-    return Path(lines[-1][len("bundle: "):].strip())
-
-
 def checked(site: dict[str, Path], made: Path, tmp_path: Path) -> dict[str, object]:
     """``mlckpt-check`` on a tree holding the one bundle: its report."""
     from support.cli import CHECKER_DESCRIPTION, CHECKER_ORG, CHECKER_SYSTEM
@@ -213,7 +209,7 @@ def test_under_open_mpi_a_run_picks_open_mpis_launcher_and_its_bundle_passes_the
     proc = subprocess.run([str(MLCKPT), "run", *run_args(site, "ompi")], env=env_of(site, **OPEN_MPI_ENV),
                           capture_output=True, text=True, timeout=600, check=False)
     assert proc.returncode == 0, (proc.stdout + proc.stderr)[-3000:]
-    made = bundle_of(proc.stdout)
+    made = printed_bundle(proc.stdout)
     system = json.loads((made / "system.json").read_text())
     assert system["hosts"][0]["mpi_library"].startswith("Open MPI v")  # without its NUL
     assert "\x1b[" not in proc.stdout  # Open MPI's per-rank terminal is no user's: plain lines
@@ -254,6 +250,7 @@ def test_a_checkpoint_being_prepared_is_inside_what_a_guardian_sweeps() -> None:
 
 
 # --- Slurm: srun with and without a PMI, sbatch, scancel ------------------------------------------
+
 
 @pytest.fixture(scope="module")
 def slurm(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Any]:
@@ -307,7 +304,7 @@ def test_srun_with_pmi2_runs_mpich_ranks_whose_bundle_passes_the_checker(
     proc = srun(slurm, site, "pmi2", "pmi2")
     # valid, or disturbed by the busy disk and said so (never invalid: the checker below)
     assert proc.returncode in (0, DISTURBED_STATUS), (proc.stdout + proc.stderr)[-3000:]
-    made = bundle_of(proc.stdout)
+    made = printed_bundle(proc.stdout)
     assert json.loads((made / "run.json").read_text())["ranks"] == 4
     assert json.loads((made / "system.json").read_text())["hosts"][0]["mpi_library"].startswith("MPICH")
     checked(site, made, tmp_path)
@@ -324,7 +321,7 @@ def test_srun_with_pmix_runs_open_mpi_ranks_whose_bundle_passes_the_checker(
     proc = srun(slurm, site, "pmix", "pmix", **OPEN_MPI_ENV)
     # valid, or disturbed by the busy disk and said so (never invalid: the checker below)
     assert proc.returncode in (0, DISTURBED_STATUS), (proc.stdout + proc.stderr)[-3000:]
-    made = bundle_of(proc.stdout)
+    made = printed_bundle(proc.stdout)
     assert json.loads((made / "system.json").read_text())["hosts"][0]["mpi_library"].startswith("Open MPI")
     checked(site, made, tmp_path)
 
@@ -373,7 +370,7 @@ def test_the_docs_batch_script_runs_and_its_bundle_passes_the_checker(
     slurm.wait_idle(timeout=600)
     out = (folder / f"mlckpt-{job}.out").read_text()
     assert "\x1b[" not in out and re.search(r"^\d\d:\d\d:\d\d   write 1$", out, re.M), out[-3000:]
-    made = bundle_of(out.replace("bundle: ", "\nbundle: "))
+    made = printed_bundle(out.replace("bundle: ", "\nbundle: "))
     assert json.loads((made / "run.json").read_text())["ranks"] == 8
     checked(site, made, tmp_path)
 

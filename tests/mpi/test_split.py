@@ -13,6 +13,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from support.runs import printed_bundle
 
 from checker.tree_check import check_tree
 from mlckpt import bundle
@@ -35,15 +36,10 @@ def run(h: dict[str, Path], cwd: Path, *overrides: str) -> subprocess.CompletedP
          *overrides], cwd=cwd, env=env, text=True, capture_output=True, timeout=300, check=False)
 
 
-def bundle_of(proc: subprocess.CompletedProcess[str]) -> Path:
-    line = [ln for ln in proc.stdout.splitlines() if ln.startswith("bundle: ")][-1]  # the last try's
-    return Path(line[len("bundle: "):])
-
-
 def write_half(h: dict[str, Path], cwd: Path, writes: int = 2) -> Path:
     proc = run(h, cwd, f"checkpoint.num_writes={writes}", "checkpoint.num_reads=0", "checkpoint.keep=true")
     assert proc.returncode == 0, proc.stderr
-    return bundle_of(proc)
+    return printed_bundle(proc)
 
 
 def tree_of(h: dict[str, Path], root: Path, *bundles: Path) -> Path:
@@ -67,7 +63,7 @@ def pair(honest_bundles: dict[str, Path], tmp_path_factory: pytest.TempPathFacto
     proc = run(h, cwd, "checkpoint.num_writes=0", "checkpoint.num_reads=3",
                f"checkpoint.restore_from={w.name}")
     assert proc.returncode == 0, proc.stderr
-    return {"h": h, "cwd": cwd, "write": w, "read": bundle_of(proc), "out": proc.stdout, "kept": kept}
+    return {"h": h, "cwd": cwd, "write": w, "read": printed_bundle(proc), "out": proc.stdout, "kept": kept}
 
 
 def test_the_write_half_keeps_its_checkpoints_and_its_content_key(pair: dict[str, Any]) -> None:
@@ -167,8 +163,8 @@ def test_a_read_half_presented_as_another_write_halfs_fails_split_evidence(
     proc = run(h, cwd, "checkpoint.num_writes=0", "checkpoint.num_reads=1",
                f"checkpoint.restore_from={later}")
     assert proc.returncode == 0, proc.stderr
-    forged = tmp_path / bundle_of(proc).name
-    shutil.copytree(bundle_of(proc), forged)
+    forged = tmp_path / printed_bundle(proc).name
+    shutil.copytree(printed_bundle(proc), forged)
     w = pair["write"]
     wrun = json.loads((w / "run.json").read_text())
     edit_json(forged, "run.json", lambda r: r["restored_from"].update(
@@ -183,7 +179,7 @@ def test_a_read_half_presented_as_another_write_halfs_fails_split_evidence(
     [hit] = [f for f in b["findings"] if f["rule"] == "SPLIT-EVIDENCE"]
     assert hit["message"].startswith("run.json: ") and "does not" in hit["message"], hit["message"]
     # the honest pair of the same halves passes
-    honest = checked(h, tree_of(h, tmp_path / "honest", later, bundle_of(proc)))
+    honest = checked(h, tree_of(h, tmp_path / "honest", later, printed_bundle(proc)))
     assert {b["verdict"] for b in honest["bundles"]} <= {"open", "disturbed"}, honest["findings"]
     assert not [f for f in honest["findings"] if f["rule"].startswith("SPLIT-")]
 
@@ -236,7 +232,7 @@ def test_a_write_half_without_a_commitment_is_refused_under_1_10_before_any_io(
     proc = run(honest_bundles, tmp_path, "checkpoint.num_writes=1", "checkpoint.num_reads=0",
                "checkpoint.keep=true", "rules_version=1.9")
     assert proc.returncode == 0, proc.stderr
-    w = bundle_of(proc)
+    w = printed_bundle(proc)
     proc = run(honest_bundles, tmp_path, "checkpoint.num_writes=0", "checkpoint.num_reads=1",
                f"checkpoint.restore_from={w}")
     assert proc.returncode == 2

@@ -64,11 +64,20 @@ def run_mlckpt(args: list[str], cwd: Path, *, timeout: float = TIMEOUT_S, mpiexe
     return subprocess.CompletedProcess(cmd, proc.returncode, out, err)
 
 
+def printed_bundle(out: str | subprocess.CompletedProcess[str]) -> Path:
+    """The bundle a run printed last (``bundle: PATH``; a run retried as disturbed prints one per
+    try, the last is the result's)."""
+    text = out if isinstance(out, str) else out.stdout
+    lines = [ln for ln in text.splitlines() if ln.startswith("bundle: ")]
+    assert lines, text[-3000:]
+    return Path(lines[-1].removeprefix("bundle: ").strip())
+
+
 def bundle_of(cp: subprocess.CompletedProcess[str]) -> Path:
+    """The bundle of a run that succeeded and ended by naming it."""
     assert cp.returncode == 0, f"exit {cp.returncode}\nstdout:\n{cp.stdout}\nstderr:\n{cp.stderr}"
-    last = cp.stdout.strip().splitlines()[-1]
-    assert last.startswith("bundle: "), cp.stdout
-    path = Path(last[len("bundle: "):])
+    assert cp.stdout.strip().splitlines()[-1].startswith("bundle: "), cp.stdout
+    path = printed_bundle(cp)
     assert path.is_dir()
     return path
 
