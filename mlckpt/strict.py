@@ -204,8 +204,21 @@ _decoder = json.JSONDecoder(object_pairs_hook=_pairs, parse_constant=_constant, 
 def loads_json(text: str, *, max_nodes: int = MAX_NODES) -> Any:
     """Strict JSON text → data (see the module docstring)."""
     doc = _refusing(lambda: _decoder.decode(text), "JSON", _json_reason)
-    check_shape(doc, max_nodes=max_nodes)
+    if not _plain(text, max_nodes):
+        check_shape(doc, max_nodes=max_nodes)
     return doc
+
+
+def _plain(text: str, max_nodes: int) -> bool:
+    """Whether ``text`` cannot hold anything :func:`check_shape` refuses that the decoder's hooks
+    have not refused already (integers out of range, non-finite numbers, constants): at most
+    ``max_nodes`` characters (a value takes one at least), fewer than MAX_DEPTH brackets (so no
+    value deeper than MAX_DEPTH), ASCII and no escape (a NUL or an unpaired surrogate reaches a
+    string only through an escape; a raw control character the decoder refuses).  A record line
+    is plain: its walk (0.21 s of CPU over 20,480 records here, a fifth of reading them) is
+    skipped."""
+    return (len(text) <= max_nodes and text.isascii() and "\\" not in text
+            and text.count("[") + text.count("{") < MAX_DEPTH)
 
 
 def parse_json(data: bytes) -> Any:

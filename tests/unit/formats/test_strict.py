@@ -1,0 +1,51 @@
+"""The strict JSON reader's shortcut: a line whose text cannot hold what the shape walk refuses
+skips the walk, and at the boundaries it is refused or accepted exactly as with the walk."""
+
+from __future__ import annotations
+
+import pytest
+
+from mlckpt import strict
+
+
+def nested(levels: int) -> str:
+    return "[" * levels + "1" + "]" * levels
+
+
+@pytest.mark.parametrize("levels", [62, 63, 64, 65, 80])
+def test_nesting_is_judged_the_same_with_and_without_the_walk(levels: int) -> None:
+    """check_shape refuses a scalar deeper than MAX_DEPTH (64) levels: 63 lists hold one at 64."""
+    text = nested(levels)
+    walked = True
+    try:
+        strict.check_shape(strict._decoder.decode(text))
+    except strict.ParseError:
+        walked = False
+    try:
+        strict.loads_json(text)
+        read = True
+    except strict.ParseError as exc:
+        assert "nested deeper than 64 levels" in str(exc)
+        read = False
+    assert read == walked == (levels < strict.MAX_DEPTH)
+
+
+@pytest.mark.parametrize(("text", "why"), [
+    ('{"a": "x\\u0000y"}', "NUL"),
+    ('{"a": "\\ud800"}', "unpaired surrogate"),
+    ('{"\\u0000": 1}', "NUL"),
+    ("[" + ",".join(["1"] * 1001) + "]", "more than 1000 values"),
+])
+def test_what_only_the_walk_sees_is_still_refused(text: str, why: str) -> None:
+    with pytest.raises(strict.ParseError, match=why):
+        strict.loads_json(text, max_nodes=1000)
+
+
+def test_a_plain_record_line_skips_the_walk(monkeypatch: pytest.MonkeyPatch) -> None:
+    walks: list[int] = []
+    real = strict.check_shape
+    monkeypatch.setattr(strict, "check_shape", lambda doc, **kw: (walks.append(1), real(doc, **kw)))
+    strict.loads_json('{"op": "write", "t0_ns": 123, "wall_start": 1764223456.25, "stages": [[1, 2]]}')
+    assert walks == []
+    strict.loads_json('{"host": "caf\\u00e9"}')  # an escape: walked
+    assert walks == [1]
