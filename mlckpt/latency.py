@@ -96,10 +96,28 @@ def decode(block: Mapping[str, Any]) -> HdrHistogram:
     return h
 
 
-def merged(blocks: Iterable[Mapping[str, Any]]) -> HdrHistogram:
+# What a decode of each block found, kept by the block's id while its records are alive: the
+# longest request (its value and the lowest value of its bucket).  The histograms themselves are
+# not kept (a run of 20,000 records would hold gigabytes of counts), only what REQUESTS-EVIDENCE
+# asks of each, so a checker decodes every block once, for the summary's percentiles.
+Longest = dict[int, tuple[int, int]]
+
+
+def longest(h: HdrHistogram) -> tuple[int, int]:
+    """The histogram's longest request (ns) and the lowest value of its bucket."""
+    top = h.get_max_value()
+    return top, h.get_lowest_equivalent_value(top)
+
+
+def merged(blocks: Iterable[Mapping[str, Any]], seen: Longest | None = None) -> HdrHistogram:
+    """The blocks' histograms added up (ValueError at the first that is no histogram); ``seen``
+    gets each block's :func:`longest`."""
     out = histogram()
     for b in blocks:
-        out.add(decode(b))
+        h = decode(b)
+        if seen is not None:
+            seen[id(b)] = longest(h)
+        out.add(h)
     return out
 
 
@@ -128,16 +146,17 @@ def _op_duration_ns(recs: Sequence[Mapping[str, Any]]) -> int:
     return max(int(r["t1_ns"]) - int(r["t0_ns"]) for r in recs)
 
 
-def summary(ops: Sequence[tuple[str, Sequence[Mapping[str, Any]]]]) -> dict[str, Any]:
+def summary(ops: Sequence[tuple[str, Sequence[Mapping[str, Any]]]], seen: Longest | None = None
+            ) -> dict[str, Any]:
     """Summary format 6's latency, IOPS and phases, from ``(op kind, records of one op)`` pairs of
-    durable-tier ops (see the module docstring)."""
+    durable-tier ops (see the module docstring); ``seen`` as :func:`merged`'s."""
     out: dict[str, Any] = {}
     for kind, phases in (("write", WRITE_PHASES), ("read", READ_PHASES)):
         mine = [recs for op, recs in ops if op == kind]
         if not mine or any("requests" not in r for recs in mine for r in recs):
             continue
         try:
-            everything = merged(r["requests"] for recs in mine for r in recs)
+            everything = merged((r["requests"] for recs in mine for r in recs), seen)
         except ValueError:  # a histogram that is no evidence (RECORDS-REQUESTS says which): no figure
             continue
         out[f"{kind}_latency_ms"] = percentiles_ms(everything)

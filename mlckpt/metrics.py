@@ -299,10 +299,11 @@ def _io_block(out: dict[str, Any], name: str, group: list[OpStats]) -> None:
 
 
 def summarize(records: Iterable[Mapping[str, Any]], *, max_resident_fraction: float,
-              records_format: int = RECORDS_FORMAT, summary_format: int = SUMMARY_FORMAT) -> dict[str, Any]:
+              records_format: int = RECORDS_FORMAT, summary_format: int = SUMMARY_FORMAT,
+              seen: latency.Longest | None = None) -> dict[str, Any]:
     """The summary block of ``summary.json`` (everything but run identity), from raw records (of
     ``records_format``: a checker recomputing an older bundle passes the bundle's own, and the
-    summary format its rules pin)."""
+    summary format its rules pin); ``seen`` gets each request histogram's longest request."""
     grouped = group_ops(records)
     ops = [op_stats(recs) for recs in grouped.values()]
     writes = [o for o in ops if o.op == "write"]
@@ -345,7 +346,8 @@ def summarize(records: Iterable[Mapping[str, Any]], *, max_resident_fraction: fl
         out.update(_what_changes_the_figure(grouped, writes))
     if summary_format >= 6 and records_format >= 7:  # mlckpt/latency.py: requests and phases
         out.update(latency.summary([(op, recs) for (op, _), recs in grouped.items()
-                                    if op == "write" or all(r.get("tier") == "durable" for r in recs)]))
+                                    if op == "write" or all(r.get("tier") == "durable" for r in recs)],
+                                   seen))
     out["ops"] = [o.to_dict() for o in ops]
     return out
 

@@ -39,6 +39,8 @@ class RunData:
     # summarize() of the records, computed once for every rule (and report) that needs it
     _summaries: dict[tuple[float, int, int], dict[str, Any]] = field(default_factory=dict, compare=False,
                                                                 repr=False)
+    # each request histogram's longest request, found while summarizing (mlckpt.latency.merged)
+    longest: dict[int, tuple[int, int]] = field(default_factory=dict, compare=False, repr=False)
 
     def summarized(self, rs: RuleSet) -> dict[str, Any]:
         """The statistics of the records (``mlckpt.metrics.summarize``), under ``rs``'s cold-read
@@ -47,7 +49,8 @@ class RunData:
                int(self.run.get("records_format", formats.RECORDS.version)), summary_format(rs))
         if key not in self._summaries:
             self._summaries[key] = summarize(self.records, max_resident_fraction=key[0],
-                                             records_format=key[1], summary_format=key[2])
+                                             records_format=key[1], summary_format=key[2],
+                                             seen=self.longest)
         return self._summaries[key]
 
     def ops(self, op: str) -> dict[int, list[Mapping[str, Any]]]:
