@@ -86,7 +86,8 @@ def honest_bundles(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
     return out
 
 
-# --- object storage (tests/test_objects*.py): one real S3 store (Swift's all-in-one) per session --
+# --- object storage (tests/e2e/test_objects.py, tests/mpi/test_objects_mpi.py): one real S3 store
+# (Swift's all-in-one) per session -------------------------------------------------------------
 
 @pytest.fixture(scope="session")
 def s3_store(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Any]:
