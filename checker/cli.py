@@ -19,7 +19,8 @@ import argparse
 import json
 import os
 import sys
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -53,26 +54,24 @@ def _tree_flags(p: Any, witnessed: str) -> None:
                    f"finding and the others are still judged (default: {BUNDLE_BUDGET_S:g})")
 
 
-def _add_check(sub: Any) -> None:
-    p = sub.add_parser(
-        "check", help="validate a submission tree (the default command)",
-        description="Verify, parse and judge every bundle under ROOT/{closed,open}/<org>/results/ "
-        "with the rules each bundle declares.")
+@dataclass(frozen=True)
+class Command:
+    summary: str  # the one line --help lists
+    description: str
+    options: Callable[[Any], None]
+    handler: Callable[[argparse.Namespace], int]
+
+
+def _check_options(p: Any) -> None:
     _tree_flags(p, "witnessed runs signed by these count as witnessed")
     p.add_argument("--json", type=Path, default=None, metavar="FILE",
                    help="also write the JSON report to FILE ('-' for stdout)")
     p.add_argument("--rules", default=None, metavar="VERSION",
                    help="judge every bundle with this rules version (default: the one each bundle declares)")
     p.add_argument("-q", "--quiet", action="store_true", help="list only bundles with findings")
-    p.set_defaults(func=cmd_check)
 
 
-def _add_leaderboard(sub: Any) -> None:
-    p = sub.add_parser(
-        "leaderboard", help="publish tables of the results that pass the checker",
-        description="Check every bundle under ROOT (as `mlckpt-check ROOT` does) and publish the "
-        "passing results, one table per class (division × workload × full/scaled × checkpoint "
-        "mode), ranked by write bandwidth.")
+def _leaderboard_options(p: Any) -> None:
     _tree_flags(p, "results they witnessed are marked")
     p.add_argument("--format", choices=LEADERBOARD_FORMATS, default="md", help="output format (default: md)")
     p.add_argument("--out", type=Path, default=None, metavar="PATH",
@@ -83,14 +82,9 @@ def _add_leaderboard(sub: Any) -> None:
                    help="also list the DLIO / mlpstorage results published under DIR (any level of an "
                    "MLPerf results tree), each marked UNVERIFIED below the checked results of its class; "
                    "repeatable")
-    p.set_defaults(func=lazy_handler("checker.leaderboard.command", "cmd_leaderboard"))
 
 
-def _add_compare(sub: Any) -> None:
-    p = sub.add_parser(
-        "compare", help="two result bundles side by side, with ratios B/A",
-        description="Verify two bundles (folders or .tar.gz) and show their metrics side by side, "
-        "with the ratio B/A. Exit 2 if either is not a bundle, 3 if either fails integrity.")
+def _compare_options(p: Any) -> None:
     p.add_argument("a", type=Path, metavar="A", help="bundle folder or .tar.gz (or a DLIO / mlpstorage "
                    "result folder: shown unverified)")
     p.add_argument("b", type=Path, metavar="B", help="bundle folder or .tar.gz (or a DLIO / mlpstorage "
@@ -101,32 +95,21 @@ def _add_compare(sub: Any) -> None:
     p.add_argument("--trusted-keys", type=Path, default=None, metavar="FILE",
                    help="also require each signer to be registered in FILE (default: integrity "
                    "against the key embedded in each bundle)")
-    p.set_defaults(func=lazy_handler("checker.compare", "cmd_compare"))
 
 
-def _add_import(sub: Any) -> None:
-    p = sub.add_parser(
-        "import", help="list the DLIO / mlpstorage results under a folder (unverified)",
-        description="Find every DLIO / mlpstorage checkpointing result under PATH, at any level of "
-        "a published tree (a timestamp folder, a workload folder with both halves of a split pair, "
-        "a system, a submitter), and list what was read and what could not be. Exit 1 when none "
-        "was read.")
+def _import_options(p: Any) -> None:
     p.add_argument("path", type=Path, metavar="PATH")
     p.add_argument("--json", action="store_true", help="print JSON instead of a table")
-    p.set_defaults(func=lazy_handler("checker.imported", "cmd_import"))
-
-
-# name -> what adds its parser, in the order --help lists them
-COMMANDS = {"check": _add_check, "leaderboard": _add_leaderboard, "compare": _add_compare,
-            "import": _add_import}
 
 
 def build_parser() -> argparse.ArgumentParser:
     parser = OneLineParser(prog=PROG, description="Validate mlckpt result bundles in a submission tree.")
     parser.add_argument("--version", action="version", version=f"{PROG} {__version__}")
     sub = parser.add_subparsers(dest="command", metavar="COMMAND", parser_class=OneLineParser)
-    for add in COMMANDS.values():
-        add(sub)
+    for name, c in COMMANDS.items():
+        p = sub.add_parser(name, help=c.summary, description=c.description)
+        c.options(p)
+        p.set_defaults(func=c.handler)
     return parser
 
 
@@ -200,3 +183,31 @@ def cmd_check(args: argparse.Namespace) -> int:
         sys.stdout.write(text)
     sys.stdout.flush()
     return int(report["exit_status"])
+
+
+# Every command, in the order --help lists them: its arguments here, its handler imported only when
+# it runs (lazy_handler).
+COMMANDS: dict[str, Command] = {
+    "check": Command(
+        "validate a submission tree (the default command)",
+        "Verify, parse and judge every bundle under ROOT/{closed,open}/<org>/results/ with the rules "
+        "each bundle declares.",
+        _check_options, cmd_check),
+    "leaderboard": Command(
+        "publish tables of the results that pass the checker",
+        "Check every bundle under ROOT (as `mlckpt-check ROOT` does) and publish the passing results, "
+        "one table per class (division × workload × full/scaled × checkpoint mode), ranked by write "
+        "bandwidth.",
+        _leaderboard_options, lazy_handler("checker.leaderboard.command", "cmd_leaderboard")),
+    "compare": Command(
+        "two result bundles side by side, with ratios B/A",
+        "Verify two bundles (folders or .tar.gz) and show their metrics side by side, with the ratio "
+        "B/A. Exit 2 if either is not a bundle, 3 if either fails integrity.",
+        _compare_options, lazy_handler("checker.compare", "cmd_compare")),
+    "import": Command(
+        "list the DLIO / mlpstorage results under a folder (unverified)",
+        "Find every DLIO / mlpstorage checkpointing result under PATH, at any level of a published "
+        "tree (a timestamp folder, a workload folder with both halves of a split pair, a system, a "
+        "submitter), and list what was read and what could not be. Exit 1 when none was read.",
+        _import_options, lazy_handler("checker.imported", "cmd_import")),
+}

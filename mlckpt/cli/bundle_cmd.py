@@ -21,96 +21,67 @@ from mlckpt.errors import BundleIntegrityError, IntegrityError, UsageError
 
 def register(subparsers: Any) -> None:
     """keygen, sign, verify, pack and digest, in the order ``mlckpt --help`` lists them."""
-    for add in (_add_keygen, _add_sign, _add_verify, _add_pack, _add_digest):
-        add(subparsers)
+    for name, summary, description, options, func in _commands():
+        p = subparsers.add_parser(name, help=summary, description=description)
+        options(p)
+        p.set_defaults(func=func)
 
 
-def _add_keygen(subparsers: Any) -> None:
-    p = subparsers.add_parser(
-        "keygen",
-        help="create an Ed25519 signing key for result bundles",
-        description="Create an Ed25519 signing key (PKCS8 PEM, mode 0600; never overwrites) and "
-        "its one-line public key PATH.pub to register with the committee.",
-    )
+def _commands() -> list[tuple[str, str, str, Any, Any]]:
+    """(name, one-line help, description, its options, its handler) of each command."""
+    return [
+        ("keygen", "create an Ed25519 signing key for result bundles",
+         "Create an Ed25519 signing key (PKCS8 PEM, mode 0600; never overwrites) and its one-line "
+         "public key PATH.pub to register with the committee.", _keygen_options, cmd_keygen),
+        ("sign", "(re-)sign a result bundle folder",
+         f"Hash every file of BUNDLE and write its signed envelope {bundle.SIGNATURE_FILE}, replacing "
+         "any existing one.", _sign_options, cmd_sign),
+        ("verify", "verify a result bundle folder or .tar.gz",
+         "Check the bundle's signature, paths and every file's digest.", _verify_options, cmd_verify),
+        ("pack", "verify a bundle and pack it into a deterministic .tar.gz",
+         "Verify BUNDLE (signature and digests) and write it as a .tar.gz.", _pack_options, cmd_pack),
+        ("digest", "print this runner's code digest (what a committee lists in released-runners.yaml)",
+         "Print the code digest that this installed runner signs into every bundle "
+         "(runner_code_sha256), and the released-runners.yaml entry that lists it.", _digest_options,
+         cmd_digest),
+    ]
+
+
+def _keygen_options(p: argparse.ArgumentParser) -> None:
     p.add_argument("--out", type=Path, default=None, help=f"key path (default {default_key_path()})")
-    p.add_argument(
-        "--passphrase-env",
-        metavar="NAME",
-        default=None,
-        help="encrypt the key with the passphrase held in environment variable NAME (mlckpt run "
-        f"reads it from ${bundle.DEFAULT_PASSPHRASE_ENV}: NAME={bundle.DEFAULT_PASSPHRASE_ENV} "
-        "keeps one variable)",
-    )
+    p.add_argument("--passphrase-env", metavar="NAME", default=None,
+                   help="encrypt the key with the passphrase held in environment variable NAME (mlckpt "
+                   f"run reads it from ${bundle.DEFAULT_PASSPHRASE_ENV}: "
+                   f"NAME={bundle.DEFAULT_PASSPHRASE_ENV} keeps one variable)")
     p.add_argument("--org", default=None, metavar="NAME",
                    help="your organisation's name in the submission tree (for the printed "
                    "trusted-keys entry)")
-    p.set_defaults(func=cmd_keygen)
 
 
-def _add_sign(subparsers: Any) -> None:
-    p = subparsers.add_parser(
-        "sign",
-        help="(re-)sign a result bundle folder",
-        description="Hash every file of BUNDLE and write its signed envelope "
-        f"{bundle.SIGNATURE_FILE}, replacing any existing one.",
-    )
+def _sign_options(p: argparse.ArgumentParser) -> None:
     p.add_argument("bundle", type=Path, metavar="BUNDLE")
     p.add_argument("--key", type=Path, default=None, help="private key (default: keygen's path)")
-    p.add_argument(
-        "--passphrase-env",
-        metavar="NAME",
-        default=bundle.DEFAULT_PASSPHRASE_ENV,
-        help="environment variable holding the key's passphrase (default %(default)s)",
-    )
-    p.add_argument(
-        "--predicate",
-        type=Path,
-        default=None,
-        metavar="FILE",
-        help="JSON object to sign as the predicate (default: the existing envelope's)",
-    )
-    p.set_defaults(func=cmd_sign)
+    p.add_argument("--passphrase-env", metavar="NAME", default=bundle.DEFAULT_PASSPHRASE_ENV,
+                   help="environment variable holding the key's passphrase (default %(default)s)")
+    p.add_argument("--predicate", type=Path, default=None, metavar="FILE",
+                   help="JSON object to sign as the predicate (default: the existing envelope's)")
 
 
-def _add_verify(subparsers: Any) -> None:
-    p = subparsers.add_parser(
-        "verify",
-        help="verify a result bundle folder or .tar.gz",
-        description="Check the bundle's signature, paths and every file's digest.",
-    )
+def _verify_options(p: argparse.ArgumentParser) -> None:
     p.add_argument("bundle", type=Path, metavar="BUNDLE", help="bundle folder or .tar.gz")
-    p.add_argument(
-        "--trusted-keys",
-        type=Path,
-        default=None,
-        metavar="FILE",
-        help="organisation -> public keys (YAML, or JSON by suffix); without it only integrity "
-        "is checked, not who signed",
-    )
+    p.add_argument("--trusted-keys", type=Path, default=None, metavar="FILE",
+                   help="organisation -> public keys (YAML, or JSON by suffix); without it only "
+                   "integrity is checked, not who signed")
     p.add_argument("--org", default=None, help="require a key registered for this organisation")
-    p.set_defaults(func=cmd_verify)
 
 
-def _add_pack(subparsers: Any) -> None:
-    p = subparsers.add_parser(
-        "pack",
-        help="verify a bundle and pack it into a deterministic .tar.gz",
-        description="Verify BUNDLE (signature and digests) and write it as a .tar.gz.",
-    )
+def _pack_options(p: argparse.ArgumentParser) -> None:
     p.add_argument("bundle", type=Path, metavar="BUNDLE")
     p.add_argument("--out", type=Path, default=None, help="archive path (default BUNDLE.tar.gz)")
-    p.set_defaults(func=cmd_pack)
 
 
-def _add_digest(subparsers: Any) -> None:
-    p = subparsers.add_parser(
-        "digest",
-        help="print this runner's code digest (what a committee lists in released-runners.yaml)",
-        description="Print the code digest that this installed runner signs into every bundle "
-        "(runner_code_sha256), and the released-runners.yaml entry that lists it.",
-    )
+def _digest_options(p: argparse.ArgumentParser) -> None:
     p.add_argument("--entry", action="store_true", help="print only the paste-ready YAML entry")
-    p.set_defaults(func=cmd_digest)
 
 
 def cmd_digest(args: argparse.Namespace) -> int:
