@@ -623,7 +623,8 @@ def test_every_rule_a_bundle_can_break_has_a_case() -> None:
     # (1.10) in tests/mpi/test_split.py (real pairs)
     split_forgeries = forgery_rules("test_split.py")
     witness_forgeries = forgery_rules("test_witness_run.py")
-    # and the warning STATE-HUGEPAGES its case in tests/e2e/test_figure.py (NEGATIVE_CASES count verdicts)
+    # and the warning STATE-HUGEPAGES its case in tests/e2e/test_what_changes_the_figure.py
+    # (NEGATIVE_CASES count verdicts)
     assert {r.id for r in load_rules().rules} - no_bundle_data == (
         set(NEGATIVE_CASES) | forgery_rules("test_forgeries.py") | witness_forgeries | split_forgeries
         | {"STATE-HUGEPAGES"})
