@@ -241,12 +241,11 @@ def _records(st: State, version: str) -> bool:
     except ParseError as exc:
         st.problem("schema", name, "JSON lines within the checker's limits", str(exc))
         return True
-    bound = _records_bound(st.docs.get("config.yaml"))
+    bound, basis = _records_bound(st.docs.get("config.yaml"))
     lines = data.count(b"\n") + (not data.endswith(b"\n") and bool(data))
-    if bound is not None and lines > bound:  # refused before a line is parsed
-        st.problem("schema", name, f"at most {bound:,} records (twice the ranks × (num_writes + "
-                   "num_reads) of config.yaml, plus 1,024: a bound on the checker's work, not the "
-                   "count the rules hold the records to)", f"{lines:,} lines")
+    if lines > bound:  # refused before a line is parsed
+        st.problem("schema", name, f"at most {bound:,} records ({basis}, plus 1,024: a bound on the "
+                   "checker's work, not the count the rules hold the records to)", f"{lines:,} lines")
         return True
     v = validator("record", version)
     fast = fast_check("record", version)  # a large run has tens of thousands of records
@@ -273,20 +272,27 @@ def _records(st: State, version: str) -> bool:
     return bool(messages)
 
 
-def _records_bound(config: Any) -> int | None:
-    """The most records the checker reads for the bundle's configuration: twice what it makes
-    plus 1,024, so a configuration that lies about its counts is still judged by the rules that
-    own them (COUNTS-POSITIVE, RECORDS-*), while 60,000 copies of a record in an 8-record run are
-    refused before a line is parsed (None: counts that are not plain integers, which the schema
-    reports)."""
+# Without a configuration's counts (config.yaml unreadable or not a configuration): twice the
+# records of the largest canonical run, llama3_1t closed (1,024 ranks, 10 writes and 10 restores).
+FALLBACK_RECORDS = 1024 * 20
+
+
+def _records_bound(config: Any) -> tuple[int, str]:
+    """The most records the checker reads for the bundle's configuration, and what it rests on:
+    twice what the configuration makes plus 1,024, so a configuration that lies about its counts
+    is still judged by the rules that own them (COUNTS-POSITIVE, RECORDS-*), while 60,000 copies
+    of a record in an 8-record run are refused before a line is parsed; with counts that are not
+    plain integers (the schema reports them), twice a closed llama3_1t run's."""
     try:
         ranks, ck = config["ranks"], config["checkpoint"]
         counts = (ranks, ck["num_writes"], ck["num_reads"])
     except (KeyError, TypeError):
-        return None
-    if not all(isinstance(n, int) and not isinstance(n, bool) and n >= 0 for n in counts):
-        return None
-    return 2 * counts[0] * (counts[1] + counts[2]) + 1024
+        counts = ()
+    if len(counts) == 3 and all(isinstance(n, int) and not isinstance(n, bool) and n >= 0 for n in counts):
+        return (2 * counts[0] * (counts[1] + counts[2]) + 1024,
+                "twice the ranks × (num_writes + num_reads) of config.yaml")
+    return (2 * FALLBACK_RECORDS + 1024,
+            "config.yaml gives no counts: twice the 20,480 of a closed llama3_1t run")
 
 
 _STRUCTURAL_KEYS = {"ranks", "scale", "checkpoint.num_writes", "checkpoint.num_reads"}

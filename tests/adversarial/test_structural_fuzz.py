@@ -104,11 +104,9 @@ def test_a_bundle_past_the_budget_is_stopped_and_the_others_are_judged(honest_bu
             f"--bundle-budget: a positive number of seconds, got {float(bad)}"), proc.stderr
 
 
-def test_many_records_beside_an_unreadable_configuration_stop_at_the_budget(
-        honest_bundles: dict[str, Path], tmp_path: Path) -> None:
-    """Found by the fuzzer: config.yaml swapped with summary.json (so no bound on the records) and
-    one record repeated 60,000 times took 67 s against a 60 s budget on a loaded machine, the
-    budget then being checked every 4,096 lines.  Now the check stops within a few lines of it."""
+def _swapped_with_records(honest_bundles: dict[str, Path], tmp_path: Path, copies: int) -> bundle.TrustedKeys:
+    """config.yaml swapped with summary.json (so the configuration gives no counts) and one record
+    repeated ``copies`` times, re-signed: the trusted keys to check it with."""
     key = bundle.load_private_key(honest_bundles["dir"] / "keys" / "org.pem")
     folder = structural.fresh_case(honest_bundles["llama3_8b"], tmp_path / "t", CHECKER_ORG, CHECKER_SYSTEM,
                                    (honest_bundles["dir"] / "laptop-ext4.yaml").read_bytes())
@@ -116,10 +114,32 @@ def test_many_records_beside_an_unreadable_configuration_stop_at_the_budget(
     (folder / "summary.json").write_bytes(config)
     (folder / "config.yaml").write_bytes(summary)
     line = (folder / "records.jsonl").read_text().splitlines()[0]
-    (folder / "records.jsonl").write_text((line + "\n") * 60000)
+    (folder / "records.jsonl").write_text((line + "\n") * copies)
     bundle.sign_bundle(folder, key, bundle.read_envelope_predicate(folder))
-    trusted = bundle.TrustedKeys.load(honest_bundles["dir"] / "trusted-keys.yaml")
-    out = structural.check_case(tmp_path / "t", trusted, 0.5, "swapped, 60,000 records")
+    return bundle.TrustedKeys.load(honest_bundles["dir"] / "trusted-keys.yaml")
+
+
+def test_many_records_beside_an_unreadable_configuration_are_refused_before_parsing(
+        honest_bundles: dict[str, Path], tmp_path: Path) -> None:
+    """Found by the fuzzer: 60,000 records beside a config.yaml that gives no counts took 49 s of
+    a 60 s budget on a loaded machine.  Without counts the bound is twice a closed llama3_1t run's
+    records: refused before a line is parsed."""
+    trusted = _swapped_with_records(honest_bundles, tmp_path, 60000)
+    out = structural.check_case(tmp_path / "t", trusted, BUDGET_S, "swapped, 60,000 records")
+    assert out.problem is None and out.verdict == "invalid" and out.seconds < 2.0, out
+    report = check_tree(tmp_path / "t", trusted)
+    assert any(f["message"].endswith(
+        "expected at most 41,984 records (config.yaml gives no counts: twice the 20,480 of a closed "
+        "llama3_1t run, plus 1,024: a bound on the checker's work, not the count the rules hold the "
+        "records to), got 60,000 lines") for f in report["findings"]), report["findings"]
+
+
+def test_records_under_the_bound_still_stop_at_the_budget(honest_bundles: dict[str, Path],
+                                                          tmp_path: Path) -> None:
+    """Under the bound, the budget is what holds a check short: it is looked at every 64 lines, so
+    the check stops within a few lines of it."""
+    trusted = _swapped_with_records(honest_bundles, tmp_path, 40000)
+    out = structural.check_case(tmp_path / "t", trusted, 0.5, "swapped, 40,000 records")
     assert out.problem is None and out.seconds < 1.0, out
     report = check_tree(tmp_path / "t", trusted, budget_s=0.5)
     assert any("still in stage schema after" in f["message"] for f in report["findings"]), report["findings"]
