@@ -26,7 +26,7 @@ from typing import Any
 
 HERE = Path(__file__).resolve().parent
 MLCKPT = Path(sys.executable).parent / "mlckpt"
-TENANT = HERE.parent / "tests" / "tenant.py"
+TENANT = HERE.parent / "tests" / "support" / "tenant.py"
 PRESETS = {
     "default": (),  # the README's quick start: the laptop preset
     "tiny": ("division=open", "scale=0.0005", "ranks=4", "checkpoint.num_writes=1", "checkpoint.num_reads=1",

@@ -42,7 +42,7 @@ def one(bed: HostBed, hosts: int, fault: str, action: str, work: Path) -> dict[s
     n = 4 * hosts
     cmd = [*bed.enter("h0", work), str(MPIEXEC), "-launcher", "ssh", "-launcher-exec", str(bed.launcher),
            "-hosts", ",".join(bed.names[:hosts]), "-n", str(n), "-ppn", "4", sys.executable,
-           str(REPO / "tests" / "fault_launcher.py"), "run", "workload=llama3_8b", f"ranks={n}",
+           str(REPO / "tests" / "support" / "fault_launcher.py"), "run", "workload=llama3_8b", f"ranks={n}",
            "scale=0.0002", "division=open", "checkpoint.num_writes=2", "checkpoint.num_reads=2",
            f"checkpoint.folder={ckpt}", "io.timeout_s=20"]
     proc = subprocess.Popen(cmd, cwd=work, env=env, text=True, stdout=subprocess.PIPE,

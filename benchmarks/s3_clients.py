@@ -13,7 +13,7 @@ same part size and the same number of requests in flight:
 A write counts when every object's upload has completed; a read when every byte is in the
 buffer, and the bytes are compared with what was written (a client that returns other bytes is
 unreliable and reported so).  Without ``AWS_ENDPOINT_URL`` in the environment a local Swift store is
-started (``tests/s3local.py``).
+started (``tests/support/s3local.py``).
 
     .venv/bin/pip install obstore s3dlio     # the candidates mlckpt does not depend on
     .venv/bin/python benchmarks/s3_clients.py --rounds 3

@@ -7,7 +7,7 @@ GetObject read straight into a buffer), same store, same bytes, same ranks, alte
                                      [--part-mib 16] [--inflight 8] [--bucket mlckpt-bench]
 
 Without ``AWS_ENDPOINT_URL`` in the environment it starts a local Swift store
-(``tests/s3local.py``) and uses that.  The raw baseline runs one process per mlckpt rank, each
+(``tests/support/s3local.py``) and uses that.  The raw baseline runs one process per mlckpt rank, each
 holding exactly that rank's planned objects (sizes from mlckpt's own plan), with the same part
 size and the same number of requests in flight per rank, and the same client settings (path
 addressing, no per-request checksums: see mlckpt/engine/objects.py).  Each op starts at a barrier

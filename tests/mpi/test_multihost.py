@@ -30,7 +30,7 @@ from support.hostbed import FAKETIME, HostBed, unavailable
 from support.runs import snapshot, tagged_pids
 
 REPO = paths.REPO
-LAUNCHER = REPO / "tests" / "fault_launcher.py"
+LAUNCHER = paths.SUPPORT / "fault_launcher.py"
 MPIEXEC = Path(sys.executable).parent / "mpiexec"
 PER_HOST = 4
 WHY = unavailable()
