@@ -34,6 +34,7 @@ import pytest
 from support.cli import mlckpt_command
 from support.runs import snapshot, tagged_pids
 
+from mlckpt.errors import DISTURBED_STATUS
 from mlckpt.plan.config import setup
 from mlckpt.workload.layout import PAGE, Plan
 
@@ -81,7 +82,8 @@ class Job:
                  preexec: Callable[[], None] | None = None) -> None:
         self.token = uuid.uuid4().hex
         full = {k: v for k, v in os.environ.items()
-                if not k.startswith(("MLCKPT_", "PMI_", "PMIX_", "OMPI_", "HYDRA_"))}
+                if not k.startswith(("MLCKPT_", "PMI_", "PMIX_", "OMPI_", "HYDRA_"))
+                or k == "MLCKPT_RETRY_DISTURBED"}  # the suite's: a run the busy disk disturbed runs again
         full.update(env or {})
         full["MLCKPT_FAULTS_TEST_TOKEN"] = self.token
         self.start = time.monotonic()
@@ -437,7 +439,8 @@ def test_data_left_by_an_earlier_run_is_named(tmp_path: Path) -> None:
     ovs = [*BASE, f"checkpoint.folder={ck}", "checkpoint.num_writes=1", "checkpoint.num_reads=1"]
     plan = plan_of(ovs)
     a = Job([*ovs, "checkpoint.keep=true"], tmp_path).wait()
-    assert a.returncode == 0, a.stderr
+    # A's verdict is not what is tested: beside a busy disk it may be disturbed, and keeps its files
+    assert a.returncode in (0, DISTURBED_STATUS), a.stderr
     bundle_a = Path(a.stdout.strip().splitlines()[-1].removeprefix("bundle: "))
     run_id_a = int(json.loads((bundle_a / "run.json").read_text())["run_id"], 16)
     root_a = ck / bundle_a.name

@@ -71,7 +71,8 @@ class MultiJob:
     def __init__(self, bed: HostBed, hosts: int, overrides: list[str], cwd: Path,
                  env: dict[str, str] | None = None) -> None:
         self.token = uuid.uuid4().hex
-        full = {k: v for k, v in os.environ.items() if not k.startswith(("MLCKPT_", "PMI_", "HYDRA_"))}
+        full = {k: v for k, v in os.environ.items()
+                if not k.startswith(("MLCKPT_", "PMI_", "HYDRA_")) or k == "MLCKPT_RETRY_DISTURBED"}
         full.update(env or {})
         full["MLCKPT_FAULTS_TEST_TOKEN"] = self.token
         n = hosts * PER_HOST

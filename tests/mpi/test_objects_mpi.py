@@ -68,7 +68,8 @@ def world(s3_store: Any, tmp_path_factory: pytest.TempPathFactory) -> Iterator[d
     c = s3_client(s3_store.env)
     c.put_object(Bucket=S3_BUCKET, Key=f"{prefix}/not-mlckpt/keep-me", Body=b"someone else's object\n")
     env = {
-        **{k: v for k, v in os.environ.items() if not k.startswith(("MLCKPT_", "AWS_"))},
+        **{k: v for k, v in os.environ.items()
+           if not k.startswith(("MLCKPT_", "AWS_")) or k == "MLCKPT_RETRY_DISTURBED"},
         **s3_store.env,
         "XDG_CONFIG_HOME": str(d / "xdg"),
     }
