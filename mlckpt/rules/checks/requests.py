@@ -27,7 +27,6 @@ def request_evidence(ctx: Context, rs: RuleSet, rule: Rule) -> Iterator[Outcome 
     if int(d.run.get("records_format", 0)) < 7:
         yield NotChecked("records before format 7 carry no requests")
         return
-    d.summarized(rs)  # decodes every histogram it merges once, keeping each one's longest request
     for (op, idx), recs in group_ops(d.records).items():
         carried = [r for r in recs if "requests" in r]
         if carried and len(carried) != len(recs):
@@ -36,7 +35,7 @@ def request_evidence(ctx: Context, rs: RuleSet, rule: Rule) -> Iterator[Outcome 
                           where=f"{op} {idx}")
         for r in carried:
             where = f"{op} {idx}, rank {r['rank']}"
-            try:
+            try:  # the summary's recomputation (METRICS-RECOMPUTE, before this rule) decoded most
                 longest, bucket = d.longest.get(id(r["requests"])) or latency.longest(
                     latency.decode(r["requests"]))
             except ValueError as exc:

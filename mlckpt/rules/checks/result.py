@@ -39,7 +39,9 @@ class RunData:
     # summarize() of the records, computed once for every rule (and report) that needs it
     _summaries: dict[tuple[float, int, int], dict[str, Any]] = field(default_factory=dict, compare=False,
                                                                 repr=False)
-    # each request histogram's longest request, found while summarizing (mlckpt.latency.merged)
+    # each request histogram's longest request, found while summarizing (mlckpt.latency.merged):
+    # RECORDS-REQUESTS reads it rather than decode a block again; never summarized for it, since
+    # records the summary cannot be recomputed from (the checker skips those rules) must not fault
     longest: dict[int, tuple[int, int]] = field(default_factory=dict, compare=False, repr=False)
 
     def summarized(self, rs: RuleSet) -> dict[str, Any]:
