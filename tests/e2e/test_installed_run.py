@@ -122,7 +122,7 @@ def test_a_piped_run_prints_a_line_at_least_every_5_s(tmp_path: Path) -> None:
     assert proc.wait(timeout=300) in (0, 6), "\n".join(line for _, line in arrivals)
     text = [line for _, line in arrivals]
     gaps = [b[0] - a[0] for a, b in itertools.pairwise(arrivals)]
-    assert max(gaps) < 6.0, (max(gaps), text)  # 5 s cadence, plus the heartbeat's own tick
+    assert max(gaps) < 6.0, (max(gaps), text)  # due at 4 s; 5 s promised; a busy host wakes it late
     heartbeat = [ln for ln in text if " write 1: " in ln and " s" in ln]
     assert heartbeat, text  # inside the slowed write: elapsed time (and the device's progress)
     for stage in ("gates", "prepare checkpoint 1", "write 1", "evict before restore 1", "read 1",
