@@ -44,7 +44,7 @@ EMBEDDED_DEFAULT = PRESETS["laptop"]
 
 TERMINAL_ENV = "MLCKPT_TERMINAL"  # COLUMNSxLINES of the terminal `mlckpt run` was started in
 RETRY_ENV = "MLCKPT_RETRY_DISTURBED"  # run a disturbed run again, up to this many times
-RETRY_PAUSE_S = 5.0  # ... after this pause (a tenant's burst may pass)
+RETRY_PAUSE_S = 4.0  # ... after this pause (a tenant's burst may pass), said before and after
 _MPI_ENV = ("PMI_RANK", "PMI_SIZE", "PMIX_RANK", "OMPI_COMM_WORLD_SIZE", "MPI_LOCALNRANKS")
 
 
@@ -295,6 +295,8 @@ def launch(mpiexec: Launcher, overrides: list[str], source: ConfigSource | None 
         print(f"mlckpt run: the run was disturbed (its bundle is kept); running it again in "
               f"{RETRY_PAUSE_S:g} s ({RETRY_ENV}: retry {attempt + 1} of {retries})", flush=True)
         time.sleep(RETRY_PAUSE_S)
+        # a piped run says something at least every 5 s (docs: your first run), this wait included
+        print(f"mlckpt run: running it again ({RETRY_ENV}: retry {attempt + 1} of {retries})", flush=True)
     return status
 
 

@@ -323,7 +323,9 @@ def test_a_disturbed_run_is_run_again_when_asked_and_only_then(
         return status, int(count.read_text())
 
     assert launched("60", "2") == (0, 2)  # disturbed, then valid
-    assert "running it again in 0.01 s (MLCKPT_RETRY_DISTURBED: retry 1 of 2)" in capsys.readouterr().out
+    said = capsys.readouterr().out
+    assert "running it again in 0.01 s (MLCKPT_RETRY_DISTURBED: retry 1 of 2)" in said
+    assert "mlckpt run: running it again (MLCKPT_RETRY_DISTURBED: retry 1 of 2)" in said  # after the pause
     assert launched("666", "2") == (6, 3)  # disturbed every time: the last status
     assert launched("6", "0") == (6, 1)  # not asked: never
     assert launched("5", "2") == (5, 1)  # invalid is no environment's doing: never run again
