@@ -42,6 +42,14 @@ def test_an_invalid_verdict_exits_5_and_says_so_first(tmp_path: Path) -> None:
     assert not folder.exists() or not any(folder.iterdir())  # the checkpoints are gone all the same
 
 
+def assert_ran(proc: subprocess.CompletedProcess[str]) -> None:
+    """A run that finished as a result (exit 0), or that a busy disk disturbed on every try and
+    said so (exit 6): never invalid, never an error."""
+    assert proc.returncode in (0, 6), proc.stderr
+    if proc.returncode == 6:
+        assert "verdict disturbed" in proc.stdout, proc.stdout[-2000:]
+
+
 def test_a_valid_run_exits_0(tmp_path: Path) -> None:
     """Valid: exit 0.  Beside a busy disk every try may come out disturbed (exit 6, said so), each
     try keeping its bundle; the last one printed is the result's."""
@@ -95,11 +103,11 @@ def test_the_laptop_preset_survives_overrides_of_a_bare_run_only() -> None:
 def test_a_first_override_does_not_fall_off_the_quick_start_cliff(tmp_path: Path) -> None:
     proc = mlckpt("run", "checkpoint.folder=ck", "scale=0.0005", "ranks=2", "checkpoint.num_writes=1",
                   "checkpoint.num_reads=1", "output.root=results", cwd=tmp_path)
-    assert proc.returncode == 0, proc.stderr
+    assert_ran(proc)
     assert proc.stdout.splitlines()[0] == (
         "mlckpt run: preset laptop in force (workload=llama3_8b division=open; preset=none for the "
         "workload's own configuration)")
-    assert "division open" in proc.stdout and "verdict open" in proc.stdout
+    assert "division open" in proc.stdout and ("verdict open" in proc.stdout or proc.returncode == 6)
 
 
 def test_unknown_preset_is_one_line(tmp_path: Path) -> None:
@@ -251,8 +259,9 @@ def test_a_user_workload_runs_in_the_open_division(tmp_path: Path) -> None:
     user = _user_workload(tmp_path / "conf", "tiny_16l")
     proc = mlckpt("run", "--config-dir", str(user), *SMALL, "workload=tiny_16l", "checkpoint.folder=ck",
                   cwd=tmp_path)
-    assert proc.returncode == 0, proc.stderr
-    [bundle] = (tmp_path / "mlckpt-results").iterdir()
+    assert_ran(proc)
+    bundle = printed_bundle(proc)
+    assert bundle.parent.name == "mlckpt-results"
     config = yaml.safe_load((bundle / "config.yaml").read_text())
     assert config["workload"]["name"] == "tiny_16l"
     assert config["workload"]["model"]["num_layers"] == 16  # the ranks composed the user's file
@@ -274,8 +283,9 @@ def test_a_user_folder_may_not_shadow_a_shipped_workload(tmp_path: Path) -> None
 
 def test_hydra_run_dir_is_the_results_folder(tmp_path: Path) -> None:
     proc = mlckpt("run", *SMALL, "checkpoint.folder=ck", "hydra.run.dir=elsewhere", cwd=tmp_path)
-    assert proc.returncode == 0, proc.stderr
-    [bundle] = (tmp_path / "elsewhere").iterdir()
+    assert_ran(proc)
+    bundle = printed_bundle(proc)
+    assert bundle.parent.name == "elsewhere"
     assert (bundle / "run.json").is_file() and not (tmp_path / "mlckpt-results").exists()
     assert not (tmp_path / "outputs").exists() and not (tmp_path / "elsewhere" / ".hydra").exists()
 
