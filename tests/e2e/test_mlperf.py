@@ -15,6 +15,7 @@ from typing import Any
 
 import pytest
 from support import paths
+from support.runs import assert_ran, printed_bundle
 
 from mlckpt.plan.aliases import canonical
 from mlckpt.plan.config import setup
@@ -314,8 +315,8 @@ def test_a_run_records_canonical_names(tmp_path: Path) -> None:
                            "scale=0.0005", "ranks=2", "num_checkpoints_write=1", "checkpoint.num_reads=1",
                            "io.direct=false", "checkpoint.checkpoint_folder=ck", "signing.key=none"],
                           capture_output=True, text=True, check=False, cwd=tmp_path)
-    assert proc.returncode == 0, proc.stderr
-    [bundle] = (tmp_path / "mlckpt-results").iterdir()
+    assert_ran(proc)
+    bundle = printed_bundle(proc)
     config: Mapping[str, Any] = yaml.safe_load((bundle / "config.yaml").read_text())
     assert config["workload"]["name"] == "llama3_8b" and config["checkpoint"]["folder"] == "ck"
     import json
@@ -343,8 +344,8 @@ def test_a_real_run_under_the_mlperf_rule_set_passes_the_checker(
          f"system={h['dir'] / 'laptop-ext4.yaml'}", f"signing.key={h['dir'] / 'keys' / 'org.pem'}",
          f"output.root={tmp_path / 'results'}", f"checkpoint.folder={tmp_path / 'ck'}"],
         cwd=tmp_path, env=env, text=True, capture_output=True, timeout=300, check=False)
-    assert proc.returncode == 0, proc.stderr
-    [made] = (tmp_path / "results").iterdir()
+    assert_ran(proc)
+    made = printed_bundle(proc)
     assert json.loads((made / "run.json").read_text())["rules_version"] == MLPERF
     root = tmp_path / "tree"
     (root / "open" / "example-org" / "systems").mkdir(parents=True)
@@ -352,9 +353,12 @@ def test_a_real_run_under_the_mlperf_rule_set_passes_the_checker(
     shutil.copytree(made, root / "open" / "example-org" / "results" / "laptop-ext4" / "llama3_8b" / made.name)
     report = check_tree(root, bundle.TrustedKeys.load(h["dir"] / "trusted-keys.yaml"), jobs=1)
     [b] = report["bundles"]
-    assert (b["rules_version"], b["verdict"]) == (MLPERF, "open"), report["findings"]
-    rules = {f["rule"] for f in report["findings"] if f["severity"] != "warning"}
+    # beside a busy disk every try may come out disturbed: the checker says so, never invalid
+    verdict = "disturbed" if proc.returncode == 6 else "open"
+    assert (b["rules_version"], b["verdict"]) == (MLPERF, verdict), report["findings"]
+    rules = {f["rule"] for f in report["findings"] if f["severity"] not in ("warning", "disturbed")}
     assert rules <= {"RUNNER-RELEASED"}, report["findings"]  # this tree lists no released runners
+    assert any(f["severity"] == "disturbed" for f in report["findings"]) == (verdict == "disturbed")
     assert [f["rule"] for f in report["findings"] if f["severity"] == "warning"] == ["MLPERF-MEMORY-MULTIPLE"]
 
 

@@ -64,6 +64,14 @@ def run_mlckpt(args: list[str], cwd: Path, *, timeout: float = TIMEOUT_S, mpiexe
     return subprocess.CompletedProcess(cmd, proc.returncode, out, err)
 
 
+def assert_ran(proc: subprocess.CompletedProcess[str]) -> None:
+    """A run that finished as a result (exit 0), or that a busy disk disturbed on every try and
+    said so (exit 6): never invalid, never an error."""
+    assert proc.returncode in (0, 6), proc.stderr
+    if proc.returncode == 6:
+        assert "verdict disturbed" in proc.stdout, proc.stdout[-2000:]
+
+
 def printed_bundle(out: str | subprocess.CompletedProcess[str]) -> Path:
     """The bundle a run printed last (``bundle: PATH``; a run retried as disturbed prints one per
     try, the last is the result's)."""
