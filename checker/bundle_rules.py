@@ -39,7 +39,7 @@ METRIC_KEYS = ("write_bandwidth_mean_gib_s", "write_bandwidth_median_gib_s", "wr
                "write_bandwidth_max_gib_s", "write_duration_mean_s", "read_bandwidth_mean_gib_s",
                "read_bandwidth_median_gib_s", "read_bandwidth_min_gib_s", "read_bandwidth_max_gib_s",
                "read_duration_mean_s", "num_writes", "num_reads", "checkpoint_bytes", "restore_bytes",
-               "read_valid", "write_stall_mean_s", "write_time_to_durable_mean_s", "foreign")
+               "read_valid", "write_stall_mean_s", "write_time_to_durable_mean_s", "foreign", "framework")
 PREDICATE_KEYS = ("run_id", "workload", "division", "rules_version", "started", "ended", "mlckpt_version",
                   "ranks", "scaled", "verdict")
 

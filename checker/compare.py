@@ -90,6 +90,10 @@ def _rows() -> tuple[Row, ...]:
             lambda e, d: e.compute_interval_s),
         Row("write_compute_mean_s", "training interval (measured, mean)", "s", 3, _m("write_compute_mean_s"),
             optional=True),
+        # rules 1.11: a library writer, and its figures over the engine's of the same run
+        Row("framework", "framework writer", "", None, lambda e, d: e.framework, optional=True),
+        _opt("framework_write_ratio", "write bandwidth / the engine's in the same run", "×", 2),
+        _opt("framework_read_ratio", "read bandwidth / the engine's in the same run", "×", 2),
     ]
     for op in ("write", "read"):
         for stat in ("mean", "median", "min", "max", "stdev"):

@@ -1,8 +1,8 @@
 """Findings → the JSON report, the human report and the exit status.
 
-JSON report (``report_format`` 4, schema ``rules/<version>/schemas/report.schema.json``)::
+JSON report (``report_format`` 5, schema ``rules/<version>/schemas/report.schema.json``)::
 
-    {"report_format": 4, "checker": {...}, "root": "...",
+    {"report_format": 5, "checker": {...}, "root": "...",
      "verdict": "valid" | "disturbed" | "invalid" | "integrity-failure" | "internal-error",
      "exit_status": 0 | 6 | 1 | 3 | 4, "rules_versions": ["1.0"],
      "bundles": [{"path", "org", "system", "workload", "division", "run_id", "rules_version",
@@ -38,6 +38,7 @@ from mlckpt.attribution import foreign_note
 from mlckpt.rules import version_order
 
 REPORT_FORMAT = formats.REPORT.version
+REPORT_SCHEMA = "1.11"  # the rules folder whose schemas/report.schema.json defines REPORT_FORMAT
 EXIT_VALID, EXIT_INVALID, EXIT_USAGE, EXIT_INTEGRITY, EXIT_INTERNAL, EXIT_DISTURBED = 0, 1, 2, 3, 4, 6
 VERDICT_OF_EXIT = {EXIT_VALID: "valid", EXIT_INVALID: "invalid", EXIT_INTEGRITY: "integrity-failure",
                    EXIT_INTERNAL: "internal-error", EXIT_DISTURBED: "disturbed"}
@@ -111,6 +112,10 @@ def _metrics(b: dict[str, Any]) -> str:
     foreign = foreign_note(m.get("foreign"))
     if foreign:
         parts.append(foreign)
+    ref = (m.get("framework") or {}).get("reference") or {}
+    ratios = [f"{op} {ref[f'{op}_ratio']:.2f}×" for op in ("write", "read") if _num(ref.get(f"{op}_ratio"))]
+    if ratios:  # rules 1.11: the library's figures against the engine's of the same run
+        parts.append(f"{m['framework']['writer']}: {', '.join(ratios)} the engine's")
     return f": {', '.join(parts)}" if parts else ""
 
 

@@ -27,7 +27,7 @@ class Format:
             raise ValueError(f"{self.name}: must read its own version {self.version!r}")
 
 
-RUN = Format("run", "run.json: run_format", 10, (2, 3, 4, 5, 6, 7, 8, 9, 10), (
+RUN = Format("run", "run.json: run_format", 11, (2, 3, 4, 5, 6, 7, 8, 9, 10, 11), (
     (1, "first version: run identity, status, workload, division, scaled, verdict, findings, overrides, "
         "host mapping, timings, file list"),
     (2, "pipeline: checkpoint mode, compute interval, fast tier (folder, fast_keep, filesystem type per "
@@ -57,10 +57,13 @@ RUN = Format("run", "run.json: run_format", 10, (2, 3, 4, 5, 6, 7, 8, 9, 10), (
          "content proof; else null) and restored_from.content_proof (sha256 of a domain tag and the "
          "write invocation's content key, which only the checkpoints' own folder holds); "
          "mlckpt/rules/checks/split.py"),
+    (11, "rules 1.11: records format 8; framework (null: mlckpt's engine wrote every checkpoint; or the "
+         "library writer: writer, library, library_version, settings, reference, synced_by; "
+         "mlckpt/workload/frameworks.py)"),
 ))
 
-RECORDS = Format("records", "records.jsonl (run.json and summary.json: records_format)", 7,
-                 (2, 3, 4, 5, 6, 7), (
+RECORDS = Format("records", "records.jsonl (run.json and summary.json: records_format)", 8,
+                 (2, 3, 4, 5, 6, 7, 8), (
     (1, "first version: op, index, checkpoint, rank, host, t0_ns/t1_ns (the host's monotonic clock), bytes, "
         "files, fsync, resident_bytes/cached_check_bytes (reads), verified_bytes/mismatches (reads); the "
         "field meanings are written out in mlckpt/metrics.py"),
@@ -85,9 +88,13 @@ RECORDS = Format("records", "records.jsonl (run.json and summary.json: records_f
         "digits) and phases_ns (the rank's wall time in open, transfer, fsync, dir_fsync; "
         "mlckpt/latency.py); a witnessed op's rank 0 adds witness_host_ns (its own time from the "
         "witness's answer to the start until t0_ns, and from t1_ns until it sent the end)"),
+    (8, "rules 1.11: in a run with a library writer every write and read record adds writer (mlckpt, "
+        "torch_save, torch_dcp, safetensors: who wrote or restored its checkpoint), and a library's write "
+        "file_bytes (the size on disk of the files it made) and synced_by (library | mlckpt: who fsynced "
+        "them inside the op)"),
 ))
 
-SUMMARY = Format("summary", "summary.json: summary_format", 6, (2, 3, 4, 5, 6), (
+SUMMARY = Format("summary", "summary.json: summary_format", 7, (2, 3, 4, 5, 6, 7), (
     (1, "first version: per-op statistics and headlines recomputed from records.jsonl (mlckpt.metrics)"),
     (2, "stall, time to durable, overlap efficiency, back-pressure, per-stage bandwidth, read_fast_*"),
     (3, "DLIO's summary.json shape (rules 1.3): dlio_compat becomes metric, under DLIO's key names and "
@@ -102,6 +109,9 @@ SUMMARY = Format("summary", "summary.json: summary_format", 6, (2, 3, 4, 5, 6), 
     (6, "rules 1.10 (records format 7): write_latency_ms and read_latency_ms (count, p50, p90, p99, p99_9, "
         "max of every request), write_iops_mean and read_iops_mean, write_phases and read_phases "
         "(seconds: the slowest rank's time in each phase, mean over ops; mlckpt/latency.py)"),
+    (7, "rules 1.11 (records format 8): with a library writer the headline figures are the library's ops' "
+        "and framework holds them beside mlckpt's engine's from the same run (reference) with each ratio "
+        "library / engine (write_ratio, read_ratio; mlckpt/metrics.py)"),
 ))
 
 PLAN = Format("plan", "mlckpt plan --json: plan_format", 2, (2,), (
@@ -154,7 +164,7 @@ SYSTEM_DESCRIPTION = Format("system description", "systems/<system>.yaml: descri
     (1, "first version (rules/1.0/schemas/system-description.schema.json)"),
 ))
 
-REPORT = Format("check report", "mlckpt-check --json: report_format", 4, (1, 2, 3, 4), (
+REPORT = Format("check report", "mlckpt-check --json: report_format", 5, (1, 2, 3, 4, 5), (
     (1, "first version (rules/1.0/schemas/report.schema.json)"),
     (2, "rules 1.4: each bundle's witness (null, or by whom, whether counted as witnessed, and the "
         "witness-conservative bandwidths)"),
@@ -163,9 +173,11 @@ REPORT = Format("check report", "mlckpt-check --json: report_format", 4, (1, 2, 
         "status 6 when the worst bundle is disturbed"),
     (4, "rules 1.10: a witnessed bundle's witness.unbounded names the ops the witness bounds only loosely "
         "(each op's duration and how much shorter it could be recorded and still hold)"),
+    (5, "rules 1.11: a library writer's bundle's metrics add framework (its figures beside the engine's of "
+        "the same run, each ratio; rules/1.11/schemas/report.schema.json)"),
 ))
 
-LEADERBOARD = Format("leaderboard", "mlckpt-check leaderboard --format json: leaderboard_format", 4, (4,), (
+LEADERBOARD = Format("leaderboard", "mlckpt-check leaderboard --format json: leaderboard_format", 5, (5,), (
     (1, "first version: classes by division, workload and scale"),
     (2, "classes split by checkpoint mode; Stall and Time to durable columns"),
     (3, "scaled classes split by scale factor (class scale_factor; ids end -x<factor> with _ for the "
@@ -173,9 +185,12 @@ LEADERBOARD = Format("leaderboard", "mlckpt-check leaderboard --format json: lea
         "half of a split pair excluded with verdict 'unpaired'"),
     (4, "each row's verified: false for a published DLIO / mlpstorage result listed with --published "
         "(quoted as published, below the checked results of its class)"),
+    (5, "rules 1.11: a library writer's results in classes of their own (checkpoint mode +torch_save, "
+        "+torch_dcp, +safetensors); the mode names the writer and its write and read ratios to the engine's "
+        "checkpoints of the same run"),
 ))
 
-COMPARE = Format("compare", "mlckpt-check compare --json: compare_format", 4, (4,), (
+COMPARE = Format("compare", "mlckpt-check compare --json: compare_format", 5, (5,), (
     (1, "first version: two bundles' rows side by side with ratios B/A"),
     (2, "each side says whether it is verified and what it is (an mlckpt bundle, or a DLIO / mlpstorage "
         "result folder: unverified, only the rows it states)"),
@@ -183,6 +198,8 @@ COMPARE = Format("compare", "mlckpt-check compare --json: compare_format", 4, (4
         "mode), with A's and B's value"),
     (4, "rules 1.10: write_compute_mean_s, the training interval as measured (each write's shortest across "
         "ranks, mean over the writes; recomputed from the records), beside compute_interval_s as configured"),
+    (5, "rules 1.11: framework (the library writer), framework_write_ratio and framework_read_ratio (its "
+        "bandwidth over the engine's checkpoints of the same run), where either side has them"),
 ))
 
 WITNESS = Format("witness", "witness journal lines, receipts and transcripts: witness_format", 2, (1, 2), (

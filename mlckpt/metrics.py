@@ -110,6 +110,9 @@ class _Evidence(TypedDict, total=False):
     cpu_ns: int  # records format 4
     state_bytes: int  # records format 4, where /proc/self/smaps could be read
     state_huge_bytes: int
+    writer: str  # records format 8 (rules 1.11): mlckpt | torch_save | torch_dcp | safetensors
+    file_bytes: int  # records format 8: a library write's files on disk
+    synced_by: str  # records format 8: library | mlckpt
 
 
 class OpRecord(_Evidence):
@@ -303,7 +306,41 @@ def summarize(records: Iterable[Mapping[str, Any]], *, max_resident_fraction: fl
               seen: latency.Longest | None = None) -> dict[str, Any]:
     """The summary block of ``summary.json`` (everything but run identity), from raw records (of
     ``records_format``: a checker recomputing an older bundle passes the bundle's own, and the
-    summary format its rules pin); ``seen`` gets each request histogram's longest request."""
+    summary format its rules pin); ``seen`` gets each request histogram's longest request.  Summary
+    format 7 (records format 8): where records name a library writer, the headline is its ops' alone
+    and ``framework`` sets it beside the engine's ops of the same run, each ratio library / engine."""
+    records = list(records)
+    split = summary_format >= 7 and records_format >= 8 and any(
+        r.get("writer", "mlckpt") != "mlckpt" for r in records)
+    if not split:
+        return _summarize(records, max_resident_fraction, records_format, summary_format, seen)
+    args = (max_resident_fraction, records_format, summary_format, seen)
+    ref = [r for r in records if r.get("writer") == "mlckpt"]
+    out = _summarize([r for r in records if r.get("writer") != "mlckpt"], *args)
+    writer = "+".join(sorted({str(r["writer"]) for r in records} - {"mlckpt"}))
+    out["framework"] = _framework_block(writer, out, _summarize(ref, *args) if ref else None)
+    return out
+
+
+FRAMEWORK_FIGURES = ("write_bandwidth_mean_gib_s", "read_bandwidth_mean_gib_s", "write_cpu_s_per_gib",
+                     "read_cpu_s_per_gib", "write_stall_mean_s")
+
+
+def _framework_block(writer: str, mine: Mapping[str, Any], ref: Mapping[str, Any] | None) -> dict[str, Any]:
+    """Summary format 7's ``framework``: ratio = library / engine, per direction (None where either
+    side has no figure)."""
+    block: dict[str, Any] = {"writer": writer, **{k: mine.get(k) for k in FRAMEWORK_FIGURES}}
+    block["reference"] = None
+    if ref is not None:
+        block["reference"] = {k: ref.get(k) for k in FRAMEWORK_FIGURES}
+        for op in ("write", "read"):
+            a, b = mine.get(f"{op}_bandwidth_mean_gib_s"), ref.get(f"{op}_bandwidth_mean_gib_s")
+            block["reference"][f"{op}_ratio"] = a / b if a is not None and b else None
+    return block
+
+
+def _summarize(records: list[Mapping[str, Any]], max_resident_fraction: float, records_format: int,
+               summary_format: int, seen: latency.Longest | None) -> dict[str, Any]:
     grouped = group_ops(records)
     ops = [op_stats(recs) for recs in grouped.values()]
     writes = [o for o in ops if o.op == "write"]

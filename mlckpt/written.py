@@ -23,6 +23,7 @@ FEATURES: dict[str, tuple[Document, int, str]] = {
     "calibration": ("run", 8, "each host's timing, measured before the first op"),
     "content_commitment": ("run", 10, "a write half's commitment to its content key, and a read half's "
                            "proof (restored_from.content_proof)"),
+    "framework": ("run", 11, "the library writer (torch_save, torch_dcp, safetensors) as it ran, or null"),
     "op_cpu": ("records", 4, "each rank's CPU time over an op, and the huge-page share of its state "
                "at the first write and the first restore"),
     "own_io": ("records", 6, "what the kernel charged to the host's ranks beside the device's total, "
@@ -31,6 +32,7 @@ FEATURES: dict[str, tuple[Document, int, str]] = {
                  "through the op, rank 0's own time around a witnessed op"),
     "what_changes": ("summary", 4, "what changes the figure: the slowest rank's share, stalls"),
     "latency": ("summary", 6, "per-request latency percentiles, IOPS and where time went"),
+    "framework_summary": ("summary", 7, "a library writer's figures beside the engine's, and each ratio"),
 }
 
 

@@ -14,6 +14,7 @@ from checker.leaderboard.systems import dig as _get
 from checker.leaderboard.systems import sut_facts
 from mlckpt import formats
 from mlckpt.rules.checks.gpu import gpu_source
+from mlckpt.workload.frameworks import Framework
 from mlckpt.workload.model import ModelShape
 from mlckpt.workload.pipeline import DURABLE, Pipeline
 
@@ -114,6 +115,7 @@ class Entry:
     witnessed_gib_s: tuple[float, float] = (math.nan, math.nan)  # write, read
     protocol: str = "file"  # MLPerf's Access Protocol: file (POSIX), object (S3)
     unverified: bool = False  # a published DLIO / mlpstorage result (--published): quoted, not checked
+    framework: str | None = None  # rules 1.11: the library writer (its own class), None: the engine
 
     def sut_value(self, key: str) -> str:
         return dict(self.sut).get(key, "")
@@ -176,6 +178,11 @@ class Entry:
             parts.append(f"restore {self.restore}")
         if not self.fsync:
             parts.append("no fsync")
+        if self.framework is not None:  # the library's figures against the engine's of the same run
+            ratios = [f"{op} {self.m(f'framework_{op}_ratio'):.2f}×" for op in ("write", "read")
+                      if math.isfinite(self.m(f"framework_{op}_ratio"))]
+            parts.append(f"through {self.framework}" + (f" ({', '.join(ratios)} the engine's in the same run)"
+                                                       if ratios else ""))
         parts.append(f"scaled ×{self.scale:g}" if self.scaled else "full scale")
         return ", ".join(parts)
 
@@ -197,6 +204,13 @@ class Entry:
             "straggler_ratio": self.straggler_ratio, "verification": self.verification,
             "foreign_pct": 100 * self.m("foreign_share"), "mode": self.mode,
         }
+
+
+def framework_ratios(summary: Mapping[str, Any]) -> dict[str, float]:
+    """Summary format 7: the library's write and read bandwidth over the engine's of the same run."""
+    fw = summary.get("framework") if isinstance(summary.get("framework"), dict) else {}
+    ref = fw.get("reference") if isinstance(fw.get("reference"), dict) else {}
+    return {f"framework_{op}_ratio": _number(ref.get(f"{op}_ratio")) for op in ("write", "read")}
 
 
 def foreign_share(summary: Mapping[str, Any]) -> float:
@@ -278,6 +292,7 @@ def entry_from_docs(path: str, org: str, system: str, run: Mapping[str, Any], co
     parallel = workload.get("parallelism") or {}
     mp = int(parallel.get("tensor") or 1) * int(parallel.get("pipeline") or 1)
     ck = config.get("checkpoint") or {}
+    fw = Framework.of(config)
     return Entry(
         path=path, org=org, system=system, division=division or str(run["division"]),
         workload=str(run["workload"]), run_id=str(run["run_id"]),
@@ -292,8 +307,11 @@ def entry_from_docs(path: str, org: str, system: str, run: Mapping[str, Any], co
         restore_bytes=int(summary.get("restore_bytes", 0)),
         read_cold=flag("read_cold"), read_verified=flag("read_verified"),
         metrics={**{k: _number(summary.get(k)) for k in SUMMARY_NUMBERS},
-                 "foreign_share": foreign_share(summary)},
-        pipeline=pipe.label + ("+gpu" if gpu_source(config) else ""),  # a GPU stall: a class of its own
+                 "foreign_share": foreign_share(summary), **framework_ratios(summary)},
+        # a GPU stall, a framework's library: each a class of its own
+        pipeline=pipe.label + ("+gpu" if gpu_source(config) else "")
+        + (f"+{fw.writer}" if fw.library else ""),
+        framework=fw.writer if fw.library else None,
         tiers=tuple(str(t) for t in tiers) if isinstance(tiers, list) else tuple(pipe.stages),
         compute_interval_s=pipe.compute_interval_s,
         fast_fs=tuple(sorted({t for t in (_text(v) for v in fast_fs.values()) if t})),

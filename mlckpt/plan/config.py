@@ -5,6 +5,7 @@ structural rules → plan).  The only module that talks to Hydra.
 from __future__ import annotations
 
 import difflib
+import importlib.util
 import logging
 import re
 from collections.abc import Mapping, Sequence
@@ -20,6 +21,7 @@ from mlckpt.resources import workloads_dir
 from mlckpt.rules import Context, HostSpec, RuleSet, host_blocks, known_versions, load_rules, override_key
 from mlckpt.schemas import drop_unknown_nulls, first_error, validator
 from mlckpt.units import GiB, parse_size
+from mlckpt.workload.frameworks import ENGINE, WRITERS
 from mlckpt.workload.layout import Plan, make_plan
 from mlckpt.workload.model import Workload, workload_from_config
 from mlckpt.workload.pipeline import ring_bytes
@@ -251,6 +253,15 @@ def validate(config: Mapping[str, Any]) -> None:
             validator("config", version).schema["properties"]):  # the rule set predates GPU state
         raise ConfigError(f"state.source: GPU-resident state needs rules_version 1.7 or later "
                           f"(got {version})", key="state.source")
+    writer = (config.get("framework") or {}).get("writer")
+    if writer not in (None, ENGINE):
+        if "framework" not in validator("config", version).schema["properties"]:
+            raise ConfigError(f"framework.writer: library writers need rules_version 1.11 or later "
+                              f"(got {version})", key="framework.writer")
+        module = WRITERS[writer].module if writer in WRITERS else None
+        if module and importlib.util.find_spec(module.split(".")[0]) is None:
+            raise ConfigError(f"framework.writer={writer}: {WRITERS[writer].library} is not installed "
+                              "(pip install 'mlckpt[frameworks]')", key="framework.writer")
     problem = first_error(config, "config", version)
     if problem:
         raise ConfigError(problem)

@@ -144,7 +144,7 @@ def build(run: Mapping[str, Any], summary: Mapping[str, Any], system: Mapping[st
              ("storage", f"{fs.get('fs_type', '?')} on {fs.get('source', '?')} "
                          f"({first.get('target_path', '?')})"),
              ("write", _headline(summary, "write")), ("read", _headline(summary, "read")),
-             ("started", str(run.get("started"))))
+             *_framework(summary), ("started", str(run.get("started"))))
     findings = tuple(f"[{f.get('rule')}] {f.get('message')}" for f in run.get("findings") or ()
                      if f.get("severity") != "warning") + tuple(
         f"warning: [{f.get('rule')}] {f.get('message')}" for f in run.get("findings") or ()
@@ -157,6 +157,18 @@ def build(run: Mapping[str, Any], summary: Mapping[str, Any], system: Mapping[st
 def with_signature(rep: Report, status: str) -> Report:
     """The report with the bundle's signature status among its facts."""
     return replace(rep, facts=(*rep.facts, ("signature", status)))
+
+
+def _framework(summary: Mapping[str, Any]) -> tuple[tuple[str, str], ...]:
+    """Summary format 7: the library writer and its ratios to the engine's checkpoints of the run."""
+    fw = summary.get("framework")
+    if not isinstance(fw, Mapping):
+        return ()
+    ref = fw.get("reference") or {}
+    ratios = [f"{op} {ref[f'{op}_ratio']:.2f}× the engine's {ref[f'{op}_bandwidth_mean_gib_s']:.3f} GiB/s"
+              for op in ("write", "read") if ref.get(f"{op}_ratio") is not None]
+    return (("framework", f"{fw.get('writer')}: " + ("; ".join(ratios) if ratios else
+                                                     "no engine checkpoints in the run to compare with")),)
 
 
 def _headline(summary: Mapping[str, Any], op: str) -> str:

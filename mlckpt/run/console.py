@@ -249,4 +249,20 @@ def headline(s: Mapping[str, Any]) -> str:
                 f"{label} {s[f'{name}_bandwidth_mean_gib_s']:.2f} GiB/s mean "
                 f"({s[f'{name}_duration_mean_s']:.2f} s){valid}"
             )
-    return "result: " + "; ".join(parts)
+    fw = s.get("framework")
+    return "result: " + "; ".join(parts) + (f"\n{framework_line(fw, str(s.get('mode')))}" if fw else "")
+
+
+def framework_line(fw: Mapping[str, Any], mode: str = "sync") -> str:
+    """Summary format 7: a library writer's figures as ratios to the engine's of the same run."""
+    ref = fw.get("reference")
+    if not ref:
+        return (f"framework {fw['writer']}: no engine checkpoints in this run to compare with "
+                "(framework.reference=false)")
+    parts = [f"{op} {ref[f'{op}_ratio']:.2f}× the engine's {ref[f'{op}_bandwidth_mean_gib_s']:.2f} GiB/s"
+             for op in ("write", "read") if ref.get(f"{op}_ratio") is not None]
+    if mode == "async" and None not in (fw.get("write_stall_mean_s"), ref.get("write_stall_mean_s")):
+        parts.append(f"training stalled {fw['write_stall_mean_s']:.3f} s per checkpoint against the engine's "
+                     f"{ref['write_stall_mean_s']:.3f} s")
+    return (f"framework {fw['writer']}: " + "; ".join(parts)
+            + " (the engine's checkpoints alternated with the library's in this run)")

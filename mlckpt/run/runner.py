@@ -25,6 +25,7 @@ from pathlib import Path
 from typing import Any, TextIO
 
 from mlckpt import __version__, engine
+from mlckpt.engine import frameworks
 from mlckpt.errors import DISTURBED_STATUS, INVALID_STATUS, MlckptError, UsageError
 from mlckpt.host.facts import SAMPLE_INTERVAL_S, DeviceSampler, block_device, counters_sample
 from mlckpt.plan.config import SHIPPED, ConfigSource
@@ -40,6 +41,7 @@ from mlckpt.run.phases.configure import Configured, configure, mpi_library, reso
 from mlckpt.run.phases.folders import Folders, make_folders
 from mlckpt.run.phases.gates import Gates, judge, measure_host, measure_object_host
 from mlckpt.run.phases.guardians import link_guardians
+from mlckpt.run.phases.library import LibraryWrites
 from mlckpt.run.phases.publish import (
     RunId,
 )
@@ -50,6 +52,7 @@ from mlckpt.run.site_mpi import first_line, mismatch, speaks
 from mlckpt.run.storage import objectstore
 from mlckpt.run.storage.cleanup import Created
 from mlckpt.units import fmt_bytes
+from mlckpt.workload.frameworks import Framework
 from mlckpt.workload.layout import PAGE, pages
 from mlckpt.written import Written
 
@@ -188,6 +191,12 @@ def phases(job: Job, c: Configured, gates: Gates, created: Created, ident: tuple
             dev, mine_gpu = gpustate.open_gpu(job, cfg, gates, arena)
         entries = job.comm.gather(mine_gpu["entry"], root=0)
         state = gpustate.state_block(mine_gpu, entries) if job.rank == 0 else None
+    fw = Framework.of(cfg)
+    if fw.library:  # untimed: PyTorch takes seconds to import; DCP's process group from the MPI world
+        with job.step(f"framework library {fw.writer}"):
+            frameworks.load_library(fw.writer)
+            if fw.writer == "torch_dcp":
+                frameworks.join_process_group(job.comm, len(gates.hosts) == 1)
     idle_s = float(c.setup.rules.data.get("attribution", {}).get("background_s", 0.0))  # rules 1.9
     calibration = calibrate(timer, background_s=idle_s) if timer.written.has("own_io") else None
     try:
@@ -201,6 +210,8 @@ def phases(job: Job, c: Configured, gates: Gates, created: Created, ident: tuple
     finally:
         if dev is not None:
             dev.close()
+        if fw.writer == "torch_dcp":
+            frameworks.leave_process_group()
     return outcome.Measured(run_id, records, state, calibration, folders.key)
 
 
@@ -221,9 +232,11 @@ def _io_phases(job: Job, c: Configured, gates: Gates, created: Created, folders:
     nw, nr = int(ck["num_writes"]), int(ck["num_reads"])
     leader, fast_direct = gates.leader(job.rank), gates.fast_direct.get(job.host, False)
     records: list[dict[str, Any]] = []
+    fw = Framework.of(cfg)
     if c.source is None:
+        lib = LibraryWrites(fw, job.rank, mine, own, created) if fw.library else None
         w = WriteState(folders.root, folders.fast_root, mine, own, arena, folders.key, opts, stream, leader,
-                       store=folders.store, dev=dev)
+                       store=folders.store, dev=dev, lib=lib)
         writes = WritePhase(job, c.pipe, w, folders.run.number, timer, created, fast_direct)
         records, tags = writes.run(nw), writes.tags
         evict_written(job, c, folders, created, leader, nw)
@@ -248,6 +261,7 @@ def _io_phases(job: Job, c: Configured, gates: Gates, created: Created, folders:
         tags,
         folders.store,
         dev,
+        fw,
     ).run(nw, nr)
     return folders.run, records
 

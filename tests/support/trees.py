@@ -9,9 +9,9 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
+from checker.report import REPORT_SCHEMA
 from checker.tree_check import check_tree
 from mlckpt import bundle
-from mlckpt.rules import DEFAULT_RULES_VERSION
 from mlckpt.schemas import validator
 from support.cli import CHECKER_ORG as ORG
 from support.cli import CHECKER_SYSTEM as SYSTEM
@@ -47,6 +47,6 @@ def check(root: Path, h: Mapping[str, Path], **kw: Any) -> dict[str, Any]:
 
 def assert_report_valid(report: Mapping[str, Any]) -> None:
     errors = [f"{'.'.join(map(str, e.absolute_path))}: {e.message}"
-              for e in validator("report", DEFAULT_RULES_VERSION).iter_errors(report)]
+              for e in validator("report", REPORT_SCHEMA).iter_errors(report)]
     assert not errors, errors[:5]
     json.dumps(report, allow_nan=False)  # strict JSON

@@ -24,6 +24,7 @@ from mlckpt.metrics import group_ops
 from mlckpt.rules.checks.result import RunData, compare_values, run_data, summary_format, writes_by_rank
 from mlckpt.rules.checks.timing import abs_bound_ns, calibration_outcomes
 from mlckpt.rules.engine import Context, NotChecked, Outcome, Rule, RuleSet, checks_table
+from mlckpt.workload.frameworks import ENGINE
 from mlckpt.workload.pipeline import DURABLE, Pipeline
 
 # summary.json keys SUMMARY-EXACT compares with their recomputation (METRICS-RECOMPUTE compares
@@ -114,24 +115,27 @@ def records_mode(ctx: Context, rs: RuleSet, rule: Rule) -> Iterator[Outcome | No
     blocking_durable = Pipeline.of(d.config).blocking == DURABLE
     for r in d.records:
         where = f"{r['op']} {r['index']} rank {r['rank']}"
+        want = (fsync, want_direct, want_dontcache)
+        if r.get("writer", ENGINE) != ENGINE:  # rules 1.11: a library's own buffered I/O, fsynced
+            want = (True if r["op"] == "write" else fsync, False, False)
         direct = r.get("direct")
         if r["op"] == "read" and r.get("tier") != DURABLE:
-            direct = want_direct if direct is False else direct  # a fast tier may refuse O_DIRECT
+            direct = want[1] if direct is False else direct  # a fast tier may refuse O_DIRECT
         if r["op"] == "write" and not blocking_durable:
-            direct = want_direct  # the stall's own stage is not the durable write: see stages
+            direct = want[1]  # the stall's own stage is not the durable write: see stages
         got = (bool(r.get("fsync")) if r["op"] == "write" else fsync, direct, r.get("dontcache"))
-        if got != (fsync, want_direct, want_dontcache):
+        if got != want:
             yield Outcome(
                 False,
-                f"fsync={fsync}, direct={want_direct}, dontcache={want_dontcache} as configured",
+                f"fsync={want[0]}, direct={want[1]}, dontcache={want[2]} as configured",
                 f"fsync={got[0]}, direct={got[1]}, dontcache={got[2]}",
                 where=where,
             )
             return
         for st in r.get("stages", ()):
-            if st.get("tier") == DURABLE and "direct" in st and st["direct"] is not want_direct:
+            if st.get("tier") == DURABLE and "direct" in st and st["direct"] is not want[1]:
                 yield Outcome(
-                    False, f"durable stage direct={want_direct}", f"direct={st['direct']}", where=where
+                    False, f"durable stage direct={want[1]}", f"direct={st['direct']}", where=where
                 )
                 return
         if r["op"] == "read" and int(r.get("cached_check_bytes", -1)) != int(r["bytes"]):

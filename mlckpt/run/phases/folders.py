@@ -22,6 +22,7 @@ from mlckpt.run.phases.guardians import tell_shared
 from mlckpt.run.phases.publish import RunId
 from mlckpt.run.storage import folderlock, objectstore
 from mlckpt.run.storage.cleanup import RUN_MARKER, Created
+from mlckpt.workload.frameworks import Framework, file_names
 
 
 @dataclass(frozen=True)
@@ -40,7 +41,8 @@ def make_folders(job: Job, c: Configured, gates: Gates, created: Created, run: R
     cfg, ck = c.config, c.config["checkpoint"]
     if c.source is not None:
         return restored_folders(job, c, gates, run, created)
-    names = [[f.name for f in rp.files] for rp in c.setup.plan.rank_plans]
+    fw = Framework.of(cfg)
+    names = [file_names(fw, r, [f.name for f in rp.files]) for r, rp in enumerate(c.setup.plan.rank_plans)]
     partial_dir = str(Path(cfg["output"]["root"]).absolute() / f".{run.name}.partial")
     if objectstore.is_objects(ck["folder"]):
         return object_prefix(job, c, created, run, key, names, partial_dir)

@@ -14,6 +14,7 @@ from typing import Any
 import yaml
 
 from mlckpt import __version__, bundle, strict
+from mlckpt.engine import frameworks
 from mlckpt.errors import InternalError
 from mlckpt.plan.config import Setup
 from mlckpt.rules import Finding, verdict
@@ -21,6 +22,7 @@ from mlckpt.rules.checks.evidence import recomputed_summary
 from mlckpt.rules.checks.result import DATA_SCHEME, RunData
 from mlckpt.run.phases.gates import Gates
 from mlckpt.schemas import describe, validator
+from mlckpt.workload.frameworks import WRITERS, Framework
 from mlckpt.workload.pipeline import Pipeline
 from mlckpt.written import Written
 
@@ -77,6 +79,7 @@ def manifest_of(
         "state": dict(state) if state else None,
         "calibration": dict(calibration) if calibration else None,
         "content_commitment": content_commitment,
+        "framework": framework_block(Framework.of(cfg)),
     }
     return {
         "run_format": written.run,
@@ -103,6 +106,15 @@ def manifest_of(
         "system_name": (description or {}).get("system_name"),
         "pipeline": pipeline_block(Pipeline.of(cfg), gates),
     }
+
+
+def framework_block(fw: Framework) -> dict[str, Any] | None:
+    """run.json's ``framework`` (rules 1.11): the library writer as it ran, or null for the engine."""
+    if not fw.library:
+        return None
+    return {"writer": fw.writer, "library": WRITERS[fw.writer].library,
+            "library_version": frameworks.library_version(fw.writer), "settings": fw.settings(),
+            "reference": fw.reference, "synced_by": fw.synced_by()}
 
 
 def pipeline_block(pipe: Pipeline, gates: Gates) -> dict[str, Any]:

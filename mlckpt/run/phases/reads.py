@@ -7,7 +7,7 @@ from __future__ import annotations
 import itertools
 import time
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from functools import partial
 from pathlib import Path
 from typing import Any
@@ -16,7 +16,9 @@ from mlckpt import engine
 from mlckpt.errors import VerificationError
 from mlckpt.run.collective import Job, OpTimer
 from mlckpt.run.console import op_line
+from mlckpt.run.phases import library
 from mlckpt.run.phases.writes import fast_opts
+from mlckpt.workload.frameworks import ENGINE, Framework
 from mlckpt.workload.pipeline import DURABLE, FAST, Pipeline
 
 
@@ -40,6 +42,7 @@ class ReadPhase:
     tags: Mapping[int, int]  # checkpoint -> the run id its page tags carry, when witnessed
     store: Any = None  # object storage (rules 1.6): the engine's Store; root is then an ObjectPath
     dev: Any = None  # GPU-resident state (rules 1.7): each restore ends in device memory
+    fw: Framework = field(default_factory=Framework)  # who wrote each checkpoint (rules 1.11)
 
     def pid(self, rd: Any, c: int) -> engine.PageId:
         """What the pages of ``rd`` in checkpoint ``c`` must carry (its writer stamped it)."""
@@ -53,6 +56,8 @@ class ReadPhase:
         records: list[dict[str, Any]] = []
         for k in range(1, nr + 1):
             rec = self.restore(k, (k - 1) % nw + 1, nw, scratch)
+            if self.fw.library:
+                rec.setdefault("writer", ENGINE)
             recs = self.job.comm.gather(rec, root=0)
             if self.job.rank == 0:
                 self.job.say(op_line(recs, "read", k, nr, self.fast_fs))
@@ -68,6 +73,8 @@ class ReadPhase:
         nbytes = sum(rd.file.bytes for rd in self.reads)
         if self.store is not None:  # no page cache holds objects: nothing to evict, 0 resident
             return self.restore_objects(k, c, cdir, nbytes, scratch)
+        if self.fw.writer_of(c) != ENGINE:
+            return library.restore(self, k, c, cdir, scratch)
         with self.job.step(f"evict before restore {k}"):
             for path in paths:
                 engine.evict(path)

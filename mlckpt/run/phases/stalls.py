@@ -16,6 +16,7 @@ from mlckpt.run.phases.folders import Folders
 from mlckpt.run.phases.gates import Gates
 from mlckpt.run.storage import objectstore
 from mlckpt.run.storage.cleanup import Created, sweep_run
+from mlckpt.workload.frameworks import Framework, file_names
 
 ABORT_GRACE_S = 0.5  # between printing the fatal line and MPI_Abort
 
@@ -60,7 +61,9 @@ class Stalled:
     def sweep(self, op: str, ckpt: int) -> str:
         ck = self.c.config["checkpoint"]
         upto = ckpt if op == "write" else int(ck["num_writes"])
-        names = [f.name for rp in self.c.setup.plan.rank_plans for f in rp.files]
+        fw = Framework.of(self.c.config)
+        names = [n for r, rp in enumerate(self.c.setup.plan.rank_plans)
+                 for n in file_names(fw, r, [f.name for f in rp.files])]
         root, fast = self.folders.root, self.folders.fast_root
         if not isinstance(root, Path):  # object storage: its planned keys and unfinished uploads
             settings = s3_settings(self.c.config)

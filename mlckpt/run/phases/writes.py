@@ -12,10 +12,8 @@ checkpoint is durable.
 from __future__ import annotations
 
 import os
-import queue
-import threading
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from contextlib import suppress
 from dataclasses import dataclass, field, replace
 from functools import partial
@@ -26,6 +24,8 @@ from mlckpt import engine
 from mlckpt.errors import VerificationError
 from mlckpt.run.collective import Job, OpTimer
 from mlckpt.run.console import durable_line, op_line, stall_line
+from mlckpt.run.phases import library
+from mlckpt.run.phases.background import Background
 from mlckpt.run.storage.cleanup import Created
 from mlckpt.witness import protocol
 from mlckpt.workload.layout import PAGE
@@ -49,70 +49,11 @@ class WriteState:
     ring: Any = None  # tiers: the drain's bounded buffer
     store: Any = None  # object storage (rules 1.6): the engine's Store; root is then an ObjectPath
     dev: Any = None  # GPU-resident state (rules 1.7): the engine's DeviceState; arena is its bounce
+    lib: Any = None  # a library writer's checkpoints (rules 1.11): mlckpt.run.phases.library.LibraryWrites
 
     @property
     def nbytes(self) -> int:
         return sum(f.bytes for f in self.mine)
-
-
-_Job = tuple[Callable[[], Any], Callable[[], Any] | None]  # (persist, housekeeping after it)
-
-
-class Background:
-    """One rank's background worker: runs one checkpoint's persist at a time (one staging slot).
-    A persistent thread, so handing work over inside the stall costs a queue put, not a thread
-    start.  Its failure is raised by ``wait`` in the training thread, which turns it into the
-    usual collective error."""
-
-    def __init__(self) -> None:
-        self.jobs: queue.SimpleQueue[_Job | None] = queue.SimpleQueue()
-        self.finished = threading.Event()
-        self.pending = False
-        self.result: Any = None
-        self.error: BaseException | None = None
-        self.late_error: BaseException | None = None  # from an ``after`` step
-        self.thread = threading.Thread(target=self._loop, name="mlckpt-persist", daemon=True)
-        self.thread.start()
-
-    def _loop(self) -> None:
-        while (item := self.jobs.get()) is not None:
-            job, after = item
-            try:
-                self.result = job()
-            except BaseException as exc:  # handed to the training thread
-                self.error = exc
-            self.finished.set()
-            if after is not None and self.error is None:
-                try:
-                    after()
-                except BaseException as exc:  # raised by the next wait
-                    self.late_error = exc
-
-    def submit(self, job: Callable[[], Any], after: Callable[[], Any] | None = None) -> None:
-        """Run ``job``; once it is done (``wait`` returns its result), run ``after`` before the
-        next job."""
-        self.finished.clear()
-        self.result, self.error, self.pending = None, None, True
-        self.jobs.put((job, after))
-
-    def done(self) -> bool:
-        return self.finished.is_set()
-
-    def wait(self) -> Any:
-        self.finished.wait()
-        self.pending = False
-        error = self.error or self.late_error
-        self.late_error = None
-        if error is not None:
-            raise error
-        return self.result
-
-    def close(self) -> None:
-        """Let a running persist end (files must not be written after cleanup), then stop."""
-        if self.pending:
-            self.finished.wait()
-        self.jobs.put(None)
-        self.thread.join()
 
 
 def fast_opts(opts: engine.IOOptions, fast_direct: bool) -> engine.IOOptions:
@@ -163,13 +104,22 @@ class WritePhase:
                         self.created.add_dir(cdir)
         for base in (w.root, w.fast_root):
             if base is not None:
-                self.created.add_files([str(base / f"ckpt-{k:04d}" / f.name) for f in w.mine])
+                cdir = base / f"ckpt-{k:04d}"
+                self.created.add_files(w.lib.planned_paths(cdir) if self.library(k) else
+                                       [str(cdir / f.name) for f in w.mine])
+
+    def library(self, k: int) -> bool:
+        """Checkpoint k goes through a library writer (rules 1.11)."""
+        return self.w.lib is not None and bool(self.w.lib.writes(k))
 
     def write_to(self, k: int, base: Path, buf: Any, opts: engine.IOOptions) -> None:
         """Write checkpoint k's files of this rank from ``buf`` (the state or its staging copy)
         under ``base``, every file and the folder fsynced."""
         w = self.w
         cdir = base / f"ckpt-{k:04d}"
+        if self.library(k):
+            w.lib.save(k, cdir, buf)
+            return
         if w.store is not None:  # durable once the store acknowledged every object (no fsync)
             store = w.store if opts.pool == "main" else w.store.with_pool(opts.pool)
             objs = [engine.ObjectIO(cdir / f.name, buf[w.offsets[i] : w.offsets[i + 1]], f.bytes)
@@ -199,7 +149,9 @@ class WritePhase:
         (async), the verified drain fast → durable (tiers).  Returns the stage entries."""
         pipe, w, bg = self.pipe, self.w, replace(self.w.opts, pool="background")
         stages: list[dict[str, Any]] = []
-        if pipe.mode == "async":
+        if pipe.mode == "async" and self.library(k):  # the library's own thread wrote it
+            stages.append(w.lib.finish(k, w.root / f"ckpt-{k:04d}", w.nbytes))
+        elif pipe.mode == "async":
             tier = FAST if pipe.tiered else DURABLE
             o = self.fast(bg) if pipe.tiered else bg
             t0 = time.perf_counter_ns()
@@ -325,6 +277,8 @@ class WritePhase:
         prev["stages"] += stages
         prev["t1_ns"] = durable
         prev["exposed_ns"] = 0 if done else max(0, min(end, durable) - t)
+        if self.w.lib is not None:
+            prev.update(self.w.lib.fields(int(prev["checkpoint"])))
 
     def blocking(
         self, k: int, bg: Background | None, mine: list[dict[str, Any]], info: dict[str, Any]
@@ -334,10 +288,14 @@ class WritePhase:
         self.settle(bg, mine, info)
         fast = pipe.blocking == FAST
         opts = self.fast(w.opts) if fast else w.opts
+        if self.library(k):
+            opts = library.buffered(opts)
         t0 = time.perf_counter_ns()
         if pipe.blocking == MEMORY and w.dev is not None:  # the snapshot is the device's copy out
             w.dev.download(w.staging, w.offsets[-1])
             info["device_copy_ns"] = time.perf_counter_ns() - t0
+        elif pipe.blocking == MEMORY and self.library(k):  # DCP's async_save stages the state itself
+            w.lib.start_async(k, w.root / f"ckpt-{k:04d}", w.arena)
         elif pipe.blocking == MEMORY:
             engine.snapshot(w.staging, w.arena, w.offsets[-1], w.opts.threads)
         else:
@@ -364,7 +322,7 @@ class WritePhase:
             partial(self.blocking, k, bg, mine, info),
             self.w.nbytes,
             len(self.w.mine),
-            self.w.opts,
+            library.buffered(self.w.opts) if self.library(k) else self.w.opts,
             seal=partial(self.seal, k),
         )
         if bg is None:  # sync, one tier: the stage is the whole op, barrier to durable
@@ -382,6 +340,11 @@ class WritePhase:
         )
         if "device_copy_ns" in info:
             rec["device_copy_ns"] = info["device_copy_ns"]
+        if self.w.lib is not None:
+            rec.update(self.w.lib.fields(k))
+            if self.library(k):  # none of its requests went through the engine
+                rec.pop("requests", None)
+                rec.pop("phases_ns", None)
         recs = self.job.comm.gather(rec, root=0)
         if self.job.rank == 0:
             self.job.say(

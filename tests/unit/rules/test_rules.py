@@ -164,6 +164,11 @@ NEGATIVE: list[tuple[str, Callable[[], Context], list[str]]] = [
       "workload.model.num_layers=32 (a changed model takes a name of its own: workload.name=...)"]),
     ("CLOSED-RANKS", lambda: ctx_of("workload=llama3_405b", "ranks=1024"),
      ["closed runs of this workload use exactly 512 ranks; got 1024"]),
+    # rules 1.11: a library writer with what it cannot run with (more: test_framework_rules.py)
+    ("FRAMEWORK-SCOPE", lambda: ctx_of("division=open", "framework.writer=torch_save", "residency=stream"),
+     ["a library writer runs one tier on files, with the whole state in host memory, unwitnessed, writing "
+      "and restoring in one invocation (async only through DCP's async_save; with framework.reference, even "
+      "counts): expected framework.writer=torch_save without them, got residency=stream (the whole state)"]),
     ("CLOSED-RANKS", lambda: ctx_of("workload=llama3_8b", "ranks=16"),
      ["closed runs of this workload use exactly 8 ranks; got 16"]),
     ("CLOSED-COUNTS", lambda: ctx_of("checkpoint.num_writes=3"),
@@ -334,6 +339,8 @@ POSITIVE: list[tuple[str, Callable[[], Context]]] = [
                                      "workload.parallelism.tensor=4")),
     ("WORKLOAD-NAME", lambda: ctx_of("division=open", "workload=llama3_70b", "workload.model.num_layers=32",
                                      "workload.name=my_70b_32l")),
+    ("FRAMEWORK-SCOPE", lambda: ctx_of("division=open", "framework.writer=torch_dcp",
+                                       "checkpoint.mode=async")),
     ("SCALE-RANGE", lambda: ctx_of("scale=1.0")),
     ("SCALE-RANGE", lambda: ctx_of("scale=0.01", "division=open")),
     ("SCALE-RANGE", lambda: raw_ctx("division=open", edits={"scale": 1})),
@@ -441,7 +448,7 @@ PRE_IO_RULES = {
     "CLOSED-RANKS-PER-HOST", "CLOSED-ACCELERATOR-MEMORY", "HOST-MEMORY", "DISK-SPACE", "FOLDER-USABLE",
     "IO-ENGINE", "RESULTS-APART", "MEMORY-FOLDER", "WORKLOAD-NAME",
     "ASYNC-RESIDENCY", "TIERS-DISTINCT", "TIER-SPACE", "TIER-USABLE", "WITNESS-MODE", "HOST-CLOCK-OFFSET",
-    "OBJECT-MODES", "OBJECT-STORE-USABLE", "GPU-MODES", "GPU-USABLE"}
+    "OBJECT-MODES", "OBJECT-STORE-USABLE", "GPU-MODES", "GPU-USABLE", "FRAMEWORK-SCOPE"}
 
 
 def test_every_pre_io_rule_has_a_failing_and_a_passing_case() -> None:
@@ -688,7 +695,7 @@ def test_rule_data_is_well_formed() -> None:
         assert set(r.divisions) <= {"closed", "open"} and r.divisions
         assert r.check in CHECKS
         assert "{actual}" in r.message
-    assert RS.version == "1.10"
+    assert RS.version == "1.11"
     assert RS.closed["num_writes"] == RS.closed["num_reads"] == 10
     assert RS.closed["min_ranks_per_host"] == 4
     assert {k: RS.accelerators[k] for k in ("h100", "h200", "b200", "mi300x", "mi355x")} == {
@@ -705,7 +712,7 @@ def test_load_rules_unknown_version() -> None:
     with pytest.raises(ConfigError) as exc:
         load_rules("9.9")
     assert str(exc.value) == ("rules_version: unknown rules version '9.9'; known: 1.0, 1.1, 1.2, 1.3, 1.4, "
-                              "1.5, 1.6, 1.7, 1.8, 1.9, 1.10, mlps-v3.0, mlps-v3.0r2, mlps-v3.0r3, "
+                              "1.5, 1.6, 1.7, 1.8, 1.9, 1.10, 1.11, mlps-v3.0, mlps-v3.0r2, mlps-v3.0r3, "
                               "mlps-v3.0r4")
     assert exc.value.key == "rules_version"
     assert exc.value.exit_status == 2

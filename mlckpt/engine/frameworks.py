@@ -1,0 +1,193 @@
+"""Checkpoints through a training framework's own library (rules 1.11; the writers and what each
+does: mlckpt/workload/frameworks.py).  Effects on files and on torch.distributed's process group;
+the runner times the calls.  Imported on demand: PyTorch and safetensors load only in a run that
+names a library.
+
+Each planned file is one tensor of its bytes (uint8), a zero-copy view of the rank's state, so the
+library writes exactly the content mlckpt's engine would, in its own file format, and a restore
+lands in the state where the same verification reads it.
+"""
+
+from __future__ import annotations
+
+import glob
+import importlib.metadata
+import os
+import socket
+from collections.abc import Sequence
+from concurrent.futures import Future
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from mlckpt.errors import VerificationError
+from mlckpt.workload.frameworks import DCP_METADATA, WRITERS, Framework, library_name
+
+
+@dataclass(frozen=True)
+class Item:
+    """One planned file as a library sees it: its key in the state dict, its file (one file per
+    planned file) and the state's bytes for it."""
+
+    key: str
+    name: str
+    buf: Any  # numpy uint8 view of the state
+
+
+@dataclass(frozen=True)
+class Saved:
+    files: tuple[str, ...]  # the library files this rank made
+    file_bytes: int  # their size on disk
+    synced_by: str  # library | mlckpt
+
+
+def key_of(rank: int, name: str) -> str:
+    """A planned file's key in the state dict (unique across ranks: DCP merges every rank's)."""
+    return f"rank{rank}/{name}"
+
+
+def library_version(writer: str) -> str | None:
+    lib = WRITERS[writer].library
+    return importlib.metadata.version(lib) if lib else None
+
+
+def load_library(writer: str) -> None:
+    """Import the library now, outside every timed op (PyTorch takes seconds to import)."""
+    module = WRITERS[writer].module
+    if module:
+        importlib.import_module(module)
+
+
+def join_process_group(comm: Any, single_host: bool) -> None:
+    """torch.distributed's default process group (gloo) over the MPI world, no torchrun needed:
+    rank 0 picks a free port and every rank connects to it.  On one host, over loopback."""
+    import torch.distributed as dist
+
+    if dist.is_initialized():
+        return
+    addr = port = None
+    if comm.Get_rank() == 0:
+        addr = "127.0.0.1" if single_host else socket.gethostbyname(socket.gethostname())
+        with socket.socket() as s:
+            s.bind((addr, 0))
+            port = s.getsockname()[1]
+    addr, port = comm.bcast((addr, port), root=0)
+    dist.init_process_group("gloo", init_method=f"tcp://{addr}:{port}", rank=comm.Get_rank(),
+                            world_size=comm.Get_size())
+
+
+def leave_process_group() -> None:
+    import torch.distributed as dist
+
+    if dist.is_initialized():
+        dist.destroy_process_group()
+
+
+def _tensor(buf: Any) -> Any:
+    import torch
+
+    return torch.from_numpy(buf)
+
+
+def _fsync(paths: Sequence[str]) -> None:
+    for p in paths:
+        fd = os.open(p, os.O_RDONLY)
+        try:
+            os.fsync(fd)
+        finally:
+            os.close(fd)
+
+
+def paths_of(writer: str, cdir: Path, names: Sequence[str]) -> list[str]:
+    """The files a writer keeps under ``cdir`` for these planned files (for DCP: every file of the
+    checkpoint, since a rank's keys may sit in any rank's file)."""
+    if writer == "torch_dcp":
+        return sorted([*glob.glob(str(cdir / "__*_*.distcp")), str(cdir / DCP_METADATA[0])])
+    return [str(cdir / library_name(writer, n)) for n in names]
+
+
+def _dcp_files(cdir: Path, rank: int) -> list[str]:
+    mine = sorted(glob.glob(str(cdir / f"__{rank}_*.distcp")))
+    return mine + ([str(cdir / DCP_METADATA[0])] if rank == 0 else [])
+
+
+def save(fw: Framework, cdir: Path, items: Sequence[Item], rank: int) -> Saved:
+    """Write ``items`` under ``cdir`` through the library, then make every file and the folder
+    durable (the library's own fsync where it does one, mlckpt's otherwise).  Collective for DCP."""
+    writer = fw.writer
+    if writer == "torch_dcp":
+        import torch.distributed.checkpoint as dcp
+
+        dcp.save({it.key: _tensor(it.buf) for it in items}, storage_writer=_dcp_writer(fw, cdir))
+        return _durable(fw, cdir, _dcp_files(cdir, rank))
+    paths = paths_of(writer, cdir, [it.name for it in items])
+    if writer == "torch_save":
+        import torch
+
+        for it, path in zip(items, paths, strict=True):
+            with open(path, "wb") as fh:
+                torch.save({it.key: _tensor(it.buf)}, fh)
+    elif writer == "safetensors":
+        from safetensors.torch import save_file
+
+        for it, path in zip(items, paths, strict=True):
+            save_file({it.key: _tensor(it.buf)}, path)
+    else:
+        raise ValueError(f"not a library writer: {writer}")
+    return _durable(fw, cdir, paths)
+
+
+def _dcp_writer(fw: Framework, cdir: Path) -> Any:
+    import torch.distributed.checkpoint as dcp
+
+    return dcp.FileSystemWriter(str(cdir), single_file_per_rank=True, sync_files=fw.sync_files,
+                                thread_count=fw.threads)
+
+
+def _durable(fw: Framework, cdir: Path, paths: Sequence[str]) -> Saved:
+    by = fw.synced_by()
+    if by == "mlckpt":
+        _fsync(paths)
+    _fsync([str(cdir)])  # no library here fsyncs the folder that names its files
+    return Saved(tuple(paths), sum(os.stat(p).st_size for p in paths), by)
+
+
+def start_async_save(fw: Framework, cdir: Path, items: Sequence[Item]) -> Future[Any]:
+    """DCP's ``async_save``: returns once DCP staged the state (what training waits for); the
+    future is done once the library wrote every file.  Collective."""
+    import torch.distributed.checkpoint as dcp
+
+    out = dcp.async_save({it.key: _tensor(it.buf) for it in items}, storage_writer=_dcp_writer(fw, cdir))
+    return out if isinstance(out, Future) else out.upload_completion
+
+
+def finish_async_save(fw: Framework, cdir: Path, future: Future[Any], rank: int) -> Saved:
+    """Wait for an async save's files, then make them and the folder durable."""
+    future.result()
+    return _durable(fw, cdir, _dcp_files(cdir, rank))
+
+
+def load(writer: str, cdir: Path, items: Sequence[Item], rank: int) -> None:
+    """Restore ``items`` (each into its ``buf`` in the state) through the library's own load.
+    Collective for DCP."""
+    if writer == "torch_dcp":
+        import torch.distributed.checkpoint as dcp
+
+        dcp.load({it.key: _tensor(it.buf) for it in items}, storage_reader=dcp.FileSystemReader(str(cdir)))
+        return
+    paths = paths_of(writer, cdir, [it.name for it in items])
+    for it, path in zip(items, paths, strict=True):
+        if writer == "torch_save":
+            import torch
+
+            loaded = torch.load(path, weights_only=True)[it.key]
+        elif writer == "safetensors":
+            from safetensors.torch import load_file
+
+            loaded = load_file(path)[it.key]
+        else:
+            raise ValueError(f"not a library writer: {writer}")
+        if loaded.numel() != it.buf.size:
+            raise VerificationError(f"{path}: the library loaded {loaded.numel()} B of {it.key}, where "
+                                    f"{it.buf.size} B were written", rank=rank, file=path, offset=0)
+        _tensor(it.buf).copy_(loaded)  # into the state, as load_state_dict copies into parameters

@@ -1,0 +1,84 @@
+"""Rules 1.11: checkpoints through a training framework's library (mlckpt/workload/frameworks.py).
+Pure.
+
+FRAMEWORK-SCOPE (config): what a library writer can run with, refused before any I/O.
+FRAMEWORK-RECORDED (result): run.json's framework block is the configuration's; every op names
+the writer its checkpoint's round gives; a library's write made at least the planned bytes on
+disk in its own files, which were fsynced inside the op by the one run.json names, and it went
+through the library (buffered, without the engine's request histogram); an engine op carries
+none of a library's fields.  What it cannot see: an engine op relabelled as a library's with
+every trace of the engine coherently removed and the file sizes invented (the device counters
+still bound the bytes, DEVICE-COUNTERS); a witness does not help, since witnessed runs use the
+engine only.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+
+from mlckpt.rules.checks.result import run_data
+from mlckpt.rules.engine import Context, NotChecked, Outcome, Rule, RuleSet, checks_table
+from mlckpt.workload.frameworks import ENGINE, WRITERS, Framework, scope_problems
+
+
+def framework_scope(ctx: Context, rs: RuleSet, rule: Rule) -> Outcome:
+    bad = scope_problems(ctx.config)
+    writer = Framework.of(ctx.config).writer
+    return Outcome(not bad, f"framework.writer={writer} without them", "; ".join(bad))
+
+
+def framework_recorded(ctx: Context, rs: RuleSet, rule: Rule) -> Iterator[Outcome | NotChecked]:
+    d = run_data(ctx)
+    if "framework" not in d.run:
+        yield NotChecked("run.json before format 11 names no writer")
+        return
+    fw = Framework.of(d.config)
+    block = d.run.get("framework")
+    if not fw.library:
+        if block is not None:
+            yield Outcome(False, "framework null (framework.writer=mlckpt)",
+                          f"framework {block.get('writer')}")
+        for r in d.records:
+            if any(k in r for k in ("writer", "file_bytes", "synced_by")):
+                yield Outcome(False, "no writer fields on an engine run's records",
+                              f"{r['op']} {r['index']} rank {r['rank']} has them")
+                return
+        return
+    want = {"writer": fw.writer, "library": WRITERS[fw.writer].library, "reference": fw.reference,
+            "synced_by": fw.synced_by(), "settings": fw.settings()}
+    got = {k: (block or {}).get(k) for k in want}
+    if got != want:
+        yield Outcome(False, f"run.json framework {want}", f"{got}")
+        return
+    for r in d.records:
+        yield from _record(fw, r)
+
+
+def _record(fw: Framework, r: dict) -> Iterator[Outcome]:
+    where = f"{r['op']} {r['index']} rank {r['rank']}"
+    writer = fw.writer_of(int(r["checkpoint"]))
+    if r.get("writer") != writer:
+        yield Outcome(False, f"checkpoint {r['checkpoint']} by {writer}", f"by {r.get('writer')}",
+                      where=where)
+        return
+    if writer == ENGINE:
+        if "file_bytes" in r or "synced_by" in r:
+            yield Outcome(False, "no library fields on the engine's op", "file_bytes or synced_by",
+                          where=where)
+        return
+    if "requests" in r or r.get("direct") or r.get("dontcache"):
+        yield Outcome(False, "the library's own buffered I/O (no engine requests, no O_DIRECT)",
+                      "the engine's traces", where=where)
+        return
+    if r["op"] != "write":
+        return
+    file_bytes = r.get("file_bytes")
+    if not isinstance(file_bytes, int) or file_bytes < int(r["bytes"]):
+        yield Outcome(False, f"the library's files hold at least the {r['bytes']} B planned",
+                      f"file_bytes {file_bytes}", where=where)
+    if r.get("synced_by") != fw.synced_by() or not r.get("fsync"):
+        yield Outcome(False, f"every file fsynced inside the op by {fw.synced_by()}",
+                      f"synced_by {r.get('synced_by')}, fsync {r.get('fsync')}", where=where)
+
+
+CHECKS = checks_table(framework_scope, framework_recorded)

@@ -1,0 +1,120 @@
+"""A library writer's part of the write and restore phases (rules 1.11; the writers:
+mlckpt/workload/frameworks.py).  The phases call it for the checkpoints the library writes; the
+engine's checkpoints of the same run (the reference) go the usual way.
+
+Timed as the engine's ops are, from the barrier to the last byte durable (writes: the library's
+save, then the fsyncs it does not do itself) or placed in the state (restores: the library's load
+and the copy into the state, as ``load_state_dict`` does), every byte verified afterwards against
+the content the engine would have written.  A library writes through the page cache, so its files
+are evicted before every restore and their residency measured, as the engine's are.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass, field, replace
+from functools import partial
+from pathlib import Path
+from typing import Any
+
+from mlckpt import engine
+from mlckpt.engine import frameworks
+from mlckpt.workload.frameworks import ENGINE, Framework
+from mlckpt.workload.pipeline import DURABLE
+
+
+def buffered(opts: engine.IOOptions) -> engine.IOOptions:
+    """What a library's op does, as its record says: buffered, every file fsynced."""
+    return replace(opts, direct=False, dontcache=False, fsync=True)
+
+
+def items(names: Sequence[str], writers: Sequence[int], sizes: Sequence[int], offsets: Sequence[int],
+          buf: Any) -> list[frameworks.Item]:
+    """Each planned file as the library sees it: its key (by the rank that wrote it), its name,
+    its bytes in ``buf`` at its offset (``offsets``: the arena's, one past the last)."""
+    return [frameworks.Item(frameworks.key_of(w, n), n, buf[o : o + b])
+            for n, w, b, o in zip(names, writers, sizes, offsets[: len(names)], strict=True)]
+
+
+@dataclass
+class LibraryWrites:
+    """One rank's library checkpoints: what each save left (file sizes, who fsynced), and DCP's
+    futures while an async save runs."""
+
+    fw: Framework
+    rank: int
+    mine: Sequence[Any]  # this rank's planned files
+    offsets: Sequence[int]
+    created: Any  # the run's Created: the library's files, to evict and remove
+    saved: dict[int, frameworks.Saved] = field(default_factory=dict)
+    futures: dict[int, Any] = field(default_factory=dict)
+
+    def writes(self, k: int) -> bool:
+        return self.fw.writer_of(k) != ENGINE
+
+    def _items(self, buf: Any) -> list[frameworks.Item]:
+        return items([f.name for f in self.mine], [self.rank] * len(self.mine), [f.bytes for f in self.mine],
+                     self.offsets, buf)
+
+    def planned_paths(self, cdir: Path) -> list[str]:
+        """The files known before the save (DCP names its own: listed once it made them)."""
+        if self.fw.writer == "torch_dcp":
+            return []
+        return frameworks.paths_of(self.fw.writer, cdir, [f.name for f in self.mine])
+
+    def save(self, k: int, cdir: Path, buf: Any) -> None:
+        self._keep(k, frameworks.save(self.fw, cdir, self._items(buf), self.rank))
+
+    def start_async(self, k: int, cdir: Path, buf: Any) -> None:
+        self.futures[k] = frameworks.start_async_save(self.fw, cdir, self._items(buf))
+
+    def finish(self, k: int, cdir: Path, nbytes: int) -> dict[str, Any]:
+        """The async save's durable stage (in the background thread): from the stall's end, when
+        DCP's thread took over, until every file and the folder are durable."""
+        t0 = time.perf_counter_ns()
+        self._keep(k, frameworks.finish_async_save(self.fw, cdir, self.futures.pop(k), self.rank))
+        return {"tier": DURABLE, "t0_ns": t0, "t1_ns": time.perf_counter_ns(), "bytes": nbytes,
+                "direct": False}
+
+    def _keep(self, k: int, saved: frameworks.Saved) -> None:
+        self.saved[k] = saved
+        if self.fw.writer == "torch_dcp":
+            self.created.add_files(list(saved.files))
+
+    def fields(self, k: int) -> dict[str, Any]:
+        """What checkpoint k's write record adds (records format 8)."""
+        if not self.writes(k):
+            return {"writer": ENGINE}
+        out: dict[str, Any] = {"writer": self.fw.writer}
+        if k in self.saved:
+            out.update(file_bytes=self.saved[k].file_bytes, synced_by=self.saved[k].synced_by)
+        return out
+
+
+def restore(phase: Any, k: int, c: int, cdir: Path, scratch: Any) -> dict[str, Any]:
+    """Restore k of checkpoint c through the library: evict its files and measure their residency,
+    load (timed), verify every page in the state.  ``phase``: the ReadPhase."""
+    writer = phase.fw.writer_of(c)
+    reads = phase.reads
+    names = [rd.file.name for rd in reads]
+    nbytes = sum(rd.file.bytes for rd in reads)
+    paths = frameworks.paths_of(writer, cdir, names)
+    with phase.job.step(f"evict before restore {k}"):
+        for path in paths:
+            engine.evict(path)
+        # over the library's files that hold these bytes (DCP: all of the checkpoint's): an upper
+        # bound of what of them is resident
+        resident = min(nbytes, sum(engine.resident_bytes(path)[0] for path in paths))
+    its = items(names, [rd.writer for rd in reads], [rd.file.bytes for rd in reads], phase.offsets,
+                phase.arena)
+    ropts = buffered(phase.opts)
+    rec = phase.timer("read", k, c, partial(frameworks.load, writer, cdir, its, phase.job.rank), nbytes,
+                      len(reads), replace(ropts, fsync=phase.opts.fsync))
+    rec.pop("requests", None)  # none went through the engine
+    rec.pop("phases_ns", None)
+    rec.update(resident_bytes=resident, cached_check_bytes=nbytes, tier=DURABLE, writer=writer)
+    files = [engine.FileIO(str(cdir / it.name), it.buf, int(it.buf.size)) for it in its]
+    with phase.job.step(f"verify restore {k}"):
+        rec.update(phase.verify(k, c, files, scratch))
+    return rec

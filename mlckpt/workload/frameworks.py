@@ -1,0 +1,159 @@
+"""Which writer makes and restores each checkpoint: mlckpt's own engine, or a training framework's
+library through its real API (rules 1.11, open division).  Pure: the runner, the rules and the
+checker derive these facts from here.
+
+Writers (``framework.writer``):
+
+* ``mlckpt``: the engine (O_DIRECT where asked, aligned buffers, ``io.threads`` requests in
+  flight): the storage's best case, and the reference the others are measured against.
+* ``torch_save``: ``torch.save`` of one tensor per planned file into an open file, as DLIO's
+  PyTorch checkpointing and DeepSpeed do; restored by ``torch.load(weights_only=True)`` and a copy
+  into the state.  torch.save does not fsync: mlckpt fsyncs each file inside the op (recorded).
+* ``torch_dcp``: PyTorch Distributed Checkpoint, ``torch.distributed.checkpoint.save`` with its
+  ``FileSystemWriter`` (``framework.threads``, ``framework.sync_files``), one file per rank and the
+  coordinator's ``.metadata``; restored in place by ``torch.distributed.checkpoint.load``.  The
+  process group is made from the MPI world (gloo).  With ``checkpoint.mode=async`` the write is
+  ``async_save``: training waits while DCP stages the state, the persist runs in DCP's thread.
+* ``safetensors``: ``safetensors.torch.save_file`` of one tensor per planned file; restored by
+  ``load_file`` and a copy into the state.  save_file does not fsync: mlckpt does, inside the op.
+
+A library's op is durable only where every file and the folder were fsynced inside the timed op:
+by the library where it does so (DCP with ``sync_files``), else by mlckpt right after the
+library returned (records: ``synced_by``).  Every byte is verified after the library's load.
+
+With ``framework.reference`` (the default) the library's checkpoints alternate with the engine's,
+round by round on the same storage in the same run: odd checkpoints by the library, even ones by
+the engine, each restored by the writer that wrote it.  The headline figures are the library's;
+the summary's ``framework`` block holds the engine's and the ratio of each (the framework's
+efficiency on this storage).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+ENGINE = "mlckpt"
+SYNCED_BY = ("library", "mlckpt")  # who fsynced a library op's files inside the op
+
+
+@dataclass(frozen=True)
+class Writer:
+    name: str
+    library: str | None  # the distribution whose version run.json records (None: mlckpt's own)
+    module: str | None  # what the runner imports for it
+    syncs: str | None  # the setting under which the library fsyncs its own files (None: never)
+    asynchronous: bool  # has an async save path (checkpoint.mode=async)
+    suffix: str  # a library file's suffix in place of the planned one's ("": the planned name, or DCP's)
+
+
+WRITERS: dict[str, Writer] = {
+    ENGINE: Writer(ENGINE, None, None, None, True, ""),
+    "torch_save": Writer("torch_save", "torch", "torch", None, False, ""),
+    "torch_dcp": Writer("torch_dcp", "torch", "torch.distributed.checkpoint", "sync_files", True, ""),
+    "safetensors": Writer("safetensors", "safetensors", "safetensors.torch", None, False, ".safetensors"),
+}
+LIBRARIES = tuple(n for n in WRITERS if n != ENGINE)
+
+
+@dataclass(frozen=True)
+class Framework:
+    """A run's ``framework`` settings."""
+
+    writer: str = ENGINE
+    reference: bool = True
+    threads: int = 1  # torch_dcp: FileSystemWriter thread_count
+    sync_files: bool = True  # torch_dcp: FileSystemWriter sync_files
+
+    @classmethod
+    def of(cls, config: Mapping[str, Any]) -> Framework:
+        fw = config.get("framework") or {}  # null: the default (rules before 1.11 know no such key)
+        return cls(writer=str(fw.get("writer") or ENGINE),
+                   reference=fw.get("reference") is not False,
+                   threads=int(fw.get("threads") or 1), sync_files=fw.get("sync_files") is not False)
+
+    @property
+    def library(self) -> bool:
+        return self.writer != ENGINE
+
+    @property
+    def alternates(self) -> bool:
+        """Library and engine checkpoints alternate (the reference measured in the same run)."""
+        return self.library and self.reference
+
+    def writer_of(self, checkpoint: int) -> str:
+        """Who writes (and restores) checkpoint ``checkpoint`` (1-based)."""
+        if not self.library:
+            return ENGINE
+        return self.writer if not self.reference or checkpoint % 2 == 1 else ENGINE
+
+    def synced_by(self) -> str:
+        """Who fsyncs this library's files inside a write."""
+        return "library" if WRITERS[self.writer].syncs and self.sync_files else "mlckpt"
+
+    def settings(self) -> dict[str, Any]:
+        """What run.json records of the library's settings (those that change what it does)."""
+        if self.writer == "torch_dcp":
+            return {"thread_count": self.threads, "sync_files": self.sync_files, "single_file_per_rank": True}
+        if self.writer == "torch_save":
+            return {"weights_only_load": True, "one_file_per": "planned file"}
+        if self.writer == "safetensors":
+            return {"one_file_per": "planned file"}
+        return {}
+
+
+DCP_METADATA = (".metadata", ".metadata.tmp")  # the coordinator's (rank 0's), and its file before the rename
+
+
+def file_names(fw: Framework, rank: int, planned: Sequence[str]) -> list[str]:
+    """Every name rank ``rank``'s checkpoint files may have in a checkpoint folder, the engine's
+    and the library's: what a run that cannot finish sweeps (only those names are ever touched)."""
+    names = list(planned)
+    if fw.writer == "safetensors":
+        names += [library_name(fw.writer, n) for n in planned]
+    elif fw.writer == "torch_dcp":  # one file per rank and FileSystemWriter thread
+        names += [f"__{rank}_{i}.distcp" for i in range(fw.threads)]
+        names += list(DCP_METADATA) if rank == 0 else []
+    return names
+
+
+def library_name(writer: str, planned: str) -> str:
+    """A planned file's name as a one-file-per-planned-file library writes it: torch.save keeps it
+    (DeepSpeed's .pt files), safetensors puts its own suffix in place of the planned one."""
+    suffix = WRITERS[writer].suffix
+    return planned.rsplit(".", 1)[0] + suffix if suffix else planned
+
+
+def scope_problems(config: Mapping[str, Any]) -> list[str]:
+    """What a library writer cannot be run with (FRAMEWORK-SCOPE), each as "key=value"."""
+    fw = Framework.of(config)
+    if not fw.library:
+        return []
+    ck = config.get("checkpoint") or {}
+    bad: list[str] = []
+    mode = str(ck.get("mode", "sync"))
+    if mode == "async" and not WRITERS[fw.writer].asynchronous:
+        able = ", ".join(n for n in LIBRARIES if WRITERS[n].asynchronous)
+        bad.append(f"checkpoint.mode=async (only {able} has an async save)")
+    if (ck.get("tiers") or {}).get("fast") is not None:
+        bad.append("checkpoint.tiers.fast (one tier)")
+    if str(ck.get("folder", "")).startswith("s3://"):
+        bad.append("an s3:// folder (files only)")
+    if (config.get("state") or {}).get("source") is not None:
+        bad.append("state.source (host memory only)")
+    if str(config.get("residency", "full")) != "full":
+        bad.append("residency=stream (the whole state)")
+    if (config.get("witness") or {}).get("url"):
+        bad.append("witness.url (unwitnessed)")
+    if str(ck.get("restore", "own")) != "own":
+        bad.append("checkpoint.restore=repopulate (own)")
+    if ck.get("restore_from") or int(ck.get("num_writes", 1) or 0) == 0:
+        bad.append("a read-only invocation (writes and restores in one run)")
+    if fw.reference:
+        for key in ("num_writes", "num_reads"):
+            n = int(ck.get(key, 0) or 0)
+            if n % 2:
+                bad.append(f"checkpoint.{key}={n} (framework.reference alternates library and engine: "
+                           "an even count)")
+    return bad
