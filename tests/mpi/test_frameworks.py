@@ -223,3 +223,35 @@ def test_the_checker_shows_the_library_against_the_engine(made: dict[str, Any], 
     report = json.loads((tmp_path / "r.json").read_text())
     [b] = report["bundles"]
     assert b["metrics"]["framework"]["writer"] == "torch_save"
+
+
+def test_the_report_compare_and_leaderboard_show_the_library_against_the_engine(
+        made: dict[str, Any], tmp_path: Path) -> None:
+    h, m = made["h"], made["safetensors"]
+    ref = read_json(m["bundle"], "summary.json")["framework"]["reference"]
+    report = subprocess.run([str(BIN / "mlckpt"), "report", str(m["bundle"])], env=cli_env(), text=True,
+                            capture_output=True, timeout=120, check=False)
+    assert report.returncode == 0, report.stderr
+    assert f"safetensors: write {ref['write_ratio']:.2f}× the engine's" in report.stdout, report.stdout
+    keys = ["--trusted-keys", str(h["dir"] / "trusted-keys.yaml")]
+    proc = subprocess.run([str(BIN / "mlckpt-check"), "compare", str(h["llama3_8b"]), str(m["bundle"]),
+                           "--json", *keys], env=cli_env(), text=True, capture_output=True, timeout=120,
+                          check=False)
+    assert proc.returncode == 0, proc.stderr
+    rows = {r["key"]: r for r in json.loads(proc.stdout)["metrics"]}
+    assert (rows["framework"]["a"], rows["framework"]["b"]) == (None, "safetensors")
+    assert rows["framework_write_ratio"]["b"] == pytest.approx(ref["write_ratio"])
+    assert rows["framework_read_ratio"]["b"] == pytest.approx(ref["read_ratio"])
+    if m["status"] == 6:
+        return  # a disturbed result is on no leaderboard
+    root = tree_of(h, tmp_path / "t", m["bundle"], h["llama3_8b"])
+    (root / "trusted-keys.yaml").write_text((h["dir"] / "trusted-keys.yaml").read_text())
+    out = tmp_path / "lb.json"
+    board = subprocess.run([str(BIN / "mlckpt-check"), "leaderboard", str(root), "--format", "json",
+                            "--out", str(out)], env=cli_env(), text=True, capture_output=True, timeout=300,
+                           check=False)
+    assert board.returncode == 0, board.stdout + board.stderr
+    classes = json.loads(out.read_text())["classes"]
+    [lib] = [c for c in classes if any("through safetensors" in r["mode"] for r in c["rows"])]
+    assert lib["id"].endswith("-sync-safetensors") and len(lib["rows"]) == 1  # a class of its own
+    assert f"write {ref['write_ratio']:.2f}×" in lib["rows"][0]["mode"]

@@ -90,19 +90,22 @@ def test_plan_405b_on_1024_ranks_is_open(run_cli) -> None:  # type: ignore[no-un
 
 
 def test_plan_1t_under_two_seconds(run_cli) -> None:  # type: ignore[no-untyped-def]
-    best, cpu = float("inf"), []
-    for _ in range(2):  # the min of two runs: robust against a momentarily loaded machine
+    """The plan's own cost, in CPU seconds (user + system of the command): on a quiet machine that is
+    its wall time; beside other work the wall time also counts the waits for a core, which say
+    nothing of the plan (a busy 2-core machine took 4.3 s of wall for 1.0 s of CPU)."""
+    cpu, wall = [], []
+    for _ in range(2):  # the min of two runs
         before = resource.getrusage(resource.RUSAGE_CHILDREN)
         t0 = time.perf_counter()
         r = run_cli("plan", "workload=llama3_1t", "ranks=1024", "--json")
-        best = min(best, time.perf_counter() - t0)
+        wall.append(time.perf_counter() - t0)
         after = resource.getrusage(resource.RUSAGE_CHILDREN)
         cpu.append(after.ru_utime + after.ru_stime - before.ru_utime - before.ru_stime)
         assert r.returncode == 0, r.stderr
-        if best < 2.0:
+        if min(cpu) < 2.0:
             break
-    assert best < 2.0, (f"mlckpt plan workload=llama3_1t ranks=1024 --json took {best:.2f} s wall "
-                        f"(CPU {', '.join(f'{c:.2f}' for c in cpu)} s: a loaded machine if CPU << wall)")
+    assert min(cpu) < 2.0, (f"mlckpt plan workload=llama3_1t ranks=1024 --json took {min(cpu):.2f} s of CPU "
+                            f"(wall {', '.join(f'{w:.2f}' for w in wall)} s)")
 
 
 # ---------------------------------------------------------------------------------------------
