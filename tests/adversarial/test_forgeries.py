@@ -138,6 +138,15 @@ def runs(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
         # the tmpfs run restores from memory: verdict invalid, exit 5 (its bundle is kept)
         found = [ln for ln in proc.stdout.splitlines() if ln.startswith(("finding:", "warning:"))]
         assert proc.returncode == (5 if name == "tmpfs" else 0), (name, proc.stderr, found)
+        for _ in range(4):
+            if name != "tmpfs" or not any("[RECORDS-SKEW]" in ln for ln in found):
+                break
+            # rules 1.8's 10 ms skew floor: a rank descheduled on a busy machine (rules 1.10 raised
+            # it); the forgeries need a base whose only fault is its warm restores, so run again
+            proc = subprocess.run(proc.args, cwd=d, env=env, text=True, capture_output=True, timeout=300,
+                                  check=False)
+            found = [ln for ln in proc.stdout.splitlines() if ln.startswith(("finding:", "warning:"))]
+            assert proc.returncode == 5, (proc.stderr, found)
         line = [ln for ln in proc.stdout.splitlines() if ln.startswith("bundle: ")][-1]  # the last try's
         out[name] = Path(line[len("bundle: ") :])
     return out
@@ -413,15 +422,26 @@ def no_backpressure(stall_too: bool) -> Callable[[list[Rec]], None]:
     return fn
 
 
-def snapshot_faster(recs: list[Rec]) -> None:
-    """The snapshot into memory claimed 20× faster (the stall shrinks by as much)."""
-    for r in recs:
-        if r["op"] == "write":
-            mem = r["stages"][0]
-            cut = (mem["t1_ns"] - mem["t0_ns"]) * 19 // 20
-            mem["t1_ns"] -= cut
-            r["staged_ns"] -= cut
-            r["compute_ns"] += cut
+def snapshot_faster(folder: Path, _: dict[str, Path]) -> None:
+    """The snapshot into memory claimed 4× faster than the host's memory can copy (the stall
+    shrinks by as much).  Set from the host's own measured copy rate, not as a multiple of the
+    honest snapshot's: beside a busy core an honest snapshot can run 20× below that rate."""
+    copy = {h["hostname"]: h["memory_copy_gib_s"] for h in read_json(folder, "system.json")["hosts"]}
+    limit = 3 * 2**30  # rules' physics.memory_copy_multiple, × GiB/s
+
+    def fn(recs: list[Rec]) -> None:
+        for r in recs:
+            if r["op"] == "write":
+                host_bytes = sum(x["bytes"] for x in recs if x["op"] == "write" and x["index"] == r["index"]
+                                 and x["host"] == r["host"])
+                mem = r["stages"][0]
+                want = max(1, int(host_bytes / (4 * limit * copy[r["host"]]) * 1e9))
+                cut = max(0, mem["t1_ns"] - mem["t0_ns"] - want)
+                mem["t1_ns"] -= cut
+                r["staged_ns"] -= cut
+                r["compute_ns"] += cut
+
+    recs_edit(fn)(folder, _)
 
 
 def longer_training(recs: list[Rec]) -> None:
@@ -735,7 +755,7 @@ FORGERIES: dict[str, list[Forgery]] = {
             also=COUNTERS | SHORTENED,
             system=NOMAX,
         ),
-        Forgery("snapshot-20x-faster", "async", recs_edit(snapshot_faster), "(memory stage)", also=COUNTERS),
+        Forgery("snapshot-faster-than-memory", "async", snapshot_faster, "(memory stage)", also=COUNTERS),
     ],
     "HOST-CLOCKS": [
         Forgery("one-host-as-two", "sync", two_hosts(boot=False), "share boot id", also=COUNTERS),

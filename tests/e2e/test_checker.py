@@ -357,6 +357,11 @@ NEGATIVE_CASES: dict[str, list[Case]] = {
         C("summary.read_latency_ms.p99", mutate=lambda f: edit_json(
             f, "summary.json", lambda s: s["read_latency_ms"].update(p99=s["read_latency_ms"]["p99"] / 2)))],
     # a canonical name on another model (the leaderboard would list it as llama3_8b)
+    # rules 1.11: a library writer with a fast tier (FRAMEWORK-RECORDED's cases: tests/mpi/test_frameworks.py)
+    "FRAMEWORK-SCOPE": [C("got checkpoint.tiers.fast (one tier)", mutate=lambda f: edit_yaml(
+        f, "config.yaml", lambda c: c.update(
+            framework={"writer": "torch_save", "reference": None, "threads": None, "sync_files": None},
+            checkpoint={**c["checkpoint"], "tiers": {"fast": "/nvme/fast", "fast_keep": 1}})))],
     "WORKLOAD-NAME": [C("expected workload.model.num_layers=32 for llama3_8b, got "
                         "workload.model.num_layers=16", mutate=lambda f: edit_yaml(
                             f, "config.yaml", setitem("workload.model.num_layers", 16)))],
@@ -623,11 +628,12 @@ def test_every_rule_a_bundle_can_break_has_a_case() -> None:
     # (1.10) in tests/mpi/test_split.py (real pairs)
     split_forgeries = forgery_rules("test_split.py")
     witness_forgeries = forgery_rules("test_witness_run.py")
+    framework_forgeries = forgery_rules("test_frameworks.py")  # rules 1.11: real library runs
     # and the warning STATE-HUGEPAGES its case in tests/e2e/test_what_changes_the_figure.py
     # (NEGATIVE_CASES count verdicts)
     assert {r.id for r in load_rules().rules} - no_bundle_data == (
         set(NEGATIVE_CASES) | forgery_rules("test_forgeries.py") | witness_forgeries | split_forgeries
-        | {"STATE-HUGEPAGES"})
+        | framework_forgeries | {"STATE-HUGEPAGES"})
 
 
 def test_mutated_tree_exit_status_and_counts(mutated: Any) -> None:
@@ -931,13 +937,13 @@ def test_missing_trusted_keys_is_a_usage_error(honest_bundles: dict[str, Path], 
 def test_forced_rules_version_and_jobs_agree(honest_bundles: dict[str, Path], tmp_path: Path) -> None:
     root = honest_tree(tmp_path / "t", honest_bundles)
     a = check(root, honest_bundles, jobs=1)
-    b = check(root, honest_bundles, jobs=2, forced_rules="1.10")
+    b = check(root, honest_bundles, jobs=2, forced_rules="1.11")
     assert a["bundles"] == b["bundles"] and a["exit_status"] == b["exit_status"] == 0
-    assert a["rules_versions"] == b["rules_versions"] == ["1.10"]
-    # 1.9 knows neither records format 7 nor 1.10's configuration keys: refused by its schemas
-    older = check(root, honest_bundles, jobs=2, forced_rules="1.9")
-    assert older["exit_status"] == 1 and older["rules_versions"] == ["1.9"]
-    assert all("records_format: 6 was expected" in {f["actual"] for f in x["findings"]}
+    assert a["rules_versions"] == b["rules_versions"] == ["1.11"]
+    # 1.10 knows neither records format 8 nor 1.11's configuration keys: refused by its schemas
+    older = check(root, honest_bundles, jobs=2, forced_rules="1.10")
+    assert older["exit_status"] == 1 and older["rules_versions"] == ["1.10"]
+    assert all("records_format: 7 was expected" in {f["actual"] for f in x["findings"]}
                for x in older["bundles"])
     # An older rules version judges these newer bundles by its own schemas: records format 3 is
     # not one of them, so they fail there (never silently pass).
