@@ -167,8 +167,8 @@ NEGATIVE: list[tuple[str, Callable[[], Context], list[str]]] = [
     # rules 1.11: a library writer with what it cannot run with (more: test_framework_rules.py)
     ("FRAMEWORK-SCOPE", lambda: ctx_of("division=open", "framework.writer=torch_save", "residency=stream"),
      ["a library writer runs one tier on files, with the whole state in host memory, unwitnessed, writing "
-      "and restoring in one invocation (async only through DCP's async_save; with framework.reference, even "
-      "counts): expected framework.writer=torch_save without them, got residency=stream (the whole state)"]),
+      "and restoring in one invocation (async only through DCP's async_save): expected "
+      "framework.writer=torch_save without them, got residency=stream (the whole state)"]),
     ("CLOSED-RANKS", lambda: ctx_of("workload=llama3_8b", "ranks=16"),
      ["closed runs of this workload use exactly 8 ranks; got 16"]),
     ("CLOSED-COUNTS", lambda: ctx_of("checkpoint.num_writes=3"),
