@@ -17,6 +17,7 @@ import yaml
 from support.cli import cli_env
 from support.forge import edit_json, edit_records, read_json, read_records, resign, resummarize
 from support.runs import assert_ran, printed_bundle
+from support.trees import tree_of
 
 from checker.tree_check import check_tree
 from mlckpt import bundle
@@ -28,7 +29,6 @@ pytest.importorskip("torch")
 pytest.importorskip("safetensors")
 
 BIN = Path(sys.executable).parent
-ORG, SYSTEM = "example-org", "laptop-ext4"
 BASE = ("rules_version=1.11", "workload=llama3_8b", "division=open", "scale=0.0005", "ranks=2",
         "checkpoint.num_writes=2", "checkpoint.num_reads=2", "checkpoint.folder=ck", "output.root=results")
 RUNS = {
@@ -62,14 +62,6 @@ def made(honest_bundles: dict[str, Path], tmp_path_factory: pytest.TempPathFacto
         out[name] = {"bundle": printed_bundle(proc), "out": proc.stdout, "cwd": cwd,
                      "status": proc.returncode}
     return out
-
-
-def tree_of(h: dict[str, Path], root: Path, *bundles: Path) -> Path:
-    (root / "open" / ORG / "systems").mkdir(parents=True)
-    shutil.copy(h["dir"] / "laptop-ext4.yaml", root / "open" / ORG / "systems")
-    for b in bundles:
-        shutil.copytree(b, root / "open" / ORG / "results" / SYSTEM / "llama3_8b" / b.name)
-    return root
 
 
 def judged(h: dict[str, Path], root: Path) -> dict[str, Any]:

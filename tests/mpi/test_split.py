@@ -14,12 +14,12 @@ from typing import Any
 
 import pytest
 from support.runs import printed_bundle
+from support.trees import tree_of
 
 from checker.tree_check import check_tree
 from mlckpt import bundle
 
 BIN = Path(sys.executable).parent
-ORG, SYSTEM = "example-org", "laptop-ext4"
 SMALL = ("workload=llama3_8b", "division=open", "scale=0.0005", "ranks=4", "io.direct=false")
 # Rules whose failing cases are here, on bundles of real split pairs: a read half re-pointed at
 # another write half, a read half moved on the wall clock (tests/e2e/test_checker.py and
@@ -42,14 +42,6 @@ def write_half(h: dict[str, Path], cwd: Path, writes: int = 2) -> Path:
     proc = run(h, cwd, f"checkpoint.num_writes={writes}", "checkpoint.num_reads=0", "checkpoint.keep=true")
     assert proc.returncode == 0, proc.stderr
     return printed_bundle(proc)
-
-
-def tree_of(h: dict[str, Path], root: Path, *bundles: Path) -> Path:
-    (root / "open" / ORG / "systems").mkdir(parents=True)
-    shutil.copy(h["dir"] / "laptop-ext4.yaml", root / "open" / ORG / "systems")
-    for b in bundles:
-        shutil.copytree(b, root / "open" / ORG / "results" / SYSTEM / "llama3_8b" / b.name)
-    return root
 
 
 def checked(h: dict[str, Path], root: Path) -> dict[str, Any]:

@@ -25,6 +25,15 @@ def write_system(root: Path, h: Mapping[str, Path], division: str = "open", syst
     return p
 
 
+def tree_of(h: Mapping[str, Path], root: Path, *bundles: Path) -> Path:
+    """``bundles`` (llama3_8b runs) under the open division of the checker's organisation and
+    system, with its system description."""
+    write_system(root, h)
+    for b in bundles:
+        shutil.copytree(b, root / "open" / ORG / "results" / SYSTEM / "llama3_8b" / b.name)
+    return root
+
+
 def honest_tree(root: Path, h: Mapping[str, Path], *, pack_7b: bool = True) -> Path:
     """The two honest bundles in place, llama_7b packed as <run-id>.tar.gz."""
     write_system(root, h)
