@@ -67,7 +67,8 @@ def run_mlckpt(args: list[str], cwd: Path, *, timeout: float = TIMEOUT_S, mpiexe
 def assert_ran(proc: subprocess.CompletedProcess[str]) -> None:
     """A run that finished as a result (exit 0), or that a busy disk disturbed on every try and
     said so (exit 6): never invalid, never an error."""
-    assert proc.returncode in (0, 6), proc.stderr
+    found = [ln for ln in proc.stdout.splitlines() if ln.startswith(("finding:", "note:", "warning:"))]
+    assert proc.returncode in (0, 6), (proc.stderr, found)  # the findings say which rule, and why
     if proc.returncode == 6:
         assert "verdict disturbed" in proc.stdout, proc.stdout[-2000:]
 
