@@ -327,8 +327,7 @@ FRAMEWORK_FIGURES = ("write_bandwidth_mean_gib_s", "read_bandwidth_mean_gib_s", 
 
 
 def _framework_block(writer: str, mine: Mapping[str, Any], ref: Mapping[str, Any] | None) -> dict[str, Any]:
-    """Summary format 7's ``framework``: ratio = library / engine, per direction (None where either
-    side has no figure)."""
+    """Summary format 7's ``framework``: each ratio library / engine (None where a side has none)."""
     block: dict[str, Any] = {"writer": writer, **{k: mine.get(k) for k in FRAMEWORK_FIGURES}}
     block["reference"] = None
     if ref is not None:
