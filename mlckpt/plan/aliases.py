@@ -18,7 +18,7 @@ WORKLOADS = {
 }
 
 # rules=/rules_version=: rule sets by the name their owners give them.
-RULE_SETS = {"mlperf-storage-v3.0": "mlps-v3.0r4"}
+RULE_SETS = {"mlperf-storage-v3.0": "mlps-v3.0r5"}
 
 # Keys whose value is text to keep as typed, quoted for Hydra where it would read it otherwise: a
 # public key (ed25519:<base64>: '+', '/' and '=' are override syntax), a rules version (1.10 would

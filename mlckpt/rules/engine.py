@@ -26,7 +26,7 @@ from mlckpt.workload.model import Workload
 
 SEVERITIES = ("invalid", "disturbed", "open", "warning")
 STAGES = ("config", "host", "result", "submission")
-DEFAULT_RULES_VERSION = "1.11"
+DEFAULT_RULES_VERSION = "1.12"
 # A rule's exit class (rules.yaml ``exit``): a failed ``integrity`` rule means the bytes cannot
 # be trusted at all (mlckpt-check exits 3); a failed ``rules`` rule makes a result invalid or open.
 EXIT_CLASSES = ("rules", "integrity")

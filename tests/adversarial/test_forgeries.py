@@ -168,6 +168,9 @@ class Forgery:
     system: str = SYSTEM
     org: str = ORG
     signer: str = "org"
+    # the named rule's severity: a disturbed rule's forgery is invalid only where an invalid rule of
+    # ``also`` fired too (an op recorded shorter than the busy host's late counters allow)
+    verdict: str = "invalid"
 
 
 def recs_edit(fn: Callable[[list[Rec]], Any], *, summary: bool = True) -> Edit:
@@ -509,7 +512,7 @@ def facts_edit(**values: Any) -> Edit:
 
 
 SUMMARY = "summary.json"
-COUNTERS = frozenset({"DEVICE-COUNTERS"})
+COUNTERS = frozenset({"DEVICE-COUNTERS", "COUNTERS-LATE"})  # an edited op can reach the late counters too
 # An op made shorter in its records keeps the requests' honest latencies (rules 1.10): some
 # request is then longer than the op.
 SHORTENED = frozenset({"RECORDS-REQUESTS"})
@@ -604,11 +607,15 @@ FORGERIES: dict[str, list[Forgery]] = {
             "ops[0].bandwidth_gib_s",
         ),
     ],
-    "DEVICE-COUNTERS": [
+    # rules 1.12: counters read past the host's allowance after an op are a busy host's, or an op
+    # recorded as ending earlier than it did; either way no result
+    "COUNTERS-LATE": [
         Forgery(
             "writes-3x-end-earlier", "sync", recs_edit(faster("write", 3)), "before the counters were read",
-            also=SHORTENED,
+            also=SHORTENED, verdict="disturbed",
         ),
+    ],
+    "DEVICE-COUNTERS": [
         Forgery(
             "reads-3x-start-later",
             "sync",
@@ -700,7 +707,7 @@ FORGERIES: dict[str, list[Forgery]] = {
             "sync",
             recs_edit(slow_ranks_start_late),
             "leave the barrier within",
-            also=frozenset({"DEVICE-COUNTERS", "RECORDS-COPIES"}) | SHORTENED,
+            also=COUNTERS | {"RECORDS-COPIES"} | SHORTENED,
         ),
     ],
     "RECORDS-COPIES": [
@@ -735,7 +742,7 @@ FORGERIES: dict[str, list[Forgery]] = {
             "sync",
             drop_slowest_rank(adjust=True),
             "files",
-            also=frozenset({"SUMMARY-EXACT", "BUNDLE-PREDICATE", "DEVICE-COUNTERS"}),
+            also=COUNTERS | {"SUMMARY-EXACT", "BUNDLE-PREDICATE"},
         ),
         Forgery(
             "another-workload-label", "sync", relabel("llama_7b"), "files", also=frozenset({"SUMMARY-EXACT"})
@@ -747,7 +754,7 @@ FORGERIES: dict[str, list[Forgery]] = {
             "sync",
             full_scale(),
             "measured memory copy rate",
-            also=frozenset({"DEVICE-COUNTERS", "BANDWIDTH-PLAUSIBLE", "HOST-MEMORY"}),
+            also=COUNTERS | {"BANDWIDTH-PLAUSIBLE", "HOST-MEMORY"},
         ),
         Forgery(
             "10TB-s-restores-storage-max-removed",
@@ -918,9 +925,9 @@ def test_forgery_is_caught_under_its_rule(
     assert hits, f"{rule} did not fire: {[(f['rule'], f['message'][-160:]) for f in forged['findings']]}"
     assert any(forgery.fragment in f["message"] for f in hits), [f["message"] for f in hits]
     assert forged["integrity"] == "ok"  # re-signed with a trusted key: every signature holds
-    assert forged["verdict"] == "invalid"
     fired = {f["rule"] for f in forged["findings"]}
     assert fired <= {rule, "RESULT-VERDICT", *forgery.also}, fired
+    assert forged["verdict"] == ("invalid" if fired & forgery.also else forgery.verdict), fired
     for p, b in by_path.items():  # the honest neighbours pass; the copied one is a duplicate too
         if p == path:
             continue

@@ -23,7 +23,7 @@ from mlckpt.rules import Context, HostSpec, RuleSet, load_rules
 from mlckpt.rules.checks.result import RunData
 from mlckpt.units import GiB
 
-MLPERF = "mlps-v3.0r4"  # the rule set rules=mlperf-storage-v3.0 selects
+MLPERF = "mlps-v3.0r5"  # the rule set rules=mlperf-storage-v3.0 selects
 RS = load_rules(MLPERF)
 BIN = Path(sys.executable).parent
 # A closed MLPerf configuration of llama3_8b that passes every MLPerf rule before I/O.
@@ -255,8 +255,8 @@ ALIASES: list[tuple[str, str]] = [
     ("checkpoint.checkpoint_folder=/mnt/x", "checkpoint.folder=/mnt/x"),
     ("checkpoint.time_between_checkpoints=5", "checkpoint.compute_interval_s=5"),
     ("rules=1.1", "rules_version='1.1'"),  # quoted: a version is text, never the number 1.1
-    ("rules=mlperf-storage-v3.0", "rules_version=mlps-v3.0r4"),
-    ("rules_version=mlperf-storage-v3.0", "rules_version=mlps-v3.0r4"),
+    ("rules=mlperf-storage-v3.0", "rules_version=mlps-v3.0r5"),
+    ("rules_version=mlperf-storage-v3.0", "rules_version=mlps-v3.0r5"),
     ("io.threads=2", "io.threads=2"),
     # mlpstorage's own names
     ("model=llama3-70b", "workload=llama3_70b"),

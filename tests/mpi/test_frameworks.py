@@ -29,7 +29,7 @@ pytest.importorskip("torch")
 pytest.importorskip("safetensors")
 
 BIN = Path(sys.executable).parent
-BASE = ("rules_version=1.11", "workload=llama3_8b", "division=open", "scale=0.0005", "ranks=2",
+BASE = ("rules_version=1.12", "workload=llama3_8b", "division=open", "scale=0.0005", "ranks=2",
         "checkpoint.num_writes=2", "checkpoint.num_reads=2", "checkpoint.folder=ck", "output.root=results")
 RUNS = {
     "torch_save": ("framework.writer=torch_save",),

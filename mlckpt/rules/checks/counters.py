@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import itertools
 from collections.abc import Iterator, Mapping, Sequence
-from typing import Any
+from typing import Any, Literal
 
 from mlckpt.attribution import attributed, op_window
 from mlckpt.metrics import group_ops
@@ -16,16 +16,23 @@ from mlckpt.rules.checks.timing import abs_bound_ns, calibration_outcomes
 from mlckpt.rules.engine import Context, NotChecked, Outcome, Rule, RuleSet, checks_table
 from mlckpt.workload.pipeline import MEMORY_FILESYSTEMS, Pipeline
 
+# What a check judges of the counters: everything (rules 1.2 to 1.11), all but a window tail past
+# the host's allowance ("framed": DEVICE-COUNTERS restated in 1.12), or that tail alone ("late":
+# COUNTERS-LATE, disturbed: a host too busy to read its counters in time cannot be told from an op
+# recorded as ending earlier than it did; either way no result, never invalid for a busy host).
+Part = Literal["all", "framed", "late"]
+
 BLOCK_FILESYSTEMS = frozenset({"ext2", "ext3", "ext4", "xfs", "f2fs", "jfs", "reiserfs"})
 
 
 def _window(
     rs: RuleSet, d: RunData, b: Mapping[str, Any], key: tuple[str, int], hr: Sequence[Rec], leader: Rec,
-    op_dur: int,
+    op_dur: int, part: Part = "all",
 ) -> Iterator[Outcome]:
     """The counters' window against the records: read on leaving the barrier right before the
     leader's own start, and again soon after the host's last rank ended (the wait for other hosts'
-    slower ranks allowed).  The absolute allowances are the host's own calibration's (rules 1.8)."""
+    slower ranks allowed).  The absolute allowances are the host's own calibration's (rules 1.8).
+    ``part``: see :data:`Part`."""
     hc = leader["host_counters"]
     c0, c1 = int(hc["before"]["t_ns"]), int(hc["after"]["t_ns"])
     host = str(leader["host"])
@@ -35,7 +42,7 @@ def _window(
     # rules 1.8: the host's calibration, plus a share of the op (the other allowances have theirs)
     head_max = abs_bound_ns(rs, d, host, "head_ns", b["head_abs_s"]) + (
         float(rs.data["timing"]["head_rel"]) * op_dur if "timing" in rs.data else 0)
-    if not 0 <= head <= head_max:
+    if part != "late" and not 0 <= head <= head_max:
         yield Outcome(
             False,
             f"the leader's start at most {head_max / 1e6:.0f} ms after its counters",
@@ -47,14 +54,14 @@ def _window(
             + (op_dur - host_dur))
     if key[0] == "write" and Pipeline.of(d.config).background:
         tail += b["tail_background_s"] * 1e9  # the ranks' background stages compete for the CPUs
-    if last > c1:
+    if last > c1 and part != "late":
         yield Outcome(
             False,
             "every rank of the host ended before the counters were read",
             f"{(last - c1) / 1e6:.1f} ms after",
             where=where,
         )
-    elif c1 - last > tail:
+    elif last <= c1 and c1 - last > tail and part != "framed":
         yield Outcome(
             False,
             f"the op ends at most {tail / 1e6:.1f} ms before the counters were read",
@@ -206,38 +213,57 @@ def device_counters(ctx: Context, rs: RuleSet, rule: Rule) -> Iterator[Outcome |
     read at least the bytes not resident, and no op's worth of bytes moved between ops; O_DIRECT
     did not fill the page cache; a memory filesystem is never cold, and a block filesystem has its
     device."""
+    yield from _judge(ctx, rs, "all")
+
+
+def device_counters_framed(ctx: Context, rs: RuleSet, rule: Rule) -> Iterator[Outcome | NotChecked]:
+    """As :func:`device_counters`, less a window tail past the host's allowance (rules 1.12: that
+    is COUNTERS-LATE's)."""
+    yield from _judge(ctx, rs, "framed")
+
+
+def counters_late(ctx: Context, rs: RuleSet, rule: Rule) -> Iterator[Outcome | NotChecked]:
+    """Each host read its counters within its allowance after the op's last rank ended (a sample
+    the other checks cannot read is DEVICE-COUNTERS' to name)."""
+    yield from _judge(ctx, rs, "late")
+
+
+def _judge(ctx: Context, rs: RuleSet, part: Part) -> Iterator[Outcome | NotChecked]:
     d, b, attr = run_data(ctx), evidence_bounds(rs)["counters"], rs.data.get("attribution")
     if int(d.run.get("records_format", 0)) < 3:
         yield NotChecked("the records carry no kernel counters (records format 2)")
         return
     facts = host_facts(d)
+    whole = part != "late"
     for host, f in sorted(facts.items()):
         fs = (f.get("filesystem") or {}).get("fs_type")
-        if fs in BLOCK_FILESYSTEMS and f.get("block_device") is None:
+        if whole and fs in BLOCK_FILESYSTEMS and f.get("block_device") is None:
             yield Outcome(
                 False, f"the block device of the {fs} checkpoint folder", "none", where=f"host {host}"
             )
     ops = group_ops(d.records)
-    yield from calibration_outcomes(rs, d, sorted(by_host(d.records)), ("head_ns", "tail_ns"))
+    if whole:
+        yield from calibration_outcomes(rs, d, sorted(by_host(d.records)), ("head_ns", "tail_ns"))
     windows: dict[str, list[tuple[tuple[str, int], Rec, int]]] = {}
     for key, recs in ops.items():  # writes first, each in index order
         op_dur = max(op_end(r) - int(r["t0_ns"]) for r in recs)
         for host, hr in sorted(by_host(recs).items()):
+            where = f"{key[0]} {key[1]} on {host}"
             leaders = [r for r in hr if "host_counters" in r]
             if len(leaders) != 1 or leaders[0]["host_counters"]["before"] is None:
-                yield Outcome(
-                    False,
-                    "one record with the host's counters",
-                    f"{len(leaders)}",
-                    where=f"{key[0]} {key[1]} on {host}",
-                )
+                if whole:
+                    yield Outcome(False, "one record with the host's counters", f"{len(leaders)}",
+                                  where=where)
                 continue
             missing = _missing_fields(leaders[0]["host_counters"])
             if missing:  # released schemas require only t_ns of a sample: never a checker fault
-                yield Outcome(False, "counter samples with every field the rule reads", missing,
-                              where=f"{key[0]} {key[1]} on {host}")
+                if whole:
+                    yield Outcome(False, "counter samples with every field the rule reads", missing,
+                                  where=where)
                 continue
-            yield from _window(rs, d, b, key, hr, leaders[0], op_dur)
+            yield from _window(rs, d, b, key, hr, leaders[0], op_dur, part)
+            if not whole:
+                continue
             yield from _device(d, b, attr, key, hr, leaders[0], facts.get(host, {}))
             counted = sum(int(r["bytes"]) for r in hr if counted_op(d, r))
             if counted and leaders[0]["host_counters"].get("device") is not None:
@@ -246,4 +272,4 @@ def device_counters(ctx: Context, rs: RuleSet, rule: Rule) -> Iterator[Outcome |
         yield from _between(b, attr, host, ws)
 
 
-CHECKS = checks_table(device_counters)
+CHECKS = checks_table(device_counters, device_counters_framed, counters_late)

@@ -18,12 +18,12 @@ from mlckpt import attribution
 from mlckpt.attribution import foreign_note
 from mlckpt.host import facts
 from mlckpt.rules import load_rules
-from mlckpt.rules.checks.counters import device_counters
+from mlckpt.rules.checks.counters import counters_late, device_counters, device_counters_framed
 from mlckpt.rules.checks.evidence import start_skew
 from mlckpt.rules.checks.foreign_io import foreign_io
 from mlckpt.rules.checks.result import RunData
 from mlckpt.rules.checks.timing import abs_bound_ns
-from mlckpt.rules.engine import Context, Finding, NotChecked, Outcome, verdict
+from mlckpt.rules.engine import Context, Finding, NotChecked, Outcome, make_finding, verdict
 from mlckpt.run.phases.calibrate import host_samples
 
 MiB = 1 << 20
@@ -396,6 +396,55 @@ def test_a_counter_sample_without_a_field_is_a_finding_never_a_checker_fault(sid
     recs[0]["host_counters"][side][field] = "12"  # a string where a count belongs: the same
     assert any(isinstance(o, Outcome) and o.actual == f"{side} sample without {field}"
                for o in failed(device_counters, "DEVICE-COUNTERS", run_of(recs)))
+
+
+def test_counters_read_late_by_a_busy_host_disturb_under_1_12_and_an_op_after_them_is_invalid() -> None:
+    """Seen beside the tenant and the test suite: an honest run's counters read 182.5 ms after its
+    op, past the 166.7 ms its host allows.  1.11 called that invalid; 1.12 calls it disturbed
+    (COUNTERS-LATE) with the same figures, and keeps what no busy host explains invalid."""
+    recs = two_writes((0, 0))
+    first = [r for r in recs if r["index"] == 1]
+    last_end = max(r["t1_ns"] for r in first)
+    tail_allowed = 0.15e9 + 0.2 * 400_000_000  # the tail floor + tail_rel of the op (calibrated 3 ms)
+    recs[0]["host_counters"]["after"]["t_ns"] = last_end + int(tail_allowed) + 20_000_000
+    [old] = failed(device_counters, "DEVICE-COUNTERS", run_of(recs), "1.11")
+    assert isinstance(old, Outcome) and old.actual == f"{(tail_allowed + 20e6) / 1e6:.1f} ms"
+    assert old.expected == f"the op ends at most {tail_allowed / 1e6:.1f} ms before the counters were read"
+    assert failed(device_counters_framed, "DEVICE-COUNTERS", run_of(recs), "1.12") == []
+    [late] = failed(counters_late, "COUNTERS-LATE", run_of(recs), "1.12")
+    assert isinstance(late, Outcome) and (late.expected, late.actual, late.where) == (
+        old.expected, old.actual, "write 1 on h")
+    rs = load_rules("1.12")
+    finding = make_finding(rs.rule("COUNTERS-LATE"), late)
+    assert verdict([finding], "open") == "disturbed"
+    assert "a host too busy to read them in time" in finding.message
+    # within the allowance: nothing from either
+    recs[0]["host_counters"]["after"]["t_ns"] = last_end + int(tail_allowed) - 20_000_000
+    assert failed(counters_late, "COUNTERS-LATE", run_of(recs), "1.12") == []
+    # a rank that ended after the counters were read, or a leader that started before its first
+    # counters, is no busy host: still invalid, and never COUNTERS-LATE's
+    recs[0]["host_counters"]["after"]["t_ns"] = last_end - 5_000_000
+    [after] = failed(device_counters_framed, "DEVICE-COUNTERS", run_of(recs), "1.12")
+    assert isinstance(after, Outcome) and after.actual == "5.0 ms after"
+    assert failed(counters_late, "COUNTERS-LATE", run_of(recs), "1.12") == []
+    recs[0]["host_counters"]["after"]["t_ns"] = last_end + 2_000_000
+    recs[0]["host_counters"]["before"]["t_ns"] = recs[0]["t0_ns"] + 1_000_000
+    [early] = failed(device_counters_framed, "DEVICE-COUNTERS", run_of(recs), "1.12")
+    assert isinstance(early, Outcome) and early.actual == "-1.0 ms"
+
+
+def test_rules_1_12_and_mlps_r5_change_only_the_late_counters() -> None:
+    for old, new in (("1.11", "1.12"), ("mlps-v3.0r4", "mlps-v3.0r5")):
+        a, b = load_rules(old), load_rules(new)
+        own = {"version", "extends", "rules", "omit", "schemas"}  # what a rules.yaml says of itself
+        assert {k: v for k, v in a.data.items() if k not in own} == {
+            k: v for k, v in b.data.items() if k not in own}
+        before = {r.id: (r.severity, r.check, r.message) for r in a.rules}
+        after = {r.id: (r.severity, r.check, r.message) for r in b.rules}
+        assert {k for k in after if after[k] != before.get(k)} == {"DEVICE-COUNTERS", "COUNTERS-LATE"}
+        assert after["DEVICE-COUNTERS"] == ("invalid", "device_counters_framed", before["DEVICE-COUNTERS"][2])
+        assert after["COUNTERS-LATE"][:2] == ("disturbed", "counters_late")
+        assert set(before) <= set(after)
 
 
 # ------------------------------------------------------------------------------ timing

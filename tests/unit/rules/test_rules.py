@@ -695,7 +695,7 @@ def test_rule_data_is_well_formed() -> None:
         assert set(r.divisions) <= {"closed", "open"} and r.divisions
         assert r.check in CHECKS
         assert "{actual}" in r.message
-    assert RS.version == "1.11"
+    assert RS.version == "1.12"
     assert RS.closed["num_writes"] == RS.closed["num_reads"] == 10
     assert RS.closed["min_ranks_per_host"] == 4
     assert {k: RS.accelerators[k] for k in ("h100", "h200", "b200", "mi300x", "mi355x")} == {
@@ -712,8 +712,8 @@ def test_load_rules_unknown_version() -> None:
     with pytest.raises(ConfigError) as exc:
         load_rules("9.9")
     assert str(exc.value) == ("rules_version: unknown rules version '9.9'; known: 1.0, 1.1, 1.2, 1.3, 1.4, "
-                              "1.5, 1.6, 1.7, 1.8, 1.9, 1.10, 1.11, mlps-v3.0, mlps-v3.0r2, mlps-v3.0r3, "
-                              "mlps-v3.0r4")
+                              "1.5, 1.6, 1.7, 1.8, 1.9, 1.10, 1.11, 1.12, mlps-v3.0, mlps-v3.0r2, "
+                              "mlps-v3.0r3, mlps-v3.0r4, mlps-v3.0r5")
     assert exc.value.key == "rules_version"
     assert exc.value.exit_status == 2
 
