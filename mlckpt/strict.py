@@ -181,18 +181,28 @@ def _constant(name: str) -> Any:
     raise ParseError(f"non-standard JSON constant {name}")
 
 
+# How many integral floats (2.0, 1e3) the decoder has met: a caller that reads it before and after a
+# decode knows whether the document holds one without walking it (the checker's fast schema path
+# trusts only documents without).  It only grows; a racing thread can only make it look higher.
+_integral = [0]
+
+
+def integral_floats() -> int:
+    return _integral[0]
+
+
 def _float(text: str) -> float:
     value = float(text)
     if not math.isfinite(value):
         raise ParseError(f"number {text[:40]} overflows a double")
+    if value.is_integer():
+        _integral[0] += 1
     return value
 
 
 def _int(text: str) -> int:
-    if len(text.lstrip("-")) > 19:  # 2**63 has 19 digits; refuse before converting
-        raise ParseError("integer outside the signed 64-bit range")
-    value = int(text)
-    if not MIN_INT <= value <= MAX_INT:
+    # 2**63 has 19 digits: a longer text is refused before converting (called for every integer)
+    if len(text) > 20 or not MIN_INT <= (value := int(text)) <= MAX_INT:
         raise ParseError("integer outside the signed 64-bit range")
     return value
 

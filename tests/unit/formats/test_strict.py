@@ -49,3 +49,13 @@ def test_a_plain_record_line_skips_the_walk(monkeypatch: pytest.MonkeyPatch) -> 
     assert walks == []
     strict.loads_json('{"host": "caf\\u00e9"}')  # an escape: walked
     assert walks == [1]
+
+
+@pytest.mark.parametrize(("text", "integral"), [
+    ('{"a": 2.0}', True), ('{"a": 1e3}', True), ('{"a": [1, {"b": -0.0}]}', True), ('{"a": 2.5}', False),
+    ('{"a": 2, "b": "2.0"}', False), ('{"a": 1.5e-05}', False), ('{"a": 12345678901234567.0}', True),
+])
+def test_the_decoder_counts_the_integral_floats_it_reads(text: str, integral: bool) -> None:
+    before = strict.integral_floats()
+    strict.loads_json(text)
+    assert (strict.integral_floats() != before) is integral

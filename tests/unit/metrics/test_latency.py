@@ -53,8 +53,56 @@ def test_histograms_merge_exactly(parts: list[list[int]]) -> None:
     assert latency.cdf_ms(merged) == latency.cdf_ms(whole)
 
 
-def _blob(digits: int, lowest: int, highest: int, counts: bytes = b"\x02") -> str:
-    head = struct.pack(">IIIIQQd", 0x1C849304 | 0x10, len(counts), 0, digits, lowest, highest, 1.0)
+def _library_merge(blocks: list[dict[str, Any]]) -> tuple[Any, latency.Longest]:
+    """What merged() stands for: each block decoded by the library into a histogram of its own and
+    added with HdrHistogram.add."""
+    out, seen = latency.histogram(), {}
+    for b in blocks:
+        h = latency.decode(b)
+        seen[id(b)] = latency.longest(h)
+        out.add(h)
+    return out, seen
+
+
+def _raw_block(values: list[int]) -> dict[str, Any]:
+    """A block as a hostile or odd runner could write it: any value the histogram takes, 0 and
+    none included (the runner's own encode() clamps to 1 ns and writes no empty block)."""
+    h = latency.histogram()
+    for v in values:
+        h.record_value(v)
+    return {"count": len(values), "hist": h.encode().decode("ascii")}
+
+
+@settings(max_examples=150, deadline=None)
+@given(st.lists(st.lists(st.integers(0, latency.HIGHEST_NS), max_size=60), min_size=1, max_size=6))
+def test_merged_is_exactly_the_librarys_decode_and_add(parts: list[list[int]]) -> None:
+    blocks = [_raw_block(p) for p in parts]
+    ref, ref_seen = _library_merge(blocks)
+    seen: latency.Longest = {}
+    got = latency.merged(blocks, seen)
+    assert list(got.counts) == list(ref.counts)
+    assert (got.total_count, got.max_value, got.min_value) == (ref.total_count, ref.max_value, ref.min_value)
+    assert (got.get_max_value(), got.get_min_value()) == (ref.get_max_value(), ref.get_min_value())
+    assert seen == ref_seen
+    if ref.total_count:
+        assert latency.percentiles_ms(got) == latency.percentiles_ms(ref)
+
+
+def test_merged_refuses_what_decode_refuses_with_the_same_words() -> None:
+    good = latency.encode([5_000, 6_000])
+    assert good is not None
+    hostile = ({**good, "count": 3}, {"count": 1, "hist": "QUJD" * 4},
+               {"count": 1, "hist": _blob(5, 1, 2**62)})
+    for bad in hostile:
+        with pytest.raises(ValueError) as one:
+            latency.decode(bad)
+        with pytest.raises(ValueError) as many:
+            latency.merged([good, bad])
+        assert str(one.value) == str(many.value)
+
+
+def _blob(digits: int, lowest: int, highest: int, counts: bytes = b"\x02", inner: int = 0x1C849303) -> str:
+    head = struct.pack(">IIIIQQd", inner | 0x10, len(counts), 0, digits, lowest, highest, 1.0)
     body = zlib.compress(head + counts)
     return base64.b64encode(struct.pack(">II", 0x1C849304 | 0x10, len(body)) + body).decode()
 
@@ -66,6 +114,9 @@ def _blob(digits: int, lowest: int, highest: int, counts: bytes = b"\x02") -> st
     ({"count": 1, "hist": 7}, "at most 65536 characters"),
     # a histogram of a range that would make the library allocate gigabytes
     ({"count": 1, "hist": _blob(5, 1, 2**62)}, "with 5 digits, expected 1..3600000000000 ns with 2"),
+    # counts under the wrapper's own cookie (the library raises HdrCookieException)
+    ({"count": 1, "hist": _blob(2, 1, latency.HIGHEST_NS, inner=0x1C849304)},
+     "not an HdrHistogram V2 encoding of counts"),
     # a compressed bomb: its counts inflate far past any genuine histogram's
     ({"count": 1, "hist": _blob(2, 1, latency.HIGHEST_NS, b"\0" * (16 << 20))},
      "larger than a histogram of this range holds"),
