@@ -6,7 +6,8 @@ import argparse
 import json
 import sys
 
-from mlckpt.cli import hydra_app
+from mlckpt.cli import hydra_app, serving_flags
+from mlckpt.workload.model import Workload
 
 
 def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
@@ -19,6 +20,8 @@ def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
     p.add_argument("--files", action=argparse.BooleanOptionalAction, default=None,
                    help="list each layout's files (default: when there are at most 8 layouts)")
     hydra_app.add_source_flags(p)
+    serving_flags.add_flags(p, "plan serving the workload's weights with N replicas instead of training "
+                            "it: bytes per GPU, per replica, per host")
     p.set_defaults(func=handle)
 
 
@@ -27,6 +30,8 @@ def handle(args: argparse.Namespace) -> int:
     from mlckpt.plan.report import plan_document, plan_text
 
     s = setup(hydra_app.aliased(args.overrides), hydra_app.source(args))
+    if args.replicas is not None:
+        return _serving(args, s.plan.workload)
     ctx = s.context()
     ev = s.rules.evaluate(ctx, ["config"])
     doc = plan_document(s.plan, dict(s.config), ev, ctx)
@@ -37,3 +42,20 @@ def handle(args: argparse.Namespace) -> int:
         print(plan_text(doc, s.plan, files=args.files))
     # A plan that can never be valid is a rule failure (exit 1); closed and open are answers.
     return 1 if doc["verdict"] == "invalid" else 0
+
+
+def _serving(args: argparse.Namespace, workload: Workload) -> int:
+    from mlckpt.errors import UsageError
+    from mlckpt.plan.serving import layout_document, layout_text
+
+    try:
+        replicas = int(args.replicas)
+    except ValueError:
+        raise UsageError(f"--replicas: expected a number of replicas, got {args.replicas!r}") from None
+    layout = serving_flags.layout(args, workload, replicas)
+    if args.json:
+        json.dump(layout_document(layout), sys.stdout, separators=(",", ":"))
+        sys.stdout.write("\n")
+    else:
+        print(layout_text(layout))
+    return 0

@@ -6,7 +6,7 @@ import argparse
 import json
 import sys
 
-from mlckpt.cli import hydra_app
+from mlckpt.cli import hydra_app, serving_flags
 from mlckpt.errors import UsageError
 from mlckpt.units import parse_bandwidth, parse_duration, parse_fraction
 
@@ -19,7 +19,7 @@ def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
         "per checkpoint, overhead fraction and restore times. Shows its arithmetic.")
     p.add_argument("overrides", nargs="*", metavar="KEY=VALUE",
                    help="workload overrides, e.g. workload=llama3_405b ranks=512")
-    p.add_argument("--interval", required=True, help="time between checkpoints, e.g. 30m, 1h, 600")
+    p.add_argument("--interval", default=None, help="time between checkpoints, e.g. 30m, 1h, 600")
     g = p.add_mutually_exclusive_group(required=True)
     g.add_argument("--overhead", help="acceptable overhead fraction, e.g. 5%% or 0.05")
     g.add_argument("--bandwidth", help="storage write/read bandwidth, e.g. 100GiB/s or 80GB/s")
@@ -29,6 +29,12 @@ def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
                    "checkpoint (e.g. a measured stall, 2s); the checkpoint is safe after the write time")
     p.add_argument("--json", action="store_true")
     hydra_app.add_source_flags(p)
+    serving_flags.add_flags(p, "FROM:TO (or TO): how long to bring serving replicas of the workload's "
+                            "weights from FROM to TO with --bandwidth of storage, by each loading strategy")
+    g = p.add_argument_group("serving links (each host's; default: not a limit)")
+    g.add_argument("--host-link", default=None, metavar="RATE", help="a host's link to the storage")
+    g.add_argument("--network", default=None, metavar="RATE", help="a host's network to the other hosts")
+    g.add_argument("--node-tier", default=None, metavar="RATE", help="a host's node-local tier, read")
     p.set_defaults(func=handle)
 
 
@@ -36,6 +42,10 @@ def handle(args: argparse.Namespace) -> int:
     from mlckpt.plan.config import setup  # Hydra and the rules: only when sizing (fast --help)
     from mlckpt.plan.sizer import failure_cost, size
 
+    if args.replicas is not None:
+        return _serving(args)
+    if args.interval is None:
+        raise UsageError("--interval: give the time between checkpoints (or --replicas to size serving)")
     try:
         interval = parse_duration(args.interval)
         overhead = parse_fraction(args.overhead) if args.overhead is not None else None
@@ -62,4 +72,34 @@ def handle(args: argparse.Namespace) -> int:
     print(f"{s.plan.workload.name} on {s.plan.ranks} ranks, checkpoint every {args.interval}:")
     for step in (*r.steps, *(f.steps if f is not None else ())):
         print(f"  {step}")
+    return 0
+
+
+def _serving(args: argparse.Namespace) -> int:
+    from mlckpt.plan.config import setup
+    from mlckpt.plan.serving import layout_document, links_document, scale_up_all, scale_up_text
+    from mlckpt.workload.serving import Links
+
+    for flag in ("interval", "overhead", "mtbf", "stall"):
+        if getattr(args, flag) is not None:
+            raise UsageError(f"--{flag}: a checkpoint sizing flag; serving (--replicas) takes --bandwidth, "
+                             "--host-link, --network and --node-tier")
+    start, end = serving_flags.replica_range(args.replicas)
+    rates = {}
+    for flag in ("bandwidth", "host_link", "network", "node_tier"):
+        text = getattr(args, flag)
+        try:
+            rates[flag] = None if text is None else parse_bandwidth(text)
+        except ValueError as exc:
+            raise UsageError(f"--{flag.replace('_', '-')}: {exc}") from None
+    links = Links(rates["bandwidth"] or 0.0, rates["host_link"], rates["network"], rates["node_tier"])
+    s = setup(hydra_app.aliased(args.overrides), hydra_app.source(args))
+    layout = serving_flags.layout(args, s.plan.workload, end)
+    results = scale_up_all(layout, start, end, links)
+    if args.json:
+        json.dump({"layout": layout_document(layout), "links": links_document(links), "from_replicas": start,
+                   "to_replicas": end, "strategies": [r.to_dict() for r in results]}, sys.stdout)
+        sys.stdout.write("\n")
+    else:
+        print(scale_up_text(layout, results, start, end))
     return 0
