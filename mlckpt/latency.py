@@ -28,6 +28,7 @@ import base64
 import ctypes
 import statistics
 import struct
+import sys
 import zlib
 from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
@@ -134,6 +135,8 @@ def merged(blocks: Iterable[Mapping[str, Any]], seen: Longest | None = None) -> 
     out = histogram()
     n, word = out.counts_len, out.word_size
     scratch = (ctypes.c_uint64 * n)()
+    bucket: dict[int, tuple[int, int]] = {}  # index -> its lowest and highest value (few distinct)
+    lows, zero = sys.maxsize, False
     for b in blocks:
         payload = _payload(b)
         try:
@@ -142,18 +145,29 @@ def merged(blocks: Iterable[Mapping[str, Any]], seen: Longest | None = None) -> 
             raise ValueError(f"requests.hist: undecodable ({type(exc).__name__})") from None
         total, low_index, top_index = got["total"], got["min_nonzero_index"], got["max_nonzero_index"]
         _counted(b, total)
-        top = out.get_highest_equivalent_value(out.get_value_from_index(top_index)) if total else 0
-        low = out.get_lowest_equivalent_value(out.get_value_from_index(low_index)) if low_index > 0 else 0
+        top, top_low = _bucket(out, bucket, top_index)[::-1] if total else (0, 0)
         if seen is not None:
-            seen[id(b)] = (top, out.get_lowest_equivalent_value(top))
+            seen[id(b)] = (top, top_low)
         if top_index >= 0:  # nothing past the block's top bucket is set in the scratch array
             _hdr_add(ctypes.addressof(out.counts), ctypes.addressof(scratch), top_index + 1, word)
             ctypes.memset(scratch, 0, (top_index + 1) * ctypes.sizeof(ctypes.c_uint64))
-        # as HdrHistogram.add updates them: an empty block's minimum is 0
         out.total_count += total
         out.max_value = max(out.max_value, top)
-        out.min_value = min(out.get_min_value(), low if total else 0)
+        if total == 0 or low_index == 0:
+            zero = True
+        else:
+            lows = min(lows, _bucket(out, bucket, low_index)[0])
+    if zero or lows != sys.maxsize:  # as HdrHistogram.add leaves it: 0 once a block is empty or at 0
+        out.min_value = 0 if zero else lows
     return out
+
+
+def _bucket(h: HdrHistogram, cache: dict[int, tuple[int, int]], index: int) -> tuple[int, int]:
+    """The lowest and the highest value of bucket ``index`` (the library's own arithmetic)."""
+    if index not in cache:
+        v = h.get_value_from_index(index)
+        cache[index] = (h.get_lowest_equivalent_value(v), h.get_highest_equivalent_value(v))
+    return cache[index]
 
 
 def percentiles_ms(h: HdrHistogram) -> dict[str, float]:

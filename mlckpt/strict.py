@@ -169,11 +169,13 @@ def _short(v: Any) -> str:
 
 
 def _pairs(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
-    out: dict[str, Any] = {}
-    for key, value in pairs:
-        if key in out:
-            raise ParseError(f"duplicate key {_short(key)}")
-        out[key] = value
+    out = dict(pairs)  # in C; a key given twice leaves fewer keys than pairs
+    if len(out) != len(pairs):
+        seen: set[str] = set()
+        for key, _ in pairs:
+            if key in seen:
+                raise ParseError(f"duplicate key {_short(key)}")
+            seen.add(key)
     return out
 
 
