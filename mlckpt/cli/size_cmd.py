@@ -29,8 +29,9 @@ def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
                    "checkpoint (e.g. a measured stall, 2s); the checkpoint is safe after the write time")
     p.add_argument("--json", action="store_true")
     hydra_app.add_source_flags(p)
-    serving_flags.add_flags(p, "FROM:TO (or TO): how long to bring serving replicas of the workload's "
-                            "weights from FROM to TO with --bandwidth of storage, by each loading strategy")
+    serving_flags.add_flags(p, "how long to bring serving replicas of the workload's weights from FROM "
+                            "(default 0) to TO with --bandwidth of storage, by each loading strategy",
+                            metavar="[FROM:]TO")
     g = p.add_argument_group("serving links (each host's; default: not a limit)")
     g.add_argument("--host-link", default=None, metavar="RATE", help="a host's link to the storage")
     g.add_argument("--network", default=None, metavar="RATE", help="a host's network to the other hosts")
