@@ -9,7 +9,6 @@ from collections.abc import Iterator, Mapping, Sequence
 from typing import Any, Literal
 
 from mlckpt.attribution import attributed, op_window
-from mlckpt.metrics import group_ops
 from mlckpt.rules.checks.evidence import Rec, by_host, counted_op, evidence_bounds, host_facts, op_end
 from mlckpt.rules.checks.result import RunData, run_data
 from mlckpt.rules.checks.timing import abs_bound_ns, calibration_outcomes
@@ -241,7 +240,7 @@ def _judge(ctx: Context, rs: RuleSet, part: Part) -> Iterator[Outcome | NotCheck
             yield Outcome(
                 False, f"the block device of the {fs} checkpoint folder", "none", where=f"host {host}"
             )
-    ops = group_ops(d.records)
+    ops = d.grouped()
     if whole:
         yield from calibration_outcomes(rs, d, sorted(by_host(d.records)), ("head_ns", "tail_ns"))
     windows: dict[str, list[tuple[tuple[str, int], Rec, int]]] = {}

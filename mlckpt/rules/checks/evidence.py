@@ -20,7 +20,6 @@ from typing import Any
 from mlckpt.attribution import cpu_window_s, foreign_summary
 from mlckpt.dlio import DlioFacts, completed
 from mlckpt.locations import is_object_url
-from mlckpt.metrics import group_ops
 from mlckpt.rules.checks.result import RunData, compare_values, run_data, summary_format, writes_by_rank
 from mlckpt.rules.checks.timing import abs_bound_ns, calibration_outcomes
 from mlckpt.rules.engine import Context, NotChecked, Outcome, Rule, RuleSet, checks_table
@@ -159,7 +158,7 @@ def start_skew(ctx: Context, rs: RuleSet, rule: Rule) -> Iterator[Outcome | NotC
     busy_abs = float(rs.data.get("start_skew_busy", {}).get("abs_s", b["abs_s"]))
     durable = {(int(r["rank"]), int(r["index"])): int(r["t1_ns"]) for r in d.records if r["op"] == "write"}
     yield from calibration_outcomes(rs, d, sorted(by_host(d.records)), ("skew_ns",))
-    for (op, idx), recs in sorted(group_ops(d.records).items()):
+    for (op, idx), recs in sorted(d.grouped().items()):
         for host, hr in sorted(by_host(recs).items()):
             t0 = [int(r["t0_ns"]) for r in hr]
             dur = max(op_end(r) - int(r["t0_ns"]) for r in hr)
@@ -192,7 +191,7 @@ def timing_copies(ctx: Context, rs: RuleSet, rule: Rule) -> Iterator[Outcome | N
     equal another's, or an op whose per-rank durations equal another op's (or a rank's across
     ops equal another rank's), was copied."""
     d = run_data(ctx)
-    ops = group_ops(d.records)
+    ops = d.grouped()
     seen: dict[tuple[Any, ...], Rec] = {}
     for (op, idx), recs in sorted(ops.items()):
         starts = {h: min(int(r["t0_ns"]) for r in hr) for h, hr in by_host(recs).items()}

@@ -10,7 +10,6 @@ import statistics
 from collections.abc import Iterator, Mapping, Sequence
 from typing import Any
 
-from mlckpt.metrics import group_ops
 from mlckpt.rules.checks.evidence import Rec, by_host, evidence_bounds, host_facts, op_end
 from mlckpt.rules.checks.result import run_data
 from mlckpt.rules.engine import Context, NotChecked, Outcome, Rule, RuleSet, checks_table
@@ -126,7 +125,7 @@ def host_physics(ctx: Context, rs: RuleSet, rule: Rule) -> Iterator[Outcome | No
     d, b = run_data(ctx), evidence_bounds(rs)["physics"]
     facts = host_facts(d)
     measured = False
-    for (op, idx), recs in sorted(group_ops(d.records).items()):
+    for (op, idx), recs in sorted(d.grouped().items()):
         tiers = [None, MEMORY] if op == "write" else [None]
         for tier in tiers:
             for host, rate, _ in host_rates(recs, tier):

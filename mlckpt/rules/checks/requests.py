@@ -15,7 +15,6 @@ from __future__ import annotations
 from collections.abc import Iterator
 
 from mlckpt import latency
-from mlckpt.metrics import group_ops
 from mlckpt.rules.checks.result import run_data
 from mlckpt.rules.engine import Context, NotChecked, Outcome, Rule, RuleSet, checks_table
 
@@ -27,7 +26,7 @@ def request_evidence(ctx: Context, rs: RuleSet, rule: Rule) -> Iterator[Outcome 
     if int(d.run.get("records_format", 0)) < 7:
         yield NotChecked("records before format 7 carry no requests")
         return
-    for (op, idx), recs in group_ops(d.records).items():
+    for (op, idx), recs in d.grouped().items():
         carried = [r for r in recs if "requests" in r]
         if carried and len(carried) != len(recs):
             missing = sorted(int(r["rank"]) for r in recs if "requests" not in r)

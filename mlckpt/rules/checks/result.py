@@ -15,7 +15,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from mlckpt import formats
-from mlckpt.metrics import hugepage_share_min, summarize
+from mlckpt.metrics import group_ops, hugepage_share_min, summarize
 from mlckpt.rules.engine import Context, NotChecked, Outcome, Rule, RuleSet, checks_table, rank_shift
 from mlckpt.workload.pipeline import FAST, MEMORY_FILESYSTEMS, Pipeline
 from mlckpt.written import Written
@@ -43,6 +43,8 @@ class RunData:
     # RECORDS-REQUESTS reads it rather than decode a block again; never summarized for it, since
     # records the summary cannot be recomputed from (the checker skips those rules) must not fault
     longest: dict[int, tuple[int, int]] = field(default_factory=dict, compare=False, repr=False)
+    _grouped: dict[tuple[str, int], list[Mapping[str, Any]]] = field(default_factory=dict, compare=False,
+                                                                      repr=False)
 
     def summarized(self, rs: RuleSet) -> dict[str, Any]:
         """The statistics of the records (``mlckpt.metrics.summarize``), under ``rs``'s cold-read
@@ -54,6 +56,12 @@ class RunData:
                                              records_format=key[1], summary_format=key[2],
                                              seen=self.longest)
         return self._summaries[key]
+
+    def grouped(self) -> dict[tuple[str, int], list[Mapping[str, Any]]]:
+        """``mlckpt.metrics.group_ops`` of the records, made once for every rule; not to be changed."""
+        if not self._grouped:
+            self._grouped.update(group_ops(self.records))
+        return self._grouped
 
     def ops(self, op: str) -> dict[int, list[Mapping[str, Any]]]:
         out: dict[int, list[Mapping[str, Any]]] = {}

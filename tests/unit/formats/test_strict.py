@@ -3,7 +3,11 @@ skips the walk, and at the boundaries it is refused or accepted exactly as with 
 
 from __future__ import annotations
 
+import json
+
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from mlckpt import strict
 
@@ -59,3 +63,19 @@ def test_the_decoder_counts_the_integral_floats_it_reads(text: str, integral: bo
     before = strict.integral_floats()
     strict.loads_json(text)
     assert (strict.integral_floats() != before) is integral
+
+
+@settings(max_examples=400, deadline=None)
+@given(st.integers(-(2**70), 2**70), st.sampled_from(['{"n": %s}', '{"a": [1, %s, 2.5]}', '{"s": "%s"}']))
+def test_record_lines_read_integers_exactly_or_refuse_them_past_64_bits(n: int, shape: str) -> None:
+    """A line without 19 digits in a row is read by the C scanner's own integers, any other by the
+    checking hook: either way every integer outside the signed 64-bit range is refused, and every
+    other read exactly."""
+    line = (shape % n).encode()
+    inside = strict.MIN_INT <= n <= strict.MAX_INT or shape.startswith('{"s"')
+    try:
+        [(_, doc)] = list(strict.iter_jsonl(line))
+    except strict.ParseError as exc:
+        assert not inside and "signed 64-bit range" in str(exc)
+        return
+    assert inside and doc == json.loads(line)
