@@ -607,22 +607,32 @@ FORGERIES: dict[str, list[Forgery]] = {
             "ops[0].bandwidth_gib_s",
         ),
     ],
-    # rules 1.12: counters read past the host's allowance after an op are a busy host's, or an op
-    # recorded as ending earlier than it did; either way no result
+    # rules 1.12: a start after the counters, or counters read after an op, past the host's allowance
+    # is a busy host's, or an op recorded as starting later or ending earlier than it did; either
+    # way no result
     "COUNTERS-LATE": [
         Forgery(
             "writes-3x-end-earlier", "sync", recs_edit(faster("write", 3)), "before the counters were read",
             also=SHORTENED, verdict="disturbed",
         ),
-    ],
-    "DEVICE-COUNTERS": [
         Forgery(
             "reads-3x-start-later",
             "sync",
             recs_edit(faster("read", 3, later_start=True)),
             "the leader's start at most",
-            also=SHORTENED,
+            also=SHORTENED, verdict="disturbed",
         ),
+        Forgery(
+            "stall-without-back-pressure",
+            "async",
+            recs_edit(no_backpressure(stall_too=True)),
+            "the leader's start at most",
+            # a stall removed that was longer than TRAINING-INTERVAL's bound (on a busy host) leaves
+            # training's wait before the next barrier unexplained as well
+            also=frozenset({"RECORDS-SKEW", "ASYNC-TIMELINE", "TRAINING-INTERVAL"}), verdict="disturbed",
+        ),
+    ],
+    "DEVICE-COUNTERS": [
         Forgery(
             "fsync-claimed-everywhere",
             "nofsync",
@@ -646,15 +656,6 @@ FORGERIES: dict[str, list[Forgery]] = {
                 ),
             ),
             "page cache grows by less than",
-        ),
-        Forgery(
-            "stall-without-back-pressure",
-            "async",
-            recs_edit(no_backpressure(stall_too=True)),
-            "the leader's start at most",
-            # a stall removed that was longer than TRAINING-INTERVAL's bound (on a busy host) leaves
-            # training's wait before the next barrier unexplained as well
-            also=frozenset({"RECORDS-SKEW", "ASYNC-TIMELINE", "TRAINING-INTERVAL"}),
         ),
         # the writes after the dropped one now follow their predecessor's training by a whole op
         Forgery("worst-write-dropped", "sync", drop_op_edit("write"), "between consecutive ops",

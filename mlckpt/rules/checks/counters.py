@@ -15,10 +15,12 @@ from mlckpt.rules.checks.timing import abs_bound_ns, calibration_outcomes
 from mlckpt.rules.engine import Context, NotChecked, Outcome, Rule, RuleSet, checks_table
 from mlckpt.workload.pipeline import MEMORY_FILESYSTEMS, Pipeline
 
-# What a check judges of the counters: everything (rules 1.2 to 1.11), all but a window tail past
-# the host's allowance ("framed": DEVICE-COUNTERS restated in 1.12), or that tail alone ("late":
-# COUNTERS-LATE, disturbed: a host too busy to read its counters in time cannot be told from an op
-# recorded as ending earlier than it did; either way no result, never invalid for a busy host).
+# What a check judges of the counters: everything (rules 1.2 to 1.11), all but the window's ends
+# past the host's allowances ("framed": DEVICE-COUNTERS restated in 1.12), or those ends alone
+# ("late": COUNTERS-LATE, disturbed: a host too busy to start after its counters or read them
+# after the op in time cannot be told from an op recorded as starting later or ending earlier than
+# it did; either way no result, never invalid for a busy host).  A start before the counters and
+# an end after them stay DEVICE-COUNTERS': no busy host explains them.
 Part = Literal["all", "framed", "late"]
 
 BLOCK_FILESYSTEMS = frozenset({"ext2", "ext3", "ext4", "xfs", "f2fs", "jfs", "reiserfs"})
@@ -41,7 +43,7 @@ def _window(
     # rules 1.8: the host's calibration, plus a share of the op (the other allowances have theirs)
     head_max = abs_bound_ns(rs, d, host, "head_ns", b["head_abs_s"]) + (
         float(rs.data["timing"]["head_rel"]) * op_dur if "timing" in rs.data else 0)
-    if part != "late" and not 0 <= head <= head_max:
+    if (head < 0 and part != "late") or (head > head_max and part != "framed"):
         yield Outcome(
             False,
             f"the leader's start at most {head_max / 1e6:.0f} ms after its counters",

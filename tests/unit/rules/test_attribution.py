@@ -398,7 +398,7 @@ def test_a_counter_sample_without_a_field_is_a_finding_never_a_checker_fault(sid
                for o in failed(device_counters, "DEVICE-COUNTERS", run_of(recs)))
 
 
-def test_counters_read_late_by_a_busy_host_disturb_under_1_12_and_an_op_after_them_is_invalid() -> None:
+def test_a_busy_hosts_late_counters_disturb_under_1_12_and_an_op_outside_them_is_invalid() -> None:
     """Seen beside the tenant and the test suite: an honest run's counters read 182.5 ms after its
     op, past the 166.7 ms its host allows.  1.11 called that invalid; 1.12 calls it disturbed
     (COUNTERS-LATE) with the same figures, and keeps what no busy host explains invalid."""
@@ -417,7 +417,7 @@ def test_counters_read_late_by_a_busy_host_disturb_under_1_12_and_an_op_after_th
     rs = load_rules("1.12")
     finding = make_finding(rs.rule("COUNTERS-LATE"), late)
     assert verdict([finding], "open") == "disturbed"
-    assert "a host too busy to read them in time" in finding.message
+    assert "a host too busy to start or read them in time" in finding.message
     # within the allowance: nothing from either
     recs[0]["host_counters"]["after"]["t_ns"] = last_end + int(tail_allowed) - 20_000_000
     assert failed(counters_late, "COUNTERS-LATE", run_of(recs), "1.12") == []
@@ -431,6 +431,17 @@ def test_counters_read_late_by_a_busy_host_disturb_under_1_12_and_an_op_after_th
     recs[0]["host_counters"]["before"]["t_ns"] = recs[0]["t0_ns"] + 1_000_000
     [early] = failed(device_counters_framed, "DEVICE-COUNTERS", run_of(recs), "1.12")
     assert isinstance(early, Outcome) and early.actual == "-1.0 ms"
+    assert failed(counters_late, "COUNTERS-LATE", run_of(recs), "1.12") == []
+    # seen beside the tenant: 64 ranks on 2 cores started 564 ms after their leader's counters,
+    # past the 250 ms allowed; 1.11 called it invalid, 1.12 disturbed
+    head_allowed = 0.1e9 + 0.2 * 400_000_000  # the head floor + head_rel of the op
+    recs[0]["host_counters"]["before"]["t_ns"] = recs[0]["t0_ns"] - int(head_allowed) - 300_000_000
+    [old_head] = failed(device_counters, "DEVICE-COUNTERS", run_of(recs), "1.11")
+    assert isinstance(old_head, Outcome) and old_head.actual == f"+{(head_allowed + 300e6) / 1e6:.1f} ms"
+    assert failed(device_counters_framed, "DEVICE-COUNTERS", run_of(recs), "1.12") == []
+    [late_head] = failed(counters_late, "COUNTERS-LATE", run_of(recs), "1.12")
+    assert isinstance(late_head, Outcome) and (late_head.expected, late_head.actual) == (
+        old_head.expected, old_head.actual)
 
 
 def test_rules_1_12_and_mlps_r5_change_only_the_late_counters() -> None:
