@@ -188,15 +188,20 @@ Edit = Callable[[Path, dict[str, Any], Path], None]
 
 
 def quarter_writes(recs: list[dict[str, Any]]) -> None:
-    """Every write record a quarter as long (its end earlier, the host counters' last reading too):
-    three quarters of an op cut is past the witness's bound even when a busy host's allowance
-    is as long as half the tests' short ops."""
+    """Every write record a quarter as long (its end earlier), and each host's last counter reading
+    moved as much earlier as the host's last end: three quarters of an op cut is past the
+    witness's bound even when a busy host's allowance is as long as half the tests' short ops."""
+    writes: dict[tuple[int, str], list[dict[str, Any]]] = {}
     for r in recs:
         if r["op"] == "write":
-            old_end = r["t1_ns"]
+            writes.setdefault((r["index"], r["host"]), []).append(r)
+    for host_recs in writes.values():
+        old_last = max(r["t1_ns"] for r in host_recs)
+        for r in host_recs:
             set_duration(r, int((r["t1_ns"] - r["t0_ns"]) * 0.25))
+        for r in host_recs:
             if "host_counters" in r:
-                r["host_counters"]["after"]["t_ns"] -= old_end - r["t1_ns"]
+                r["host_counters"]["after"]["t_ns"] -= old_last - max(x["t1_ns"] for x in host_recs)
 
 
 def shrunk_writes(work: Path, runs: dict[str, Any], tmp: Path) -> None:
@@ -322,8 +327,10 @@ FORGERIES: dict[str, list[tuple[Edit, str, bool]]] = {
     "WITNESS-TIMES": [(account_inflated, "more than the witness saw", True),
                       (host_times_dropped, "rank 0's witness_host_ns", True)],
     # disturbed, not invalid: an honest host that stalled looks the same; never a result either
+    # a quarter of each write leaves the counters' allowance, which shrinks with the op, short on
+    # a busy host as well: COUNTERS-LATE (rules 1.12), disturbed too
     "WITNESS-HOST": [(shrunk_past_the_host_bound, "ms from its end to reporting it", True),
-                     (quartered_writes, "the witness's interval longer than the op by at most", True)],
+                     (quartered_writes, "the witness's interval longer than the op by at most", False)],
     # another run's intervals are not this run's either (WITNESS-TIMES too)
     "WITNESS-RUN": [(another_runs_transcript, "expected run_id", False)],
     "WITNESS-SIGNATURE": [(edited_transcript_time, "bad signature by key", True)],
@@ -352,7 +359,7 @@ def test_a_forged_witnessed_bundle_fails_its_witness_rule(runs: dict[str, Any], 
     if alone:
         assert rules_of(b) == {rule}, b["findings"]
     if rule == "WITNESS-HOST":
-        assert b["verdict"] == "disturbed"
+        assert b["verdict"] == "disturbed" and rules_of(b) <= {rule, "COUNTERS-LATE"}, b["findings"]
     else:
         assert b["verdict"] == "invalid" and b["integrity"] == "failed"
     assert not (b.get("witness") or {}).get("counted"), b["witness"]  # never reported as witnessed
