@@ -138,28 +138,33 @@ def merged(blocks: Iterable[Mapping[str, Any]], seen: Longest | None = None) -> 
     scratch = (ctypes.c_uint64 * n)()
     dst, src, size = ctypes.addressof(out.counts), ctypes.addressof(scratch), ctypes.sizeof(ctypes.c_uint64)
     bucket: dict[int, tuple[int, int]] = {}  # index -> its lowest and highest value (few distinct)
-    lows, zero = sys.maxsize, False
+    lows, zero, top_all, count_all = sys.maxsize, False, out.max_value, 0
+    head, memset = _PAYLOAD_HEAD.size, ctypes.memset
     for b in blocks:
         payload = _payload(b)
         try:
-            got = _hdr_decode(payload, _PAYLOAD_HEAD.size, src, n, word)
+            got = _hdr_decode(payload, head, src, n, word)
         except Exception as exc:  # the library's own exception types, whatever it raises
             raise ValueError(f"requests.hist: undecodable ({type(exc).__name__})") from None
         total, low_index, top_index = got["total"], got["min_nonzero_index"], got["max_nonzero_index"]
-        _counted(b, total)
-        top, top_low = _bucket(out, bucket, top_index)[::-1] if total else (0, 0)
+        if total != b.get("count"):
+            _counted(b, total)
+        top, top_low = (bucket.get(top_index) or _bucket(out, bucket, top_index))[::-1] if total else (0, 0)
         if seen is not None:
             seen[id(b)] = (top, top_low)
         if top_index >= 0:  # only the block's lowest to top buckets are set in the scratch array
-            first = max(low_index, 0) * size
-            _hdr_add(dst + first, src + first, top_index + 1 - max(low_index, 0), word)
-            ctypes.memset(src + first, 0, (top_index + 1) * size - first)
-        out.total_count += total
-        out.max_value = max(out.max_value, top)
+            low = low_index if low_index > 0 else 0
+            _hdr_add(dst + low * size, src + low * size, top_index + 1 - low, word)
+            memset(src + low * size, 0, (top_index + 1 - low) * size)
+        count_all += total
+        if top > top_all:
+            top_all = top
         if total == 0 or low_index == 0:
             zero = True
         else:
-            lows = min(lows, _bucket(out, bucket, low_index)[0])
+            lows = min(lows, (bucket.get(low_index) or _bucket(out, bucket, low_index))[0])
+    out.total_count += count_all
+    out.max_value = top_all
     if zero or lows != sys.maxsize:  # as HdrHistogram.add leaves it: 0 once a block is empty or at 0
         out.min_value = 0 if zero else lows
     return out
