@@ -913,6 +913,13 @@ def tree_for(runs: dict[str, Path], root: Path, forgery: Forgery, rule: str) -> 
     return check_tree(root, trusted), path
 
 
+# What another tenant of the machine did, judged over a phase's ops: a forgery that drops or moves ops
+# changes the phase (dropping the slowest restore left the rest of a run made beside the suite and the
+# tenant past its foreign share), and may say so beside its own rule, never instead of it (the hits
+# above) and never so as to change the verdict (disturbed under an invalid rule stays invalid).
+ENVIRONMENT = frozenset({"FOREIGN-IO"})
+
+
 @pytest.mark.parametrize(("rule", "forgery"), CASES, ids=[f"{r}:{f.name}" for r, f in CASES])
 def test_forgery_is_caught_under_its_rule(
     rule: str, forgery: Forgery, runs: dict[str, Path], tmp_path: Path
@@ -927,7 +934,7 @@ def test_forgery_is_caught_under_its_rule(
     assert any(forgery.fragment in f["message"] for f in hits), [f["message"] for f in hits]
     assert forged["integrity"] == "ok"  # re-signed with a trusted key: every signature holds
     fired = {f["rule"] for f in forged["findings"]}
-    assert fired <= {rule, "RESULT-VERDICT", *forgery.also}, fired
+    assert fired <= {rule, "RESULT-VERDICT", *forgery.also, *ENVIRONMENT}, fired
     assert forged["verdict"] == ("invalid" if fired & forgery.also else forgery.verdict), fired
     for p, b in by_path.items():  # the honest neighbours pass; the copied one is a duplicate too
         if p == path:

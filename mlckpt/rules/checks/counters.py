@@ -9,11 +9,11 @@ from collections.abc import Iterator, Mapping, Sequence
 from typing import Any, Literal
 
 from mlckpt.attribution import attributed, op_window
-from mlckpt.rules.checks.evidence import Rec, by_host, counted_op, evidence_bounds, host_facts, op_end
+from mlckpt.rules.checks.evidence import Rec, counted_op, evidence_bounds, host_facts, op_end
 from mlckpt.rules.checks.result import RunData, run_data
 from mlckpt.rules.checks.timing import abs_bound_ns, calibration_outcomes
 from mlckpt.rules.engine import Context, NotChecked, Outcome, Rule, RuleSet, checks_table
-from mlckpt.workload.pipeline import MEMORY_FILESYSTEMS, Pipeline
+from mlckpt.workload.pipeline import MEMORY_FILESYSTEMS
 
 # What a check judges of the counters: everything (rules 1.2 to 1.11), all but the window's ends
 # past the host's allowances ("framed": DEVICE-COUNTERS restated in 1.12), or those ends alone
@@ -53,7 +53,7 @@ def _window(
     host_dur = max(op_end(r) - int(r["t0_ns"]) for r in hr)
     tail = (abs_bound_ns(rs, d, host, "tail_ns", b["tail_abs_s"]) + b["tail_rel"] * op_dur
             + (op_dur - host_dur))
-    if key[0] == "write" and Pipeline.of(d.config).background:
+    if key[0] == "write" and d.pipeline.background:
         tail += b["tail_background_s"] * 1e9  # the ranks' background stages compete for the CPUs
     if last > c1 and part != "late":
         yield Outcome(
@@ -244,11 +244,11 @@ def _judge(ctx: Context, rs: RuleSet, part: Part) -> Iterator[Outcome | NotCheck
             )
     ops = d.grouped()
     if whole:
-        yield from calibration_outcomes(rs, d, sorted(by_host(d.records)), ("head_ns", "tail_ns"))
+        yield from calibration_outcomes(rs, d, sorted(d.hosts()), ("head_ns", "tail_ns"))
     windows: dict[str, list[tuple[tuple[str, int], Rec, int]]] = {}
     for key, recs in ops.items():  # writes first, each in index order
         op_dur = max(op_end(r) - int(r["t0_ns"]) for r in recs)
-        for host, hr in sorted(by_host(recs).items()):
+        for host, hr in sorted(d.hosts(recs).items()):
             where = f"{key[0]} {key[1]} on {host}"
             leaders = [r for r in hr if "host_counters" in r]
             if len(leaders) != 1 or leaders[0]["host_counters"]["before"] is None:

@@ -59,8 +59,7 @@ def counted_op(d: RunData, r: Rec) -> bool:
     sync one-tier writes with fsync or O_DIRECT, restores from the durable tier."""
     if r["op"] == "read":
         return r.get("tier") == DURABLE
-    pipe = Pipeline.of(d.config)
-    return pipe.blocking == DURABLE and bool(r.get("fsync") or r.get("direct"))
+    return d.pipeline.blocking == DURABLE and bool(r.get("fsync") or r.get("direct"))
 
 
 # ------------------------------------------------------------------------------ what is shown
@@ -157,9 +156,9 @@ def start_skew(ctx: Context, rs: RuleSet, rule: Rule) -> Iterator[Outcome | NotC
     # Rules 1.8: the absolute part is the host's own calibration's (mlckpt.rules.checks.timing).
     busy_abs = float(rs.data.get("start_skew_busy", {}).get("abs_s", b["abs_s"]))
     durable = {(int(r["rank"]), int(r["index"])): int(r["t1_ns"]) for r in d.records if r["op"] == "write"}
-    yield from calibration_outcomes(rs, d, sorted(by_host(d.records)), ("skew_ns",))
+    yield from calibration_outcomes(rs, d, sorted(d.hosts()), ("skew_ns",))
     for (op, idx), recs in sorted(d.grouped().items()):
-        for host, hr in sorted(by_host(recs).items()):
+        for host, hr in sorted(d.hosts(recs).items()):
             t0 = [int(r["t0_ns"]) for r in hr]
             dur = max(op_end(r) - int(r["t0_ns"]) for r in hr)
             busy = op == "write" and any(durable.get((int(r["rank"]), idx - 1), 0) > int(r["t0_ns"])
@@ -194,7 +193,7 @@ def timing_copies(ctx: Context, rs: RuleSet, rule: Rule) -> Iterator[Outcome | N
     ops = d.grouped()
     seen: dict[tuple[Any, ...], Rec] = {}
     for (op, idx), recs in sorted(ops.items()):
-        starts = {h: min(int(r["t0_ns"]) for r in hr) for h, hr in by_host(recs).items()}
+        starts = {h: min(int(r["t0_ns"]) for r in hr) for h, hr in d.hosts(recs).items()}
         for r in recs:
             key = (op, _signature(r), int(r["t0_ns"]) - starts[str(r["host"])])
             if key in seen:

@@ -12,6 +12,7 @@ import math
 from collections import Counter
 from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
+from functools import cached_property
 from typing import Any
 
 from mlckpt import formats
@@ -45,6 +46,8 @@ class RunData:
     longest: dict[int, tuple[int, int]] = field(default_factory=dict, compare=False, repr=False)
     _grouped: dict[tuple[str, int], list[Mapping[str, Any]]] = field(default_factory=dict, compare=False,
                                                                       repr=False)
+    _hosts: dict[int, tuple[Sequence[Mapping[str, Any]], dict[str, list[Mapping[str, Any]]]]] = field(
+        default_factory=dict, compare=False, repr=False)
 
     def summarized(self, rs: RuleSet) -> dict[str, Any]:
         """The statistics of the records (``mlckpt.metrics.summarize``), under ``rs``'s cold-read
@@ -57,11 +60,28 @@ class RunData:
                                              seen=self.longest)
         return self._summaries[key]
 
+    @cached_property
+    def pipeline(self) -> Pipeline:
+        """The configuration's pipeline, made once (per-record checks ask it for every record)."""
+        return Pipeline.of(self.config)
+
     def grouped(self) -> dict[tuple[str, int], list[Mapping[str, Any]]]:
         """``mlckpt.metrics.group_ops`` of the records, made once for every rule; not to be changed."""
         if not self._grouped:
             self._grouped.update(group_ops(self.records))
         return self._grouped
+
+    def hosts(self, recs: Sequence[Mapping[str, Any]] | None = None) -> dict[str, list[Mapping[str, Any]]]:
+        """The records (by default all of them; else one of :meth:`grouped`'s lists) by host, in
+        their order: made once per list for every rule; not to be changed."""
+        recs = self.records if recs is None else recs
+        hit = self._hosts.get(id(recs))
+        if hit is None or hit[0] is not recs:  # the list is kept with its grouping: its id stays its own
+            out: dict[str, list[Mapping[str, Any]]] = {}
+            for r in recs:
+                out.setdefault(str(r["host"]), []).append(r)
+            hit = self._hosts[id(recs)] = (recs, out)
+        return hit[1]
 
     def ops(self, op: str) -> dict[int, list[Mapping[str, Any]]]:
         out: dict[int, list[Mapping[str, Any]]] = {}
