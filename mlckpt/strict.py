@@ -28,8 +28,9 @@ import stat
 from collections.abc import Callable, Iterator
 from typing import Any, TypeVar
 
-import msgspec
 import yaml
+
+from mlckpt.fastjson import fast_line, long_digits
 
 T = TypeVar("T")
 
@@ -217,12 +218,6 @@ _decoder = json.JSONDecoder(object_pairs_hook=_pairs, parse_constant=_constant, 
 # scanner's own integers then (a Python call for each of a record's ~18 integers was a fifth of
 # reading a large run's records).
 _short_ints = json.JSONDecoder(object_pairs_hook=_pairs, parse_constant=_constant, parse_float=_float)
-_DIGITS = bytes(48 if 48 <= b <= 57 else 46 for b in range(256))  # every digit '0', the rest '.'
-_LONG = b"0" * 19
-
-
-def _long_digits(line: bytes) -> bool:
-    return _LONG in line.translate(_DIGITS)
 
 
 def loads_json(text: str, *, max_nodes: int = MAX_NODES, short_ints: bool = False) -> Any:
@@ -272,50 +267,15 @@ def iter_jsonl(data: bytes, *, max_lines: int | None = None) -> Iterator[tuple[i
             raise ParseError(f"{where}longer than {MAX_LINE_BYTES} bytes")
         if not line.strip():
             raise ParseError(f"{where}empty line")
-        doc = _fast_line(line)
+        doc = fast_line(line, max_nodes=LINE_NODES, max_depth=MAX_DEPTH)
         if doc is not None:
             yield lineno, doc
             continue
         try:
-            short = not _long_digits(line)
+            short = not long_digits(line)
             yield lineno, loads_json(decode_utf8(line), max_nodes=LINE_NODES, short_ints=short)
         except ParseError as exc:
             raise ParseError(f"{where}{exc}") from None
-
-
-class _NotFast(Exception):
-    pass
-
-
-def _fast_float(text: str) -> float:
-    value = float(text)
-    if value.is_integer() or not math.isfinite(value):
-        raise _NotFast  # the strict decoder counts an integral float, and refuses a non-finite one
-    return value
-
-
-_fast = msgspec.json.Decoder(float_hook=_fast_float)
-
-
-def _fast_line(line: bytes) -> Any:
-    """One record line decoded by msgspec (a fifth of the strict decoder's cost), where that is
-    exactly what :func:`loads_json` gives; None where it may not be, and the strict decoder decides
-    (and says why).  Only for a plain line (as :func:`_plain`: ASCII, no escape, so a string's text
-    is the same in the line and in msgspec's encoding of what it decoded) without 19 digits in a row
-    (no integer out of range).  Left to the strict decoder: anything msgspec refuses; a float that
-    is integral (counted) or not finite; a key given twice, which msgspec keeps the last of: colons
-    stand only in strings and after keys, so the line then has more than the decoded document's
-    encoding."""
-    if not (len(line) <= LINE_NODES and line.isascii() and b"\\" not in line
-            and line.count(b"[") + line.count(b"{") < MAX_DEPTH and not _long_digits(line)):
-        return None
-    try:
-        doc = _fast.decode(line)
-    except (msgspec.DecodeError, _NotFast):
-        return None
-    if line.count(b":") != msgspec.json.encode(doc).count(b":"):
-        return None
-    return doc
 
 
 # ----------------------------------------------------------------------------------------------

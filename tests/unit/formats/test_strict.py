@@ -9,7 +9,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from mlckpt import strict
+from mlckpt import fastjson, strict
 
 
 def nested(levels: int) -> str:
@@ -93,6 +93,10 @@ def _same(a: object, b: object) -> bool:
     return repr(a) == repr(b)
 
 
+def fast_line(line: bytes) -> object:
+    return fastjson.fast_line(line, max_nodes=strict.LINE_NODES, max_depth=strict.MAX_DEPTH)
+
+
 def _strictly(line: bytes) -> tuple[object, int] | str:
     """What the strict decoder alone makes of ``line`` (and how many integral floats it counted),
     or why it refuses it."""
@@ -134,7 +138,7 @@ def test_a_line_the_fast_path_takes_reads_exactly_as_the_strict_decoder_reads_it
     reads exactly as the strict decoder does, and whatever the strict decoder counts or refuses never
     takes the fast path."""
     line = text.encode()
-    fast = strict._fast_line(line)
+    fast = fast_line(line)
     if fast is None:
         return
     want = _strictly(line)
@@ -148,7 +152,7 @@ def test_a_line_the_fast_path_takes_reads_exactly_as_the_strict_decoder_reads_it
     '{"n": 2.0}', '{"n": [1e3]}', '{"n": -0.0}', '{"n": 1e999}', '{"n": 18446744073709551615}',
 ])
 def test_what_the_fast_path_leaves_to_the_strict_decoder(text: str) -> None:
-    assert strict._fast_line(text.encode()) is None
+    assert fast_line(text.encode()) is None
     got = _strictly(text.encode())
     assert isinstance(got, str) or got[1] > 0  # refused, or an integral float counted
 
