@@ -43,13 +43,6 @@ def op_end(r: Rec) -> int:
     return int(r["staged_ns"]) if r["op"] == "write" and "staged_ns" in r else int(r["t1_ns"])
 
 
-def by_host(recs: Sequence[Rec]) -> dict[str, list[Rec]]:
-    out: dict[str, list[Rec]] = {}
-    for r in recs:
-        out.setdefault(str(r["host"]), []).append(r)
-    return out
-
-
 def host_facts(d: RunData) -> dict[str, Mapping[str, Any]]:
     return {str(h.get("hostname")): h for h in d.system.get("hosts", [])}
 

@@ -10,8 +10,8 @@ import statistics
 from collections.abc import Iterator, Mapping, Sequence
 from typing import Any
 
-from mlckpt.rules.checks.evidence import Rec, by_host, evidence_bounds, host_facts, op_end
-from mlckpt.rules.checks.result import run_data
+from mlckpt.rules.checks.evidence import Rec, evidence_bounds, host_facts, op_end
+from mlckpt.rules.checks.result import by_host, run_data
 from mlckpt.rules.engine import Context, NotChecked, Outcome, Rule, RuleSet, checks_table
 from mlckpt.workload.pipeline import MEMORY
 

@@ -77,10 +77,7 @@ class RunData:
         recs = self.records if recs is None else recs
         hit = self._hosts.get(id(recs))
         if hit is None or hit[0] is not recs:  # the list is kept with its grouping: its id stays its own
-            out: dict[str, list[Mapping[str, Any]]] = {}
-            for r in recs:
-                out.setdefault(str(r["host"]), []).append(r)
-            hit = self._hosts[id(recs)] = (recs, out)
+            hit = self._hosts[id(recs)] = (recs, by_host(recs))
         return hit[1]
 
     def ops(self, op: str) -> dict[int, list[Mapping[str, Any]]]:
@@ -89,6 +86,14 @@ class RunData:
             if r.get("op") == op:
                 out.setdefault(int(r["index"]), []).append(r)
         return out
+
+
+def by_host(recs: Sequence[Mapping[str, Any]]) -> dict[str, list[Mapping[str, Any]]]:
+    """The records by host, in their order."""
+    out: dict[str, list[Mapping[str, Any]]] = {}
+    for r in recs:
+        out.setdefault(str(r["host"]), []).append(r)
+    return out
 
 
 def written(d: RunData) -> int:
