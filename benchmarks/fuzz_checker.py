@@ -2,13 +2,14 @@
 """The structural fuzzer's long run: does ``mlckpt-check`` judge every signed hostile bundle
 without a fault and within its budget?
 
-    .venv/bin/python benchmarks/fuzz_checker.py [--cases 10000] [--seed 1] [--budget 60]
+    .venv/bin/python benchmarks/fuzz_checker.py [--cases 10000] [--seed 1] [--budget 60] [--split]
 
 The real runner makes three bundles (llama3_8b and llama_7b, sync, 1 write + 1 restore; llama3_8b
 asynchronous with a fast tier, 2 + 2; open division, scale 0.0005, 4 ranks).  Each case copies
 one, applies one to three structural mutations (tests/support/structural.py: keys dropped, values of
 another type or extreme, records repeated up to 60,000 times, dropped, reordered or retargeted,
-files swapped or added, links), re-signs it with the trusted key and checks it in-process.  It
+files swapped or added, links), re-signs it with the trusted key and checks it in-process (with
+--split, its records and its rules on two processes each, as a large bundle's are).  It
 prints the verdicts, the checker faults, the checks over the budget and the slowest ones, and
 exits 1 if any case faulted or ran over.
 """
@@ -32,6 +33,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "tests"))
 
 from support import structural  # tests/support/structural.py
 
+from checker import records_read, rule_workers
 from mlckpt import bundle
 
 BIN = Path(sys.executable).parent
@@ -71,14 +73,16 @@ def make_sources(work: Path) -> list[Path]:
     return paths
 
 
-Job = tuple[int, int, int, float, list[Path], Path, Path]
+Job = tuple[int, int, int, float, list[Path], Path, Path, bool]
 Result = tuple[int, str, float, str, str | None]
 
 
 def run_cases(job: Job) -> list[Result]:
     """Cases ``first``, ``first + step``, … below ``count`` (each with a generator of its own, so
     case i is the same whatever the number of workers): (i, verdict, seconds, what, problem)."""
-    first, step, count, budget, sources, keyfile, workdir = job
+    first, step, count, budget, sources, keyfile, workdir, split = job
+    if split:  # every case's records and rules on two processes, however few its records
+        records_read.MIN_SPLIT_LINES = rule_workers.MIN_RECORDS = 0
     trusted = bundle.TrustedKeys.load(workdir / "trusted-keys.yaml")
     key = bundle.load_private_key(keyfile)
     out = []
@@ -87,7 +91,7 @@ def run_cases(job: Job) -> list[Result]:
         root = workdir / f"case-{first}"
         folder = structural.fresh_case(rng.choice(sources), root, ORG, SYSTEM, DESCRIPTION)
         what = structural.mutate(rng, folder, key)
-        o = structural.check_case(root, trusted, budget, what)
+        o = structural.check_case(root, trusted, budget, what, jobs=2 if split else 1)
         out.append((i, o.verdict, o.seconds, what, o.problem))
         if o.problem:
             print(f"case {i}: {o.problem} after {what}", flush=True)
@@ -105,6 +109,9 @@ def main() -> int:
     ap.add_argument("--seed", type=int, default=1)
     ap.add_argument("--budget", type=float, default=60.0, help="the checker's per-bundle budget, s")
     ap.add_argument("--jobs", type=int, default=os.cpu_count() or 1, help="cases checked in parallel")
+    ap.add_argument("--split", action="store_true",
+                    help="check every case with its records and rules on two processes "
+                         "(checker/records_read.py, checker/rule_workers.py), whatever its size")
     args = ap.parse_args()
     global SEED
     SEED = args.seed
@@ -115,7 +122,7 @@ def main() -> int:
         print(f"made {len(sources)} source bundles in {time.monotonic() - t0:.1f} s", flush=True)
         verdicts: Counter[str] = Counter()
         t0 = time.monotonic()
-        jobs = [(w, args.jobs, args.cases, args.budget, sources, work / "org.pem", work)
+        jobs = [(w, args.jobs, args.cases, args.budget, sources, work / "org.pem", work, args.split)
                 for w in range(args.jobs)]
         with multiprocessing.get_context("fork").Pool(args.jobs) as pool:
             results = [r for part in pool.map(run_cases, jobs) for r in part]
@@ -124,7 +131,7 @@ def main() -> int:
         verdicts.update(r[1] for r in results)
         times.sort(reverse=True)
         print(f"{args.cases} signed hostile bundles in {time.monotonic() - t0:.0f} s ({args.jobs} workers, "
-              f"seed {args.seed}): "
+              f"seed {args.seed}{', split' if args.split else ''}): "
               + ", ".join(f"{n} {v}" for v, n in verdicts.most_common()))
         print(f"checker faults or over budget: {len(bad)}; slowest checks: "
               + "; ".join(f"{s:.2f} s ({w})" for s, w in times[:3]))

@@ -28,8 +28,8 @@ import shutil
 import tempfile
 from collections.abc import Callable, Sequence
 from pathlib import Path
-from typing import Any
 
+from checker import records_read
 from checker.bundle_rules import finish, stage_facts, stage_rules
 from checker.bundle_state import State, Stop
 from checker.results import BundleResult, Task, fault_finding
@@ -50,7 +50,7 @@ from mlckpt.rules import (
     Context,
     load_rules,
 )
-from mlckpt.schemas import fast_check, validator
+from mlckpt.schemas import validator
 from mlckpt.strict import ParseError
 from mlckpt.workload.model import workload_from_config
 
@@ -60,7 +60,7 @@ REQUIRED_FILES = ("run.json", "config.yaml", "records.jsonl", "summary.json", "s
 
 
 
-MAX_SCHEMA_PROBLEMS = 10  # reported per file
+MAX_SCHEMA_PROBLEMS = records_read.MAX_MESSAGES  # reported per file
 
 
 EXPECTED = {
@@ -241,60 +241,22 @@ def _records(st: State, version: str) -> bool:
     except ParseError as exc:
         st.problem("schema", name, "JSON lines within the checker's limits", str(exc))
         return True
-    bound, basis = _records_bound(st.docs.get("config.yaml"))
+    bound, basis = records_read.records_bound(st.docs.get("config.yaml"))
     lines = data.count(b"\n") + (not data.endswith(b"\n") and bool(data))
     if lines > bound:  # refused before a line is parsed
         st.problem("schema", name, f"at most {bound:,} records ({basis}, plus 1,024: a bound on the "
                    "checker's work, not the count the rules hold the records to)", f"{lines:,} lines")
         return True
-    v = validator("record", version)
-    fast = fast_check("record", version)  # a large run has tens of thousands of records
-    messages: list[str] = []
-    seen = loading.integral_floats()
-    try:
-        for lineno, rec in loading.iter_jsonl(data):
-            if lineno % 64 == 0 and st.over_budget():  # a loaded machine: lines can take ms each
-                return True
-            now, seen = seen, loading.integral_floats()
-            if fast is not None and fast(rec, seen != now):
-                st.records.append(rec)
-                continue
-            errs = list(v.iter_errors(rec)) if not v.is_valid(rec) else []
-            if errs:
-                messages += [f"line {lineno}: {schema_message(e)}" for e in sorted(errs, key=error_key)]
-                if len(messages) > MAX_SCHEMA_PROBLEMS:
-                    break
-                continue
-            st.records.append(rec)
-    except ParseError as exc:
-        messages.append(str(exc))
+    got = records_read.read(data, version, st.over_budget, st.task.rule_workers)
+    st.records = got.records
+    if got.over_budget:
+        st.over_budget()  # its finding, where the budget ran out in the other process
+        return True
+    messages = got.messages()
     if not messages and not st.records:
         messages.append("no records")
     _schema_problems(st, name, "record", messages)
     return bool(messages)
-
-
-# Without a configuration's counts (config.yaml unreadable or not a configuration): twice the
-# records of the largest canonical run, llama3_1t closed (1,024 ranks, 10 writes and 10 restores).
-FALLBACK_RECORDS = 1024 * 20
-
-
-def _records_bound(config: Any) -> tuple[int, str]:
-    """The most records the checker reads for the bundle's configuration, and what it rests on:
-    twice what the configuration makes plus 1,024, so a configuration that lies about its counts
-    is still judged by the rules that own them (COUNTS-POSITIVE, RECORDS-*), while 60,000 copies
-    of a record in an 8-record run are refused before a line is parsed; with counts that are not
-    plain integers (the schema reports them), twice a closed llama3_1t run's."""
-    try:
-        ranks, ck = config["ranks"], config["checkpoint"]
-        counts = (ranks, ck["num_writes"], ck["num_reads"])
-    except (KeyError, TypeError):
-        counts = ()
-    if len(counts) == 3 and all(isinstance(n, int) and not isinstance(n, bool) and n >= 0 for n in counts):
-        return (2 * counts[0] * (counts[1] + counts[2]) + 1024,
-                "twice the ranks × (num_writes + num_reads) of config.yaml")
-    return (2 * FALLBACK_RECORDS + 1024,
-            "config.yaml gives no counts: twice the 20,480 of a closed llama3_1t run")
 
 
 _STRUCTURAL_KEYS = {"ranks", "scale", "checkpoint.num_writes", "checkpoint.num_reads"}

@@ -7,6 +7,7 @@ from __future__ import annotations
 import dataclasses
 from typing import Any
 
+from checker import rule_workers
 from checker.bundle_state import State, Stop
 from checker.results import BundleResult, clean_text, jsonable
 from checker.rulesets import (
@@ -144,7 +145,8 @@ def stage_rules(st: State) -> None:
     ctx = dataclasses.replace(ctx, plan=plan, run=data)
     st.plan_digest = plan.digest if plan is not None else None
     skip = _unrecomputable(st, config)
-    ev = without(rs, skip).evaluate(ctx, ["config", "host", "result"])
+    ev = rule_workers.evaluate(without(rs, skip), ctx, ["config", "host", "result"], st.task.rule_workers,
+                               len(st.records))
     if plan is not None and not skip:  # what the report shows: recomputed, never the claim
         st.recomputed = recomputed_summary(rs, data, plan)  # the rules' own summarize, reused
     st.rule_findings = ev.findings

@@ -44,6 +44,7 @@ class State:
     stage: str = "layout"
     tmp: str | None = None  # where an archive was unpacked
     started: float = field(default_factory=time.monotonic)
+    out_of_time: bool = False  # the budget's finding is made (once, in whichever stage found it)
 
     @property
     def leaf(self) -> Leaf:
@@ -63,6 +64,9 @@ class State:
         took = time.monotonic() - self.started
         if took <= self.task.budget_s:
             return False
+        if self.out_of_time:
+            return True
+        self.out_of_time = True
         self.problem("schema", "bundle", f"a bundle the checker judges within its budget of "
                      f"{self.task.budget_s:g} s (mlckpt-check --bundle-budget)",
                      f"still in stage {self.stage} after {took:.1f} s", tree_path=self.leaf.path)

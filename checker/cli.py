@@ -48,7 +48,8 @@ def _tree_flags(p: Any, witnessed: str) -> None:
                    help=f"witness -> public keys: {witnessed} "
                    f"(default: ROOT/{TRUSTED_WITNESSES_FILE} if present)")
     p.add_argument("--jobs", type=int, default=None, metavar="N",
-                   help="bundles checked in parallel (default: the number of CPUs)")
+                   help="processes: bundles checked in parallel, and a large bundle's records and rules "
+                   "shared among the jobs no other bundle takes (default: the number of CPUs)")
     p.add_argument("--bundle-budget", type=float, default=BUNDLE_BUDGET_S, metavar="SECONDS",
                    help="the most one bundle's check may take; a bundle past it gets a BUNDLE-SCHEMA "
                    f"finding and the others are still judged (default: {BUNDLE_BUDGET_S:g})")

@@ -38,6 +38,7 @@ class Task:
     released: frozenset[str] | None = None  # runner code digests the tree's released-runners.yaml lists
     witnesses: bundle.TrustedKeys | None = None  # --trusted-witnesses (None: witnesses not judged)
     budget_s: float = 60.0  # --bundle-budget: the most one bundle's check may take
+    rule_workers: int = 1  # processes its rules may use (the jobs a smaller tree leaves to each bundle)
 
 
 @dataclass

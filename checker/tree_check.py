@@ -71,8 +71,9 @@ def check_tree(root: Path, trusted: TrustedKeys, *, forced_rules: str | None = N
     fallback = fallback_rules(forced_rules)
     systems = _systems(root, scan, fallback.version)
     released = load_released(root)
+    workers = max(1, jobs // max(1, len(scan.leaves)))  # the jobs no other bundle takes: its rules'
     tasks = [Task(str(root), leaf, trusted, forced_rules,
-                  systems[(leaf.division, leaf.org, leaf.system)], released, witnesses, budget_s)
+                  systems[(leaf.division, leaf.org, leaf.system)], released, witnesses, budget_s, workers)
              for leaf in scan.leaves]
     results = _run_tasks(tasks, jobs)
     add_duplicates(results, forced_rules)

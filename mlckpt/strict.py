@@ -246,14 +246,16 @@ def parse_json(data: bytes) -> Any:
     return loads_json(decode_utf8(data))
 
 
-def iter_jsonl(data: bytes, *, max_lines: int | None = None) -> Iterator[tuple[int, Any]]:
-    """(line number, object) of every line; ParseError naming the line on the first bad one."""
+def iter_jsonl(data: bytes, *, max_lines: int | None = None, first_line: int = 1
+               ) -> Iterator[tuple[int, Any]]:
+    """(line number, object) of every line; ParseError naming the line on the first bad one.
+    ``first_line``: the number of ``data``'s first line, where it is a part of a file."""
     if max_lines is None:
         max_lines = MAX_RECORD_LINES
     if data and not data.endswith(b"\n"):
         data += b"\n"  # a missing final newline is harmless
     start = 0
-    lineno = 0
+    lineno = first_line - 1
     end = len(data)
     while start < end:
         lineno += 1

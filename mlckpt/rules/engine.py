@@ -193,21 +193,28 @@ class RuleSet:
         findings: list[Finding] = []
         skipped: list[tuple[str, str]] = []
         for rule in self.rules:
-            if ctx.division not in rule.divisions or not set(stages) & set(rule.stages):
-                continue
-            missing = next((n for n in rule.needs if not _has(ctx, n)), None)
-            if missing is not None:
-                if (rule.id, NEEDS[missing]) not in skipped:
-                    skipped.append((rule.id, NEEDS[missing]))
-                continue
-            result = self.checks[rule.check](ctx, self, rule)
-            items = [result] if isinstance(result, Outcome | NotChecked) else list(result)
-            for item in items:
-                if isinstance(item, NotChecked):
-                    if (rule.id, item.reason) not in skipped:  # once per rule, not per host
-                        skipped.append((rule.id, item.reason))
-                elif not item.ok:
-                    findings.append(make_finding(rule, item))
+            one = self.evaluate_rule(rule, ctx, stages)
+            findings += one.findings
+            skipped += one.not_checked
+        return Evaluation(tuple(findings), tuple(skipped))
+
+    def evaluate_rule(self, rule: Rule, ctx: Context, stages: Sequence[str]) -> Evaluation:
+        """One rule's part of :meth:`evaluate` (which is these parts in the rules' order)."""
+        findings: list[Finding] = []
+        skipped: list[tuple[str, str]] = []
+        if ctx.division not in rule.divisions or not set(stages) & set(rule.stages):
+            return Evaluation((), ())
+        missing = next((n for n in rule.needs if not _has(ctx, n)), None)
+        if missing is not None:
+            return Evaluation((), ((rule.id, NEEDS[missing]),))
+        result = self.checks[rule.check](ctx, self, rule)
+        items = [result] if isinstance(result, Outcome | NotChecked) else list(result)
+        for item in items:
+            if isinstance(item, NotChecked):
+                if (rule.id, item.reason) not in skipped:  # once per rule, not per host
+                    skipped.append((rule.id, item.reason))
+            elif not item.ok:
+                findings.append(make_finding(rule, item))
         return Evaluation(tuple(findings), tuple(skipped))
 
     @property

@@ -6,6 +6,7 @@ records a configuration can produce, and the per-bundle time budget."""
 from __future__ import annotations
 
 import json
+import os
 import random
 import subprocess
 import sys
@@ -16,6 +17,7 @@ import pytest
 from support import structural
 from support.cli import CHECKER_ORG, CHECKER_SYSTEM
 
+from checker import rule_workers
 from checker.tree_check import check_tree
 from mlckpt import bundle
 
@@ -143,3 +145,29 @@ def test_records_under_the_bound_still_stop_at_the_budget(honest_bundles: dict[s
     assert out.problem is None and out.seconds < 1.0, out
     report = check_tree(tmp_path / "t", trusted, budget_s=0.5)
     assert any("still in stage schema after" in f["message"] for f in report["findings"]), report["findings"]
+
+
+def test_rules_on_two_workers_judge_as_one_process(honest_bundles: dict[str, Path], tmp_path: Path,
+                                                   monkeypatch: pytest.MonkeyPatch) -> None:
+    """A tree of one bundle checked with --jobs 2 lends the second job to its rules
+    (checker/rule_workers.py; here at any size): the report is the one a single process writes,
+    for the honest bundles and for hostile ones."""
+    monkeypatch.setattr(rule_workers, "MIN_RECORDS", 0)
+    forks = []
+    fork = os.fork
+    monkeypatch.setattr(os, "fork", lambda: forks.append(1) or fork())
+    rng = random.Random(5)
+    key = bundle.load_private_key(honest_bundles["dir"] / "keys" / "org.pem")
+    trusted = bundle.TrustedKeys.load(honest_bundles["dir"] / "trusted-keys.yaml")
+    description = (honest_bundles["dir"] / "laptop-ext4.yaml").read_bytes()
+    findings = 0
+    for i, name in enumerate(("llama3_8b", "llama_7b", "async_tiers", *["async_tiers", "llama3_8b"] * 5)):
+        root = tmp_path / f"case{i}"
+        folder = structural.fresh_case(honest_bundles[name], root, CHECKER_ORG, CHECKER_SYSTEM, description)
+        if i >= 3:
+            structural.mutate(rng, folder, key)
+        one = check_tree(root, trusted, jobs=1)
+        two = check_tree(root, trusted, jobs=2)
+        assert two == one
+        findings += sum(len(b["findings"]) for b in one["bundles"])
+    assert findings > 10 and len(forks) >= 3, (findings, len(forks))

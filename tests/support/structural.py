@@ -213,11 +213,13 @@ def mutate(rng: random.Random, folder: Path, key: Any) -> str:
     return "; ".join(done)
 
 
-def check_case(root: Path, trusted: bundle.TrustedKeys, budget_s: float, what: str) -> Outcome:
-    """Check the one-bundle tree at ``root``; the problem, if the checker misbehaved."""
+def check_case(root: Path, trusted: bundle.TrustedKeys, budget_s: float, what: str, jobs: int = 1) -> Outcome:
+    """Check the one-bundle tree at ``root`` (``jobs`` > 1: its records and rules shared among
+    processes, as checker/rule_workers.py does for a large bundle); the problem, if the checker
+    misbehaved."""
     t0 = time.monotonic()
     try:
-        report = check_tree(root, trusted, jobs=1, budget_s=budget_s)
+        report = check_tree(root, trusted, jobs=jobs, budget_s=budget_s)
     except Exception as exc:  # the checker must never raise
         return Outcome(what, "raised", time.monotonic() - t0, f"raised {type(exc).__name__}: {exc}")
     took = time.monotonic() - t0

@@ -61,7 +61,13 @@ def recomputed_summary(rs: RuleSet, d: RunData, plan: Any) -> dict[str, Any]:
     from summary format 3, run.json's times and system.json's hosts; from 5, what other processes
     moved on the checkpoint device): what the runner writes, and what the checker, ``compare``
     and the leaderboard show, whatever the bundle's summary claims.  The summary format is the
-    one the rule set's summary schema pins."""
+    one the rule set's summary schema pins.  Made once per rules and plan for a run's data (the
+    checker's SUMMARY-EXACT and its report ask for it); shared, not to be changed."""
+    return d.once(("recomputed summary", rs.version, id(rs.data), plan.digest),
+                  lambda: _recomputed_summary(rs, d, plan))
+
+
+def _recomputed_summary(rs: RuleSet, d: RunData, plan: Any) -> dict[str, Any]:
     facts = DlioFacts.of(d.run, d.system) if summary_format(rs) >= 3 else None
     out = completed(d.summarized(rs), plan.total_bytes,
                     plan.restore_bytes(str(d.config["checkpoint"]["restore"])), facts)

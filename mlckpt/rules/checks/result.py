@@ -10,7 +10,7 @@ from __future__ import annotations
 import itertools
 import math
 from collections import Counter
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from functools import cached_property
 from typing import Any
@@ -48,6 +48,8 @@ class RunData:
                                                                       repr=False)
     _hosts: dict[int, tuple[Sequence[Mapping[str, Any]], dict[str, list[Mapping[str, Any]]]]] = field(
         default_factory=dict, compare=False, repr=False)
+    # what else is made once for every rule that asks (the recomputed summary.json), by key
+    _made: dict[Any, Any] = field(default_factory=dict, compare=False, repr=False)
 
     def summarized(self, rs: RuleSet) -> dict[str, Any]:
         """The statistics of the records (``mlckpt.metrics.summarize``), under ``rs``'s cold-read
@@ -59,6 +61,12 @@ class RunData:
                                              records_format=key[1], summary_format=key[2],
                                              seen=self.longest)
         return self._summaries[key]
+
+    def once(self, key: Any, make: Callable[[], Any]) -> Any:
+        """``make()``, made the first time ``key`` is asked for; shared, not to be changed."""
+        if key not in self._made:
+            self._made[key] = make()
+        return self._made[key]
 
     @cached_property
     def pipeline(self) -> Pipeline:
