@@ -148,6 +148,8 @@ def retarget_records(rng: random.Random, folder: Path) -> str:
     """Records that name other ops, indices, ranks or hosts than the run has."""
     doc = _load(folder, "records.jsonl")
     r = rng.choice(doc.value)
+    if not isinstance(r, dict):  # an earlier mutation made it something else
+        raise ValueError("no record to retarget")
     key, value = rng.choice((("op", "read" if r.get("op") == "write" else "write"), ("index", 0),
                              ("index", 10**6), ("rank", 4096), ("rank", -1), ("host", "elsewhere"),
                              ("checkpoint", 99), ("t1_ns", 0), ("t0_ns", 2**62)))
