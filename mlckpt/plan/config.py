@@ -244,6 +244,11 @@ def witness_format_fits(version: str) -> bool:
     return formats.WITNESS.version in schema.get("enum", [schema.get("const")])
 
 
+def library_installed(module: str) -> bool:
+    """Whether a framework writer's library is installed here (found, not imported)."""
+    return importlib.util.find_spec(module.split(".")[0]) is not None
+
+
 def validate(config: Mapping[str, Any]) -> None:
     """JSON Schema of the resolved configuration (types, ranges, unknown keys) → exit 2."""
     version = str(config.get("rules_version", "1.0"))
@@ -259,7 +264,7 @@ def validate(config: Mapping[str, Any]) -> None:
             raise ConfigError(f"framework.writer: library writers need rules_version 1.11 or later "
                               f"(got {version})", key="framework.writer")
         module = WRITERS[writer].module if writer in WRITERS else None
-        if module and importlib.util.find_spec(module.split(".")[0]) is None:
+        if module and not library_installed(module):
             raise ConfigError(f"framework.writer={writer}: {WRITERS[writer].library} is not installed "
                               "(pip install 'mlckpt[frameworks]')", key="framework.writer")
     problem = first_error(config, "config", version)

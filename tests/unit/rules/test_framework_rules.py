@@ -124,3 +124,20 @@ def test_the_summary_heads_with_the_library_and_sets_the_engine_beside_it() -> N
     assert "framework" not in old and old["num_writes"] == 2
     alone = summarize([r for r in records if r["writer"] != ENGINE], max_resident_fraction=0.01)
     assert alone["framework"]["reference"] is None
+
+
+@pytest.mark.parametrize(("writer", "library"), [("torch_dcp", "torch"), ("torch_save", "torch"),
+                                                   ("safetensors", "safetensors")])
+def test_a_writer_whose_library_is_missing_is_refused_before_io(monkeypatch: pytest.MonkeyPatch, writer: str,
+                                                               library: str) -> None:
+    from mlckpt.plan import config
+
+    asked: list[str] = []
+    monkeypatch.setattr(config, "library_installed", lambda module: asked.append(module) or False)
+    with pytest.raises(ConfigError) as got:
+        setup([*BASE, f"framework.writer={writer}"])
+    assert str(got.value) == (f"framework.writer={writer}: {library} is not installed "
+                              "(pip install 'mlckpt[frameworks]')") and got.value.key == "framework.writer"
+    assert asked and asked[0].split(".")[0] == library
+    monkeypatch.setattr(config, "library_installed", lambda module: True)
+    assert setup([*BASE, f"framework.writer={writer}"]).config["framework"]["writer"] == writer
