@@ -33,7 +33,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "tests"))
 
 from support import structural  # tests/support/structural.py
 
-from checker import records_read, rule_workers
+from checker import forked
 from mlckpt import bundle
 
 BIN = Path(sys.executable).parent
@@ -82,7 +82,7 @@ def run_cases(job: Job) -> list[Result]:
     case i is the same whatever the number of workers): (i, verdict, seconds, what, problem)."""
     first, step, count, budget, sources, keyfile, workdir, split = job
     if split:  # every case's records and rules on two processes, however few its records
-        records_read.MIN_SPLIT_LINES = rule_workers.MIN_RECORDS = 0
+        forked.MIN_RECORDS = 0
     trusted = bundle.TrustedKeys.load(workdir / "trusted-keys.yaml")
     key = bundle.load_private_key(keyfile)
     out = []

@@ -20,7 +20,6 @@ from mlckpt.schemas import fast_check, validator
 from mlckpt.strict import ParseError
 
 MAX_MESSAGES = 10  # schema problems reported per file (the reading stops past them)
-MIN_SPLIT_LINES = 4096  # fewer lines than this are read in one pass (a fork would cost more)
 # Without a configuration's counts (config.yaml unreadable or not a configuration): twice the
 # records of the largest canonical run, llama3_1t closed (1,024 ranks, 10 writes and 10 restores).
 FALLBACK_RECORDS = 1024 * 20
@@ -71,7 +70,8 @@ def read(data: bytes, version: str, over_budget: Callable[[], bool], workers: in
     """Every line of ``data`` (records.jsonl), as one pass gives it; on two processes where
     ``workers`` allows and the lines are many."""
     cut = data.find(b"\n", len(data) // 2) + 1  # 0: no line ends in the second half
-    if workers <= 1 or data.count(b"\n") < MIN_SPLIT_LINES or not forked.AVAILABLE or not 0 < cut < len(data):
+    few = data.count(b"\n") < forked.MIN_RECORDS
+    if workers <= 1 or few or not forked.AVAILABLE or not 0 < cut < len(data):
         return _read(data, version, over_budget, 1)
     second = data.count(b"\n", 0, cut) + 1  # the number of the second half's first line
     try:

@@ -17,14 +17,10 @@ import contextlib
 import itertools
 import multiprocessing
 from collections.abc import Iterable, Iterator, Sequence
-from typing import Any
 
 from checker import forked
 from mlckpt.rules import Context, Evaluation, RuleSet
 
-# Below this many records a fork costs more than the rules it would take (check_large.py: the
-# rules of 1,024 ranks x 20 ops take about a second; of 8 ranks, milliseconds).
-MIN_RECORDS = 4096
 # The checks that read what the summary's recomputation leaves in RunData: run where it is made.
 SUMMARY_CHECKS = frozenset({"metrics_recompute", "summary_exact", "request_evidence"})
 
@@ -33,11 +29,11 @@ Part = tuple[int, Evaluation | BaseException]  # a rule's index and its part, or
 
 def evaluate(rs: RuleSet, ctx: Context, stages: Sequence[str], workers: int, records: int) -> Evaluation:
     """``rs.evaluate(ctx, stages)``, on up to ``workers`` processes for a bundle of ``records``."""
-    if workers <= 1 or records < MIN_RECORDS or not forked.AVAILABLE:
+    if workers <= 1 or records < forked.MIN_RECORDS or not forked.AVAILABLE:
         return rs.evaluate(ctx, stages)
     rules = rs.rules
     pinned = [i for i, r in enumerate(rules) if r.check in SUMMARY_CHECKS]
-    shared = [i for i in range(len(rules)) if i not in set(pinned)]
+    shared = [i for i, r in enumerate(rules) if r.check not in SUMMARY_CHECKS]
     try:
         claimed = multiprocessing.get_context("fork").Value("i", 0)  # the next of ``shared`` to take
     except OSError:  # no shared memory to be had: one process
@@ -97,11 +93,7 @@ def _run(rs: RuleSet, ctx: Context, stages: Sequence[str], indices: Iterable[int
 
 def _in_order(parts: Sequence[Evaluation | BaseException]) -> Evaluation:
     """The parts joined in the rules' order; the first exception raised, as one process would."""
-    findings: list[Any] = []
-    skipped: list[tuple[str, str]] = []
     for part in parts:
         if isinstance(part, BaseException):
             raise part
-        findings += part.findings
-        skipped += part.not_checked
-    return Evaluation(tuple(findings), tuple(skipped))
+    return Evaluation.joined(p for p in parts if isinstance(p, Evaluation))  # (all of them, by now)

@@ -153,6 +153,16 @@ class Evaluation:
     def verdict(self, division: str) -> str:
         return verdict(self.findings, division)
 
+    @staticmethod
+    def joined(parts: Iterable[Evaluation]) -> Evaluation:
+        """The parts one after another (each rule's, in the rules' order: the rule set's)."""
+        findings: list[Finding] = []
+        skipped: list[tuple[str, str]] = []
+        for part in parts:
+            findings += part.findings
+            skipped += part.not_checked
+        return Evaluation(tuple(findings), tuple(skipped))
+
 
 CheckResult = Outcome | NotChecked | Iterable[Outcome | NotChecked]
 CheckFn = Callable[[Context, "RuleSet", Rule], CheckResult]
@@ -190,13 +200,7 @@ class RuleSet:
         return self.data["closed"]
 
     def evaluate(self, ctx: Context, stages: Sequence[str]) -> Evaluation:
-        findings: list[Finding] = []
-        skipped: list[tuple[str, str]] = []
-        for rule in self.rules:
-            one = self.evaluate_rule(rule, ctx, stages)
-            findings += one.findings
-            skipped += one.not_checked
-        return Evaluation(tuple(findings), tuple(skipped))
+        return Evaluation.joined(self.evaluate_rule(rule, ctx, stages) for rule in self.rules)
 
     def evaluate_rule(self, rule: Rule, ctx: Context, stages: Sequence[str]) -> Evaluation:
         """One rule's part of :meth:`evaluate` (which is these parts in the rules' order)."""

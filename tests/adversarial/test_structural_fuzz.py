@@ -17,7 +17,7 @@ import pytest
 from support import structural
 from support.cli import CHECKER_ORG, CHECKER_SYSTEM
 
-from checker import rule_workers
+from checker import forked
 from checker.tree_check import check_tree
 from mlckpt import bundle
 
@@ -152,10 +152,10 @@ def test_records_under_the_bound_still_stop_at_the_budget(honest_bundles: dict[s
 
 def test_rules_on_two_workers_judge_as_one_process(honest_bundles: dict[str, Path], tmp_path: Path,
                                                    monkeypatch: pytest.MonkeyPatch) -> None:
-    """A tree of one bundle checked with --jobs 2 lends the second job to its rules
-    (checker/rule_workers.py; here at any size): the report is the one a single process writes,
-    for the honest bundles and for hostile ones."""
-    monkeypatch.setattr(rule_workers, "MIN_RECORDS", 0)
+    """A tree of one bundle checked with --jobs 2 lends the second job to its records and rules
+    (checker/records_read.py, checker/rule_workers.py; here at any size): the report is the one a
+    single process writes, for the honest bundles and for hostile ones."""
+    monkeypatch.setattr(forked, "MIN_RECORDS", 0)
     forks = []
     fork = os.fork
     monkeypatch.setattr(os, "fork", lambda: forks.append(1) or fork())

@@ -13,7 +13,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from support import paths
 
-from checker import records_read
+from checker import forked, records_read
 
 VERSION = "1.10"
 GOOD = (paths.FIXTURES / "records-format-7.jsonl").read_bytes().splitlines()
@@ -39,7 +39,7 @@ def files(draw: st.DrawFn) -> bytes:
 @settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
 @given(files())
 def test_two_halves_read_as_one_pass(monkeypatch: pytest.MonkeyPatch, data: bytes) -> None:
-    monkeypatch.setattr(records_read, "MIN_SPLIT_LINES", 4)
+    monkeypatch.setattr(forked, "MIN_RECORDS", 4)
     one = records_read.read(data, VERSION, never, workers=1)
     two = records_read.read(data, VERSION, never, workers=2)
     assert two == one
@@ -47,7 +47,7 @@ def test_two_halves_read_as_one_pass(monkeypatch: pytest.MonkeyPatch, data: byte
 
 
 def test_messages_name_their_lines_in_both_halves(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr(records_read, "MIN_SPLIT_LINES", 4)
+    monkeypatch.setattr(forked, "MIN_RECORDS", 4)
     data = b"\n".join([GOOD[0], RETYPED, *GOOD[:6], UNKNOWN, GOOD[1]]) + b"\n"
     got = records_read.read(data, VERSION, never, workers=2)
     assert len(got.records) == 8 and [b.after for b in got.bad] == [1, 7]
@@ -58,7 +58,7 @@ def test_messages_name_their_lines_in_both_halves(monkeypatch: pytest.MonkeyPatc
 
 
 def test_the_budget_in_either_half_ends_the_reading(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr(records_read, "MIN_SPLIT_LINES", 4)
+    monkeypatch.setattr(forked, "MIN_RECORDS", 4)
     data = b"\n".join(GOOD * 40) + b"\n"  # 320 lines: the budget is looked at every 64
     parent = os.getpid()
     for late in (True, False):  # the second half's process, or this one, runs out
@@ -67,7 +67,7 @@ def test_the_budget_in_either_half_ends_the_reading(monkeypatch: pytest.MonkeyPa
 
 
 def test_a_child_that_dies_leaves_its_half_here(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr(records_read, "MIN_SPLIT_LINES", 4)
+    monkeypatch.setattr(forked, "MIN_RECORDS", 4)
     data = b"\n".join(GOOD * 40) + b"\n"
     parent = os.getpid()
 
@@ -80,7 +80,7 @@ def test_a_child_that_dies_leaves_its_half_here(monkeypatch: pytest.MonkeyPatch)
 
 
 def test_no_process_to_be_had_means_one_pass(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr(records_read, "MIN_SPLIT_LINES", 4)
+    monkeypatch.setattr(forked, "MIN_RECORDS", 4)
     data = b"\n".join([*GOOD, RETYPED, *GOOD]) + b"\n"
     want = records_read.read(data, VERSION, never)
 
@@ -95,7 +95,7 @@ def test_no_process_to_be_had_means_one_pass(monkeypatch: pytest.MonkeyPatch) ->
 def test_no_line_end_in_the_second_half_means_one_pass(monkeypatch: pytest.MonkeyPatch, end: bytes) -> None:
     """Many short lines, then one line longer than all of them (with or without its newline):
     no second half to hand over."""
-    monkeypatch.setattr(records_read, "MIN_SPLIT_LINES", 4)
+    monkeypatch.setattr(forked, "MIN_RECORDS", 4)
     data = b"\n".join(GOOD * 2) + b'\n{"rank": "' + b"x" * 100_000 + b'"}' + end
     want = records_read.read(data, VERSION, never)
     assert records_read.read(data, VERSION, never, workers=2) == want

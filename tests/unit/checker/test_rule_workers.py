@@ -98,7 +98,7 @@ def test_a_worker_that_dies_leaves_its_rules_to_this_process(tmp_path: Path) -> 
 
 
 def test_a_small_bundle_or_one_worker_never_forks(tmp_path: Path) -> None:
-    for workers, records in ((2, rule_workers.MIN_RECORDS - 1), (1, 10**6)):
+    for workers, records in ((2, forked.MIN_RECORDS - 1), (1, 10**6)):
         got = rule_workers.evaluate(ruleset(tmp_path), context(), ["result"], workers, records=records)
         assert isinstance(got, Evaluation) and set(ran_by(tmp_path)) == {PARENT}
 
