@@ -13,7 +13,9 @@ N × 20 records (its findings, if any, are printed: a laptop's calibration says 
 ranks).  Timed: ``mlckpt-check`` end to end (interpreter start included) with each --jobs,
 alternated; best, median and worst of --repeat, with its modules' bytecode compiled first as an
 install leaves it (an environment with PYTHONDONTWRITEBYTECODE would otherwise recompile some
-sixty modules on every start).
+sixty modules on every start).  Before each check a fixed pure-Python loop is timed: a shared VM's
+single-core speed drifts by a quarter and more, so each --jobs also gets its median time in units
+of that loop, and its worst time among the runs where the loop ran within 10 % of its fastest.
 """
 
 from __future__ import annotations
@@ -122,6 +124,33 @@ def widen(source: Path, dest: Path, ranks: int, key: object) -> int:
     return len(recs)
 
 
+REFERENCE_LOOPS = 5_000_000
+
+
+def reference_s() -> float:
+    """The seconds a fixed pure-Python loop takes now: the VM's single-core speed drifts by a
+    quarter and more from minute to minute, so each check is set beside this, taken just before it."""
+    t0 = time.perf_counter()
+    total = 0
+    for i in range(REFERENCE_LOOPS):
+        total += i
+    assert total == REFERENCE_LOOPS * (REFERENCE_LOOPS - 1) // 2
+    return time.perf_counter() - t0
+
+
+def speed_line(times: dict[int, list[float]], speeds: dict[int, list[float]]) -> str:
+    """Each --jobs' check time in units of the reference loop taken just before it (median), and
+    its times where the loop ran within 10 % of its fastest of the whole series (the VM at full speed)."""
+    fastest = min(min(v) for v in speeds.values())
+    parts = [f"reference loop {fastest:.2f}-{max(max(v) for v in speeds.values()):.2f} s"]
+    for jobs, t in times.items():
+        ratio = statistics.median(a / b for a, b in zip(t, speeds[jobs], strict=True))
+        quick = [a for a, b in zip(t, speeds[jobs], strict=True) if b <= 1.1 * fastest]
+        at_full = (f", at full speed ({len(quick)} runs) worst {max(quick):.2f} s" if quick else "")
+        parts.append(f"--jobs {jobs}: {ratio:.2f} reference loops (median){at_full}")
+    return "; ".join(parts)
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--ranks", type=int, nargs="+", default=[8, 64, 256, 1024])
@@ -150,9 +179,11 @@ def main() -> int:
                 f"-{BASE_RANKS}r-", f"-{n}r-")
             count = widen(source, dest, n, key)
             times: dict[int, list[float]] = {jobs: [] for jobs in args.jobs}
+            speeds: dict[int, list[float]] = {jobs: [] for jobs in args.jobs}
             out = None
             for _ in range(args.repeat):
                 for jobs in args.jobs:  # alternated, so that the VM's slow spells fall on each
+                    speeds[jobs].append(reference_s())
                     t0 = time.monotonic()
                     out = subprocess.run([str(BIN / "mlckpt-check"), str(root), "--jobs", str(jobs), "--json",
                                           str(work / "r.json")], capture_output=True, text=True, check=False)
@@ -168,6 +199,7 @@ def main() -> int:
                                 f"worst {max(t):.2f} s" for jobs, t in times.items())
             print(f"{n:5d} ranks, {count:6d} records ({size:.1f} MiB): {figures}; verdict {b['verdict']}"
                   + (f", findings {', '.join(rules)}" if rules else ""), flush=True)
+            print("      " + speed_line(times, speeds), flush=True)
             assert out is not None and out.returncode in (0, 1, 6), out.stderr
         return 0
     finally:

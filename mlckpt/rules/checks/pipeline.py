@@ -106,14 +106,17 @@ def tier_restore_source(ctx: Context, rs: RuleSet, rule: Rule) -> Iterator[Outco
     host_of = {int(rank): str(h.get("host")) for h in d.run.get("hosts", []) for rank in h.get("ranks", [])}
     shift = int(d.run.get("rank_shift", rank_shift(ctx)))
     restore = str(d.config["checkpoint"]["restore"])
+    writers_of: dict[int, set[str]] = {}  # a rank's restores all read the same files
     for r in d.records:
         if r.get("op") != "read":
             continue
         rank = int(r["rank"])
         if not 0 <= rank < plan.ranks:
             continue  # BYTES-PLAN reports it
-        reads = plan.restore_reads(rank, restore, shift)  # type: ignore[arg-type]
-        writers = {host_of.get(rd.writer, "?") for rd in reads}
+        writers = writers_of.get(rank)
+        if writers is None:
+            reads = plan.restore_reads(rank, restore, shift)  # type: ignore[arg-type]
+            writers = writers_of[rank] = {host_of.get(rd.writer, "?") for rd in reads}
         want = pipe.restore_tier(int(r["checkpoint"]), nw, writers, host_of.get(rank, "?"))
         if r.get("tier") != want:
             yield Outcome(False, f"restore from the {want} tier", f"{r.get('tier')} tier",

@@ -200,16 +200,22 @@ def bytes_match_plan(ctx: Context, rs: RuleSet, rule: Rule) -> Iterator[Outcome 
         return
     shift = int(d.run.get("rank_shift", rank_shift(ctx)))
     restore = str(d.config["checkpoint"]["restore"])
+    wants: dict[tuple[bool, int], tuple[int, int]] = {}  # a rank's writes are alike, and its restores
+
+    def want(write: bool, rank: int) -> tuple[int, int]:
+        if write:
+            files = plan.rank_plans[rank].files
+        else:
+            files = tuple(rd.file for rd in plan.restore_reads(rank, restore, shift))  # type: ignore[arg-type]
+        return sum(f.bytes for f in files), len(files)
+
     for r in d.records:
         rank = int(r["rank"])
         if not 0 <= rank < plan.ranks:
             yield Outcome(False, f"rank in 0..{plan.ranks - 1}", f"rank {rank}")
             continue
-        if r["op"] == "write":
-            files = plan.rank_plans[rank].files
-        else:
-            files = tuple(rd.file for rd in plan.restore_reads(rank, restore, shift))  # type: ignore[arg-type]
-        want_b, want_f = sum(f.bytes for f in files), len(files)
+        key = (r["op"] == "write", rank)
+        want_b, want_f = wants.get(key) or wants.setdefault(key, want(*key))
         ok = int(r["bytes"]) == want_b and int(r["files"]) == want_f
         if not ok:
             yield Outcome(False, f"{want_b} B in {want_f} files", f"{r['bytes']} B in {r['files']} files",
