@@ -8,6 +8,7 @@ from typing import Any
 
 from mlckpt.units import GB, fmt_bytes_both, fmt_duration
 from mlckpt.workload.serving import STRATEGIES, Links, ScaleUp, ServingLayout, fmt_gb, scale_up
+from mlckpt.workload.serving_load import load_plan, placement
 
 
 def layout_document(layout: ServingLayout) -> dict[str, Any]:
@@ -20,7 +21,24 @@ def layout_document(layout: ServingLayout) -> dict[str, Any]:
         "replicas_per_host": layout.replicas_per_host, "hosts_per_replica": layout.hosts_per_replica,
         "hosts": layout.hosts(), "host_bytes": layout.host_bytes,
         "all_replicas_bytes": layout.replicas * layout.replica_bytes, "shards": shards,
+        "strategies": strategies_document(layout),
     }
+
+
+def strategies_document(layout: ServingLayout) -> dict[str, dict[str, int]]:
+    """Per loading strategy, what the storage serves and the most any one host or GPU moves, with
+    the ranks placed as the layout says (mlckpt/workload/serving_load.py)."""
+    out = {}
+    for strategy in STRATEGIES:
+        plan = load_plan(layout, strategy, placement(layout))
+        out[strategy] = {
+            "storage_bytes": plan.storage_bytes,
+            "host_storage_bytes_max": max(plan.host_storage_bytes().values()),
+            "gpu_storage_bytes_max": max(r.storage_bytes for r in plan.ranks),
+            "gpu_received_bytes_max": max(r.received_bytes for r in plan.ranks),
+            "gpu_node_tier_bytes_max": max(r.node_tier_bytes for r in plan.ranks),
+        }
+    return out
 
 
 def layout_text(layout: ServingLayout) -> str:
@@ -44,6 +62,14 @@ def layout_text(layout: ServingLayout) -> str:
         files = s["files"]
         lines.append(f"  {s['tp_rank']:>13}  {fmt_gb(s['bytes']):<20}  {len(files)} × at most "
                      f"{fmt_gb(max(files))}")
+    lines += ["", "  loading all replicas    from storage     busiest host     a GPU reads      "
+              "a GPU receives   from node tier"]
+    columns = ("storage_bytes", "host_storage_bytes_max", "gpu_storage_bytes_max", "gpu_received_bytes_max",
+               "gpu_node_tier_bytes_max")
+    for name, t in d["strategies"].items():
+        lines.append(f"  {name:<22}" + "".join(f"  {fmt_gb(t[c]):>15}" for c in columns))
+    lines.append("  (a GPU: the most any one reads, receives over the network, or reads from its host's "
+                 "tier)")
     return "\n".join(lines)
 
 

@@ -146,6 +146,27 @@ def test_plan_replicas_gives_bytes_per_gpu_replica_and_host() -> None:
     assert mlckpt("plan", "--replicas", "x").returncode == 2
 
 
+def test_plan_replicas_gives_what_the_storage_a_host_and_a_gpu_move_per_strategy() -> None:
+    proc = mlckpt("plan", "workload=llama3_8b", "--replicas", "6", "--tp", "2", "--json")
+    assert proc.returncode == 0, proc.stderr
+    doc = json.loads(proc.stdout)
+    lay = ServingLayout("llama3_8b", L8B, tp=2, replicas=6)  # 4 replicas a host: 2 hosts
+    w, shard = lay.replica_bytes, lay.shard_bytes(0)
+    got = doc["strategies"]
+    assert got["direct"] == {"storage_bytes": 6 * w, "host_storage_bytes_max": 4 * w,
+                             "gpu_storage_bytes_max": shard, "gpu_received_bytes_max": 0,
+                             "gpu_node_tier_bytes_max": 0}
+    assert got["fanout"]["storage_bytes"] == w  # each shard once, split over its 6 holders
+    assert got["fanout"]["gpu_storage_bytes_max"] == -(-shard // 6)
+    assert got["fanout"]["gpu_received_bytes_max"] == shard - shard // 6
+    assert got["nodecache"]["storage_bytes"] == 2 * w  # a copy a host
+    assert got["nodecache"]["gpu_storage_bytes_max"] == w  # the host's first GPU reads it all
+    assert got["nodecache"]["gpu_node_tier_bytes_max"] == shard
+    text = mlckpt("plan", "workload=llama3_8b", "--replicas", "6", "--tp", "2").stdout
+    row = next(line for line in text.splitlines() if line.strip().startswith("fanout"))
+    assert row.split()[1:3] == [f"{w / GB:,.2f}", "GB"]
+
+
 def test_the_docs_figures_for_the_canonical_shapes() -> None:
     """docs/src/run/serving.md quotes these."""
     L405B = ModelShape(16384, 126, 53248, 128256, 128, 8)
@@ -155,5 +176,10 @@ def test_the_docs_figures_for_the_canonical_shapes() -> None:
     assert (round(mid.replica_bytes / GB, 2), round(mid.model_bytes / GB, 2)) == (139.78, 139.77)
     real_kv = 2 * (8 * 128 - 8 * 64) * 8192 * 80 * 2  # the real 70B's k and v: heads of 128, not 64
     assert round((mid.model_bytes + real_kv) / GB) == 141
+    table = mlckpt("plan", "workload=llama3_8b", "--replicas", "16", "--tp", "2").stdout
+    rows = {line.split()[0]: line.split()[1::2] for line in table.splitlines()[-4:-1]}
+    assert rows == {"direct": ["256.98", "64.24", "8.03", "0.00", "0.00"],
+                    "fanout": ["16.06", "4.02", "0.50", "7.53", "0.00"],
+                    "nodecache": ["64.24", "16.06", "16.06", "0.00", "8.03"]}
     r = scale_up(mid, 0, 64, Links(200 * GB, 50 * GB, 50 * GB, 20 * GB), "fanout")
     assert (round(r.seconds, 2), r.bottleneck, round(r.placed_bytes_s / GB, 1)) == (2.75, "network", 3250.8)
