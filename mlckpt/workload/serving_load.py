@@ -8,8 +8,8 @@ another (``ServingLayout.shard_files``); a :class:`Piece` is a byte range of one
 
 * ``direct``: each rank reads its shard's files from the storage.
 * ``fanout``: the ranks that hold the same shard (one in each replica) split its bytes into
-  near-equal parts, in rank order; each reads its part from the storage and receives the others'
-  over the network (an all-gather among them).  The storage serves each shard once.
+  near-equal parts of whole pages, in rank order; each reads its part from the storage and
+  receives the others' over the network (an all-gather among them).  The storage serves each shard once.
 * ``nodecache``: the first rank of each host reads every shard its host's ranks hold from the
   storage into the node-local tier; then every rank reads its shard from that tier.  The storage
   serves each shard once per host that holds it.
@@ -117,6 +117,16 @@ def _pieces(shard: int, files: Sequence[int], start: int, length: int) -> tuple[
     return tuple(out)
 
 
+def fanout_part(total: int, holders: int, index: int) -> tuple[int, int]:
+    """Where holder ``index`` of ``holders`` starts in a shard of ``total`` bytes, and how much it
+    reads: near-equal parts in whole pages (so that O_DIRECT reads them in place), the last part
+    ending at the shard's end."""
+    pages = -(-total // PAGE)
+    start = PAGE * sum(part(pages, holders, i) for i in range(index))
+    end = min(total, start + PAGE * part(pages, holders, index))
+    return min(start, total), max(0, end - start)
+
+
 def load_plan(layout: ServingLayout, strategy: str, hosts: Sequence[str], scale: float = 1.0) -> LoadPlan:
     """Every rank's part of loading ``layout.replicas`` replicas with ``strategy``; ``hosts[r]`` is
     rank r's host.  ConfigError naming the key where the ranks or the strategy do not fit."""
@@ -143,10 +153,8 @@ def load_plan(layout: ServingLayout, strategy: str, hosts: Sequence[str], scale:
         whole = _pieces(shard, files[shard], 0, sum(files[shard]))
         storage, tier, received = whole, (), 0
         if strategy == "fanout":
-            n, total = layout.replicas, sum(files[shard])
-            start = sum(part(total, n, i) for i in range(replica))
-            mine = part(total, n, replica)
-            storage, received = _pieces(shard, files[shard], start, mine), total - mine
+            start, mine = fanout_part(sum(files[shard]), layout.replicas, replica)
+            storage, received = _pieces(shard, files[shard], start, mine), sum(files[shard]) - mine
         elif strategy == "nodecache":
             tier = whole
             storage = tuple(p for s in sorted(host_shards[h]) for p in _pieces(s, files[s], 0, sum(files[s]))

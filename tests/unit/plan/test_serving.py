@@ -157,8 +157,10 @@ def test_plan_replicas_gives_what_the_storage_a_host_and_a_gpu_move_per_strategy
                              "gpu_storage_bytes_max": shard, "gpu_received_bytes_max": 0,
                              "gpu_node_tier_bytes_max": 0}
     assert got["fanout"]["storage_bytes"] == w  # each shard once, split over its 6 holders
-    assert got["fanout"]["gpu_storage_bytes_max"] == -(-shard // 6)
-    assert got["fanout"]["gpu_received_bytes_max"] == shard - shard // 6
+    pages = -(-shard // 4096)  # split in whole pages: the first parts one page larger, the last cut short
+    first5 = sum(4096 * (pages // 6 + (i < pages % 6)) for i in range(5))
+    assert got["fanout"]["gpu_storage_bytes_max"] == 4096 * -(-pages // 6)
+    assert got["fanout"]["gpu_received_bytes_max"] == first5  # the last holder reads the least
     assert got["nodecache"]["storage_bytes"] == 2 * w  # a copy a host
     assert got["nodecache"]["gpu_storage_bytes_max"] == w  # the host's first GPU reads it all
     assert got["nodecache"]["gpu_node_tier_bytes_max"] == shard

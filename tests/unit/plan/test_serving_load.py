@@ -94,12 +94,14 @@ def test_at_full_size_the_storage_serves_what_the_sizing_model_says(
         assert plan.storage_bytes == sized.storage_bytes
 
 
-def test_fanout_splits_each_shard_into_near_equal_parts_in_rank_order() -> None:
+def test_fanout_splits_each_shard_into_near_equal_parts_of_whole_pages_in_rank_order() -> None:
     layout = ServingLayout("m", L8B, 2, 3, 8, shard_file_bytes=2 << 30)
     plan = load_plan(layout, "fanout", placement(layout))
     total = plan.shard_bytes(0)
-    assert [plan.ranks[r].storage_bytes for r in plan.fanout_group(0)] == [
-        total // 3 + (i < total % 3) for i in range(3)]
+    pages = -(-total // PAGE)
+    parts = [plan.ranks[r].storage_bytes for r in plan.fanout_group(0)]
+    assert parts[:2] == [PAGE * (pages // 3 + (i < pages % 3)) for i in range(2)]
+    assert sum(parts) == total and max(parts) - min(parts) <= 2 * PAGE
     first, second = plan.ranks[0].storage, plan.ranks[2].storage  # replicas 0 and 1 of shard 0
     assert first[0] == Piece(0, 0, 0, first[0].length)
     assert sum(plan.shard_files[0][:second[0].file]) + second[0].offset == sum(p.length for p in first)

@@ -1,0 +1,147 @@
+#!/usr/bin/env python3
+"""How long do direct, fan-out and node-cache loading take to bring every replica of a model up,
+measured on this machine with real MPI ranks, cold reads and every byte verified?
+
+    .venv/bin/python benchmarks/serving_load.py [--workload llama3_8b] [--tp 2] [--replicas 4]
+        [--hosts 2] [--scale 0.01] [--repeat 3] [--folder DIR]
+
+One rank per GPU (replicas × tp ranks) under the mpiexec beside this Python.  The shard files are
+written once (untimed, fsynced) in --folder, on the disk the storage stands for.  Then, for each
+round, each strategy in turn (alternated, so that the machine's slow spells fall on each): every
+file evicted from the page cache, a barrier, each rank timed until it holds its shard, every byte
+verified after (mlckpt/run/phases/loads.py).  The ranks are placed in --hosts groups of equal size,
+each standing for a host: its node-local tier is a folder of its own in /dev/shm (memory), its
+first rank fills it.  The groups share one machine, so the exchange between "hosts" runs over
+shared memory and no network bound is measured: fan-out here costs the exchange's memory copies
+only.
+
+Printed per strategy: the time from the barrier until the last rank holds its shard (median of
+--repeat and the range), the bytes the storage served (measured: what the ranks read), the
+storage's read rate, and the effective loading rate (bytes placed in replicas per second), with
+each set beside direct loading, whose storage rate is the disk's own under every rank reading.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import secrets
+import shutil
+import statistics
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+
+import yaml
+
+ROOT = Path(__file__).resolve().parents[1]
+BIN = Path(sys.executable).parent
+
+
+def args_parser() -> argparse.ArgumentParser:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--workload", default="llama3_8b")
+    ap.add_argument("--tp", type=int, default=2)
+    ap.add_argument("--replicas", type=int, default=4)
+    ap.add_argument("--hosts", type=int, default=2, help="groups of ranks standing for hosts")
+    ap.add_argument("--scale", type=float, default=0.01, help="of the shards' bytes (default 0.01)")
+    ap.add_argument("--repeat", type=int, default=3)
+    ap.add_argument("--folder", type=Path, default=None, help="for the shard files (default: a "
+                    "temporary folder under the current one, on its disk)")
+    ap.add_argument("--direct", action=argparse.BooleanOptionalAction, default=True,
+                    help="O_DIRECT reads from the storage (default; --no-direct: buffered, evicted first)")
+    ap.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
+    return ap
+
+
+def worker(args: argparse.Namespace) -> int:
+    from mpi4py import MPI
+
+    from mlckpt import engine
+    from mlckpt.run.phases import loads
+    from mlckpt.workload.model import workload_from_config
+    from mlckpt.workload.serving import STRATEGIES, ServingLayout
+    from mlckpt.workload.serving_load import load_plan
+
+    comm = MPI.COMM_WORLD
+    node = yaml.safe_load((ROOT / "workloads" / "workload" / f"{args.workload}.yaml").read_text())
+    w = workload_from_config(node)
+    layout = ServingLayout(w.name, w.model, args.tp, args.replicas, gpus_per_host=8)
+    n = comm.Get_size()
+    per = n // args.hosts
+    hosts = [f"host{min(r // per, args.hosts - 1)}" for r in range(n)]
+    first = comm.Get_rank() == 0
+    key, run_id = comm.bcast((secrets.token_bytes(engine.KEY_BYTES), secrets.randbits(63)) if first else None)
+    opts = engine.IOOptions(direct=args.direct, threads=4, block_size=4 << 20, fsync=True)
+    tier_base = Path(comm.bcast(tempfile.mkdtemp(prefix="mlckpt-tier-", dir="/dev/shm")
+                                if comm.Get_rank() == 0 else None))
+    plans = {s: load_plan(layout, s, hosts, args.scale) for s in STRATEGIES}
+    setups = {s: loads.LoadSetup(p, args.folder, tier_base / hosts[comm.Get_rank()], key, run_id, opts)
+              for s, p in plans.items()}
+    loads.lay_out(comm, setups["direct"])
+    groups = loads.split_groups(comm, plans["direct"])
+    out = []
+    for _ in range(args.repeat):
+        for s in STRATEGIES:
+            rec = loads.load(comm, setups[s], groups)
+            loads.clear_tier(groups[1], setups[s])
+            recs = comm.gather(rec, root=0)
+            if comm.Get_rank() == 0:
+                out.append(recs)
+    if comm.Get_rank() == 0:
+        shutil.rmtree(tier_base, ignore_errors=True)
+        json.dump({"placed_bytes": plans["direct"].placed_bytes, "runs": out}, sys.stdout)
+    return 0
+
+
+def report(doc: dict, args: argparse.Namespace) -> None:
+    by: dict[str, list[dict]] = {}
+    for recs in doc["runs"]:
+        ready = (max(r["t1_ns"] for r in recs) - min(r["t0_ns"] for r in recs)) / 1e9
+        storage = sum(r["storage_bytes"] for r in recs)
+        assert all(r["verified_bytes"] == r["bytes"] for r in recs)
+        by.setdefault(recs[0]["strategy"], []).append({"ready": ready, "storage": storage,
+                                                        "resident": sum(r["resident_bytes"] for r in recs)})
+    placed = doc["placed_bytes"]
+    ref = statistics.median(x["ready"] for x in by["direct"])
+    print(f"{args.workload}: {args.replicas} replicas of TP {args.tp} ({args.replicas * args.tp} ranks in "
+          f"{args.hosts} groups), scale {args.scale}: {placed / 1e6:,.1f} MB placed in all, "
+          f"{'O_DIRECT' if args.direct else 'buffered'} reads, {args.repeat} rounds\n")
+    print("  strategy    ready (median, range)       storage served   storage rate   effective rate"
+          "   vs direct")
+    for s, xs in by.items():
+        t = [x["ready"] for x in xs]
+        med = statistics.median(t)
+        served = statistics.median(x["storage"] for x in xs)
+        print(f"  {s:<10}  {med:7.3f} s ({min(t):.3f}-{max(t):.3f})   {served / 1e6:10,.1f} MB"
+              f"   {served / med / 1e9:8.2f} GB/s   {placed / med / 1e9:10.2f} GB/s   {ref / med:6.2f}x")
+    resident = max(x["resident"] for xs in by.values() for x in xs)
+    print(f"\n  resident in the page cache when a load began: at most {resident:,} B")
+
+
+def main() -> int:
+    args = args_parser().parse_args()
+    if args.worker:
+        return worker(args)
+    if args.replicas * args.tp % args.hosts:
+        sys.exit("serving_load: the ranks (replicas × tp) must split evenly into --hosts")
+    folder = args.folder or Path(tempfile.mkdtemp(prefix="mlckpt-serving-", dir="."))
+    folder.mkdir(parents=True, exist_ok=True)
+    try:
+        cmd = [str(BIN / "mpiexec"), "-n", str(args.replicas * args.tp), sys.executable, __file__, "--worker",
+               *sys.argv[1:], "--folder", str(folder.resolve())]
+        env = {**os.environ, "PYTHONPATH": str(ROOT)}
+        proc = subprocess.run(cmd, capture_output=True, text=True, env=env, check=False)
+        if proc.returncode != 0:
+            sys.exit(f"serving_load: the ranks failed:\n{proc.stderr[-3000:]}")
+        report(json.loads(proc.stdout), args)
+    finally:
+        if args.folder is None:
+            shutil.rmtree(folder, ignore_errors=True)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,183 @@
+"""Loading a model's weights into replicas, on every rank: the files laid out once (untimed), then
+each rank brought to hold its verified shard by one strategy (mlckpt/workload/serving_load.py),
+timed from leaving a barrier until its shard is in its memory.
+
+* ``direct``: the rank reads its shard's files from the storage.
+* ``fanout``: the rank reads its part of its shard from the storage; the holders of the shard then
+  exchange their parts (an MPI all-gather among them, in place).
+* ``nodecache``: the first rank of each host reads its host's shards from the storage and writes
+  them into the node-local tier; once its host's ranks have left a barrier behind that, each reads
+  its shard from the tier.
+
+Reads from the storage are cold: every file is evicted from the page cache before each load
+(``cold``), and what is still resident is counted.  Every byte of every rank's shard is verified
+against the content its file was stamped with, after the timed part.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from mlckpt import engine
+from mlckpt.engine.ranges import RangeIO, read_ranges
+from mlckpt.errors import InternalError, VerificationError
+from mlckpt.workload.serving_load import LoadPlan, Piece, RankLoad
+
+CHECKPOINT = 0  # the page tags' checkpoint field: weights are one "checkpoint"
+
+
+@dataclass(frozen=True)
+class LoadSetup:
+    plan: LoadPlan
+    root: Path  # the storage: shard-SSSS/weights-FFFFF.bin
+    tier: Path | None  # this host's node-local tier (nodecache)
+    key: bytes  # the content key (every rank the same)
+    run_id: int
+    opts: engine.IOOptions
+
+    def path(self, shard: int, file: int, root: Path | None = None) -> str:
+        return str((root or self.root) / f"shard-{shard:04d}" / f"weights-{file:05d}.bin")
+
+    def pid(self, shard: int, file: int) -> engine.PageId:
+        return engine.PageId(self.run_id, shard, CHECKPOINT, file)
+
+    def file_offsets(self, shard: int) -> list[int]:
+        """Where each file of ``shard`` starts in a rank's memory (files end to end: whole pages)."""
+        out = [0]
+        for size in self.plan.shard_files[shard]:
+            out.append(out[-1] + engine_round(size))
+        return out
+
+
+def engine_round(n: int) -> int:
+    return -(-n // engine.PAGE) * engine.PAGE
+
+
+def lay_out(comm: Any, s: LoadSetup) -> None:
+    """Untimed: the ranks of replica 0 write and fsync their shard's files on the storage."""
+    me = s.plan.ranks[comm.Get_rank()]
+    if me.replica == 0:
+        files = s.plan.shard_files[me.shard]
+        os.makedirs(os.path.dirname(s.path(me.shard, 0)), exist_ok=True)
+        buf = engine.alloc(engine_round(max(files)))
+        for i, size in enumerate(files):
+            engine.fill(buf, size, s.key, s.pid(me.shard, i))
+            engine.write_files([engine.FileIO(s.path(me.shard, i), buf, size)], s.opts)
+    comm.Barrier()
+
+
+def cold(comm: Any, s: LoadSetup) -> int:
+    """Every storage file this rank reads leaves the page cache; the bytes still resident."""
+    resident = 0
+    for p in sorted({s.path(q.shard, q.file) for q in s.plan.ranks[comm.Get_rank()].storage}):
+        engine.evict(p)
+        resident += engine.resident_bytes(p)[0]
+    comm.Barrier()
+    return resident
+
+
+def _ranges(s: LoadSetup, pieces: Sequence[Piece], into: Any, root: Path | None = None) -> list[RangeIO]:
+    out = []
+    for q in pieces:
+        at = s.file_offsets(q.shard)[q.file] + q.offset
+        out.append(RangeIO(s.path(q.shard, q.file, root), s.plan.shard_files[q.shard][q.file], q.offset,
+                           into[at: at + engine_round(q.length)], q.length))
+    return out
+
+
+def load(comm: Any, s: LoadSetup, groups: tuple[Any, Any]) -> dict[str, Any]:
+    """One load on this rank: its record.  ``groups``: the communicators of its shard's holders
+    and of its host's ranks (made untimed, before; ``split_groups``)."""
+    me: RankLoad = s.plan.ranks[comm.Get_rank()]
+    holders, host = groups
+    size = s.plan.shard_bytes(me.shard)
+    arena = engine.alloc(max(engine.PAGE, s.file_offsets(me.shard)[-1]))
+    resident = cold(comm, s)
+    tier_bytes = storage = 0
+    comm.Barrier()
+    t0 = time.monotonic_ns()
+    if s.plan.strategy == "direct":
+        storage = read_ranges(_ranges(s, me.storage, arena), s.opts)
+    elif s.plan.strategy == "fanout":
+        storage = read_ranges(_ranges(s, me.storage, arena), s.opts)
+        _exchange(holders, s, me, arena)
+    else:
+        storage, tier_bytes = _node_cache(host, s, me, arena)
+    t1 = time.monotonic_ns()
+    comm.Barrier()
+    verified = verify(s, me, arena)
+    return {"rank": me.rank, "replica": me.replica, "shard": me.shard, "host": me.host,
+            "strategy": s.plan.strategy, "t0_ns": t0, "t1_ns": t1, "bytes": size,
+            "storage_bytes": storage, "node_tier_bytes": tier_bytes,
+            "received_bytes": size - storage if s.plan.strategy == "fanout" else 0,
+            "resident_bytes": resident, "verified_bytes": verified, "wall_start": time.time()}
+
+
+def split_groups(comm: Any, plan: LoadPlan) -> tuple[Any, Any]:
+    """The holders of this rank's shard (in replica order) and its host's ranks (in rank order)."""
+    me = plan.ranks[comm.Get_rank()]
+    hosts = sorted({r.host for r in plan.ranks})
+    return comm.Split(me.shard, me.replica), comm.Split(hosts.index(me.host), me.rank)
+
+
+def _exchange(holders: Any, s: LoadSetup, me: RankLoad, arena: Any) -> None:
+    """Each holder's part to every other holder, in place: parts are whole pages in a shard laid
+    out in whole-page files, so a part's place in memory is its place in the shard."""
+    from mpi4py import MPI
+
+    if any(size % engine.PAGE for size in s.plan.shard_files[me.shard]):
+        raise InternalError("fan-out exchanges parts in place: the shard's files must be whole pages "
+                            "(a scale below 1 makes them so)")
+    group = [s.plan.ranks[r] for r in s.plan.fanout_group(me.shard)]
+    counts = [sum(q.length for q in r.storage) for r in group]
+    displs = [s.file_offsets(me.shard)[r.storage[0].file] + r.storage[0].offset if r.storage else 0
+              for r in group]
+    holders.Allgatherv(MPI.IN_PLACE, [arena, counts, displs, MPI.BYTE])
+
+
+def _node_cache(host: Any, s: LoadSetup, me: RankLoad, arena: Any) -> tuple[int, int]:
+    """The host's first rank fills the tier from the storage; then every rank reads its shard from it."""
+    assert s.tier is not None
+    storage = 0
+    if me.storage:
+        for shard in sorted({q.shard for q in me.storage}):
+            staging = engine.alloc(max(engine.PAGE, s.file_offsets(shard)[-1]))
+            mine = [q for q in me.storage if q.shard == shard]
+            storage += read_ranges(_ranges(s, mine, staging), s.opts)
+            folder = os.path.dirname(s.path(shard, 0, s.tier))
+            os.makedirs(folder, exist_ok=True)
+            for q in mine:
+                at = s.file_offsets(shard)[q.file]
+                with open(s.path(shard, q.file, s.tier), "wb") as f:
+                    f.write(memoryview(staging)[at: at + q.length])
+    host.Barrier()
+    local = engine.IOOptions(direct=False, threads=s.opts.threads, block_size=s.opts.block_size, fsync=False)
+    tier = read_ranges(_ranges(s, me.node_tier, arena, s.tier), local)
+    return storage, tier
+
+
+def verify(s: LoadSetup, me: RankLoad, arena: Any) -> int:
+    """Every file of the rank's shard against the content it was stamped with; the bytes verified."""
+    scratch = engine.alloc(engine.VERIFY_SCRATCH_BYTES)
+    offs = s.file_offsets(me.shard)
+    for i, size in enumerate(s.plan.shard_files[me.shard]):
+        held = arena[offs[i]: offs[i] + engine_round(size)]
+        bad = engine.verify(held, size, s.key, s.pid(me.shard, i), scratch)
+        if bad is not None:
+            raise VerificationError(f"load: shard {me.shard} file {i} on rank {me.rank}: {bad.describe()}",
+                                    rank=me.rank, file=s.path(me.shard, i), offset=bad.offset)
+    return s.plan.shard_bytes(me.shard)
+
+
+def clear_tier(host: Any, s: LoadSetup) -> None:
+    """The node tier emptied (the next load fills it again)."""
+    host.Barrier()
+    if s.tier is not None and host.Get_rank() == 0:
+        shutil.rmtree(s.tier, ignore_errors=True)
+    host.Barrier()

@@ -1,0 +1,73 @@
+"""TEST-ONLY: replicas loading a model under mpiexec (mlckpt/run/phases/loads.py), for
+tests/mpi/test_serving_load.py.  Prints rank 0's records of each strategy as JSON; ``--corrupt
+SHARD:FILE:OFFSET`` flips one byte of a shard file on the storage after it was laid out."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import secrets
+import sys
+from pathlib import Path
+
+from mpi4py import MPI
+
+from mlckpt import engine
+from mlckpt.errors import VerificationError
+from mlckpt.run.phases import loads
+from mlckpt.workload.model import ModelShape
+from mlckpt.workload.serving import ServingLayout
+from mlckpt.workload.serving_load import load_plan
+
+L8B = ModelShape(4096, 32, 14336, 128256, 32, 8)
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("folder", type=Path)
+    ap.add_argument("tier", type=Path)
+    ap.add_argument("--tp", type=int, default=2)
+    ap.add_argument("--hosts", type=int, default=2)
+    ap.add_argument("--scale", type=float, default=0.0005)
+    ap.add_argument("--strategies", nargs="+", default=["direct", "fanout", "nodecache"])
+    ap.add_argument("--corrupt", default=None)
+    args = ap.parse_args()
+    comm = MPI.COMM_WORLD
+    n = comm.Get_size()
+    layout = ServingLayout("llama3_8b", L8B, args.tp, n // args.tp, shard_file_bytes=1 << 30)
+    hosts = [f"h{r * args.hosts // n}" for r in range(n)]
+    key = comm.bcast(secrets.token_bytes(engine.KEY_BYTES) if comm.Get_rank() == 0 else None)
+    opts = engine.IOOptions(direct=False, threads=2, block_size=1 << 20, fsync=True)
+    out = {}
+    for i, strategy in enumerate(args.strategies):
+        plan = load_plan(layout, strategy, hosts, args.scale)
+        tier = args.tier / hosts[comm.Get_rank()]
+        s = loads.LoadSetup(plan, args.folder / strategy, tier, key, 7 + i, opts)
+        loads.lay_out(comm, s)
+        if args.corrupt and comm.Get_rank() == 0:
+            shard, file, offset = map(int, args.corrupt.split(":"))
+            with open(s.path(shard, file), "r+b") as f:
+                f.seek(offset)
+                byte = f.read(1)
+                f.seek(offset)
+                f.write(bytes([byte[0] ^ 0xFF]))
+        comm.Barrier()
+        groups = loads.split_groups(comm, plan)
+        try:
+            rec = loads.load(comm, s, groups)
+        except VerificationError as exc:
+            print(f"rank {comm.Get_rank()}: {exc}", file=sys.stderr, flush=True)
+            comm.Abort(3)
+        loads.clear_tier(groups[1], s)
+        recs = comm.gather(rec, root=0)
+        plan_doc = [{"storage_bytes": r.storage_bytes, "node_tier_bytes": r.node_tier_bytes,
+                     "received_bytes": r.received_bytes, "bytes": plan.shard_bytes(r.shard)}
+                    for r in plan.ranks]
+        out[strategy] = {"records": recs, "plan": plan_doc, "shard_files": plan.shard_files}
+    if comm.Get_rank() == 0:
+        json.dump(out, sys.stdout)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
