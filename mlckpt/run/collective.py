@@ -63,6 +63,14 @@ def failures_of(errors: list[tuple[str, str, int] | None], hosts: list[str]) -> 
     return [Failure(r, hosts[r], e[0], e[1], e[2]) for r, e in enumerate(errors) if e]
 
 
+def idle_barrier(comm: Any, poll_s: float = 0.002) -> None:
+    """A barrier that waits asleep (a nonblocking barrier, polled), leaving the CPUs free to the
+    ranks still working: MPI's own barrier busy-polls."""
+    req = comm.Ibarrier()
+    while not req.Test():
+        time.sleep(poll_s)
+
+
 @dataclass
 class Job:
     """This rank's place in the MPI job, and the effects every phase needs: the communicator,
@@ -99,10 +107,7 @@ class Job:
             raise CollectiveFailure(failures_of(allerr, self.comm.allgather(self.host)))
 
     def idle_barrier(self, poll_s: float = 0.002) -> None:
-        """A barrier that waits asleep (a nonblocking barrier, polled), leaving the CPUs free."""
-        req = self.comm.Ibarrier()
-        while not req.Test():
-            time.sleep(poll_s)
+        idle_barrier(self.comm, poll_s)
 
     @contextmanager
     def step(self, what: str, **note: Any) -> Iterator[None]:

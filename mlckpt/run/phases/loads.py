@@ -27,6 +27,7 @@ from typing import Any
 from mlckpt import engine
 from mlckpt.engine.ranges import RangeIO, read_ranges
 from mlckpt.errors import InternalError, VerificationError
+from mlckpt.run.collective import idle_barrier
 from mlckpt.workload.serving_load import LoadPlan, Piece, RankLoad
 
 CHECKPOINT = 0  # the page tags' checkpoint field: weights are one "checkpoint"
@@ -110,7 +111,7 @@ def load(comm: Any, s: LoadSetup, groups: tuple[Any, Any]) -> dict[str, Any]:
     else:
         storage, tier_bytes = _node_cache(host, s, me, arena)
     t1 = time.monotonic_ns()
-    comm.Barrier()
+    idle_barrier(comm)  # the ranks still loading keep the CPUs
     verified = verify(s, me, arena)
     return {"rank": me.rank, "replica": me.replica, "shard": me.shard, "host": me.host,
             "strategy": s.plan.strategy, "t0_ns": t0, "t1_ns": t1, "bytes": size,
@@ -156,7 +157,7 @@ def _node_cache(host: Any, s: LoadSetup, me: RankLoad, arena: Any) -> tuple[int,
                 at = s.file_offsets(shard)[q.file]
                 with open(s.path(shard, q.file, s.tier), "wb") as f:
                     f.write(memoryview(staging)[at: at + q.length])
-    host.Barrier()
+    idle_barrier(host)  # the host's other ranks wait asleep while its first fills the tier
     local = engine.IOOptions(direct=False, threads=s.opts.threads, block_size=s.opts.block_size, fsync=False)
     tier = read_ranges(_ranges(s, me.node_tier, arena, s.tier), local)
     return storage, tier
