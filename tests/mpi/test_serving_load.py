@@ -61,3 +61,41 @@ def test_a_flipped_byte_on_the_storage_is_caught_in_the_replica_that_holds_it(tm
     # from rank 1, which read the part of the file that holds it.
     named = set(re.findall(r"load: shard (\d+) file (\d+) on rank (\d+): ", proc.stderr))
     assert named and named <= {("1", "0", "1"), ("1", "0", "3")}, proc.stderr[-2000:]
+
+
+def test_fanout_and_node_cache_across_simulated_hosts(tmp_path_factory: pytest.TempPathFactory) -> None:
+    """Two hosts of their own (network, hostname, node-local tmpfs: tests/support/hostbed.py), one
+    replica each: fan-out's parts cross the simulated network, and each host's node cache is its
+    own tmpfs, filled by its own first rank."""
+    from support.hostbed import HostBed, unavailable
+
+    why = unavailable()
+    if why is not None:
+        pytest.skip(why)
+    bed = HostBed(tmp_path_factory.mktemp("bed"), 2).up()
+    try:
+        storage = tmp_path_factory.mktemp("storage")
+        env = {k: v for k, v in os.environ.items() if not k.startswith(("MLCKPT_", "PMI_", "HYDRA_"))}
+        env["PYTHONPATH"] = str(Path(__file__).parents[1])
+        cmd = [*bed.enter("h0", storage), str(MPIEXEC), "-launcher", "ssh",
+               "-launcher-exec", str(bed.launcher), "-hosts", "h1,h2", "-n", "4", "-ppn", "2",
+               sys.executable, str(WORKER), str(storage), str(bed.local / "tier"), "--real-hosts"]
+        proc = subprocess.run(cmd, capture_output=True, text=True, env=env, timeout=180, check=False)
+        assert proc.returncode == 0, proc.stderr[-3000:]
+        got = json.loads(proc.stdout)
+        for strategy, doc in got.items():
+            recs = sorted(doc["records"], key=lambda r: r["rank"])
+            assert [r["host"] for r in recs] == ["h1", "h1", "h2", "h2"]
+            for r, want in zip(recs, doc["plan"], strict=True):
+                assert r["verified_bytes"] == r["bytes"] and r["storage_bytes"] == want["storage_bytes"]
+            shards = sum(sum(f) for f in doc["shard_files"])
+            served = sum(r["storage_bytes"] for r in recs)
+            assert served == {"direct": 2 * shards, "fanout": shards, "nodecache": 2 * shards}[strategy]
+            if strategy == "fanout":  # rank 2 (h2) received from rank 0 (h1) what it did not read
+                assert recs[2]["received_bytes"] == recs[2]["bytes"] - recs[2]["storage_bytes"] > 0
+            if strategy == "nodecache":  # each host's first rank filled its own tier
+                assert [r["storage_bytes"] > 0 for r in recs] == [True, False, True, False]
+                assert all(r["node_tier_bytes"] == r["bytes"] for r in recs)
+        assert not any(bed.run(h, "find", str(bed.local), "-type", "f").stdout for h in ("h1", "h2"))
+    finally:
+        bed.down()

@@ -31,11 +31,15 @@ def main() -> int:
     ap.add_argument("--scale", type=float, default=0.0005)
     ap.add_argument("--strategies", nargs="+", default=["direct", "fanout", "nodecache"])
     ap.add_argument("--corrupt", default=None)
+    ap.add_argument("--real-hosts", action="store_true", help="each rank's host as MPI names it "
+                    "(simulated hosts), not --hosts groups")
     args = ap.parse_args()
     comm = MPI.COMM_WORLD
     n = comm.Get_size()
     layout = ServingLayout("llama3_8b", L8B, args.tp, n // args.tp, shard_file_bytes=1 << 30)
     hosts = [f"h{r * args.hosts // n}" for r in range(n)]
+    if args.real_hosts:
+        hosts = comm.allgather(MPI.Get_processor_name())
     key = comm.bcast(secrets.token_bytes(engine.KEY_BYTES) if comm.Get_rank() == 0 else None)
     opts = engine.IOOptions(direct=False, threads=2, block_size=1 << 20, fsync=True)
     out = {}
