@@ -34,7 +34,7 @@ import numpy as np
 
 from mlckpt.engine.content import check_buffer, round_up
 from mlckpt.engine.files import FileResult, run_pool
-from mlckpt.errors import ConfigError, IOFailure
+from mlckpt.errors import ConfigError, InternalError, IOFailure
 from mlckpt.locations import ObjectPath
 
 MIN_PART = 5 << 20  # S3: every part but the last is at least 5 MiB
@@ -273,20 +273,63 @@ def get_objects(store: Store, objs: Sequence[ObjectIO]) -> list[FileResult]:
             resp = c.get_object(Bucket=bucket, Key=o.where.key, Range=f"bytes={s}-{e - 1}")
         except Exception as exc:
             raise failure("read", o.where, exc, s) from exc
-        total = _content_total(o.where, resp, s)
-        if total != o.nbytes:
-            resp["Body"].close()
-            how = "truncated" if total < o.nbytes else "extended"
-            raise IOFailure(
-                f"size check failed on {o.where}: expected {o.nbytes} bytes, found {total} ({how} "
-                "checkpoint object)",
-                op="size",
-                path=str(o.where),
-            )
+        _sized(o.where, resp, s, o.nbytes)
         _receive(o.where, resp["Body"], views[k], s, e)
 
     run_pool(len(reqs.items), fetch, opts.inflight, opts.pool)
     return [FileResult(str(o.where), o.nbytes, False, opts.parts(o.nbytes), o.nbytes) for o in objs]
+
+
+def _sized(where: ObjectPath, resp: dict[str, Any], offset: int, want: int) -> None:
+    """The answer's Content-Range names an object of the planned size (else its body is closed)."""
+    total = _content_total(where, resp, offset)
+    if total != want:
+        resp["Body"].close()
+        how = "truncated" if total < want else "extended"
+        raise IOFailure(f"size check failed on {where}: expected {want} bytes, found {total} ({how} "
+                        "checkpoint object)", op="size", path=str(where))
+
+
+# eq=False: a frozen dataclass holding a numpy buffer has no meaningful equality.
+@dataclass(frozen=True, eq=False)
+class ObjectRange:
+    """``nbytes`` of object ``where`` (of ``object_bytes`` in all) from ``offset``, into ``buf``."""
+
+    where: ObjectPath
+    object_bytes: int
+    offset: int
+    buf: np.ndarray
+    nbytes: int
+
+
+def get_ranges(store: Store, ranges: Sequence[ObjectRange]) -> int:
+    """Byte ranges of objects read in place (a part of a shard, as a replica loading a model reads
+    it: mlckpt/engine/ranges.py is the same for files): ranged GETs of at most ``part_size`` bytes,
+    ``inflight`` in parallel, each answer's Content-Range naming the object's planned size.  The
+    bytes read."""
+    opts, c, bucket = store.opts, store.client, store.bucket
+    for r in ranges:
+        if not (0 <= r.offset and 0 < r.nbytes and r.offset + r.nbytes <= r.object_bytes):
+            raise InternalError(f"read {r.where}: range {r.offset}+{r.nbytes} outside its "
+                                f"{r.object_bytes} bytes")
+        check_buffer(r.buf, r.nbytes, f"read {r.where}", writable=True)
+    items = [(k, a, min(a + opts.part_size, r.nbytes)) for k, r in enumerate(ranges)
+             for a in range(0, r.nbytes, opts.part_size)]
+    views = [memoryview(r.buf) for r in ranges]
+
+    def fetch(i: int) -> None:
+        k, a, b = items[i]
+        r = ranges[k]
+        try:
+            span = f"bytes={r.offset + a}-{r.offset + b - 1}"
+            resp = c.get_object(Bucket=bucket, Key=r.where.key, Range=span)
+        except Exception as exc:
+            raise failure("read", r.where, exc, r.offset + a) from exc
+        _sized(r.where, resp, r.offset + a, r.object_bytes)
+        _receive(r.where, resp["Body"], views[k], a, b)
+
+    run_pool(len(items), fetch, opts.inflight, opts.pool)
+    return sum(r.nbytes for r in ranges)
 
 
 def _receive(where: ObjectPath, body: Any, mv: memoryview, pos: int, end: int) -> None:

@@ -14,6 +14,7 @@ from mpi4py import MPI
 
 from mlckpt import engine
 from mlckpt.errors import VerificationError
+from mlckpt.locations import parse_object_url
 from mlckpt.run.phases import loads
 from mlckpt.workload.model import ModelShape
 from mlckpt.workload.serving import ServingLayout
@@ -31,6 +32,7 @@ def main() -> int:
     ap.add_argument("--scale", type=float, default=0.0005)
     ap.add_argument("--strategies", nargs="+", default=["direct", "fanout", "nodecache"])
     ap.add_argument("--corrupt", default=None)
+    ap.add_argument("--objects", default=None, metavar="URL", help="the storage: s3://bucket/prefix")
     ap.add_argument("--real-hosts", action="store_true", help="each rank's host as MPI names it "
                     "(simulated hosts), not --hosts groups")
     args = ap.parse_args()
@@ -42,13 +44,18 @@ def main() -> int:
         hosts = comm.allgather(MPI.Get_processor_name())
     key = comm.bcast(secrets.token_bytes(engine.KEY_BYTES) if comm.Get_rank() == 0 else None)
     opts = engine.IOOptions(direct=False, threads=2, block_size=1 << 20, fsync=True)
+    store, root = None, None
+    if args.objects:
+        root = parse_object_url(args.objects)
+        store = engine.Store(root.bucket, engine.S3Options(part_size=5 << 20, inflight=4))
     out = {}
     for i, strategy in enumerate(args.strategies):
         plan = load_plan(layout, strategy, hosts, args.scale)
         tier = args.tier / hosts[comm.Get_rank()]
-        s = loads.LoadSetup(plan, args.folder / strategy, tier, key, 7 + i, opts)
+        where = root / strategy if root is not None else args.folder / strategy
+        s = loads.LoadSetup(plan, where, tier, key, 7 + i, opts, store)
         loads.lay_out(comm, s)
-        if args.corrupt and comm.Get_rank() == 0:
+        if args.corrupt and comm.Get_rank() == 0 and store is None:
             shard, file, offset = map(int, args.corrupt.split(":"))
             with open(s.path(shard, file), "r+b") as f:
                 f.seek(offset)

@@ -9,8 +9,9 @@ timed from leaving a barrier until its shard is in its memory.
   them into the node-local tier; once its host's ranks have left a barrier behind that, each reads
   its shard from the tier.
 
-Reads from the storage are cold: every file is evicted from the page cache before each load
-(``cold``), and what is still resident is counted.  Every byte of every rank's shard is verified
+The storage is files or objects (S3: ranged GETs of each rank's pieces, ``engine.get_ranges``).
+Reads from files are cold: every file is evicted from the page cache before each load (``cold``),
+and what is still resident is counted.  Every byte of every rank's shard is verified
 against the content its file was stamped with, after the timed part.
 """
 
@@ -25,8 +26,10 @@ from pathlib import Path
 from typing import Any
 
 from mlckpt import engine
+from mlckpt.engine.objects import ObjectRange, get_ranges
 from mlckpt.engine.ranges import RangeIO, read_ranges
 from mlckpt.errors import InternalError, VerificationError
+from mlckpt.locations import ObjectPath
 from mlckpt.run.collective import idle_barrier
 from mlckpt.workload.serving_load import LoadPlan, Piece, RankLoad
 
@@ -36,14 +39,20 @@ CHECKPOINT = 0  # the page tags' checkpoint field: weights are one "checkpoint"
 @dataclass(frozen=True)
 class LoadSetup:
     plan: LoadPlan
-    root: Path  # the storage: shard-SSSS/weights-FFFFF.bin
+    root: Path | ObjectPath  # the storage: shard-SSSS/weights-FFFFF.bin (files or objects)
     tier: Path | None  # this host's node-local tier (nodecache)
     key: bytes  # the content key (every rank the same)
     run_id: int
     opts: engine.IOOptions
+    store: engine.Store | None = None  # where root is an object path
+
+    def where(self, shard: int, file: int) -> Path | ObjectPath:
+        """A file of the shard on the storage."""
+        return self.root / f"shard-{shard:04d}" / f"weights-{file:05d}.bin"
 
     def path(self, shard: int, file: int, root: Path | None = None) -> str:
-        return str((root or self.root) / f"shard-{shard:04d}" / f"weights-{file:05d}.bin")
+        return str(self.where(shard, file) if root is None else root / f"shard-{shard:04d}" /
+                   f"weights-{file:05d}.bin")
 
     def pid(self, shard: int, file: int) -> engine.PageId:
         return engine.PageId(self.run_id, shard, CHECKPOINT, file)
@@ -65,18 +74,25 @@ def lay_out(comm: Any, s: LoadSetup) -> None:
     me = s.plan.ranks[comm.Get_rank()]
     if me.replica == 0:
         files = s.plan.shard_files[me.shard]
-        os.makedirs(os.path.dirname(s.path(me.shard, 0)), exist_ok=True)
+        if s.store is None:
+            os.makedirs(os.path.dirname(s.path(me.shard, 0)), exist_ok=True)
         buf = engine.alloc(engine_round(max(files)))
         for i, size in enumerate(files):
             engine.fill(buf, size, s.key, s.pid(me.shard, i))
-            engine.write_files([engine.FileIO(s.path(me.shard, i), buf, size)], s.opts)
+            where = s.where(me.shard, i)
+            if isinstance(where, ObjectPath):
+                assert s.store is not None
+                engine.put_objects(s.store, [engine.ObjectIO(where, buf, size)])
+            else:
+                engine.write_files([engine.FileIO(str(where), buf, size)], s.opts)
     comm.Barrier()
 
 
 def cold(comm: Any, s: LoadSetup) -> int:
     """Every storage file this rank reads leaves the page cache; the bytes still resident."""
-    resident = 0
-    for p in sorted({s.path(q.shard, q.file) for q in s.plan.ranks[comm.Get_rank()].storage}):
+    resident = 0  # objects: no page cache of this host's holds them
+    for p in sorted({s.path(q.shard, q.file) for q in s.plan.ranks[comm.Get_rank()].storage}
+                    if s.store is None else ()):
         engine.evict(p)
         resident += engine.resident_bytes(p)[0]
     comm.Barrier()
@@ -92,6 +108,20 @@ def _ranges(s: LoadSetup, pieces: Sequence[Piece], into: Any, root: Path | None 
     return out
 
 
+def _from_storage(s: LoadSetup, pieces: Sequence[Piece], into: Any) -> int:
+    """The pieces read from the storage (files or objects) into their places in ``into``."""
+    if s.store is None:
+        return read_ranges(_ranges(s, pieces, into), s.opts)
+    out = []
+    for q in pieces:
+        at = s.file_offsets(q.shard)[q.file] + q.offset
+        where = s.where(q.shard, q.file)
+        assert isinstance(where, ObjectPath)
+        out.append(ObjectRange(where, s.plan.shard_files[q.shard][q.file], q.offset, into[at: at + q.length],
+                               q.length))
+    return get_ranges(s.store, out)
+
+
 def load(comm: Any, s: LoadSetup, groups: tuple[Any, Any]) -> dict[str, Any]:
     """One load on this rank: its record.  ``groups``: the communicators of its shard's holders
     and of its host's ranks (made untimed, before; ``split_groups``)."""
@@ -104,9 +134,9 @@ def load(comm: Any, s: LoadSetup, groups: tuple[Any, Any]) -> dict[str, Any]:
     comm.Barrier()
     t0 = time.monotonic_ns()
     if s.plan.strategy == "direct":
-        storage = read_ranges(_ranges(s, me.storage, arena), s.opts)
+        storage = _from_storage(s, me.storage, arena)
     elif s.plan.strategy == "fanout":
-        storage = read_ranges(_ranges(s, me.storage, arena), s.opts)
+        storage = _from_storage(s, me.storage, arena)
         _exchange(holders, s, me, arena)
     else:
         storage, tier_bytes = _node_cache(host, s, me, arena)
@@ -150,7 +180,7 @@ def _node_cache(host: Any, s: LoadSetup, me: RankLoad, arena: Any) -> tuple[int,
         for shard in sorted({q.shard for q in me.storage}):
             staging = engine.alloc(max(engine.PAGE, s.file_offsets(shard)[-1]))
             mine = [q for q in me.storage if q.shard == shard]
-            storage += read_ranges(_ranges(s, mine, staging), s.opts)
+            storage += _from_storage(s, mine, staging)
             folder = os.path.dirname(s.path(shard, 0, s.tier))
             os.makedirs(folder, exist_ok=True)
             for q in mine:
