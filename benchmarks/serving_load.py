@@ -52,6 +52,9 @@ def args_parser() -> argparse.ArgumentParser:
                     "temporary folder under the current one, on its disk)")
     ap.add_argument("--direct", action=argparse.BooleanOptionalAction, default=True,
                     help="O_DIRECT reads from the storage (default; --no-direct: buffered, evicted first)")
+    ap.add_argument("--objects", default=None, metavar="URL",
+                    help="the storage is objects under s3://bucket/prefix (AWS_* from the environment; "
+                         "tests/support/s3local.py starts a local Swift store); --folder then unused")
     ap.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
     return ap
 
@@ -60,6 +63,7 @@ def worker(args: argparse.Namespace) -> int:
     from mpi4py import MPI
 
     from mlckpt import engine
+    from mlckpt.locations import parse_object_url
     from mlckpt.run.phases import loads
     from mlckpt.workload.model import workload_from_config
     from mlckpt.workload.serving import STRATEGIES, ServingLayout
@@ -78,7 +82,11 @@ def worker(args: argparse.Namespace) -> int:
     tier_base = Path(comm.bcast(tempfile.mkdtemp(prefix="mlckpt-tier-", dir="/dev/shm")
                                 if comm.Get_rank() == 0 else None))
     plans = {s: load_plan(layout, s, hosts, args.scale) for s in STRATEGIES}
-    setups = {s: loads.LoadSetup(p, args.folder, tier_base / hosts[comm.Get_rank()], key, run_id, opts)
+    root, store = args.folder, None
+    if args.objects:
+        root = parse_object_url(args.objects) / f"serving-{run_id:016x}"
+        store = engine.Store(root.bucket, engine.S3Options(part_size=8 << 20, inflight=4))
+    setups = {s: loads.LoadSetup(p, root, tier_base / hosts[comm.Get_rank()], key, run_id, opts, store)
               for s, p in plans.items()}
     loads.lay_out(comm, setups["direct"])
     groups = loads.split_groups(comm, plans["direct"])
@@ -90,8 +98,13 @@ def worker(args: argparse.Namespace) -> int:
             recs = comm.gather(rec, root=0)
             if comm.Get_rank() == 0:
                 out.append(recs)
+    comm.Barrier()
     if comm.Get_rank() == 0:
         shutil.rmtree(tier_base, ignore_errors=True)
+        if store is not None:  # the shard objects, removed
+            listed = store.client.list_objects_v2(Bucket=store.bucket, Prefix=f"{root.key}/")
+            for o in listed.get("Contents", []):
+                store.client.delete_object(Bucket=store.bucket, Key=o["Key"])
         json.dump({"placed_bytes": plans["direct"].placed_bytes, "runs": out}, sys.stdout)
     return 0
 
@@ -108,7 +121,8 @@ def report(doc: dict, args: argparse.Namespace) -> None:
     ref = statistics.median(x["ready"] for x in by["direct"])
     print(f"{args.workload}: {args.replicas} replicas of TP {args.tp} ({args.replicas * args.tp} ranks in "
           f"{args.hosts} groups), scale {args.scale}: {placed / 1e6:,.1f} MB placed in all, "
-          f"{'O_DIRECT' if args.direct else 'buffered'} reads, {args.repeat} rounds\n")
+          f"{'objects' if args.objects else 'O_DIRECT' if args.direct else 'buffered'} reads, "
+          f"{args.repeat} rounds\n")
     print("  strategy    ready (median, range)       storage served   storage rate   effective rate"
           "   vs direct")
     for s, xs in by.items():

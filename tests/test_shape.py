@@ -132,6 +132,15 @@ def test_no_test_module_imports_another() -> None:
     assert found == []
 
 
+def test_test_module_names_are_unique() -> None:
+    """The test folders are no packages: pytest imports each test module by its file name alone,
+    and a second module of the same name stops the whole run at collection."""
+    seen: dict[str, list[str]] = {}
+    for p in sorted((REPO / "tests").rglob("test_*.py")):
+        seen.setdefault(p.name, []).append(str(p.relative_to(REPO)))
+    assert {name: paths for name, paths in seen.items() if len(paths) > 1} == {}
+
+
 def test_no_private_name_crosses_a_module() -> None:
     """A name another module needs is public in the module that owns it."""
     crossing = [f"{p.relative_to(REPO)}: {m}.{n}" for p in sources() for m, n in _imports(p)

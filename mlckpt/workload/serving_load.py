@@ -15,7 +15,7 @@ another (``ServingLayout.shard_files``); a :class:`Piece` is a byte range of one
   serves each shard once per host that holds it.
 
 Whatever the strategy, every rank ends holding exactly its shard: the pieces it reads and the parts
-it receives cover it once (tests/unit/workload/test_serving_load.py).
+it receives cover it once (tests/unit/plan/test_serving_load.py).
 """
 
 from __future__ import annotations

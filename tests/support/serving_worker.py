@@ -1,5 +1,5 @@
 """TEST-ONLY: replicas loading a model under mpiexec (mlckpt/run/phases/loads.py), for
-tests/mpi/test_serving_load.py.  Prints rank 0's records of each strategy as JSON; ``--corrupt
+tests/mpi/test_serving_load_mpi.py.  Prints rank 0's records of each strategy as JSON; ``--corrupt
 SHARD:FILE:OFFSET`` flips one byte of a shard file on the storage after it was laid out."""
 
 from __future__ import annotations

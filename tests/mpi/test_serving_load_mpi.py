@@ -1,6 +1,7 @@
-"""Replicas loading a model, for real: mpiexec ranks, shard files on the disk, a node tier per
-simulated host in memory (mlckpt/run/phases/loads.py).  Every rank ends holding its verified
-shard, the storage serves exactly what the plan says each strategy reads, and a flipped byte on the
+"""Replicas loading a model, for real: mpiexec ranks, shard files on the disk or objects on a real
+S3 store, a node tier per host in memory (mlckpt/run/phases/loads.py), on one machine and across
+simulated hosts (fan-out's parts over their network).  Every rank ends holding its verified shard,
+the storage serves exactly what the plan says each strategy reads, and a flipped byte on the
 storage is caught in every replica that received it."""
 
 from __future__ import annotations
