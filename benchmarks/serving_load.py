@@ -144,8 +144,9 @@ def main() -> int:
     folder = args.folder or Path(tempfile.mkdtemp(prefix="mlckpt-serving-", dir="."))
     folder.mkdir(parents=True, exist_ok=True)
     try:
-        cmd = [str(BIN / "mpiexec"), "-n", str(args.replicas * args.tp), sys.executable, __file__, "--worker",
-               *sys.argv[1:], "--folder", str(folder.resolve())]
+        # -m mpi4py: an exception on one rank aborts the job rather than leaving the others in a collective
+        cmd = [str(BIN / "mpiexec"), "-n", str(args.replicas * args.tp), sys.executable, "-m", "mpi4py",
+               __file__, "--worker", *sys.argv[1:], "--folder", str(folder.resolve())]
         env = {**os.environ, "PYTHONPATH": str(ROOT)}
         proc = subprocess.run(cmd, capture_output=True, text=True, env=env, check=False)
         if proc.returncode != 0:

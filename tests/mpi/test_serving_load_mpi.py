@@ -11,6 +11,7 @@ import os
 import re
 import subprocess
 import sys
+import time
 from pathlib import Path
 from typing import Any
 
@@ -18,14 +19,17 @@ import pytest
 from support.runs import MPIEXEC
 
 WORKER = Path(__file__).parents[1] / "support" / "serving_worker.py"
+# Each rank under ``python -m mpi4py``: an exception on one rank aborts the job, never leaving the
+# others waiting in a collective for it.
+RANK = (sys.executable, "-m", "mpi4py", str(WORKER))
 
 
 def load(tmp_path: Path, ranks: int, *extra: str) -> subprocess.CompletedProcess[str]:
     tier = Path("/dev/shm") if os.path.isdir("/dev/shm") else tmp_path
     env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(Path(__file__).parents[1]),
                                                         os.environ.get("PYTHONPATH", "")])}
-    return subprocess.run([str(MPIEXEC), "-n", str(ranks), sys.executable, str(WORKER),
-                           str(tmp_path / "storage"), str(tier / f"mlckpt-tier-{tmp_path.name}"), *extra],
+    return subprocess.run([str(MPIEXEC), "-n", str(ranks), *RANK, str(tmp_path / "storage"),
+                           str(tier / f"mlckpt-tier-{tmp_path.name}"), *extra],
                           capture_output=True, text=True, env=env, timeout=180, check=False)
 
 
@@ -81,7 +85,7 @@ def test_fanout_and_node_cache_across_simulated_hosts(tmp_path_factory: pytest.T
         env["PYTHONPATH"] = str(Path(__file__).parents[1])
         cmd = [*bed.enter("h0", storage), str(MPIEXEC), "-launcher", "ssh",
                "-launcher-exec", str(bed.launcher), "-hosts", "h1,h2", "-n", "4", "-ppn", "2",
-               sys.executable, str(WORKER), str(storage), str(bed.local / "tier"), "--real-hosts"]
+               *RANK, str(storage), str(bed.local / "tier"), "--real-hosts"]
         proc = subprocess.run(cmd, capture_output=True, text=True, env=env, timeout=180, check=False)
         assert proc.returncode == 0, proc.stderr[-3000:]
         got = json.loads(proc.stdout)
@@ -112,7 +116,7 @@ def test_every_strategy_loads_from_object_storage(tmp_path: Path, s3_store: Any)
     env = {**{k: v for k, v in os.environ.items() if not k.startswith("AWS_")}, **s3_store.env,
            "PYTHONPATH": str(Path(__file__).parents[1])}
     tier = Path("/dev/shm") if os.path.isdir("/dev/shm") else tmp_path
-    proc = subprocess.run([str(MPIEXEC), "-n", "4", sys.executable, str(WORKER), str(tmp_path / "unused"),
+    proc = subprocess.run([str(MPIEXEC), "-n", "4", *RANK, str(tmp_path / "unused"),
                            str(tier / f"mlckpt-tier-{tmp_path.name}"), "--objects",
                            f"s3://{S3_BUCKET}/{prefix}"],
                           capture_output=True, text=True, env=env, timeout=180, check=False)
@@ -133,3 +137,14 @@ def test_every_strategy_loads_from_object_storage(tmp_path: Path, s3_store: Any)
         times = {"direct": 2, "fanout": 1, "nodecache": 2}[strategy]  # 2 replicas; 2 groups of one each
         assert sum(r["storage_bytes"] for r in recs) == times * sum(sum(f) for f in doc["shard_files"])
     assert not (tmp_path / "unused").exists()
+
+
+def test_a_rank_that_fails_ends_the_whole_job_at_once(tmp_path: Path) -> None:
+    """A shard file gone from the storage: the ranks that read it fail, and the others, waiting in a
+    collective for them, are stopped with them (a load never hangs the job)."""
+    t0 = time.monotonic()
+    proc = load(tmp_path, 4, "--strategies", "fanout", "--remove", "1:0")
+    assert proc.returncode != 0 and not proc.stdout
+    assert "shard-0001/weights-00000.bin" in proc.stderr and "No such file" in proc.stderr
+    assert time.monotonic() - t0 < 60
+

@@ -1,11 +1,14 @@
 """TEST-ONLY: replicas loading a model under mpiexec (mlckpt/run/phases/loads.py), for
-tests/mpi/test_serving_load_mpi.py.  Prints rank 0's records of each strategy as JSON; ``--corrupt
-SHARD:FILE:OFFSET`` flips one byte of a shard file on the storage after it was laid out."""
+tests/mpi/test_serving_load_mpi.py; run as ``python -m mpi4py serving_worker.py``, so that a rank's
+exception aborts the whole job instead of leaving the others in a collective.  Prints rank 0's
+records of each strategy as JSON; ``--corrupt SHARD:FILE:OFFSET`` flips one byte of a shard file,
+``--remove SHARD:FILE`` removes one, after it was laid out."""
 
 from __future__ import annotations
 
 import argparse
 import json
+import os
 import secrets
 import sys
 from pathlib import Path
@@ -32,6 +35,8 @@ def main() -> int:
     ap.add_argument("--scale", type=float, default=0.0005)
     ap.add_argument("--strategies", nargs="+", default=["direct", "fanout", "nodecache"])
     ap.add_argument("--corrupt", default=None)
+    ap.add_argument("--remove", default=None, metavar="SHARD:FILE", help="a shard file removed after "
+                    "it was laid out (the rank that reads it fails)")
     ap.add_argument("--objects", default=None, metavar="URL", help="the storage: s3://bucket/prefix")
     ap.add_argument("--real-hosts", action="store_true", help="each rank's host as MPI names it "
                     "(simulated hosts), not --hosts groups")
@@ -62,6 +67,8 @@ def main() -> int:
                 byte = f.read(1)
                 f.seek(offset)
                 f.write(bytes([byte[0] ^ 0xFF]))
+        if args.remove and comm.Get_rank() == 0:
+            os.remove(s.path(*map(int, args.remove.split(":"))))
         comm.Barrier()
         groups = loads.split_groups(comm, plan)
         try:
