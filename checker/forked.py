@@ -48,8 +48,12 @@ class Forked(Generic[T]):
                     payload: tuple[bool, object] = (True, fn())
                 except Exception as exc:
                     payload = (False, portable(exc))
+                # Pickled whole before the first byte is written: a pipe holds 64 KiB, and the
+                # parent reads only once its own share is done, so pickling into the pipe would
+                # wait for it rather than overlap with it.
+                data = pickle.dumps(payload, protocol=pickle.HIGHEST_PROTOCOL)
                 with os.fdopen(w, "wb") as out:
-                    pickle.dump(payload, out, protocol=pickle.HIGHEST_PROTOCOL)
+                    out.write(data)
                 code = 0
             finally:
                 os._exit(code)
