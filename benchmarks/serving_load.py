@@ -28,7 +28,6 @@ import json
 import os
 import secrets
 import shutil
-import statistics
 import subprocess
 import sys
 import tempfile
@@ -55,6 +54,8 @@ def args_parser() -> argparse.ArgumentParser:
     ap.add_argument("--objects", default=None, metavar="URL",
                     help="the storage is objects under s3://bucket/prefix (AWS_* from the environment; "
                          "tests/support/s3local.py starts a local Swift store); --folder then unused")
+    ap.add_argument("--json", type=Path, default=None, metavar="FILE",
+                    help="the ranks' raw load records, every figure recomputable from them")
     ap.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
     return ap
 
@@ -110,29 +111,37 @@ def worker(args: argparse.Namespace) -> int:
 
 
 def report(doc: dict, args: argparse.Namespace) -> None:
-    by: dict[str, list[dict]] = {}
+    """The table, recomputed from the ranks' records, each load first held to the plan it claims."""
+    from mlckpt.serving_metrics import by_strategy, held_to_plan
+    from mlckpt.workload.model import workload_from_config
+    from mlckpt.workload.serving import ServingLayout
+    from mlckpt.workload.serving_load import load_plan
+
+    node = yaml.safe_load((ROOT / "workloads" / "workload" / f"{args.workload}.yaml").read_text())
+    w = workload_from_config(node)
+    layout = ServingLayout(w.name, w.model, args.tp, args.replicas, gpus_per_host=8)
     for recs in doc["runs"]:
-        ready = (max(r["t1_ns"] for r in recs) - min(r["t0_ns"] for r in recs)) / 1e9
-        storage = sum(r["storage_bytes"] for r in recs)
-        assert all(r["verified_bytes"] == r["bytes"] for r in recs)
-        by.setdefault(recs[0]["strategy"], []).append({"ready": ready, "storage": storage,
-                                                        "resident": sum(r["resident_bytes"] for r in recs)})
-    placed = doc["placed_bytes"]
-    ref = statistics.median(x["ready"] for x in by["direct"])
+        hosts = [r["host"] for r in sorted(recs, key=lambda r: r["rank"])]
+        problems = held_to_plan(load_plan(layout, recs[0]["strategy"], hosts, args.scale), recs)
+        if problems:
+            sys.exit("serving_load: a load's records differ from its plan:\n  " + "\n  ".join(problems))
+    figures = by_strategy(doc["runs"])
+    placed = figures["direct"]["placed_bytes"]
+    ref = figures["direct"]["ready_s"]
     print(f"{args.workload}: {args.replicas} replicas of TP {args.tp} ({args.replicas * args.tp} ranks in "
           f"{args.hosts} groups), scale {args.scale}: {placed / 1e6:,.1f} MB placed in all, "
           f"{'objects' if args.objects else 'O_DIRECT' if args.direct else 'buffered'} reads, "
           f"{args.repeat} rounds\n")
     print("  strategy    ready (median, range)       storage served   storage rate   effective rate"
           "   vs direct")
-    for s, xs in by.items():
-        t = [x["ready"] for x in xs]
-        med = statistics.median(t)
-        served = statistics.median(x["storage"] for x in xs)
-        print(f"  {s:<10}  {med:7.3f} s ({min(t):.3f}-{max(t):.3f})   {served / 1e6:10,.1f} MB"
-              f"   {served / med / 1e9:8.2f} GB/s   {placed / med / 1e9:10.2f} GB/s   {ref / med:6.2f}x")
-    resident = max(x["resident"] for xs in by.values() for x in xs)
+    for s, f in figures.items():
+        print(f"  {s:<10}  {f['ready_s']:7.3f} s ({f['ready_min_s']:.3f}-{f['ready_max_s']:.3f})   "
+              f"{f['storage_bytes'] / 1e6:10,.1f} MB   {f['storage_gb_s']:8.2f} GB/s   "
+              f"{f['effective_gb_s']:10.2f} GB/s   {ref / f['ready_s']:6.2f}x")
+    resident = max(f["resident_bytes_max"] for f in figures.values())
     print(f"\n  resident in the page cache when a load began: at most {resident:,} B")
+    print("  every load's records held to its plan: each rank's bytes from the storage, the tier and the "
+          "network as planned, its shard verified")
 
 
 def main() -> int:
@@ -151,7 +160,10 @@ def main() -> int:
         proc = subprocess.run(cmd, capture_output=True, text=True, env=env, check=False)
         if proc.returncode != 0:
             sys.exit(f"serving_load: the ranks failed:\n{proc.stderr[-3000:]}")
-        report(json.loads(proc.stdout), args)
+        doc = json.loads(proc.stdout)
+        if args.json:
+            args.json.write_text(json.dumps({"args": {k: str(v) for k, v in vars(args).items()}, **doc}))
+        report(doc, args)
     finally:
         if args.folder is None:
             shutil.rmtree(folder, ignore_errors=True)

@@ -39,6 +39,7 @@ def test_every_strategy_brings_every_replica_up_verified_reading_what_its_plan_s
     got = json.loads(proc.stdout)
     for strategy, doc in got.items():
         recs = sorted(doc["records"], key=lambda r: r["rank"])
+        assert doc["problems"] == []  # the records held to their plan (mlckpt.serving_metrics)
         assert [r["rank"] for r in recs] == list(range(6))
         for r, want in zip(recs, doc["plan"], strict=True):
             assert r["strategy"] == strategy and r["t1_ns"] > r["t0_ns"]
@@ -91,6 +92,7 @@ def test_fanout_and_node_cache_across_simulated_hosts(tmp_path_factory: pytest.T
         got = json.loads(proc.stdout)
         for strategy, doc in got.items():
             recs = sorted(doc["records"], key=lambda r: r["rank"])
+            assert doc["problems"] == []  # the records held to their plan (mlckpt.serving_metrics)
             assert [r["host"] for r in recs] == ["h1", "h1", "h2", "h2"]
             for r, want in zip(recs, doc["plan"], strict=True):
                 assert r["verified_bytes"] == r["bytes"] and r["storage_bytes"] == want["storage_bytes"]
@@ -130,6 +132,7 @@ def test_every_strategy_loads_from_object_storage(tmp_path: Path, s3_store: Any)
     assert len(keys) == sum(len(f) for doc in got.values() for f in doc["shard_files"])
     for strategy, doc in got.items():
         recs = sorted(doc["records"], key=lambda r: r["rank"])
+        assert doc["problems"] == []  # the records held to their plan (mlckpt.serving_metrics)
         for r, want in zip(recs, doc["plan"], strict=True):
             assert r["verified_bytes"] == r["bytes"] and r["resident_bytes"] == 0
             for k in ("storage_bytes", "received_bytes", "node_tier_bytes"):

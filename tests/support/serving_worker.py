@@ -19,6 +19,7 @@ from mlckpt import engine
 from mlckpt.errors import VerificationError
 from mlckpt.locations import parse_object_url
 from mlckpt.run.phases import loads
+from mlckpt.serving_metrics import held_to_plan
 from mlckpt.workload.model import ModelShape
 from mlckpt.workload.serving import ServingLayout
 from mlckpt.workload.serving_load import load_plan
@@ -81,7 +82,8 @@ def main() -> int:
         plan_doc = [{"storage_bytes": r.storage_bytes, "node_tier_bytes": r.node_tier_bytes,
                      "received_bytes": r.received_bytes, "bytes": plan.shard_bytes(r.shard)}
                     for r in plan.ranks]
-        out[strategy] = {"records": recs, "plan": plan_doc, "shard_files": plan.shard_files}
+        out[strategy] = {"records": recs, "plan": plan_doc, "shard_files": plan.shard_files,
+                         "problems": held_to_plan(plan, recs) if comm.Get_rank() == 0 else None}
     if comm.Get_rank() == 0:
         json.dump(out, sys.stdout)
     return 0

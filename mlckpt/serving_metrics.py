@@ -1,0 +1,84 @@
+"""Replicas loading a model: the figures of each load, recomputed from its ranks' records
+(mlckpt/run/phases/loads.py), and the records held against the plan they claim
+(mlckpt/workload/serving_load.py).  Pure.
+
+A load's record per rank: ``rank``, ``replica``, ``shard``, ``host``, ``strategy``, ``t0_ns`` and
+``t1_ns`` (the rank's own clock, from leaving the start barrier until its shard was in memory),
+``bytes`` (its shard), ``storage_bytes``, ``node_tier_bytes``, ``received_bytes``,
+``resident_bytes`` (still in the page cache when the load began) and ``verified_bytes``.
+
+The figures: ``ready_s``, from the first rank's start to the last rank's end (one clock: the
+ranks of one host); ``storage_bytes``, what the storage served; ``placed_bytes``, what the
+replicas hold; ``effective_gb_s`` (placed / ready) and ``storage_gb_s`` (served / ready), in
+decimal GB as storage data sheets give them.
+"""
+
+from __future__ import annotations
+
+import statistics
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+from mlckpt.workload.serving_load import LoadPlan
+
+Record = Mapping[str, Any]
+
+
+def figures(recs: Sequence[Record]) -> dict[str, Any]:
+    """One load's figures, from its ranks' records (all on one clock)."""
+    ready = (max(int(r["t1_ns"]) for r in recs) - min(int(r["t0_ns"]) for r in recs)) / 1e9
+    served = sum(int(r["storage_bytes"]) for r in recs)
+    placed = sum(int(r["bytes"]) for r in recs)
+    return {"strategy": str(recs[0]["strategy"]), "ranks": len(recs), "ready_s": ready,
+            "storage_bytes": served, "placed_bytes": placed,
+            "effective_gb_s": placed / ready / 1e9 if ready > 0 else None,
+            "storage_gb_s": served / ready / 1e9 if ready > 0 else None,
+            "resident_bytes": sum(int(r["resident_bytes"]) for r in recs)}
+
+
+def by_strategy(loads: Sequence[Sequence[Record]]) -> dict[str, dict[str, Any]]:
+    """Each strategy's loads: the median, fastest and slowest time to ready, the median bytes
+    served, the rates at the median time, and how many loads."""
+    out: dict[str, dict[str, Any]] = {}
+    each: dict[str, list[dict[str, Any]]] = {}
+    for recs in loads:
+        f = figures(recs)
+        each.setdefault(f["strategy"], []).append(f)
+    for strategy, fs in each.items():
+        ready = statistics.median(f["ready_s"] for f in fs)
+        served = statistics.median(f["storage_bytes"] for f in fs)
+        placed = fs[0]["placed_bytes"]
+        out[strategy] = {
+            "loads": len(fs), "ready_s": ready, "ready_min_s": min(f["ready_s"] for f in fs),
+            "ready_max_s": max(f["ready_s"] for f in fs), "storage_bytes": served, "placed_bytes": placed,
+            "effective_gb_s": placed / ready / 1e9 if ready > 0 else None,
+            "storage_gb_s": served / ready / 1e9 if ready > 0 else None,
+            "resident_bytes_max": max(f["resident_bytes"] for f in fs)}
+    return out
+
+
+def held_to_plan(plan: LoadPlan, recs: Sequence[Record]) -> list[str]:
+    """What in one load's records differs from ``plan`` (the layout, strategy and hosts they claim):
+    one line each, the first ten.  Every rank once; each its replica, shard, host and strategy; the
+    bytes it read from the storage and the tier and received, as planned; its whole shard held and
+    verified."""
+    problems: list[str] = []
+    ranks = sorted(int(r["rank"]) for r in recs)
+    if ranks != list(range(len(plan.ranks))):
+        problems.append(f"ranks: expected 0..{len(plan.ranks) - 1} once each, got {len(ranks)} records "
+                        f"for ranks {sorted(set(ranks))[:8]}")
+    for r in recs:
+        rank = int(r["rank"])
+        if not 0 <= rank < len(plan.ranks):
+            continue
+        want = plan.ranks[rank]
+        shard = plan.shard_bytes(want.shard)
+        expected = {"strategy": plan.strategy, "replica": want.replica, "shard": want.shard,
+                    "host": want.host, "storage_bytes": want.storage_bytes,
+                    "node_tier_bytes": want.node_tier_bytes, "received_bytes": want.received_bytes,
+                    "bytes": shard, "verified_bytes": shard}
+        problems += [f"rank {rank}: {k} {r.get(k)!r}, expected {v!r}"
+                     for k, v in expected.items() if r.get(k) != v]
+        if int(r["t1_ns"]) <= int(r["t0_ns"]):
+            problems.append(f"rank {rank}: t1_ns {r['t1_ns']} not after t0_ns {r['t0_ns']}")
+    return problems[:10]
