@@ -26,6 +26,7 @@ from pathlib import Path
 from typing import Any
 
 from mlckpt import engine
+from mlckpt.engine.content import round_up
 from mlckpt.engine.objects import ObjectRange, get_ranges
 from mlckpt.engine.ranges import RangeIO, read_ranges
 from mlckpt.errors import InternalError, VerificationError
@@ -61,12 +62,8 @@ class LoadSetup:
         """Where each file of ``shard`` starts in a rank's memory (files end to end: whole pages)."""
         out = [0]
         for size in self.plan.shard_files[shard]:
-            out.append(out[-1] + engine_round(size))
+            out.append(out[-1] + round_up(size))
         return out
-
-
-def engine_round(n: int) -> int:
-    return -(-n // engine.PAGE) * engine.PAGE
 
 
 def lay_out(comm: Any, s: LoadSetup) -> None:
@@ -76,7 +73,7 @@ def lay_out(comm: Any, s: LoadSetup) -> None:
         files = s.plan.shard_files[me.shard]
         if s.store is None:
             os.makedirs(os.path.dirname(s.path(me.shard, 0)), exist_ok=True)
-        buf = engine.alloc(engine_round(max(files)))
+        buf = engine.alloc(round_up(max(files)))
         for i, size in enumerate(files):
             engine.fill(buf, size, s.key, s.pid(me.shard, i))
             where = s.where(me.shard, i)
@@ -104,7 +101,7 @@ def _ranges(s: LoadSetup, pieces: Sequence[Piece], into: Any, root: Path | None 
     for q in pieces:
         at = s.file_offsets(q.shard)[q.file] + q.offset
         out.append(RangeIO(s.path(q.shard, q.file, root), s.plan.shard_files[q.shard][q.file], q.offset,
-                           into[at: at + engine_round(q.length)], q.length))
+                           into[at: at + round_up(q.length)], q.length))
     return out
 
 
@@ -198,7 +195,7 @@ def verify(s: LoadSetup, me: RankLoad, arena: Any) -> int:
     scratch = engine.alloc(engine.VERIFY_SCRATCH_BYTES)
     offs = s.file_offsets(me.shard)
     for i, size in enumerate(s.plan.shard_files[me.shard]):
-        held = arena[offs[i]: offs[i] + engine_round(size)]
+        held = arena[offs[i]: offs[i] + round_up(size)]
         bad = engine.verify(held, size, s.key, s.pid(me.shard, i), scratch)
         if bad is not None:
             raise VerificationError(f"load: shard {me.shard} file {i} on rank {me.rank}: {bad.describe()}",
