@@ -258,7 +258,7 @@ def _content_total(where: ObjectPath, resp: dict[str, Any], offset: int) -> int:
 def get_objects(store: Store, objs: Sequence[ObjectIO]) -> list[FileResult]:
     """The timed restore of one rank from object storage: every object read back in place into its
     buffer with ranged GETs.  An object whose size is not the planned one fails, naming it."""
-    opts, c, bucket = store.opts, store.client, store.bucket
+    opts = store.opts
     _check(objs, opts, "read", writable=True)
     reqs = _Requests(objs, opts.part_size)
     views = [memoryview(o.buf) for o in objs]
@@ -269,25 +269,28 @@ def get_objects(store: Store, objs: Sequence[ObjectIO]) -> list[FileResult]:
         if o.nbytes == 0:
             _check_empty(store, o)
             return
-        try:
-            resp = c.get_object(Bucket=bucket, Key=o.where.key, Range=f"bytes={s}-{e - 1}")
-        except Exception as exc:
-            raise failure("read", o.where, exc, s) from exc
-        _sized(o.where, resp, s, o.nbytes)
-        _receive(o.where, resp["Body"], views[k], s, e)
+        _get_into(store, o.where, s, e, o.nbytes, views[k], s)
 
     run_pool(len(reqs.items), fetch, opts.inflight, opts.pool)
     return [FileResult(str(o.where), o.nbytes, False, opts.parts(o.nbytes), o.nbytes) for o in objs]
 
 
-def _sized(where: ObjectPath, resp: dict[str, Any], offset: int, want: int) -> None:
-    """The answer's Content-Range names an object of the planned size (else its body is closed)."""
-    total = _content_total(where, resp, offset)
-    if total != want:
+def _get_into(store: Store, where: ObjectPath, start: int, end: int, size: int, into: memoryview,
+              pos: int) -> None:
+    """Bytes [start, end) of object ``where`` into ``into`` from ``pos`` by one ranged GET; the
+    answer's Content-Range must name an object of ``size`` bytes, the planned one."""
+    try:
+        resp = store.client.get_object(Bucket=store.bucket, Key=where.key,
+                                       Range=f"bytes={start}-{end - 1}")
+    except Exception as exc:
+        raise failure("read", where, exc, start) from exc
+    total = _content_total(where, resp, start)
+    if total != size:
         resp["Body"].close()
-        how = "truncated" if total < want else "extended"
-        raise IOFailure(f"size check failed on {where}: expected {want} bytes, found {total} ({how} "
+        how = "truncated" if total < size else "extended"
+        raise IOFailure(f"size check failed on {where}: expected {size} bytes, found {total} ({how} "
                         "checkpoint object)", op="size", path=str(where))
+    _receive(where, resp["Body"], into, pos, pos + end - start)
 
 
 # eq=False: a frozen dataclass holding a numpy buffer has no meaningful equality.
@@ -307,7 +310,7 @@ def get_ranges(store: Store, ranges: Sequence[ObjectRange]) -> int:
     it: mlckpt/engine/ranges.py is the same for files): ranged GETs of at most ``part_size`` bytes,
     ``inflight`` in parallel, each answer's Content-Range naming the object's planned size.  The
     bytes read."""
-    opts, c, bucket = store.opts, store.client, store.bucket
+    opts = store.opts
     for r in ranges:
         if not (0 <= r.offset and 0 < r.nbytes and r.offset + r.nbytes <= r.object_bytes):
             raise InternalError(f"read {r.where}: range {r.offset}+{r.nbytes} outside its "
@@ -320,13 +323,7 @@ def get_ranges(store: Store, ranges: Sequence[ObjectRange]) -> int:
     def fetch(i: int) -> None:
         k, a, b = items[i]
         r = ranges[k]
-        try:
-            span = f"bytes={r.offset + a}-{r.offset + b - 1}"
-            resp = c.get_object(Bucket=bucket, Key=r.where.key, Range=span)
-        except Exception as exc:
-            raise failure("read", r.where, exc, r.offset + a) from exc
-        _sized(r.where, resp, r.offset + a, r.object_bytes)
-        _receive(r.where, resp["Body"], views[k], a, b)
+        _get_into(store, r.where, r.offset + a, r.offset + b, r.object_bytes, views[k], a)
 
     run_pool(len(items), fetch, opts.inflight, opts.pool)
     return sum(r.nbytes for r in ranges)

@@ -64,8 +64,7 @@ def failures_of(errors: list[tuple[str, str, int] | None], hosts: list[str]) -> 
 
 
 def idle_barrier(comm: Any, poll_s: float = 0.002) -> None:
-    """A barrier that waits asleep (a nonblocking barrier, polled), leaving the CPUs free to the
-    ranks still working: MPI's own barrier busy-polls."""
+    """A barrier that waits asleep, polled: MPI's own busy-polls the CPUs other ranks still need."""
     req = comm.Ibarrier()
     while not req.Test():
         time.sleep(poll_s)

@@ -122,7 +122,7 @@ def fanout_part(total: int, holders: int, index: int) -> tuple[int, int]:
     reads: near-equal parts in whole pages (so that O_DIRECT reads them in place), the last part
     ending at the shard's end."""
     pages = -(-total // PAGE)
-    start = PAGE * sum(part(pages, holders, i) for i in range(index))
+    start = PAGE * (index * (pages // holders) + min(index, pages % holders))  # the parts before it
     end = min(total, start + PAGE * part(pages, holders, index))
     return min(start, total), max(0, end - start)
 
@@ -147,18 +147,19 @@ def load_plan(layout: ServingLayout, strategy: str, hosts: Sequence[str], scale:
     for r, h in enumerate(hosts):
         if r % tp not in host_shards.setdefault(h, []):
             host_shards[h].append(r % tp)
+    totals = [sum(f) for f in files]
+    wholes = [_pieces(s, files[s], 0, totals[s]) for s in range(tp)]  # each shard's files, whole
     loads = []
     for r, h in enumerate(hosts):
         shard, replica = r % tp, r // tp
-        whole = _pieces(shard, files[shard], 0, sum(files[shard]))
-        storage, tier, received = whole, (), 0
+        storage, tier, received = wholes[shard], (), 0
         if strategy == "fanout":
-            start, mine = fanout_part(sum(files[shard]), layout.replicas, replica)
-            storage, received = _pieces(shard, files[shard], start, mine), sum(files[shard]) - mine
+            start, mine = fanout_part(totals[shard], layout.replicas, replica)
+            storage, received = _pieces(shard, files[shard], start, mine), totals[shard] - mine
         elif strategy == "nodecache":
-            tier = whole
-            storage = tuple(p for s in sorted(host_shards[h]) for p in _pieces(s, files[s], 0, sum(files[s]))
-                            ) if first_on_host[h] == r else ()
+            tier = wholes[shard]
+            first = first_on_host[h] == r  # the host's first rank fills its tier
+            storage = tuple(p for s in sorted(host_shards[h]) for p in wholes[s]) if first else ()
         loads.append(RankLoad(r, replica, shard, h, storage, tier, received))
     return LoadPlan(layout, strategy, files, tuple(loads))  # type: ignore[arg-type]
 
