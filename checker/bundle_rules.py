@@ -29,11 +29,13 @@ from mlckpt.rules import (
 )
 from mlckpt.rules.checks.evidence import fingerprints, recomputed_summary
 from mlckpt.rules.checks.result import RunData
+from mlckpt.rules.checks.serving import recomputed as serving_recomputed
 from mlckpt.rules.checks.submission import SubmissionFacts, Verdicts
 from mlckpt.rules.checks.witness import TRANSCRIPT
 from mlckpt.workload.layout import Plan, make_plan
 from mlckpt.workload.model import Workload, workload_from_config
 from mlckpt.workload.pipeline import Pipeline
+from mlckpt.workload.serving_run import ServingRun
 
 MAX_PLAN_FILES = 1_000_000  # files the plan of one bundle may describe (1T closed: ~3,000)
 METRIC_KEYS = ("write_bandwidth_mean_gib_s", "write_bandwidth_median_gib_s", "write_bandwidth_min_gib_s",
@@ -41,6 +43,9 @@ METRIC_KEYS = ("write_bandwidth_mean_gib_s", "write_bandwidth_median_gib_s", "wr
                "read_bandwidth_median_gib_s", "read_bandwidth_min_gib_s", "read_bandwidth_max_gib_s",
                "read_duration_mean_s", "num_writes", "num_reads", "checkpoint_bytes", "restore_bytes",
                "read_valid", "write_stall_mean_s", "write_time_to_durable_mean_s", "foreign", "framework")
+SERVING_METRIC_KEYS = ("strategy", "replicas", "tp", "num_loads", "ready_s_median", "ready_s_min",
+                       "ready_s_max", "storage_bytes", "placed_bytes", "effective_gb_s", "storage_gb_s",
+                       "read_cold")
 PREDICATE_KEYS = ("run_id", "workload", "division", "rules_version", "started", "ended", "mlckpt_version",
                   "ranks", "scaled", "verdict")
 
@@ -147,7 +152,10 @@ def stage_rules(st: State) -> None:
     skip = _unrecomputable(st, config)
     ev = rule_workers.evaluate(without(rs, skip), ctx, ["config", "host", "result"], st.task.rule_workers,
                                len(st.records))
-    if plan is not None and not skip:  # what the report shows: recomputed, never the claim
+    serving = ServingRun.of(config)
+    if serving is not None:  # what the report shows: recomputed, never the claim
+        st.recomputed = serving_recomputed(rs, data, serving)
+    elif plan is not None and not skip:
         st.recomputed = recomputed_summary(rs, data, plan)  # the rules' own summarize, reused
     st.rule_findings = ev.findings
     st.not_checked += ev.not_checked
@@ -268,6 +276,8 @@ def finish(st: State) -> BundleResult:
         # whose records cannot be recomputed is invalid anyway, and says so).
         shown = st.recomputed if st.recomputed is not None else summary
         metrics = {k: shown[k] for k in METRIC_KEYS if k in shown}
+        if shown.get("kind") == "serving":
+            metrics["serving"] = {k.removesuffix("_median"): shown[k] for k in SERVING_METRIC_KEYS}
         metrics.update({k: run[k] for k in ("ranks", "scale", "scaled") if k in run})
         result.metrics = jsonable(metrics)
     if st.witness is not None and st.witness.claim:

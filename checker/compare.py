@@ -149,6 +149,30 @@ def _pipeline_rows() -> list[Row]:
 ROWS = _rows()
 
 
+def _serving_rows() -> tuple[Row, ...]:
+    """Two serving results (rules 1.13): the run, then the loads' figures."""
+    def serving(i: int) -> Callable[[Entry, BundleDocs], Any]:
+        return lambda e, d: e.serving[i] if e.serving else None
+
+    keep = ("workload", "division", "class", "system", "verdict", "mode", "verification", "ranks", "hosts")
+    return (*(r for r in ROWS if r.key in keep),
+            Row("strategy", "loading strategy", "", None, serving(0)),
+            Row("replicas", "replicas", "", 0, serving(1)),
+            Row("tp", "GPUs per replica", "", 0, serving(2)),
+            Row("ready_s_median", "time to ready, median", "s", 3, _m("ready_s_median")),
+            Row("ready_s_min", "time to ready, fastest load", "s", 3, _m("ready_s_min")),
+            Row("ready_s_max", "time to ready, slowest load", "s", 3, _m("ready_s_max")),
+            Row("effective_gb_s", "effective loading rate", "GB/s", 2, _m("effective_gb_s")),
+            Row("placed_gb", "bytes placed in the replicas per load", "GB", 3,
+                lambda e, d: e.m("placed_bytes") / 1e9),
+            Row("storage_gb", "bytes the storage served per load", "GB", 3,
+                lambda e, d: e.m("storage_bytes") / 1e9),
+            Row("storage_gb_s", "storage rate", "GB/s", 2, _m("storage_gb_s")))
+
+
+SERVING_ROWS = _serving_rows()
+
+
 def _finite(v: Any) -> bool:
     return isinstance(v, int | float) and not isinstance(v, bool) and math.isfinite(v)
 
@@ -215,7 +239,7 @@ def compare(a: tuple[str, BundleDocs], b: tuple[str, BundleDocs]) -> dict[str, A
                                 docs.config, docs.summary, docs.system)
         sides.append((path, docs, entry))
     metrics = []
-    for row in ROWS:
+    for row in SERVING_ROWS if any(e.serving is not None for _, _, e in sides) else ROWS:
         va, vb = (_value(row, e, d) for _, d, e in sides)
         if row.decimals is not None:
             va = va if _finite(va) else None
@@ -275,7 +299,7 @@ def render_text(result: dict[str, Any]) -> str:
         return f"{name}: {side['path']} (run {side['run_id']}{', org ' + side['org'] if side['org'] else ''})"
 
     out = [head("A", a), head("B", b), ""]
-    by_key = {r.key: r for r in ROWS}
+    by_key = {r.key: r for r in (*ROWS, *SERVING_ROWS)}
     text_rows, num_rows = [], []
     for m in result["metrics"]:
         row = by_key[m["key"]]

@@ -1,8 +1,8 @@
 """Findings → the JSON report, the human report and the exit status.
 
-JSON report (``report_format`` 5, schema ``rules/<version>/schemas/report.schema.json``)::
+JSON report (``report_format`` 6, schema ``rules/<version>/schemas/report.schema.json``)::
 
-    {"report_format": 5, "checker": {...}, "root": "...",
+    {"report_format": 6, "checker": {...}, "root": "...",
      "verdict": "valid" | "disturbed" | "invalid" | "integrity-failure" | "internal-error",
      "exit_status": 0 | 6 | 1 | 3 | 4, "rules_versions": ["1.0"],
      "bundles": [{"path", "org", "system", "workload", "division", "run_id", "rules_version",
@@ -38,7 +38,7 @@ from mlckpt.attribution import foreign_note
 from mlckpt.rules import version_order
 
 REPORT_FORMAT = formats.REPORT.version
-REPORT_SCHEMA = "1.11"  # the rules folder whose schemas/report.schema.json defines REPORT_FORMAT
+REPORT_SCHEMA = "1.13"  # the rules folder whose schemas/report.schema.json defines REPORT_FORMAT
 EXIT_VALID, EXIT_INVALID, EXIT_USAGE, EXIT_INTEGRITY, EXIT_INTERNAL, EXIT_DISTURBED = 0, 1, 2, 3, 4, 6
 VERDICT_OF_EXIT = {EXIT_VALID: "valid", EXIT_INVALID: "invalid", EXIT_INTEGRITY: "integrity-failure",
                    EXIT_INTERNAL: "internal-error", EXIT_DISTURBED: "disturbed"}

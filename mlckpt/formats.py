@@ -27,7 +27,7 @@ class Format:
             raise ValueError(f"{self.name}: must read its own version {self.version!r}")
 
 
-RUN = Format("run", "run.json: run_format", 11, (2, 3, 4, 5, 6, 7, 8, 9, 10, 11), (
+RUN = Format("run", "run.json: run_format", 12, (2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12), (
     (1, "first version: run identity, status, workload, division, scaled, verdict, findings, overrides, "
         "host mapping, timings, file list"),
     (2, "pipeline: checkpoint mode, compute interval, fast tier (folder, fast_keep, filesystem type per "
@@ -60,10 +60,12 @@ RUN = Format("run", "run.json: run_format", 11, (2, 3, 4, 5, 6, 7, 8, 9, 10, 11)
     (11, "rules 1.11: records format 8; framework (null: mlckpt's engine wrote every checkpoint; or the "
          "library writer: writer, library, library_version, settings, reference, synced_by; "
          "mlckpt/workload/frameworks.py)"),
+    (12, "rules 1.13: records format 9; serving (null: a checkpoint run; or a serving run as it ran: "
+         "strategy, tp, replicas, loads, shard_file_bytes, node_tier; mlckpt/workload/serving_run.py)"),
 ))
 
-RECORDS = Format("records", "records.jsonl (run.json and summary.json: records_format)", 8,
-                 (2, 3, 4, 5, 6, 7, 8), (
+RECORDS = Format("records", "records.jsonl (run.json and summary.json: records_format)", 9,
+                 (2, 3, 4, 5, 6, 7, 8, 9), (
     (1, "first version: op, index, checkpoint, rank, host, t0_ns/t1_ns (the host's monotonic clock), bytes, "
         "files, fsync, resident_bytes/cached_check_bytes (reads), verified_bytes/mismatches (reads); the "
         "field meanings are written out in mlckpt/metrics.py"),
@@ -92,9 +94,14 @@ RECORDS = Format("records", "records.jsonl (run.json and summary.json: records_f
         "torch_save, torch_dcp, safetensors: who wrote or restored its checkpoint), and a library's write "
         "file_bytes (the size on disk of the files it made) and synced_by (library | mlckpt: who fsynced "
         "them inside the op)"),
+    (9, "rules 1.13: a serving run's records are one per rank and load: op load, index (the load), rank, "
+        "replica, shard, host, strategy, t0_ns/t1_ns (its host's monotonic clock, from leaving the load's "
+        "barrier until its shard was in its memory), wall_start, bytes (its shard), storage_bytes, "
+        "node_tier_bytes, received_bytes, resident_bytes (its storage files' pages in the page cache when "
+        "the load began) and verified_bytes (mlckpt/serving_metrics.py); a checkpoint run's are format 8's"),
 ))
 
-SUMMARY = Format("summary", "summary.json: summary_format", 7, (2, 3, 4, 5, 6, 7), (
+SUMMARY = Format("summary", "summary.json: summary_format", 8, (2, 3, 4, 5, 6, 7, 8), (
     (1, "first version: per-op statistics and headlines recomputed from records.jsonl (mlckpt.metrics)"),
     (2, "stall, time to durable, overlap efficiency, back-pressure, per-stage bandwidth, read_fast_*"),
     (3, "DLIO's summary.json shape (rules 1.3): dlio_compat becomes metric, under DLIO's key names and "
@@ -112,6 +119,11 @@ SUMMARY = Format("summary", "summary.json: summary_format", 7, (2, 3, 4, 5, 6, 7
     (7, "rules 1.11 (records format 8): with a library writer the headline figures are the library's ops' "
         "and framework holds them beside mlckpt's engine's from the same run (reference) with each ratio "
         "library / engine (write_ratio, read_ratio; mlckpt/metrics.py)"),
+    (8, "rules 1.13 (records format 9): a serving run's summary has kind serving: the workload, strategy, "
+        "replicas, tp, ranks, hosts, each load's figures (ready_s, slowest_rank, the bytes served, placed, "
+        "received and read from the node tier, resident_bytes, effective_gb_s, storage_gb_s), the median, "
+        "fastest and slowest ready_s, the rates at the median, read_cold and read_verified "
+        "(mlckpt/serving_metrics.py); a checkpoint run's is format 7's"),
 ))
 
 PLAN = Format("plan", "mlckpt plan --json: plan_format", 2, (2,), (
@@ -164,7 +176,7 @@ SYSTEM_DESCRIPTION = Format("system description", "systems/<system>.yaml: descri
     (1, "first version (rules/1.0/schemas/system-description.schema.json)"),
 ))
 
-REPORT = Format("check report", "mlckpt-check --json: report_format", 5, (1, 2, 3, 4, 5), (
+REPORT = Format("check report", "mlckpt-check --json: report_format", 6, (1, 2, 3, 4, 5, 6), (
     (1, "first version (rules/1.0/schemas/report.schema.json)"),
     (2, "rules 1.4: each bundle's witness (null, or by whom, whether counted as witnessed, and the "
         "witness-conservative bandwidths)"),
@@ -175,9 +187,11 @@ REPORT = Format("check report", "mlckpt-check --json: report_format", 5, (1, 2, 
         "(each op's duration and how much shorter it could be recorded and still hold)"),
     (5, "rules 1.11: a library writer's bundle's metrics add framework (its figures beside the engine's of "
         "the same run, each ratio; rules/1.11/schemas/report.schema.json)"),
+    (6, "rules 1.13: a serving bundle's metrics add serving (strategy, replicas, tp, loads, ready_s median, "
+        "min and max, the bytes served and placed, effective_gb_s, storage_gb_s)"),
 ))
 
-LEADERBOARD = Format("leaderboard", "mlckpt-check leaderboard --format json: leaderboard_format", 5, (5,), (
+LEADERBOARD = Format("leaderboard", "mlckpt-check leaderboard --format json: leaderboard_format", 6, (6,), (
     (1, "first version: classes by division, workload and scale"),
     (2, "classes split by checkpoint mode; Stall and Time to durable columns"),
     (3, "scaled classes split by scale factor (class scale_factor; ids end -x<factor> with _ for the "
@@ -188,9 +202,13 @@ LEADERBOARD = Format("leaderboard", "mlckpt-check leaderboard --format json: lea
     (5, "rules 1.11: a library writer's results in classes of their own (checkpoint mode +torch_save, "
         "+torch_dcp, +safetensors); the mode names the writer and its write and read ratios to the engine's "
         "checkpoints of the same run"),
+    (6, "rules 1.13: serving results in classes of their own (pipeline serving, ids ending -serving), every "
+        "loading strategy in one table, ranked by the time to ready; each class names its sort, and its rows "
+        "carry its own columns (a serving class: strategy, replicas, tp, ready_s, effective_gb_s, "
+        "storage_gb, storage_gb_s); columns lists every column a table shows"),
 ))
 
-COMPARE = Format("compare", "mlckpt-check compare --json: compare_format", 5, (5,), (
+COMPARE = Format("compare", "mlckpt-check compare --json: compare_format", 6, (6,), (
     (1, "first version: two bundles' rows side by side with ratios B/A"),
     (2, "each side says whether it is verified and what it is (an mlckpt bundle, or a DLIO / mlpstorage "
         "result folder: unverified, only the rows it states)"),
@@ -200,6 +218,9 @@ COMPARE = Format("compare", "mlckpt-check compare --json: compare_format", 5, (5
         "ranks, mean over the writes; recomputed from the records), beside compute_interval_s as configured"),
     (5, "rules 1.11: framework (the library writer), framework_write_ratio and framework_read_ratio (its "
         "bandwidth over the engine's checkpoints of the same run), where either side has them"),
+    (6, "rules 1.13: where either side is a serving result, its loads' rows in place of the checkpoint rows: "
+        "strategy, replicas, tp, ready_s_median, ready_s_min, ready_s_max, effective_gb_s, placed_gb, "
+        "storage_gb, storage_gb_s"),
 ))
 
 WITNESS = Format("witness", "witness journal lines, receipts and transcripts: witness_format", 2, (1, 2), (

@@ -7,10 +7,12 @@ A load's record per rank: ``rank``, ``replica``, ``shard``, ``host``, ``strategy
 ``bytes`` (its shard), ``storage_bytes``, ``node_tier_bytes``, ``received_bytes``,
 ``resident_bytes`` (still in the page cache when the load began) and ``verified_bytes``.
 
-The figures: ``ready_s``, from the first rank's start to the last rank's end (one clock: the
-ranks of one host); ``storage_bytes``, what the storage served; ``placed_bytes``, what the
+The figures: ``ready_s``, the slowest rank's time from leaving the start barrier until its shard
+was in its memory (each rank on its own host's clock, as a checkpoint op is timed: no clock is
+compared across hosts); ``storage_bytes``, what the storage served; ``placed_bytes``, what the
 replicas hold; ``effective_gb_s`` (placed / ready) and ``storage_gb_s`` (served / ready), in
-decimal GB as storage data sheets give them.
+decimal GB as storage data sheets give them.  :func:`summary` is a serving run's summary.json
+(summary format 8), which the runner writes and SERVING-SUMMARY recomputes.
 """
 
 from __future__ import annotations
@@ -20,20 +22,68 @@ from collections.abc import Mapping, Sequence
 from typing import Any
 
 from mlckpt.workload.serving_load import LoadPlan
+from mlckpt.workload.serving_run import ServingRun
 
 Record = Mapping[str, Any]
 
 
+TIMING_BASIS = ("each load: every rank from leaving one barrier (its own host's monotonic clock) until "
+                "its shard is in its memory; the load's time is the slowest rank's; every byte verified "
+                "after, untimed")
+
+
 def figures(recs: Sequence[Record]) -> dict[str, Any]:
-    """One load's figures, from its ranks' records (all on one clock)."""
-    ready = (max(int(r["t1_ns"]) for r in recs) - min(int(r["t0_ns"]) for r in recs)) / 1e9
+    """One load's figures, from its ranks' records."""
+    slowest = max(recs, key=lambda r: (int(r["t1_ns"]) - int(r["t0_ns"]), -int(r["rank"])))
+    ready = (int(slowest["t1_ns"]) - int(slowest["t0_ns"])) / 1e9
     served = sum(int(r["storage_bytes"]) for r in recs)
     placed = sum(int(r["bytes"]) for r in recs)
     return {"strategy": str(recs[0]["strategy"]), "ranks": len(recs), "ready_s": ready,
-            "storage_bytes": served, "placed_bytes": placed,
+            "slowest_rank": int(slowest["rank"]), "storage_bytes": served, "placed_bytes": placed,
+            "received_bytes": sum(int(r["received_bytes"]) for r in recs),
+            "node_tier_bytes": sum(int(r["node_tier_bytes"]) for r in recs),
             "effective_gb_s": placed / ready / 1e9 if ready > 0 else None,
             "storage_gb_s": served / ready / 1e9 if ready > 0 else None,
             "resident_bytes": sum(int(r["resident_bytes"]) for r in recs)}
+
+
+def by_load(records: Sequence[Record]) -> dict[int, list[Record]]:
+    """A serving run's load records by load (``index``), in the order they came."""
+    out: dict[int, list[Record]] = {}
+    for r in records:
+        if r.get("op") == "load":
+            out.setdefault(int(r["index"]), []).append(r)
+    return dict(sorted(out.items()))
+
+
+def summary(run: ServingRun, records: Sequence[Record], *, ranks: int, hosts: int,
+            max_resident_fraction: float, formats: tuple[int, int]) -> dict[str, Any]:
+    """A serving run's summary.json (``formats``: its summary and records formats, 8 and 9 under
+    rules 1.13), every figure from the records: each load's, and the median, fastest and slowest
+    time to ready over the loads (the rates at the median time)."""
+    loads = []
+    for index, recs in by_load(records).items():
+        f = figures(recs)
+        loads.append({"index": index, **{k: f[k] for k in (
+            "ready_s", "slowest_rank", "storage_bytes", "placed_bytes", "received_bytes", "node_tier_bytes",
+            "resident_bytes", "effective_gb_s", "storage_gb_s")}})
+    ready = [f["ready_s"] for f in loads]
+    median = statistics.median(ready) if ready else 0.0
+    placed = loads[0]["placed_bytes"] if loads else 0
+    served = int(statistics.median(f["storage_bytes"] for f in loads)) if loads else 0
+    resident = max(((f["resident_bytes"] / f["storage_bytes"] if f["storage_bytes"] else 0.0) for f in loads),
+                   default=0.0)
+    return {"summary_format": formats[0], "records_format": formats[1],
+            "kind": "serving", "workload": run.workload, "strategy": run.strategy, "replicas": run.replicas,
+            "tp": run.tp, "ranks": ranks, "num_hosts": hosts, "num_loads": len(loads), "loads": loads,
+            "placed_bytes": placed, "storage_bytes": served, "ready_s_median": median,
+            "ready_s_min": min(ready, default=0.0), "ready_s_max": max(ready, default=0.0),
+            "effective_gb_s": placed / median / 1e9 if median > 0 else None,
+            "storage_gb_s": served / median / 1e9 if median > 0 else None,
+            "resident_fraction_max": resident, "read_cold": resident <= max_resident_fraction,
+            "read_verified": all(int(r["verified_bytes"]) == int(r["bytes"]) for r in records
+                                 if r.get("op") == "load"),
+            "mlckpt_timing_basis": TIMING_BASIS}
 
 
 def by_strategy(loads: Sequence[Sequence[Record]]) -> dict[str, dict[str, Any]]:

@@ -99,11 +99,20 @@ def _recomputed(path: Path, docs: dict[str, Any], records: list[dict[str, Any]],
     from mlckpt.rules import load_rules
     from mlckpt.rules.checks.evidence import recomputed_summary
     from mlckpt.rules.checks.result import RunData
+    from mlckpt.rules.checks.serving import recomputed as serving_recomputed
     from mlckpt.workload.layout import make_plan
     from mlckpt.workload.model import workload_from_config
+    from mlckpt.workload.serving_run import ServingRun
 
     config = docs["config.yaml"]
     try:
+        serving = ServingRun.of(config)
+        if serving is not None:
+            data = RunData(docs["run.json"], config, {}, records, docs["system.json"])
+            doc = serving_recomputed(load_rules(version), data, serving)
+            if doc is None:
+                raise ValueError("records with non-positive durations")
+            return doc
         workload = workload_from_config(config["workload"])
         if plan_files_estimate(workload, int(config["ranks"])) > MAX_PLAN_FILES:
             raise ValueError(f"a plan of more than {MAX_PLAN_FILES} files")

@@ -75,7 +75,31 @@ COLUMNS: tuple[Column, ...] = (
                 "training each checkpoint's background work overlapped (measured, mean over the writes), "
                 "residency (full state / stream), I/O path (direct / buffered / dontcache), scale"),
 )
-COLUMN = {c.key: c for c in COLUMNS}
+# A serving class's columns (rules 1.13): replicas loading the model, ranked by the time to ready.
+SERVING_COLUMNS: tuple[Column, ...] = (
+    *COLUMNS[:7],
+    Column("strategy", "Strategy", "text",
+           help="serving: how the replicas loaded the weights (direct: every GPU reads its shard from the "
+                "storage; fanout: the GPUs holding a shard split its reads and exchange the parts; "
+                "nodecache: each host's first GPU fills a node-local tier the others read)"),
+    Column("replicas", "Replicas", "int",
+           help="serving: replicas brought up at once (ranks ÷ GPUs per replica)"),
+    Column("tp", "GPUs per replica", "int", help="serving: tensor parallelism, one shard per GPU"),
+    Column("ready_s", "Time to ready", "num", 3, "s",
+           help="serving: from the load's start barrier until the last replica held its weights (the slowest "
+                "rank's time), median over the loads, each cold"),
+    Column("effective_gb_s", "Effective", "num", 2, "GB/s",
+           help="serving: bytes placed in the replicas per second of the median load (decimal GB)"),
+    Column("storage_gb", "Storage served", "num", 2, "GB",
+           help="serving: bytes the storage served per load (direct: every replica's; fan-out: each shard "
+                "once; node cache: once per host)"),
+    Column("storage_gb_s", "Storage rate", "num", 2, "GB/s",
+           help="serving: the storage's bytes per second of the median load"),
+    COLUMNS[-3], COLUMNS[-1],
+)
+COLUMN = {c.key: c for c in (*COLUMNS, *SERVING_COLUMNS)}
+SERVING_SORT_NOTE = ("sorted by time to ready, fastest first (ties: effective rate, then result ID); "
+                     "click a header to sort by another column")
 SORT_NOTE = ("sorted by write bandwidth, highest first (ties: read bandwidth, then result ID); "
              "click a header to sort by another column")
 

@@ -17,11 +17,14 @@ from mlckpt.rules.checks.gpu import gpu_source
 from mlckpt.workload.frameworks import Framework
 from mlckpt.workload.model import ModelShape
 from mlckpt.workload.pipeline import DURABLE, Pipeline
+from mlckpt.workload.serving_run import ServingRun
 
 LEADERBOARD_FORMAT = formats.LEADERBOARD.version  # history: mlckpt/formats.py
 DIVISIONS = ("closed", "open")
 SCALES = ("full", "scaled")
-PIPELINES = ("sync", "sync+tiers", "async", "async+tiers", "sync+gpu", "async+gpu")  # class order
+# class order
+PIPELINES = ("sync", "sync+tiers", "async", "async+tiers", "sync+gpu", "async+gpu", "serving")
+SERVING = "serving"  # a serving run's class (rules 1.13): replicas loading the model, every strategy
 ID_DOMAIN = "mlckpt-result-id-v1"
 
 
@@ -64,7 +67,8 @@ class ClassKey:
         return title if self.pipeline == "sync" else f"{title} · {self.pipeline}"
 
     def describe(self) -> str:
-        return f"{self.division} division, {self.workload}, {self.scale_label}, {self.pipeline} checkpoints"
+        what = "replicas loading its weights" if self.pipeline == SERVING else f"{self.pipeline} checkpoints"
+        return f"{self.division} division, {self.workload}, {self.scale_label}, {what}"
 
 
 # A published DLIO / mlpstorage result's Verification: every figure quoted as the folder states it.
@@ -116,6 +120,8 @@ class Entry:
     protocol: str = "file"  # MLPerf's Access Protocol: file (POSIX), object (S3)
     unverified: bool = False  # a published DLIO / mlpstorage result (--published): quoted, not checked
     framework: str | None = None  # rules 1.11: the library writer (its own class), None: the engine
+    # rules 1.13: a serving run's strategy, replicas and GPUs per replica (pipeline "serving")
+    serving: tuple[str, int, int] | None = None
 
     def sut_value(self, key: str) -> str:
         return dict(self.sut).get(key, "")
@@ -149,6 +155,9 @@ class Entry:
         return self._reads_verified() + self._witness_note()
 
     def _reads_verified(self) -> str:
+        if self.serving is not None:
+            return ("every replica verified, " + ("cold" if self.read_cold else "not cold")
+                    if self.read_verified else "not verified")
         if self.num_reads == 0:
             return "no reads"
         if not self.read_verified:
@@ -170,6 +179,10 @@ class Entry:
 
     @property
     def mode(self) -> str:
+        if self.serving is not None:
+            io = "O_DIRECT reads" if self.io_mode == "direct" else f"{self.io_mode} reads"
+            return ", ".join([f"{self.serving[1]} replicas × TP {self.serving[2]}", io,
+                              f"scaled ×{self.scale:g}" if self.scaled else "full scale"])
         parts = [self.pipeline, self.residency, self.io_mode]
         if self.pipeline.startswith("async") or "tiers" in self.pipeline:  # training overlaps the persist
             # as measured (TRAINING-INTERVAL holds the records to it), never as configured
@@ -187,7 +200,16 @@ class Entry:
         return ", ".join(parts)
 
     def row(self) -> dict[str, Any]:
-        """The table row: one value per column of :data:`COLUMNS` (numbers unrounded)."""
+        """The table row: one value per column of its class's columns (:data:`COLUMNS`, or
+        :data:`SERVING_COLUMNS`; numbers unrounded)."""
+        if self.serving is not None:
+            return {"result_id": self.result_id, "organisation": self.org, "system": self.system,
+                    "division": self.division, "hosts": self.hosts, "ranks": self.ranks,
+                    "accelerator": self.accelerator, "strategy": self.serving[0], "replicas": self.serving[1],
+                    "tp": self.serving[2], "ready_s": self.m("ready_s_median"),
+                    "effective_gb_s": self.m("effective_gb_s"), "storage_gb": self.m("storage_bytes") / 1e9,
+                    "storage_gb_s": self.m("storage_gb_s"), "verification": self.verification,
+                    "mode": self.mode}
         return {
             "result_id": self.result_id, "organisation": self.org, "system": self.system,
             "division": self.division, "hosts": self.hosts, "ranks": self.ranks,
@@ -239,6 +261,9 @@ SUMMARY_NUMBERS = (
     *(f"write_{what}_{stat}_s" for what in ("stall", "time_to_durable") for stat in STATS),
     "write_overlap_efficiency", "write_backpressure_ops", "write_backpressure_total_s",
     "write_compute_mean_s", "read_resident_fraction_max", "write_first_bandwidth_gib_s",
+    # summary format 8: a serving run's
+    "ready_s_median", "ready_s_min", "ready_s_max", "effective_gb_s", "storage_gb_s", "storage_bytes",
+    "placed_bytes",
 )
 
 
@@ -293,6 +318,7 @@ def entry_from_docs(path: str, org: str, system: str, run: Mapping[str, Any], co
     mp = int(parallel.get("tensor") or 1) * int(parallel.get("pipeline") or 1)
     ck = config.get("checkpoint") or {}
     fw = Framework.of(config)
+    serving = ServingRun.of(config)
     return Entry(
         path=path, org=org, system=system, division=division or str(run["division"]),
         workload=str(run["workload"]), run_id=str(run["run_id"]),
@@ -309,8 +335,9 @@ def entry_from_docs(path: str, org: str, system: str, run: Mapping[str, Any], co
         metrics={**{k: _number(summary.get(k)) for k in SUMMARY_NUMBERS},
                  "foreign_share": foreign_share(summary), **framework_ratios(summary)},
         # a GPU stall, a framework's library: each a class of its own
-        pipeline=pipe.label + ("+gpu" if gpu_source(config) else "")
+        pipeline=SERVING if serving is not None else pipe.label + ("+gpu" if gpu_source(config) else "")
         + (f"+{fw.writer}" if fw.library else ""),
+        serving=(serving.strategy, serving.replicas, serving.tp) if serving is not None else None,
         framework=fw.writer if fw.library else None,
         tiers=tuple(str(t) for t in tiers) if isinstance(tiers, list) else tuple(pipe.stages),
         compute_interval_s=pipe.compute_interval_s,

@@ -32,8 +32,8 @@ import pandas as pd
 from tabulate import tabulate
 
 from checker.leaderboard.charts import figures, plotly_bundle, validate_figures
-from checker.leaderboard.columns import COLUMN, COLUMNS, SORT_NOTE, Column, fmt, rounded
-from checker.leaderboard.model import LEADERBOARD_FORMAT
+from checker.leaderboard.columns import COLUMN, COLUMNS, SERVING_COLUMNS, SORT_NOTE, Column, fmt, rounded
+from checker.leaderboard.model import LEADERBOARD_FORMAT, SERVING
 from checker.leaderboard.systems import MLPERF_COLUMNS, SUT_FIELDS, mlperf_row
 from checker.leaderboard.tables import ClassTable, Leaderboard
 
@@ -41,7 +41,8 @@ ASSETS = Path(__file__).parent / "assets"
 DIVISION_TITLE = {"closed": "Closed division", "open": "Open division"}
 CLASSES_NOTE = ("A class is division × workload × scale (full, or scaled down by one factor in the open "
                 "division) × "
-                "checkpoint mode (sync; or, in the open division, async and/or tiered). Results are "
+                "checkpoint mode (sync; or, in the open division, async and/or tiered; or serving: replicas "
+                "loading the model's weights, every loading strategy in one table). Results are "
                 "ranked only within their class: a closed full-scale result never shares a table with "
                 "a scaled or an open one, nor an asynchronous or tiered result with a synchronous one.")
 ID_NOTE = ("Result IDs are derived from organisation, system, workload and run id (a hash, in "
@@ -87,9 +88,18 @@ def _md_cell(text: str) -> str:
 
 
 def _md_table(table: ClassTable) -> str:
-    rows = [[_md_cell(fmt(rec[c.key], c)) for c in COLUMNS] for rec in table.frame.to_dict("records")]
-    return tabulate(rows, headers=[c.label for c in COLUMNS], tablefmt="pipe", disable_numparse=True,
-                    colalign=["right" if c.numeric else "left" for c in COLUMNS])
+    cols = table.columns
+    rows = [[_md_cell(fmt(rec[c.key], c)) for c in cols] for rec in table.frame.to_dict("records")]
+    return tabulate(rows, headers=[c.label for c in cols], tablefmt="pipe", disable_numparse=True,
+                    colalign=["right" if c.numeric else "left" for c in cols])
+
+
+def shown_columns(board: Leaderboard) -> tuple[Column, ...]:
+    """Every column a table of the board shows, each once, for the notes on how to read them."""
+    seen: dict[str, Column] = {c.key: c for c in COLUMNS}
+    for t in board.tables:
+        seen.update({c.key: c for c in t.columns if c.key not in seen})
+    return tuple(seen.values())
 
 
 def render_md(board: Leaderboard) -> str:
@@ -99,7 +109,10 @@ def render_md(board: Leaderboard) -> str:
         out += [f"## {DIVISION_TITLE.get(division, division)}", ""]
         for t in tables:
             n = len(t.entries)
-            out += [f"### {t.key.title}", "", f"{n} result{'s' if n != 1 else ''}.", "", _md_table(t), ""]
+            note = t.sort_note.split(";")[0]
+            note = f" {note[0].upper()}{note[1:]}." if t.sort_note != SORT_NOTE else ""
+            out += [f"### {t.key.title}", "", f"{n} result{'s' if n != 1 else ''}.{note}", "", _md_table(t),
+                    ""]
     if board.excluded:
         n = len(board.excluded)
         out += ["## Excluded", "", f"{n} bundle{'s' if n != 1 else ''} {'are' if n != 1 else 'is'} not "
@@ -107,7 +120,7 @@ def render_md(board: Leaderboard) -> str:
         out += [f"- `{x.path}`: {x.verdict} ({_md_cell(_excluded_why(x))})" for x in board.excluded]
         out.append("")
     out += ["## How to read these tables", ""]
-    out += [f"- **{c.label}**: {c.help}." for c in COLUMNS if c.help]
+    out += [f"- **{c.label}**: {c.help}." for c in shown_columns(board) if c.help]
     out += [f"- {ID_NOTE}", ""]
     return "\n".join(out)
 
@@ -127,14 +140,22 @@ def render_csv(board: Leaderboard) -> str:
     records = []
     for t in board.tables:
         for entry, rec in zip(t.entries, t.frame.to_dict("records"), strict=True):
+            if entry.serving is not None:  # no MLPerf column holds a serving run's figures
+                records.append({"Class": t.key.id, "Workload": t.key.workload,
+                                "Scale": "full" if t.key.scale == "full" else f"{t.key.factor:g}",
+                                **{c.label: fmt(rec[c.key], c, missing="") for c in t.columns},
+                                "Bundle": rec["bundle"]})
+                continue
             row = mlperf_row(entry, rec, lambda v, key: fmt(v, COLUMN[key], missing=""))
             row.update({"Class": t.key.id, "Workload": t.key.workload,
                         "Scale": "full" if t.key.scale == "full" else f"{t.key.factor:g}"})
             row.update({c.label: fmt(rec[c.key], c, missing="") for c in OWN_CSV_COLUMNS})
             row["Bundle"] = rec["bundle"]
             records.append(row)
+    serving = [c.label for c in SERVING_COLUMNS if c.label not in MLPERF_COLUMNS
+               and c not in OWN_CSV_COLUMNS] if any(t.key.pipeline == SERVING for t in board.tables) else []
     frame = pd.DataFrame(records, columns=[*MLPERF_COLUMNS, *CSV_LEAD, *(c.label for c in OWN_CSV_COLUMNS),
-                                           "Bundle"],
+                                           *serving, "Bundle"],
                          dtype=object)
     buf = io.StringIO()
     frame.to_csv(buf, index=False, lineterminator="\n")
@@ -153,12 +174,12 @@ def board_dict(board: Leaderboard) -> dict[str, Any]:
         "sort": SORT_NOTE.split(";")[0],
         "columns": [{"key": c.key, "label": c.label, "name": c.name, "unit": c.unit or None,
                      "kind": c.kind, "decimals": c.decimals if c.kind == "num" else None,
-                     "help": c.help or None} for c in COLUMNS],
+                     "help": c.help or None} for c in shown_columns(board)],
         "classes": [{
             "id": t.key.id, "division": t.key.division, "workload": t.key.workload,
             "scale": t.key.scale, "scale_factor": t.key.factor, "pipeline": t.key.pipeline,
-            "title": t.key.title,
-            "rows": [{**{c.key: rounded(rec[c.key], c) for c in COLUMNS}, "bundle": rec["bundle"],
+            "title": t.key.title, "sort": t.sort_note.split(";")[0],
+            "rows": [{**{c.key: rounded(rec[c.key], c) for c in t.columns}, "bundle": rec["bundle"],
                       "verified": bool(rec["verified"])} for rec in t.frame.to_dict("records")],
         } for t in board.tables],
         "excluded": [{"path": x.path, "verdict": x.verdict, "rules": list(x.rules),
@@ -188,7 +209,7 @@ def _script_text(js: str) -> str:
     return js.replace("</script", "<\\/script").replace("</SCRIPT", "<\\/SCRIPT")
 
 
-def _th(c: Column, sorted_desc: bool) -> str:
+def _th(c: Column, sorted_as: str = "none") -> str:
     arrow = '<span class="arrow" aria-hidden="true"></span>'
     if c.unit:
         label = f'<span class="name">{_e(c.name)}</span><span class="unit">{_e(c.unit)}{arrow}</span>'
@@ -197,7 +218,7 @@ def _th(c: Column, sorted_desc: bool) -> str:
     cls = "num" if c.numeric else "text"
     title = f' title="{_e(c.help)}"' if c.help else ""
     return (f'<th scope="col" class="{cls}" data-key="{c.key}" data-type="{"num" if c.numeric else "text"}" '
-            f'aria-sort="{"descending" if sorted_desc else "none"}"{title}><button type="button">'
+            f'aria-sort="{sorted_as}"{title}><button type="button">'
             f'{label}</button></th>')
 
 
@@ -235,15 +256,17 @@ def _td(rec: Mapping[str, Any], c: Column, link: str | None, maxima: Mapping[str
 
 def _table_html(t: ClassTable, links: Mapping[str, str], reports: Mapping[str, str]) -> str:
     recs = t.frame.to_dict("records")
-    maxima = {k: float(t.frame[k].max()) for k in BAR_COLUMNS if t.frame[k].notna().any()}
-    head = "".join(_th(c, c.key == "write_gib_s") for c in COLUMNS)
+    maxima = {k: float(t.frame[k].max()) for k in BAR_COLUMNS if k in t.frame and t.frame[k].notna().any()}
+    serving = t.key.pipeline == SERVING
+    ranked, direction = ("ready_s", "ascending") if serving else ("write_gib_s", "descending")
+    head = "".join(_th(c, direction if c.key == ranked else "none") for c in t.columns)
     rows = []
     for i, (entry, rec) in enumerate(zip(t.entries, recs, strict=True)):
         report = reports.get(rec["bundle"])
-        cells = "".join(_td(rec, c, links.get(rec["bundle"]), maxima, entry.sut, report) for c in COLUMNS)
+        cells = "".join(_td(rec, c, links.get(rec["bundle"]), maxima, entry.sut, report) for c in t.columns)
         rows.append(f'<tr data-order="{i}" data-id="{_e(rec["result_id"])}">{cells}</tr>')
     caption = (f'<caption>{_e(t.key.describe())}: {len(recs)} result{"s" if len(recs) != 1 else ""}, '
-               f'{_e(SORT_NOTE)}.</caption>')
+               f'{_e(t.sort_note)}.</caption>')
     body = "\n".join(rows)
     cid = _e(t.key.id)
     return (f'<div class="table-wrap"><table class="lb" id="table-{cid}" data-class="{cid}">{caption}'
@@ -307,8 +330,8 @@ def _excluded_html(board: Leaderboard) -> str:
             f'<tbody>{rows}</tbody></table></div></section>')
 
 
-def _notes_html() -> str:
-    items = "".join(f"<dt>{_e(c.label)}</dt><dd>{_e(c.help)}.</dd>" for c in COLUMNS if c.help)
+def _notes_html(board: Leaderboard) -> str:
+    items = "".join(f"<dt>{_e(c.label)}</dt><dd>{_e(c.help)}.</dd>" for c in shown_columns(board) if c.help)
     return (f'<section id="notes"><h2>How to read these tables</h2><p>{_e(CLASSES_NOTE)} Within a class, '
             f'results are {_e(SORT_NOTE)} (numbers: highest first; click again to reverse). '
             f'{_e(ID_NOTE)} Each result ID links to its signed bundle.</p><dl>{items}</dl></section>')
@@ -359,7 +382,7 @@ def render_html(board: Leaderboard, *, links: Mapping[str, str] | None = None,
 <main>
 {body}
 {_excluded_html(board)}
-{_notes_html()}
+{_notes_html(board)}
 </main>
 <footer><p>Generated by <code>mlckpt-check leaderboard</code> from signed bundles the checker validated.
 This page is self-contained (styles, scripts and plotly.js inline) and makes no network requests.</p></footer>

@@ -10,8 +10,8 @@ from typing import Any
 
 import pandas as pd
 
-from checker.leaderboard.columns import COLUMNS
-from checker.leaderboard.model import DIVISIONS, PIPELINES, SCALES, ClassKey, Entry, Excluded
+from checker.leaderboard.columns import COLUMNS, SERVING_COLUMNS, SERVING_SORT_NOTE, SORT_NOTE, Column
+from checker.leaderboard.model import DIVISIONS, PIPELINES, SCALES, SERVING, ClassKey, Entry, Excluded
 from mlckpt.errors import InternalError
 from mlckpt.rules import version_order
 
@@ -19,8 +19,21 @@ from mlckpt.rules import version_order
 @dataclass(frozen=True)
 class ClassTable:
     key: ClassKey
-    frame: pd.DataFrame  # one row per result, COLUMNS keys + EXTRA_FIELDS, in ranking order
+    frame: pd.DataFrame  # one row per result, its columns' keys + EXTRA_FIELDS, in ranking order
     entries: tuple[Entry, ...]  # same order
+
+    @property
+    def columns(self) -> tuple[Column, ...]:
+        return columns_of(self.key)
+
+    @property
+    def sort_note(self) -> str:
+        return SERVING_SORT_NOTE if self.key.pipeline == SERVING else SORT_NOTE
+
+
+def columns_of(key: ClassKey) -> tuple[Column, ...]:
+    """A class's columns: a serving class's are its own (time to ready, not write bandwidth)."""
+    return SERVING_COLUMNS if key.pipeline == SERVING else COLUMNS
 
 
 @dataclass(frozen=True)
@@ -52,7 +65,7 @@ EXTRA_FIELDS = ("bundle", "workload", "scale", "verified", "write_min_gib_s", "w
                 "read_min_gib_s", "read_max_gib_s")
 
 
-def _frame(entries: Sequence[Entry]) -> pd.DataFrame:
+def _frame(entries: Sequence[Entry], columns: Sequence[Column] = COLUMNS) -> pd.DataFrame:
     rows = []
     for e in entries:
         row = e.row()
@@ -62,8 +75,8 @@ def _frame(entries: Sequence[Entry]) -> pd.DataFrame:
                    read_min_gib_s=e.m("read_bandwidth_min_gib_s"),
                    read_max_gib_s=e.m("read_bandwidth_max_gib_s"))
         rows.append(row)
-    frame = pd.DataFrame(rows, columns=[*(c.key for c in COLUMNS), *EXTRA_FIELDS])
-    for c in COLUMNS:
+    frame = pd.DataFrame(rows, columns=[*(c.key for c in columns), *EXTRA_FIELDS])
+    for c in columns:
         if c.kind == "num":
             frame[c.key] = frame[c.key].astype("float64")
         elif c.kind == "int":
@@ -101,11 +114,12 @@ def build(entries: Iterable[Entry], excluded: Iterable[Excluded] = (),
 
     tables = []
     for key in sorted(groups, key=class_order):
-        frame = _frame(groups[key])
+        frame = _frame(groups[key], columns_of(key))
         # checked results first; published ones (--published) below them, ranked the same way
-        frame = frame.sort_values(["verified", "write_gib_s", "read_gib_s", "result_id"],
-                                  ascending=[False, False, False, True], na_position="last",
-                                  kind="mergesort").reset_index(drop=True)
+        order_by = (["verified", "ready_s", "effective_gb_s", "result_id"] if key.pipeline == SERVING else
+                    ["verified", "write_gib_s", "read_gib_s", "result_id"])
+        frame = frame.sort_values(order_by, ascending=[False, key.pipeline == SERVING, False, True],
+                                  na_position="last", kind="mergesort").reset_index(drop=True)
         by_id = {e.result_id: e for e in groups[key]}
         tables.append(ClassTable(key, frame, tuple(by_id[i] for i in frame["result_id"])))
     excluded = tuple(sorted(excluded, key=lambda x: x.path))

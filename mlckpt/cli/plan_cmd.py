@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 import json
 import sys
+from typing import Any
 
 from mlckpt.cli import hydra_app, serving_flags
 from mlckpt.workload.model import Workload
@@ -34,6 +35,8 @@ def handle(args: argparse.Namespace) -> int:
         return _serving(args, s.plan.workload)
     ctx = s.context()
     ev = s.rules.evaluate(ctx, ["config"])
+    if ctx.kind == "serving":
+        return _serving_run(args, s.config, ev)
     doc = plan_document(s.plan, dict(s.config), ev, ctx)
     if args.json:
         json.dump(doc, sys.stdout, separators=(",", ":"))
@@ -59,3 +62,35 @@ def _serving(args: argparse.Namespace, workload: Workload) -> int:
     else:
         print(layout_text(layout))
     return 0
+
+
+def _serving_run(args: argparse.Namespace, config: Any, ev: Any) -> int:
+    """A serving run's plan (``serving.strategy`` set): its layout, who reads what, and the config
+    rules' verdict on it."""
+    from mlckpt.plan.serving import layout_document, layout_text
+    from mlckpt.rules import verdict
+    from mlckpt.workload.serving_load import placement
+    from mlckpt.workload.serving_run import ServingRun
+
+    run = ServingRun.of(config)
+    assert run is not None
+    layout = run.layout(config)
+    found = verdict(ev.findings, str(config["division"]))
+    if args.json:
+        planned = run.plan(config, placement(layout))
+        doc = {**layout_document(layout), "serving": run.block(), "verdict": found,
+               "per_load": {"placed_bytes": planned.placed_bytes, "storage_bytes": planned.storage_bytes},
+               "findings": [f.to_dict() for f in ev.findings]}
+        json.dump(doc, sys.stdout, separators=(",", ":"))
+        sys.stdout.write("\n")
+    else:
+        print(layout_text(layout))
+        planned = run.plan(config, placement(layout))  # as `size` places them; a run places its own
+        print(f"\nserving run: {run.strategy}, {run.loads} loads"
+              + (f", scaled ×{run.scale:g} (each file whole pages)" if run.scale != 1 else "")
+              + f": {planned.placed_bytes / 1e9:,.3f} GB placed and {planned.storage_bytes / 1e9:,.3f} GB "
+              "from the storage per load")
+        for f in ev.findings:
+            print(f"  finding: [{f.rule}] ({f.severity}) {f.message}")
+        print(f"Verdict: {found}")
+    return 1 if found == "invalid" else 0

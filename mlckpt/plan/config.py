@@ -267,6 +267,11 @@ def validate(config: Mapping[str, Any]) -> None:
         if module and not library_installed(module):
             raise ConfigError(f"framework.writer={writer}: {WRITERS[writer].library} is not installed "
                               "(pip install 'mlckpt[frameworks]')", key="framework.writer")
+    serving = config.get("serving")
+    if isinstance(serving, Mapping) and serving.get("strategy") is not None and "serving" not in (
+            validator("config", version).schema["properties"]):
+        raise ConfigError(f"serving.strategy: serving runs need rules_version 1.13 or later (got {version})",
+                          key="serving.strategy")
     problem = first_error(config, "config", version)
     if problem:
         raise ConfigError(problem)

@@ -1,6 +1,7 @@
 """A run's report as data, from its documents (run.json, summary.json, system.json, records).  Pure.
 
-Per op (one row each): its kind, index, checkpoint, tier, duration (the slowest rank's, as the
+Per op (one row each; a serving run's load is an op "load", its strategy as its tier): its kind,
+index, checkpoint, tier, duration (the slowest rank's, as the
 summary's), aggregate bandwidth, the slowest rank and the spread (its duration over the median
 rank's, as the summary's straggler ratio), requests and IOPS, latency percentiles, and the
 slowest rank's phases.  Per rank and op: its own duration (the strip plot that shows
@@ -67,8 +68,10 @@ def op_row(op: str, index: int, recs: Sequence[Rec]) -> dict[str, Any]:
     median = statistics.median(_duration(r) for r in recs) / 1e9
     total = sum(int(r["bytes"]) for r in recs)
     row: dict[str, Any] = dict.fromkeys(OP_COLUMNS)
-    row.update(op=op, index=index, checkpoint=int(recs[0]["checkpoint"]),
-               tier=str(recs[0].get("tier", "durable")), duration_s=dur,
+    # a serving run's load (rules 1.13): no checkpoint; its strategy where a restore names its tier
+    load = op == "load"
+    row.update(op=op, index=index, checkpoint=None if load else int(recs[0]["checkpoint"]),
+               tier=str(recs[0]["strategy"] if load else recs[0].get("tier", "durable")), duration_s=dur,
                bandwidth_gib_s=total / GiB / dur if dur > 0 else None, slowest_rank=int(slow["rank"]),
                slowest_rank_bandwidth_gib_s=int(slow["bytes"]) / GiB / dur if dur > 0 else None,
                straggler_ratio=dur / median if median > 0 else None)
@@ -143,7 +146,8 @@ def build(run: Mapping[str, Any], summary: Mapping[str, Any], system: Mapping[st
              ("system", str(run.get("system_name") or first.get("hostname") or "?")),
              ("storage", f"{fs.get('fs_type', '?')} on {fs.get('source', '?')} "
                          f"({first.get('target_path', '?')})"),
-             ("write", _headline(summary, "write")), ("read", _headline(summary, "read")),
+             *(_serving(summary) if summary.get("kind") == "serving" else
+               (("write", _headline(summary, "write")), ("read", _headline(summary, "read")))),
              *_framework(summary), ("started", str(run.get("started"))))
     findings = tuple(f"[{f.get('rule')}] {f.get('message')}" for f in run.get("findings") or ()
                      if f.get("severity") != "warning") + tuple(
@@ -169,6 +173,16 @@ def _framework(summary: Mapping[str, Any]) -> tuple[tuple[str, str], ...]:
               for op in ("write", "read") if ref.get(f"{op}_ratio") is not None]
     return (("framework", f"{fw.get('writer')}: " + ("; ".join(ratios) if ratios else
                                                      "no engine checkpoints in the run to compare with")),)
+
+
+def _serving(summary: Mapping[str, Any]) -> tuple[tuple[str, str], ...]:
+    """Summary format 8: the replicas, the strategy and the time until the last one was ready."""
+    rate = summary.get("effective_gb_s")
+    return (("serving", f"{summary.get('replicas')} replicas of TP {summary.get('tp')}, "
+                        f"{summary.get('strategy')}"),
+            ("ready", f"{summary.get('ready_s_median', 0):.3f} s median over {summary.get('num_loads')} loads"
+                      + (f", {rate:.2f} GB/s effective" if rate is not None else "")
+                      + f", {int(summary.get('storage_bytes', 0)) / 1e9:.3f} GB from the storage per load"))
 
 
 def _headline(summary: Mapping[str, Any], op: str) -> str:

@@ -26,7 +26,11 @@ from mlckpt.workload.model import Workload
 
 SEVERITIES = ("invalid", "disturbed", "open", "warning")
 STAGES = ("config", "host", "result", "submission")
-DEFAULT_RULES_VERSION = "1.12"
+# The kinds of run a rule judges (rules.yaml ``kinds``, from rules 1.13): a checkpoint run (writes
+# and restores) or a serving run (replicas loading a model's weights).  A rule that names none
+# judges checkpoint runs, as every rule before 1.13 did.
+KINDS = ("checkpoint", "serving")
+DEFAULT_RULES_VERSION = "1.13"
 # A rule's exit class (rules.yaml ``exit``): a failed ``integrity`` rule means the bytes cannot
 # be trusted at all (mlckpt-check exits 3); a failed ``rules`` rule makes a result invalid or open.
 EXIT_CLASSES = ("rules", "integrity")
@@ -53,6 +57,7 @@ class Rule:
     params: Mapping[str, Any] = field(default_factory=dict)
     exit_class: str = "rules"
     needs: tuple[str, ...] = ()
+    kinds: tuple[str, ...] = ("checkpoint",)
 
 
 @dataclass(frozen=True)
@@ -136,6 +141,11 @@ class Context:
     def ranks(self) -> Any:
         return self.config.get("ranks")
 
+    @property
+    def kind(self) -> str:
+        """What the run does: ``serving`` with a serving strategy (rules 1.13), else ``checkpoint``."""
+        return run_kind(self.config)
+
     def get(self, dotted: str) -> Any:
         node: Any = self.config
         for part in dotted.split("."):
@@ -206,7 +216,8 @@ class RuleSet:
         """One rule's part of :meth:`evaluate` (which is these parts in the rules' order)."""
         findings: list[Finding] = []
         skipped: list[tuple[str, str]] = []
-        if ctx.division not in rule.divisions or not set(stages) & set(rule.stages):
+        if ctx.division not in rule.divisions or not set(stages) & set(rule.stages) \
+                or ctx.kind not in rule.kinds:
             return Evaluation((), ())
         missing = next((n for n in rule.needs if not _has(ctx, n)), None)
         if missing is not None:
@@ -230,11 +241,16 @@ class RuleSet:
         """Raise RuleError for the first failed structural rule: no plan exists without them.  A
         config rule that needs what the context has not yet (the plan) is judged with the others."""
         for rule in self.rules:
-            if rule.severity == "invalid" and rule.stages == ("config",) and all(
+            if rule.severity == "invalid" and rule.stages == ("config",) and ctx.kind in rule.kinds and all(
                     _has(ctx, n) for n in rule.needs):
                 for item in _as_list(self.checks[rule.check](ctx, self, rule)):
                     if isinstance(item, Outcome) and not item.ok:
                         raise RuleError(rule.id, make_finding(rule, item).message)
+
+
+def run_kind(config: Mapping[str, Any]) -> str:
+    serving = config.get("serving")
+    return "serving" if isinstance(serving, Mapping) and serving.get("strategy") else "checkpoint"
 
 
 def _has(ctx: Context, need: str) -> bool:
@@ -307,9 +323,13 @@ def _extended(version: str, data: Mapping[str, Any], own: tuple[Rule, ...], fold
     known = {r.id for r in base.rules}
     if (omit | set(cite)) - known or (known - omit) & {r.id for r in own}:
         raise ValueError(f"{path}: omit/cite name unknown rules, or a rule id repeats the base's")
-    kept = tuple(replace(r, message=f"{r.message} ({cite[r.id]})") if r.id in cite else r
+    kinds = {rule_id: tuple(ks) for rule_id, ks in dict(data.get("kinds", {})).items()}
+    if set(kinds) - (known - omit) or any(not ks or set(ks) - set(KINDS) for ks in kinds.values()):
+        raise ValueError(f"{path}: kinds names unknown rules or kinds")
+    kept = tuple(replace(r, message=f"{r.message} ({cite[r.id]})" if r.id in cite else r.message,
+                         kinds=kinds.get(r.id, r.kinds))
                  for r in base.rules if r.id not in omit)
-    merged = {**base.data, **{k: v for k, v in data.items() if k not in ("omit", "cite")}}
+    merged = {**base.data, **{k: v for k, v in data.items() if k not in ("omit", "cite", "kinds")}}
     return RuleSet(version, kept + own, merged, folder, checks)
 
 
@@ -331,7 +351,7 @@ def _rule(raw: Mapping[str, Any], extra: Mapping[str, Any], checks: Mapping[str,
     rule = Rule(id=raw["id"], severity=raw["severity"], divisions=tuple(raw["divisions"]),
                 stages=tuple(raw["stages"]), check=raw["check"], message=raw["message"],
                 params=raw.get("params", {}), exit_class=facts.get("exit", "rules"),
-                needs=tuple(facts.get("needs", ())))
+                needs=tuple(facts.get("needs", ())), kinds=tuple(raw.get("kinds", ("checkpoint",))))
     # A rules file naming an unknown check, severity, exit class or need is a defect of the data.
     if rule.check not in checks:
         raise ValueError(f"{path}: rule {rule.id} names unknown check {rule.check!r}")
@@ -339,6 +359,8 @@ def _rule(raw: Mapping[str, Any], extra: Mapping[str, Any], checks: Mapping[str,
         raise ValueError(f"{path}: rule {rule.id} has a bad severity or stage")
     if rule.exit_class not in EXIT_CLASSES or not set(rule.needs) <= set(NEEDS):
         raise ValueError(f"{path}: rule {rule.id} has a bad exit class or need")
+    if not rule.kinds or not set(rule.kinds) <= set(KINDS):
+        raise ValueError(f"{path}: rule {rule.id} has a bad kind")
     return rule
 
 

@@ -232,6 +232,8 @@ def durable_line(recs: Sequence[Mapping[str, Any]], k: int, n: int) -> str:
 
 
 def headline(s: Mapping[str, Any]) -> str:
+    if s.get("kind") == "serving":
+        return serving_headline(s)
     parts = [
         f"write {s['write_bandwidth_mean_gib_s']:.2f} GiB/s mean "
         f"({s['write_duration_mean_s']:.2f} s per checkpoint)"
@@ -266,3 +268,13 @@ def framework_line(fw: Mapping[str, Any], mode: str = "sync") -> str:
                      f"{ref['write_stall_mean_s']:.3f} s")
     return (f"framework {fw['writer']}: " + "; ".join(parts)
             + " (the engine's checkpoints alternated with the library's in this run)")
+
+
+def serving_headline(s: Mapping[str, Any]) -> str:
+    """Summary format 8: a serving run's time until its last replica held verified weights."""
+    rate = s["effective_gb_s"]
+    return (f"result: {s['replicas']} replicas ({s['strategy']}) ready in {s['ready_s_median']:.3f} s median "
+            f"of {s['num_loads']} loads ({s['ready_s_min']:.3f}-{s['ready_s_max']:.3f} s), "
+            f"{s['placed_bytes'] / 1e9:.2f} GB placed, {s['storage_bytes'] / 1e9:.2f} GB from the storage"
+            + (f", {rate:.2f} GB/s effective" if rate is not None else "")
+            + ("" if s["read_cold"] else " INVALID (not cold)"))

@@ -35,7 +35,7 @@ from mlckpt.run.console import Console
 from mlckpt.run.faults import NO_FAULTS, Faults
 from mlckpt.run.features.witnessing import Witnessing
 from mlckpt.run.guardian import Guardian
-from mlckpt.run.phases import gpustate, outcome
+from mlckpt.run.phases import gpustate, outcome, serve
 from mlckpt.run.phases.calibrate import calibrate
 from mlckpt.run.phases.configure import Configured, configure, mpi_library, resolve_signing_key
 from mlckpt.run.phases.folders import Folders, make_folders
@@ -54,6 +54,7 @@ from mlckpt.run.storage.cleanup import Created
 from mlckpt.units import fmt_bytes
 from mlckpt.workload.frameworks import Framework
 from mlckpt.workload.layout import PAGE, pages
+from mlckpt.workload.serving_run import ServingRun
 from mlckpt.written import Written
 
 
@@ -273,11 +274,15 @@ def run(job: Job, overrides: Sequence[str], source: ConfigSource = SHIPPED) -> t
         c = configure(job, overrides, source)
     c = replace(c, source=job.comm.bcast(c.source))  # rank 0 verified the write invocation's bundle
     cfg = c.config
+    serving = ServingRun.of(cfg)
+    ck = cfg["checkpoint"]
+    what = (f"{fmt_bytes(c.setup.plan.total_bytes)} per checkpoint, {ck['num_writes']} writes, "
+            f"{ck['num_reads']} reads" if serving is None else
+            f"serving: {serving.replicas} replicas of TP {serving.tp}, {serving.strategy}, "
+            f"{serving.loads} loads")
     job.say(
         f"mlckpt {__version__}: {cfg['workload']['name']} on {job.size} ranks, division "
-        f"{cfg['division']}{', scaled × ' + str(cfg['scale']) if cfg['scale'] != 1 else ''}, "
-        f"{fmt_bytes(c.setup.plan.total_bytes)} per checkpoint, "
-        f"{cfg['checkpoint']['num_writes']} writes, {cfg['checkpoint']['num_reads']} reads"
+        f"{cfg['division']}{', scaled × ' + str(cfg['scale']) if cfg['scale'] != 1 else ''}, {what}"
     )
     if c.source is not None:
         job.say(f"read-only invocation: restoring the {c.source.num_writes} checkpoints of {c.source.name} "
@@ -298,7 +303,8 @@ def run(job: Job, overrides: Sequence[str], source: ConfigSource = SHIPPED) -> t
     assessed: outcome.Assessed | None = None
     failure: BaseException | None = None
     with Created(bool(cfg["checkpoint"]["keep"]), between=lambda: final_barrier(job), stage=stage) as created:
-        measured = phases(job, c, gates, created, ident, witness)
+        measured = (phases(job, c, gates, created, ident, witness) if serving is None else
+                    serve.serving_phases(job, c, gates, created, ident, timer_opts(cfg)))
         if early:
             assessed, failure = outcome.assessed(job, c, gates, measured, started, witness)
             kept = assessed is not None and assessed.manifest["verdict"] in ("disturbed", "invalid")

@@ -733,7 +733,7 @@ def test_compare_puts_a_dlio_result_beside_a_bundle_labelled_unverified(
         "parameters": {"checkpoint": checkpoint}}))
     assert cli.run(["compare", str(a), str(dlio), "--json"]) == 0
     out = json.loads(capsys.readouterr().out)
-    assert out["compare_format"] == 5 and out["a"]["verified"] and not out["b"]["verified"]
+    assert out["compare_format"] == 6 and out["a"]["verified"] and not out["b"]["verified"]
     assert "UNVERIFIED" in out["b"]["source"] and out["b"]["keyid"] is None and out["same_class"] is False
     m = {row["key"]: row for row in out["metrics"]}
     assert m["workload"]["b"] == "llama3_8b" and m["division"]["b"] == "closed"  # mlpstorage's names, ours
@@ -834,7 +834,7 @@ def test_published_results_are_listed_unverified_below_the_checked_ones(
     (pub / "notes").mkdir()
     (pub / "notes" / "summary.json").write_text("{}")  # not a result: counted as not read
     doc = json.loads(lb_cli(golden_tree, "json", tmp_path / "lb.json", "--published", str(pub)))
-    assert doc["leaderboard_format"] == 5
+    assert doc["leaderboard_format"] == 6
     [c8] = [c for c in doc["classes"]
             if (c["division"], c["workload"], c["scale"]) == ("closed", "llama3_8b", "full")]
     rows = c8["rows"]

@@ -375,3 +375,43 @@ def test_a_host_whose_clock_is_off_is_refused_before_any_io(bed: HostBed, work: 
         nothing_left(bed, work / "ckpt", 2, 0)
     finally:
         bed.set_clock("h2", 0)
+
+
+@pytest.mark.parametrize("strategy", ["fanout", "nodecache"])
+def test_a_serving_run_on_two_hosts_passes_the_checker(bed: HostBed, work: Path, strategy: str,
+                                                       honest_bundles: dict[str, Path],
+                                                       tmp_path: Path) -> None:
+    """Four replicas of two GPUs on two hosts (rules 1.13): under fan-out the holders of a shard
+    are on both hosts and exchange their parts over the simulated network; under the node cache
+    each host's first rank fills its own tmpfs.  The signed bundle passes mlckpt-check."""
+    from support.forge import read_json, read_records
+    from support.runs import printed_bundle
+    from support.trees import tree_of
+
+    from checker.tree_check import check_tree
+    from mlckpt import bundle
+
+    h = honest_bundles
+    overrides = [f"checkpoint.folder={work / 'ckpt'}", f"serving.strategy={strategy}", "serving.tp=2",
+                 "serving.loads=2", f"serving.node_tier={bed.local}", f"output.root={work / 'results'}",
+                 f"system={h['dir'] / 'laptop-ext4.yaml'}", f"signing.key={h['dir'] / 'keys' / 'org.pem'}"]
+    job = MultiJob(bed, 2, overrides, work)
+    end = job.wait()
+    assert end.returncode == 0 and "verdict open" in end.out, end.out
+    b = printed_bundle(end.out)
+    recs = read_records(b)
+    assert {r["host"] for r in recs} == {"h1", "h2"}
+    summary = read_json(b, "summary.json")
+    shards = sum(r["bytes"] for r in recs if r["index"] == 0 and r["replica"] == 0)
+    assert summary["replicas"] == 4 and summary["num_hosts"] == 2
+    assert summary["storage_bytes"] == shards * (1 if strategy == "fanout" else 2)  # once, or once a host
+    if strategy == "fanout":  # rank 4 (h2) received the parts ranks 0 and 2 (h1) read
+        r4 = next(r for r in recs if r["rank"] == 4 and r["index"] == 0)
+        assert r4["received_bytes"] == 3 * r4["storage_bytes"] > 0
+    trusted = bundle.TrustedKeys.load(h["dir"] / "trusted-keys.yaml")
+    [got] = check_tree(tree_of(h, tmp_path / "t", b), trusted, jobs=1)["bundles"]
+    assert got["verdict"] == "open", got["findings"]
+    assert not [f for f in got["findings"] if f["severity"] in ("invalid", "open")
+                and f["rule"] != "RUNNER-RELEASED"], got["findings"]
+    nothing_left(bed, work / "ckpt", 2, 0)
+    assert not any(bed.run(x, "find", str(bed.local), "-type", "f").stdout for x in ("h1", "h2"))

@@ -148,6 +148,6 @@ def test_a_rank_that_fails_ends_the_whole_job_at_once(tmp_path: Path) -> None:
     t0 = time.monotonic()
     proc = load(tmp_path, 4, "--strategies", "fanout", "--remove", "1:0")
     assert proc.returncode != 0 and not proc.stdout
-    assert "shard-0001/weights-00000.bin" in proc.stderr and "No such file" in proc.stderr
+    assert "shard-0001-00000.bin" in proc.stderr and "No such file" in proc.stderr
     assert time.monotonic() - t0 < 60
 

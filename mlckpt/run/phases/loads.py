@@ -37,10 +37,14 @@ from mlckpt.workload.serving_load import LoadPlan, Piece, RankLoad
 CHECKPOINT = 0  # the page tags' checkpoint field: weights are one "checkpoint"
 
 
+def file_name(shard: int, file: int) -> str:
+    return f"shard-{shard:04d}-{file:05d}.bin"
+
+
 @dataclass(frozen=True)
 class LoadSetup:
     plan: LoadPlan
-    root: Path | ObjectPath  # the storage: shard-SSSS/weights-FFFFF.bin (files or objects)
+    root: Path | ObjectPath  # the storage: shard-SSSS-FFFFF.bin (files or objects)
     tier: Path | None  # this host's node-local tier (nodecache)
     key: bytes  # the content key (every rank the same)
     run_id: int
@@ -48,12 +52,11 @@ class LoadSetup:
     store: engine.Store | None = None  # where root is an object path
 
     def where(self, shard: int, file: int) -> Path | ObjectPath:
-        """A file of the shard on the storage."""
-        return self.root / f"shard-{shard:04d}" / f"weights-{file:05d}.bin"
+        """A file of the shard on the storage (one folder: what a failed run's guardian sweeps)."""
+        return self.root / file_name(shard, file)
 
     def path(self, shard: int, file: int, root: Path | None = None) -> str:
-        return str(self.where(shard, file) if root is None else root / f"shard-{shard:04d}" /
-                   f"weights-{file:05d}.bin")
+        return str(self.where(shard, file) if root is None else root / file_name(shard, file))
 
     def pid(self, shard: int, file: int) -> engine.PageId:
         return engine.PageId(self.run_id, shard, CHECKPOINT, file)
@@ -130,6 +133,7 @@ def load(comm: Any, s: LoadSetup, groups: tuple[Any, Any]) -> dict[str, Any]:
     tier_bytes = storage = 0
     comm.Barrier()
     t0 = time.monotonic_ns()
+    wall = time.time()  # read with t0: one wall-minus-monotonic offset per host (HOST-CLOCKS)
     if s.plan.strategy == "direct":
         storage = _from_storage(s, me.storage, arena)
     elif s.plan.strategy == "fanout":
@@ -144,7 +148,7 @@ def load(comm: Any, s: LoadSetup, groups: tuple[Any, Any]) -> dict[str, Any]:
             "strategy": s.plan.strategy, "t0_ns": t0, "t1_ns": t1, "bytes": size,
             "storage_bytes": storage, "node_tier_bytes": tier_bytes,
             "received_bytes": size - storage if s.plan.strategy == "fanout" else 0,
-            "resident_bytes": resident, "verified_bytes": verified, "wall_start": time.time()}
+            "resident_bytes": resident, "verified_bytes": verified, "wall_start": wall}
 
 
 def split_groups(comm: Any, plan: LoadPlan) -> tuple[Any, Any]:
@@ -178,8 +182,7 @@ def _node_cache(host: Any, s: LoadSetup, me: RankLoad, arena: Any) -> tuple[int,
             staging = engine.alloc(max(engine.PAGE, s.file_offsets(shard)[-1]))
             mine = [q for q in me.storage if q.shard == shard]
             storage += _from_storage(s, mine, staging)
-            folder = os.path.dirname(s.path(shard, 0, s.tier))
-            os.makedirs(folder, exist_ok=True)
+            os.makedirs(s.tier, exist_ok=True)
             for q in mine:
                 at = s.file_offsets(shard)[q.file]
                 with open(s.path(shard, q.file, s.tier), "wb") as f:

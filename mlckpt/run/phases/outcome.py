@@ -25,11 +25,13 @@ from mlckpt.run.phases.publish import (
     RunId,
     judged,
     manifest_of,
+    serving_summary_of,
     summary_of,
     verdict_line,
     write_bundle,
 )
 from mlckpt.run.storage import objectstore
+from mlckpt.workload.serving_run import ServingRun
 
 
 def now() -> str:
@@ -63,6 +65,7 @@ def assess(job: Job, c: Configured, gates: Gates, measured: Measured, started: s
     """Rank 0: the manifest, the summary and the result-stage rules' verdict."""
     s, cfg = c.setup, c.config
     objects = objectstore.is_objects(cfg["checkpoint"]["folder"])
+    serving = ServingRun.of(cfg)
     system: dict[str, Any] = {"hosts": list(gates.facts)}
     if c.description is not None:
         system["description"] = c.description
@@ -81,8 +84,10 @@ def assess(job: Job, c: Configured, gates: Gates, measured: Measured, started: s
         state=measured.state,
         calibration=measured.calibration,
         content_commitment=content_commitment(measured.content_key) if keeps_key(cfg) else None,
+        serving=serving.block(str(serving.tier_path(measured.run.name) or "") or None) if serving else None,
     )
-    summary = summary_of(s, measured.records, manifest, system)
+    summary = (summary_of(s, measured.records, manifest, system) if serving is None else
+               serving_summary_of(s, serving, measured.records, manifest))
     found = judged(s, gates, manifest, summary, measured.records, system,
                    witness.document() if witness else None)
     return Assessed(measured, manifest, summary, system, tuple(found))

@@ -13,7 +13,7 @@ from typing import Any
 
 import yaml
 
-from mlckpt import __version__, bundle, strict
+from mlckpt import __version__, bundle, serving_metrics, strict
 from mlckpt.engine import frameworks
 from mlckpt.errors import InternalError
 from mlckpt.plan.config import Setup
@@ -24,6 +24,7 @@ from mlckpt.run.phases.gates import Gates
 from mlckpt.schemas import describe, validator
 from mlckpt.workload.frameworks import WRITERS, Framework
 from mlckpt.workload.pipeline import Pipeline
+from mlckpt.workload.serving_run import ServingRun
 from mlckpt.written import Written
 
 
@@ -48,6 +49,16 @@ def summary_of(setup: Setup, records: Sequence[Mapping[str, Any]], manifest: Map
                               setup.plan)
 
 
+def serving_summary_of(setup: Setup, run: ServingRun, records: Sequence[Mapping[str, Any]],
+                       manifest: Mapping[str, Any]) -> dict[str, Any]:
+    """A serving run's summary (format 8), as SERVING-SUMMARY recomputes it."""
+    written = Written.of(setup.rules.version)
+    return serving_metrics.summary(
+        run, records, ranks=int(manifest["ranks"]), hosts=len({h["host"] for h in manifest["hosts"]}),
+        max_resident_fraction=float(setup.rules.data["cold_read"]["max_resident_fraction"]),
+        formats=(written.summary, written.records))
+
+
 def manifest_of(
     setup: Setup,
     gates: Gates,
@@ -64,6 +75,7 @@ def manifest_of(
     state: Mapping[str, Any] | None = None,
     calibration: Mapping[str, Any] | None = None,
     content_commitment: str | None = None,
+    serving: Mapping[str, Any] | None = None,
 ) -> dict[str, Any]:
     """run.json before the result-stage rules add their findings (pure), with the keys the rule
     set's run format has (mlckpt.written: rules 1.2 bundles stay run format 3)."""
@@ -80,6 +92,7 @@ def manifest_of(
         "calibration": dict(calibration) if calibration else None,
         "content_commitment": content_commitment,
         "framework": framework_block(Framework.of(cfg)),
+        "serving": dict(serving) if serving else None,
     }
     return {
         "run_format": written.run,

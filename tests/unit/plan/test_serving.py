@@ -185,3 +185,19 @@ def test_the_docs_figures_for_the_canonical_shapes() -> None:
                     "nodecache": ["64.24", "16.06", "16.06", "0.00", "8.03"]}
     r = scale_up(mid, 0, 64, Links(200 * GB, 50 * GB, 50 * GB, 20 * GB), "fanout")
     assert (round(r.seconds, 2), r.bottleneck, round(r.placed_bytes_s / GB, 1)) == (2.75, "network", 3250.8)
+
+
+def test_plan_of_a_serving_run_gives_its_loads_and_the_rules_verdict(run_cli: Any) -> None:
+    proc = run_cli("plan", "workload=llama3_8b", "ranks=8", "serving.strategy=fanout", "serving.tp=2",
+                   "scale=0.01", "division=open", "--json")
+    assert proc.returncode == 0, proc.stderr
+    doc = json.loads(proc.stdout)
+    assert doc["serving"] == {"strategy": "fanout", "tp": 2, "replicas": 4, "loads": 3,
+                              "shard_file_bytes": 5_000_000_000, "node_tier": None}
+    # fan-out: the storage serves each shard once, the four replicas hold it four times
+    assert doc["per_load"]["placed_bytes"] == 4 * doc["per_load"]["storage_bytes"] > 0
+    assert doc["verdict"] == "open" and doc["findings"] == []
+    proc = run_cli("plan", "workload=llama3_8b", "ranks=8", "serving.strategy=direct", "serving.tp=2")
+    assert proc.returncode == 0 and "[SERVING-CLOSED] (open)" in proc.stdout and "Verdict: open" in proc.stdout
+    proc = run_cli("plan", "workload=llama3_8b", "ranks=8", "serving.strategy=direct", "serving.tp=3")
+    assert proc.returncode == 2 and "[SERVING-SCOPE]" in proc.stderr and "Traceback" not in proc.stderr

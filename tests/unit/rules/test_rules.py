@@ -169,6 +169,14 @@ NEGATIVE: list[tuple[str, Callable[[], Context], list[str]]] = [
      ["a library writer runs one tier on files, with the whole state in host memory, unwitnessed, writing "
       "and restoring in one invocation (async only through DCP's async_save): expected "
       "framework.writer=torch_save without them, got residency=stream (the whole state)"]),
+    # rules 1.13: a serving run (more: tests/unit/rules/test_serving_rules.py)
+    ("SERVING-SCOPE", lambda: raw_ctx("division=open", "ranks=4", "serving.strategy=direct", "serving.tp=3"),
+     ["a serving run loads one model's weights into whole replicas of serving.tp ranks, from one tier of "
+      "storage, on its own: expected a serving run without them, got ranks=4 (whole replicas: a multiple of "
+      "serving.tp=3)"]),
+    ("SERVING-CLOSED", lambda: ctx_of("ranks=4", "serving.strategy=direct", "serving.tp=2"),
+     ["rules 1.13 define no closed serving workload (no canonical replica count or strategy): a serving run "
+      "is an open result (run it with division=open): expected division=open, got division=closed"]),
     ("CLOSED-RANKS", lambda: ctx_of("workload=llama3_8b", "ranks=16"),
      ["closed runs of this workload use exactly 8 ranks; got 16"]),
     ("CLOSED-COUNTS", lambda: ctx_of("checkpoint.num_writes=3"),
@@ -341,6 +349,9 @@ POSITIVE: list[tuple[str, Callable[[], Context]]] = [
                                      "workload.name=my_70b_32l")),
     ("FRAMEWORK-SCOPE", lambda: ctx_of("division=open", "framework.writer=torch_dcp",
                                        "checkpoint.mode=async")),
+    ("SERVING-SCOPE", lambda: ctx_of("division=open", "ranks=4", "serving.strategy=fanout", "serving.tp=2",
+                                     "scale=0.01")),
+    ("SERVING-CLOSED", lambda: ctx_of("ranks=8")),  # a checkpoint run
     ("SCALE-RANGE", lambda: ctx_of("scale=1.0")),
     ("SCALE-RANGE", lambda: ctx_of("scale=0.01", "division=open")),
     ("SCALE-RANGE", lambda: raw_ctx("division=open", edits={"scale": 1})),
@@ -448,7 +459,8 @@ PRE_IO_RULES = {
     "CLOSED-RANKS-PER-HOST", "CLOSED-ACCELERATOR-MEMORY", "HOST-MEMORY", "DISK-SPACE", "FOLDER-USABLE",
     "IO-ENGINE", "RESULTS-APART", "MEMORY-FOLDER", "WORKLOAD-NAME",
     "ASYNC-RESIDENCY", "TIERS-DISTINCT", "TIER-SPACE", "TIER-USABLE", "WITNESS-MODE", "HOST-CLOCK-OFFSET",
-    "OBJECT-MODES", "OBJECT-STORE-USABLE", "GPU-MODES", "GPU-USABLE", "FRAMEWORK-SCOPE"}
+    "OBJECT-MODES", "OBJECT-STORE-USABLE", "GPU-MODES", "GPU-USABLE", "FRAMEWORK-SCOPE", "SERVING-SCOPE",
+    "SERVING-CLOSED"}
 
 
 def test_every_pre_io_rule_has_a_failing_and_a_passing_case() -> None:
@@ -695,7 +707,7 @@ def test_rule_data_is_well_formed() -> None:
         assert set(r.divisions) <= {"closed", "open"} and r.divisions
         assert r.check in CHECKS
         assert "{actual}" in r.message
-    assert RS.version == "1.12"
+    assert RS.version == "1.13"
     assert RS.closed["num_writes"] == RS.closed["num_reads"] == 10
     assert RS.closed["min_ranks_per_host"] == 4
     assert {k: RS.accelerators[k] for k in ("h100", "h200", "b200", "mi300x", "mi355x")} == {
@@ -712,7 +724,7 @@ def test_load_rules_unknown_version() -> None:
     with pytest.raises(ConfigError) as exc:
         load_rules("9.9")
     assert str(exc.value) == ("rules_version: unknown rules version '9.9'; known: 1.0, 1.1, 1.2, 1.3, 1.4, "
-                              "1.5, 1.6, 1.7, 1.8, 1.9, 1.10, 1.11, 1.12, mlps-v3.0, mlps-v3.0r2, "
+                              "1.5, 1.6, 1.7, 1.8, 1.9, 1.10, 1.11, 1.12, 1.13, mlps-v3.0, mlps-v3.0r2, "
                               "mlps-v3.0r3, mlps-v3.0r4, mlps-v3.0r5")
     assert exc.value.key == "rules_version"
     assert exc.value.exit_status == 2

@@ -1,0 +1,134 @@
+"""Rules 1.13: serving runs, replicas loading a model's weights (mlckpt/workload/serving_run.py,
+mlckpt/run/phases/loads.py).  Pure.
+
+SERVING-SCOPE (config): what a serving run cannot be run with, refused before any I/O.
+SERVING-CLOSED (config): no closed serving workload is defined: a serving run is an open result.
+SERVING-RECORDED (result): run.json's serving block is the configuration's.
+SERVING-PLAN (result): each load's records are the plan rebuilt from the configuration and the
+hosts run.json places the ranks on (``serving_metrics.held_to_plan``): a strategy relabelled, a
+replica count not the records', a byte moved between the storage, the tier and the network is
+named by rank.  What it cannot see: records invented whole and coherently for ranks that never
+ran (the same limit as a checkpoint run's records without a witness).
+SERVING-COLD (result): each load began with its files out of the page cache.
+SERVING-SUMMARY (result): summary.json is what the records recompute to.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator, Mapping
+from typing import Any
+
+from mlckpt.errors import ConfigError
+from mlckpt.rules.checks.result import RunData, run_data
+from mlckpt.rules.engine import Context, NotChecked, Outcome, Rule, RuleSet, checks_table
+from mlckpt.serving_metrics import by_load, held_to_plan, summary
+from mlckpt.workload.serving_run import ServingRun, scope_problems
+from mlckpt.written import Written
+
+
+def serving_scope(ctx: Context, rs: RuleSet, rule: Rule) -> Outcome:
+    bad = scope_problems(ctx.config)
+    return Outcome(not bad, "a serving run without them", "; ".join(bad))
+
+
+def serving_closed(ctx: Context, rs: RuleSet, rule: Rule) -> Outcome:
+    return Outcome(False, "division=open", f"division={ctx.division}")
+
+
+def _run(ctx: Context) -> ServingRun:
+    run = ServingRun.of(ctx.config)
+    if run is None:  # the engine judges a serving rule on serving runs only
+        raise TypeError("a serving rule was evaluated on a checkpoint run: declare kinds: [serving]")
+    return run
+
+
+def serving_recorded(ctx: Context, rs: RuleSet, rule: Rule) -> Outcome:
+    d, run = run_data(ctx), _run(ctx)
+    want = run.block()
+    got = d.run.get("serving") if isinstance(d.run.get("serving"), Mapping) else {}
+    keys = [k for k in want if k != "node_tier"]  # the tier as each run resolved it
+    diff = [f"{k}={got.get(k)!r}" for k in keys if got.get(k) != want[k]]
+    if (got.get("node_tier") is None) != (want["strategy"] != "nodecache"):
+        diff.append(f"node_tier={got.get('node_tier')!r}")
+    return Outcome(not diff, ", ".join(f"{k}={want[k]!r}" for k in keys), ", ".join(diff) or "")
+
+
+def rank_hosts(run_json: Mapping[str, Any], ranks: int) -> list[str] | None:
+    """Each rank's host as run.json places it; None unless every rank is placed exactly once."""
+    placed: dict[int, str] = {}
+    for h in run_json.get("hosts") or ():
+        for r in h.get("ranks") or ():
+            if int(r) in placed:
+                return None
+            placed[int(r)] = str(h.get("host"))
+    return [placed[r] for r in range(ranks)] if sorted(placed) == list(range(ranks)) else None
+
+
+def serving_plan(ctx: Context, rs: RuleSet, rule: Rule) -> Iterator[Outcome]:
+    d, run = run_data(ctx), _run(ctx)
+    ranks = int(d.config["ranks"])
+    hosts = rank_hosts(d.run, ranks)
+    if hosts is None:
+        yield Outcome(False, f"run.json placing each of the {ranks} ranks on one host", "not so")
+        return
+    try:
+        plan = run.plan(d.config, hosts)
+    except ConfigError as exc:
+        yield Outcome(False, "a plan for the configuration", exc.message)
+        return
+    loads = by_load(d.records)
+    others = sum(1 for r in d.records if r.get("op") != "load")
+    if others:
+        yield Outcome(False, "load records only", f"{others} records of checkpoint ops")
+    if sorted(loads) != list(range(run.loads)):
+        yield Outcome(False, f"loads 0..{run.loads - 1} (serving.loads={run.loads})",
+                      f"loads {sorted(loads)[:8]}")
+    for index, recs in loads.items():
+        for problem in held_to_plan(plan, recs):
+            yield Outcome(False, "as planned", problem, where=f"load {index}")
+
+
+def serving_cold(ctx: Context, rs: RuleSet, rule: Rule) -> Iterator[Outcome]:
+    d = run_data(ctx)
+    bound = float(rs.data["cold_read"]["max_resident_fraction"])
+    if d.run.get("storage", {}).get("kind") == "s3":
+        return  # objects: no page cache of the host's holds them (resident_bytes is 0)
+    for index, recs in by_load(d.records).items():
+        served = sum(int(r["storage_bytes"]) for r in recs)
+        resident = sum(int(r["resident_bytes"]) for r in recs)
+        frac = resident / served if served else (1.0 if resident else 0.0)
+        yield Outcome(frac <= bound, f"at most {bound:.0%} resident", f"{frac:.1%} resident",
+                      where=f"load {index}")
+
+
+def recomputed(rs: RuleSet, d: RunData, run: ServingRun) -> dict[str, Any] | None:
+    """A serving run's summary.json as its records recompute to (the checker reports this, never
+    the claim); None where a record's duration is not positive (SERVING-PLAN says so)."""
+    if any(int(r["t1_ns"]) <= int(r["t0_ns"]) for r in d.records if r.get("op") == "load"):
+        return None
+    written = Written.of(rs.version)
+    return summary(run, d.records, ranks=int(d.config["ranks"]),
+                   hosts=len({str(h.get("host")) for h in d.run.get("hosts") or ()}),
+                   max_resident_fraction=float(rs.data["cold_read"]["max_resident_fraction"]),
+                   formats=(written.summary, written.records))
+
+
+def serving_summary_exact(ctx: Context, rs: RuleSet, rule: Rule) -> Iterator[Outcome | NotChecked]:
+    d, run = run_data(ctx), _run(ctx)
+    want = recomputed(rs, d, run)
+    if want is None:
+        yield NotChecked("records with non-positive durations (see SERVING-PLAN)")
+        return
+    got = d.summary
+    diff = sorted(k for k in set(want) | set(got) if want.get(k) != got.get(k))
+    shown = [f"{k}: {_short(got.get(k))} (recomputed {_short(want.get(k))})" for k in diff[:4]]
+    yield Outcome(not diff, "every key as recomputed", "; ".join(shown))
+
+
+def _short(v: Any) -> str:
+    text = repr(v)
+    return text if len(text) <= 80 else text[:77] + "..."
+
+
+CHECKS = checks_table(serving_scope, serving_closed, serving_recorded, serving_plan, serving_cold,
+                      serving_summary_exact)

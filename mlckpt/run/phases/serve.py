@@ -1,0 +1,56 @@
+"""A serving run's I/O on every rank (rules 1.13): instead of the writes and the restores, the
+model's weights laid out once on the storage (untimed), then ``serving.loads`` loads, each cold and
+each rank timed from leaving a barrier until its shard is in its memory, by the strategy
+(mlckpt/run/phases/loads.py), every byte verified after.  Rank 0 gathers the records.
+
+The weights go in the run folder's ``ckpt-0001/`` (on objects: under the run's prefix), so the
+guardian of a run that fails sweeps them as it sweeps a checkpoint; the node-local tier of
+``nodecache`` is ``serving.node_tier``/mlckpt-tier-RUN on every host, emptied after every load.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from mlckpt.run.collective import Job
+from mlckpt.run.phases import loads, outcome
+from mlckpt.run.phases.configure import Configured
+from mlckpt.run.phases.folders import make_folders
+from mlckpt.run.phases.gates import Gates
+from mlckpt.run.phases.publish import RunId
+from mlckpt.run.storage.cleanup import Created
+from mlckpt.workload.serving_run import ServingRun
+
+
+def serving_phases(job: Job, c: Configured, gates: Gates, created: Created, ident: tuple[RunId, bytes],
+                   opts: Any) -> outcome.Measured:
+    """The folders, the weights laid out, the loads; rank 0's Measured holds every rank's records."""
+    cfg = c.config
+    run = ServingRun.of(cfg)
+    assert run is not None
+    folders = make_folders(job, c, gates, created, *ident)
+    plan = run.plan(cfg, list(gates.rank_hosts))
+    weights = folders.root / "ckpt-0001"
+    files = [[loads.file_name(r.shard, i) for i in range(len(plan.shard_files[r.shard]))] for r in plan.ranks]
+    job.note(names=files, made=1)  # what the guardian sweeps if the run fails
+    me = plan.ranks[job.rank]
+    if me.replica == 0:  # the ranks that lay the weights out remove them
+        created.add_files([str(weights / name) for name in files[job.rank]])
+    if folders.store is None and gates.leader(job.rank):
+        created.add_dir(weights)
+    s = loads.LoadSetup(plan, weights, run.tier_path(folders.run.name), folders.key, folders.run.number, opts,
+                        folders.store)
+    with job.step("laying out the weights"):
+        loads.lay_out(job.comm, s)
+    groups = loads.split_groups(job.comm, plan)
+    mine: list[dict[str, Any]] = []
+    for index in range(run.loads):
+        with job.step(f"load {index}"):
+            rec = loads.load(job.comm, s, groups)
+            loads.clear_tier(groups[1], s)
+        mine.append({"op": "load", "index": index, **rec})
+        if job.rank == 0:
+            job.say(f"load {index + 1}/{run.loads}: {run.replicas} replicas ready")
+    everyone = job.comm.gather(mine, root=0)
+    records = sorted((r for recs in everyone or () for r in recs), key=lambda r: (r["index"], r["rank"]))
+    return outcome.Measured(folders.run, records, None, None, folders.key)

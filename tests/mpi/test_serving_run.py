@@ -1,0 +1,253 @@
+"""Serving runs end to end (rules 1.13): `mlckpt run serving.strategy=...` on real MPI ranks, each
+strategy's signed bundle through mlckpt-check, and the forgeries a serving result invites (a
+strategy relabelled, a replica count claimed that the records do not hold, a faster time to ready,
+a warm cache hidden, a serving block edited) caught by the rule named, after re-signing."""
+
+from __future__ import annotations
+
+import copy
+import json
+import shutil
+import subprocess
+import sys
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import pytest
+from support.cli import cli_env
+from support.forge import edit_json, edit_records, edit_yaml, read_json, read_records, resign, resummarize
+from support.runs import printed_bundle
+from support.trees import tree_of
+
+from checker.tree_check import check_tree
+from mlckpt import bundle
+from mlckpt.rules import load_rules
+
+BIN = Path(sys.executable).parent
+BASE = ("workload=llama3_8b", "division=open", "scale=0.002", "ranks=4", "serving.tp=2", "serving.loads=2",
+        "checkpoint.folder=ck", "output.root=results")
+STRATEGIES = ("direct", "fanout", "nodecache")
+
+
+def run(h: dict[str, Path], cwd: Path, *overrides: str) -> subprocess.CompletedProcess[str]:
+    env = {**cli_env(), "XDG_CONFIG_HOME": str(h["dir"] / "xdg")}
+    return subprocess.run(
+        [str(BIN / "mlckpt"), "run", *BASE, f"system={h['dir'] / 'laptop-ext4.yaml'}",
+         f"signing.key={h['dir'] / 'keys' / 'org.pem'}", *overrides],
+        cwd=cwd, env=env, text=True, capture_output=True, timeout=300, check=False)
+
+
+@pytest.fixture(scope="module")
+def made(honest_bundles: dict[str, Path], tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
+    h = honest_bundles
+    out: dict[str, Any] = {"h": h}
+    for strategy in STRATEGIES:
+        cwd = tmp_path_factory.mktemp(strategy)
+        proc = run(h, cwd, f"serving.strategy={strategy}", f"serving.node_tier={cwd / 'tier'}")
+        assert proc.returncode == 0, (proc.stdout[-2000:], proc.stderr[-2000:])
+        out[strategy] = {"bundle": printed_bundle(proc), "out": proc.stdout, "cwd": cwd}
+    return out
+
+
+def judged(h: dict[str, Path], root: Path) -> dict[str, Any]:
+    [b] = check_tree(root, bundle.TrustedKeys.load(h["dir"] / "trusted-keys.yaml"), jobs=1)["bundles"]
+    return dict(b)
+
+
+def hard_rules(b: dict[str, Any]) -> set[str]:
+    return {f["rule"] for f in b["findings"] if f["severity"] in ("invalid", "open")} - {"RUNNER-RELEASED"}
+
+
+@pytest.mark.parametrize("strategy", STRATEGIES)
+def test_each_strategy_passes_the_checker(made: dict[str, Any], strategy: str, tmp_path: Path) -> None:
+    m = made[strategy]
+    b = judged(made["h"], tree_of(made["h"], tmp_path / "t", m["bundle"]))
+    assert b["verdict"] == "open" and not hard_rules(b), b["findings"]
+    s = b["metrics"]["serving"]
+    summary = read_json(m["bundle"], "summary.json")
+    assert s["strategy"] == strategy and s["replicas"] == 2 and s["ready_s"] == summary["ready_s_median"] > 0
+    assert f"2 replicas ({strategy}) ready in" in m["out"]
+
+
+@pytest.mark.parametrize("strategy", STRATEGIES)
+def test_the_records_hold_what_each_strategy_promises(made: dict[str, Any], strategy: str) -> None:
+    m = made[strategy]
+    run_doc, records, summary = (read_json(m["bundle"], "run.json"), read_records(m["bundle"]),
+                                 read_json(m["bundle"], "summary.json"))
+    assert run_doc["serving"]["strategy"] == strategy and run_doc["run_format"] == 12
+    assert (run_doc["serving"]["node_tier"] is None) == (strategy != "nodecache")
+    assert [(r["index"], r["rank"]) for r in records] == [(i, r) for i in range(2) for r in range(4)]
+    shards = sum(r["bytes"] for r in records if r["index"] == 0 and r["replica"] == 0)
+    for load in summary["loads"]:
+        # direct: every replica reads its shards; fan-out and one host's node cache: each shard once
+        assert load["storage_bytes"] == shards * (2 if strategy == "direct" else 1)
+        assert load["placed_bytes"] == 2 * shards
+        assert load["received_bytes"] == (shards if strategy == "fanout" else 0)
+        assert load["node_tier_bytes"] == (2 * shards if strategy == "nodecache" else 0)
+        assert load["resident_bytes"] <= 0.01 * load["storage_bytes"]
+    assert all(r["verified_bytes"] == r["bytes"] > 0 for r in records)
+    assert summary["read_cold"] and summary["read_verified"] and summary["num_loads"] == 2
+    left = [p for p in (m["cwd"] / "ck").rglob("*") if p.is_file()]
+    assert (not left and not (m["cwd"] / "tier").exists()) or not any((m["cwd"] / "tier").iterdir()), left
+
+
+def _each(recs: list[dict[str, Any]], **values: Any) -> None:
+    for r in recs:
+        r.update(values)
+
+
+def _relabel(strategy: str) -> Callable[[Path], None]:
+    def edit(b: Path) -> None:
+        edit_yaml(b, "config.yaml", lambda c: c["serving"].update(strategy=strategy))
+        edit_json(b, "run.json", lambda r: r["serving"].update(strategy=strategy))
+        edit_records(b, lambda recs: _each(recs, strategy=strategy))
+        resummarize(b)
+    return edit
+
+
+def _claim_eight_ranks(b: Path) -> None:
+    def run_json(r: dict[str, Any]) -> None:
+        r.update(ranks=8)
+        r["serving"].update(replicas=4)
+        r["hosts"][0].update(ranks=list(range(8)))
+    edit_yaml(b, "config.yaml", lambda c: c.update(ranks=8))
+    edit_json(b, "run.json", run_json)
+
+
+def _more_replicas(b: Path) -> None:
+    """Two replicas' records claimed as four: the configuration, run.json's count and placement,
+    and a summary recomputed from the records as they are."""
+    _claim_eight_ranks(b)
+    resummarize(b)
+    edit_json(b, "summary.json", lambda s: s.update(replicas=4, ranks=8, placed_bytes=2 * s["placed_bytes"]))
+
+
+def _copied_ranks(b: Path) -> None:
+    """Two replicas' records made four by copying ranks 0-3 as 4-7 (new replicas, same bytes)."""
+    def more(recs: list[dict[str, Any]]) -> list[dict[str, Any]]:
+        extra = [{**copy.deepcopy(r), "rank": r["rank"] + 4, "replica": r["replica"] + 2} for r in recs]
+        return sorted(recs + extra, key=lambda r: (r["index"], r["rank"]))
+    edit_records(b, more)
+    _claim_eight_ranks(b)
+    resummarize(b)
+
+
+def _faster(b: Path) -> None:
+    edit_json(b, "summary.json", lambda s: s.update(ready_s_median=s["ready_s_median"] / 2))
+
+
+def _warm(b: Path) -> None:
+    edit_records(b, lambda recs: _each([r for r in recs if r["index"] == 1], resident_bytes=1 << 30))
+    resummarize(b)
+
+
+def _fewer_loads(b: Path) -> None:
+    edit_json(b, "run.json", lambda r: r["serving"].update(loads=1))
+
+
+def _one_load_dropped(b: Path) -> None:
+    edit_records(b, lambda recs: [r for r in recs if r["index"] == 0])
+    resummarize(b)
+
+
+def _streamed(b: Path) -> None:
+    edit_yaml(b, "config.yaml", lambda c: c.update(residency="stream"))
+
+
+def _closed(b: Path) -> None:
+    """A serving run claimed for the closed division (no closed serving workload is defined)."""
+    edit_yaml(b, "config.yaml", lambda c: c.update(division="closed"))
+    edit_json(b, "run.json", lambda r: r.update(division="closed"))
+
+
+# Rules whose failing cases are here, on bundles of real serving runs (tests/unit/rules/
+# test_rules_coverage.py counts them): rule -> (source strategy, forgery)
+FORGERIES = {
+    "SERVING-PLAN": [("direct", _relabel("fanout")),  # direct's records labelled fan-out
+                     ("fanout", _relabel("direct")), ("fanout", _more_replicas), ("fanout", _copied_ranks),
+                     ("direct", _one_load_dropped)],
+    "SERVING-SUMMARY": [("direct", _faster)],
+    "SERVING-COLD": [("nodecache", _warm)],
+    "SERVING-RECORDED": [("direct", _fewer_loads)],
+    "SERVING-SCOPE": [("fanout", _streamed)],
+    "SERVING-CLOSED": [("direct", _closed)],
+}
+CASES = [(rule, source, forge) for rule, cases in FORGERIES.items() for source, forge in cases]
+
+
+@pytest.mark.parametrize(("rule", "source", "forge"), CASES,
+                         ids=[f"{r}-{s}-{f.__name__}" for r, s, f in CASES])
+def test_a_forged_serving_result_is_caught(made: dict[str, Any], rule: str, source: str,
+                                           forge: Callable[[Path], None], tmp_path: Path) -> None:
+    h = made["h"]
+    b = tmp_path / "b" / made[source]["bundle"].name
+    shutil.copytree(made[source]["bundle"], b)
+    forge(b)
+    run_doc = read_json(b, "run.json")
+    resign(b, bundle.load_private_key(h["dir"] / "keys" / "org.pem"), ranks=run_doc["ranks"],
+           division=run_doc["division"])
+    got = judged(h, tree_of(h, tmp_path / "t", b))
+    assert got["verdict"] == load_rules("1.13").rule(rule).severity, got["findings"]  # invalid, or open
+    assert rule in {f["rule"] for f in got["findings"]}, got["findings"]
+
+
+def test_a_serving_run_that_cannot_be_run_is_refused_before_any_io(honest_bundles: dict[str, Path],
+                                                                   tmp_path: Path) -> None:
+    proc = run(honest_bundles, tmp_path, "serving.strategy=fanout", "scale=1.0")
+    assert proc.returncode == 2 and "[SERVING-SCOPE]" in proc.stderr and "Traceback" not in proc.stderr
+    proc = run(honest_bundles, tmp_path, "serving.strategy=direct", "serving.tp=3")
+    assert proc.returncode == 2 and "ranks=4 (whole replicas: a multiple of serving.tp=3)" in proc.stderr
+    assert not (tmp_path / "ck").exists() and not (tmp_path / "results").exists()
+    proc = run(honest_bundles, tmp_path, "serving.strategy=direct", "rules_version='1.12'")
+    assert proc.returncode == 2 and "serving runs need rules_version 1.13" in proc.stderr
+
+
+def test_the_leaderboard_ranks_the_strategies_in_one_serving_class(made: dict[str, Any],
+                                                                   tmp_path: Path) -> None:
+    h = made["h"]
+    root = tree_of(h, tmp_path / "t", *(made[s]["bundle"] for s in STRATEGIES), h["llama3_8b"])
+    shutil.copy(h["dir"] / "trusted-keys.yaml", root / "trusted-keys.yaml")
+    docs = {}
+    for fmt in ("json", "md", "csv", "html"):
+        proc = subprocess.run([str(BIN / "mlckpt-check"), "leaderboard", str(root), "--format", fmt, "--out",
+                               str(tmp_path / f"lb.{fmt}")], env=cli_env(), text=True, capture_output=True,
+                              timeout=300, check=False)
+        assert proc.returncode == 0, proc.stderr
+        docs[fmt] = (tmp_path / f"lb.{fmt}").read_text()
+    board = json.loads(docs["json"])
+    [serving] = [c for c in board["classes"] if c["pipeline"] == "serving"]
+    assert serving["id"] == "open-llama3_8b-x0_002-serving" and serving["sort"].startswith("sorted by time")
+    rows = serving["rows"]
+    assert sorted(r["strategy"] for r in rows) == sorted(STRATEGIES)
+    assert [r["ready_s"] for r in rows] == sorted(r["ready_s"] for r in rows)  # fastest first
+    for r in rows:
+        summary = read_json(made[r["strategy"]]["bundle"], "summary.json")
+        assert r["ready_s"] == round(summary["ready_s_median"], 3) and r["replicas"] == 2 and r["tp"] == 2
+        assert r["storage_gb"] == round(summary["storage_bytes"] / 1e9, 2)
+        assert "write_gib_s" not in r
+    assert [c for c in board["classes"] if c["pipeline"] == "sync"]  # the checkpoint run beside it
+    assert "| Strategy " in docs["md"] and "Time to ready (s)" in docs["md"]
+    assert "Time to ready (s)" in docs["csv"].splitlines()[0] and "fanout" in docs["csv"]
+    assert 'aria-sort="ascending"' in docs["html"] and ">Time to ready<" in docs["html"]
+
+
+def test_compare_and_report_show_a_serving_runs_loads(made: dict[str, Any], tmp_path: Path) -> None:
+    a, b = made["direct"]["bundle"], made["fanout"]["bundle"]
+    proc = subprocess.run([str(BIN / "mlckpt-check"), "compare", str(a), str(b), "--json"], env=cli_env(),
+                          text=True, capture_output=True, timeout=120, check=False)
+    assert proc.returncode == 0, proc.stderr
+    rows = {m["key"]: m for m in json.loads(proc.stdout)["metrics"]}
+    assert (rows["strategy"]["a"], rows["strategy"]["b"]) == ("direct", "fanout")
+    assert rows["storage_gb"]["ratio_b_over_a"] == pytest.approx(0.5)  # fan-out reads each shard once
+    assert "write_bandwidth_mean_gib_s" not in rows
+    summary = read_json(b, "summary.json")
+    assert rows["ready_s_median"]["b"] == summary["ready_s_median"]
+    proc = subprocess.run([str(BIN / "mlckpt"), "report", str(b), "--csv", str(tmp_path / "ops.csv")],
+                          env=cli_env(), text=True, capture_output=True, timeout=120, check=False)
+    assert proc.returncode == 0, proc.stderr
+    assert "serving    2 replicas of TP 2, fanout" in proc.stdout
+    lines = (tmp_path / "ops.csv").read_text().splitlines()
+    assert len(lines) == 3 and lines[1].startswith("load,0,,fanout,")
+    slowest = float(lines[1].split(",")[4])
+    assert slowest == summary["loads"][0]["ready_s"]

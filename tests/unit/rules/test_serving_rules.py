@@ -1,0 +1,162 @@
+"""Rules 1.13: serving runs apart from checkpoint runs (each rule judges the kinds of run it names),
+what a serving run cannot be run with, and the result rules on records made in memory
+(mlckpt/rules/checks/serving.py; real runs and re-signed forgeries: tests/mpi/test_serving_run.py)."""
+
+from __future__ import annotations
+
+import copy
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from mlckpt.plan.config import compose, setup
+from mlckpt.rules import Context, load_rules
+from mlckpt.rules.checks.result import RunData
+from mlckpt.rules.engine import load_rule_set
+from mlckpt.serving_metrics import summary
+from mlckpt.workload.model import workload_from_config
+from mlckpt.workload.serving_run import ServingRun, scope_problems
+from mlckpt.written import Written
+
+RS = load_rules("1.13")
+BASE = ("division=open", "ranks=4", "serving.tp=2", "scale=0.001", "serving.loads=2")
+
+
+def config_of(*overrides: str) -> dict[str, Any]:
+    return compose([*BASE, *overrides])
+
+
+Docs = tuple[dict[str, Any], list[dict[str, Any]], dict[str, Any]]
+
+
+def honest(config: dict[str, Any], hosts: list[str]) -> Docs:
+    """run.json, the records and the summary an honest serving run of ``config`` leaves."""
+    run = ServingRun.of(config)
+    assert run is not None
+    plan = run.plan(config, hosts)
+    recs = []
+    for index in range(run.loads):
+        for r in plan.ranks:
+            boot = 1000 * sorted(set(hosts)).index(r.host)  # each host booted at its own instant
+            t0 = (boot + 5 * (index + 1)) * 1_000_000_000 + r.rank
+            recs.append({"op": "load", "index": index, "rank": r.rank, "replica": r.replica, "shard": r.shard,
+                         "host": r.host, "strategy": run.strategy, "t0_ns": t0,
+                         "t1_ns": t0 + 20_000_000 + 7919 * r.rank + 101 * index,
+                         "wall_start": 1.8e9 + 5 * (index + 1) + r.rank / 1e9,
+                         "bytes": plan.shard_bytes(r.shard), "storage_bytes": r.storage_bytes,
+                         "node_tier_bytes": r.node_tier_bytes, "received_bytes": r.received_bytes,
+                         "resident_bytes": 0, "verified_bytes": plan.shard_bytes(r.shard)})
+    placed: dict[str, list[int]] = {}
+    for rank, h in enumerate(hosts):
+        placed.setdefault(h, []).append(rank)
+    run_doc = {"hosts": [{"host": h, "ranks": rs} for h, rs in placed.items()], "ranks": len(hosts),
+               "workload": config["workload"]["name"], "division": config["division"],
+               "scale": config["scale"], "rules_version": "1.13",
+               "started": "2027-01-15T08:00:00.000Z", "ended": "2027-01-15T08:01:00.000Z",
+               "pipeline": {"mode": "sync", "compute_interval_s": 0.0, "fast": None, "fast_keep": 1},
+               "serving": run.block("/dev/shm/t" if run.strategy == "nodecache" else None),
+               "storage": {"kind": "posix"}, "records_format": 9}
+    w = Written.of("1.13")
+    doc = summary(run, recs, ranks=len(hosts), hosts=len(placed), max_resident_fraction=0.01,
+                  formats=(w.summary, w.records))
+    return run_doc, recs, doc
+
+
+def result_findings(config: dict[str, Any], run_doc: dict[str, Any], recs: list[dict[str, Any]],
+                    doc: dict[str, Any]) -> dict[str, list[str]]:
+    ctx = Context(config, workload_from_config(config["workload"]), (), None, None, True,
+                  run=RunData(run_doc, config, doc, recs, {"hosts": []}))
+    out: dict[str, list[str]] = {}
+    for f in RS.evaluate(ctx, ["result"]).findings:
+        out.setdefault(f.rule, []).append(f.message)
+    return out
+
+
+@pytest.mark.parametrize("strategy", ["direct", "fanout", "nodecache"])
+def test_an_honest_serving_result_has_no_finding_and_no_checkpoint_rule_judges_it(strategy: str) -> None:
+    config = config_of(f"serving.strategy={strategy}")
+    hosts = ["a", "a", "b", "b"]
+    got = result_findings(config, *honest(config, hosts))
+    assert got == {}
+    # the checkpoint rules would have called load records anything but a result
+    ctx = Context(config, workload_from_config(config["workload"]), (), None, None, True,
+                  run=RunData(*honest(config, hosts)[:1], config, {}, honest(config, hosts)[1], {}))
+    judged = {r.id for r in RS.rules if ctx.kind in r.kinds and "result" in r.stages}
+    assert judged == {"SERVING-RECORDED", "SERVING-PLAN", "SERVING-COLD", "SERVING-SUMMARY",
+                      "OBJECT-STORAGE-RECORDED", "RUN-CLAIMS", "RESULT-CONSISTENT", "RESULT-TIMES",
+                      "HOST-CLOCKS"}
+
+
+def test_a_checkpoint_run_is_judged_by_no_serving_rule() -> None:
+    ctx = setup(["ranks=8"]).context()
+    assert ctx.kind == "checkpoint"
+    assert not [r.id for r in RS.rules if r.id.startswith("SERVING-") and ctx.kind in r.kinds]
+
+
+def test_each_forged_part_is_named_by_its_rule() -> None:
+    config = config_of("serving.strategy=fanout")
+    hosts = ["a", "a", "b", "b"]
+    run_doc, recs, doc = honest(config, hosts)
+
+    def forged(edit: Any) -> dict[str, list[str]]:
+        r, x, d = copy.deepcopy((run_doc, recs, doc))
+        edit(r, x, d)
+        return result_findings(config, r, x, d)
+
+    got = forged(lambda r, x, d: r["serving"].update(replicas=4))
+    assert list(got) == ["SERVING-RECORDED"] and "replicas=4" in got["SERVING-RECORDED"][0]
+    got = forged(lambda r, x, d: [q.update(storage_bytes=q["bytes"], received_bytes=0) for q in x])
+    assert "SERVING-PLAN" in got and "load 0: " in got["SERVING-PLAN"][0]
+    got = forged(lambda r, x, d: x[5].update(resident_bytes=x[5]["storage_bytes"]))
+    assert "load 1: " in got["SERVING-COLD"][0] and "SERVING-SUMMARY" in got
+    got = forged(lambda r, x, d: d.update(effective_gb_s=d["effective_gb_s"] * 2))
+    assert list(got) == ["SERVING-SUMMARY"] and "effective_gb_s" in got["SERVING-SUMMARY"][0]
+    got = forged(lambda r, x, d: r["hosts"].__setitem__(1, {"host": "b", "ranks": [2]}))  # rank 3 nowhere
+    assert "run.json placing each of the 4 ranks on one host" in got["SERVING-PLAN"][0]
+    got = forged(lambda r, x, d: x.append({**x[0], "op": "load", "index": 2}))
+    assert any("loads 0..1" in m for m in got["SERVING-PLAN"])
+
+
+@pytest.mark.parametrize(("override", "problem"), [
+    ("serving.tp=3", "ranks=4 (whole replicas: a multiple of serving.tp=3)"),
+    ("scale=1.0", "scale=1 with serving.strategy=fanout"),
+    ("checkpoint.tiers.fast=/tmp/x", "checkpoint.tiers.fast (one tier of storage"),
+    ("residency=stream", "residency=stream (every replica holds its whole shard)"),
+    ("witness.url=http://w:1", "witness.url (serving runs are not witnessed)"),
+    ("checkpoint.mode=async", "checkpoint.mode=async (no checkpoints are written)"),
+    ("framework.writer=safetensors", "framework.writer (the engine loads the weights)"),
+])
+def test_what_a_serving_run_cannot_be_run_with(override: str, problem: str) -> None:
+    config = config_of("serving.strategy=fanout")
+    key, value = override.split("=", 1)
+    node = config
+    *parents, last = key.split(".")
+    for part in parents:
+        node = node[part]
+    node[last] = int(value) if value.isdigit() else float(value) if value[0].isdigit() else value
+    assert any(p.startswith(problem) for p in scope_problems(config)), scope_problems(config)
+    assert scope_problems(config_of("serving.strategy=fanout")) == []
+    assert scope_problems(config_of()) == []  # a checkpoint run: not a serving rule's business
+
+
+def test_a_rules_file_with_an_unknown_kind_is_a_defect_of_the_data(tmp_path: Path, monkeypatch: Any) -> None:
+    from mlckpt import resources
+    from mlckpt.rules import CHECKS
+
+    root = tmp_path / "rules"
+    (root / "9.1").mkdir(parents=True)
+    (root / "9.1" / "rules.yaml").write_text(
+        'version: "9.1"\nrules:\n  - {id: X, severity: invalid, divisions: [open], stages: [config], '
+        'kinds: [inference], check: serving_scope, message: m}\n')
+    (root / "9.2").mkdir()
+    (root / "9.2" / "rules.yaml").write_text('version: "9.2"\nextends: "1.13"\nkinds: {NO-SUCH: [serving]}\n'
+                                             'rules: []\n')
+    real = resources.rules_dir()
+    for entry in real.iterdir():
+        (root / entry.name).symlink_to(entry)
+    monkeypatch.setattr("mlckpt.rules.engine.rules_dir", lambda: root)
+    with pytest.raises(ValueError, match="rule X has a bad kind"):
+        load_rule_set("9.1", CHECKS)
+    with pytest.raises(ValueError, match="kinds names unknown rules or kinds"):
+        load_rule_set("9.2", CHECKS)
