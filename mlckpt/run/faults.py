@@ -17,8 +17,8 @@ class Faults:
     """Hooks called by the runner.  Each default does nothing (or returns its input)."""
 
     def timed_action(self, rank: int, op: str, index: int, action: Callable[[], Any]) -> Callable[[], Any]:
-        """Called before each timed op (``write``, ``read``, ``drain``); the returned callable
-        runs inside the timed region, after t0."""
+        """Called before each timed op (``write``, ``read``, ``drain``, a serving run's ``load``); the
+        returned callable runs inside the timed region, after t0."""
         return action
 
     def after_writes(self, rank: int, root: Path, fast_root: Path | None, plan: Any, nw: int) -> None:

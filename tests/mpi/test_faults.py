@@ -502,3 +502,44 @@ def test_a_failed_publish_on_rank_0_ends_every_rank(tmp_path: Path) -> None:
     assert done.elapsed_s < 60
     line = done.error_line()  # one line, no traceback
     assert line.startswith("mlckpt: error: ") and str(results) in line, done.stderr
+
+
+def test_rank_killed_in_a_serving_load_is_named_and_both_tiers_swept(tmp_path: Path,
+                                                                     bystander: Path) -> None:
+    """Rules 1.13: a node-cache serving run loses rank 1 in its second load; the guardian names it
+    and removes the weights from the storage and the host's node tier."""
+    ck, tier = tmp_path / "ck", tmp_path / "tier"
+    ovs = [*BASE, f"checkpoint.folder={ck}", "serving.strategy=nodecache", "serving.tp=2", "serving.loads=3",
+           f"serving.node_tier={tier}"]
+    before = snapshot(bystander)
+    done = Job(ovs, tmp_path, {"MLCKPT_TEST_FAULT": "kill:1:load:1"}).wait()
+    assert done.returncode == 9
+    line = done.error_line()
+    m = re.fullmatch(rf"mlckpt: error: rank 1 on ({HOST}) \(pid \d+\) died during load 1{KILLED}; the MPI "
+                     rf"job was ended; removed (\d+) checkpoint files? of this run"
+                     rf"( \(fast tier: .*\))?", line)
+    assert m, line
+    assert int(m.group(2)) >= 2  # the two shards' files (those not removed already)
+    assert not ck.exists() and (not tier.exists() or list(tier.iterdir()) == []), list(tier.rglob("*"))
+    assert snapshot(bystander) == before
+    no_bundle(tmp_path)
+
+
+def test_a_missing_weights_file_fails_every_rank_at_once(tmp_path: Path) -> None:
+    """A rank whose reads fail still takes its part in the load's collectives: the job ends with
+    one error naming the rank and the file, never hung (rules 1.13; mlckpt/run/phases/loads.py)."""
+    ck = tmp_path / "ck"
+    ovs = [*BASE, f"checkpoint.folder={ck}", "serving.strategy=fanout", "serving.tp=2", "serving.loads=2"]
+    ready = tmp_path / "rank3.pid"
+    job = Job(ovs, tmp_path, {"MLCKPT_TEST_FAULT": "pause:3:load:1", "MLCKPT_TEST_FAULT_READY": str(ready)})
+    wait_for(ready.exists, "rank 3 to reach load 1")
+    [weights] = list(ck.glob("*/ckpt-0001"))
+    (weights / "shard-0001-00001.bin").unlink()  # rank 3 reads shard 1's second half: its file 1
+    ready.unlink()
+    done = job.wait()
+    assert done.returncode == 1 and done.elapsed_s < RUN_TIMEOUT_S, (done.stdout, done.stderr)
+    line = done.error_line()
+    assert line.startswith("mlckpt: error: rank 3 on ") and "more rank" not in line, line
+    assert "shard-0001-00001.bin: No such file or directory" in line, line
+    assert not ck.exists()
+    no_bundle(tmp_path)

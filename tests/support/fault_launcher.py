@@ -7,7 +7,8 @@ Outside mpiexec it validates and self-launches exactly as ``mlckpt run`` does, w
 rank command; under mpiexec each rank runs :func:`mlckpt.run.runner.mpi_main` with
 :class:`EnvFaults`.  The product itself has no switch for any of this.
 
-* ``MLCKPT_TEST_FAULT=KIND:R:OP:K`` (OP ``write``, ``read`` or ``drain``) acts on rank R inside
+* ``MLCKPT_TEST_FAULT=KIND:R:OP:K`` (OP ``write``, ``read``, ``drain`` or a serving run's ``load``,
+  counted from 0) acts on rank R inside
   its timed op OP K, after t0 and before its first byte.  KIND ``stall``: sleep forever (a stalled
   rank); ``kill``: SIGKILL itself; ``pause``: wait until the ready file is removed, then do the op;
   ``slow``: a slowed storage path, the op takes ``MLCKPT_TEST_SLOW_S`` seconds (default 6) longer;

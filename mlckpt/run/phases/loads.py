@@ -20,7 +20,7 @@ from __future__ import annotations
 import os
 import shutil
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -122,33 +122,54 @@ def _from_storage(s: LoadSetup, pieces: Sequence[Piece], into: Any) -> int:
     return get_ranges(s.store, out)
 
 
-def load(comm: Any, s: LoadSetup, groups: tuple[Any, Any]) -> dict[str, Any]:
+def load(comm: Any, s: LoadSetup, groups: tuple[Any, Any], inside: Callable[[], Any] = lambda: None
+         ) -> dict[str, Any]:
     """One load on this rank: its record.  ``groups``: the communicators of its shard's holders
-    and of its host's ranks (made untimed, before; ``split_groups``)."""
+    and of its host's ranks (made untimed, before; ``split_groups``); ``inside``: called after t0
+    (the runner's fault seam, :mod:`mlckpt.run.faults`).  A rank whose reads or
+    verification fail still takes its part in every collective of the load, and raises only at
+    its end: the others are never left waiting in one (the caller agrees on the failure)."""
     me: RankLoad = s.plan.ranks[comm.Get_rank()]
     holders, host = groups
     size = s.plan.shard_bytes(me.shard)
     arena = engine.alloc(max(engine.PAGE, s.file_offsets(me.shard)[-1]))
+    failed: list[BaseException] = []
     resident = cold(comm, s)
     tier_bytes = storage = 0
     comm.Barrier()
     t0 = time.monotonic_ns()
     wall = time.time()  # read with t0: one wall-minus-monotonic offset per host (HOST-CLOCKS)
-    if s.plan.strategy == "direct":
-        storage = _from_storage(s, me.storage, arena)
-    elif s.plan.strategy == "fanout":
-        storage = _from_storage(s, me.storage, arena)
-        _exchange(holders, s, me, arena)
+    inside()
+    if s.plan.strategy == "nodecache":
+        storage, tier_bytes = _node_cache(host, s, me, arena, failed)
     else:
-        storage, tier_bytes = _node_cache(host, s, me, arena)
+        storage = _attempt(failed, lambda: _from_storage(s, me.storage, arena))
+        if s.plan.strategy == "fanout":
+            _exchange(holders, s, me, arena)
     t1 = time.monotonic_ns()
     idle_barrier(comm)  # the ranks still loading keep the CPUs
-    verified = verify(s, me, arena)
+    # A rank that could not read sent the others garbage: its failure is the one to name
+    if comm.allreduce(bool(failed)):
+        if failed:
+            raise failed[0]
+        return {}
+    verified = _attempt(failed, lambda: verify(s, me, arena))
+    if failed:
+        raise failed[0]
     return {"rank": me.rank, "replica": me.replica, "shard": me.shard, "host": me.host,
             "strategy": s.plan.strategy, "t0_ns": t0, "t1_ns": t1, "bytes": size,
             "storage_bytes": storage, "node_tier_bytes": tier_bytes,
             "received_bytes": size - storage if s.plan.strategy == "fanout" else 0,
             "resident_bytes": resident, "verified_bytes": verified, "wall_start": wall}
+
+
+def _attempt(failed: list[BaseException], fn: Callable[[], int]) -> int:
+    """``fn()``, or 0 with its exception kept in ``failed`` (raised once the collectives are over)."""
+    try:
+        return fn()
+    except Exception as exc:
+        failed.append(exc)
+        return 0
 
 
 def split_groups(comm: Any, plan: LoadPlan) -> tuple[Any, Any]:
@@ -173,24 +194,30 @@ def _exchange(holders: Any, s: LoadSetup, me: RankLoad, arena: Any) -> None:
     holders.Allgatherv(MPI.IN_PLACE, [arena, counts, displs, MPI.BYTE])
 
 
-def _node_cache(host: Any, s: LoadSetup, me: RankLoad, arena: Any) -> tuple[int, int]:
+def _node_cache(host: Any, s: LoadSetup, me: RankLoad, arena: Any,
+                failed: list[BaseException]) -> tuple[int, int]:
     """The host's first rank fills the tier from the storage; then every rank reads its shard from it."""
     assert s.tier is not None
-    storage = 0
-    if me.storage:
+    tier = s.tier
+
+    def fill() -> int:
+        storage = 0
         for shard in sorted({q.shard for q in me.storage}):
             staging = engine.alloc(max(engine.PAGE, s.file_offsets(shard)[-1]))
             mine = [q for q in me.storage if q.shard == shard]
             storage += _from_storage(s, mine, staging)
-            os.makedirs(s.tier, exist_ok=True)
+            os.makedirs(tier, exist_ok=True)
             for q in mine:
                 at = s.file_offsets(shard)[q.file]
-                with open(s.path(shard, q.file, s.tier), "wb") as f:
+                with open(s.path(shard, q.file, tier), "wb") as f:
                     f.write(memoryview(staging)[at: at + q.length])
+        return storage
+
+    storage = _attempt(failed, fill) if me.storage else 0
     idle_barrier(host)  # the host's other ranks wait asleep while its first fills the tier
     local = engine.IOOptions(direct=False, threads=s.opts.threads, block_size=s.opts.block_size, fsync=False)
-    tier = read_ranges(_ranges(s, me.node_tier, arena, s.tier), local)
-    return storage, tier
+    read = _attempt(failed, lambda: read_ranges(_ranges(s, me.node_tier, arena, tier), local))
+    return storage, read
 
 
 def verify(s: LoadSetup, me: RankLoad, arena: Any) -> int:

@@ -5,11 +5,13 @@ each rank timed from leaving a barrier until its shard is in its memory, by the 
 
 The weights go in the run folder's ``ckpt-0001/`` (on objects: under the run's prefix), so the
 guardian of a run that fails sweeps them as it sweeps a checkpoint; the node-local tier of
-``nodecache`` is ``serving.node_tier``/mlckpt-tier-RUN on every host, emptied after every load.
+``nodecache`` is ``serving.node_tier``/mlckpt-tier-RUN/ckpt-0001 on every host, emptied after
+every load, and swept by each host's guardian as a fast tier is if the run fails.
 """
 
 from __future__ import annotations
 
+import shutil
 from typing import Any
 
 from mlckpt.run.collective import Job
@@ -38,19 +40,26 @@ def serving_phases(job: Job, c: Configured, gates: Gates, created: Created, iden
         created.add_files([str(weights / name) for name in files[job.rank]])
     if folders.store is None and gates.leader(job.rank):
         created.add_dir(weights)
-    s = loads.LoadSetup(plan, weights, run.tier_path(folders.run.name), folders.key, folders.run.number, opts,
-                        folders.store)
+    tier = run.tier_path(folders.run.name)
+    if tier is not None:  # every host's guardian sweeps its own tier if the run fails
+        job.note(fast_run=str(tier), fast_dirs=[], fast_shared=False)
+    s = loads.LoadSetup(plan, weights, tier / "ckpt-0001" if tier is not None else None, folders.key,
+                        folders.run.number, opts, folders.store)
     with job.step("laying out the weights"):
         loads.lay_out(job.comm, s)
     groups = loads.split_groups(job.comm, plan)
     mine: list[dict[str, Any]] = []
     for index in range(run.loads):
         with job.step(f"load {index}"):
-            rec = loads.load(job.comm, s, groups)
+            fault = job.faults.timed_action(job.rank, "load", index, lambda: None)  # tests' seam only
+            rec = loads.load(job.comm, s, groups, fault)
+        with job.step("emptying the node tier"):
             loads.clear_tier(groups[1], s)
         mine.append({"op": "load", "index": index, **rec})
         if job.rank == 0:
             job.say(f"load {index + 1}/{run.loads}: {run.replicas} replicas ready")
+    if tier is not None and groups[1].Get_rank() == 0:
+        shutil.rmtree(tier, ignore_errors=True)
     everyone = job.comm.gather(mine, root=0)
     records = sorted((r for recs in everyone or () for r in recs), key=lambda r: (r["index"], r["rank"]))
     return outcome.Measured(folders.run, records, None, None, folders.key)
