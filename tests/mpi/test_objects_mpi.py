@@ -354,3 +354,25 @@ def test_a_forged_storage_claim_is_caught(
     if edit == "fs":
         assert any("expected filesystem s3 at 127.0.0.1:" in m and "got ext4 at /dev/nvme0n1" in m
                    for m in found)
+
+
+@pytest.mark.parametrize("strategy", ["direct", "fanout"])
+def test_a_serving_run_loads_from_objects_and_passes_the_checker(world: dict[str, Any], tmp_path: Path,
+                                                                  strategy: str) -> None:
+    """Rules 1.13: the weights as objects, each rank's pieces read with ranged GETs; the bundle
+    passes, and the bucket holds nothing of the run afterwards."""
+    proc = run(world, ["workload=llama3_8b", "division=open", "scale=0.0005", "ranks=4", "serving.tp=2",
+                       f"serving.strategy={strategy}", "serving.loads=2", "storage.s3.part_size=5242880",
+                       f"checkpoint.folder={world['folder']}", "output.root=results", *signed(world)],
+               tmp_path)
+    assert proc.returncode == 0, proc.stderr
+    folder = Path(re.findall(r"^bundle: (.+)$", proc.stdout, re.M)[-1])
+    run_doc = json.loads((folder / "run.json").read_text())
+    assert run_doc["storage"]["kind"] == "s3" and run_doc["serving"]["strategy"] == strategy
+    summary = json.loads((folder / "summary.json").read_text())
+    served = summary["loads"][0]["storage_bytes"]
+    assert served == summary["placed_bytes"] // (1 if strategy == "direct" else 2)
+    assert all(load["resident_bytes"] == 0 for load in summary["loads"])
+    b = checked(world, folder, tmp_path)
+    assert b["exit"] == 0 and b["verdict"] == "open", b["findings"]
+    assert mine(world) == []
