@@ -16,10 +16,9 @@ import pytest
 import yaml
 from support.cli import cli_env
 from support.forge import edit_json, edit_records, read_json, read_records, resign, resummarize
-from support.runs import assert_ran, printed_bundle
+from support.runs import assert_ran, hard_rules, judged_alone, printed_bundle, signed_run
 from support.trees import tree_of
 
-from checker.tree_check import check_tree
 from mlckpt import bundle
 from mlckpt.workload.frameworks import Framework, file_names
 from mlckpt.workload.layout import make_plan
@@ -44,11 +43,7 @@ FORGERIES = ("FRAMEWORK-RECORDED",)
 
 
 def run(h: dict[str, Path], cwd: Path, *overrides: str) -> subprocess.CompletedProcess[str]:
-    env = {**cli_env(), "XDG_CONFIG_HOME": str(h["dir"] / "xdg")}
-    return subprocess.run(
-        [str(BIN / "mlckpt"), "run", *BASE, f"system={h['dir'] / 'laptop-ext4.yaml'}",
-         f"signing.key={h['dir'] / 'keys' / 'org.pem'}", *overrides],
-        cwd=cwd, env=env, text=True, capture_output=True, timeout=400, check=False)
+    return signed_run(h, cwd, *BASE, *overrides)
 
 
 @pytest.fixture(scope="module")
@@ -64,19 +59,10 @@ def made(honest_bundles: dict[str, Path], tmp_path_factory: pytest.TempPathFacto
     return out
 
 
-def judged(h: dict[str, Path], root: Path) -> dict[str, Any]:
-    [b] = check_tree(root, bundle.TrustedKeys.load(h["dir"] / "trusted-keys.yaml"), jobs=1)["bundles"]
-    return dict(b)
-
-
-def hard_rules(b: dict[str, Any]) -> set[str]:
-    return {f["rule"] for f in b["findings"] if f["severity"] in ("invalid", "open")} - {"RUNNER-RELEASED"}
-
-
 @pytest.mark.parametrize("name", list(RUNS))
 def test_a_library_run_passes_the_checker(made: dict[str, Any], name: str, tmp_path: Path) -> None:
     m = made[name]
-    b = judged(made["h"], tree_of(made["h"], tmp_path / "t", m["bundle"]))
+    b = judged_alone(made["h"], tree_of(made["h"], tmp_path / "t", m["bundle"]))
     # beside a busy disk every try may come out disturbed: said so, never invalid
     assert b["verdict"] == ("disturbed" if m["status"] == 6 else "open"), b["findings"]
     assert not hard_rules(b), b["findings"]
@@ -158,7 +144,7 @@ def test_an_engine_checkpoint_relabelled_as_the_library_is_caught(made: dict[str
         resummarize(work)
 
     work = _forged(m, h, tmp_path, relabel)
-    b = judged(h, tree_of(h, tmp_path / "t", work))
+    b = judged_alone(h, tree_of(h, tmp_path / "t", work))
     assert b["verdict"] == "invalid"
     found = [f for f in b["findings"] if f["rule"] == "FRAMEWORK-RECORDED"]
     assert found and "checkpoint 2 by mlckpt" in found[0]["message"], b["findings"]
@@ -185,7 +171,7 @@ def test_engine_traces_in_a_library_op_are_caught(made: dict[str, Any], tmp_path
         resummarize(work)
 
     work = _forged(m, h, tmp_path, relabel)
-    b = judged(h, tree_of(h, tmp_path / "t", work))
+    b = judged_alone(h, tree_of(h, tmp_path / "t", work))
     found = [f["message"] for f in b["findings"] if f["rule"] == "FRAMEWORK-RECORDED"]
     assert "requests" in engine_write  # the engine's op carried its histogram
     assert found and "the engine's traces" in found[0], b["findings"]
@@ -197,7 +183,7 @@ def test_a_forged_ratio_is_caught(made: dict[str, Any], tmp_path: Path) -> None:
     def flatter(work: Path) -> None:
         edit_json(work, "summary.json", lambda s: s["framework"]["reference"].update(write_ratio=0.97))
 
-    b = judged(h, tree_of(h, tmp_path / "t", _forged(m, h, tmp_path, flatter)))
+    b = judged_alone(h, tree_of(h, tmp_path / "t", _forged(m, h, tmp_path, flatter)))
     assert b["verdict"] == "invalid"
     found = [f for f in b["findings"] if f["rule"] == "METRICS-RECOMPUTE"]
     assert found and "framework.reference.write_ratio" in found[0]["message"], b["findings"]

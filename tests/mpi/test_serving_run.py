@@ -17,10 +17,9 @@ from typing import Any
 import pytest
 from support.cli import cli_env
 from support.forge import edit_json, edit_records, edit_yaml, read_json, read_records, resign, resummarize
-from support.runs import printed_bundle
+from support.runs import hard_rules, judged_alone, printed_bundle, signed_run
 from support.trees import tree_of
 
-from checker.tree_check import check_tree
 from mlckpt import bundle
 from mlckpt.rules import load_rules
 
@@ -31,11 +30,7 @@ STRATEGIES = ("direct", "fanout", "nodecache")
 
 
 def run(h: dict[str, Path], cwd: Path, *overrides: str) -> subprocess.CompletedProcess[str]:
-    env = {**cli_env(), "XDG_CONFIG_HOME": str(h["dir"] / "xdg")}
-    return subprocess.run(
-        [str(BIN / "mlckpt"), "run", *BASE, f"system={h['dir'] / 'laptop-ext4.yaml'}",
-         f"signing.key={h['dir'] / 'keys' / 'org.pem'}", *overrides],
-        cwd=cwd, env=env, text=True, capture_output=True, timeout=300, check=False)
+    return signed_run(h, cwd, *BASE, *overrides, timeout=300)
 
 
 @pytest.fixture(scope="module")
@@ -50,19 +45,10 @@ def made(honest_bundles: dict[str, Path], tmp_path_factory: pytest.TempPathFacto
     return out
 
 
-def judged(h: dict[str, Path], root: Path) -> dict[str, Any]:
-    [b] = check_tree(root, bundle.TrustedKeys.load(h["dir"] / "trusted-keys.yaml"), jobs=1)["bundles"]
-    return dict(b)
-
-
-def hard_rules(b: dict[str, Any]) -> set[str]:
-    return {f["rule"] for f in b["findings"] if f["severity"] in ("invalid", "open")} - {"RUNNER-RELEASED"}
-
-
 @pytest.mark.parametrize("strategy", STRATEGIES)
 def test_each_strategy_passes_the_checker(made: dict[str, Any], strategy: str, tmp_path: Path) -> None:
     m = made[strategy]
-    b = judged(made["h"], tree_of(made["h"], tmp_path / "t", m["bundle"]))
+    b = judged_alone(made["h"], tree_of(made["h"], tmp_path / "t", m["bundle"]))
     assert b["verdict"] == "open" and not hard_rules(b), b["findings"]
     s = b["metrics"]["serving"]
     summary = read_json(m["bundle"], "summary.json")
@@ -187,7 +173,7 @@ def test_a_forged_serving_result_is_caught(made: dict[str, Any], rule: str, sour
     run_doc = read_json(b, "run.json")
     resign(b, bundle.load_private_key(h["dir"] / "keys" / "org.pem"), ranks=run_doc["ranks"],
            division=run_doc["division"])
-    got = judged(h, tree_of(h, tmp_path / "t", b))
+    got = judged_alone(h, tree_of(h, tmp_path / "t", b))
     assert got["verdict"] == load_rules("1.13").rule(rule).severity, got["findings"]  # invalid, or open
     assert rule in {f["rule"] for f in got["findings"]}, got["findings"]
 

@@ -11,14 +11,14 @@ import signal
 import subprocess
 import sys
 from collections import defaultdict
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import pytest
 
-from support.cli import mlckpt_command
+from support.cli import cli_env, mlckpt_command
 
 BIN = Path(sys.executable).parent
 MLCKPT = BIN / "mlckpt"
@@ -169,3 +169,29 @@ def tagged_pids(token: str) -> list[int]:
         if needle in env.split(b"\0") and st[st.rindex(")") + 2] != "Z":
             found.append(int(entry))
     return found
+
+
+def signed_run(h: Mapping[str, Path], cwd: Path, *overrides: str, timeout: float = 400
+               ) -> subprocess.CompletedProcess[str]:
+    """``mlckpt run OVERRIDES`` in ``cwd``, signed with the honest bundles' organisation key and
+    described by their system description (``h``: the ``honest_bundles`` fixture)."""
+    env = {**cli_env(), "XDG_CONFIG_HOME": str(h["dir"] / "xdg")}
+    return subprocess.run(
+        [str(MLCKPT), "run", f"system={h['dir'] / 'laptop-ext4.yaml'}",
+         f"signing.key={h['dir'] / 'keys' / 'org.pem'}", *overrides],
+        cwd=cwd, env=env, text=True, capture_output=True, timeout=timeout, check=False)
+
+
+def judged_alone(h: Mapping[str, Path], root: Path) -> dict[str, Any]:
+    """The checker's report on the one bundle of the tree ``root``."""
+    from checker.tree_check import check_tree
+    from mlckpt import bundle
+
+    [b] = check_tree(root, bundle.TrustedKeys.load(h["dir"] / "trusted-keys.yaml"), jobs=1)["bundles"]
+    return dict(b)
+
+
+def hard_rules(b: Mapping[str, Any]) -> set[str]:
+    """The rules that make a bundle invalid or open, but RUNNER-RELEASED (no tree lists the tests'
+    runner as released)."""
+    return {f["rule"] for f in b["findings"] if f["severity"] in ("invalid", "open")} - {"RUNNER-RELEASED"}
