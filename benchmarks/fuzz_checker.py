@@ -4,8 +4,9 @@ without a fault and within its budget?
 
     .venv/bin/python benchmarks/fuzz_checker.py [--cases 10000] [--seed 1] [--budget 60] [--split]
 
-The real runner makes three bundles (llama3_8b and llama_7b, sync, 1 write + 1 restore; llama3_8b
-asynchronous with a fast tier, 2 + 2; open division, scale 0.0005, 4 ranks).  Each case copies
+The real runner makes four bundles (llama3_8b and llama_7b, sync, 1 write + 1 restore; llama3_8b
+asynchronous with a fast tier, 2 + 2; a serving run of llama3_8b, 2 replicas of TP 2 loading by
+fan-out twice; open division, scale 0.0005, 4 ranks).  Each case copies
 one, applies one to three structural mutations (tests/support/structural.py: keys dropped, values of
 another type or extreme, records repeated up to 60,000 times, dropped, reordered or retargeted,
 files swapped or added, links), re-signs it with the trusted key and checks it in-process (with
@@ -50,7 +51,7 @@ network: {type: none}
 
 
 def make_sources(work: Path) -> list[Path]:
-    """Three real bundles, signed with ``work/org.pem`` (``work/trusted-keys.yaml`` trusts it)."""
+    """Four real bundles, signed with ``work/org.pem`` (``work/trusted-keys.yaml`` trusts it)."""
     (work / f"{SYSTEM}.yaml").write_bytes(DESCRIPTION)
     info = bundle.generate_key(work / "org.pem")
     (work / "trusted-keys.yaml").write_text(f'mlckpt_trusted_keys: "1.0"\norganizations:\n  {ORG}: '
@@ -62,7 +63,8 @@ def make_sources(work: Path) -> list[Path]:
     runs = [["-m", "workload=llama3_8b,llama_7b", "checkpoint.num_writes=1", "checkpoint.num_reads=1"],
             ["workload=llama3_8b", "checkpoint.num_writes=2", "checkpoint.num_reads=2",
              "checkpoint.mode=async", f"checkpoint.tiers.fast={work / 'fast'}",
-             "checkpoint.compute_interval_s=0.5"]]
+             "checkpoint.compute_interval_s=0.5"],
+            ["workload=llama3_8b", "serving.strategy=fanout", "serving.tp=2", "serving.loads=2"]]
     paths: list[Path] = []
     for extra in runs:
         proc = subprocess.run([str(BIN / "mlckpt"), "run", *extra, *common], cwd=work, env=env, text=True,

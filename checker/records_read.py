@@ -18,6 +18,7 @@ from checker.rulesets import error_key, schema_message
 from mlckpt import strict as loading
 from mlckpt.schemas import fast_check, validator
 from mlckpt.strict import ParseError
+from mlckpt.workload.serving_run import DEFAULT_LOADS
 
 MAX_MESSAGES = 10  # schema problems reported per file (the reading stops past them)
 # Without a configuration's counts (config.yaml unreadable or not a configuration): twice the
@@ -27,18 +28,22 @@ FALLBACK_RECORDS = 1024 * 20
 
 def records_bound(config: Any) -> tuple[int, str]:
     """The most records the checker reads for the bundle's configuration, and what it rests on:
-    twice what the configuration makes plus 1,024, so a configuration that lies about its counts
-    is still judged by the rules that own them (COUNTS-POSITIVE, RECORDS-*), while 60,000 copies
-    of a record in an 8-record run are refused before a line is parsed; with counts that are not
-    plain integers (the schema reports them), twice a closed llama3_1t run's."""
+    twice what the configuration makes (a serving run's: ranks × serving.loads) plus 1,024, so a
+    configuration that lies about its counts is still judged by the rules that own them
+    (COUNTS-POSITIVE, RECORDS-*, SERVING-PLAN), while 60,000 copies of a record in an 8-record run
+    are refused before a line is parsed; with counts that are not plain integers (the schema
+    reports them), twice a closed llama3_1t run's."""
     try:
-        ranks, ck = config["ranks"], config["checkpoint"]
-        counts = (ranks, ck["num_writes"], ck["num_reads"])
-    except (KeyError, TypeError):
-        counts = ()
+        ranks, ck, serving = config["ranks"], config["checkpoint"], config.get("serving") or {}
+        if serving.get("strategy"):  # a serving run (rules 1.13): one record per rank and load
+            counts = (ranks, DEFAULT_LOADS if serving.get("loads") is None else serving["loads"], 0)
+            what = "serving.loads"
+        else:
+            counts, what = (ranks, ck["num_writes"], ck["num_reads"]), "(num_writes + num_reads)"
+    except (KeyError, TypeError, AttributeError):
+        counts, what = (), ""
     if len(counts) == 3 and all(isinstance(n, int) and not isinstance(n, bool) and n >= 0 for n in counts):
-        return (2 * counts[0] * (counts[1] + counts[2]) + 1024,
-                "twice the ranks × (num_writes + num_reads) of config.yaml")
+        return 2 * counts[0] * (counts[1] + counts[2]) + 1024, f"twice the ranks × {what} of config.yaml"
     return (2 * FALLBACK_RECORDS + 1024,
             "config.yaml gives no counts: twice the 20,480 of a closed llama3_1t run")
 

@@ -35,7 +35,7 @@ def test_signed_hostile_bundles_are_judged_never_a_fault(honest_bundles: dict[st
     description = (honest_bundles["dir"] / "laptop-ext4.yaml").read_bytes()
     outcomes = []
     for i in range(CASES // 2):
-        source = honest_bundles[rng.choice(("llama3_8b", "llama_7b", "async_tiers"))]
+        source = honest_bundles[rng.choice(("llama3_8b", "llama_7b", "async_tiers", "serving"))]
         root = tmp_path / f"case{i}"
         folder = structural.fresh_case(source, root, CHECKER_ORG, CHECKER_SYSTEM, description)
         what = structural.mutate(rng, folder, key)

@@ -100,3 +100,19 @@ def test_no_line_end_in_the_second_half_means_one_pass(monkeypatch: pytest.Monke
     want = records_read.read(data, VERSION, never)
     assert records_read.read(data, VERSION, never, workers=2) == want
     assert len(want.records) == 16 and want.messages()[0].startswith("line 17: "), want.messages()
+
+
+@pytest.mark.parametrize(("config", "bound", "basis"), [
+    ({"ranks": 8, "checkpoint": {"num_writes": 10, "num_reads": 10}}, 2 * 8 * 20 + 1024,
+     "(num_writes + num_reads)"),
+    # a serving run (rules 1.13): its loads, whatever the checkpoint counts say
+    ({"ranks": 64, "checkpoint": {"num_writes": 1, "num_reads": 1},
+      "serving": {"strategy": "fanout", "loads": 100}}, 2 * 64 * 100 + 1024, "serving.loads"),
+    ({"ranks": 64, "checkpoint": {"num_writes": 1, "num_reads": 1},
+      "serving": {"strategy": "direct", "loads": None}}, 2 * 64 * 3 + 1024, "serving.loads"),
+    ({"ranks": 8, "checkpoint": {"num_writes": -5, "num_reads": 10}}, 2 * 20_480 + 1024, "no counts"),
+    ({"ranks": 8, "checkpoint": {}, "serving": "fanout"}, 2 * 20_480 + 1024, "no counts"),
+])
+def test_the_records_bound_follows_what_the_run_makes(config: dict, bound: int, basis: str) -> None:
+    got, why = records_read.records_bound(config)
+    assert got == bound and basis in why
