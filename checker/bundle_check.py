@@ -28,6 +28,7 @@ import shutil
 import tempfile
 from collections.abc import Callable, Sequence
 from pathlib import Path
+from typing import Any
 
 from checker import records_read
 from checker.bundle_rules import finish, stage_facts, stage_rules
@@ -50,6 +51,7 @@ from mlckpt.rules import (
     Context,
     load_rules,
 )
+from mlckpt.rules.engine import run_kind
 from mlckpt.schemas import validator
 from mlckpt.strict import ParseError
 from mlckpt.workload.model import workload_from_config
@@ -255,8 +257,24 @@ def _records(st: State, version: str) -> bool:
     messages = got.messages()
     if not messages and not st.records:
         messages.append("no records")
+    if not messages:
+        messages = other_kind(st.records, st.docs.get("config.yaml"))
     _schema_problems(st, name, "record", messages)
     return bool(messages)
+
+
+def other_kind(records: list[dict[str, Any]], config: Any) -> list[str]:
+    """Records of another kind of run than config.yaml's (rules 1.13: a load in a checkpoint run,
+    an op in a serving run): the record schema takes either, and each kind's rules read only their
+    own; one line for the first such record, as a schema problem."""
+    if not isinstance(config, dict):
+        return []  # the configuration's own schema problem says why
+    kind = run_kind(config)
+    for n, r in enumerate(records, 1):
+        if (r["op"] == "load") != (kind == "serving"):
+            why = "a serving strategy" if kind == "serving" else "no serving strategy"
+            return [f"record {n}: op {r['op']!r} in a {kind} run (config.yaml gives {why})"]
+    return []
 
 
 _STRUCTURAL_KEYS = {"ranks", "scale", "checkpoint.num_writes", "checkpoint.num_reads"}

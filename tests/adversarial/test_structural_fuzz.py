@@ -14,6 +14,7 @@ from collections import Counter
 from pathlib import Path
 
 import pytest
+import yaml
 from support import structural
 from support.cli import CHECKER_ORG, CHECKER_SYSTEM
 
@@ -71,6 +72,30 @@ def test_records_beyond_what_the_configuration_makes_are_refused_before_parsing(
     assert f["message"].endswith("expected at most 1,040 records (twice the ranks × (num_writes + "
                                  "num_reads) of config.yaml, plus 1,024: a bound on the checker's work, not "
                                  "the count the rules hold the records to), got 60,000 lines"), f
+
+
+@pytest.mark.parametrize(("source", "strategy", "said"), [
+    ("serving", None, "record 1: op 'load' in a checkpoint run (config.yaml gives no serving strategy)"),
+    ("llama3_8b", "fanout", "record 1: op 'write' in a serving run (config.yaml gives a serving strategy)"),
+])
+def test_records_of_another_kind_of_run_are_a_schema_finding(honest_bundles: dict[str, Path], tmp_path: Path,
+                                                             source: str, strategy: str | None,
+                                                             said: str) -> None:
+    """Found by the fuzzer: a serving bundle whose configuration lost serving.strategy is a
+    checkpoint run's configuration over load records (the record schema takes either kind), which
+    the checkpoint rules read as ops (a checker fault).  Now one schema finding, as is the reverse."""
+    key = bundle.load_private_key(honest_bundles["dir"] / "keys" / "org.pem")
+    folder = structural.fresh_case(honest_bundles[source], tmp_path / "t", CHECKER_ORG, CHECKER_SYSTEM,
+                                   (honest_bundles["dir"] / "laptop-ext4.yaml").read_bytes())
+    config = yaml.safe_load((folder / "config.yaml").read_text())
+    config["serving"]["strategy"] = strategy
+    (folder / "config.yaml").write_text(yaml.safe_dump(config, sort_keys=False))
+    bundle.sign_bundle(folder, key, bundle.read_envelope_predicate(folder))
+    trusted = bundle.TrustedKeys.load(honest_bundles["dir"] / "trusted-keys.yaml")
+    out = structural.check_case(tmp_path / "t", trusted, BUDGET_S, "another kind")
+    assert out.problem is None and out.verdict == "invalid" and out.rules == {"BUNDLE-SCHEMA"}, out
+    [f] = check_tree(tmp_path / "t", trusted)["bundles"][0]["findings"]
+    assert f["actual"] == said, f
 
 
 def test_a_bundle_past_the_budget_is_stopped_and_the_others_are_judged(honest_bundles: dict[str, Path],
