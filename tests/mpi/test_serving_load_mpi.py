@@ -66,8 +66,9 @@ def test_a_flipped_byte_on_the_storage_is_caught_in_the_replica_that_holds_it(tm
     assert proc.returncode != 0 and not proc.stdout
     # Only the holders of shard 1 (ranks 1 and 3) hold the byte: under fan-out rank 3 received it
     # from rank 1, which read the part of the file that holds it.
-    named = set(re.findall(r"load: shard (\d+) file (\d+) on rank (\d+): ", proc.stderr))
-    assert named and named <= {("1", "0", "1"), ("1", "0", "3")}, proc.stderr[-2000:]
+    said = proc.stderr + "".join(p.read_text() for p in (tmp_path / "storage").glob("failed-rank*.txt"))
+    named = set(re.findall(r"load: shard (\d+) file (\d+) on rank (\d+): ", said))
+    assert named and named <= {("1", "0", "1"), ("1", "0", "3")}, said[-2000:]
 
 
 def test_fanout_and_node_cache_across_simulated_hosts(tmp_path_factory: pytest.TempPathFactory) -> None:

@@ -75,6 +75,9 @@ def main() -> int:
         try:
             rec = loads.load(comm, s, groups)
         except VerificationError as exc:
+            # Beside stderr, a file: MPI_Abort may end the job before mpiexec forwards the line
+            args.folder.mkdir(parents=True, exist_ok=True)
+            (args.folder / f"failed-rank{comm.Get_rank()}.txt").write_text(f"{exc}\n")
             print(f"rank {comm.Get_rank()}: {exc}", file=sys.stderr, flush=True)
             comm.Abort(3)
         loads.clear_tier(groups[1], s)
