@@ -266,13 +266,14 @@ def slurm(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Any]:
 
 
 def srun(slurm: Any, site: dict[str, Path], mpi: str, name: str, *, timeout: float = 300,
-         **env: str) -> subprocess.CompletedProcess[str]:
+         extra: tuple[str, ...] = (), **env: str) -> subprocess.CompletedProcess[str]:
     """``srun -n 4 mlckpt run``.  Under srun every task is a rank, with no ``mlckpt run`` above them
     to run a disturbed run again (MLCKPT_RETRY_DISTURBED), so this does what a user's job script
     would: a run that ended disturbed (exit 6, another process on the test's busy disk) is run
     again, as often as the suite lets ``mlckpt run`` retry."""
     for _ in range(1 + int(os.environ.get("MLCKPT_RETRY_DISTURBED", "0"))):
-        proc = subprocess.run(["srun", "-n", "4", f"--mpi={mpi}", str(MLCKPT), "run", *run_args(site, name)],
+        proc = subprocess.run(["srun", "-n", "4", f"--mpi={mpi}", str(MLCKPT), "run",
+                               *run_args(site, name, *extra)],
                               env={**env_of(site, **env), "SLURM_CONF": slurm.env["SLURM_CONF"],
                                    "PATH": slurm.env["PATH"]},
                               capture_output=True, text=True, timeout=timeout, check=False)
@@ -324,6 +325,31 @@ def test_srun_with_pmix_runs_open_mpi_ranks_whose_bundle_passes_the_checker(
     made = printed_bundle(proc.stdout)
     assert json.loads((made / "system.json").read_text())["hosts"][0]["mpi_library"].startswith("Open MPI")
     checked(site, made, tmp_path)
+
+
+SERVING = ("serving.strategy=fanout", "serving.tp=2", "serving.loads=2")  # rules 1.13: replicas loading
+
+
+@pytest.mark.mpi
+def test_a_serving_run_under_open_mpi_and_under_srun_passes_the_checker(
+        slurm: Any, site: dict[str, Path], tmp_path: Path) -> None:
+    """Fan-out's in-place all-gather and the sleeping barriers of a serving run, on Debian's Open
+    MPI: launched by its own mpiexec, and by srun --mpi=pmix."""
+    if open_mpi_missing():
+        pytest.skip(str(open_mpi_missing()))
+    proc = subprocess.run([str(MLCKPT), "run", *run_args(site, "ompi-serving", *SERVING)],
+                          env=env_of(site, **OPEN_MPI_ENV), capture_output=True, text=True, timeout=600,
+                          check=False)
+    launched = srun(slurm, site, "pmix", "pmix-serving", extra=SERVING, **OPEN_MPI_ENV)
+    for i, p in enumerate((proc, launched)):
+        assert p.returncode == 0, (p.stdout + p.stderr)[-3000:]
+        made = printed_bundle(p.stdout)
+        host = json.loads((made / "system.json").read_text())["hosts"][0]
+        assert host["mpi_library"].startswith("Open MPI")
+        summary = json.loads((made / "summary.json").read_text())
+        assert (summary["strategy"], summary["replicas"], summary["num_loads"]) == ("fanout", 2, 2)
+        report = checked(site, made, tmp_path / str(i))
+        assert [b["verdict"] for b in report["bundles"]] == ["open"]
 
 
 def readme_batch_script() -> str:
