@@ -74,7 +74,12 @@ class ServingRun:
 
 
 def scope_problems(config: Mapping[str, Any]) -> list[str]:
-    """What a serving run cannot be run with (SERVING-SCOPE), each as "key=value (why)"."""
+    """What a serving run cannot be run with (SERVING-SCOPE), each as "key=value (why)".  Nothing
+    where ranks or scale are not numbers: the schema and SCALE-RANGE say so (the checker judges
+    the structural rules on such a configuration too)."""
+    if not all(isinstance(config.get(k), int | float) and not isinstance(config.get(k), bool)
+               for k in ("ranks", "scale")):
+        return []
     run = ServingRun.of(config)
     if run is None:
         return []

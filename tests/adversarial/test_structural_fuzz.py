@@ -98,6 +98,24 @@ def test_records_of_another_kind_of_run_are_a_schema_finding(honest_bundles: dic
     assert f["actual"] == said, f
 
 
+@pytest.mark.parametrize(("key", "value"), [("scale", {"k": 1}), ("ranks", "four")])
+def test_a_serving_configuration_retyped_where_the_structural_rules_look_is_judged(
+        honest_bundles: dict[str, Path], tmp_path: Path, key: str, value: object) -> None:
+    """Found by benchmarks/fuzz_checker.py (seed 13): a serving bundle's scale retyped to a mapping.
+    The structural rules judge a configuration that fails its schema only at ranks, scale or
+    counts; SERVING-SCOPE, one of them, read the scale as a number (a checker fault)."""
+    key_ = bundle.load_private_key(honest_bundles["dir"] / "keys" / "org.pem")
+    folder = structural.fresh_case(honest_bundles["serving"], tmp_path / "t", CHECKER_ORG, CHECKER_SYSTEM,
+                                   (honest_bundles["dir"] / "laptop-ext4.yaml").read_bytes())
+    config = yaml.safe_load((folder / "config.yaml").read_text())
+    config[key] = value
+    (folder / "config.yaml").write_text(yaml.safe_dump(config, sort_keys=False))
+    bundle.sign_bundle(folder, key_, bundle.read_envelope_predicate(folder))
+    trusted = bundle.TrustedKeys.load(honest_bundles["dir"] / "trusted-keys.yaml")
+    out = structural.check_case(tmp_path / "t", trusted, BUDGET_S, f"retype config.yaml:{key}")
+    assert out.problem is None and out.verdict == "invalid" and "BUNDLE-SCHEMA" in out.rules, out
+
+
 def test_a_bundle_past_the_budget_is_stopped_and_the_others_are_judged(honest_bundles: dict[str, Path],
                                                                        tmp_path: Path) -> None:
     """With a budget no check can meet, each bundle stops after its first stage with a finding
