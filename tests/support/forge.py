@@ -15,14 +15,14 @@ from typing import Any
 
 import yaml
 
-from mlckpt import bundle, serving_metrics
+from mlckpt import bundle
 from mlckpt.rules import load_rules
 from mlckpt.rules.checks.evidence import recomputed_summary
 from mlckpt.rules.checks.result import RunData
+from mlckpt.rules.checks.serving import summarized
 from mlckpt.workload.layout import make_plan
 from mlckpt.workload.model import workload_from_config
 from mlckpt.workload.serving_run import ServingRun
-from mlckpt.written import Written
 
 Rec = dict[str, Any]
 
@@ -63,12 +63,8 @@ def resummarize(folder: Path) -> None:
     run = read_json(folder, "run.json")
     serving = ServingRun.of(config)
     if serving is not None:
-        rs, written = load_rules(run["rules_version"]), Written.of(run["rules_version"])
-        doc = serving_metrics.summary(
-            serving, read_records(folder), ranks=int(config["ranks"]),
-            hosts=len({h["host"] for h in run["hosts"]}),
-            max_resident_fraction=float(rs.data["cold_read"]["max_resident_fraction"]),
-            formats=(written.summary, written.records))
+        data = RunData(run, config, {}, read_records(folder))
+        doc = summarized(load_rules(run["rules_version"]), data, serving)
         edit_json(folder, "summary.json", lambda _: doc)
         return
     plan = make_plan(workload_from_config(config["workload"]), int(config["ranks"]), float(config["scale"]))

@@ -101,16 +101,22 @@ def serving_cold(ctx: Context, rs: RuleSet, rule: Rule) -> Iterator[Outcome]:
                       where=f"load {index}")
 
 
-def recomputed(rs: RuleSet, d: RunData, run: ServingRun) -> dict[str, Any] | None:
-    """A serving run's summary.json as its records recompute to (the checker reports this, never
-    the claim); None where a record's duration is not positive (SERVING-PLAN says so)."""
-    if any(int(r["t1_ns"]) <= int(r["t0_ns"]) for r in d.records if r.get("op") == "load"):
-        return None
+def summarized(rs: RuleSet, d: RunData, run: ServingRun) -> dict[str, Any]:
+    """A serving run's summary.json from its records (the runner writes it, SERVING-SUMMARY
+    recomputes it)."""
     written = Written.of(rs.version)
     return summary(run, d.records, ranks=int(d.config["ranks"]),
                    hosts=len({str(h.get("host")) for h in d.run.get("hosts") or ()}),
                    max_resident_fraction=float(rs.data["cold_read"]["max_resident_fraction"]),
                    formats=(written.summary, written.records))
+
+
+def recomputed(rs: RuleSet, d: RunData, run: ServingRun) -> dict[str, Any] | None:
+    """:func:`summarized`, which the checker reports, never the claim; None where a record's
+    duration is not positive (SERVING-PLAN says so)."""
+    if any(int(r["t1_ns"]) <= int(r["t0_ns"]) for r in d.records if r.get("op") == "load"):
+        return None
+    return summarized(rs, d, run)
 
 
 def serving_summary_exact(ctx: Context, rs: RuleSet, rule: Rule) -> Iterator[Outcome | NotChecked]:

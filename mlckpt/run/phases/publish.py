@@ -13,13 +13,14 @@ from typing import Any
 
 import yaml
 
-from mlckpt import __version__, bundle, serving_metrics, strict
+from mlckpt import __version__, bundle, strict
 from mlckpt.engine import frameworks
 from mlckpt.errors import InternalError
 from mlckpt.plan.config import Setup
 from mlckpt.rules import Finding, verdict
 from mlckpt.rules.checks.evidence import recomputed_summary
 from mlckpt.rules.checks.result import DATA_SCHEME, RunData
+from mlckpt.rules.checks.serving import summarized as serving_summarized
 from mlckpt.run.phases.gates import Gates
 from mlckpt.schemas import describe, validator
 from mlckpt.workload.frameworks import WRITERS, Framework
@@ -51,12 +52,8 @@ def summary_of(setup: Setup, records: Sequence[Mapping[str, Any]], manifest: Map
 
 def serving_summary_of(setup: Setup, run: ServingRun, records: Sequence[Mapping[str, Any]],
                        manifest: Mapping[str, Any]) -> dict[str, Any]:
-    """A serving run's summary (format 8), as SERVING-SUMMARY recomputes it."""
-    written = Written.of(setup.rules.version)
-    return serving_metrics.summary(
-        run, records, ranks=int(manifest["ranks"]), hosts=len({h["host"] for h in manifest["hosts"]}),
-        max_resident_fraction=float(setup.rules.data["cold_read"]["max_resident_fraction"]),
-        formats=(written.summary, written.records))
+    """A serving run's summary (format 8): the checker's own recomputation, as summary_of's."""
+    return serving_summarized(setup.rules, RunData(manifest, setup.config, {}, list(records)), run)
 
 
 def manifest_of(
