@@ -52,7 +52,7 @@ from mlckpt.rules import (
     load_rules,
 )
 from mlckpt.rules.engine import run_kind
-from mlckpt.schemas import validator
+from mlckpt.schemas import errors as schema_errors
 from mlckpt.strict import ParseError
 from mlckpt.workload.model import workload_from_config
 
@@ -214,7 +214,7 @@ def stage_schema(st: State) -> None:
             st.problem("schema", name, "strict JSON/YAML within the checker's limits", str(exc))
             bad = True
             continue
-        errors = sorted(itertools.islice(validator(schema, version).iter_errors(doc), MAX_SCHEMA_ERRORS),
+        errors = sorted(itertools.islice(schema_errors(doc, schema, version), MAX_SCHEMA_ERRORS),
                         key=error_key)
         _schema_problems(st, name, schema, [schema_message(e) for e in errors])
         bad = bad or bool(errors)
@@ -288,8 +288,7 @@ def _structural_anyway(st: State) -> None:
     assert st.rules is not None
     if not isinstance(config, dict):
         return
-    errors = list(itertools.islice(validator("config", st.rules.version).iter_errors(config),
-                                   MAX_SCHEMA_ERRORS))
+    errors = list(itertools.islice(schema_errors(config, "config", st.rules.version), MAX_SCHEMA_ERRORS))
     paths = {".".join(map(str, e.absolute_path)) for e in errors}
     if not errors or not paths <= _STRUCTURAL_KEYS:
         return

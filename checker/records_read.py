@@ -109,7 +109,6 @@ def _joined(head: Read, tail: Read) -> Read:
 
 
 def _read(data: bytes, version: str, over_budget: Callable[[], bool], first_line: int) -> Read:
-    v = validator("record", version)
     fast = fast_check("record", version)  # a large run has tens of thousands of records
     records: list[dict[str, Any]] = []
     bad: list[Bad] = []
@@ -122,6 +121,7 @@ def _read(data: bytes, version: str, over_budget: Callable[[], bool], first_line
             if fast is not None and fast(rec, seen != now):
                 records.append(rec)
                 continue
+            v = validator("record", version)  # the strict validator decides, and says why
             errs = list(v.iter_errors(rec)) if not v.is_valid(rec) else []
             if errs:
                 bad.append(Bad(len(records), [f"line {lineno}: {schema_message(e)}"

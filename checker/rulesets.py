@@ -22,7 +22,8 @@ from mlckpt.rules import (
     load_rules,
 )
 from mlckpt.rules.checks.submission import SubmissionFacts
-from mlckpt.schemas import describe, dotted, validator
+from mlckpt.schemas import describe, dotted
+from mlckpt.schemas import errors as schema_errors
 from mlckpt.strict import ParseError
 from mlckpt.workload.model import Workload
 
@@ -71,7 +72,7 @@ def load_system_file(root: Path, sf: SystemFile | None, path: str, rules_version
         doc = loading.parse_yaml(loading.read_capped(root / sf.path, loading.CAPS["system-description"]))
     except ParseError as exc:
         return SystemInfo(sf.path, None, str(exc))
-    errors = sorted(itertools.islice(validator("system-description", rules_version).iter_errors(doc),
+    errors = sorted(itertools.islice(schema_errors(doc, "system-description", rules_version),
                                      MAX_SCHEMA_ERRORS), key=error_key)
     if errors:
         more = f" (and {len(errors) - 1} more)" if len(errors) > 1 else ""

@@ -15,7 +15,7 @@ from mlckpt import bundle, dsse
 from mlckpt.errors import EnvelopeError
 from mlckpt.rules.checks.witness import TRANSCRIPT, WitnessFacts, figures, too_short
 from mlckpt.rules.engine import RuleSet
-from mlckpt.schemas import validator
+from mlckpt.schemas import errors as schema_errors
 from mlckpt.strict import ParseError
 from mlckpt.witness.protocol import TRANSCRIPT_TYPE
 
@@ -44,7 +44,7 @@ def open_transcript(folder: Path, vb: bundle.VerifiedBundle, version: str
         doc, signer, _ = dsse.open_signed(data, TRANSCRIPT_TYPE)
     except (ParseError, EnvelopeError) as exc:  # unreadable as signed, or not a sound envelope
         return None, None, str(exc)
-    errors = list(itertools.islice(validator("witness-transcript", version).iter_errors(doc), 1))
+    errors = list(itertools.islice(schema_errors(doc, "witness-transcript", version), 1))
     if errors:
         return None, signer, f"not a witness transcript: {schema_message(errors[0])}"
     return dict(doc), signer, None

@@ -19,7 +19,7 @@ from mlckpt.locations import is_object_url, parse_object_url
 from mlckpt.plan import aliases
 from mlckpt.resources import workloads_dir
 from mlckpt.rules import Context, HostSpec, RuleSet, host_blocks, known_versions, load_rules, override_key
-from mlckpt.schemas import drop_unknown_nulls, first_error, validator
+from mlckpt.schemas import drop_unknown_nulls, first_error, schema
 from mlckpt.units import GiB, parse_size
 from mlckpt.workload.frameworks import ENGINE, WRITERS
 from mlckpt.workload.layout import Plan, make_plan
@@ -168,7 +168,7 @@ def as_typed(config: dict[str, Any]) -> None:
             except ValueError:
                 raise ConfigError(f"{dotted}: {node[last]!r} is not a size (examples: 4096, 4M, 16MiB, "
                                   "1.5GB)", key=dotted) from None
-    _booleans(config, validator("config", str(config.get("rules_version", "1.0"))).schema)
+    _booleans(config, schema("config", str(config.get("rules_version", "1.0"))))
 
 
 def _booleans(node: Any, schema: Mapping[str, Any]) -> None:
@@ -240,8 +240,8 @@ def _hydra_message(exc: BaseException, source: ConfigSource = SHIPPED) -> str:
 
 def witness_format_fits(version: str) -> bool:
     """Whether the transcript schema of rules ``version`` takes the witness format written now."""
-    schema = validator("witness-transcript", version).schema["properties"]["witness_format"]
-    return formats.WITNESS.version in schema.get("enum", [schema.get("const")])
+    pins = schema("witness-transcript", version)["properties"]["witness_format"]
+    return formats.WITNESS.version in pins.get("enum", [pins.get("const")])
 
 
 def library_installed(module: str) -> bool:
@@ -255,12 +255,12 @@ def validate(config: Mapping[str, Any]) -> None:
     load_rules(version)  # unknown version → ConfigError naming the known ones
     state = config.get("state")
     if isinstance(state, Mapping) and state.get("source") is not None and "state" not in (
-            validator("config", version).schema["properties"]):  # the rule set predates GPU state
+            schema("config", version)["properties"]):  # the rule set predates GPU state
         raise ConfigError(f"state.source: GPU-resident state needs rules_version 1.7 or later "
                           f"(got {version})", key="state.source")
     writer = (config.get("framework") or {}).get("writer")
     if writer not in (None, ENGINE):
-        if "framework" not in validator("config", version).schema["properties"]:
+        if "framework" not in schema("config", version)["properties"]:
             raise ConfigError(f"framework.writer: library writers need rules_version 1.11 or later "
                               f"(got {version})", key="framework.writer")
         module = WRITERS[writer].module if writer in WRITERS else None
@@ -269,7 +269,7 @@ def validate(config: Mapping[str, Any]) -> None:
                               "(pip install 'mlckpt[frameworks]')", key="framework.writer")
     serving = config.get("serving")
     if isinstance(serving, Mapping) and serving.get("strategy") is not None and "serving" not in (
-            validator("config", version).schema["properties"]):
+            schema("config", version)["properties"]):
         raise ConfigError(f"serving.strategy: serving runs need rules_version 1.13 or later (got {version})",
                           key="serving.strategy")
     problem = first_error(config, "config", version)

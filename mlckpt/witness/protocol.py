@@ -13,11 +13,13 @@ mlckpt/witness/admission.py); the open entry records the signer.
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
-from typing import Any
-
-from jsonschema import Draft202012Validator
+from functools import cache
+from typing import TYPE_CHECKING, Any
 
 from mlckpt import formats
+
+if TYPE_CHECKING:
+    from jsonschema import Draft202012Validator
 
 WITNESS_FORMAT = formats.WITNESS.version
 RECEIPT_TYPE = "application/vnd.mlckpt.witness-receipt+json"
@@ -50,12 +52,18 @@ REQUESTS: dict[str, dict[str, Any]] = {
     },
     "close": {"type": "object", "properties": {}, "additionalProperties": False},
 }
-_VALIDATORS = {name: Draft202012Validator(schema) for name, schema in REQUESTS.items()}
+
+
+@cache
+def _validator(kind: str) -> Draft202012Validator:
+    from jsonschema import Draft202012Validator  # imported where a request is judged: the checker never is
+
+    return Draft202012Validator(REQUESTS[kind])
 
 
 def request_problem(kind: str, body: Any) -> str | None:
     """Why ``body`` is not a valid ``kind`` request (one line), or None."""
-    errors = sorted(_VALIDATORS[kind].iter_errors(body), key=lambda e: list(e.absolute_path))
+    errors = sorted(_validator(kind).iter_errors(body), key=lambda e: list(e.absolute_path))
     if not errors:
         return None
     err = errors[0]

@@ -22,7 +22,7 @@ from mlckpt.rules.checks.evidence import recomputed_summary
 from mlckpt.rules.checks.result import DATA_SCHEME, RunData
 from mlckpt.rules.checks.serving import summarized as serving_summarized
 from mlckpt.run.phases.gates import Gates
-from mlckpt.schemas import describe, validator
+from mlckpt.schemas import describe, errors
 from mlckpt.workload.frameworks import WRITERS, Framework
 from mlckpt.workload.pipeline import Pipeline
 from mlckpt.workload.serving_run import ServingRun
@@ -196,9 +196,8 @@ def self_check(folder: Path, rules_version: str) -> str:
                     else [bundle.parse_document(name, data)])
         except strict.ParseError as exc:
             return f"{name}: {exc}"
-        v = validator(schema, rules_version)
         for doc in docs:
-            err = next(iter(v.iter_errors(doc)), None)
+            err = next(errors(doc, schema, rules_version), None)
             if err is not None:
                 return f"{name}: {describe(err)}"
     return ""
