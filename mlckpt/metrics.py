@@ -303,20 +303,22 @@ def _io_block(out: dict[str, Any], name: str, group: list[OpStats]) -> None:
 
 def summarize(records: Iterable[Mapping[str, Any]], *, max_resident_fraction: float,
               records_format: int = RECORDS_FORMAT, summary_format: int = SUMMARY_FORMAT,
-              seen: latency.Longest | None = None) -> dict[str, Any]:
+              seen: latency.Longest | None = None,
+              grouped: Mapping[tuple[str, int], list[Mapping[str, Any]]] | None = None) -> dict[str, Any]:
     """The summary block of ``summary.json`` (everything but run identity), from raw records (of
     ``records_format``: a checker recomputing an older bundle passes the bundle's own, and the
-    summary format its rules pin); ``seen`` gets each request histogram's longest request.  Summary
+    summary format its rules pin); ``seen`` gets each request histogram's longest request;
+    ``grouped``: :func:`group_ops` of the records, where the caller has it already.  Summary
     format 7 (records format 8): where records name a library writer, the headline is its ops' alone
     and ``framework`` sets it beside the engine's ops of the same run, each ratio library / engine."""
     records = list(records)
     split = summary_format >= 7 and records_format >= 8 and any(
         r.get("writer", "mlckpt") != "mlckpt" for r in records)
-    if not split:
-        return _summarize(records, max_resident_fraction, records_format, summary_format, seen)
     args = (max_resident_fraction, records_format, summary_format, seen)
-    ref = [r for r in records if r.get("writer") == "mlckpt"]
-    out = _summarize([r for r in records if r.get("writer") != "mlckpt"], *args)
+    if not split:
+        return _summarize(grouped if grouped is not None else group_ops(records), *args)
+    ref = group_ops(r for r in records if r.get("writer") == "mlckpt")
+    out = _summarize(group_ops(r for r in records if r.get("writer") != "mlckpt"), *args)
     writer = "+".join(sorted({str(r["writer"]) for r in records} - {"mlckpt"}))
     out["framework"] = _framework_block(writer, out, _summarize(ref, *args) if ref else None)
     return out
@@ -338,9 +340,8 @@ def _framework_block(writer: str, mine: Mapping[str, Any], ref: Mapping[str, Any
     return block
 
 
-def _summarize(records: list[Mapping[str, Any]], max_resident_fraction: float, records_format: int,
-               summary_format: int, seen: latency.Longest | None) -> dict[str, Any]:
-    grouped = group_ops(records)
+def _summarize(grouped: Mapping[tuple[str, int], list[Mapping[str, Any]]], max_resident_fraction: float,
+               records_format: int, summary_format: int, seen: latency.Longest | None) -> dict[str, Any]:
     ops = [op_stats(recs) for recs in grouped.values()]
     writes = [o for o in ops if o.op == "write"]
     reads = [o for o in ops if o.op == "read"]

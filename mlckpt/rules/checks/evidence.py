@@ -177,11 +177,10 @@ def start_skew(ctx: Context, rs: RuleSet, rule: Rule) -> Iterator[Outcome | NotC
 def _signature(r: Rec) -> tuple[int, ...]:
     """A record's timings, relative to itself."""
     t0 = int(r["t0_ns"])
-    sig = [int(r["t1_ns"]) - t0]
-    if r["op"] == "write":
-        sig += [int(r.get("staged_ns", t0)) - t0]
-        sig += [int(s["t1_ns"]) - int(s["t0_ns"]) for s in r.get("stages", ())]
-    return tuple(sig)
+    if r["op"] != "write":
+        return (int(r["t1_ns"]) - t0,)
+    return (int(r["t1_ns"]) - t0, int(r.get("staged_ns", t0)) - t0,
+            *[int(s["t1_ns"]) - int(s["t0_ns"]) for s in r.get("stages", ())])
 
 
 def timing_copies(ctx: Context, rs: RuleSet, rule: Rule) -> Iterator[Outcome | NotChecked]:
@@ -193,10 +192,9 @@ def timing_copies(ctx: Context, rs: RuleSet, rule: Rule) -> Iterator[Outcome | N
     seen: dict[tuple[Any, ...], Rec] = {}
     for (op, idx), recs in sorted(ops.items()):
         starts = {h: min(int(r["t0_ns"]) for r in hr) for h, hr in d.hosts(recs).items()}
-        for r in recs:
-            key = (op, _signature(r), int(r["t0_ns"]) - starts[str(r["host"])])
-            if key in seen:
-                o = seen[key]
+        for r, sig in zip(recs, map(_signature, recs), strict=True):
+            o = seen.setdefault((op, sig, int(r["t0_ns"]) - starts[str(r["host"])]), r)
+            if o is not r:
                 yield Outcome(
                     False,
                     "timings of its own",
@@ -204,13 +202,12 @@ def timing_copies(ctx: Context, rs: RuleSet, rule: Rule) -> Iterator[Outcome | N
                     where=f"{op} {idx} rank {r['rank']}",
                 )
                 return
-            seen[key] = r
     vectors: dict[tuple[Any, ...], str] = {}
     by_rank: dict[tuple[str, int], list[int]] = {}
-    for (op, idx), recs in sorted(ops.items()):
-        durs = tuple(int(r["t1_ns"]) - int(r["t0_ns"]) for r in sorted(recs, key=lambda r: int(r["rank"])))
-        for r in recs:
-            by_rank.setdefault((op, int(r["rank"])), []).append(int(r["t1_ns"]) - int(r["t0_ns"]))
+    for (op, idx), recs in sorted(ops.items()):  # each op's records in rank order
+        durs = tuple([int(r["t1_ns"]) - int(r["t0_ns"]) for r in recs])
+        for r, dur in zip(recs, durs, strict=True):
+            by_rank.setdefault((op, int(r["rank"])), []).append(dur)
         if len(durs) >= 2:
             if (op, durs) in vectors:
                 yield Outcome(

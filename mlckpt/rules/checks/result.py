@@ -59,7 +59,7 @@ class RunData:
         if key not in self._summaries:
             self._summaries[key] = summarize(self.records, max_resident_fraction=key[0],
                                              records_format=key[1], summary_format=key[2],
-                                             seen=self.longest)
+                                             seen=self.longest, grouped=self.grouped())
         return self._summaries[key]
 
     def once(self, key: Any, make: Callable[[], Any]) -> Any:
@@ -89,11 +89,8 @@ class RunData:
         return hit[1]
 
     def ops(self, op: str) -> dict[int, list[Mapping[str, Any]]]:
-        out: dict[int, list[Mapping[str, Any]]] = {}
-        for r in self.records:
-            if r.get("op") == op:
-                out.setdefault(int(r["index"]), []).append(r)
-        return out
+        """The records of each ``op`` op by index: :meth:`grouped`'s lists (rank order); not to be changed."""
+        return {idx: recs for (kind, idx), recs in self.grouped().items() if kind == op}
 
 
 def by_host(recs: Sequence[Mapping[str, Any]]) -> dict[str, list[Mapping[str, Any]]]:
