@@ -48,7 +48,7 @@ from mlckpt.run.phases.publish import (
 from mlckpt.run.phases.reads import ReadPhase
 from mlckpt.run.phases.stalls import Stalled
 from mlckpt.run.phases.writes import WritePhase, WriteState
-from mlckpt.run.site_mpi import first_line, mismatch, speaks
+from mlckpt.run.site_mpi import first_line, foreign_launcher, library_abi, mismatch, speaks
 from mlckpt.run.storage import objectstore
 from mlckpt.run.storage.cleanup import Created
 from mlckpt.units import fmt_bytes
@@ -355,9 +355,14 @@ def mpi_main(overrides: Sequence[str], faults: Faults = NO_FAULTS, out: TextIO |
 
         # mpi4py warns on every rank of another MPI's launcher; the one line below says it once
         warnings.filterwarnings("ignore", message="suspicious MPI execution environment")
+        if foreign_launcher(os.environ, library_abi()):
+            import mpi4py
+
+            mpi4py.rc.initialize = mpi4py.rc.finalize = False  # refused without starting MPI
         from mpi4py import MPI
 
-        problem = mismatch(os.environ, MPI.COMM_WORLD.Get_size(), first_line(MPI.Get_library_version()))
+        world = MPI.COMM_WORLD.Get_size() if MPI.Is_initialized() else 1  # a singleton, each
+        problem = mismatch(os.environ, world, first_line(MPI.Get_library_version()))
         if problem:  # N singletons of another MPI's launcher: each would run alone on the storage
             if speaks(os.environ):
                 print(f"mlckpt: error: {problem}", file=sys.stderr, flush=True)

@@ -215,6 +215,20 @@ def refuse_slurm_without_pmi(env: Mapping[str, str]) -> None:
             "mpich extra where the site's MPI speaks PMIx" if speaks(env) else "", key="srun")
 
 
+# A variable only one MPI's launcher sets, by the ABI of its library: MPICH's Hydra (Intel MPI's
+# too), Open MPI's mpirun.
+LAUNCHER_MARKS = {"mpich": "HYDI_CONTROL_FD", "openmpi": "OMPI_COMM_WORLD_SIZE"}
+
+
+def foreign_launcher(env: Mapping[str, str], abi: str | None) -> bool:
+    """Whether another MPI's launcher than the library's (``abi``: :func:`library_abi`) started
+    several ranks here (pure).  Each would start MPI as a singleton, a world of one, and Open MPI's
+    singleton start can itself fail on a loaded host: the ranks are refused before MPI starts."""
+    a = announced(env)
+    return abi is not None and a is not None and a[1] > 1 and any(
+        var in env for flavour, var in LAUNCHER_MARKS.items() if flavour != abi)
+
+
 def mismatch(env: Mapping[str, str], world: int, library: str) -> str:
     """One line when the launcher announced more ranks than the MPI world holds (pure)."""
     a = announced(env)

@@ -116,6 +116,20 @@ def test_what_a_launcher_announced_and_whether_the_world_agrees() -> None:
     assert "Use srun --mpi=pmi2" in refusal and refusal.startswith("srun started 4 tasks")
 
 
+def test_another_mpis_launcher_is_known_before_mpi_starts() -> None:
+    from mlckpt.run import site_mpi as m
+
+    hydra = {"PMI_SIZE": "4", "PMI_RANK": "0", "PMI_FD": "7", "HYDI_CONTROL_FD": "9"}
+    mpirun = {"OMPI_COMM_WORLD_SIZE": "4", "OMPI_COMM_WORLD_RANK": "0"}
+    assert m.foreign_launcher(hydra, "openmpi") and m.foreign_launcher(mpirun, "mpich")
+    assert not m.foreign_launcher(hydra, "mpich") and not m.foreign_launcher(mpirun, "openmpi")
+    assert not m.foreign_launcher({**hydra, "PMI_SIZE": "1"}, "openmpi")  # one rank: a world of one is right
+    assert not m.foreign_launcher(hydra, None)  # a library of its own build: MPI's own world decides
+    # srun --mpi=pmi2 sets neither launcher's variable: Open MPI's ranks join the step
+    assert not m.foreign_launcher({"PMI_SIZE": "4", "PMI_RANK": "0", "PMI_FD": "7", "SLURM_PROCID": "0"},
+                                  "openmpi")
+
+
 def test_a_launcher_of_another_mpi_is_refused_naming_both(tmp_path: Path) -> None:
     from mlckpt.errors import UsageError
     from mlckpt.run import site_mpi as m
