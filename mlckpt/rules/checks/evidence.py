@@ -20,7 +20,7 @@ from typing import Any
 from mlckpt.attribution import cpu_window_s, foreign_summary
 from mlckpt.dlio import DlioFacts, completed
 from mlckpt.locations import is_object_url
-from mlckpt.rules.checks.result import RunData, compare_values, run_data, summary_format, writes_by_rank
+from mlckpt.rules.checks.result import RunData, at, compare_values, run_data, summary_format, writes_by_rank
 from mlckpt.rules.checks.timing import abs_bound_ns, calibration_outcomes
 from mlckpt.rules.engine import Context, NotChecked, Outcome, Rule, RuleSet, checks_table
 from mlckpt.workload.frameworks import ENGINE
@@ -111,7 +111,6 @@ def records_mode(ctx: Context, rs: RuleSet, rule: Rule) -> Iterator[Outcome | No
         want_direct = want_dontcache = False
     blocking_durable = Pipeline.of(d.config).blocking == DURABLE
     for r in d.records:
-        where = f"{r['op']} {r['index']} rank {r['rank']}"
         want = (fsync, want_direct, want_dontcache)
         if r.get("writer", ENGINE) != ENGINE:  # rules 1.11: a library's own buffered I/O, fsynced
             want = (True if r["op"] == "write" else fsync, False, False)
@@ -126,13 +125,13 @@ def records_mode(ctx: Context, rs: RuleSet, rule: Rule) -> Iterator[Outcome | No
                 False,
                 f"fsync={want[0]}, direct={want[1]}, dontcache={want[2]} as configured",
                 f"fsync={got[0]}, direct={got[1]}, dontcache={got[2]}",
-                where=where,
+                where=at(r),
             )
             return
         for st in r.get("stages", ()):
             if st.get("tier") == DURABLE and "direct" in st and st["direct"] is not want[1]:
                 yield Outcome(
-                    False, f"durable stage direct={want[1]}", f"direct={st['direct']}", where=where
+                    False, f"durable stage direct={want[1]}", f"direct={st['direct']}", where=at(r)
                 )
                 return
         if r["op"] == "read" and int(r.get("cached_check_bytes", -1)) != int(r["bytes"]):
@@ -140,7 +139,7 @@ def records_mode(ctx: Context, rs: RuleSet, rule: Rule) -> Iterator[Outcome | No
                 False,
                 f"residency measured over all {r['bytes']} B read",
                 f"over {r.get('cached_check_bytes')} B",
-                where=where,
+                where=at(r),
             )
             return
 
@@ -242,14 +241,13 @@ def async_evidence(ctx: Context, rs: RuleSet, rule: Rule) -> Iterator[Outcome | 
     slack = int(float(rs.data.get("async_evidence", {}).get("backpressure_slack_ms", 0)) * 1e6)
     for rank, recs in sorted(writes_by_rank(d).items()):
         for a, nxt in itertools.pairwise(recs):
-            where = f"write {a['index']} rank {rank}"
             over = int(a["staged_ns"]) + int(a["compute_ns"]) - int(nxt["t0_ns"])
             if over > 0:
                 yield Outcome(
                     False,
                     "training ends before the next checkpoint's barrier",
                     f"{over / 1e6:.1f} ms after it",
-                    where=where,
+                    where=at(a),
                 )
                 break
             wait = int(a["t1_ns"]) - int(nxt["t0_ns"])

@@ -9,7 +9,7 @@ from __future__ import annotations
 import itertools
 from collections.abc import Iterator
 
-from mlckpt.rules.checks.result import run_data, writes_by_rank, written
+from mlckpt.rules.checks.result import at, run_data, writes_by_rank, written
 from mlckpt.rules.engine import Context, NotChecked, Outcome, Rule, RuleSet, checks_table, rank_shift
 from mlckpt.workload.pipeline import DURABLE, Pipeline
 
@@ -24,15 +24,14 @@ def pipeline_declared(ctx: Context, rs: RuleSet, rule: Rule) -> Iterator[Outcome
     for r in d.records:
         if r.get("op") != "write":
             continue
-        where = f"write {r['index']} rank {r['rank']}"
         tiers = [str(st.get("tier")) for st in r.get("stages", [])]
         ok = r.get("mode") == pipe.mode and tiers == want
         if not ok:
             yield Outcome(False, f"mode {pipe.mode}, stages {' → '.join(want)}",
-                          f"mode {r.get('mode')}, stages {' → '.join(tiers) or 'none'}", where=where)
+                          f"mode {r.get('mode')}, stages {' → '.join(tiers) or 'none'}", where=at(r))
         elif int(r["compute_ns"]) < least:
             yield Outcome(False, f"a training interval of at least {pipe.compute_interval_s:g} s",
-                          f"{int(r['compute_ns']) / 1e9:.3f} s", where=where)
+                          f"{int(r['compute_ns']) / 1e9:.3f} s", where=at(r))
 
 
 def async_timeline(ctx: Context, rs: RuleSet, rule: Rule) -> Iterator[Outcome | NotChecked]:
@@ -42,9 +41,8 @@ def async_timeline(ctx: Context, rs: RuleSet, rule: Rule) -> Iterator[Outcome | 
     training waited through (exposed) is within the next one's back-pressure and never more than
     the background work itself."""
     d = run_data(ctx)
-    for rank, recs in sorted(writes_by_rank(d).items()):
+    for _, recs in sorted(writes_by_rank(d).items()):
         for i, r in enumerate(recs):
-            where = f"write {r['index']} rank {rank}"
             t0, staged, t1 = int(r["t0_ns"]), int(r["staged_ns"]), int(r["t1_ns"])
             bp, exposed = int(r["backpressure_ns"]), int(r["exposed_ns"])
             stages = list(r.get("stages", []))
@@ -71,7 +69,7 @@ def async_timeline(ctx: Context, rs: RuleSet, rule: Rule) -> Iterator[Outcome | 
                 elif nxt.get("stages") and t1 > int(nxt["stages"][0]["t0_ns"]):
                     problem = f"durable after write {nxt['index']}'s blocking stage began (one staging slot)"
             if problem:
-                yield Outcome(False, "an ordered checkpoint timeline", problem, where=where)
+                yield Outcome(False, "an ordered checkpoint timeline", problem, where=at(r))
                 break
 
 

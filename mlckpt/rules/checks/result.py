@@ -93,6 +93,12 @@ class RunData:
         return {idx: recs for (kind, idx), recs in self.grouped().items() if kind == op}
 
 
+def at(r: Mapping[str, Any]) -> str:
+    """Where a finding about one record is: its op, index and rank (made only for a finding: the
+    per-record checks pass over tens of thousands of records)."""
+    return f"{r['op']} {r['index']} rank {r['rank']}"
+
+
 def by_host(recs: Sequence[Mapping[str, Any]]) -> dict[str, list[Mapping[str, Any]]]:
     """The records by host, in their order."""
     out: dict[str, list[Mapping[str, Any]]] = {}
