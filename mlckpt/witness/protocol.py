@@ -61,6 +61,13 @@ def _validator(kind: str) -> Draft202012Validator:
     return Draft202012Validator(REQUESTS[kind])
 
 
+def compile_requests() -> None:
+    """Every request's validator, made now: the service does this before it listens, so that its
+    memory does not grow at the first request a client sends."""
+    for kind in REQUESTS:
+        _validator(kind)
+
+
 def request_problem(kind: str, body: Any) -> str | None:
     """Why ``body`` is not a valid ``kind`` request (one line), or None."""
     errors = sorted(_validator(kind).iter_errors(body), key=lambda e: list(e.absolute_path))

@@ -316,6 +316,7 @@ class Witness:
         tick.cancel()
 
     def app(self) -> web.Application:
+        protocol.compile_requests()
         app = web.Application(middlewares=[errors], client_max_size=protocol.MAX_REQUEST_BYTES)
         app.cleanup_ctx.append(self.ticking)
         app.add_routes([
