@@ -89,8 +89,8 @@ def _no_retrieval(uri: str) -> Any:
 
 @cache
 def fast_check(name: str, rules_version: str) -> Callable[..., bool] | None:
-    """A fast "valid" for the documents of schema ``name``, exactly where the strict validator says
-    so, or None where its schemas ask for a format it cannot judge as the strict one does.
+    """A fast "valid" for the documents of schema ``name``, given only where the strict validator
+    gives it, or None where its schemas ask for a format it cannot judge as the strict one does.
     jsonschema-rs compiles the same draft 2020-12 schemas in Rust (about ten times faster than the
     general validator, for the tens of thousands of records a large run has; and a valid bundle
     never imports jsonschema), its ``$ref``s resolved among the version's own schemas and its
