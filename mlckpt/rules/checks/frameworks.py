@@ -16,7 +16,7 @@ from __future__ import annotations
 
 from collections.abc import Iterator
 
-from mlckpt.rules.checks.result import run_data
+from mlckpt.rules.checks.result import at, run_data
 from mlckpt.rules.engine import Context, NotChecked, Outcome, Rule, RuleSet, checks_table
 from mlckpt.workload.frameworks import ENGINE, WRITERS, Framework, scope_problems
 
@@ -55,30 +55,29 @@ def framework_recorded(ctx: Context, rs: RuleSet, rule: Rule) -> Iterator[Outcom
 
 
 def _record(fw: Framework, r: dict) -> Iterator[Outcome]:
-    where = f"{r['op']} {r['index']} rank {r['rank']}"
     writer = fw.writer_of(int(r["checkpoint"]))
     if r.get("writer") != writer:
         yield Outcome(False, f"checkpoint {r['checkpoint']} by {writer}", f"by {r.get('writer')}",
-                      where=where)
+                      where=at(r))
         return
     if writer == ENGINE:
         if "file_bytes" in r or "synced_by" in r:
             yield Outcome(False, "no library fields on the engine's op", "file_bytes or synced_by",
-                          where=where)
+                          where=at(r))
         return
     if "requests" in r or r.get("direct") or r.get("dontcache"):
         yield Outcome(False, "the library's own buffered I/O (no engine requests, no O_DIRECT)",
-                      "the engine's traces", where=where)
+                      "the engine's traces", where=at(r))
         return
     if r["op"] != "write":
         return
     file_bytes = r.get("file_bytes")
     if not isinstance(file_bytes, int) or file_bytes < int(r["bytes"]):
         yield Outcome(False, f"the library's files hold at least the {r['bytes']} B planned",
-                      f"file_bytes {file_bytes}", where=where)
+                      f"file_bytes {file_bytes}", where=at(r))
     if r.get("synced_by") != fw.synced_by() or not r.get("fsync"):
         yield Outcome(False, f"every file fsynced inside the op by {fw.synced_by()}",
-                      f"synced_by {r.get('synced_by')}, fsync {r.get('fsync')}", where=where)
+                      f"synced_by {r.get('synced_by')}, fsync {r.get('fsync')}", where=at(r))
 
 
 CHECKS = checks_table(framework_scope, framework_recorded)

@@ -9,7 +9,7 @@ from collections.abc import Iterator, Mapping
 from typing import Any
 
 from mlckpt.rules.checks.objects import beyond_one_tier
-from mlckpt.rules.checks.result import run_data
+from mlckpt.rules.checks.result import at, run_data
 from mlckpt.rules.engine import Context, NotChecked, Outcome, Rule, RuleSet, checks_table
 
 
@@ -75,15 +75,14 @@ def _no_device_copies(records: Any) -> Iterator[Outcome]:
     for r in records:
         if "device_copy_ns" in r:
             yield Outcome(False, "no device copies in a run with its state in host memory",
-                          "device_copy_ns", where=f"{r['op']} {r['index']} rank {r['rank']}")
+                          "device_copy_ns", where=at(r))
             return
 
 
 def _copy_evidence(r: Mapping[str, Any], entry: Mapping[str, Any], multiple: float) -> Iterator[Outcome]:
-    where = f"{r['op']} {r['index']} rank {r['rank']}"
     copy = r.get("device_copy_ns")
     if not isinstance(copy, int):
-        yield Outcome(False, "device_copy_ns on the record", "none", where=where)
+        yield Outcome(False, "device_copy_ns on the record", "none", where=at(r))
         return
     inside = int(r["t1_ns"]) - int(r["t0_ns"])
     memory = [s for s in r.get("stages", ()) if s.get("tier") == "memory"]
@@ -91,12 +90,12 @@ def _copy_evidence(r: Mapping[str, Any], entry: Mapping[str, Any], multiple: flo
         inside = int(memory[0]["t1_ns"]) - int(memory[0]["t0_ns"])
     if copy > inside:
         yield Outcome(False, f"at most the {'memory stage' if memory else 'op'} ({inside / 1e6:.1f} ms)",
-                      f"{copy / 1e6:.1f} ms", where=where)
+                      f"{copy / 1e6:.1f} ms", where=at(r))
     probe = entry.get("d2h_gib_s" if r["op"] == "write" else "h2d_gib_s")
     if isinstance(probe, int | float) and probe > 0:
         rate = int(r["bytes"]) / max(copy, 1) * 1e9 / 2**30
         yield Outcome(rate <= multiple * probe, f"a copy at most {multiple:g}× the rank's {probe:g} GiB/s",
-                      f"{rate:.1f} GiB/s", where=where)
+                      f"{rate:.1f} GiB/s", where=at(r))
 
 
 CHECKS = checks_table(gpu_modes, gpu_usable, gpu_source_recorded)

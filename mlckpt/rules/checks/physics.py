@@ -11,7 +11,7 @@ from collections.abc import Iterator, Mapping, Sequence
 from typing import Any
 
 from mlckpt.rules.checks.evidence import Rec, evidence_bounds, host_facts, op_end
-from mlckpt.rules.checks.result import by_host, run_data
+from mlckpt.rules.checks.result import at, by_host, run_data
 from mlckpt.rules.engine import Context, NotChecked, Outcome, Rule, RuleSet, checks_table
 from mlckpt.workload.pipeline import MEMORY
 
@@ -59,7 +59,7 @@ def host_clocks(ctx: Context, rs: RuleSet, rule: Rule) -> Iterator[Outcome | Not
                     False,
                     f"inside the run ({d.run.get('started')} .. {d.run.get('ended')})",
                     f"{wall - started:+.3f} s .. {end - ended:+.3f} s relative",
-                    where=f"{r['op']} {r['index']} rank {r['rank']}",
+                    where=at(r),
                 )
                 return
     span = max((int(r["t1_ns"]) for r in d.records), default=0) - min(

@@ -12,7 +12,8 @@ still inside its op (only a witness bounds time).
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping
+from typing import Any
 
 from mlckpt import latency
 from mlckpt.rules.checks.result import run_data
@@ -33,21 +34,26 @@ def request_evidence(ctx: Context, rs: RuleSet, rule: Rule) -> Iterator[Outcome 
             yield Outcome(False, "every rank's requests, or none", f"none from rank(s) {missing[:8]}",
                           where=f"{op} {idx}")
         for r in carried:
-            where = f"{op} {idx}, rank {r['rank']}"
             try:  # the summary's recomputation (METRICS-RECOMPUTE, before this rule) decoded most
                 longest, bucket = d.longest.get(id(r["requests"])) or latency.longest(
                     latency.decode(r["requests"]))
             except ValueError as exc:
-                yield Outcome(False, "a histogram of the rank's requests", str(exc), where=where)
+                yield Outcome(False, "a histogram of the rank's requests", str(exc),
+                              where=_at(op, idx, r))
                 continue
             dur = int(r["t1_ns"]) - int(r["t0_ns"])
             if bucket > dur:
                 yield Outcome(False, f"no request longer than the rank's op ({dur / 1e6:.3f} ms)",
-                              f"a request of {longest / 1e6:.3f} ms", where=where)
+                              f"a request of {longest / 1e6:.3f} ms", where=_at(op, idx, r))
             phases = sum(int(v) for v in (r.get("phases_ns") or {}).values())
             if phases > dur + PHASE_SLACK_NS:
                 yield Outcome(False, f"phases within the rank's op ({dur / 1e6:.3f} ms)",
-                              f"phases of {phases / 1e6:.3f} ms", where=where)
+                              f"phases of {phases / 1e6:.3f} ms", where=_at(op, idx, r))
+
+
+def _at(op: str, idx: int, r: Mapping[str, Any]) -> str:
+    """Where a finding about one rank's requests is (made only for a finding)."""
+    return f"{op} {idx}, rank {r['rank']}"
 
 
 def run_claims(ctx: Context, rs: RuleSet, rule: Rule) -> Iterator[Outcome | NotChecked]:
