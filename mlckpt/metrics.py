@@ -305,12 +305,11 @@ def summarize(records: Iterable[Mapping[str, Any]], *, max_resident_fraction: fl
               records_format: int = RECORDS_FORMAT, summary_format: int = SUMMARY_FORMAT,
               seen: latency.Longest | None = None,
               grouped: Mapping[tuple[str, int], list[Mapping[str, Any]]] | None = None) -> dict[str, Any]:
-    """The summary block of ``summary.json`` (everything but run identity), from raw records (of
-    ``records_format``: a checker recomputing an older bundle passes the bundle's own, and the
-    summary format its rules pin); ``seen`` gets each request histogram's longest request;
-    ``grouped``: :func:`group_ops` of the records, where the caller has it already.  Summary
-    format 7 (records format 8): where records name a library writer, the headline is its ops' alone
-    and ``framework`` sets it beside the engine's ops of the same run, each ratio library / engine."""
+    """The summary block of ``summary.json`` (all but run identity) from raw records of ``records_format``
+    (a checker recomputing an older bundle passes its own, and the summary format its rules pin);
+    ``seen`` gets each request histogram's longest request; ``grouped``: :func:`group_ops` of the
+    records, where the caller has it.  Summary format 7 (records format 8): where records name a library
+    writer, the headline is its ops' alone and ``framework`` sets it beside the engine's, as ratios."""
     records = list(records)
     split = summary_format >= 7 and records_format >= 8 and any(
         r.get("writer", "mlckpt") != "mlckpt" for r in records)

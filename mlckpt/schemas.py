@@ -68,19 +68,31 @@ def schema(name: str, rules_version: str = "1.0") -> dict[str, Any]:
 @cache
 def validator(name: str, rules_version: str = "1.0") -> Draft202012Validator:
     """The strict validator of schema ``name``: the one that decides, and says why."""
-    from jsonschema import Draft202012Validator, validators
-    from referencing import Registry, Resource
+    from jsonschema import Draft202012Validator
 
-    strict_validator = validators.extend(
+    return _strict()(schema(name, rules_version), registry=_registry(rules_version),  # type: ignore[no-any-return]
+                     format_checker=Draft202012Validator.FORMAT_CHECKER)
+
+
+@cache
+def _strict() -> Any:
+    """Draft 2020-12 with our integer type, made once."""
+    from jsonschema import Draft202012Validator, validators
+
+    return validators.extend(
         Draft202012Validator,
         type_checker=Draft202012Validator.TYPE_CHECKER.redefine("integer", _strict_integer),
     )
-    # One registry of every schema of the version, so that relative ``$ref``s resolve locally
-    # (never over the network).
-    registry: Registry = Registry().with_resources(
+
+
+@cache
+def _registry(rules_version: str) -> Any:
+    """Every schema of the version in one registry, so that relative ``$ref``s resolve locally
+    (never over the network)."""
+    from referencing import Registry, Resource
+
+    return Registry().with_resources(
         (s["$id"], Resource.from_contents(s)) for s in _schemas(rules_version).values())
-    return strict_validator(schema(name, rules_version), registry=registry,  # type: ignore[no-any-return]
-                            format_checker=Draft202012Validator.FORMAT_CHECKER)
 
 
 def _no_retrieval(uri: str) -> Any:
@@ -132,14 +144,22 @@ class _Integer:
 def _compiled(name: str, rules_version: str, *, exact: bool) -> Callable[[Any], bool]:
     import jsonschema_rs
 
-    schemas = _schemas(rules_version)
-    if exact:
-        schemas = {k: _exact_integers(s) for k, s in schemas.items()}
-    registry = jsonschema_rs.Registry([(s["$id"], s) for s in schemas.values()], retriever=_no_retrieval)
+    schemas, registry = _rs_registry(rules_version, exact)
     return jsonschema_rs.Draft202012Validator(  # type: ignore[no-any-return]
         schemas[name], registry=registry, retriever=_no_retrieval, validate_formats=True,
         ignore_unknown_formats=False, formats=FORMATS,
         keywords={"mlckptInteger": _Integer} if exact else None).is_valid
+
+
+@cache
+def _rs_registry(rules_version: str, exact: bool) -> tuple[dict[str, Any], Any]:
+    """The version's schemas (``exact``: through :func:`_exact_integers`) and jsonschema-rs's registry."""
+    import jsonschema_rs
+
+    schemas = _schemas(rules_version)
+    if exact:
+        schemas = {k: _exact_integers(s) for k, s in schemas.items()}
+    return schemas, jsonschema_rs.Registry([(s["$id"], s) for s in schemas.values()], retriever=_no_retrieval)
 
 
 _VALUES = frozenset({"const", "enum", "default", "examples"})  # data, not schemas

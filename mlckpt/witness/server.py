@@ -296,8 +296,7 @@ class Witness:
         return self.sign(protocol.transcript(run, entries, self.keyid), protocol.TRANSCRIPT_TYPE)
 
     async def expire(self) -> int:
-        """End every run that went without an event past the bound (an ``expire`` entry, then
-        archived): its opener's share is free again.  How many expired."""
+        """End each run idle past the bound (an ``expire`` entry, archived, its share freed): how many."""
         done = 0
         for run, idle in self.ledger.idle(time.monotonic_ns()):
             async with self.lock(run):
