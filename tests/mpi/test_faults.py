@@ -543,3 +543,22 @@ def test_a_missing_weights_file_fails_every_rank_at_once(tmp_path: Path) -> None
     assert "shard-0001-00001.bin: No such file or directory" in line, line
     assert not ck.exists()
     no_bundle(tmp_path)
+
+
+@pytest.mark.parametrize("writer", ["engine", "torch_save"])
+def test_a_restore_that_never_places_its_bytes_fails_verification_with_one_checkpoint(
+        writer: str, tmp_path: Path) -> None:
+    """One write, one restore: the state already holds the checkpoint's bytes when the restore
+    starts, so a loader that reads every file but drops what it read could pass verification.  The
+    state is poisoned before every timed restore, so it cannot."""
+    if writer != "engine":
+        pytest.importorskip("torch")
+    ovs = ["workload=llama3_8b", "ranks=2", "scale=0.0002", "division=open", "checkpoint.num_writes=1",
+           "checkpoint.num_reads=1", f"checkpoint.folder={tmp_path / 'ck'}",
+           *([f"framework.writer={writer}"] if writer != "engine" else [])]
+    done = Job(ovs, tmp_path, {"MLCKPT_TEST_UNPLACED": "1"}).wait()
+    assert done.returncode == 1, (done.stdout[-2000:], done.stderr[-2000:])
+    line = done.error_line()
+    assert re.fullmatch(rf"mlckpt: error: rank \d+ on {HOST}: read 1: verification failed reading \S+: .*",
+                        line), line
+    assert "bundle: " not in done.stdout

@@ -20,10 +20,13 @@ rank command; under mpiexec each rank runs :func:`mlckpt.run.runner.mpi_main` wi
   WHEN ``drain`` (before it is drained) or ``restore`` (before the restores).
 * ``MLCKPT_TEST_CORRUPT``: ``truncate:R:I:N``, ``swap:R:S:I``, ``stale:R:I``, ``foreign:R:I:PATH``
   (see :meth:`EnvFaults.corrupt`), between the writes and the restores.
+* ``MLCKPT_TEST_UNPLACED=1``: every restore reads all its bytes (through the engine or the library)
+  into buffers of its own and never places them in the state: a loader that reads but drops.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import os
 import shutil
 import signal
@@ -41,8 +44,28 @@ from mlckpt.run.faults import Faults
 from mlckpt.run.runner import mpi_main
 
 FAULT, READY, CORRUPT = "MLCKPT_TEST_FAULT", "MLCKPT_TEST_FAULT_READY", "MLCKPT_TEST_CORRUPT"
-FLIP, FAST_FLIP = "MLCKPT_TEST_FLIP", "MLCKPT_TEST_FAST_FLIP"
-ALL = (FAULT, READY, CORRUPT, FLIP, FAST_FLIP, "MLCKPT_TEST_KILL_AFTER_S", "MLCKPT_TEST_SLOW_S")
+FLIP, FAST_FLIP, UNPLACED = "MLCKPT_TEST_FLIP", "MLCKPT_TEST_FAST_FLIP", "MLCKPT_TEST_UNPLACED"
+ALL = (FAULT, READY, CORRUPT, FLIP, FAST_FLIP, UNPLACED, "MLCKPT_TEST_KILL_AFTER_S", "MLCKPT_TEST_SLOW_S")
+
+
+def unplaced_restores() -> None:
+    """Restores that read every byte into buffers of their own, never into the state: the engine's
+    reads and the libraries' loads replaced in this rank's process."""
+    import numpy as np
+
+    from mlckpt.engine import frameworks
+
+    read_files, load = engine.read_files, frameworks.load
+
+    def read_elsewhere(files: Sequence[engine.FileIO], opts: Any) -> Any:
+        return read_files([engine.FileIO(f.path, engine.alloc(max(engine.PAGE, f.buf.size)), f.nbytes)
+                           for f in files], opts)
+
+    def load_elsewhere(writer: str, cdir: Path, items: Sequence[Any], rank: int) -> None:
+        load(writer, cdir, [dataclasses.replace(it, buf=np.zeros_like(it.buf)) for it in items], rank)
+
+    engine.read_files = read_elsewhere  # type: ignore[assignment]
+    frameworks.load = load_elsewhere  # type: ignore[assignment]
 
 
 def flip_object_bit(url: str, offset: int) -> None:
@@ -86,6 +109,8 @@ def replace_with_copy(src: str, dst: str) -> None:
 class EnvFaults(Faults):
     def __init__(self, env: dict[str, str]) -> None:
         self.env = env
+        if env.get(UNPLACED):
+            unplaced_restores()
 
     def timed_action(self, rank: int, op: str, index: int, action: Callable[[], Any]) -> Callable[[], Any]:
         spec = self.env.get(FAULT)

@@ -1,6 +1,7 @@
 """The restores: each a cold read of a written checkpoint (every file evicted from the page cache
-and its residency measured first), from the nearest tier that holds it, with every page verified
-against the content its writer stamped."""
+and its residency measured first, and the state poisoned so that only what the restore places
+verifies), from the nearest tier that holds it, with every page verified against the content its
+writer stamped."""
 
 from __future__ import annotations
 
@@ -71,6 +72,8 @@ class ReadPhase:
         cdir = (self.fast_root if tier == FAST else self.root) / f"ckpt-{c:04d}"  # type: ignore[operator]
         paths = [str(cdir / rd.file.name) for rd in self.reads]
         nbytes = sum(rd.file.bytes for rd in self.reads)
+        with self.job.step(f"poison the state before restore {k}"):
+            self.poison()
         if self.store is not None:  # no page cache holds objects: nothing to evict, 0 resident
             return self.restore_objects(k, c, cdir, nbytes, scratch)
         if self.fw.writer_of(c) != ENGINE:
@@ -116,6 +119,18 @@ class ReadPhase:
                 self.dev.download(self.arena, self.offsets[-1])
             rec.update(self.verify(k, c, files, scratch))
         return rec
+
+    def poison(self) -> None:
+        """Untimed, before every restore: the tag of every page the restore must fill is wiped in
+        the state (and in device memory, for a GPU source), so that only bytes the restore placed
+        there verify.  Without it, a run of one checkpoint restores into a state that already holds
+        those bytes, and a loader that reads the files but never places them would pass.  A
+        streamed restore verifies each block as it arrives, in a ring it reuses: nothing to wipe."""
+        if self.stream:
+            return
+        engine.wipe_tags(self.arena, self.offsets[-1])
+        if self.dev is not None:
+            self.dev.upload(self.arena, self.offsets[-1])
 
     def read_to_device(self, files: Sequence[engine.FileIO], ropts: engine.IOOptions,
                        copied: dict[str, int]) -> None:
