@@ -203,7 +203,16 @@ def _bundle_plan(st: State, ctx: Context, placement_ok: bool) -> Plan | None:
         st.problem("schema", "config.yaml", f"a plan of at most {MAX_PLAN_FILES} files (checker limit)",
                    f"about {est} files ({ranks} ranks, {ctx.workload.model.num_layers} layers)")
         raise Stop
-    return make_plan(ctx.workload, ranks, float(ctx.config["scale"]))
+    try:
+        return make_plan(ctx.workload, ranks, float(ctx.config["scale"]))
+    except ValueError:
+        if ctx.kind != "serving":
+            raise
+        # A serving run is judged by its own plan (SERVING-PLAN, SERVING-SCOPE); RANKS-MULTIPLE and
+        # its kin judge checkpoint runs only, so a layout no checkpoint plan fits reaches here.
+        st.not_checked.append(("BYTES-PLAN", "no checkpoint plan fits this serving run's ranks and workload "
+                               "parallelism (its loads are held to their own plan: SERVING-PLAN)"))
+        return None
 
 
 RECOMPUTING = ("METRICS-RECOMPUTE", "SUMMARY-EXACT")  # the rules that recompute the summary

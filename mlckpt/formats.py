@@ -64,8 +64,8 @@ RUN = Format("run", "run.json: run_format", 12, (2, 3, 4, 5, 6, 7, 8, 9, 10, 11,
          "strategy, tp, replicas, loads, shard_file_bytes, node_tier; mlckpt/workload/serving_run.py)"),
 ))
 
-RECORDS = Format("records", "records.jsonl (run.json and summary.json: records_format)", 9,
-                 (2, 3, 4, 5, 6, 7, 8, 9), (
+RECORDS = Format("records", "records.jsonl (run.json and summary.json: records_format)", 10,
+                 (2, 3, 4, 5, 6, 7, 8, 9, 10), (
     (1, "first version: op, index, checkpoint, rank, host, t0_ns/t1_ns (the host's monotonic clock), bytes, "
         "files, fsync, resident_bytes/cached_check_bytes (reads), verified_bytes/mismatches (reads); the "
         "field meanings are written out in mlckpt/metrics.py"),
@@ -99,9 +99,12 @@ RECORDS = Format("records", "records.jsonl (run.json and summary.json: records_f
         "barrier until its shard was in its memory), wall_start, bytes (its shard), storage_bytes, "
         "node_tier_bytes, received_bytes, resident_bytes (its storage files' pages in the page cache when "
         "the load began) and verified_bytes (mlckpt/serving_metrics.py); a checkpoint run's are format 8's"),
+    (10, "rules 1.14: a load record adds node_tier_resident_bytes (of the rank's node-tier files, the bytes "
+         "still in the page cache just before it read them; 0 without a tier); a checkpoint run's are "
+         "format 8's"),
 ))
 
-SUMMARY = Format("summary", "summary.json: summary_format", 8, (2, 3, 4, 5, 6, 7, 8), (
+SUMMARY = Format("summary", "summary.json: summary_format", 9, (2, 3, 4, 5, 6, 7, 8, 9), (
     (1, "first version: per-op statistics and headlines recomputed from records.jsonl (mlckpt.metrics)"),
     (2, "stall, time to durable, overlap efficiency, back-pressure, per-stage bandwidth, read_fast_*"),
     (3, "DLIO's summary.json shape (rules 1.3): dlio_compat becomes metric, under DLIO's key names and "
@@ -124,6 +127,9 @@ SUMMARY = Format("summary", "summary.json: summary_format", 8, (2, 3, 4, 5, 6, 7
         "received and read from the node tier, resident_bytes, effective_gb_s, storage_gb_s), the median, "
         "fastest and slowest ready_s, the rates at the median, read_cold and read_verified "
         "(mlckpt/serving_metrics.py); a checkpoint run's is format 7's"),
+    (9, "rules 1.14 (records format 10): a serving run's loads add node_tier_resident_bytes, and "
+        "node_tier_cold says whether every load read its node tier cold (null: no tier; false: a warm "
+        "tier, in memory or the page cache); a checkpoint run's is format 7's"),
 ))
 
 PLAN = Format("plan", "mlckpt plan --json: plan_format", 2, (2,), (

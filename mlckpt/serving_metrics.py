@@ -5,14 +5,18 @@
 A load's record per rank: ``rank``, ``replica``, ``shard``, ``host``, ``strategy``, ``t0_ns`` and
 ``t1_ns`` (the rank's own clock, from leaving the start barrier until its shard was in memory),
 ``bytes`` (its shard), ``storage_bytes``, ``node_tier_bytes``, ``received_bytes``,
-``resident_bytes`` (still in the page cache when the load began) and ``verified_bytes``.
+``resident_bytes`` (still in the page cache when the load began), from records format 10
+``node_tier_resident_bytes`` (of its node-tier files, still in the page cache just before it read
+them), and ``verified_bytes``.
 
 The figures: ``ready_s``, the slowest rank's time from leaving the start barrier until its shard
 was in its memory (each rank on its own host's clock, as a checkpoint op is timed: no clock is
 compared across hosts); ``storage_bytes``, what the storage served; ``placed_bytes``, what the
 replicas hold; ``effective_gb_s`` (placed / ready) and ``storage_gb_s`` (served / ready), in
 decimal GB as storage data sheets give them.  :func:`summary` is a serving run's summary.json
-(summary format 8), which the runner writes and SERVING-SUMMARY recomputes.
+(summary format 8; 9 adds each load's ``node_tier_resident_bytes`` and ``node_tier_cold``: null
+without a tier, else whether every load's tier reads were cold), which the runner writes and
+SERVING-SUMMARY recomputes.
 """
 
 from __future__ import annotations
@@ -44,7 +48,8 @@ def figures(recs: Sequence[Record]) -> dict[str, Any]:
             "node_tier_bytes": sum(int(r["node_tier_bytes"]) for r in recs),
             "effective_gb_s": placed / ready / 1e9 if ready > 0 else None,
             "storage_gb_s": served / ready / 1e9 if ready > 0 else None,
-            "resident_bytes": sum(int(r["resident_bytes"]) for r in recs)}
+            "resident_bytes": sum(int(r["resident_bytes"]) for r in recs),
+            "node_tier_resident_bytes": sum(int(r.get("node_tier_resident_bytes", 0)) for r in recs)}
 
 
 def by_load(records: Sequence[Record]) -> dict[int, list[Record]]:
@@ -59,20 +64,23 @@ def by_load(records: Sequence[Record]) -> dict[int, list[Record]]:
 def summary(run: ServingRun, records: Sequence[Record], *, ranks: int, hosts: int,
             max_resident_fraction: float, formats: tuple[int, int]) -> dict[str, Any]:
     """A serving run's summary.json (``formats``: its summary and records formats, 8 and 9 under
-    rules 1.13), every figure from the records: each load's, and the median, fastest and slowest
-    time to ready over the loads (the rates at the median time)."""
+    rules 1.13, 9 and 10 under 1.14), every figure from the records: each load's, and the median,
+    fastest and slowest time to ready over the loads (the rates at the median time)."""
+    tiered = formats[0] >= 9 and formats[1] >= 10
+    keys = ("ready_s", "slowest_rank", "storage_bytes", "placed_bytes", "received_bytes", "node_tier_bytes",
+            "resident_bytes", *(("node_tier_resident_bytes",) if tiered else ()), "effective_gb_s",
+            "storage_gb_s")
     loads = []
     for index, recs in by_load(records).items():
         f = figures(recs)
-        loads.append({"index": index, **{k: f[k] for k in (
-            "ready_s", "slowest_rank", "storage_bytes", "placed_bytes", "received_bytes", "node_tier_bytes",
-            "resident_bytes", "effective_gb_s", "storage_gb_s")}})
+        loads.append({"index": index, **{k: f[k] for k in keys}})
     ready = [f["ready_s"] for f in loads]
     median = statistics.median(ready) if ready else 0.0
     placed = loads[0]["placed_bytes"] if loads else 0
     served = int(statistics.median(f["storage_bytes"] for f in loads)) if loads else 0
     resident = max(((f["resident_bytes"] / f["storage_bytes"] if f["storage_bytes"] else 0.0) for f in loads),
                    default=0.0)
+    tier = {"node_tier_cold": _tier_cold(loads, max_resident_fraction)} if tiered else {}
     return {"summary_format": formats[0], "records_format": formats[1],
             "kind": "serving", "workload": run.workload, "strategy": run.strategy, "replicas": run.replicas,
             "tp": run.tp, "ranks": ranks, "num_hosts": hosts, "num_loads": len(loads), "loads": loads,
@@ -80,10 +88,19 @@ def summary(run: ServingRun, records: Sequence[Record], *, ranks: int, hosts: in
             "ready_s_min": min(ready, default=0.0), "ready_s_max": max(ready, default=0.0),
             "effective_gb_s": placed / median / 1e9 if median > 0 else None,
             "storage_gb_s": served / median / 1e9 if median > 0 else None,
-            "resident_fraction_max": resident, "read_cold": resident <= max_resident_fraction,
+            "resident_fraction_max": resident, "read_cold": resident <= max_resident_fraction, **tier,
             "read_verified": all(int(r["verified_bytes"]) == int(r["bytes"]) for r in records
                                  if r.get("op") == "load"),
             "mlckpt_timing_basis": TIMING_BASIS}
+
+
+def _tier_cold(loads: Sequence[Mapping[str, Any]], bound: float) -> bool | None:
+    """Whether every load read its node tier cold (its tier files at most ``bound`` resident
+    before the ranks read them); None where no load read a tier."""
+    tiered = [f for f in loads if f["node_tier_bytes"]]
+    if not tiered:
+        return None
+    return all(f["node_tier_resident_bytes"] <= bound * f["node_tier_bytes"] for f in tiered)
 
 
 def by_strategy(loads: Sequence[Sequence[Record]]) -> dict[str, dict[str, Any]]:

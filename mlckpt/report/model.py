@@ -182,7 +182,21 @@ def _serving(summary: Mapping[str, Any]) -> tuple[tuple[str, str], ...]:
                         f"{summary.get('strategy')}"),
             ("ready", f"{summary.get('ready_s_median', 0):.3f} s median over {summary.get('num_loads')} loads"
                       + (f", {rate:.2f} GB/s effective" if rate is not None else "")
-                      + f", {int(summary.get('storage_bytes', 0)) / 1e9:.3f} GB from the storage per load"))
+                      + f", {int(summary.get('storage_bytes', 0)) / 1e9:.3f} GB from the storage per load"),
+            *_node_tier(summary))
+
+
+def _node_tier(summary: Mapping[str, Any]) -> tuple[tuple[str, str], ...]:
+    """Summary format 9: whether nodecache's tier was read from its device or from memory."""
+    cold = summary.get("node_tier_cold")
+    if cold is None:
+        return ()
+    resident = sum(int(ld.get("node_tier_resident_bytes", 0)) for ld in summary.get("loads") or ())
+    tier = sum(int(ld.get("node_tier_bytes", 0)) for ld in summary.get("loads") or ())
+    share = f"{resident / tier:.0%}" if tier else "0%"
+    return (("node tier", ("cold: read from its device" if cold else
+                           "warm: read from memory (a tier in memory, or the page cache)")
+             + f", {share} of its reads resident beforehand"),)
 
 
 def _headline(summary: Mapping[str, Any], op: str) -> str:

@@ -1,7 +1,8 @@
-"""Serving runs end to end (rules 1.13): `mlckpt run serving.strategy=...` on real MPI ranks, each
+"""Serving runs end to end (rules 1.14): `mlckpt run serving.strategy=...` on real MPI ranks, each
 strategy's signed bundle through mlckpt-check, and the forgeries a serving result invites (a
-strategy relabelled, a replica count claimed that the records do not hold, a faster time to ready,
-a warm cache hidden, a serving block edited) caught by the rule named, after re-signing."""
+strategy relabelled, a replica count claimed that the records do not hold, replicas copied, a
+faster time to ready, a warm cache or a warm node tier hidden, buffered reads or weights in memory
+claimed, a serving block edited) caught by the rule named, after re-signing."""
 
 from __future__ import annotations
 
@@ -62,6 +63,7 @@ def test_the_records_hold_what_each_strategy_promises(made: dict[str, Any], stra
     run_doc, records, summary = (read_json(m["bundle"], "run.json"), read_records(m["bundle"]),
                                  read_json(m["bundle"], "summary.json"))
     assert run_doc["serving"]["strategy"] == strategy and run_doc["run_format"] == 12
+    assert run_doc["records_format"] == 10 and summary["summary_format"] == 9
     assert (run_doc["serving"]["node_tier"] is None) == (strategy != "nodecache")
     assert [(r["index"], r["rank"]) for r in records] == [(i, r) for i in range(2) for r in range(4)]
     shards = sum(r["bytes"] for r in records if r["index"] == 0 and r["replica"] == 0)
@@ -72,6 +74,9 @@ def test_the_records_hold_what_each_strategy_promises(made: dict[str, Any], stra
         assert load["received_bytes"] == (shards if strategy == "fanout" else 0)
         assert load["node_tier_bytes"] == (2 * shards if strategy == "nodecache" else 0)
         assert load["resident_bytes"] <= 0.01 * load["storage_bytes"]
+        # a tier on this disk was made durable and evicted: every rank read it from the device
+        assert load["node_tier_resident_bytes"] <= 0.01 * load["node_tier_bytes"]
+    assert summary["node_tier_cold"] is (True if strategy == "nodecache" else None)
     assert all(r["verified_bytes"] == r["bytes"] > 0 for r in records)
     assert summary["read_cold"] and summary["read_verified"] and summary["num_loads"] == 2
     left = [p for p in (m["cwd"] / "ck").rglob("*") if p.is_file()]
@@ -119,6 +124,32 @@ def _copied_ranks(b: Path) -> None:
     resummarize(b)
 
 
+def _copied_replicas(b: Path) -> None:
+    """Under direct loading every replica reads its whole shard, so ranks 0-3 copied as 4-7 fit the
+    plan of four replicas: only their timings, repeated to the nanosecond, tell."""
+    _copied_ranks(b)
+
+
+def _tier_claimed_cold(b: Path) -> None:
+    """A warm node tier (its files in the page cache before the ranks read them) claimed cold."""
+    edit_records(b, lambda recs: _each(recs, node_tier_resident_bytes=int(recs[0]["node_tier_bytes"])))
+    resummarize(b)
+    edit_json(b, "summary.json", lambda s: s.update(node_tier_cold=True))
+
+
+def _buffered(b: Path) -> None:
+    """A run that read its weights through the page cache, claimed as any other."""
+    edit_yaml(b, "config.yaml", lambda c: c["io"].update(direct=False))
+
+
+def _weights_in_memory(b: Path) -> None:
+    """Weights laid out on tmpfs (system.json as such a host measures its folder)."""
+    def tmpfs(doc: dict[str, Any]) -> None:
+        for h in doc["hosts"]:
+            h["filesystem"]["fs_type"] = "tmpfs"
+    edit_json(b, "system.json", tmpfs)
+
+
 def _faster(b: Path) -> None:
     edit_json(b, "summary.json", lambda s: s.update(ready_s_median=s["ready_s_median"] / 2))
 
@@ -153,7 +184,10 @@ FORGERIES = {
     "SERVING-PLAN": [("direct", _relabel("fanout")),  # direct's records labelled fan-out
                      ("fanout", _relabel("direct")), ("fanout", _more_replicas), ("fanout", _copied_ranks),
                      ("direct", _one_load_dropped)],
-    "SERVING-SUMMARY": [("direct", _faster)],
+    "RECORDS-COPIES": [("direct", _copied_replicas)],
+    "SERVING-SUMMARY": [("direct", _faster), ("nodecache", _tier_claimed_cold)],
+    "SERVING-DIRECT": [("direct", _buffered)],
+    "MEMORY-FOLDER": [("fanout", _weights_in_memory)],
     "SERVING-COLD": [("nodecache", _warm)],
     "SERVING-RECORDED": [("direct", _fewer_loads)],
     "SERVING-SCOPE": [("fanout", _streamed)],
@@ -174,8 +208,25 @@ def test_a_forged_serving_result_is_caught(made: dict[str, Any], rule: str, sour
     resign(b, bundle.load_private_key(h["dir"] / "keys" / "org.pem"), ranks=run_doc["ranks"],
            division=run_doc["division"])
     got = judged_alone(h, tree_of(h, tmp_path / "t", b))
-    assert got["verdict"] == load_rules("1.13").rule(rule).severity, got["findings"]  # invalid, or open
+    assert got["verdict"] == load_rules("1.14").rule(rule).severity, got["findings"]  # invalid, or open
     assert rule in {f["rule"] for f in got["findings"]}, got["findings"]
+
+
+def test_a_serving_bundle_no_checkpoint_plan_fits_is_judged_not_faulted(made: dict[str, Any],
+                                                                         tmp_path: Path) -> None:
+    """A serving run's workload parallelism edited so that no checkpoint plan fits its ranks (4
+    ranks, pipeline 3): the checker judges it (the serving rules hold it to its own plan) rather
+    than faulting while building a checkpoint plan it does not use."""
+    h = made["h"]
+    b = tmp_path / "b" / made["direct"]["bundle"].name
+    shutil.copytree(made["direct"]["bundle"], b)
+    edit_yaml(b, "config.yaml", lambda c: c["workload"]["parallelism"].update(pipeline=3))
+    resign(b, bundle.load_private_key(h["dir"] / "keys" / "org.pem"), ranks=4, division="open")
+    got = judged_alone(h, tree_of(h, tmp_path / "t", b))
+    assert "INTERNAL" not in {f["rule"] for f in got["findings"]}, got["findings"]
+    assert got["verdict"] == "open" and not hard_rules(got), got["findings"]
+    assert any(n["rule"] == "BYTES-PLAN" and "no checkpoint plan" in n["reason"]
+               for n in got["not_checked"]), got
 
 
 def test_a_serving_run_that_cannot_be_run_is_refused_before_any_io(honest_bundles: dict[str, Path],
@@ -187,6 +238,46 @@ def test_a_serving_run_that_cannot_be_run_is_refused_before_any_io(honest_bundle
     assert not (tmp_path / "ck").exists() and not (tmp_path / "results").exists()
     proc = run(honest_bundles, tmp_path, "serving.strategy=direct", "rules_version='1.12'")
     assert proc.returncode == 2 and "serving runs need rules_version 1.13" in proc.stderr
+    proc = run(honest_bundles, tmp_path, "serving.strategy=fanout", "io.direct=false")
+    assert proc.returncode == 2 and "[SERVING-DIRECT]" in proc.stderr and "io.direct=false" in proc.stderr
+    assert not (tmp_path / "ck").exists() and not (tmp_path / "results").exists()
+
+
+def test_weights_in_memory_are_refused_before_any_io(honest_bundles: dict[str, Path], tmp_path: Path) -> None:
+    shm = Path("/dev/shm")
+    if not shm.is_dir():
+        pytest.skip("no /dev/shm on this host")
+    folder = shm / f"mlckpt-test-weights-{tmp_path.name}"
+    try:
+        proc = run(honest_bundles, tmp_path, "serving.strategy=direct", f"checkpoint.folder={folder}")
+        assert proc.returncode == 2 and "[MEMORY-FOLDER]" in proc.stderr, proc.stderr[-2000:]
+        assert "tmpfs" in proc.stderr and "Traceback" not in proc.stderr
+        assert not any(folder.rglob("*.bin")) if folder.exists() else True
+    finally:
+        shutil.rmtree(folder, ignore_errors=True)
+
+
+def test_a_node_tier_in_memory_is_labelled_warm(honest_bundles: dict[str, Path], tmp_path: Path) -> None:
+    """nodecache's default tier, /dev/shm, holds its files in memory whatever the eviction: the
+    summary says its reads were warm, and the checker passes the labelled result."""
+    shm = Path("/dev/shm")
+    if not shm.is_dir():
+        pytest.skip("no /dev/shm on this host")
+    proc = run(honest_bundles, tmp_path, "serving.strategy=nodecache", f"serving.node_tier={shm}")
+    assert proc.returncode == 0, (proc.stdout[-2000:], proc.stderr[-2000:])
+    b = printed_bundle(proc)
+    summary, records = read_json(b, "summary.json"), read_records(b)
+    assert summary["node_tier_cold"] is False and summary["read_cold"] is True
+    for load in summary["loads"]:
+        assert load["node_tier_resident_bytes"] >= 0.99 * load["node_tier_bytes"] > 0
+    assert sum(r["node_tier_resident_bytes"] for r in records) == sum(
+        ld["node_tier_resident_bytes"] for ld in summary["loads"])
+    got = judged_alone(honest_bundles, tree_of(honest_bundles, tmp_path / "t", b))
+    assert got["verdict"] == "open" and not hard_rules(got), got["findings"]
+    shown = subprocess.run([str(BIN / "mlckpt"), "report", str(b)], env=cli_env(), text=True,
+                           capture_output=True, timeout=120, check=False)
+    assert shown.returncode == 0 and "warm: read from memory" in shown.stdout, shown.stdout
+    assert not list(shm.glob(f"mlckpt-tier-{b.name.split('-')[0]}*"))
 
 
 def test_the_leaderboard_ranks_the_strategies_in_one_serving_class(made: dict[str, Any],
@@ -232,7 +323,10 @@ def test_compare_and_report_show_a_serving_runs_loads(made: dict[str, Any], tmp_
     proc = subprocess.run([str(BIN / "mlckpt"), "report", str(b), "--csv", str(tmp_path / "ops.csv")],
                           env=cli_env(), text=True, capture_output=True, timeout=120, check=False)
     assert proc.returncode == 0, proc.stderr
-    assert "serving    2 replicas of TP 2, fanout" in proc.stdout
+    assert "serving    2 replicas of TP 2, fanout" in proc.stdout and "node tier" not in proc.stdout
+    shown = subprocess.run([str(BIN / "mlckpt"), "report", str(made["nodecache"]["bundle"])], env=cli_env(),
+                           text=True, capture_output=True, timeout=120, check=False)
+    assert "cold: read from its device, 0% of its reads resident beforehand" in shown.stdout, shown.stdout
     lines = (tmp_path / "ops.csv").read_text().splitlines()
     assert len(lines) == 3 and lines[1].startswith("load,0,,fanout,")
     slowest = float(lines[1].split(",")[4])

@@ -47,6 +47,17 @@ def memory_folder(ctx: Context, rs: RuleSet, rule: Rule) -> Iterator[Outcome | N
     nothing to read cold from, known before the first byte is written (rules 1.9)."""
     if not int(ctx.get("checkpoint.num_reads") or 0):
         return  # a write-only invocation reads nothing
+    yield from _folder_not_in_memory(ctx)
+
+
+def memory_folder_reads(ctx: Context, rs: RuleSet, rule: Rule) -> Iterator[Outcome | NotChecked]:
+    """Rules 1.14: :func:`memory_folder`, and a serving run, which always reads its weights back
+    (1.13 read ``checkpoint.num_reads``, which a serving run leaves at 0)."""
+    if ctx.kind == "serving" or int(ctx.get("checkpoint.num_reads") or 0):
+        yield from _folder_not_in_memory(ctx)
+
+
+def _folder_not_in_memory(ctx: Context) -> Iterator[Outcome | NotChecked]:
     for h in ctx.hosts or ():
         if h.folder_fs is None:
             yield NotChecked("the checkpoint folder's filesystem was not measured")
@@ -168,6 +179,7 @@ CHECKS = checks_table(
     closed_ranks_per_host,
     host_memory,
     memory_folder,
+    memory_folder_reads,
     disk_space,
     folder_usable,
     results_apart,

@@ -2,6 +2,8 @@
 mlckpt/run/phases/loads.py).  Pure.
 
 SERVING-SCOPE (config): what a serving run cannot be run with, refused before any I/O.
+SERVING-DIRECT (config, rules 1.14): weights on files are read with O_DIRECT, never through a
+page cache that the replicas of a host share.
 SERVING-CLOSED (config): no closed serving workload is defined: a serving run is an open result.
 SERVING-RECORDED (result): run.json's serving block is the configuration's.
 SERVING-PLAN (result): each load's records are the plan rebuilt from the configuration and the
@@ -19,6 +21,7 @@ from collections.abc import Iterator, Mapping
 from typing import Any
 
 from mlckpt.errors import ConfigError
+from mlckpt.locations import is_object_url
 from mlckpt.rules.checks.result import RunData, run_data
 from mlckpt.rules.engine import Context, NotChecked, Outcome, Rule, RuleSet, checks_table
 from mlckpt.serving_metrics import by_load, held_to_plan, summary
@@ -29,6 +32,15 @@ from mlckpt.written import Written
 def serving_scope(ctx: Context, rs: RuleSet, rule: Rule) -> Outcome:
     bad = scope_problems(ctx.config)
     return Outcome(not bad, "a serving run without them", "; ".join(bad))
+
+
+def serving_direct(ctx: Context, rs: RuleSet, rule: Rule) -> Outcome:
+    """Rules 1.14: weights on files are read with O_DIRECT (objects have no page cache of the
+    host's).  Buffered, the replicas on one host share the page cache."""
+    folder = str(ctx.get("checkpoint.folder") or "")
+    direct = ctx.get("io.direct")
+    return Outcome(is_object_url(folder) or direct is True, "io.direct=true (weights on files)",
+                   f"io.direct={str(direct).lower()}")
 
 
 def serving_closed(ctx: Context, rs: RuleSet, rule: Rule) -> Outcome:
@@ -136,5 +148,5 @@ def _short(v: Any) -> str:
     return text if len(text) <= 80 else text[:77] + "..."
 
 
-CHECKS = checks_table(serving_scope, serving_closed, serving_recorded, serving_plan, serving_cold,
-                      serving_summary_exact)
+CHECKS = checks_table(serving_scope, serving_direct, serving_closed, serving_recorded, serving_plan,
+                      serving_cold, serving_summary_exact)

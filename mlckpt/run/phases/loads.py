@@ -6,13 +6,17 @@ timed from leaving a barrier until its shard is in its memory.
 * ``fanout``: the rank reads its part of its shard from the storage; the holders of the shard then
   exchange their parts (an MPI all-gather among them, in place).
 * ``nodecache``: the first rank of each host reads its host's shards from the storage and writes
-  them into the node-local tier; once its host's ranks have left a barrier behind that, each reads
-  its shard from the tier.
+  them into the node-local tier, durably (fsync), then evicts them from the page cache; once its
+  host's ranks have left a barrier behind that, each counts what of its shard is still resident
+  in the page cache and reads it from the tier (O_DIRECT where the tier takes it and the run reads
+  so).  A tier in memory (tmpfs, the default ``/dev/shm``) stays resident: its reads are counted
+  as such (``node_tier_resident_bytes``, from rules 1.14) and the summary labels them warm.
 
 The storage is files or objects (S3: ranged GETs of each rank's pieces, ``engine.get_ranges``).
 Reads from files are cold: every file is evicted from the page cache before each load (``cold``),
 and what is still resident is counted.  Every byte of every rank's shard is verified
-against the content its file was stamped with, after the timed part.
+against the content its file was stamped with, after the timed part.  Every buffer a load uses
+(the rank's shard, the node tier's staging) is allocated before its barrier, never timed.
 """
 
 from __future__ import annotations
@@ -50,6 +54,8 @@ class LoadSetup:
     run_id: int
     opts: engine.IOOptions
     store: engine.Store | None = None  # where root is an object path
+    tier_direct: bool = False  # the node tier takes O_DIRECT and the run reads so (probed untimed)
+    tier_residency: bool = False  # records carry node_tier_resident_bytes (records format 10)
 
     def where(self, shard: int, file: int) -> Path | ObjectPath:
         """A file of the shard on the storage (one folder: what a failed run's guardian sweeps)."""
@@ -133,15 +139,16 @@ def load(comm: Any, s: LoadSetup, groups: tuple[Any, Any], inside: Callable[[], 
     holders, host = groups
     size = s.plan.shard_bytes(me.shard)
     arena = engine.alloc(max(engine.PAGE, s.file_offsets(me.shard)[-1]))
+    staging = _staging(s, me)
     failed: list[BaseException] = []
     resident = cold(comm, s)
-    tier_bytes = storage = 0
+    tier_bytes = storage = tier_resident = 0
     comm.Barrier()
     t0 = time.monotonic_ns()
     wall = time.time()  # read with t0: one wall-minus-monotonic offset per host (HOST-CLOCKS)
     inside()
     if s.plan.strategy == "nodecache":
-        storage, tier_bytes = _node_cache(host, s, me, arena, failed)
+        storage, tier_bytes, tier_resident = _node_cache(host, s, me, arena, staging, failed)
     else:
         storage = _attempt(failed, lambda: _from_storage(s, me.storage, arena))
         if s.plan.strategy == "fanout":
@@ -156,11 +163,20 @@ def load(comm: Any, s: LoadSetup, groups: tuple[Any, Any], inside: Callable[[], 
     verified = _attempt(failed, lambda: verify(s, me, arena))
     if failed:
         raise failed[0]
+    tier = {"node_tier_resident_bytes": tier_resident} if s.tier_residency else {}
     return {"rank": me.rank, "replica": me.replica, "shard": me.shard, "host": me.host,
             "strategy": s.plan.strategy, "t0_ns": t0, "t1_ns": t1, "bytes": size,
             "storage_bytes": storage, "node_tier_bytes": tier_bytes,
             "received_bytes": size - storage if s.plan.strategy == "fanout" else 0,
-            "resident_bytes": resident, "verified_bytes": verified, "wall_start": wall}
+            "resident_bytes": resident, **tier, "verified_bytes": verified, "wall_start": wall}
+
+
+def _staging(s: LoadSetup, me: RankLoad) -> Any:
+    """Where a host's first rank holds each shard it brings into the node tier: allocated (and
+    touched) before the load's barrier, the largest of those shards; None for the other ranks."""
+    if s.plan.strategy != "nodecache" or not me.storage:
+        return None
+    return engine.alloc(max(engine.PAGE, *(s.file_offsets(q.shard)[-1] for q in me.storage)))
 
 
 def _attempt(failed: list[BaseException], fn: Callable[[], int]) -> int:
@@ -194,30 +210,36 @@ def _exchange(holders: Any, s: LoadSetup, me: RankLoad, arena: Any) -> None:
     holders.Allgatherv(MPI.IN_PLACE, [arena, counts, displs, MPI.BYTE])
 
 
-def _node_cache(host: Any, s: LoadSetup, me: RankLoad, arena: Any,
-                failed: list[BaseException]) -> tuple[int, int]:
-    """The host's first rank fills the tier from the storage; then every rank reads its shard from it."""
+def _node_cache(host: Any, s: LoadSetup, me: RankLoad, arena: Any, staging: Any,
+                failed: list[BaseException]) -> tuple[int, int, int]:
+    """The host's first rank fills the tier from the storage, durably, and evicts what it wrote;
+    then every rank reads its shard from it.  The bytes read from the storage, from the tier, and
+    of the rank's tier files still in the page cache before it read them."""
     assert s.tier is not None
     tier = s.tier
+    opts = engine.IOOptions(direct=s.tier_direct, threads=s.opts.threads, block_size=s.opts.block_size,
+                            fsync=True)
 
     def fill() -> int:
         storage = 0
+        os.makedirs(tier, exist_ok=True)
         for shard in sorted({q.shard for q in me.storage}):
-            staging = engine.alloc(max(engine.PAGE, s.file_offsets(shard)[-1]))
-            mine = [q for q in me.storage if q.shard == shard]
+            mine = [q for q in me.storage if q.shard == shard]  # whole files
             storage += _from_storage(s, mine, staging)
-            os.makedirs(tier, exist_ok=True)
+            at = s.file_offsets(shard)
+            engine.write_files([engine.FileIO(s.path(shard, q.file, tier),
+                                              staging[at[q.file]: at[q.file] + round_up(q.length)], q.length)
+                                for q in mine], opts, dir_fsync=[str(tier)])
             for q in mine:
-                at = s.file_offsets(shard)[q.file]
-                with open(s.path(shard, q.file, tier), "wb") as f:
-                    f.write(memoryview(staging)[at: at + q.length])
+                engine.evict(s.path(shard, q.file, tier))
         return storage
 
     storage = _attempt(failed, fill) if me.storage else 0
     idle_barrier(host)  # the host's other ranks wait asleep while its first fills the tier
-    local = engine.IOOptions(direct=False, threads=s.opts.threads, block_size=s.opts.block_size, fsync=False)
-    read = _attempt(failed, lambda: read_ranges(_ranges(s, me.node_tier, arena, tier), local))
-    return storage, read
+    paths = sorted({s.path(q.shard, q.file, tier) for q in me.node_tier})
+    resident = _attempt(failed, lambda: sum(engine.resident_bytes(p)[0] for p in paths))
+    read = _attempt(failed, lambda: read_ranges(_ranges(s, me.node_tier, arena, tier), opts))
+    return storage, read, resident
 
 
 def verify(s: LoadSetup, me: RankLoad, arena: Any) -> int:

@@ -5,8 +5,9 @@ each rank timed from leaving a barrier until its shard is in its memory, by the 
 
 The weights go in the run folder's ``ckpt-0001/`` (on objects: under the run's prefix), so the
 guardian of a run that fails sweeps them as it sweeps a checkpoint; the node-local tier of
-``nodecache`` is ``serving.node_tier``/mlckpt-tier-RUN/ckpt-0001 on every host, emptied after
-every load, and swept by each host's guardian as a fast tier is if the run fails.
+``nodecache`` is ``serving.node_tier``/mlckpt-tier-RUN/ckpt-0001 on every host, probed once for
+O_DIRECT before the first load, emptied after every load, and swept by each host's guardian as a
+fast tier is if the run fails.
 """
 
 from __future__ import annotations
@@ -14,6 +15,7 @@ from __future__ import annotations
 import shutil
 from typing import Any
 
+from mlckpt import engine
 from mlckpt.run.collective import Job
 from mlckpt.run.phases import loads, outcome
 from mlckpt.run.phases.configure import Configured
@@ -22,6 +24,7 @@ from mlckpt.run.phases.gates import Gates
 from mlckpt.run.phases.publish import RunId
 from mlckpt.run.storage.cleanup import Created
 from mlckpt.workload.serving_run import ServingRun
+from mlckpt.written import Written
 
 
 def serving_phases(job: Job, c: Configured, gates: Gates, created: Created, ident: tuple[RunId, bytes],
@@ -43,8 +46,14 @@ def serving_phases(job: Job, c: Configured, gates: Gates, created: Created, iden
     tier = run.tier_path(folders.run.name)
     if tier is not None:  # every host's guardian sweeps its own tier if the run fails
         job.note(fast_run=str(tier), fast_dirs=[], fast_shared=False)
-    s = loads.LoadSetup(plan, weights, tier / "ckpt-0001" if tier is not None else None, folders.key,
-                        folders.run.number, opts, folders.store)
+    tier_files = tier / "ckpt-0001" if tier is not None else None
+    tier_direct = False
+    if tier_files is not None:  # untimed: may the tier be read as the storage is (O_DIRECT)?
+        tier_files.mkdir(parents=True, exist_ok=True)
+        tier_direct = bool(opts.direct) and engine.probe_direct(str(tier_files))
+    s = loads.LoadSetup(plan, weights, tier_files, folders.key, folders.run.number, opts, folders.store,
+                        tier_direct=tier_direct,
+                        tier_residency=Written.of(c.setup.rules.version).has("tier_residency"))
     with job.step("laying out the weights"):
         loads.lay_out(job.comm, s)
     groups = loads.split_groups(job.comm, plan)

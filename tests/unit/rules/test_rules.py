@@ -106,6 +106,9 @@ def hosts8(**kw: Any) -> tuple[HostSpec, ...]:
 # One table of failing cases: (rule ID, context factory, expected messages (exact, first ones)).
 # The meta-test below makes a rule without an entry here fail the suite.
 
+MEMORY_FOLDER = ("restores and loads are cold reads from storage, and a folder in memory has none to read "
+                 "from (put it on the storage under test; a memory-backed folder can be a checkpoint run's "
+                 "fast tier, checkpoint.tiers.fast=..., or a serving run's node tier, serving.node_tier=...)")
 NEGATIVE: list[tuple[str, Callable[[], Context], list[str]]] = [
     ("RANKS-MULTIPLE", lambda: raw_ctx("workload=llama3_1t", edits={"ranks": 1000}),
      ["ranks must be a positive multiple of TP·PP = 512; got 1000 (nearest valid: 512 or 1024)"]),
@@ -225,9 +228,16 @@ NEGATIVE: list[tuple[str, Callable[[], Context], list[str]]] = [
      [f"host h0: host memory must hold the resident state of its ranks: expected at least "
       f"{fmt_bytes(8 * P8B_RANK_RESIDENT)}, got 1.00 GiB available"]),  # and where there is none
     ("MEMORY-FOLDER", lambda: ctx_of("checkpoint.folder=/dev/shm/ck", hosts=hosts8(folder_fs="tmpfs")),
-     ["host h0: restores are cold reads from storage, and a checkpoint folder in memory has none to read "
-      "from (put it on the storage under test; a memory-backed folder can be the fast tier: "
-      "checkpoint.tiers.fast=...): expected a checkpoint folder on storage, got /dev/shm/ck on tmpfs"]),
+     [f"host h0: {MEMORY_FOLDER}: expected a checkpoint folder on storage, got /dev/shm/ck on tmpfs"]),
+    # rules 1.14: a serving run always reads its weights back (1.13 skipped it: num_reads is 0)
+    ("MEMORY-FOLDER", lambda: ctx_of("division=open", "serving.strategy=direct", "serving.tp=2",
+                                     "checkpoint.folder=/dev/shm/ck", hosts=hosts8(folder_fs="tmpfs")),
+     [f"host h0: {MEMORY_FOLDER}: expected a checkpoint folder on storage, got /dev/shm/ck on tmpfs"]),
+    ("SERVING-DIRECT", lambda: raw_ctx("division=open", "ranks=4", "serving.strategy=fanout", "serving.tp=2",
+                                       "scale=0.01", "io.direct=false"),
+     ["a serving run reads its weights from files with O_DIRECT (io.direct=true): buffered, the replicas on "
+      "one host share the page cache and a load claims bytes from the storage that it copied from memory: "
+      "expected io.direct=true (weights on files), got io.direct=false"]),
     ("DISK-SPACE", lambda: ctx_of(hosts=hosts8(disk_free_bytes=TiB)),
      ["host h0: the checkpoint filesystem needs free space for all checkpoints: expected at least "
       "1.02 TiB, got 1.00 TiB free"]),
@@ -352,6 +362,11 @@ POSITIVE: list[tuple[str, Callable[[], Context]]] = [
     ("SERVING-SCOPE", lambda: ctx_of("division=open", "ranks=4", "serving.strategy=fanout", "serving.tp=2",
                                      "scale=0.01")),
     ("SERVING-CLOSED", lambda: ctx_of("ranks=8")),  # a checkpoint run
+    ("SERVING-DIRECT", lambda: ctx_of("division=open", "ranks=4", "serving.strategy=direct", "serving.tp=2")),
+    # objects: no page cache of the host's
+    ("SERVING-DIRECT", lambda: ctx_of("division=open", "ranks=4", "serving.strategy=direct", "serving.tp=2",
+                                      f"checkpoint.folder={S3}", "io.direct=false")),
+    ("SERVING-DIRECT", lambda: ctx_of("ranks=8", "io.direct=false")),  # a checkpoint run
     ("SCALE-RANGE", lambda: ctx_of("scale=1.0")),
     ("SCALE-RANGE", lambda: ctx_of("scale=0.01", "division=open")),
     ("SCALE-RANGE", lambda: raw_ctx("division=open", edits={"scale": 1})),
@@ -460,7 +475,7 @@ PRE_IO_RULES = {
     "IO-ENGINE", "RESULTS-APART", "MEMORY-FOLDER", "WORKLOAD-NAME",
     "ASYNC-RESIDENCY", "TIERS-DISTINCT", "TIER-SPACE", "TIER-USABLE", "WITNESS-MODE", "HOST-CLOCK-OFFSET",
     "OBJECT-MODES", "OBJECT-STORE-USABLE", "GPU-MODES", "GPU-USABLE", "FRAMEWORK-SCOPE", "SERVING-SCOPE",
-    "SERVING-CLOSED"}
+    "SERVING-CLOSED", "SERVING-DIRECT"}
 
 
 def test_every_pre_io_rule_has_a_failing_and_a_passing_case() -> None:
@@ -707,7 +722,7 @@ def test_rule_data_is_well_formed() -> None:
         assert set(r.divisions) <= {"closed", "open"} and r.divisions
         assert r.check in CHECKS
         assert "{actual}" in r.message
-    assert RS.version == "1.13"
+    assert RS.version == "1.14"
     assert RS.closed["num_writes"] == RS.closed["num_reads"] == 10
     assert RS.closed["min_ranks_per_host"] == 4
     assert {k: RS.accelerators[k] for k in ("h100", "h200", "b200", "mi300x", "mi355x")} == {
@@ -724,8 +739,8 @@ def test_load_rules_unknown_version() -> None:
     with pytest.raises(ConfigError) as exc:
         load_rules("9.9")
     assert str(exc.value) == ("rules_version: unknown rules version '9.9'; known: 1.0, 1.1, 1.2, 1.3, 1.4, "
-                              "1.5, 1.6, 1.7, 1.8, 1.9, 1.10, 1.11, 1.12, 1.13, mlps-v3.0, mlps-v3.0r2, "
-                              "mlps-v3.0r3, mlps-v3.0r4, mlps-v3.0r5")
+                              "1.5, 1.6, 1.7, 1.8, 1.9, 1.10, 1.11, 1.12, 1.13, 1.14, mlps-v3.0, "
+                              "mlps-v3.0r2, mlps-v3.0r3, mlps-v3.0r4, mlps-v3.0r5")
     assert exc.value.key == "rules_version"
     assert exc.value.exit_status == 2
 

@@ -1,4 +1,4 @@
-"""Rules 1.13: serving runs apart from checkpoint runs (each rule judges the kinds of run it names),
+"""Rules 1.13 and 1.14: serving runs apart from checkpoint runs (each rule judges the kinds of run it names),
 what a serving run cannot be run with, and the result rules on records made in memory
 (mlckpt/rules/checks/serving.py; real runs and re-signed forgeries: tests/mpi/test_serving_run.py)."""
 
@@ -19,7 +19,7 @@ from mlckpt.workload.model import workload_from_config
 from mlckpt.workload.serving_run import ServingRun, scope_problems
 from mlckpt.written import Written
 
-RS = load_rules("1.13")
+RS = load_rules("1.14")
 BASE = ("division=open", "ranks=4", "serving.tp=2", "scale=0.001", "serving.loads=2")
 
 
@@ -46,29 +46,30 @@ def honest(config: dict[str, Any], hosts: list[str]) -> Docs:
                          "wall_start": 1.8e9 + 5 * (index + 1) + r.rank / 1e9,
                          "bytes": plan.shard_bytes(r.shard), "storage_bytes": r.storage_bytes,
                          "node_tier_bytes": r.node_tier_bytes, "received_bytes": r.received_bytes,
-                         "resident_bytes": 0, "verified_bytes": plan.shard_bytes(r.shard)})
+                         "resident_bytes": 0, "node_tier_resident_bytes": 0,
+                         "verified_bytes": plan.shard_bytes(r.shard)})
     placed: dict[str, list[int]] = {}
     for rank, h in enumerate(hosts):
         placed.setdefault(h, []).append(rank)
     run_doc = {"hosts": [{"host": h, "ranks": rs} for h, rs in placed.items()], "ranks": len(hosts),
                "workload": config["workload"]["name"], "division": config["division"],
-               "scale": config["scale"], "rules_version": "1.13",
+               "scale": config["scale"], "rules_version": "1.14",
                "started": "2027-01-15T08:00:00.000Z", "ended": "2027-01-15T08:01:00.000Z",
                "pipeline": {"mode": "sync", "compute_interval_s": 0.0, "fast": None, "fast_keep": 1},
                "serving": run.block("/dev/shm/t" if run.strategy == "nodecache" else None),
-               "storage": {"kind": "posix"}, "records_format": 9}
-    w = Written.of("1.13")
+               "storage": {"kind": "posix"}, "records_format": 10}
+    w = Written.of("1.14")
     doc = summary(run, recs, ranks=len(hosts), hosts=len(placed), max_resident_fraction=0.01,
                   formats=(w.summary, w.records))
     return run_doc, recs, doc
 
 
 def result_findings(config: dict[str, Any], run_doc: dict[str, Any], recs: list[dict[str, Any]],
-                    doc: dict[str, Any]) -> dict[str, list[str]]:
+                    doc: dict[str, Any], rs: Any = RS) -> dict[str, list[str]]:
     ctx = Context(config, workload_from_config(config["workload"]), (), None, None, True,
                   run=RunData(run_doc, config, doc, recs, {"hosts": []}))
     out: dict[str, list[str]] = {}
-    for f in RS.evaluate(ctx, ["result"]).findings:
+    for f in rs.evaluate(ctx, ["result"]).findings:
         out.setdefault(f.rule, []).append(f.message)
     return out
 
@@ -85,7 +86,7 @@ def test_an_honest_serving_result_has_no_finding_and_no_checkpoint_rule_judges_i
     judged = {r.id for r in RS.rules if ctx.kind in r.kinds and "result" in r.stages}
     assert judged == {"SERVING-RECORDED", "SERVING-PLAN", "SERVING-COLD", "SERVING-SUMMARY",
                       "OBJECT-STORAGE-RECORDED", "RUN-CLAIMS", "RESULT-CONSISTENT", "RESULT-TIMES",
-                      "HOST-CLOCKS"}
+                      "HOST-CLOCKS", "RECORDS-COPIES"}  # RECORDS-COPIES from rules 1.14
 
 
 def test_a_checkpoint_run_is_judged_by_no_serving_rule() -> None:
@@ -160,3 +161,52 @@ def test_a_rules_file_with_an_unknown_kind_is_a_defect_of_the_data(tmp_path: Pat
         load_rule_set("9.1", CHECKS)
     with pytest.raises(ValueError, match="kinds names unknown rules or kinds"):
         load_rule_set("9.2", CHECKS)
+
+
+def test_copied_replicas_are_caught_from_rules_1_14_and_judged_as_before_under_1_13() -> None:
+    """Direct loading: every replica reads its whole shard, so ranks 0-1 copied as 2-3 (replica 1)
+    fit the plan of two replicas; only their timings, repeated to the nanosecond, tell.  RECORDS-COPIES
+    judges serving runs from rules 1.14; a bundle made under 1.13 keeps its verdict."""
+    config = config_of("serving.strategy=direct")
+    hosts = ["a", "a", "a", "a"]
+    run_doc, recs, _ = honest(config, hosts)
+    for r in recs:
+        if r["replica"] == 1:
+            twin = next(q for q in recs if q["index"] == r["index"] and q["rank"] == r["rank"] - 2)
+            r.update(t0_ns=twin["t0_ns"], t1_ns=twin["t1_ns"], wall_start=twin["wall_start"])
+    run = ServingRun.of(config)
+    assert run is not None
+    w = Written.of("1.14")
+    doc = summary(run, recs, ranks=4, hosts=1, max_resident_fraction=0.01, formats=(w.summary, w.records))
+    got = result_findings(config, run_doc, recs, doc)
+    assert set(got) == {"RECORDS-COPIES"}, got
+    assert "the same timings as load 0 rank 0" in got["RECORDS-COPIES"][0]
+    old = dict(config, rules_version="1.13")
+    assert "RECORDS-COPIES" not in result_findings(old, dict(run_doc, rules_version="1.13"), recs, doc,
+                                                   load_rules("1.13"))
+
+
+@pytest.mark.parametrize(("resident", "cold"), [(0, True), (10, True), (None, False)])
+def test_the_summary_says_whether_the_node_tier_was_read_cold(resident: int | None, cold: bool) -> None:
+    """Summary format 9: a tier whose files were at most 1 % resident before the ranks read them is
+    cold; one read from memory (a tmpfs tier keeps every page) is warm.  Null without a tier."""
+    config = config_of("serving.strategy=nodecache")
+    _, recs, _ = honest(config, ["a", "a", "b", "b"])
+    for r in recs:
+        r["node_tier_resident_bytes"] = r["node_tier_bytes"] if resident is None else resident
+    run = ServingRun.of(config)
+    assert run is not None
+    w = Written.of("1.14")
+    doc = summary(run, recs, ranks=4, hosts=2, max_resident_fraction=0.01, formats=(w.summary, w.records))
+    assert doc["node_tier_cold"] is cold
+    assert [ld["node_tier_resident_bytes"] for ld in doc["loads"]] == [
+        sum(r["node_tier_resident_bytes"] for r in recs if r["index"] == i) for i in range(2)]
+    direct = config_of("serving.strategy=direct")
+    _, drecs, _ = honest(direct, ["a", "a", "b", "b"])
+    drun = ServingRun.of(direct)
+    assert drun is not None
+    assert summary(drun, drecs, ranks=4, hosts=2, max_resident_fraction=0.01,
+                   formats=(w.summary, w.records))["node_tier_cold"] is None
+    old = Written.of("1.13")
+    assert "node_tier_cold" not in summary(run, recs, ranks=4, hosts=2, max_resident_fraction=0.01,
+                                           formats=(old.summary, old.records))
