@@ -182,7 +182,9 @@ def run_args(site: dict[str, Path], name: str, *extra: str) -> list[str]:
     from support.cli import CHECKER_SYSTEM
 
     d = site["dir"]
-    return [*TINY, *extra, f"system={d / (CHECKER_SYSTEM + '.yaml')}",
+    given = {e.split("=", 1)[0] for e in extra}  # a key ``extra`` sets replaces TINY's
+    return [*(a for a in TINY if a.split("=", 1)[0] not in given), *extra,
+            f"system={d / (CHECKER_SYSTEM + '.yaml')}",
             f"signing.key={d / 'keys' / 'org.pem'}", f"output.root={d / 'results' / name}",
             f"checkpoint.folder={d / ('ck-' + name)}"]
 
@@ -341,7 +343,8 @@ def test_srun_with_pmix_runs_open_mpi_ranks_whose_bundle_passes_the_checker(
     checked(site, made, tmp_path)
 
 
-SERVING = ("serving.strategy=fanout", "serving.tp=2", "serving.loads=2")  # rules 1.13: replicas loading
+# rules 1.13: replicas loading; 1.14 reads their weights with O_DIRECT (SERVING-DIRECT)
+SERVING = ("serving.strategy=fanout", "serving.tp=2", "serving.loads=2", "io.direct=true")
 
 
 @pytest.mark.mpi
