@@ -68,9 +68,7 @@ def rejudged(bundle: Path, version: str | None = None) -> dict[str, object]:
     try other bounds on the same measurements."""
     import yaml
 
-    from mlckpt.rules import load_rules, verdict
-    from mlckpt.rules.checks.evidence import recomputed_summary
-    from mlckpt.rules.checks.result import RunData
+    from mlckpt.rules import RunData, load_rules, recomputed_summary, verdict
     from mlckpt.rules.engine import Context, Finding
     from mlckpt.workload.layout import make_plan
     from mlckpt.workload.model import workload_from_config
@@ -89,7 +87,7 @@ def rejudged(bundle: Path, version: str | None = None) -> dict[str, object]:
                 if f["rule"] not in at_result]
     findings += rs.evaluate(Context(config, workload, plan=plan, complete=True, run=d), ["result"]).findings
     from mlckpt.attribution import backgrounds, spans, watched_rate_share
-    from mlckpt.rules.checks.evidence import counted_op
+    from mlckpt.rules import counted_op
 
     seen = {b.host: b for b in backgrounds(run)}
     skew = skew_share(rs, d)
@@ -104,7 +102,7 @@ def rejudged(bundle: Path, version: str | None = None) -> dict[str, object]:
 def skew_share(rs: Any, d: Any) -> float:
     """The largest barrier skew of any op on any host, as a share of RECORDS-SKEW's bound there."""
     from mlckpt.metrics import group_ops
-    from mlckpt.rules.checks.timing import abs_bound_ns
+    from mlckpt.rules import abs_bound_ns
 
     b = rs.data["evidence"]["start_skew"]
     worst = 0.0
@@ -121,7 +119,7 @@ def skew_share(rs: Any, d: Any) -> float:
 def training_share(rs: Any, d: Any) -> float | None:
     """The longest wait from the last rank's training to the next checkpoint's barrier (as
     TRAINING-INTERVAL takes it), as a share of that rule's bound; None under rules without it."""
-    from mlckpt.rules.checks.evidence import training_waits
+    from mlckpt.rules import training_waits
 
     if "training" not in rs.data:
         return None

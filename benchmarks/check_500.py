@@ -32,9 +32,7 @@ import yaml
 
 from mlckpt import bundle
 from mlckpt.bundle import released
-from mlckpt.rules import load_rules
-from mlckpt.rules.checks.evidence import recomputed_summary
-from mlckpt.rules.checks.result import RunData
+from mlckpt.rules import RunData, load_rules, recomputed_summary
 from mlckpt.workload.layout import make_plan
 from mlckpt.workload.model import workload_from_config
 

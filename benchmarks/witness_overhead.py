@@ -27,7 +27,7 @@ from pathlib import Path
 from typing import Any
 
 from mlckpt import bundle
-from mlckpt.rules.checks.witness import WitnessFacts, figures
+from mlckpt.rules import WitnessFacts, witness_figures
 
 BIN = Path(sys.executable).parent
 
@@ -70,7 +70,7 @@ def one_run(args: argparse.Namespace, tmp: Path, url: str | None) -> dict[str, A
         env = json.loads((folder / "witness.dsse.json").read_text())
         doc = json.loads(base64.b64decode(env["payload"]))
         recs = [json.loads(line) for line in (folder / "records.jsonl").read_text().splitlines()]
-        f = figures(WitnessFacts(run["witness"], True, transcript=doc, records=recs))
+        f = witness_figures(WitnessFacts(run["witness"], True, transcript=doc, records=recs))
         out["witnessed_write"] = f["write_bandwidth_witnessed_mean_gib_s"]
         out["witnessed_read"] = f["read_bandwidth_witnessed_mean_gib_s"]
         out["rtt_ms"] = f["witness_max_rtt_ms"]

@@ -23,15 +23,17 @@ from checker.split import pair_doc
 from checker.witness_check import transcript_of, witness_doc
 from mlckpt.errors import ConfigError
 from mlckpt.rules import (
+    TRANSCRIPT,
     Context,
     HostSpec,
+    RunData,
+    SubmissionFacts,
+    Verdicts,
+    fingerprints,
+    recomputed_summary,
+    serving_recomputed,
     verdict,
 )
-from mlckpt.rules.checks.evidence import fingerprints, recomputed_summary
-from mlckpt.rules.checks.result import RunData
-from mlckpt.rules.checks.serving import recomputed as serving_recomputed
-from mlckpt.rules.checks.submission import SubmissionFacts, Verdicts
-from mlckpt.rules.checks.witness import TRANSCRIPT
 from mlckpt.workload.layout import Plan, make_plan
 from mlckpt.workload.model import Workload, workload_from_config
 from mlckpt.workload.pipeline import Pipeline

@@ -13,10 +13,12 @@ from checker.tree import Leaf
 from mlckpt import bundle
 from mlckpt.rules import (
     Finding,
+    Problem,
     RuleSet,
+    SubmissionFacts,
+    Verdicts,
+    WitnessFacts,
 )
-from mlckpt.rules.checks.submission import Problem, SubmissionFacts, Verdicts
-from mlckpt.rules.checks.witness import WitnessFacts
 
 
 class Stop(Exception):

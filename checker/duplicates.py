@@ -7,10 +7,11 @@ from collections.abc import Sequence
 from checker.results import BundleResult, confined
 from checker.rulesets import as_finding, fallback_rules, finding_dict, submission_findings
 from mlckpt.rules import (
+    Problem,
+    SubmissionFacts,
     load_rules,
     verdict,
 )
-from mlckpt.rules.checks.submission import Problem, SubmissionFacts
 
 
 def add_duplicates(results: Sequence[BundleResult], forced_rules: str | None = None) -> None:

@@ -18,10 +18,10 @@ from mlckpt.rules import (
     Context,
     Finding,
     RuleSet,
+    SubmissionFacts,
     known_versions,
     load_rules,
 )
-from mlckpt.rules.checks.submission import SubmissionFacts
 from mlckpt.schemas import describe, dotted
 from mlckpt.schemas import errors as schema_errors
 from mlckpt.strict import ParseError

@@ -9,9 +9,16 @@ from typing import Any
 
 from checker.results import BundleResult, confined
 from checker.rulesets import as_finding, fallback_rules, finding_dict, submission_findings
-from mlckpt.rules import load_rules, verdict
-from mlckpt.rules.checks.split import clock_problems, host_clocks, pair_problems, proof_matches
-from mlckpt.rules.checks.submission import Problem, SubmissionFacts
+from mlckpt.rules import (
+    Problem,
+    SubmissionFacts,
+    clock_problems,
+    host_clocks,
+    load_rules,
+    pair_problems,
+    proof_matches,
+    verdict,
+)
 
 
 def pair_doc(run: Mapping[str, Any], config: Mapping[str, Any], records: Sequence[Mapping[str, Any]],

@@ -22,7 +22,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from mlckpt.bundle import display_name
-from mlckpt.rules.checks.submission import Problem
+from mlckpt.rules import Problem
 
 DIVISIONS = ("closed", "open")
 ARCHIVE_SUFFIX = ".tar.gz"

@@ -19,7 +19,7 @@ from checker.split import add_pairs
 from checker.tree import SystemFile, TreeScan, walk
 from mlckpt.bundle import WITNESSES, TrustedKeys
 from mlckpt.errors import UsageError
-from mlckpt.rules.checks.submission import Problem, SubmissionFacts
+from mlckpt.rules import Problem, SubmissionFacts
 
 RELEASED_RUNNERS_FILE = "released-runners.yaml"  # RUNNER-RELEASED; not checked without it
 

@@ -13,7 +13,7 @@ from checker.bundle_state import State
 from checker.rulesets import schema_message
 from mlckpt import bundle, dsse
 from mlckpt.errors import EnvelopeError
-from mlckpt.rules.checks.witness import TRANSCRIPT, WitnessFacts, figures, too_short
+from mlckpt.rules import TRANSCRIPT, WitnessFacts, witness_figures, witness_too_short
 from mlckpt.rules.engine import RuleSet
 from mlckpt.schemas import errors as schema_errors
 from mlckpt.strict import ParseError
@@ -81,7 +81,7 @@ def compare_side(folder: Path, vb: bundle.VerifiedBundle, run: dict[str, Any], r
                                         else f"signed by {str(signer)[:16]}…, not run.json's witness")
         if doc is not None and signer == claim.get("keyid"):
             out["by"] = witnesses.org_for(str(signer)) if witnesses is not None else None
-            out.update(figures(WitnessFacts(claim, True, transcript=doc, records=records)))
+            out.update(witness_figures(WitnessFacts(claim, True, transcript=doc, records=records)))
     return out
 
 
@@ -91,8 +91,8 @@ def witness_doc(f: WitnessFacts, held: bool = True, rules: RuleSet | None = None
     rule failed).  Rules 1.10: ``unbounded`` names the ops the witness bounds only loosely."""
     claim = f.claim or {}
     out = {"by": f.trusted_as, "keyid": str(claim.get("keyid")), "endpoint": str(claim.get("endpoint")),
-           "status": str(claim.get("status")), "counted": f.witnessed and held, **figures(f)}
-    short = too_short(f, rules) if rules is not None and f.claimed else []
+           "status": str(claim.get("status")), "counted": f.witnessed and held, **witness_figures(f)}
+    short = witness_too_short(f, rules) if rules is not None and f.claimed else []
     if short:
         out["unbounded"] = short
     return out

@@ -96,10 +96,7 @@ def _recomputed(path: Path, docs: dict[str, Any], records: list[dict[str, Any]],
     """The summary the records and the plan of the bundle's own workload and scale give: what the
     tables and ``compare`` show, never what summary.json claims."""
     from checker.bundle_rules import MAX_PLAN_FILES, plan_files_estimate
-    from mlckpt.rules import load_rules
-    from mlckpt.rules.checks.evidence import recomputed_summary
-    from mlckpt.rules.checks.result import RunData
-    from mlckpt.rules.checks.serving import recomputed as serving_recomputed
+    from mlckpt.rules import RunData, load_rules, recomputed_summary, serving_recomputed
     from mlckpt.workload.layout import make_plan
     from mlckpt.workload.model import workload_from_config
     from mlckpt.workload.serving_run import ServingRun

@@ -13,7 +13,7 @@ from typing import Any
 from checker.leaderboard.systems import dig as _get
 from checker.leaderboard.systems import sut_facts
 from mlckpt import formats
-from mlckpt.rules.checks.gpu import gpu_source
+from mlckpt.rules import gpu_source
 from mlckpt.workload.frameworks import Framework
 from mlckpt.workload.model import ModelShape
 from mlckpt.workload.pipeline import DURABLE, Pipeline

@@ -29,7 +29,7 @@ from mlckpt.engine import frameworks
 from mlckpt.errors import DISTURBED_STATUS, INVALID_STATUS, MlckptError, UsageError
 from mlckpt.host.facts import SAMPLE_INTERVAL_S, DeviceSampler, block_device, counters_sample
 from mlckpt.plan.config import SHIPPED, ConfigSource
-from mlckpt.rules.checks.gpu import gpu_source
+from mlckpt.rules import gpu_source
 from mlckpt.run.collective import Job, MPIDone, OpTimer
 from mlckpt.run.console import Console
 from mlckpt.run.faults import NO_FAULTS, Faults

@@ -20,7 +20,7 @@ from support.runs import assert_ran, printed_bundle
 from mlckpt.plan.aliases import canonical
 from mlckpt.plan.config import setup
 from mlckpt.rules import Context, HostSpec, RuleSet, load_rules
-from mlckpt.rules.checks.result import RunData
+from mlckpt.rules.rundata import RunData
 from mlckpt.units import GiB
 
 MLPERF = "mlps-v3.0r5"  # the rule set rules=mlperf-storage-v3.0 selects

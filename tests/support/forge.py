@@ -18,8 +18,8 @@ import yaml
 from mlckpt import bundle
 from mlckpt.rules import load_rules
 from mlckpt.rules.checks.evidence import recomputed_summary
-from mlckpt.rules.checks.result import RunData
 from mlckpt.rules.checks.serving import summarized
+from mlckpt.rules.rundata import RunData
 from mlckpt.workload.layout import make_plan
 from mlckpt.workload.model import workload_from_config
 from mlckpt.workload.serving_run import ServingRun

@@ -23,7 +23,7 @@ from mlckpt import __version__, bundle
 from mlckpt.plan.config import setup
 from mlckpt.rules import HostSpec, rank_shift, verdict
 from mlckpt.rules.checks.evidence import recomputed_summary
-from mlckpt.rules.checks.result import DATA_SCHEME, RunData
+from mlckpt.rules.rundata import DATA_SCHEME, RunData
 from mlckpt.units import GiB as GIB
 from mlckpt.workload.pipeline import DURABLE, FAST, MEMORY, Pipeline
 

@@ -10,9 +10,9 @@ from typing import Any, Literal
 
 from mlckpt.attribution import attributed, op_window
 from mlckpt.rules.checks.evidence import Rec, counted_op, evidence_bounds, host_facts, op_end
-from mlckpt.rules.checks.result import RunData, run_data
 from mlckpt.rules.checks.timing import abs_bound_ns, calibration_outcomes
 from mlckpt.rules.engine import Context, NotChecked, Outcome, Rule, RuleSet, checks_table
+from mlckpt.rules.rundata import RunData, run_data
 from mlckpt.workload.pipeline import MEMORY_FILESYSTEMS
 
 # What a check judges of the counters: everything (rules 1.2 to 1.11), all but the window's ends

@@ -20,9 +20,10 @@ from typing import Any
 from mlckpt.attribution import cpu_window_s, foreign_summary
 from mlckpt.dlio import DlioFacts, completed
 from mlckpt.locations import is_object_url
-from mlckpt.rules.checks.result import RunData, at, compare_values, run_data, summary_format, writes_by_rank
+from mlckpt.rules.checks.result import compare_values, writes_by_rank
 from mlckpt.rules.checks.timing import abs_bound_ns, calibration_outcomes
 from mlckpt.rules.engine import Context, NotChecked, Outcome, Rule, RuleSet, checks_table
+from mlckpt.rules.rundata import RunData, at, run_data, summary_format
 from mlckpt.workload.frameworks import ENGINE
 from mlckpt.workload.pipeline import DURABLE, Pipeline
 

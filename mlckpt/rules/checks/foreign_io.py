@@ -34,8 +34,8 @@ from mlckpt.attribution import (
     watched_rate_share,
 )
 from mlckpt.rules.checks.evidence import counted_op
-from mlckpt.rules.checks.result import run_data
 from mlckpt.rules.engine import Context, NotChecked, Outcome, Rule, RuleSet, checks_table
+from mlckpt.rules.rundata import run_data
 from mlckpt.units import fmt_bytes
 
 NOT_ATTRIBUTED = ("no host's counters split its device's bytes between the run and other processes "

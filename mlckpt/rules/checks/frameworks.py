@@ -16,8 +16,8 @@ from __future__ import annotations
 
 from collections.abc import Iterator
 
-from mlckpt.rules.checks.result import at, run_data
 from mlckpt.rules.engine import Context, NotChecked, Outcome, Rule, RuleSet, checks_table
+from mlckpt.rules.rundata import at, run_data
 from mlckpt.workload.frameworks import ENGINE, WRITERS, Framework, scope_problems
 
 

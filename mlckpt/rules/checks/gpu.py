@@ -9,8 +9,8 @@ from collections.abc import Iterator, Mapping
 from typing import Any
 
 from mlckpt.rules.checks.objects import beyond_one_tier
-from mlckpt.rules.checks.result import at, run_data
 from mlckpt.rules.engine import Context, NotChecked, Outcome, Rule, RuleSet, checks_table
+from mlckpt.rules.rundata import at, run_data
 
 
 def gpu_source(config: Mapping[str, Any]) -> bool:

@@ -10,8 +10,8 @@ import os
 from collections.abc import Iterator, Mapping
 from typing import Any
 
-from mlckpt.rules.checks.result import run_data
 from mlckpt.rules.engine import CheckFn, Context, NotChecked, Outcome, Rule, RuleSet
+from mlckpt.rules.rundata import run_data
 from mlckpt.units import GiB, fmt_bytes
 
 

@@ -7,8 +7,8 @@ from __future__ import annotations
 from collections.abc import Iterator
 
 from mlckpt.locations import is_object_url, parse_object_url, s3_settings
-from mlckpt.rules.checks.result import run_data
 from mlckpt.rules.engine import Context, NotChecked, Outcome, Rule, RuleSet, checks_table
+from mlckpt.rules.rundata import run_data
 from mlckpt.workload.pipeline import Pipeline
 
 

@@ -11,8 +11,8 @@ from collections.abc import Iterator, Mapping, Sequence
 from typing import Any
 
 from mlckpt.rules.checks.evidence import Rec, evidence_bounds, host_facts, op_end
-from mlckpt.rules.checks.result import at, by_host, run_data
 from mlckpt.rules.engine import Context, NotChecked, Outcome, Rule, RuleSet, checks_table
+from mlckpt.rules.rundata import at, by_host, run_data
 from mlckpt.workload.pipeline import MEMORY
 
 # Filesystems whose bytes cross the host's network links (the link-speed bound applies).

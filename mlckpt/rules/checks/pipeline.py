@@ -9,8 +9,9 @@ from __future__ import annotations
 import itertools
 from collections.abc import Iterator
 
-from mlckpt.rules.checks.result import at, run_data, writes_by_rank, written
+from mlckpt.rules.checks.result import writes_by_rank
 from mlckpt.rules.engine import Context, NotChecked, Outcome, Rule, RuleSet, checks_table, rank_shift
+from mlckpt.rules.rundata import at, run_data, written
 from mlckpt.workload.pipeline import DURABLE, Pipeline
 
 

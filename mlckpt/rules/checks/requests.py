@@ -16,8 +16,8 @@ from collections.abc import Iterator, Mapping
 from typing import Any
 
 from mlckpt import latency
-from mlckpt.rules.checks.result import run_data
 from mlckpt.rules.engine import Context, NotChecked, Outcome, Rule, RuleSet, checks_table
+from mlckpt.rules.rundata import run_data
 
 PHASE_SLACK_NS = 1_000_000  # the phases' own clock reads, between the op's t0 and t1
 

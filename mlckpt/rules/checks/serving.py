@@ -22,8 +22,8 @@ from typing import Any
 
 from mlckpt.errors import ConfigError
 from mlckpt.locations import is_object_url
-from mlckpt.rules.checks.result import RunData, run_data
 from mlckpt.rules.engine import Context, NotChecked, Outcome, Rule, RuleSet, checks_table
+from mlckpt.rules.rundata import RunData, run_data
 from mlckpt.serving_metrics import by_load, held_to_plan, summary
 from mlckpt.workload.serving_run import ServingRun, scope_problems
 from mlckpt.written import Written

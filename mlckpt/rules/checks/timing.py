@@ -12,8 +12,8 @@ from __future__ import annotations
 from collections.abc import Iterator, Mapping
 from typing import Any
 
-from mlckpt.rules.checks.result import RunData
 from mlckpt.rules.engine import Outcome, RuleSet
+from mlckpt.rules.rundata import RunData
 
 KINDS = ("skew_ns", "head_ns", "tail_ns")
 FLOORS = {"skew_ns": "skew_floor_s", "head_ns": "head_floor_s", "tail_ns": "tail_floor_s"}

@@ -19,7 +19,7 @@ from typing import Any
 
 from mlckpt import bundle
 from mlckpt.errors import BundleIntegrityError, ConfigError, MlckptError
-from mlckpt.rules.checks.split import content_proof, pair_problems, proof_matches
+from mlckpt.rules import content_proof, pair_problems, proof_matches
 from mlckpt.run.storage.cleanup import RUN_MARKER
 from mlckpt.witness import protocol
 from mlckpt.written import Written

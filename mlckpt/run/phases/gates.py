@@ -19,8 +19,7 @@ from mlckpt import engine
 from mlckpt.errors import UsageError
 from mlckpt.host.facts import disk_free_bytes, existing_ancestor, host_facts, mem_available_bytes, mount_of
 from mlckpt.plan.config import Setup
-from mlckpt.rules import Finding, HostSpec, rank_shift, verdict
-from mlckpt.rules.checks.gpu import gpu_source
+from mlckpt.rules import Finding, HostSpec, gpu_source, rank_shift, verdict
 from mlckpt.run.storage import objectstore
 from mlckpt.run.storage.cleanup import RUN_MARKER
 from mlckpt.run.storage.folderlock import LOCK

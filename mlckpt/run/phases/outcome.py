@@ -13,7 +13,7 @@ from typing import Any
 
 from mlckpt.attribution import foreign_note
 from mlckpt.errors import RunFailure
-from mlckpt.rules.checks.split import content_commitment
+from mlckpt.rules import content_commitment
 from mlckpt.run.collective import Job
 from mlckpt.run.console import headline
 from mlckpt.run.features.split import keeps_key

@@ -17,10 +17,7 @@ from mlckpt import __version__, bundle, strict
 from mlckpt.engine import frameworks
 from mlckpt.errors import InternalError
 from mlckpt.plan.config import Setup
-from mlckpt.rules import Finding, verdict
-from mlckpt.rules.checks.evidence import recomputed_summary
-from mlckpt.rules.checks.result import DATA_SCHEME, RunData
-from mlckpt.rules.checks.serving import summarized as serving_summarized
+from mlckpt.rules import DATA_SCHEME, Finding, RunData, recomputed_summary, serving_summarized, verdict
 from mlckpt.run.phases.gates import Gates
 from mlckpt.schemas import describe, errors
 from mlckpt.workload.frameworks import WRITERS, Framework

@@ -15,8 +15,8 @@ import pytest
 
 from checker import forked, rule_workers
 from mlckpt.rules import Context, Evaluation, NotChecked, Outcome, RuleSet, load_rules
-from mlckpt.rules.checks.result import RunData
 from mlckpt.rules.engine import Rule
+from mlckpt.rules.rundata import RunData
 
 PARENT = os.getpid()
 RULES = 40

@@ -46,7 +46,10 @@ def mutate(draw: st.DrawFn, doc: Any, values: st.SearchStrategy[Any]) -> Any:
     """``doc`` (a copy) with one to three values set, dropped, added, or made an integral float."""
     doc = copy.deepcopy(doc)
     for _ in range(draw(st.integers(1, 3))):
-        where = draw(st.sampled_from(places(doc)[1:]))
+        spots = places(doc)[1:]
+        if not spots:  # everything dropped (system.json has two keys): nothing left to mutate
+            break
+        where = draw(st.sampled_from(spots))
         parent = doc
         for step in where[:-1]:
             parent = parent[step]

@@ -297,8 +297,8 @@ def test_an_op_without_a_positive_duration_gives_no_iops_and_no_fault() -> None:
 def test_records_before_format_7_are_not_checked_for_requests_and_a_pass_says_nothing() -> None:
     from mlckpt.rules import load_rules
     from mlckpt.rules.checks.requests import request_evidence
-    from mlckpt.rules.checks.result import RunData
     from mlckpt.rules.engine import Context, NotChecked
+    from mlckpt.rules.rundata import RunData
 
     rs = load_rules("1.10")
 

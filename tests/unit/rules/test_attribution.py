@@ -21,9 +21,9 @@ from mlckpt.rules import load_rules
 from mlckpt.rules.checks.counters import counters_late, device_counters, device_counters_framed
 from mlckpt.rules.checks.evidence import start_skew
 from mlckpt.rules.checks.foreign_io import foreign_io
-from mlckpt.rules.checks.result import RunData
 from mlckpt.rules.checks.timing import abs_bound_ns
 from mlckpt.rules.engine import Context, Finding, NotChecked, Outcome, make_finding, verdict
+from mlckpt.rules.rundata import RunData
 from mlckpt.run.phases.calibrate import host_samples
 
 MiB = 1 << 20

@@ -16,8 +16,8 @@ from hypothesis import strategies as st
 from mlckpt.host import facts
 from mlckpt.rules import load_rules
 from mlckpt.rules.checks.evidence import fingerprints, start_skew, timing_copies
-from mlckpt.rules.checks.result import RunData
 from mlckpt.rules.engine import Context, Outcome
+from mlckpt.rules.rundata import RunData
 
 
 def read(rank: int, index: int, t0: int, dur: int, host: str = "h") -> dict[str, Any]:

@@ -12,8 +12,8 @@ import pytest
 
 from mlckpt.plan.config import compose, setup
 from mlckpt.rules import Context, load_rules
-from mlckpt.rules.checks.result import RunData
 from mlckpt.rules.engine import load_rule_set
+from mlckpt.rules.rundata import RunData
 from mlckpt.serving_metrics import summary
 from mlckpt.workload.model import workload_from_config
 from mlckpt.workload.serving_run import ServingRun, scope_problems
