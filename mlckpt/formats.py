@@ -100,8 +100,9 @@ RECORDS = Format("records", "records.jsonl (run.json and summary.json: records_f
         "node_tier_bytes, received_bytes, resident_bytes (its storage files' pages in the page cache when "
         "the load began) and verified_bytes (mlckpt/serving_metrics.py); a checkpoint run's are format 8's"),
     (10, "rules 1.14: a load record adds node_tier_resident_bytes (of the rank's node-tier files, the bytes "
-         "still in the page cache just before it read them; 0 without a tier); a checkpoint run's are "
-         "format 8's"),
+         "still in the page cache just before it read them; 0 without a tier) and the op timer's evidence: "
+         "direct, cpu_ns, and on each host's first rank host_counters (as around a checkpoint op); a "
+         "checkpoint run's are format 8's"),
 ))
 
 SUMMARY = Format("summary", "summary.json: summary_format", 9, (2, 3, 4, 5, 6, 7, 8, 9), (

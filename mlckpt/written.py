@@ -31,8 +31,9 @@ FEATURES: dict[str, tuple[Document, int, str]] = {
                "the host's CPUs, and a second barrier after the counters are read"),
     "requests": ("records", 7, "each op's requests (latency histogram, phases), the device sampled "
                  "through the op, rank 0's own time around a witnessed op"),
-    "tier_residency": ("records", 10, "a load's node-tier files still in the page cache before its "
-                       "ranks read them"),
+    "load_evidence": ("records", 10, "a load's record carries the op timer's evidence (the host's "
+                      "counters around it, CPU time) and its node-tier files still in the page cache "
+                      "before its ranks read them"),
     "what_changes": ("summary", 4, "what changes the figure: the slowest rank's share, stalls"),
     "latency": ("summary", 6, "per-request latency percentiles, IOPS and where time went"),
     "framework_summary": ("summary", 7, "a library writer's figures beside the engine's, and each ratio"),

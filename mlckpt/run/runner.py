@@ -109,14 +109,17 @@ def identity(job: Job, cfg: Mapping[str, Any]) -> tuple[RunId, bytes]:
     return RunId(number, job.comm.bcast(run_name(cfg, number) if job.rank == 0 else None)), key
 
 
-def op_timer(job: Job, c: Configured, gates: Gates, folders: Folders, created: Created) -> OpTimer:
+def op_timer(job: Job, c: Configured, gates: Gates, folders: Folders, created: Created, *,
+             watch: bool = True) -> OpTimer:
+    """The run's op timer.  ``watch``: rank 0 watches every op against ``io.timeout_s``, and a
+    stall's line and sweep are a checkpoint run's (a serving run's loads are not watched)."""
     # The op watch calls MPI from a second thread on rank 0: only with MPI_THREAD_MULTIPLE.
     from mpi4py import MPI
 
     channel = None
-    if MPI.Query_thread() >= MPI.THREAD_MULTIPLE:
+    if watch and MPI.Query_thread() >= MPI.THREAD_MULTIPLE:
         channel = MPIDone(job.comm.Dup())
-    else:
+    elif watch:
         job.say(
             "warning: this MPI library does not provide MPI_THREAD_MULTIPLE: io.timeout_s is "
             "not enforced (a stalled rank will hang the job)"
@@ -304,7 +307,8 @@ def run(job: Job, overrides: Sequence[str], source: ConfigSource = SHIPPED) -> t
     failure: BaseException | None = None
     with Created(bool(cfg["checkpoint"]["keep"]), between=lambda: final_barrier(job), stage=stage) as created:
         measured = (phases(job, c, gates, created, ident, witness) if serving is None else
-                    serve.serving_phases(job, c, gates, created, ident, timer_opts(cfg)))
+                    serve.serving_phases(job, c, gates, created, ident, timer_opts(cfg),
+                                         lambda f: op_timer(job, c, gates, f, created, watch=False)))
         if early:
             assessed, failure = outcome.assessed(job, c, gates, measured, started, witness)
             kept = assessed is not None and assessed.manifest["verdict"] in ("disturbed", "invalid")

@@ -9,9 +9,11 @@ from __future__ import annotations
 import json
 import os
 import re
+import shutil
 import subprocess
 import sys
 import time
+import uuid
 from pathlib import Path
 from typing import Any
 
@@ -28,9 +30,14 @@ def load(tmp_path: Path, ranks: int, *extra: str) -> subprocess.CompletedProcess
     tier = Path("/dev/shm") if os.path.isdir("/dev/shm") else tmp_path
     env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(Path(__file__).parents[1]),
                                                         os.environ.get("PYTHONPATH", "")])}
-    return subprocess.run([str(MPIEXEC), "-n", str(ranks), *RANK, str(tmp_path / "storage"),
-                           str(tier / f"mlckpt-tier-{tmp_path.name}"), *extra],
-                          capture_output=True, text=True, env=env, timeout=180, check=False)
+    # a tier of this run's own (a name another session's pytest may reuse), gone afterwards even
+    # where the job was aborted before emptying it
+    where = tier / f"mlckpt-tier-{tmp_path.name}-{uuid.uuid4().hex[:8]}"
+    try:
+        return subprocess.run([str(MPIEXEC), "-n", str(ranks), *RANK, str(tmp_path / "storage"), str(where),
+                               *extra], capture_output=True, text=True, env=env, timeout=180, check=False)
+    finally:
+        shutil.rmtree(where, ignore_errors=True)
 
 
 def test_every_strategy_brings_every_replica_up_verified_reading_what_its_plan_says(tmp_path: Path) -> None:

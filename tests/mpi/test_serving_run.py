@@ -1,7 +1,8 @@
 """Serving runs end to end (rules 1.14): `mlckpt run serving.strategy=...` on real MPI ranks, each
 strategy's signed bundle through mlckpt-check, and the forgeries a serving result invites (a
 strategy relabelled, a replica count claimed that the records do not hold, replicas copied, a
-faster time to ready, a warm cache or a warm node tier hidden, buffered reads or weights in memory
+faster time to ready, bytes claimed from the storage that the kernel never saw read, a warm cache
+or a warm node tier hidden, buffered reads or weights in memory
 claimed, a serving block edited) caught by the rule named, after re-signing."""
 
 from __future__ import annotations
@@ -78,6 +79,14 @@ def test_the_records_hold_what_each_strategy_promises(made: dict[str, Any], stra
         assert load["node_tier_resident_bytes"] <= 0.01 * load["node_tier_bytes"]
     assert summary["node_tier_cold"] is (True if strategy == "nodecache" else None)
     assert all(r["verified_bytes"] == r["bytes"] > 0 for r in records)
+    # every load timed by the op timer: its host's counters around it, on the host's first rank
+    for index in range(2):
+        [leader] = [r for r in records if r["index"] == index and "host_counters" in r]
+        hc = leader["host_counters"]
+        claimed = sum(r["storage_bytes"] for r in records if r["index"] == index)
+        assert hc["after"]["own_read_bytes"] - hc["before"]["own_read_bytes"] >= claimed
+        assert hc["before"]["t_ns"] < min(r["t0_ns"] for r in records if r["index"] == index)
+        assert all(r["direct"] is True and r["cpu_ns"] > 0 for r in records)
     assert summary["read_cold"] and summary["read_verified"] and summary["num_loads"] == 2
     left = [p for p in (m["cwd"] / "ck").rglob("*") if p.is_file()]
     assert (not left and not (m["cwd"] / "tier").exists()) or not any((m["cwd"] / "tier").iterdir()), left
@@ -137,6 +146,19 @@ def _tier_claimed_cold(b: Path) -> None:
     edit_json(b, "summary.json", lambda s: s.update(node_tier_cold=True))
 
 
+def _fanout_as_direct(b: Path) -> None:
+    """A fan-out run passed off as direct, coherently: every rank claims its whole shard from the
+    storage and nothing from the network, so the records fit the direct plan they claim; the
+    kernel's counters around each load saw each shard read once."""
+    def direct(recs: list[dict[str, Any]]) -> None:
+        for r in recs:
+            r.update(strategy="direct", storage_bytes=r["bytes"], received_bytes=0)
+    edit_yaml(b, "config.yaml", lambda c: c["serving"].update(strategy="direct"))
+    edit_json(b, "run.json", lambda r: r["serving"].update(strategy="direct"))
+    edit_records(b, direct)
+    resummarize(b)
+
+
 def _buffered(b: Path) -> None:
     """A run that read its weights through the page cache, claimed as any other."""
     edit_yaml(b, "config.yaml", lambda c: c["io"].update(direct=False))
@@ -187,6 +209,7 @@ FORGERIES = {
     "RECORDS-COPIES": [("direct", _copied_replicas)],
     "SERVING-SUMMARY": [("direct", _faster), ("nodecache", _tier_claimed_cold)],
     "SERVING-DIRECT": [("direct", _buffered)],
+    "SERVING-COUNTERS": [("fanout", _fanout_as_direct)],
     "MEMORY-FOLDER": [("fanout", _weights_in_memory)],
     "SERVING-COLD": [("nodecache", _warm)],
     "SERVING-RECORDED": [("direct", _fewer_loads)],

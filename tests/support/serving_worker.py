@@ -11,7 +11,10 @@ import json
 import os
 import secrets
 import sys
+import time
+from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 from mpi4py import MPI
 
@@ -25,6 +28,26 @@ from mlckpt.workload.serving import ServingLayout
 from mlckpt.workload.serving_load import load_plan
 
 L8B = ModelShape(4096, 32, 14336, 128256, 32, 8)
+
+
+def barrier_timed(comm: Any) -> Callable[[Callable[[], None]], dict[str, Any]]:
+    """The harness's timed region (the runner's is its OpTimer): a barrier, the action, a barrier;
+    a rank whose action failed raises, the others end the job for it."""
+    def timed(action: Callable[[], None]) -> dict[str, Any]:
+        comm.Barrier()
+        t0, wall = time.monotonic_ns(), time.time()
+        failed: BaseException | None = None
+        try:
+            action()
+        except Exception as exc:
+            failed = exc
+        t1 = time.monotonic_ns()
+        if comm.allreduce(failed is not None):
+            if failed is not None:
+                raise failed
+            comm.Barrier()  # the failing rank aborts the job (the runner agrees instead)
+        return {"t0_ns": t0, "t1_ns": t1, "wall_start": wall}
+    return timed
 
 
 def main() -> int:
@@ -73,7 +96,8 @@ def main() -> int:
         comm.Barrier()
         groups = loads.split_groups(comm, plan)
         try:
-            rec = loads.load(comm, s, groups)
+            loaded = loads.load(comm, s, groups, barrier_timed(comm))
+            rec = {**loaded.record, "verified_bytes": loads.verify(s, comm.Get_rank(), loaded.arena)}
         except VerificationError as exc:
             # Beside stderr, a file: MPI_Abort may end the job before mpiexec forwards the line
             args.folder.mkdir(parents=True, exist_ok=True)

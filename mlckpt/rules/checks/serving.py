@@ -13,15 +13,18 @@ named by rank.  What it cannot see: records invented whole and coherently for ra
 ran (the same limit as a checkpoint run's records without a witness).
 SERVING-COLD (result): each load began with its files out of the page cache.
 SERVING-SUMMARY (result): summary.json is what the records recompute to.
+SERVING-COUNTERS (result, rules 1.14): each load inside its hosts' kernel counters, and the bytes
+claimed from the storage read from it (by the ranks' own accounting and on the device).
 """
 
 from __future__ import annotations
 
-from collections.abc import Iterator, Mapping
+from collections.abc import Iterator, Mapping, Sequence
 from typing import Any
 
 from mlckpt.errors import ConfigError
 from mlckpt.locations import is_object_url
+from mlckpt.rules.checks.counters import BLOCK_FILESYSTEMS
 from mlckpt.rules.engine import Context, NotChecked, Outcome, Rule, RuleSet, checks_table
 from mlckpt.rules.rundata import RunData, run_data
 from mlckpt.serving_metrics import by_load, held_to_plan, summary
@@ -113,6 +116,48 @@ def serving_cold(ctx: Context, rs: RuleSet, rule: Rule) -> Iterator[Outcome]:
                       where=f"load {index}")
 
 
+def serving_counters(ctx: Context, rs: RuleSet, rule: Rule) -> Iterator[Outcome | NotChecked]:
+    """Rules 1.14: each load on each host inside its leader's kernel counters (read on leaving the
+    load's barrier and after every rank agreed it ended, as around a checkpoint op), and the bytes
+    the host's ranks claim from the storage read from it in that window: by the kernel's
+    accounting of those ranks (``own_read_bytes``) and on the weights' device (``read_bytes``).
+    Judged on a block filesystem, where every byte an O_DIRECT read claims must come from the
+    device; objects and other filesystems are not judged (said as not checked)."""
+    d = run_data(ctx)
+    if d.run.get("storage", {}).get("kind") == "s3":
+        return  # objects: no device of the host's serves them
+    slack = float(rs.data["serving"]["counters_slack_fraction"])
+    facts = {str(h.get("hostname")): h for h in d.system.get("hosts", [])}
+    for index, recs in by_load(d.records).items():
+        for host, hr in d.hosts(recs).items():
+            where = f"load {index} on {host}"
+            fs = str(((facts.get(host) or {}).get("filesystem") or {}).get("fs_type"))
+            if fs not in BLOCK_FILESYSTEMS:
+                yield NotChecked(f"{where}: the weights on {fs}, not a block filesystem")
+                continue
+            leaders = [r for r in hr if isinstance(r.get("host_counters"), Mapping)]
+            if len(leaders) != 1:
+                yield Outcome(False, "the host's counters on one record of the load",
+                              f"on {len(leaders)} records", where=where)
+                continue
+            yield from _counted(leaders[0]["host_counters"], hr, slack, where)
+
+
+def _counted(hc: Mapping[str, Any], hr: Sequence[Mapping[str, Any]], slack: float, where: str
+             ) -> Iterator[Outcome]:
+    before, after = hc.get("before") or {}, hc.get("after") or {}
+    start, end = min(int(r["t0_ns"]) for r in hr), max(int(r["t1_ns"]) for r in hr)
+    yield Outcome(int(before.get("t_ns", start + 1)) <= start and int(after.get("t_ns", -1)) >= end,
+                  "every rank of the host inside its counters' window", "a rank outside it", where=where)
+    claimed = sum(int(r["storage_bytes"]) for r in hr)
+    need = int(claimed * (1 - slack))
+    for key, who in (("own_read_bytes", "the host's ranks read"), ("read_bytes", "the device read")):
+        if key in before and key in after:
+            got = int(after[key]) - int(before[key])
+            yield Outcome(got >= need, f"{who} at least the {claimed} B its records claim from the storage",
+                          f"{got} B", where=where)
+
+
 def summarized(rs: RuleSet, d: RunData, run: ServingRun) -> dict[str, Any]:
     """A serving run's summary.json from its records (the runner writes it, SERVING-SUMMARY
     recomputes it)."""
@@ -149,4 +194,4 @@ def _short(v: Any) -> str:
 
 
 CHECKS = checks_table(serving_scope, serving_direct, serving_closed, serving_recorded, serving_plan,
-                      serving_cold, serving_summary_exact)
+                      serving_cold, serving_counters, serving_summary_exact)

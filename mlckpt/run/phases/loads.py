@@ -1,6 +1,8 @@
 """Loading a model's weights into replicas, on every rank: the files laid out once (untimed), then
 each rank brought to hold its verified shard by one strategy (mlckpt/workload/serving_load.py),
-timed from leaving a barrier until its shard is in its memory.
+timed from leaving a barrier until its shard is in its memory by the op timer that times every
+checkpoint op (the runner's :class:`~mlckpt.run.collective.OpTimer`: its barriers, the fault seam,
+the collector kept out, the host's kernel counters around the load), then verified, untimed.
 
 * ``direct``: the rank reads its shard's files from the storage.
 * ``fanout``: the rank reads its part of its shard from the storage; the holders of the shard then
@@ -23,8 +25,7 @@ from __future__ import annotations
 
 import os
 import shutil
-import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -55,7 +56,8 @@ class LoadSetup:
     opts: engine.IOOptions
     store: engine.Store | None = None  # where root is an object path
     tier_direct: bool = False  # the node tier takes O_DIRECT and the run reads so (probed untimed)
-    tier_residency: bool = False  # records carry node_tier_resident_bytes (records format 10)
+    # records format 10: a load's record carries the op timer's evidence and its tier's residency
+    load_evidence: bool = False
 
     def where(self, shard: int, file: int) -> Path | ObjectPath:
         """A file of the shard on the storage (one folder: what a failed run's guardian sweeps)."""
@@ -128,47 +130,62 @@ def _from_storage(s: LoadSetup, pieces: Sequence[Piece], into: Any) -> int:
     return get_ranges(s.store, out)
 
 
-def load(comm: Any, s: LoadSetup, groups: tuple[Any, Any], inside: Callable[[], Any] = lambda: None
-         ) -> dict[str, Any]:
-    """One load on this rank: its record.  ``groups``: the communicators of its shard's holders
-    and of its host's ranks (made untimed, before; ``split_groups``); ``inside``: called after t0
-    (the runner's fault seam, :mod:`mlckpt.run.faults`).  A rank whose reads or
-    verification fail still takes its part in every collective of the load, and raises only at
-    its end: the others are never left waiting in one (the caller agrees on the failure)."""
+# The timed region of one load on this rank: ``timed(action)`` leaves a barrier, runs ``action``
+# and returns the record's timing and evidence (at least ``t0_ns``, ``t1_ns`` and ``wall_start``);
+# a failure on any rank raises on every rank, once every rank is out of the action.  The runner's
+# is its OpTimer (mlckpt.run.collective): the barriers, the host's counters around the load, the
+# fault seam, the collector kept out, as for every checkpoint op.
+Timed = Callable[[Callable[[], None]], Mapping[str, Any]]
+
+# What a load's record keeps of the op timer's: its clock readings and the evidence every op
+# carries (records format 10), never a checkpoint op's own fields.
+TIMER_FIELDS = ("t0_ns", "t1_ns", "wall_start", "direct", "cpu_ns", "host_counters", "requests", "phases_ns")
+
+
+@dataclass(frozen=True, eq=False)
+class Loaded:
+    """One rank's load: its record (all but ``verified_bytes``) and the memory its shard is in."""
+
+    record: dict[str, Any]
+    arena: Any
+
+
+def load(comm: Any, s: LoadSetup, groups: tuple[Any, Any], timed: Timed) -> Loaded:
+    """One load on this rank, unverified (:func:`verify` after it, untimed).  ``groups``: the
+    communicators of its shard's holders and of its host's ranks (made untimed, before;
+    ``split_groups``); ``timed``: the timed region (see :data:`Timed`).  A rank whose reads fail
+    still takes its part in every collective of the load, and raises only at the action's end:
+    the others are never left waiting in one."""
     me: RankLoad = s.plan.ranks[comm.Get_rank()]
     holders, host = groups
     size = s.plan.shard_bytes(me.shard)
     arena = engine.alloc(max(engine.PAGE, s.file_offsets(me.shard)[-1]))
     staging = _staging(s, me)
-    failed: list[BaseException] = []
     resident = cold(comm, s)
-    tier_bytes = storage = tier_resident = 0
-    comm.Barrier()
-    t0 = time.monotonic_ns()
-    wall = time.time()  # read with t0: one wall-minus-monotonic offset per host (HOST-CLOCKS)
-    inside()
-    if s.plan.strategy == "nodecache":
-        storage, tier_bytes, tier_resident = _node_cache(host, s, me, arena, staging, failed)
-    else:
-        storage = _attempt(failed, lambda: _from_storage(s, me.storage, arena))
-        if s.plan.strategy == "fanout":
-            _exchange(holders, s, me, arena)
-    t1 = time.monotonic_ns()
-    idle_barrier(comm)  # the ranks still loading keep the CPUs
-    # A rank that could not read sent the others garbage: its failure is the one to name
-    if comm.allreduce(bool(failed)):
-        if failed:
+    moved = {"storage": 0, "tier": 0, "tier_resident": 0}
+
+    def action() -> None:
+        failed: list[BaseException] = []
+        if s.plan.strategy == "nodecache":
+            moved["storage"], moved["tier"], moved["tier_resident"] = _node_cache(host, s, me, arena, staging,
+                                                                                  failed)
+        else:
+            moved["storage"] = _attempt(failed, lambda: _from_storage(s, me.storage, arena))
+            if s.plan.strategy == "fanout":
+                _exchange(holders, s, me, arena)
+        if failed:  # a rank that could not read sent the others garbage: its failure is the one named
             raise failed[0]
-        return {}
-    verified = _attempt(failed, lambda: verify(s, me, arena))
-    if failed:
-        raise failed[0]
-    tier = {"node_tier_resident_bytes": tier_resident} if s.tier_residency else {}
-    return {"rank": me.rank, "replica": me.replica, "shard": me.shard, "host": me.host,
-            "strategy": s.plan.strategy, "t0_ns": t0, "t1_ns": t1, "bytes": size,
-            "storage_bytes": storage, "node_tier_bytes": tier_bytes,
-            "received_bytes": size - storage if s.plan.strategy == "fanout" else 0,
-            "resident_bytes": resident, **tier, "verified_bytes": verified, "wall_start": wall}
+
+    timing = timed(action)
+    storage = moved["storage"]
+    tier = {"node_tier_resident_bytes": moved["tier_resident"]} if s.load_evidence else {}
+    evidence = {k: timing[k] for k in TIMER_FIELDS if k in timing} if s.load_evidence else {
+        k: timing[k] for k in ("t0_ns", "t1_ns", "wall_start")}
+    return Loaded({"rank": me.rank, "replica": me.replica, "shard": me.shard, "host": me.host,
+                   "strategy": s.plan.strategy, **evidence, "bytes": size,
+                   "storage_bytes": storage, "node_tier_bytes": moved["tier"],
+                   "received_bytes": size - storage if s.plan.strategy == "fanout" else 0,
+                   "resident_bytes": resident, **tier}, arena)
 
 
 def _staging(s: LoadSetup, me: RankLoad) -> Any:
@@ -242,8 +259,10 @@ def _node_cache(host: Any, s: LoadSetup, me: RankLoad, arena: Any, staging: Any,
     return storage, read, resident
 
 
-def verify(s: LoadSetup, me: RankLoad, arena: Any) -> int:
-    """Every file of the rank's shard against the content it was stamped with; the bytes verified."""
+def verify(s: LoadSetup, rank: int, arena: Any) -> int:
+    """Every file of ``rank``'s shard in ``arena`` against the content it was stamped with; the
+    bytes verified (VerificationError on this rank at the first mismatch)."""
+    me = s.plan.ranks[rank]
     scratch = engine.alloc(engine.VERIFY_SCRATCH_BYTES)
     offs = s.file_offsets(me.shard)
     for i, size in enumerate(s.plan.shard_files[me.shard]):

@@ -13,13 +13,14 @@ fast tier is if the run fails.
 from __future__ import annotations
 
 import shutil
+from collections.abc import Callable
 from typing import Any
 
 from mlckpt import engine
-from mlckpt.run.collective import Job
+from mlckpt.run.collective import Job, OpTimer
 from mlckpt.run.phases import loads, outcome
 from mlckpt.run.phases.configure import Configured
-from mlckpt.run.phases.folders import make_folders
+from mlckpt.run.phases.folders import Folders, make_folders
 from mlckpt.run.phases.gates import Gates
 from mlckpt.run.phases.publish import RunId
 from mlckpt.run.storage.cleanup import Created
@@ -28,8 +29,10 @@ from mlckpt.written import Written
 
 
 def serving_phases(job: Job, c: Configured, gates: Gates, created: Created, ident: tuple[RunId, bytes],
-                   opts: Any) -> outcome.Measured:
-    """The folders, the weights laid out, the loads; rank 0's Measured holds every rank's records."""
+                   opts: Any, make_timer: Callable[[Folders], OpTimer]) -> outcome.Measured:
+    """The folders, the weights laid out, the loads; rank 0's Measured holds every rank's records.
+    ``make_timer``: the run's op timer for these folders (every load is timed and evidenced by
+    it, as a checkpoint op is)."""
     cfg = c.config
     run = ServingRun.of(cfg)
     assert run is not None
@@ -53,18 +56,23 @@ def serving_phases(job: Job, c: Configured, gates: Gates, created: Created, iden
         tier_direct = bool(opts.direct) and engine.probe_direct(str(tier_files))
     s = loads.LoadSetup(plan, weights, tier_files, folders.key, folders.run.number, opts, folders.store,
                         tier_direct=tier_direct,
-                        tier_residency=Written.of(c.setup.rules.version).has("tier_residency"))
+                        load_evidence=Written.of(c.setup.rules.version).has("load_evidence"))
     with job.step("laying out the weights"):
         loads.lay_out(job.comm, s)
     groups = loads.split_groups(job.comm, plan)
+    timer = make_timer(folders)
+    nfiles = len({(q.shard, q.file) for q in (*me.storage, *me.node_tier)})
     mine: list[dict[str, Any]] = []
     for index in range(run.loads):
-        with job.step(f"load {index}"):
-            fault = job.faults.timed_action(job.rank, "load", index, lambda: None)  # tests' seam only
-            rec = loads.load(job.comm, s, groups, fault)
+        def timed(action: Callable[[], None], index: int = index) -> dict[str, Any]:
+            return timer("load", index, 1, action, plan.shard_bytes(me.shard), nfiles, opts)
+
+        loaded = loads.load(job.comm, s, groups, timed)  # every rank raises alike if one failed
+        with job.step(f"verify load {index}"):
+            verified = loads.verify(s, job.rank, loaded.arena)
         with job.step("emptying the node tier"):
             loads.clear_tier(groups[1], s)
-        mine.append({"op": "load", "index": index, **rec})
+        mine.append({"op": "load", "index": index, **loaded.record, "verified_bytes": verified})
         if job.rank == 0:
             job.say(f"load {index + 1}/{run.loads}: {run.replicas} replicas ready")
     if tier is not None and groups[1].Get_rank() == 0:

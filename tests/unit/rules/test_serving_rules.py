@@ -86,7 +86,7 @@ def test_an_honest_serving_result_has_no_finding_and_no_checkpoint_rule_judges_i
     judged = {r.id for r in RS.rules if ctx.kind in r.kinds and "result" in r.stages}
     assert judged == {"SERVING-RECORDED", "SERVING-PLAN", "SERVING-COLD", "SERVING-SUMMARY",
                       "OBJECT-STORAGE-RECORDED", "RUN-CLAIMS", "RESULT-CONSISTENT", "RESULT-TIMES",
-                      "HOST-CLOCKS", "RECORDS-COPIES"}  # RECORDS-COPIES from rules 1.14
+                      "HOST-CLOCKS", "RECORDS-COPIES", "SERVING-COUNTERS"}  # the last two from 1.14
 
 
 def test_a_checkpoint_run_is_judged_by_no_serving_rule() -> None:
@@ -210,3 +210,59 @@ def test_the_summary_says_whether_the_node_tier_was_read_cold(resident: int | No
     old = Written.of("1.13")
     assert "node_tier_cold" not in summary(run, recs, ranks=4, hosts=2, max_resident_fraction=0.01,
                                            formats=(old.summary, old.records))
+
+
+def _with_counters(recs: list[dict[str, Any]], own: int | None = None, device: int | None = None) -> None:
+    """Each host's first record of each load carries its host's counters around the load, as the
+    op timer reads them: ``own``/``device``, the bytes read in the window (default: the host's
+    claimed storage bytes)."""
+    firsts: dict[tuple[int, str], dict[str, Any]] = {}
+    for r in recs:
+        firsts.setdefault((r["index"], r["host"]), r)
+    for (index, host), lead in firsts.items():
+        hr = [r for r in recs if r["index"] == index and r["host"] == host]
+        claimed = sum(r["storage_bytes"] for r in hr)
+        t0, t1 = min(r["t0_ns"] for r in hr), max(r["t1_ns"] for r in hr)
+        lead["host_counters"] = {
+            "device": "254:0",
+            "before": {"t_ns": t0 - 1000, "own_read_bytes": 4096, "read_bytes": 1 << 30},
+            "after": {"t_ns": t1 + 1000, "own_read_bytes": 4096 + (claimed if own is None else own),
+                      "read_bytes": (1 << 30) + (claimed if device is None else device)}}
+
+
+def _counters_findings(recs: list[dict[str, Any]], config: dict[str, Any], run_doc: dict[str, Any],
+                       doc: dict[str, Any], fs: str = "ext4") -> list[str]:
+    system = {"hosts": [{"hostname": h, "filesystem": {"fs_type": fs}} for h in ("a", "b")]}
+    ctx = Context(config, workload_from_config(config["workload"]), (), None, None, True,
+                  run=RunData(run_doc, config, doc, recs, system))
+    return [f.message for f in RS.evaluate(ctx, ["result"]).findings if f.rule == "SERVING-COUNTERS"]
+
+
+@pytest.mark.parametrize(("own", "device", "shift", "found"), [
+    (None, None, 0, None),  # as the kernel saw it
+    (None, 10 << 30, 0, None),  # the device busier than the ranks: other processes read too
+    (0, None, 0, "the host's ranks read at least"),  # bytes the ranks never read
+    (None, 0, 0, "the device read at least"),
+    (None, None, 10_000, "every rank of the host inside its counters' window"),  # a rank moved out
+])
+def test_the_counters_around_a_load_hold_its_claimed_bytes(own: int | None, device: int | None, shift: int,
+                                                           found: str | None) -> None:
+    config = config_of("serving.strategy=direct")
+    run_doc, recs, doc = honest(config, ["a", "a", "b", "b"])
+    _with_counters(recs, own, device)
+    recs[-1]["t1_ns"] += shift  # a rank's end past its host's closing counters
+    got = _counters_findings(recs, config, run_doc, doc)
+    if found is None:
+        assert got == []
+    else:
+        assert got and found in got[0], got
+
+
+def test_the_counters_are_not_judged_on_a_filesystem_without_a_device_of_its_own() -> None:
+    config = config_of("serving.strategy=direct")
+    run_doc, recs, doc = honest(config, ["a", "a", "b", "b"])
+    _with_counters(recs, own=0, device=0)
+    assert _counters_findings(recs, config, run_doc, doc, fs="nfs4") == []
+    for r in recs:
+        r.pop("host_counters", None)
+    assert "on 0 records" in _counters_findings(recs, config, run_doc, doc)[0]

@@ -43,6 +43,6 @@ def test_older_rules_write_less() -> None:
     assert Written.of("1.8").has("calibration") and not Written.of("1.8").has("content_commitment")
     assert Written.of("1.10").has("requests") and not Written.of("1.10").has("framework")
     assert Written.of("1.12").has("framework") and not Written.of("1.12").has("serving")
-    assert Written.of("1.13").has("serving") and not Written.of("1.13").has("tier_residency")
+    assert Written.of("1.13").has("serving") and not Written.of("1.13").has("load_evidence")
     with pytest.raises(KeyError):
         new.has("no-such-feature")
