@@ -98,45 +98,6 @@ def _fsync(paths: Sequence[str]) -> None:
             os.close(fd)
 
 
-def paths_of(writer: str, cdir: Path, names: Sequence[str]) -> list[str]:
-    """The files a writer keeps under ``cdir`` for these planned files (for DCP: every file of the
-    checkpoint, since a rank's keys may sit in any rank's file)."""
-    if writer == "torch_dcp":
-        return sorted([*glob.glob(str(cdir / "__*_*.distcp")), str(cdir / DCP_METADATA[0])])
-    return [str(cdir / library_name(writer, n)) for n in names]
-
-
-def _dcp_files(cdir: Path, rank: int) -> list[str]:
-    mine = sorted(glob.glob(str(cdir / f"__{rank}_*.distcp")))
-    return mine + ([str(cdir / DCP_METADATA[0])] if rank == 0 else [])
-
-
-def save(fw: Framework, cdir: Path, items: Sequence[Item], rank: int) -> Saved:
-    """Write ``items`` under ``cdir`` through the library, then make every file and the folder
-    durable (the library's own fsync where it does one, mlckpt's otherwise).  Collective for DCP."""
-    writer = fw.writer
-    if writer == "torch_dcp":
-        import torch.distributed.checkpoint as dcp
-
-        dcp.save({it.key: _tensor(it.buf) for it in items}, storage_writer=_dcp_writer(fw, cdir))
-        return _durable(fw, cdir, _dcp_files(cdir, rank))
-    paths = paths_of(writer, cdir, [it.name for it in items])
-    if writer == "torch_save":
-        import torch
-
-        for it, path in zip(items, paths, strict=True):
-            with open(path, "wb") as fh:
-                torch.save({it.key: _tensor(it.buf)}, fh)
-    elif writer == "safetensors":
-        from safetensors.torch import save_file
-
-        for it, path in zip(items, paths, strict=True):
-            save_file({it.key: _tensor(it.buf)}, path)
-    else:
-        raise ValueError(f"not a library writer: {writer}")
-    return _durable(fw, cdir, paths)
-
-
 def _dcp_writer(fw: Framework, cdir: Path) -> Any:
     import torch.distributed.checkpoint as dcp
 
@@ -152,42 +113,151 @@ def _durable(fw: Framework, cdir: Path, paths: Sequence[str]) -> Saved:
     return Saved(tuple(paths), sum(os.stat(p).st_size for p in paths), by)
 
 
+class Library:
+    """One library writer's effects (its facts: ``mlckpt.workload.frameworks.WRITERS``): a save of a
+    rank's items under a checkpoint folder, made durable; a load back into the state; the files it
+    keeps.  This base is the one-tensor-per-planned-file library; a subclass names how it writes
+    and reads one file.  Registered once in :data:`LIBRARIES`."""
+
+    name = ""
+
+    def paths(self, cdir: Path, names: Sequence[str]) -> list[str]:
+        """The files it keeps under ``cdir`` for these planned files."""
+        return [str(cdir / library_name(self.name, n)) for n in names]
+
+    def save(self, fw: Framework, cdir: Path, items: Sequence[Item], rank: int) -> Saved:
+        paths = self.paths(cdir, [it.name for it in items])
+        for it, path in zip(items, paths, strict=True):
+            self.write_one(it, path)
+        return _durable(fw, cdir, paths)
+
+    def load(self, cdir: Path, items: Sequence[Item], rank: int) -> None:
+        for it, path in zip(items, self.paths(cdir, [it.name for it in items]), strict=True):
+            loaded = self.read_one(it, path)
+            if loaded.numel() != it.buf.size:
+                raise VerificationError(f"{path}: the library loaded {loaded.numel()} B of {it.key}, where "
+                                        f"{it.buf.size} B were written", rank=rank, file=path, offset=0)
+            _tensor(it.buf).copy_(loaded)  # into the state, as load_state_dict copies into parameters
+
+    def write_one(self, it: Item, path: str) -> None:
+        raise NotImplementedError
+
+    def read_one(self, it: Item, path: str) -> Any:
+        raise NotImplementedError
+
+    def start_async(self, fw: Framework, cdir: Path, items: Sequence[Item]) -> Future[Any]:
+        raise ValueError(f"{self.name} has no async save")  # FRAMEWORK-SCOPE refuses it before I/O
+
+    def finish_async(self, fw: Framework, cdir: Path, future: Future[Any], rank: int) -> Saved:
+        raise ValueError(f"{self.name} has no async save")
+
+
+class TorchSave(Library):
+    """``torch.save`` of one tensor per planned file into an open file; ``torch.load(weights_only)``."""
+
+    name = "torch_save"
+
+    def write_one(self, it: Item, path: str) -> None:
+        import torch
+
+        with open(path, "wb") as fh:
+            torch.save({it.key: _tensor(it.buf)}, fh)
+
+    def read_one(self, it: Item, path: str) -> Any:
+        import torch
+
+        return torch.load(path, weights_only=True)[it.key]
+
+
+class Safetensors(Library):
+    """``safetensors.torch.save_file`` of one tensor per planned file; ``load_file``."""
+
+    name = "safetensors"
+
+    def write_one(self, it: Item, path: str) -> None:
+        from safetensors.torch import save_file
+
+        save_file({it.key: _tensor(it.buf)}, path)
+
+    def read_one(self, it: Item, path: str) -> Any:
+        from safetensors.torch import load_file
+
+        return load_file(path)[it.key]
+
+
+class DistributedCheckpoint(Library):
+    """PyTorch DCP: ``save``/``async_save`` with its FileSystemWriter, ``load`` in place; collective
+    over the process group.  It names its own files: every file of the checkpoint holds keys of any
+    rank, and a rank's own are known once it made them."""
+
+    name = "torch_dcp"
+
+    def paths(self, cdir: Path, names: Sequence[str]) -> list[str]:
+        return sorted([*glob.glob(str(cdir / "__*_*.distcp")), str(cdir / DCP_METADATA[0])])
+
+    @staticmethod
+    def own(cdir: Path, rank: int) -> list[str]:
+        mine = sorted(glob.glob(str(cdir / f"__{rank}_*.distcp")))
+        return mine + ([str(cdir / DCP_METADATA[0])] if rank == 0 else [])
+
+    def save(self, fw: Framework, cdir: Path, items: Sequence[Item], rank: int) -> Saved:
+        import torch.distributed.checkpoint as dcp
+
+        dcp.save({it.key: _tensor(it.buf) for it in items}, storage_writer=_dcp_writer(fw, cdir))
+        return _durable(fw, cdir, self.own(cdir, rank))
+
+    def load(self, cdir: Path, items: Sequence[Item], rank: int) -> None:
+        import torch.distributed.checkpoint as dcp
+
+        dcp.load({it.key: _tensor(it.buf) for it in items}, storage_reader=dcp.FileSystemReader(str(cdir)))
+
+    def start_async(self, fw: Framework, cdir: Path, items: Sequence[Item]) -> Future[Any]:
+        import torch.distributed.checkpoint as dcp
+
+        out = dcp.async_save({it.key: _tensor(it.buf) for it in items}, storage_writer=_dcp_writer(fw, cdir))
+        return out if isinstance(out, Future) else out.upload_completion
+
+    def finish_async(self, fw: Framework, cdir: Path, future: Future[Any], rank: int) -> Saved:
+        future.result()
+        return _durable(fw, cdir, self.own(cdir, rank))
+
+
+LIBRARIES: dict[str, Library] = {lib.name: lib for lib in (TorchSave(), DistributedCheckpoint(),
+                                                             Safetensors())}
+
+
+def library(writer: str) -> Library:
+    lib = LIBRARIES.get(writer)
+    if lib is None:
+        raise ValueError(f"not a library writer: {writer}")
+    return lib
+
+
+# What the run's phases call (each the writer's own, from the registry).
+def paths_of(writer: str, cdir: Path, names: Sequence[str]) -> list[str]:
+    """The files a writer keeps under ``cdir`` for these planned files (for DCP: every file of the
+    checkpoint, since a rank's keys may sit in any rank's file)."""
+    return library(writer).paths(cdir, names)
+
+
+def save(fw: Framework, cdir: Path, items: Sequence[Item], rank: int) -> Saved:
+    """Write ``items`` under ``cdir`` through the library, then make every file and the folder
+    durable (the library's own fsync where it does one, mlckpt's otherwise).  Collective for DCP."""
+    return library(fw.writer).save(fw, cdir, items, rank)
+
+
 def start_async_save(fw: Framework, cdir: Path, items: Sequence[Item]) -> Future[Any]:
     """DCP's ``async_save``: returns once DCP staged the state (what training waits for); the
     future is done once the library wrote every file.  Collective."""
-    import torch.distributed.checkpoint as dcp
-
-    out = dcp.async_save({it.key: _tensor(it.buf) for it in items}, storage_writer=_dcp_writer(fw, cdir))
-    return out if isinstance(out, Future) else out.upload_completion
+    return library(fw.writer).start_async(fw, cdir, items)
 
 
 def finish_async_save(fw: Framework, cdir: Path, future: Future[Any], rank: int) -> Saved:
     """Wait for an async save's files, then make them and the folder durable."""
-    future.result()
-    return _durable(fw, cdir, _dcp_files(cdir, rank))
+    return library(fw.writer).finish_async(fw, cdir, future, rank)
 
 
 def load(writer: str, cdir: Path, items: Sequence[Item], rank: int) -> None:
     """Restore ``items`` (each into its ``buf`` in the state) through the library's own load.
     Collective for DCP."""
-    if writer == "torch_dcp":
-        import torch.distributed.checkpoint as dcp
-
-        dcp.load({it.key: _tensor(it.buf) for it in items}, storage_reader=dcp.FileSystemReader(str(cdir)))
-        return
-    paths = paths_of(writer, cdir, [it.name for it in items])
-    for it, path in zip(items, paths, strict=True):
-        if writer == "torch_save":
-            import torch
-
-            loaded = torch.load(path, weights_only=True)[it.key]
-        elif writer == "safetensors":
-            from safetensors.torch import load_file
-
-            loaded = load_file(path)[it.key]
-        else:
-            raise ValueError(f"not a library writer: {writer}")
-        if loaded.numel() != it.buf.size:
-            raise VerificationError(f"{path}: the library loaded {loaded.numel()} B of {it.key}, where "
-                                    f"{it.buf.size} B were written", rank=rank, file=path, offset=0)
-        _tensor(it.buf).copy_(loaded)  # into the state, as load_state_dict copies into parameters
+    library(writer).load(cdir, items, rank)

@@ -199,7 +199,7 @@ def phases(job: Job, c: Configured, gates: Gates, created: Created, ident: tuple
     if fw.library:  # untimed: PyTorch takes seconds to import; DCP's process group from the MPI world
         with job.step(f"framework library {fw.writer}"):
             frameworks.load_library(fw.writer)
-            if fw.writer == "torch_dcp":
+            if fw.spec.collective:
                 frameworks.join_process_group(job.comm, len(gates.hosts) == 1)
     idle_s = float(c.setup.rules.data.get("attribution", {}).get("background_s", 0.0))  # rules 1.9
     calibration = calibrate(timer, background_s=idle_s) if timer.written.has("own_io") else None
@@ -214,7 +214,7 @@ def phases(job: Job, c: Configured, gates: Gates, created: Created, ident: tuple
     finally:
         if dev is not None:
             dev.close()
-        if fw.writer == "torch_dcp":
+        if fw.spec.collective:
             frameworks.leave_process_group()
     return outcome.Measured(run_id, records, state, calibration, folders.key)
 

@@ -41,20 +41,57 @@ SYNCED_BY = ("library", "mlckpt")  # who fsynced a library op's files inside the
 
 @dataclass(frozen=True)
 class Writer:
+    """What a writer is, as the runner, the rules and the checker ask it: one instance per writer,
+    registered once in :data:`WRITERS`; nothing else compares a writer's name.  Its effects (save,
+    load, the files it keeps) are the matching class of ``mlckpt.engine.frameworks``."""
+
     name: str
     library: str | None  # the distribution whose version run.json records (None: mlckpt's own)
     module: str | None  # what the runner imports for it
     syncs: str | None  # the setting under which the library fsyncs its own files (None: never)
     asynchronous: bool  # has an async save path (checkpoint.mode=async)
-    suffix: str  # a library file's suffix in place of the planned one's ("": the planned name, or DCP's)
+    suffix: str = ""  # a library file's suffix in place of the planned one's ("": the planned name)
+    own_settings: tuple[tuple[str, Any], ...] = ()  # what run.json records of its settings, fixed
+    # the library names its own files (known once it made them) and saves and loads collectively,
+    # over torch.distributed's process group (DCP)
+    collective: bool = False
+
+    def settings(self, fw: Framework) -> dict[str, Any]:
+        """What run.json records of the library's settings (those that change what it does)."""
+        return dict(self.own_settings)
+
+    def library_name(self, planned: str) -> str:
+        """A planned file's name as a one-file-per-planned-file library writes it: torch.save keeps
+        it (DeepSpeed's .pt files), safetensors puts its own suffix in place of the planned one."""
+        return planned.rsplit(".", 1)[0] + self.suffix if self.suffix else planned
+
+    def file_names(self, fw: Framework, rank: int, planned: Sequence[str]) -> list[str]:
+        """The names of this writer's files of rank ``rank`` beside the planned ones."""
+        return [self.library_name(n) for n in planned] if self.suffix else []
 
 
-WRITERS: dict[str, Writer] = {
-    ENGINE: Writer(ENGINE, None, None, None, True, ""),
-    "torch_save": Writer("torch_save", "torch", "torch", None, False, ""),
-    "torch_dcp": Writer("torch_dcp", "torch", "torch.distributed.checkpoint", "sync_files", True, ""),
-    "safetensors": Writer("safetensors", "safetensors", "safetensors.torch", None, False, ".safetensors"),
-}
+@dataclass(frozen=True)
+class DistributedCheckpoint(Writer):
+    """PyTorch DCP: one file per rank and FileSystemWriter thread, and the coordinator's metadata."""
+
+    def settings(self, fw: Framework) -> dict[str, Any]:
+        return {"thread_count": fw.threads, "sync_files": fw.sync_files, "single_file_per_rank": True}
+
+    def file_names(self, fw: Framework, rank: int, planned: Sequence[str]) -> list[str]:
+        return [f"__{rank}_{i}.distcp" for i in range(fw.threads)] + (list(DCP_METADATA) if rank == 0 else [])
+
+
+DCP_METADATA = (".metadata", ".metadata.tmp")  # the coordinator's (rank 0's), and its file before the rename
+
+WRITERS: dict[str, Writer] = {w.name: w for w in (
+    Writer(ENGINE, None, None, None, True),
+    Writer("torch_save", "torch", "torch", None, False,
+           own_settings=(("weights_only_load", True), ("one_file_per", "planned file"))),
+    DistributedCheckpoint("torch_dcp", "torch", "torch.distributed.checkpoint", "sync_files", True,
+                          collective=True),
+    Writer("safetensors", "safetensors", "safetensors.torch", None, False, ".safetensors",
+           own_settings=(("one_file_per", "planned file"),)),
+)}
 LIBRARIES = tuple(n for n in WRITERS if n != ENGINE)
 
 
@@ -75,8 +112,13 @@ class Framework:
                    threads=int(fw.get("threads") or 1), sync_files=fw.get("sync_files") is not False)
 
     @property
+    def spec(self) -> Writer:
+        """The writer, as registered."""
+        return WRITERS[self.writer]
+
+    @property
     def library(self) -> bool:
-        return self.writer != ENGINE
+        return self.spec.library is not None
 
     @property
     def alternates(self) -> bool:
@@ -85,45 +127,30 @@ class Framework:
 
     def writer_of(self, checkpoint: int) -> str:
         """Who writes (and restores) checkpoint ``checkpoint`` (1-based)."""
-        if not self.library:
-            return ENGINE
-        return self.writer if not self.reference or checkpoint % 2 == 1 else ENGINE
+        return self.writer if self.by_library(checkpoint) else ENGINE
+
+    def by_library(self, checkpoint: int) -> bool:
+        """Whether the library writes (and restores) checkpoint ``checkpoint`` (1-based)."""
+        return self.library and (not self.reference or checkpoint % 2 == 1)
 
     def synced_by(self) -> str:
         """Who fsyncs this library's files inside a write."""
-        return "library" if WRITERS[self.writer].syncs and self.sync_files else "mlckpt"
+        return "library" if self.spec.syncs and self.sync_files else "mlckpt"
 
     def settings(self) -> dict[str, Any]:
         """What run.json records of the library's settings (those that change what it does)."""
-        if self.writer == "torch_dcp":
-            return {"thread_count": self.threads, "sync_files": self.sync_files, "single_file_per_rank": True}
-        if self.writer == "torch_save":
-            return {"weights_only_load": True, "one_file_per": "planned file"}
-        if self.writer == "safetensors":
-            return {"one_file_per": "planned file"}
-        return {}
-
-
-DCP_METADATA = (".metadata", ".metadata.tmp")  # the coordinator's (rank 0's), and its file before the rename
+        return self.spec.settings(self)
 
 
 def file_names(fw: Framework, rank: int, planned: Sequence[str]) -> list[str]:
     """Every name rank ``rank``'s checkpoint files may have in a checkpoint folder, the engine's
     and the library's: what a run that cannot finish sweeps (only those names are ever touched)."""
-    names = list(planned)
-    if fw.writer == "safetensors":
-        names += [library_name(fw.writer, n) for n in planned]
-    elif fw.writer == "torch_dcp":  # one file per rank and FileSystemWriter thread
-        names += [f"__{rank}_{i}.distcp" for i in range(fw.threads)]
-        names += list(DCP_METADATA) if rank == 0 else []
-    return names
+    return [*planned, *fw.spec.file_names(fw, rank, planned)]
 
 
 def library_name(writer: str, planned: str) -> str:
-    """A planned file's name as a one-file-per-planned-file library writes it: torch.save keeps it
-    (DeepSpeed's .pt files), safetensors puts its own suffix in place of the planned one."""
-    suffix = WRITERS[writer].suffix
-    return planned.rsplit(".", 1)[0] + suffix if suffix else planned
+    """A planned file's name as ``writer`` writes it (:meth:`Writer.library_name`)."""
+    return WRITERS[writer].library_name(planned)
 
 
 def scope_problems(config: Mapping[str, Any]) -> list[str]:

@@ -51,7 +51,7 @@ class LibraryWrites:
     futures: dict[int, Any] = field(default_factory=dict)
 
     def writes(self, k: int) -> bool:
-        return self.fw.writer_of(k) != ENGINE
+        return self.fw.by_library(k)
 
     def _items(self, buf: Any) -> list[frameworks.Item]:
         return items([f.name for f in self.mine], [self.rank] * len(self.mine), [f.bytes for f in self.mine],
@@ -59,7 +59,7 @@ class LibraryWrites:
 
     def planned_paths(self, cdir: Path) -> list[str]:
         """The files known before the save (DCP names its own: listed once it made them)."""
-        if self.fw.writer == "torch_dcp":
+        if self.fw.spec.collective:  # DCP names its own files: listed once it made them
             return []
         return frameworks.paths_of(self.fw.writer, cdir, [f.name for f in self.mine])
 
@@ -79,7 +79,7 @@ class LibraryWrites:
 
     def _keep(self, k: int, saved: frameworks.Saved) -> None:
         self.saved[k] = saved
-        if self.fw.writer == "torch_dcp":
+        if self.fw.spec.collective:  # files it named itself, to evict and remove
             self.created.add_files(list(saved.files))
 
     def fields(self, k: int) -> dict[str, Any]:

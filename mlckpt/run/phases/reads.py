@@ -76,7 +76,7 @@ class ReadPhase:
             self.poison()
         if self.store is not None:  # no page cache holds objects: nothing to evict, 0 resident
             return self.restore_objects(k, c, cdir, nbytes, scratch)
-        if self.fw.writer_of(c) != ENGINE:
+        if self.fw.by_library(c):
             return library.restore(self, k, c, cdir, scratch)
         with self.job.step(f"evict before restore {k}"):
             for path in paths:
