@@ -112,6 +112,7 @@ _LAZY = {
     "WITNESSES": "mlckpt.bundle.keys",
     "TrustedKeys": "mlckpt.bundle.keys",
     "generate_key": "mlckpt.bundle.keys",
+    "existing_key": "mlckpt.bundle.keys",
     "parse_public_key_text": "mlckpt.bundle.keys",
     "keyid_of_key": "mlckpt.bundle.keys",
     "load_private_key": "mlckpt.bundle.keys",
@@ -134,6 +135,7 @@ if TYPE_CHECKING:
     from mlckpt.bundle.keys import (
         WITNESSES,
         TrustedKeys,
+        existing_key,
         generate_key,
         keyid_of_key,
         load_private_key,
@@ -171,6 +173,7 @@ __all__ = [
     "code_digest",
     "default_key_path",
     "display_name",
+    "existing_key",
     "find_bundle_root",
     "generate_key",
     "key_label",

@@ -99,6 +99,37 @@ def generate_key(path: Path, passphrase: bytes | None = None) -> KeyInfo:
     return KeyInfo(keyid=keyid_of(raw), public_key=text, path=path, public_path=pub_path)
 
 
+def existing_key(path: Path, passphrase_env: str = DEFAULT_PASSPHRASE_ENV) -> KeyInfo | None:
+    """The public facts of the key at ``path`` (None where there is none): from the private key
+    where it opens, else from its ``.pub`` (an encrypted key without its passphrase).  A ``.pub``
+    that is not the private key's is refused, naming both files."""
+    path = Path(path)
+    pub_path = path.with_name(path.name + ".pub")
+    if not os.path.lexists(path):
+        return None
+    text = None
+    if os.path.lexists(pub_path):
+        try:
+            text = pub_path.read_text(encoding="ascii").strip()
+            parse_public_key_text(text)
+        except (OSError, UnicodeDecodeError, ValueError) as exc:
+            raise UsageError(f"{pub_path}: not a public key ({exc}); remove it to make it again") from None
+    try:
+        key = load_private_key(path, passphrase_env)
+    except UsageError:
+        if text is None:
+            raise
+        key = None  # encrypted, its passphrase not given: the .pub says which key it is
+    if key is not None:
+        mine = public_key_text(key)
+        if text is not None and text != mine:
+            raise UsageError(f"{pub_path}: not the public key of {path}; remove it to make it again")
+        text = mine
+    assert text is not None
+    return KeyInfo(keyid=keyid_of(parse_public_key_text(text)), public_key=text, path=path,
+                   public_path=pub_path if os.path.lexists(pub_path) else None)
+
+
 def load_private_key(path: Path, passphrase_env: str = DEFAULT_PASSPHRASE_ENV) -> Ed25519PrivateKey:
     """Load a PEM Ed25519 private key; an encrypted one takes its passphrase from ``$passphrase_env``."""
     path = Path(path)

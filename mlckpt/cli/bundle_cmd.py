@@ -111,12 +111,17 @@ def cmd_keygen(args: argparse.Namespace) -> int:
                 f"--passphrase-env: environment variable {args.passphrase_env} is unset or empty"
             )
         passphrase = os.fsencode(value)
-    info = bundle.generate_key(path, passphrase)
-    print(f"private key: {info.path}" + (" (encrypted)" if passphrase else ""))
-    print(f"public key: {info.public_path}: {info.public_key}")
+    info = bundle.existing_key(path, args.passphrase_env or bundle.DEFAULT_PASSPHRASE_ENV)
+    made = info is None
+    if info is not None:  # e.g. made by the first `mlckpt run` (signing.key=auto): never overwritten
+        print(f"private key: {info.path} (it exists already: kept, never overwritten)")
+    else:
+        info = bundle.generate_key(path, passphrase)
+        print(f"private key: {info.path}" + (" (encrypted)" if passphrase else ""))
+    print(f"public key: {info.public_path or '(no .pub beside it)'}: {info.public_key}")
     print(f"fingerprint: {info.fingerprint} (how messages, the checker and the signature's keyid "
           "name this key)")
-    if passphrase and args.passphrase_env != bundle.DEFAULT_PASSPHRASE_ENV:
+    if made and passphrase and args.passphrase_env != bundle.DEFAULT_PASSPHRASE_ENV:
         print(f"mlckpt run reads the passphrase from ${bundle.DEFAULT_PASSPHRASE_ENV}: set it to "
               f"${args.passphrase_env}'s value (mlckpt sign: --passphrase-env {args.passphrase_env})")
     org = args.org or "YOUR-ORG"

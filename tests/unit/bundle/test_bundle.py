@@ -841,8 +841,14 @@ def test_cli_flow(
     fp = out.split("fingerprint: ")[1].split()[0]
     label = f"{(key.parent / 'signing-key.pem.pub').read_text().strip()} (fingerprint {fp})"
     assert stat.S_IMODE(key.stat().st_mode) == 0o600
-    status, out, err = cli(capsys, "keygen")
-    assert status == 2 and err.count("\n") == 1 and "already exists" in err
+    # again (as after a first `mlckpt run` made the key): the key kept, its entry printed again
+    status, again, err = cli(capsys, "keygen", "--org", "acme")
+    assert status == 0 and not err and "it exists already: kept, never overwritten" in again
+    assert f"fingerprint: {fp} " in again and f'acme: ["{label.split()[0]}"]' in again
+    (key.parent / "signing-key.pem.pub").write_text("ed25519:" + "A" * 43 + "=\n")  # another key's
+    status, _, err = cli(capsys, "keygen")
+    assert status == 2 and err.count("\n") == 1 and "not the public key of" in err
+    (key.parent / "signing-key.pem.pub").write_text(label.split()[0] + "\n")
 
     folder = make_folder(tmp_path / "bundle", {k: v for k, v in FILES.items() if k != "data.bin"})
     status, out, err = cli(capsys, "sign", folder)
@@ -893,6 +899,11 @@ def test_cli_encrypted_key(
     monkeypatch.setenv("PASS_FOR_TEST", "s3cret")
     status, out, _ = cli(capsys, "keygen", "--out", key, "--passphrase-env", "PASS_FOR_TEST")
     assert status == 0 and "(encrypted)" in out
+    made = out.split("fingerprint: ")[1].split()[0]
+    monkeypatch.delenv("PASS_FOR_TEST")  # without its passphrase, the .pub says which key it is
+    status, again, _ = cli(capsys, "keygen", "--out", key)
+    assert status == 0 and "kept" in again and f"fingerprint: {made} " in again
+    monkeypatch.setenv("PASS_FOR_TEST", "s3cret")
     folder = make_folder(tmp_path / "bundle", {"run.json": b"{}"})
     (tmp_path / "pred.json").write_text(json.dumps(PREDICATE))
     status, _, err = cli(capsys, "sign", folder, "--key", key, "--predicate", tmp_path / "pred.json")
