@@ -126,10 +126,13 @@ def test_every_strategy_loads_from_object_storage(tmp_path: Path, s3_store: Any)
     env = {**{k: v for k, v in os.environ.items() if not k.startswith("AWS_")}, **s3_store.env,
            "PYTHONPATH": str(Path(__file__).parents[1])}
     tier = Path("/dev/shm") if os.path.isdir("/dev/shm") else tmp_path
-    proc = subprocess.run([str(MPIEXEC), "-n", "4", *RANK, str(tmp_path / "unused"),
-                           str(tier / f"mlckpt-tier-{tmp_path.name}"), "--objects",
-                           f"s3://{S3_BUCKET}/{prefix}"],
-                          capture_output=True, text=True, env=env, timeout=180, check=False)
+    where = tier / f"mlckpt-tier-{tmp_path.name}-{uuid.uuid4().hex[:8]}"
+    try:
+        proc = subprocess.run([str(MPIEXEC), "-n", "4", *RANK, str(tmp_path / "unused"), str(where),
+                               "--objects", f"s3://{S3_BUCKET}/{prefix}"],
+                              capture_output=True, text=True, env=env, timeout=180, check=False)
+    finally:
+        shutil.rmtree(where, ignore_errors=True)
     c = s3_client(s3_store.env)
     listed = c.list_objects_v2(Bucket=S3_BUCKET, Prefix=f"{prefix}/").get("Contents", [])
     keys = [o["Key"] for o in listed]
