@@ -107,11 +107,11 @@ def existing_key(path: Path, passphrase_env: str = DEFAULT_PASSPHRASE_ENV) -> Ke
     pub_path = path.with_name(path.name + ".pub")
     if not os.path.lexists(path):
         return None
-    text = None
+    text, raw = None, None
     if os.path.lexists(pub_path):
         try:
             text = pub_path.read_text(encoding="ascii").strip()
-            parse_public_key_text(text)
+            raw = parse_public_key_text(text)
         except (OSError, UnicodeDecodeError, ValueError) as exc:
             raise UsageError(f"{pub_path}: not a public key ({exc}); remove it to make it again") from None
     try:
@@ -124,9 +124,9 @@ def existing_key(path: Path, passphrase_env: str = DEFAULT_PASSPHRASE_ENV) -> Ke
         mine = public_key_text(key)
         if text is not None and text != mine:
             raise UsageError(f"{pub_path}: not the public key of {path}; remove it to make it again")
-        text = mine
-    assert text is not None
-    return KeyInfo(keyid=keyid_of(parse_public_key_text(text)), public_key=text, path=path,
+        text, raw = mine, raw_public(key)
+    assert text is not None and raw is not None
+    return KeyInfo(keyid=keyid_of(raw), public_key=text, path=path,
                    public_path=pub_path if os.path.lexists(pub_path) else None)
 
 

@@ -25,6 +25,7 @@ from typing import Any
 from mlckpt.errors import ConfigError
 from mlckpt.locations import is_object_url
 from mlckpt.rules.checks.counters import BLOCK_FILESYSTEMS
+from mlckpt.rules.checks.evidence import host_facts
 from mlckpt.rules.engine import Context, NotChecked, Outcome, Rule, RuleSet, checks_table
 from mlckpt.rules.rundata import RunData, run_data
 from mlckpt.serving_metrics import by_load, held_to_plan, summary
@@ -127,7 +128,7 @@ def serving_counters(ctx: Context, rs: RuleSet, rule: Rule) -> Iterator[Outcome 
     if d.run.get("storage", {}).get("kind") == "s3":
         return  # objects: no device of the host's serves them
     slack = float(rs.data["serving"]["counters_slack_fraction"])
-    facts = {str(h.get("hostname")): h for h in d.system.get("hosts", [])}
+    facts = host_facts(d)
     for index, recs in by_load(d.records).items():
         for host, hr in d.hosts(recs).items():
             where = f"load {index} on {host}"
