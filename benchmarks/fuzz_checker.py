@@ -4,9 +4,10 @@ without a fault and within its budget?
 
     .venv/bin/python benchmarks/fuzz_checker.py [--cases 10000] [--seed 1] [--budget 60] [--split]
 
-The real runner makes four bundles (llama3_8b and llama_7b, sync, 1 write + 1 restore; llama3_8b
+The real runner makes seven bundles (llama3_8b and llama_7b, sync, 1 write + 1 restore; llama3_8b
 asynchronous with a fast tier, 2 + 2; a serving run of llama3_8b, 2 replicas of TP 2 loading by
-fan-out twice; open division, scale 0.0005, 4 ranks).  Each case copies
+fan-out twice; llama3_8b by each framework writer, torch.save, PyTorch DCP and safetensors, 1 + 1;
+open division, scale 0.0005, 4 ranks).  Each case copies
 one, applies one to three structural mutations (tests/support/structural.py: keys dropped, values of
 another type or extreme, records repeated up to 60,000 times, dropped, reordered or retargeted,
 files swapped or added, links), re-signs it with the trusted key and checks it in-process (with
@@ -51,20 +52,23 @@ network: {type: none}
 
 
 def make_sources(work: Path) -> list[Path]:
-    """Four real bundles, signed with ``work/org.pem`` (``work/trusted-keys.yaml`` trusts it)."""
+    """Seven real bundles, signed with ``work/org.pem`` (``work/trusted-keys.yaml`` trusts it)."""
     (work / f"{SYSTEM}.yaml").write_bytes(DESCRIPTION)
     info = bundle.generate_key(work / "org.pem")
     (work / "trusted-keys.yaml").write_text(f'mlckpt_trusted_keys: "1.0"\norganizations:\n  {ORG}: '
                                             f'["{info.public_key}"]\n')
     env = {**os.environ, "XDG_CONFIG_HOME": str(work / "xdg")}
     env.pop("MLCKPT_DEBUG", None)
-    common = ["division=open", "scale=0.0005", "ranks=4", "io.direct=false", f"system={SYSTEM}.yaml",
+    common = ["division=open", "scale=0.0005", "ranks=4", f"system={SYSTEM}.yaml",
               "signing.key=org.pem", "output.root=sources"]
-    runs = [["-m", "workload=llama3_8b,llama_7b", "checkpoint.num_writes=1", "checkpoint.num_reads=1"],
+    buffered = "io.direct=false"  # checkpoint runs; a serving run reads its weights with O_DIRECT
+    runs = [["-m", "workload=llama3_8b,llama_7b", "checkpoint.num_writes=1", "checkpoint.num_reads=1", buffered],
             ["workload=llama3_8b", "checkpoint.num_writes=2", "checkpoint.num_reads=2",
              "checkpoint.mode=async", f"checkpoint.tiers.fast={work / 'fast'}",
-             "checkpoint.compute_interval_s=0.5"],
-            ["workload=llama3_8b", "serving.strategy=fanout", "serving.tp=2", "serving.loads=2"]]
+             "checkpoint.compute_interval_s=0.5", buffered],
+            ["workload=llama3_8b", "serving.strategy=fanout", "serving.tp=2", "serving.loads=2"],
+            ["-m", "workload=llama3_8b", "framework.writer=torch_save,torch_dcp,safetensors",
+             "checkpoint.num_writes=1", "checkpoint.num_reads=1", buffered]]
     paths: list[Path] = []
     for extra in runs:
         proc = subprocess.run([str(BIN / "mlckpt"), "run", *extra, *common], cwd=work, env=env, text=True,

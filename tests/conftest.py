@@ -48,7 +48,8 @@ def honest_bundles(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
     """Two real bundles (llama3_8b, llama_7b; open, scale 0.0005, 4 ranks, 1 write + 1 read) and an
     asynchronous, tiered llama3_8b run (``"async_tiers"``: 2 writes + 2 reads, fast tier
     ``ASYNC_FAST_TIER`` relative to ``"dir"``, training interval ``ASYNC_COMPUTE_S``) and a serving
-    run (``"serving"``: llama3_8b's weights, 2 replicas of TP 2, fan-out, 2 loads), all signed
+    run (``"serving"``: llama3_8b's weights, 2 replicas of TP 2, fan-out, 2 loads) and a framework run
+    (``"framework"``: PyTorch DCP, 1 write + 1 read), all signed
     with ``keys/org.pem``; also ``keys/other.pem`` (trusted for other-org), ``keys/rogue.pem``
     (untrusted), ``trusted-keys.yaml`` and ``laptop-ext4.yaml``.  Keys: ``"dir"`` → that folder."""
     from mlckpt import bundle
@@ -95,6 +96,15 @@ def honest_bundles(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
     assert proc.returncode == 0, proc.stderr
     line = [ln for ln in proc.stdout.splitlines() if ln.startswith("bundle: ")][-1]
     out["serving"] = Path(line[len("bundle: "):])
+    # A framework run (rules 1.11): PyTorch DCP writes and restores, 1 + 1.
+    proc = subprocess.run(
+        [str(MLCKPT), "run", "workload=llama3_8b", "division=open", "scale=0.0005", "ranks=4",
+         "framework.writer=torch_dcp", "checkpoint.num_writes=1", "checkpoint.num_reads=1", "io.direct=false",
+         "system=laptop-ext4.yaml", f"signing.key={d / 'keys' / 'org.pem'}", "output.root=results"],
+        cwd=d, env=env, text=True, capture_output=True, timeout=300, check=False)
+    assert proc.returncode == 0, proc.stderr
+    line = [ln for ln in proc.stdout.splitlines() if ln.startswith("bundle: ")][-1]
+    out["framework"] = Path(line[len("bundle: "):])
     return out
 
 

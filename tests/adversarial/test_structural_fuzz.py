@@ -36,7 +36,7 @@ def test_signed_hostile_bundles_are_judged_never_a_fault(honest_bundles: dict[st
     description = (honest_bundles["dir"] / "laptop-ext4.yaml").read_bytes()
     outcomes = []
     for i in range(CASES // 2):
-        source = honest_bundles[rng.choice(("llama3_8b", "llama_7b", "async_tiers", "serving"))]
+        source = honest_bundles[rng.choice(("llama3_8b", "llama_7b", "async_tiers", "serving", "framework"))]
         root = tmp_path / f"case{i}"
         folder = structural.fresh_case(source, root, CHECKER_ORG, CHECKER_SYSTEM, description)
         what = structural.mutate(rng, folder, key)
@@ -114,6 +114,25 @@ def test_a_serving_configuration_retyped_where_the_structural_rules_look_is_judg
     trusted = bundle.TrustedKeys.load(honest_bundles["dir"] / "trusted-keys.yaml")
     out = structural.check_case(tmp_path / "t", trusted, BUDGET_S, f"retype config.yaml:{key}")
     assert out.problem is None and out.verdict == "invalid" and "BUNDLE-SCHEMA" in out.rules, out
+
+
+def test_a_library_record_without_its_writer_is_judged(honest_bundles: dict[str, Path], tmp_path: Path) -> None:
+    """Found by benchmarks/fuzz_checker.py once it drew framework bundles (seed 7, case 354): a
+    library op's record without ``writer`` (optional in the schema: records before format 8 have
+    none) made the summary's recomputation fault.  Such a record is the engine's, as the schema's
+    history says; the recomputed summary then differs from the one signed."""
+    key = bundle.load_private_key(honest_bundles["dir"] / "keys" / "org.pem")
+    folder = structural.fresh_case(honest_bundles["framework"], tmp_path / "t", CHECKER_ORG, CHECKER_SYSTEM,
+                                   (honest_bundles["dir"] / "laptop-ext4.yaml").read_bytes())
+    lines = [json.loads(ln) for ln in (folder / "records.jsonl").read_text().splitlines()]
+    assert {r["writer"] for r in lines} == {"torch_dcp"}, lines[0]
+    del lines[1]["writer"]
+    (folder / "records.jsonl").write_text("".join(json.dumps(r, sort_keys=True) + "\n" for r in lines))
+    bundle.sign_bundle(folder, key, bundle.read_envelope_predicate(folder))
+    trusted = bundle.TrustedKeys.load(honest_bundles["dir"] / "trusted-keys.yaml")
+    out = structural.check_case(tmp_path / "t", trusted, BUDGET_S, "drop records.jsonl:2.writer")
+    assert out.problem is None and out.verdict == "invalid", out
+    assert "SUMMARY-EXACT" in out.rules, out
 
 
 def test_a_bundle_past_the_budget_is_stopped_and_the_others_are_judged(honest_bundles: dict[str, Path],
