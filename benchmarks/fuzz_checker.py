@@ -62,7 +62,8 @@ def make_sources(work: Path) -> list[Path]:
     common = ["division=open", "scale=0.0005", "ranks=4", f"system={SYSTEM}.yaml",
               "signing.key=org.pem", "output.root=sources"]
     buffered = "io.direct=false"  # checkpoint runs; a serving run reads its weights with O_DIRECT
-    runs = [["-m", "workload=llama3_8b,llama_7b", "checkpoint.num_writes=1", "checkpoint.num_reads=1", buffered],
+    runs = [["-m", "workload=llama3_8b,llama_7b", "checkpoint.num_writes=1", "checkpoint.num_reads=1",
+             buffered],
             ["workload=llama3_8b", "checkpoint.num_writes=2", "checkpoint.num_reads=2",
              "checkpoint.mode=async", f"checkpoint.tiers.fast={work / 'fast'}",
              "checkpoint.compute_interval_s=0.5", buffered],

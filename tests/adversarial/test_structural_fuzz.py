@@ -116,7 +116,8 @@ def test_a_serving_configuration_retyped_where_the_structural_rules_look_is_judg
     assert out.problem is None and out.verdict == "invalid" and "BUNDLE-SCHEMA" in out.rules, out
 
 
-def test_a_library_record_without_its_writer_is_judged(honest_bundles: dict[str, Path], tmp_path: Path) -> None:
+def test_a_library_record_without_its_writer_is_judged(honest_bundles: dict[str, Path],
+                                                       tmp_path: Path) -> None:
     """Found by benchmarks/fuzz_checker.py once it drew framework bundles (seed 7, case 354): a
     library op's record without ``writer`` (optional in the schema: records before format 8 have
     none) made the summary's recomputation fault.  Such a record is the engine's, as the schema's
