@@ -66,6 +66,8 @@ def worker(args: argparse.Namespace) -> int:
     from mlckpt import engine
     from mlckpt.locations import parse_object_url
     from mlckpt.run.phases import loads
+    from mlckpt.run.storage.backends import Files, Storage
+    from mlckpt.run.storage.objectstore import Objects
     from mlckpt.workload.model import workload_from_config
     from mlckpt.workload.serving import STRATEGIES, ServingLayout
     from mlckpt.workload.serving_load import load_plan
@@ -83,18 +85,19 @@ def worker(args: argparse.Namespace) -> int:
     tier_base = Path(comm.bcast(tempfile.mkdtemp(prefix="mlckpt-tier-", dir="/dev/shm")
                                 if comm.Get_rank() == 0 else None))
     plans = {s: load_plan(layout, s, hosts, args.scale) for s in STRATEGIES}
-    root, store = args.folder, None
+    storage: Storage = Files(args.folder)
     if args.objects:
         root = parse_object_url(args.objects) / f"serving-{run_id:016x}"
-        store = engine.Store(root.bucket, engine.S3Options(part_size=8 << 20, inflight=4))
-    setups = {s: loads.LoadSetup(p, root, tier_base / hosts[comm.Get_rank()], key, run_id, opts, store)
-              for s, p in plans.items()}
+        storage = Objects(root, engine.Store(root.bucket, engine.S3Options(part_size=8 << 20, inflight=4)))
+    tier = Files(tier_base / hosts[comm.Get_rank()])
+    setups = {s: loads.LoadSetup(p, storage, tier, key, run_id, opts) for s, p in plans.items()}
     loads.lay_out(comm, setups["direct"])
     groups = loads.split_groups(comm, plans["direct"])
     out = []
     for _ in range(args.repeat):
         for s in STRATEGIES:
-            rec = loads.load(comm, setups[s], groups)
+            loaded = loads.load(comm, setups[s], groups, loads.barrier_timed(comm))
+            rec = {**loaded.record, "verified_bytes": loads.verify(setups[s], comm.Get_rank(), loaded.arena)}
             loads.clear_tier(groups[1], setups[s])
             recs = comm.gather(rec, root=0)
             if comm.Get_rank() == 0:
@@ -102,10 +105,11 @@ def worker(args: argparse.Namespace) -> int:
     comm.Barrier()
     if comm.Get_rank() == 0:
         shutil.rmtree(tier_base, ignore_errors=True)
-        if store is not None:  # the shard objects, removed
-            listed = store.client.list_objects_v2(Bucket=store.bucket, Prefix=f"{root.key}/")
+        if isinstance(storage, Objects):  # the shard objects, removed
+            client, bucket = storage.store.client, storage.store.bucket
+            listed = client.list_objects_v2(Bucket=bucket, Prefix=storage.root.prefix)
             for o in listed.get("Contents", []):
-                store.client.delete_object(Bucket=store.bucket, Key=o["Key"])
+                client.delete_object(Bucket=bucket, Key=o["Key"])
         json.dump({"placed_bytes": plans["direct"].placed_bytes, "runs": out}, sys.stdout)
     return 0
 

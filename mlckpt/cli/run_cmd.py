@@ -242,6 +242,7 @@ def validate(overrides: list[str], source: ConfigSource | None = None) -> Any:
     from mlckpt.host.description import load_system_description
     from mlckpt.plan.config import SHIPPED, setup
     from mlckpt.run.phases.gates import blocking_message, description_refusal, local_host, output_problem
+    from mlckpt.run.storage.backends import local_folder
     from mlckpt.run.storage.folderlock import refusal
 
     s = setup(overrides, source or SHIPPED)
@@ -254,7 +255,7 @@ def validate(overrides: list[str], source: ConfigSource | None = None) -> Any:
     problem = output_problem(results)  # before Hydra creates the results folder
     if problem:
         raise UsageError(f"output.root: {problem}", key="output.root")
-    held = None if str(s.config["checkpoint"]["folder"]).startswith("s3://") else refusal(folder)
+    held = None if local_folder(s.config["checkpoint"]["folder"]) is None else refusal(folder)
     if held:  # another run measures the folder, or still removes its files
         raise UsageError(held, key="checkpoint.folder")
     if str(s.config["signing"]["key"]) not in ("auto", "none"):  # an unusable key file
@@ -304,11 +305,12 @@ def _launch_once(mpiexec: Launcher, cmd: list[str], env: dict[str, str], s: Any,
                  results_existed: bool) -> int:
     """One launch; a Ctrl-C waits for the run's cleanup (mlckpt.cli.interrupt), never kills it."""
     from mlckpt.cli import interrupt
+    from mlckpt.run.storage.backends import local_folder
     from mlckpt.run.storage.folderlock import LAUNCH_ENV
 
     folder = str(s.config["checkpoint"]["folder"])
     results = Path(s.config["output"]["root"]).absolute()
-    launch = interrupt.Launch(None if folder.startswith("s3://") else Path(folder).absolute(),
+    launch = interrupt.Launch(local_folder(folder),
                               secrets.token_hex(8), results, results_existed,
                               bool(s.config["checkpoint"]["keep"] or s.config["checkpoint"]["restore_from"]))
     with interrupt.Presses() as presses:

@@ -10,7 +10,13 @@ from __future__ import annotations
 
 from collections.abc import Callable, Sequence
 from pathlib import Path
-from typing import Any
+from typing import Any, Protocol
+
+
+class Place(Protocol):
+    """Where a run's files are, as a storage names them (mlckpt.run.storage.backends.Storage)."""
+
+    def at(self, name: str = "") -> str: ...
 
 
 class Faults:
@@ -21,8 +27,9 @@ class Faults:
         returned callable runs inside the timed region, after t0."""
         return action
 
-    def after_writes(self, rank: int, root: Path, fast_root: Path | None, plan: Any, nw: int) -> None:
-        """Between the write phase and the restores, after the post-write cache eviction."""
+    def after_writes(self, rank: int, durable: Place, fast_root: Path | None, plan: Any, nw: int) -> None:
+        """Between the write phase and the restores, after the post-write cache eviction;
+        ``durable``: the run's place on the durable tier."""
 
     def before_drain(self, rank: int, k: int, fast_root: Path, names: Sequence[str]) -> None:
         """In the background thread, before checkpoint k's fast copy is drained to durable."""

@@ -49,7 +49,7 @@ from mlckpt.run.phases.reads import ReadPhase
 from mlckpt.run.phases.stalls import Stalled
 from mlckpt.run.phases.writes import WritePhase, WriteState
 from mlckpt.run.site_mpi import first_line, foreign_launcher, library_abi, mismatch, speaks
-from mlckpt.run.storage import objectstore
+from mlckpt.run.storage.backends import takes_page_cache
 from mlckpt.run.storage.cleanup import Created
 from mlckpt.units import fmt_bytes
 from mlckpt.workload.frameworks import Framework
@@ -88,7 +88,7 @@ def gate(job: Job, c: Configured) -> Gates:
     local = None
     with job.step("host measurement"):
         results = Path(cfg["output"]["root"]).absolute()
-        if names.index(job.host) == job.rank and objectstore.is_objects(cfg["checkpoint"]["folder"]):
+        if names.index(job.host) == job.rank and not takes_page_cache(cfg["checkpoint"]["folder"]):
             local = measure_object_host(job.host, cfg, mpi_library(), results)
         elif names.index(job.host) == job.rank:
             local = measure_host(job.host, folder, cfg["io"], c.pipe.fast, mpi_library(), results, cfg)
@@ -129,7 +129,7 @@ def op_timer(job: Job, c: Configured, gates: Gates, folders: Folders, created: C
     timer.written = Written.of(c.setup.rules.version)
     pids = job.comm.allgather(os.getpid())
     if gates.leader(job.rank):  # the host's kernel counters around every op (records format 3)
-        timer.device = block_device(folders.root) if isinstance(folders.root, Path) else None
+        timer.device = block_device(Path(folders.durable.at())) if folders.durable.cached else None
         ranks = next(h for h in gates.hosts if job.rank in h.ranks).ranks
         # Records format 6: and what the kernel charged to the host's ranks, to tell the run's
         # own I/O from other tenants' on the same device.
@@ -144,9 +144,9 @@ def op_timer(job: Job, c: Configured, gates: Gates, folders: Folders, created: C
 
 def evict_written(job: Job, c: Configured, folders: Folders, created: Created, leader: bool, nw: int) -> None:
     """After the writes: every file this run wrote leaves the page cache (restores are cold)."""
-    fast = folders.fast_root
+    fast = folders.fast.root if folders.fast is not None else None
     with job.step("cache eviction after writes"):
-        for path in created.files if folders.store is None else ():  # objects: no local cache
+        for path in created.files if folders.durable.cached else ():  # a store: no local cache
             # Fast-tier copies no longer kept are gone already; every other file must be there.
             if fast is None or not path.startswith(f"{fast}/") or os.path.exists(path):
                 engine.evict(path)
@@ -158,12 +158,12 @@ def evict_written(job: Job, c: Configured, folders: Folders, created: Created, l
                     (fast / f"ckpt-{j:04d}").rmdir()
                 except OSError:
                     pass
-        job.faults.after_writes(job.rank, folders.root, fast, c.setup.plan, nw)
+        job.faults.after_writes(job.rank, folders.durable, fast, c.setup.plan, nw)
 
 
 def timer_opts(cfg: Mapping[str, Any]) -> engine.IOOptions:
     """The I/O options of every op (object runs: no O_DIRECT, no page cache to skip)."""
-    files = not objectstore.is_objects(cfg["checkpoint"]["folder"])
+    files = takes_page_cache(cfg["checkpoint"]["folder"])
     return engine.IOOptions(
         direct=cfg["io"]["direct"] and files,
         dontcache=cfg["io"]["dontcache"] and files,
@@ -239,8 +239,8 @@ def _io_phases(job: Job, c: Configured, gates: Gates, created: Created, folders:
     fw = Framework.of(cfg)
     if c.source is None:
         lib = LibraryWrites(fw, job.rank, mine, own, created) if fw.library else None
-        w = WriteState(folders.root, folders.fast_root, mine, own, arena, folders.key, opts, stream, leader,
-                       store=folders.store, dev=dev, lib=lib)
+        w = WriteState(folders.durable, folders.fast, mine, own, arena, folders.key, opts, stream, leader,
+                       dev=dev, lib=lib)
         writes = WritePhase(job, c.pipe, w, folders.run.number, timer, created, fast_direct)
         records, tags = writes.run(nw), writes.tags
         evict_written(job, c, folders, created, leader, nw)
@@ -251,8 +251,8 @@ def _io_phases(job: Job, c: Configured, gates: Gates, created: Created, folders:
         c.pipe,
         int.from_bytes(folders.key[:8], "little"),  # whose content the pages carry
         folders.key,
-        folders.root,
-        folders.fast_root,
+        folders.durable,
+        folders.fast,
         reads,
         rd_offsets,
         arena,
@@ -263,7 +263,6 @@ def _io_phases(job: Job, c: Configured, gates: Gates, created: Created, folders:
         gates.fast_fs,
         frozenset(gates.rank_hosts[rd.writer] for rd in reads),
         tags,
-        folders.store,
         dev,
         fw,
     ).run(nw, nr)

@@ -35,6 +35,8 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
+from mlckpt.locations import is_object_url
+
 ENGINE = "mlckpt"
 SYNCED_BY = ("library", "mlckpt")  # who fsynced a library op's files inside the op
 
@@ -166,7 +168,7 @@ def scope_problems(config: Mapping[str, Any]) -> list[str]:
         bad.append(f"checkpoint.mode=async (only {able} has an async save)")
     if (ck.get("tiers") or {}).get("fast") is not None:
         bad.append("checkpoint.tiers.fast (one tier)")
-    if str(ck.get("folder", "")).startswith("s3://"):
+    if is_object_url(ck.get("folder")):
         bad.append("an s3:// folder (files only)")
     if (config.get("state") or {}).get("source") is not None:
         bad.append("state.source (host memory only)")

@@ -21,6 +21,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 from support.cli import S3_BUCKET, s3_client
 
+from mlckpt import engine
 from mlckpt.engine import alloc, fill
 from mlckpt.engine import buckets as bk
 from mlckpt.engine import objects as ob
@@ -28,7 +29,7 @@ from mlckpt.engine.content import PageId
 from mlckpt.errors import ConfigError, IOFailure
 from mlckpt.locations import ObjectPath, is_object_url, parse_object_url, s3_settings
 from mlckpt.rules.checks.physics import remote_store
-from mlckpt.run.storage import objectstore
+from mlckpt.run.storage import backends, objectstore
 
 # ---------------------------------------------------------------------------------------------
 # locations (pure)
@@ -215,7 +216,7 @@ def test_the_sweep_removes_the_run_s_objects_and_uploads_and_nothing_else(
     mine = c.create_multipart_upload(Bucket=S3_BUCKET, Key=f"{run}/ckpt-0002/f0")["UploadId"]
     theirs = c.create_multipart_upload(Bucket=S3_BUCKET, Key=f"{other}/ckpt-0001/f1")["UploadId"]
     settings = {**s3_settings({}), "part_size": 5 << 20}
-    note = objectstore.sweep(f"s3://{S3_BUCKET}/{run}", ["f0", "f1"], 2, settings, keep=False)
+    note = backends.sweep(f"s3://{S3_BUCKET}/{run}", ["f0", "f1"], 2, s3=settings, keep=False)
     assert note == "removed 4 checkpoint objects of this run and aborted 1 unfinished upload"
     left = sorted(o["Key"] for o in c.list_objects_v2(Bucket=S3_BUCKET, Prefix=base)["Contents"])
     assert left == [f"{run}/ckpt-0001/x", f"{other}/ckpt-0001/f0"]  # not planned / not this run's
@@ -257,12 +258,52 @@ def test_the_probe_leaves_nothing_and_names_each_problem(
     assert str(bk.probe(far, where)).startswith("the S3 endpoint http://127.0.0.1:9 cannot be reached")
 
 
-def test_the_storage_block_names_the_store_without_credentials(store: ob.Store) -> None:
-    block = objectstore.storage_block({"checkpoint": {"folder": f"s3://{S3_BUCKET}/a/b"}}, store)
+def test_the_storage_block_names_the_store_without_credentials(store: ob.Store, tmp_path: Path) -> None:
+    block = objectstore.Objects(parse_object_url(f"s3://{S3_BUCKET}/a/b"), store).describe()
     assert block["kind"] == "s3" and (block["bucket"], block["prefix"]) == (S3_BUCKET, "a/b")
     assert block["endpoint_host"].startswith("127.0.0.1:") and block["client"].startswith("botocore ")
     assert "testing" not in str(block) and "tester" not in str(block)
-    assert objectstore.storage_block({}, None) == {"kind": "posix"}
+    assert backends.Files(tmp_path).describe() == {"kind": "posix"}
+
+
+@pytest.mark.parametrize("kind", ["posix", "s3"])
+def test_each_storage_keeps_the_one_interface_the_phases_use(kind: str, store: ob.Store,
+                                                             tmp_path: Path) -> None:
+    """The same sequence through Files and Objects: put two files under a checkpoint's folder,
+    read them whole and by spans, count and drop what the page cache holds, name and remove
+    them.  What differs by nature is a property (``cached``, ``folders``), never a branch."""
+    storage: backends.Storage
+    if kind == "posix":
+        storage = backends.Files(tmp_path / "run")
+        (tmp_path / "run" / "ckpt-0001").mkdir(parents=True)
+    else:
+        url = f"s3://{S3_BUCKET}/iface-{uuid.uuid4().hex[:8]}"
+        storage = objectstore.Objects(parse_object_url(url), store)
+    assert (storage.kind, storage.cached, storage.folders) == (
+        ("posix", True, True) if kind == "posix" else ("s3", False, False))
+    ckpt = storage.below("ckpt-0001")
+    assert ckpt.at("f0") == storage.at("ckpt-0001/f0") and ckpt.at().endswith("/ckpt-0001")
+    sizes = [3 * 4096 + 100, 6 << 20]  # a partial last page; more than one part on the store
+    written = [content(n, rank=i) for i, n in enumerate(sizes)]
+    opts = engine.IOOptions(direct=False, threads=2, block_size=1 << 20, fsync=True)
+    ckpt.put([backends.Piece(f"f{i}", b, n) for i, (b, n) in enumerate(zip(written, sizes, strict=True))],
+             opts)
+    back = [alloc(b.size) for b in written]
+    ckpt.get([backends.Piece(f"f{i}", b, n) for i, (b, n) in enumerate(zip(back, sizes, strict=True))], opts)
+    for i, n in enumerate(sizes):
+        assert bytes(back[i][:n]) == bytes(written[i][:n])
+    span = alloc(8192)
+    assert ckpt.get_spans([backends.Span("f1", sizes[1], 4096, span, 8192)], opts) == 8192
+    assert bytes(span) == bytes(written[1][4096:12288])
+    held = ckpt.resident(["f0", "f1"])
+    left = ckpt.evict(["f0", "f1"])
+    if kind == "posix":  # just read: cached, then dropped (a quiet test disk drops all of it)
+        assert held > 0 and left < held
+    else:
+        assert held == left == 0
+    assert ckpt.remove([ckpt.at("f0"), ckpt.at("f1"), ckpt.at("never-made")]) == []
+    with pytest.raises(IOFailure):
+        ckpt.get([backends.Piece("f0", back[0], sizes[0])], opts)
 
 
 def test_the_local_store_command_starts_a_store_and_stops_on_ctrl_c(tmp_path: Path) -> None:

@@ -40,7 +40,7 @@ from typing import Any
 from mlckpt import engine
 from mlckpt.cli.run_cmd import find_mpiexec, launch, under_mpi
 from mlckpt.command_line import run_guarded
-from mlckpt.run.faults import Faults
+from mlckpt.run.faults import Faults, Place
 from mlckpt.run.runner import mpi_main
 
 FAULT, READY, CORRUPT = "MLCKPT_TEST_FAULT", "MLCKPT_TEST_FAULT_READY", "MLCKPT_TEST_CORRUPT"
@@ -146,15 +146,15 @@ class EnvFaults(Faults):
 
         return faulty
 
-    def after_writes(self, rank: int, root: Path, fast_root: Path | None, plan: Any, nw: int) -> None:
+    def after_writes(self, rank: int, durable: Place, fast_root: Path | None, plan: Any, nw: int) -> None:
         names = [f.name for f in plan.rank_plans[rank].files]
         if spec := self.env.get(FLIP):
             frank, index, offset = (int(x) for x in spec.split(":"))
             if frank == rank:
-                flip_bit(str(root / "ckpt-0001" / names[index]), offset)
+                flip_bit(durable.at(f"ckpt-0001/{names[index]}"), offset)
         self.fast_flip("restore", rank, nw, fast_root, names)
-        if spec := self.env.get(CORRUPT):
-            self.corrupt(spec, rank, root, plan)
+        if spec := self.env.get(CORRUPT):  # files only
+            self.corrupt(spec, rank, Path(durable.at()), plan)
 
     def before_drain(self, rank: int, k: int, fast_root: Path, names: Sequence[str]) -> None:
         self.fast_flip("drain", rank, k, fast_root, names)

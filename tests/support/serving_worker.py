@@ -11,10 +11,7 @@ import json
 import os
 import secrets
 import sys
-import time
-from collections.abc import Callable
 from pathlib import Path
-from typing import Any
 
 from mpi4py import MPI
 
@@ -22,6 +19,8 @@ from mlckpt import engine
 from mlckpt.errors import VerificationError
 from mlckpt.locations import parse_object_url
 from mlckpt.run.phases import loads
+from mlckpt.run.storage.backends import Files, Storage
+from mlckpt.run.storage.objectstore import Objects
 from mlckpt.serving_metrics import held_to_plan
 from mlckpt.workload.model import ModelShape
 from mlckpt.workload.serving import ServingLayout
@@ -30,24 +29,6 @@ from mlckpt.workload.serving_load import load_plan
 L8B = ModelShape(4096, 32, 14336, 128256, 32, 8)
 
 
-def barrier_timed(comm: Any) -> Callable[[Callable[[], None]], dict[str, Any]]:
-    """The harness's timed region (the runner's is its OpTimer): a barrier, the action, a barrier;
-    a rank whose action failed raises, the others end the job for it."""
-    def timed(action: Callable[[], None]) -> dict[str, Any]:
-        comm.Barrier()
-        t0, wall = time.monotonic_ns(), time.time()
-        failed: BaseException | None = None
-        try:
-            action()
-        except Exception as exc:
-            failed = exc
-        t1 = time.monotonic_ns()
-        if comm.allreduce(failed is not None):
-            if failed is not None:
-                raise failed
-            comm.Barrier()  # the failing rank aborts the job (the runner agrees instead)
-        return {"t0_ns": t0, "t1_ns": t1, "wall_start": wall}
-    return timed
 
 
 def main() -> int:
@@ -73,18 +54,17 @@ def main() -> int:
         hosts = comm.allgather(MPI.Get_processor_name())
     key = comm.bcast(secrets.token_bytes(engine.KEY_BYTES) if comm.Get_rank() == 0 else None)
     opts = engine.IOOptions(direct=False, threads=2, block_size=1 << 20, fsync=True)
-    store, root = None, None
+    storage: Storage = Files(args.folder)
     if args.objects:
         root = parse_object_url(args.objects)
-        store = engine.Store(root.bucket, engine.S3Options(part_size=5 << 20, inflight=4))
+        storage = Objects(root, engine.Store(root.bucket, engine.S3Options(part_size=5 << 20, inflight=4)))
     out = {}
     for i, strategy in enumerate(args.strategies):
         plan = load_plan(layout, strategy, hosts, args.scale)
-        tier = args.tier / hosts[comm.Get_rank()]
-        where = root / strategy if root is not None else args.folder / strategy
-        s = loads.LoadSetup(plan, where, tier, key, 7 + i, opts, store)
+        tier = Files(args.tier / hosts[comm.Get_rank()])
+        s = loads.LoadSetup(plan, storage.below(strategy), tier, key, 7 + i, opts)
         loads.lay_out(comm, s)
-        if args.corrupt and comm.Get_rank() == 0 and store is None:
+        if args.corrupt and comm.Get_rank() == 0 and storage.folders:
             shard, file, offset = map(int, args.corrupt.split(":"))
             with open(s.path(shard, file), "r+b") as f:
                 f.seek(offset)
@@ -96,7 +76,7 @@ def main() -> int:
         comm.Barrier()
         groups = loads.split_groups(comm, plan)
         try:
-            loaded = loads.load(comm, s, groups, barrier_timed(comm))
+            loaded = loads.load(comm, s, groups, loads.barrier_timed(comm))
             rec = {**loaded.record, "verified_bytes": loads.verify(s, comm.Get_rank(), loaded.arena)}
         except VerificationError as exc:
             # Beside stderr, a file: MPI_Abort may end the job before mpiexec forwards the line

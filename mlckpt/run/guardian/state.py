@@ -19,12 +19,11 @@ from __future__ import annotations
 
 import shutil
 from dataclasses import dataclass, field
-from pathlib import Path
 from typing import Any
 
 from mlckpt.run.guardian.link import CONTACT_S
-from mlckpt.run.storage import objectstore
-from mlckpt.run.storage.cleanup import remove_shm, shm_mapped_by, sweep_run
+from mlckpt.run.storage.backends import sweep
+from mlckpt.run.storage.cleanup import remove_shm, shm_mapped_by
 
 # Signals that end a job step on purpose (scancel, a time limit, Slurm's --signal, Ctrl-C).
 STOP_SIGNALS = ("SIGTERM", "SIGINT", "SIGUSR1", "SIGUSR2")
@@ -170,7 +169,7 @@ class GuardianState:
         run = self.info.get("run")
         if op not in ("write", "read") or not run or not self.cur:
             return ""
-        cdir = f"{str(run).rstrip('/')}/ckpt-{self.cur:04d}"  # a folder or an s3:// prefix alike
+        cdir = f"{str(run).rstrip('/')}/ckpt-{self.cur:04d}"  # a folder or a store's prefix alike
         names = self.info.get("names") or []
         if op == "write" and culprit < len(names) and names[culprit]:
             more = len(names[culprit]) - 1
@@ -227,19 +226,14 @@ class GuardianState:
         names = [n for ns in i.get("names", []) for n in ns]
         run_part, fast_part = self.sweep_parts()
         note = ""
-        if run_part and str(i.get("run", "")).startswith("s3://"):  # object storage (rules 1.6)
-            note = "; " + objectstore.sweep(str(i["run"]), names, self.ckpt, i.get("s3") or {},
-                                            keep=bool(i.get("keep")))
-            if self.hub and i.get("partial"):
-                shutil.rmtree(i["partial"], ignore_errors=True)
-        elif run_part and i.get("run"):
-            note = "; " + sweep_run(Path(i["run"]), names, self.ckpt, keep=bool(i.get("keep")),
-                                    dirs=i.get("dirs", []), partial=i.get("partial") if self.hub else None)
+        if run_part and i.get("run"):
+            note = "; " + sweep(str(i["run"]), names, self.ckpt, keep=bool(i.get("keep")), s3=i.get("s3"),
+                                dirs=i.get("dirs", []), partial=i.get("partial") if self.hub else None)
         elif self.hub and i.get("partial"):  # rank 0's unfinished result folder is the hub's alone
             shutil.rmtree(i["partial"], ignore_errors=True)
         if fast_part and i.get("fast_run"):
-            fast = sweep_run(Path(i["fast_run"]), names, self.ckpt, keep=bool(i.get("keep")),
-                             dirs=i.get("fast_dirs", []))
+            fast = sweep(str(i["fast_run"]), names, self.ckpt, keep=bool(i.get("keep")),
+                         dirs=i.get("fast_dirs", []))
             note += f" (fast tier{'' if self.hub else ' on ' + self.host}: {fast.removeprefix('removed ')})"
         return note
 

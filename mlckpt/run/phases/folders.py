@@ -1,6 +1,6 @@
 """This run's place on the storage: the run folder (durable tier, fast tier) a write invocation
 creates, the write invocation's folder a read-only invocation restores from, or the run's prefix
-in an object store (rules 1.6).  Everything created is handed to :class:`Created` before it is
+in a store (rules 1.6).  Everything created is handed to :class:`Created` before it is
 made, and the guardian is told first (it can undo all of it)."""
 
 from __future__ import annotations
@@ -10,9 +10,8 @@ import os
 from dataclasses import dataclass
 from pathlib import Path
 
-from mlckpt.engine import objects
 from mlckpt.errors import ConfigError
-from mlckpt.locations import ObjectPath, s3_settings
+from mlckpt.locations import s3_settings
 from mlckpt.run.collective import Job
 from mlckpt.run.features import split
 from mlckpt.run.features.split import keeps_key
@@ -20,21 +19,21 @@ from mlckpt.run.phases.configure import Configured
 from mlckpt.run.phases.gates import Gates
 from mlckpt.run.phases.guardians import tell_shared
 from mlckpt.run.phases.publish import RunId
-from mlckpt.run.storage import folderlock, objectstore
+from mlckpt.run.storage import folderlock
+from mlckpt.run.storage.backends import Files, Storage, open_durable
 from mlckpt.run.storage.cleanup import RUN_MARKER, Created
 from mlckpt.workload.frameworks import Framework, file_names
 
 
 @dataclass(frozen=True)
 class Folders:
-    """This run's identity, content key and folders (durable tier, fast tier); on object storage,
-    the run's prefix and the store."""
+    """This run's identity, content key and places: its folder (or prefix) on the durable tier's
+    storage and its folder on the fast tier."""
 
     run: RunId
     key: bytes
-    root: Path | ObjectPath
-    fast_root: Path | None
-    store: objects.Store | None = None
+    durable: Storage
+    fast: Files | None = None
 
 
 def make_folders(job: Job, c: Configured, gates: Gates, created: Created, run: RunId, key: bytes) -> Folders:
@@ -44,9 +43,11 @@ def make_folders(job: Job, c: Configured, gates: Gates, created: Created, run: R
     fw = Framework.of(cfg)
     names = [file_names(fw, r, [f.name for f in rp.files]) for r, rp in enumerate(c.setup.plan.rank_plans)]
     partial_dir = str(Path(cfg["output"]["root"]).absolute() / f".{run.name}.partial")
-    if objectstore.is_objects(ck["folder"]):
-        return object_prefix(job, c, created, run, key, names, partial_dir)
-    root = Path(ck["folder"]).absolute() / run.name
+    durable = open_durable(cfg, run.name)
+    created.storage = durable
+    if not durable.folders:
+        return prefix(job, c, run, key, durable, names, partial_dir)
+    root = Path(durable.at())
     leader = gates.leader(job.rank)
     with job.step("checkpoint folder"):
         # Folders this run creates (the configured folder too, if missing) are removed at the
@@ -67,20 +68,17 @@ def make_folders(job: Job, c: Configured, gates: Gates, created: Created, run: R
             if leader:
                 make_run_folder(fast_root, created)
         tell_shared(job, fast_root, leader, "fast_shared")
-    return Folders(run, key, root, fast_root)
+    return Folders(run, key, durable, Files(fast_root) if fast_root is not None else None)
 
 
-def object_prefix(job: Job, c: Configured, created: Created, run: RunId, key: bytes,
-                  names: list[list[str]], partial_dir: str) -> Folders:
-    """The run's prefix in the object store: nothing to create (objects need no folders), only
-    the guardian to tell what to sweep, and with which client settings, if the run fails."""
-    store, loc = objectstore.open_store(c.config)
-    root = loc / run.name
+def prefix(job: Job, c: Configured, run: RunId, key: bytes, durable: Storage, names: list[list[str]],
+           partial_dir: str) -> Folders:
+    """The run's prefix in a store that needs no folders: nothing to create, only the guardian to
+    tell what to sweep, and with which client settings, if the run fails."""
     with job.step("checkpoint prefix"):
-        job.note(run=str(root), keep=bool(c.config["checkpoint"]["keep"]), dirs=[], names=names,
+        job.note(run=durable.at(), keep=bool(c.config["checkpoint"]["keep"]), dirs=[], names=names,
                  partial=partial_dir, s3=s3_settings(c.config), shared=True)
-    created.store = store
-    return Folders(run, key, root, None, store)
+    return Folders(run, key, durable)
 
 
 def take_lock(job: Job, root: Path, created: Created) -> None:
@@ -133,4 +131,4 @@ def restored_folders(job: Job, c: Configured, gates: Gates, run: RunId, created:
     for k in range(1, nw + 1):
         created.add_dir(root / f"ckpt-{k:04d}")
     created.add_dir(root, root=True)
-    return Folders(run, key, root, None)
+    return Folders(run, key, Files(root))

@@ -21,6 +21,7 @@ from mlckpt.host.facts import disk_free_bytes, existing_ancestor, host_facts, me
 from mlckpt.plan.config import Setup
 from mlckpt.rules import Finding, HostSpec, gpu_source, rank_shift, verdict
 from mlckpt.run.storage import objectstore
+from mlckpt.run.storage.backends import takes_page_cache
 from mlckpt.run.storage.cleanup import RUN_MARKER
 from mlckpt.run.storage.folderlock import LOCK
 
@@ -150,7 +151,7 @@ def local_host(folder: Path, ranks: Sequence[int], fast: str | None = None,
     ``config``: a run on object storage, whose store is probed instead of a folder, or with its
     state in GPU memory, whose devices are probed too."""
     gpu = gpu_host_facts(config)
-    if config is not None and objectstore.is_objects(config["checkpoint"]["folder"]):
+    if config is not None and not takes_page_cache(config["checkpoint"]["folder"]):
         m = measure_object_host(socket.gethostname(), config, "", results)
         return HostSpec(m["host"], tuple(ranks), m["mem_available_bytes"], results_same_fs=False,
                         store_problem=m["store_problem"])

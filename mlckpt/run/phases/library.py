@@ -114,7 +114,7 @@ def restore(phase: Any, k: int, c: int, cdir: Path, scratch: Any) -> dict[str, A
     rec.pop("requests", None)  # none went through the engine
     rec.pop("phases_ns", None)
     rec.update(resident_bytes=resident, cached_check_bytes=nbytes, tier=DURABLE, writer=writer)
-    files = [engine.FileIO(str(cdir / it.name), it.buf, int(it.buf.size)) for it in its]
+    files = [(str(cdir / it.name), it.buf, int(it.buf.size)) for it in its]
     with phase.job.step(f"verify restore {k}"):
         rec.update(phase.verify(k, c, files, scratch))
     return rec

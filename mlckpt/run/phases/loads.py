@@ -14,30 +14,30 @@ the collector kept out, the host's kernel counters around the load), then verifi
   so).  A tier in memory (tmpfs, the default ``/dev/shm``) stays resident: its reads are counted
   as such (``node_tier_resident_bytes``, from rules 1.14) and the summary labels them warm.
 
-The storage is files or objects (S3: ranged GETs of each rank's pieces, ``engine.get_ranges``).
-Reads from files are cold: every file is evicted from the page cache before each load (``cold``),
-and what is still resident is counted.  Every byte of every rank's shard is verified
-against the content its file was stamped with, after the timed part.  Every buffer a load uses
-(the rank's shard, the node tier's staging) is allocated before its barrier, never timed.
+The storage is any :class:`~mlckpt.run.storage.backends.Storage` (files, or objects read by
+ranged GETs).  Reads are cold: every file is evicted from the page cache before each load
+(``cold``; a store's objects sit in none), and what is still resident is counted.  Every byte of
+every rank's shard is verified against the content its file was stamped with, after the timed
+part.  Every buffer a load uses (the rank's shard, the node tier's staging) is allocated before
+its barrier, never timed.
 """
 
 from __future__ import annotations
 
 import os
 import shutil
+import time
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
-from pathlib import Path
 from typing import Any
 
 from mlckpt import engine
 from mlckpt.engine.content import round_up
-from mlckpt.engine.objects import ObjectRange, get_ranges
-from mlckpt.engine.ranges import RangeIO, read_ranges
 from mlckpt.errors import InternalError, VerificationError
-from mlckpt.locations import ObjectPath
 from mlckpt.run.collective import idle_barrier
-from mlckpt.workload.serving_load import LoadPlan, Piece, RankLoad
+from mlckpt.run.storage.backends import Files, Piece, Span, Storage
+from mlckpt.workload.serving_load import LoadPlan, RankLoad
+from mlckpt.workload.serving_load import Piece as Part
 
 CHECKPOINT = 0  # the page tags' checkpoint field: weights are one "checkpoint"
 
@@ -49,22 +49,18 @@ def file_name(shard: int, file: int) -> str:
 @dataclass(frozen=True)
 class LoadSetup:
     plan: LoadPlan
-    root: Path | ObjectPath  # the storage: shard-SSSS-FFFFF.bin (files or objects)
-    tier: Path | None  # this host's node-local tier (nodecache)
+    storage: Storage  # where the weights are: shard-SSSS-FFFFF.bin
+    tier: Files | None  # this host's node-local tier (nodecache)
     key: bytes  # the content key (every rank the same)
     run_id: int
     opts: engine.IOOptions
-    store: engine.Store | None = None  # where root is an object path
     tier_direct: bool = False  # the node tier takes O_DIRECT and the run reads so (probed untimed)
     # records format 10: a load's record carries the op timer's evidence and its tier's residency
     load_evidence: bool = False
 
-    def where(self, shard: int, file: int) -> Path | ObjectPath:
+    def path(self, shard: int, file: int) -> str:
         """A file of the shard on the storage (one folder: what a failed run's guardian sweeps)."""
-        return self.root / file_name(shard, file)
-
-    def path(self, shard: int, file: int, root: Path | None = None) -> str:
-        return str(self.where(shard, file) if root is None else root / file_name(shard, file))
+        return self.storage.at(file_name(shard, file))
 
     def pid(self, shard: int, file: int) -> engine.PageId:
         return engine.PageId(self.run_id, shard, CHECKPOINT, file)
@@ -82,52 +78,36 @@ def lay_out(comm: Any, s: LoadSetup) -> None:
     me = s.plan.ranks[comm.Get_rank()]
     if me.replica == 0:
         files = s.plan.shard_files[me.shard]
-        if s.store is None:
-            os.makedirs(os.path.dirname(s.path(me.shard, 0)), exist_ok=True)
+        if s.storage.folders:
+            os.makedirs(s.storage.at(), exist_ok=True)
         buf = engine.alloc(round_up(max(files)))
         for i, size in enumerate(files):
             engine.fill(buf, size, s.key, s.pid(me.shard, i))
-            where = s.where(me.shard, i)
-            if isinstance(where, ObjectPath):
-                assert s.store is not None
-                engine.put_objects(s.store, [engine.ObjectIO(where, buf, size)])
-            else:
-                engine.write_files([engine.FileIO(str(where), buf, size)], s.opts)
+            s.storage.put([Piece(file_name(me.shard, i), buf, size)], s.opts)
     comm.Barrier()
 
 
 def cold(comm: Any, s: LoadSetup) -> int:
     """Every storage file this rank reads leaves the page cache; the bytes still resident."""
-    resident = 0  # objects: no page cache of this host's holds them
-    for p in sorted({s.path(q.shard, q.file) for q in s.plan.ranks[comm.Get_rank()].storage}
-                    if s.store is None else ()):
-        engine.evict(p)
-        resident += engine.resident_bytes(p)[0]
+    mine = s.plan.ranks[comm.Get_rank()].storage
+    resident = s.storage.evict(sorted({file_name(q.shard, q.file) for q in mine}))
     comm.Barrier()
     return resident
 
 
-def _ranges(s: LoadSetup, pieces: Sequence[Piece], into: Any, root: Path | None = None) -> list[RangeIO]:
+def _spans(s: LoadSetup, parts: Sequence[Part], into: Any) -> list[Span]:
+    """Each part of a shard file, at its place in ``into`` (page-rounded, as O_DIRECT reads)."""
     out = []
-    for q in pieces:
+    for q in parts:
         at = s.file_offsets(q.shard)[q.file] + q.offset
-        out.append(RangeIO(s.path(q.shard, q.file, root), s.plan.shard_files[q.shard][q.file], q.offset,
-                           into[at: at + round_up(q.length)], q.length))
+        out.append(Span(file_name(q.shard, q.file), s.plan.shard_files[q.shard][q.file], q.offset,
+                        into[at: at + round_up(q.length)], q.length))
     return out
 
 
-def _from_storage(s: LoadSetup, pieces: Sequence[Piece], into: Any) -> int:
-    """The pieces read from the storage (files or objects) into their places in ``into``."""
-    if s.store is None:
-        return read_ranges(_ranges(s, pieces, into), s.opts)
-    out = []
-    for q in pieces:
-        at = s.file_offsets(q.shard)[q.file] + q.offset
-        where = s.where(q.shard, q.file)
-        assert isinstance(where, ObjectPath)
-        out.append(ObjectRange(where, s.plan.shard_files[q.shard][q.file], q.offset, into[at: at + q.length],
-                               q.length))
-    return get_ranges(s.store, out)
+def _from_storage(s: LoadSetup, parts: Sequence[Part], into: Any) -> int:
+    """The parts read from the storage into their places in ``into``."""
+    return s.storage.get_spans(_spans(s, parts, into), s.opts)
 
 
 # The timed region of one load on this rank: ``timed(action)`` leaves a barrier, runs ``action``
@@ -140,6 +120,27 @@ Timed = Callable[[Callable[[], None]], Mapping[str, Any]]
 # What a load's record keeps of the op timer's: its clock readings and the evidence every op
 # carries (records format 10), never a checkpoint op's own fields.
 TIMER_FIELDS = ("t0_ns", "t1_ns", "wall_start", "direct", "cpu_ns", "host_counters", "requests", "phases_ns")
+
+
+def barrier_timed(comm: Any) -> Timed:
+    """The plainest timed region, for a load outside a run (a benchmark, a harness): a barrier, the
+    action, the clock; a rank whose action failed raises, the others wait for the job's end (the
+    runner's OpTimer agrees on a failure instead, and carries the op's evidence)."""
+    def timed(action: Callable[[], None]) -> dict[str, Any]:
+        comm.Barrier()
+        t0, wall = time.monotonic_ns(), time.time()
+        failed: BaseException | None = None
+        try:
+            action()
+        except Exception as exc:
+            failed = exc
+        t1 = time.monotonic_ns()
+        if comm.allreduce(failed is not None):
+            if failed is not None:
+                raise failed
+            comm.Barrier()  # the failing rank aborts the job
+        return {"t0_ns": t0, "t1_ns": t1, "wall_start": wall}
+    return timed
 
 
 @dataclass(frozen=True, eq=False)
@@ -233,29 +234,27 @@ def _node_cache(host: Any, s: LoadSetup, me: RankLoad, arena: Any, staging: Any,
     then every rank reads its shard from it.  The bytes read from the storage, from the tier, and
     of the rank's tier files still in the page cache before it read them."""
     assert s.tier is not None
-    tier = s.tier
+    tier: Files = s.tier
     opts = engine.IOOptions(direct=s.tier_direct, threads=s.opts.threads, block_size=s.opts.block_size,
                             fsync=True)
 
     def fill() -> int:
         storage = 0
-        os.makedirs(tier, exist_ok=True)
+        os.makedirs(tier.root, exist_ok=True)
         for shard in sorted({q.shard for q in me.storage}):
             mine = [q for q in me.storage if q.shard == shard]  # whole files
             storage += _from_storage(s, mine, staging)
             at = s.file_offsets(shard)
-            engine.write_files([engine.FileIO(s.path(shard, q.file, tier),
-                                              staging[at[q.file]: at[q.file] + round_up(q.length)], q.length)
-                                for q in mine], opts, dir_fsync=[str(tier)])
-            for q in mine:
-                engine.evict(s.path(shard, q.file, tier))
+            tier.put([Piece(file_name(shard, q.file), staging[at[q.file]: at[q.file] + round_up(q.length)],
+                            q.length) for q in mine], opts)
+            tier.evict([file_name(shard, q.file) for q in mine])
         return storage
 
     storage = _attempt(failed, fill) if me.storage else 0
     idle_barrier(host)  # the host's other ranks wait asleep while its first fills the tier
-    paths = sorted({s.path(q.shard, q.file, tier) for q in me.node_tier})
-    resident = _attempt(failed, lambda: sum(engine.resident_bytes(p)[0] for p in paths))
-    read = _attempt(failed, lambda: read_ranges(_ranges(s, me.node_tier, arena, tier), opts))
+    names = sorted({file_name(q.shard, q.file) for q in me.node_tier})
+    resident = _attempt(failed, lambda: tier.resident(names))
+    read = _attempt(failed, lambda: tier.get_spans(_spans(s, me.node_tier, arena), opts))
     return storage, read, resident
 
 
@@ -278,5 +277,5 @@ def clear_tier(host: Any, s: LoadSetup) -> None:
     """The node tier emptied (the next load fills it again)."""
     host.Barrier()
     if s.tier is not None and host.Get_rank() == 0:
-        shutil.rmtree(s.tier, ignore_errors=True)
+        shutil.rmtree(s.tier.root, ignore_errors=True)
     host.Barrier()

@@ -30,7 +30,7 @@ from mlckpt.run.phases.publish import (
     verdict_line,
     write_bundle,
 )
-from mlckpt.run.storage import objectstore
+from mlckpt.run.storage.backends import open_durable
 from mlckpt.workload.serving_run import ServingRun
 
 
@@ -64,7 +64,6 @@ def assess(job: Job, c: Configured, gates: Gates, measured: Measured, started: s
            witness: Witnessing | None = None) -> Assessed:
     """Rank 0: the manifest, the summary and the result-stage rules' verdict."""
     s, cfg = c.setup, c.config
-    objects = objectstore.is_objects(cfg["checkpoint"]["folder"])
     serving = ServingRun.of(cfg)
     system: dict[str, Any] = {"hosts": list(gates.facts)}
     if c.description is not None:
@@ -80,7 +79,7 @@ def assess(job: Job, c: Configured, gates: Gates, measured: Measured, started: s
         description=c.description,
         restored_from=c.source.manifest_entry(measured.content_key) if c.source else None,
         witness=witness.block(int(cfg["checkpoint"]["num_writes"])) if witness else None,
-        storage=objectstore.storage_block(cfg, objectstore.open_store(cfg)[0] if objects else None),
+        storage=open_durable(cfg, "").describe(),
         state=measured.state,
         calibration=measured.calibration,
         content_commitment=content_commitment(measured.content_key) if keeps_key(cfg) else None,

@@ -5,7 +5,6 @@ writer stamped."""
 
 from __future__ import annotations
 
-import itertools
 import time
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
@@ -18,9 +17,10 @@ from mlckpt.errors import VerificationError
 from mlckpt.run.collective import Job, OpTimer
 from mlckpt.run.console import op_line
 from mlckpt.run.phases import library
-from mlckpt.run.phases.writes import fast_opts
+from mlckpt.run.phases.writes import ckpt_dir, fast_opts
+from mlckpt.run.storage.backends import Files, Piece, Storage, pieces
 from mlckpt.workload.frameworks import ENGINE, Framework
-from mlckpt.workload.pipeline import DURABLE, FAST, Pipeline
+from mlckpt.workload.pipeline import FAST, Pipeline
 
 
 @dataclass
@@ -29,8 +29,8 @@ class ReadPhase:
     pipe: Pipeline
     run_id: int
     key: bytes
-    root: Path
-    fast_root: Path | None
+    durable: Storage  # this run's folder (or prefix) on the durable tier
+    fast: Files | None  # ... and its folder on the fast tier
     reads: Sequence[Any]  # this rank's RestoreReads
     offsets: list[int]  # their places in the arena
     arena: Any
@@ -41,7 +41,6 @@ class ReadPhase:
     fast_fs: Mapping[str, str | None]
     writer_hosts: frozenset[str]
     tags: Mapping[int, int]  # checkpoint -> the run id its page tags carry, when witnessed
-    store: Any = None  # object storage (rules 1.6): the engine's Store; root is then an ObjectPath
     dev: Any = None  # GPU-resident state (rules 1.7): each restore ends in device memory
     fw: Framework = field(default_factory=Framework)  # who wrote each checkpoint (rules 1.11)
 
@@ -69,23 +68,19 @@ class ReadPhase:
         """Restore k of checkpoint c: evict, measure residency, read (timed), verify."""
         tier = self.pipe.restore_tier(c, nw, set(self.writer_hosts), self.job.host)
         ropts = fast_opts(self.opts, self.fast_direct) if tier == FAST else self.opts
-        cdir = (self.fast_root if tier == FAST else self.root) / f"ckpt-{c:04d}"  # type: ignore[operator]
-        paths = [str(cdir / rd.file.name) for rd in self.reads]
+        where: Storage = self.fast if tier == FAST and self.fast is not None else self.durable
+        names = [f"{ckpt_dir(c)}/{rd.file.name}" for rd in self.reads]
         nbytes = sum(rd.file.bytes for rd in self.reads)
         with self.job.step(f"poison the state before restore {k}"):
             self.poison()
-        if self.store is not None:  # no page cache holds objects: nothing to evict, 0 resident
-            return self.restore_objects(k, c, cdir, nbytes, scratch)
         if self.fw.by_library(c):
-            return library.restore(self, k, c, cdir, scratch)
+            return library.restore(self, k, c, Path(where.at(ckpt_dir(c))), scratch)
         with self.job.step(f"evict before restore {k}"):
-            for path in paths:
-                engine.evict(path)
-            resident = sum(engine.resident_bytes(path)[0] for path in paths)
+            resident = where.evict(names)  # a store's objects sit in no page cache of this host: 0
         if self.stream:
             sfiles = [
-                engine.StreamFile(p, rd.file.bytes, self.pid(rd, c))
-                for p, rd in zip(paths, self.reads, strict=True)
+                engine.StreamFile(where.at(n), rd.file.bytes, self.pid(rd, c))
+                for n, rd in zip(names, self.reads, strict=True)
             ]
             rec = self.timer(
                 "read",
@@ -104,20 +99,16 @@ class ReadPhase:
                 tier=tier,
             )
             return rec
-        files = [
-            engine.FileIO(p, self.arena[self.offsets[i] : self.offsets[i + 1]], rd.file.bytes)
-            for i, (p, rd) in enumerate(zip(paths, self.reads, strict=True))
-        ]
+        ps = pieces(names, self.arena, self.offsets, [rd.file.bytes for rd in self.reads])
         copied: dict[str, int] = {}
-        rec = self.timer(
-            "read", k, c, partial(self.read_to_device, files, ropts, copied), nbytes, len(self.reads), ropts
-        )
+        rec = self.timer("read", k, c, partial(self.read_to_device, where, ps, ropts, copied), nbytes,
+                         len(self.reads), ropts)
         rec.update(resident_bytes=resident, cached_check_bytes=nbytes, tier=tier, **copied)
         with self.job.step(f"verify restore {k}"):
             if self.dev is not None:  # verify what the device holds: copied back over wiped tags
                 engine.wipe_tags(self.arena, self.offsets[-1])
                 self.dev.download(self.arena, self.offsets[-1])
-            rec.update(self.verify(k, c, files, scratch))
+            rec.update(self.verify(k, c, [(where.at(p.name), p.buf, p.nbytes) for p in ps], scratch))
         return rec
 
     def poison(self) -> None:
@@ -132,40 +123,26 @@ class ReadPhase:
         if self.dev is not None:
             self.dev.upload(self.arena, self.offsets[-1])
 
-    def read_to_device(self, files: Sequence[engine.FileIO], ropts: engine.IOOptions,
+    def read_to_device(self, where: Storage, ps: Sequence[Piece], ropts: engine.IOOptions,
                        copied: dict[str, int]) -> None:
         """The timed restore: the files into the arena, then (GPU source) into device memory."""
-        engine.read_files(files, ropts)
+        where.get(ps, ropts)
         if self.dev is not None:
             t0 = time.perf_counter_ns()
             self.dev.upload(self.arena, self.offsets[-1])
             copied["device_copy_ns"] = time.perf_counter_ns() - t0
 
-    def restore_objects(self, k: int, c: int, cdir: Any, nbytes: int, scratch: Any) -> dict[str, Any]:
-        """Restore k of checkpoint c from object storage: ranged GETs (timed), then verify."""
-        objs = [
-            engine.ObjectIO(cdir / rd.file.name, self.arena[a:b], rd.file.bytes)
-            for rd, (a, b) in zip(self.reads, itertools.pairwise(self.offsets), strict=True)
-        ]
-        rec = self.timer("read", k, c, partial(engine.get_objects, self.store, objs), nbytes, len(self.reads),
-                         self.opts)
-        rec.update(resident_bytes=0, cached_check_bytes=nbytes, tier=DURABLE)
-        files = [engine.FileIO(str(o.where), o.buf, o.nbytes) for o in objs]
-        with self.job.step(f"verify restore {k}"):
-            rec.update(self.verify(k, c, files, scratch))
-        return rec
-
-    def verify(self, k: int, c: int, files: Sequence[engine.FileIO], scratch: Any) -> dict[str, int]:
+    def verify(self, k: int, c: int, files: Sequence[tuple[str, Any, int]], scratch: Any) -> dict[str, int]:
+        """Every page of each (location, buffer, bytes) against what its writer stamped."""
         verified = 0
-        for fio, rd in zip(files, self.reads, strict=True):
-            pid = self.pid(rd, c)
-            bad = engine.verify(fio.buf, fio.nbytes, self.key, pid, scratch)
+        for (where, buf, nbytes), rd in zip(files, self.reads, strict=True):
+            bad = engine.verify(buf, nbytes, self.key, self.pid(rd, c), scratch)
             if bad is not None:
                 raise VerificationError(
-                    f"read {k}: verification failed reading {fio.path}: {bad.describe()}",
+                    f"read {k}: verification failed reading {where}: {bad.describe()}",
                     rank=self.job.rank,
-                    file=fio.path,
+                    file=where,
                     offset=bad.offset,
                 )
-            verified += fio.nbytes
+            verified += nbytes
         return {"verified_bytes": verified, "mismatches": 0}

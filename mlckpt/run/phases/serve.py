@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import shutil
 from collections.abc import Callable
+from pathlib import Path
 from typing import Any
 
 from mlckpt import engine
@@ -23,6 +24,7 @@ from mlckpt.run.phases.configure import Configured
 from mlckpt.run.phases.folders import Folders, make_folders
 from mlckpt.run.phases.gates import Gates
 from mlckpt.run.phases.publish import RunId
+from mlckpt.run.storage.backends import Files
 from mlckpt.run.storage.cleanup import Created
 from mlckpt.workload.serving_run import ServingRun
 from mlckpt.written import Written
@@ -38,14 +40,14 @@ def serving_phases(job: Job, c: Configured, gates: Gates, created: Created, iden
     assert run is not None
     folders = make_folders(job, c, gates, created, *ident)
     plan = run.plan(cfg, list(gates.rank_hosts))
-    weights = folders.root / "ckpt-0001"
+    weights = folders.durable.below("ckpt-0001")
     files = [[loads.file_name(r.shard, i) for i in range(len(plan.shard_files[r.shard]))] for r in plan.ranks]
     job.note(names=files, made=1)  # what the guardian sweeps if the run fails
     me = plan.ranks[job.rank]
     if me.replica == 0:  # the ranks that lay the weights out remove them
-        created.add_files([str(weights / name) for name in files[job.rank]])
-    if folders.store is None and gates.leader(job.rank):
-        created.add_dir(weights)
+        created.add_files([weights.at(name) for name in files[job.rank]])
+    if weights.folders and gates.leader(job.rank):
+        created.add_dir(Path(weights.at()))
     tier = run.tier_path(folders.run.name)
     if tier is not None:  # every host's guardian sweeps its own tier if the run fails
         job.note(fast_run=str(tier), fast_dirs=[], fast_shared=False)
@@ -54,8 +56,8 @@ def serving_phases(job: Job, c: Configured, gates: Gates, created: Created, iden
     if tier_files is not None:  # untimed: may the tier be read as the storage is (O_DIRECT)?
         tier_files.mkdir(parents=True, exist_ok=True)
         tier_direct = bool(opts.direct) and engine.probe_direct(str(tier_files))
-    s = loads.LoadSetup(plan, weights, tier_files, folders.key, folders.run.number, opts, folders.store,
-                        tier_direct=tier_direct,
+    s = loads.LoadSetup(plan, weights, Files(tier_files) if tier_files is not None else None, folders.key,
+                        folders.run.number, opts, tier_direct=tier_direct,
                         load_evidence=Written.of(c.setup.rules.version).has("load_evidence"))
     with job.step("laying out the weights"):
         loads.lay_out(job.comm, s)

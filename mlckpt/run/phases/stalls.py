@@ -14,8 +14,8 @@ from mlckpt.run.collective import Job
 from mlckpt.run.phases.configure import Configured
 from mlckpt.run.phases.folders import Folders
 from mlckpt.run.phases.gates import Gates
-from mlckpt.run.storage import objectstore
-from mlckpt.run.storage.cleanup import Created, sweep_run
+from mlckpt.run.storage.backends import sweep
+from mlckpt.run.storage.cleanup import Created
 from mlckpt.workload.frameworks import Framework, file_names
 
 ABORT_GRACE_S = 0.5  # between printing the fatal line and MPI_Abort
@@ -34,12 +34,11 @@ class Stalled:
 
     def op_paths(self, rank: int, op: str, ckpt: int) -> list[str]:
         """The files ``rank`` writes (or reads) in op ``op`` of checkpoint ``ckpt``."""
-        cdir = self.folders.root / f"ckpt-{ckpt:04d}"
-        plan = self.c.setup.plan
+        at, plan = self.folders.durable.at, self.c.setup.plan
         if op in ("write", "drain"):
-            return [str(cdir / f.name) for f in plan.rank_plans[rank].files]
+            return [at(f"ckpt-{ckpt:04d}/{f.name}") for f in plan.rank_plans[rank].files]
         reads = plan.restore_reads(rank, self.c.config["checkpoint"]["restore"], self.gates.shift)
-        return [str(cdir / rd.file.name) for rd in reads]
+        return [at(f"ckpt-{ckpt:04d}/{rd.file.name}") for rd in reads]
 
     def line(self, op: str, index: int, ckpt: int, ranks: list[int], elapsed: float) -> str:
         hosts = self.gates.rank_hosts
@@ -64,13 +63,12 @@ class Stalled:
         fw = Framework.of(self.c.config)
         names = [n for r, rp in enumerate(self.c.setup.plan.rank_plans)
                  for n in file_names(fw, r, [f.name for f in rp.files])]
-        root, fast = self.folders.root, self.folders.fast_root
-        if not isinstance(root, Path):  # object storage: its planned keys and unfinished uploads
-            settings = s3_settings(self.c.config)
-            return "; " + objectstore.sweep(str(root), names, upto, settings, keep=bool(ck["keep"]))
-        note = "; " + sweep_run(root, names, upto, keep=bool(ck["keep"]), dirs=self.created.outside(root))
+        durable, fast = self.folders.durable, self.folders.fast
+        above = self.created.outside(Path(durable.at())) if durable.folders else []
+        note = "; " + sweep(durable.at(), names, upto, keep=bool(ck["keep"]), s3=s3_settings(self.c.config),
+                            dirs=above)
         if fast is not None:
-            fnote = sweep_run(fast, names, upto, keep=bool(ck["keep"]))
+            fnote = sweep(fast.at(), names, upto, keep=bool(ck["keep"]))
             note += f" (fast tier: {fnote.removeprefix('removed ')})"
         return note
 

@@ -26,6 +26,7 @@ from mlckpt.run.collective import Job, OpTimer
 from mlckpt.run.console import durable_line, op_line, stall_line
 from mlckpt.run.phases import library
 from mlckpt.run.phases.background import Background
+from mlckpt.run.storage.backends import Files, Storage, pieces
 from mlckpt.run.storage.cleanup import Created
 from mlckpt.witness import protocol
 from mlckpt.workload.layout import PAGE
@@ -36,8 +37,8 @@ from mlckpt.workload.pipeline import DURABLE, FAST, MEMORY, Pipeline
 class WriteState:
     """What one rank's write phase works with."""
 
-    root: Path  # this run's folder on the durable tier
-    fast_root: Path | None  # ... and on the fast tier
+    durable: Storage  # this run's folder (or prefix) on the durable tier
+    fast: Files | None  # ... and its folder on the fast tier
     mine: Sequence[Any]  # this rank's planned files
     offsets: list[int]  # their places in the arena
     arena: Any  # the state (full residency) or the stream ring
@@ -47,13 +48,27 @@ class WriteState:
     leader: bool  # this host's first rank (makes folders)
     staging: Any = None  # async: the snapshot's host staging copy of the state
     ring: Any = None  # tiers: the drain's bounded buffer
-    store: Any = None  # object storage (rules 1.6): the engine's Store; root is then an ObjectPath
     dev: Any = None  # GPU-resident state (rules 1.7): the engine's DeviceState; arena is its bounce
     lib: Any = None  # a library writer's checkpoints (rules 1.11): mlckpt.run.phases.library.LibraryWrites
 
     @property
     def nbytes(self) -> int:
         return sum(f.bytes for f in self.mine)
+
+    @property
+    def fast_root(self) -> Path:
+        """The fast tier's run folder (tiers only: the fast tier is a filesystem's)."""
+        assert self.fast is not None
+        return self.fast.root
+
+    def folder(self, k: int) -> Path:
+        """Checkpoint k's folder on the durable tier, where a library or the drain writes files
+        (rules keep both to a filesystem)."""
+        return Path(self.durable.at(ckpt_dir(k)))
+
+
+def ckpt_dir(k: int) -> str:
+    return f"ckpt-{k:04d}"
 
 
 def fast_opts(opts: engine.IOOptions, fast_direct: bool) -> engine.IOOptions:
@@ -96,50 +111,34 @@ class WritePhase:
             if w.dev is not None:  # training made the new state on the GPU: only its bytes may persist
                 w.dev.upload(w.arena, w.offsets[-1])
                 engine.wipe_tags(w.arena, w.offsets[-1])
-            if w.leader and w.store is None:  # objects need no folders
-                for base in (w.root, w.fast_root):
-                    if base is not None:
-                        cdir = base / f"ckpt-{k:04d}"
-                        cdir.mkdir(exist_ok=True)
-                        self.created.add_dir(cdir)
-        for base in (w.root, w.fast_root):
-            if base is not None:
-                cdir = base / f"ckpt-{k:04d}"
-                self.created.add_files(w.lib.planned_paths(cdir) if self.library(k) else
-                                       [str(cdir / f.name) for f in w.mine])
+            for tier in (w.durable, w.fast):
+                if w.leader and tier is not None and tier.folders:
+                    cdir = Path(tier.at(ckpt_dir(k)))
+                    cdir.mkdir(exist_ok=True)
+                    self.created.add_dir(cdir)
+        for tier in (w.durable, w.fast):
+            if tier is not None:
+                self.created.add_files(w.lib.planned_paths(Path(tier.at(ckpt_dir(k)))) if self.library(k) else
+                                       [tier.at(f"{ckpt_dir(k)}/{f.name}") for f in w.mine])
 
     def library(self, k: int) -> bool:
         """Checkpoint k goes through a library writer (rules 1.11)."""
         return self.w.lib is not None and bool(self.w.lib.writes(k))
 
-    def write_to(self, k: int, base: Path, buf: Any, opts: engine.IOOptions) -> None:
+    def write_to(self, k: int, tier: Storage, buf: Any, opts: engine.IOOptions) -> None:
         """Write checkpoint k's files of this rank from ``buf`` (the state or its staging copy)
-        under ``base``, every file and the folder fsynced."""
+        to ``tier``, each durable (with ``opts.fsync``) when this returns."""
         w = self.w
-        cdir = base / f"ckpt-{k:04d}"
+        names = [f"{ckpt_dir(k)}/{f.name}" for f in w.mine]
         if self.library(k):
-            w.lib.save(k, cdir, buf)
-            return
-        if w.store is not None:  # durable once the store acknowledged every object (no fsync)
-            store = w.store if opts.pool == "main" else w.store.with_pool(opts.pool)
-            objs = [engine.ObjectIO(cdir / f.name, buf[w.offsets[i] : w.offsets[i + 1]], f.bytes)
-                    for i, f in enumerate(w.mine)]
-            engine.put_objects(store, objs)
-            return
-        paths = [str(cdir / f.name) for f in w.mine]
-        dirs = [str(cdir)] if opts.fsync else []
-        if w.stream:
-            sfiles = [
-                engine.StreamFile(p, f.bytes, self.pid(k, i))
-                for i, (p, f) in enumerate(zip(paths, w.mine, strict=True))
-            ]
+            w.lib.save(k, Path(tier.at(ckpt_dir(k))), buf)
+        elif w.stream:  # content made inside the timed write, through a ring (a filesystem's)
+            sfiles = [engine.StreamFile(tier.at(n), f.bytes, self.pid(k, i))
+                      for i, (n, f) in enumerate(zip(names, w.mine, strict=True))]
+            dirs = [tier.at(ckpt_dir(k))] if opts.fsync else []
             engine.write_stream(sfiles, w.key, opts, buf, dir_fsync=dirs)
         else:
-            files = [
-                engine.FileIO(p, buf[w.offsets[i] : w.offsets[i + 1]], f.bytes)
-                for i, (p, f) in enumerate(zip(paths, w.mine, strict=True))
-            ]
-            engine.write_files(files, opts, dir_fsync=dirs)
+            tier.put(pieces(names, buf, w.offsets, [f.bytes for f in w.mine]), opts)
 
     def fast(self, opts: engine.IOOptions) -> engine.IOOptions:
         return fast_opts(opts, self.fast_direct)
@@ -150,12 +149,12 @@ class WritePhase:
         pipe, w, bg = self.pipe, self.w, replace(self.w.opts, pool="background")
         stages: list[dict[str, Any]] = []
         if pipe.mode == "async" and self.library(k):  # the library's own thread wrote it
-            stages.append(w.lib.finish(k, w.root / f"ckpt-{k:04d}", w.nbytes))
+            stages.append(w.lib.finish(k, w.folder(k), w.nbytes))
         elif pipe.mode == "async":
             tier = FAST if pipe.tiered else DURABLE
             o = self.fast(bg) if pipe.tiered else bg
             t0 = time.perf_counter_ns()
-            self.write_to(k, w.fast_root if pipe.tiered else w.root, w.staging, o)  # type: ignore[arg-type]
+            self.write_to(k, w.fast if pipe.tiered and w.fast is not None else w.durable, w.staging, o)
             stages.append(
                 {
                     "tier": tier,
@@ -172,8 +171,8 @@ class WritePhase:
     def drain(self, k: int, bg: engine.IOOptions) -> dict[str, Any]:
         """Checkpoint k's verified drain from the fast tier to the durable one."""
         w = self.w
-        assert w.fast_root is not None and w.ring is not None
-        fdir, cdir = w.fast_root / f"ckpt-{k:04d}", w.root / f"ckpt-{k:04d}"
+        assert w.ring is not None
+        fdir, cdir = w.fast_root / ckpt_dir(k), w.folder(k)
         sfiles = [
             engine.StreamFile(str(fdir / f.name), f.bytes, self.pid(k, i)) for i, f in enumerate(w.mine)
         ]
@@ -216,7 +215,7 @@ class WritePhase:
         for j in self.pipe.evict_after(k):
             for f in self.w.mine:
                 with suppress(FileNotFoundError):
-                    os.unlink(self.w.fast_root / f"ckpt-{j:04d}" / f.name)  # type: ignore[operator]
+                    os.unlink(self.w.fast_root / ckpt_dir(j) / f.name)
 
     def allocate(self) -> None:
         pipe, w = self.pipe, self.w
@@ -295,14 +294,14 @@ class WritePhase:
             w.dev.download(w.staging, w.offsets[-1])
             info["device_copy_ns"] = time.perf_counter_ns() - t0
         elif pipe.blocking == MEMORY and self.library(k):  # DCP's async_save stages the state itself
-            w.lib.start_async(k, w.root / f"ckpt-{k:04d}", w.arena)
+            w.lib.start_async(k, w.folder(k), w.arena)
         elif pipe.blocking == MEMORY:
             engine.snapshot(w.staging, w.arena, w.offsets[-1], w.opts.threads)
         else:
             if w.dev is not None:  # sync: out of the device into the pinned bounce, then to storage
                 w.dev.download(w.arena, w.offsets[-1])
                 info["device_copy_ns"] = time.perf_counter_ns() - t0
-            self.write_to(k, w.fast_root if fast else w.root, w.arena, opts)  # type: ignore[arg-type]
+            self.write_to(k, w.fast if fast and w.fast is not None else w.durable, w.arena, opts)
         t1 = time.perf_counter_ns()
         info["stage"] = {"tier": pipe.blocking, "t0_ns": t0, "t1_ns": t1, "bytes": w.nbytes}
         if pipe.blocking != MEMORY:

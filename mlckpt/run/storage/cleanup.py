@@ -13,6 +13,7 @@ from collections.abc import Callable, Iterable, Sequence
 from pathlib import Path
 from typing import Any
 
+from mlckpt.run.storage.backends import Files, Storage
 from mlckpt.run.storage.folderlock import release
 
 RUN_MARKER = ".mlckpt-run"  # marks a checkpoint run folder as ours (see the folder gate)
@@ -33,7 +34,7 @@ class Created:
         self.files: list[str] = []
         self.dirs: list[Path] = []
         self.roots: list[Path] = []
-        self.store: Any = None  # object storage: the engine's Store that deletes ``files`` (s3:// URLs)
+        self.storage: Storage = Files(Path("/"))  # the storage ``files`` are on: it removes them
         self.locks: list[tuple[Path, str]] = []  # (checkpoint folder, run): released once files are gone
 
     def __enter__(self) -> Created:
@@ -42,7 +43,7 @@ class Created:
     def __exit__(self, *exc: Any) -> None:
         if not self.keep:
             unique = len(set(self.files))
-            what = "object" if self.store is not None else "file"
+            what = "file" if self.storage.folders else "object"
             self.stage(f"cleanup: removing this rank's {unique} checkpoint {what}{'s' * (unique != 1)}")
             t0 = time.monotonic()
             self.remove_files()
@@ -72,19 +73,8 @@ class Created:
         self.files.extend(paths)
 
     def remove_files(self) -> None:
-        if self.store is not None:  # this rank's objects, by their planned keys
-            from mlckpt.run.storage.objectstore import remove
-
-            for line in remove(self.store, self.files):
-                print(f"mlckpt: warning: could not remove {line}", file=sys.stderr)
-            return
-        for path in self.files:
-            try:
-                os.unlink(path)
-            except FileNotFoundError:
-                pass
-            except OSError as exc:
-                print(f"mlckpt: warning: could not remove {path}: {exc}", file=sys.stderr)
+        for line in self.storage.remove(self.files):
+            print(f"mlckpt: warning: could not remove {line}", file=sys.stderr)
 
     def remove_dirs(self) -> None:
         for d in sorted(set(self.dirs), key=lambda p: len(p.parts), reverse=True):

@@ -12,13 +12,15 @@ from __future__ import annotations
 
 import secrets
 from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, ClassVar
 
-from mlckpt.engine import buckets, objects
+from mlckpt.engine import IOOptions, buckets, objects
 from mlckpt.errors import MlckptError
 from mlckpt.host.facts import host_facts
-from mlckpt.locations import ObjectPath, is_object_url, parse_object_url, s3_settings
+from mlckpt.locations import ObjectPath, parse_object_url, s3_settings
+from mlckpt.run.storage.backends import Piece, Span
 
 PROBE_PREFIX = ".mlckpt-probe-"
 
@@ -63,26 +65,6 @@ def measure(config: Mapping[str, Any], host: str, mpi_library: str, results: Pat
     return {"store_problem": problem, "facts": facts}
 
 
-def storage_block(config: Mapping[str, Any], store: objects.Store | None) -> dict[str, Any]:
-    """run.json's ``storage`` (run format 6)."""
-    if store is None:
-        return {"kind": "posix"}
-    loc = parse_object_url(str(config["checkpoint"]["folder"]))
-    d = store.describe()
-    return {
-        "kind": "s3",
-        "client": d["client"],
-        "endpoint_host": d["endpoint_host"],
-        "region": d["region"],
-        "bucket": loc.bucket,
-        "prefix": loc.key,
-        "part_size": d["part_size"],
-        "inflight": d["inflight"],
-        "addressing_style": d["addressing_style"],
-        "verify_tls": d["verify_tls"],
-    }
-
-
 def planned(root: ObjectPath, names: Sequence[str], upto: int) -> list[ObjectPath]:
     return [root / f"ckpt-{k:04d}" / n for k in range(1, upto + 1) for n in names]
 
@@ -114,5 +96,71 @@ def remove(store: objects.Store, urls: Sequence[str]) -> list[str]:
     return buckets.delete_objects(store, paths)[1]
 
 
-def is_objects(folder: object) -> bool:
-    return isinstance(folder, ObjectPath) or is_object_url(folder)
+@dataclass(frozen=True)
+class Objects:
+    """A prefix in an S3-compatible store, as a :class:`mlckpt.run.storage.backends.Storage`: each
+    file of the plan is one object of the same relative name and size.  No page cache of this
+    host holds objects (nothing to evict, 0 resident) and objects need no folders."""
+
+    root: ObjectPath
+    store: objects.Store
+    kind: ClassVar[str] = "s3"
+    cached: ClassVar[bool] = False
+    folders: ClassVar[bool] = False
+
+    @classmethod
+    def open(cls, config: Mapping[str, Any]) -> Objects:
+        store, loc = open_store(config)
+        return cls(loc, store)
+
+    def path(self, name: str) -> ObjectPath:
+        p = self.root
+        for segment in name.split("/") if name else ():
+            p = p / segment
+        return p
+
+    def at(self, name: str = "") -> str:
+        return str(self.path(name))
+
+    def below(self, name: str) -> Objects:
+        return Objects(self.path(name), self.store)
+
+    def _store(self, opts: IOOptions) -> objects.Store:
+        return self.store if opts.pool == "main" else self.store.with_pool(opts.pool)
+
+    def put(self, pieces: Sequence[Piece], opts: IOOptions) -> None:
+        # durable once the store acknowledged every object: there is nothing to fsync
+        objects.put_objects(self._store(opts), [objects.ObjectIO(self.path(p.name), p.buf, p.nbytes)
+                                                for p in pieces])
+
+    def get(self, pieces: Sequence[Piece], opts: IOOptions) -> None:
+        objects.get_objects(self._store(opts), [objects.ObjectIO(self.path(p.name), p.buf, p.nbytes)
+                                                for p in pieces])
+
+    def get_spans(self, spans: Sequence[Span], opts: IOOptions) -> int:
+        return objects.get_ranges(self._store(opts), [
+            objects.ObjectRange(self.path(s.name), s.file_bytes, s.offset, s.buf, s.nbytes) for s in spans])
+
+    def evict(self, names: Sequence[str]) -> int:
+        return 0
+
+    def resident(self, names: Sequence[str]) -> int:
+        return 0
+
+    def remove(self, locations: Sequence[str]) -> list[str]:
+        return remove(self.store, locations)
+
+    def describe(self) -> dict[str, Any]:
+        d = self.store.describe()
+        return {
+            "kind": self.kind,
+            "client": d["client"],
+            "endpoint_host": d["endpoint_host"],
+            "region": d["region"],
+            "bucket": self.root.bucket,
+            "prefix": self.root.key,
+            "part_size": d["part_size"],
+            "inflight": d["inflight"],
+            "addressing_style": d["addressing_style"],
+            "verify_tls": d["verify_tls"],
+        }

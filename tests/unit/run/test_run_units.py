@@ -27,6 +27,7 @@ from mlckpt.run.phases.gates import (
     judge,
 )
 from mlckpt.run.phases.publish import RunId, manifest_of
+from mlckpt.run.storage.backends import Files
 from mlckpt.run.storage.cleanup import RUN_MARKER, Created, sweep_run
 
 SMALL = [
@@ -445,7 +446,8 @@ def test_write_and_read_phases_on_one_rank(tmp_path: Path, mode: str) -> None:
     arena = engine.alloc(own[-1])
     opts = engine.IOOptions(direct=False, threads=2, block_size=1 << 20)
     timer = OpTimer(job, 60.0, None, lambda *a: pytest.fail("no op may stall"))
-    w = WriteState(root, fast, mine, own, arena, key, opts, False, True)
+    durable, fast_tier = Files(root), (Files(fast) if fast is not None else None)
+    w = WriteState(durable, fast_tier, mine, own, arena, key, opts, False, True)
     writes = WritePhase(job, pipe, w, run_id, timer, created, False).run(2)
     assert [(r["op"], r["index"], r["mode"]) for r in writes] == [
         ("write", 1, pipe.mode),
@@ -463,8 +465,8 @@ def test_write_and_read_phases_on_one_rank(tmp_path: Path, mode: str) -> None:
         pipe,
         run_id,
         key,
-        root,
-        fast,
+        durable,
+        fast_tier,
         reads,
         rd,
         arena,
