@@ -28,6 +28,18 @@ def fmt_bytes(n: float) -> str:
     return f"{int(n)} B"
 
 
+def fmt_share(value: float, bound: float | None = None, digits: int = 0) -> str:
+    """A fraction as a percentage with ``digits`` decimals, e.g. '95%', or more (up to 3) where it
+    takes them not to read as the ``bound`` it is judged against: 0.953 against 0.95 is '95.3%',
+    never '95%'."""
+    text = f"{value:.{digits}%}"
+    for shown in range(digits, 4):
+        text = f"{value:.{shown}%}"
+        if bound is None or value == bound or text != f"{bound:.{shown}%}":
+            break
+    return text
+
+
 def fmt_bytes_both(n: float) -> str:
     """'104.70 GiB / 112.43 GB' — both conventions, since vendors and MLPerf differ."""
     dec = next(((u, m) for u, m in (("TB", TB), ("GB", GB), ("MB", MB), ("KB", KB)) if n >= m),

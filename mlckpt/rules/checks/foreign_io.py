@@ -36,7 +36,7 @@ from mlckpt.attribution import (
 from mlckpt.rules.checks.evidence import counted_op
 from mlckpt.rules.engine import Context, NotChecked, Outcome, Rule, RuleSet, checks_table
 from mlckpt.rules.rundata import run_data
-from mlckpt.units import fmt_bytes
+from mlckpt.units import fmt_bytes, fmt_share
 
 NOT_ATTRIBUTED = ("no host's counters split its device's bytes between the run and other processes "
                   "(object storage, no block device, /proc unreadable, or records before format 6)")
@@ -60,7 +60,8 @@ def _host_phase(a: Mapping[str, Any], op: str, host: str, shares: list[OpShare])
             False,
             f"other processes moving at most {float(a['max_foreign_share']):.0%} of the bytes the checkpoint "
             "device moved during the timed ops",
-            f"{foreign} B ({fmt_bytes(foreign)}, {share:.0%} of {fmt_bytes(device)}) moved on device "
+            f"{foreign} B ({fmt_bytes(foreign)}, {fmt_share(share, float(a['max_foreign_share']))} of "
+            f"{fmt_bytes(device)}) moved on device "
             f"{shares[0].device} by other processes, most during {op} {worst.index} "
             f"({fmt_bytes(worst.window.foreign_bytes)})",
             where=where,
@@ -71,7 +72,7 @@ def _host_phase(a: Mapping[str, Any], op: str, host: str, shares: list[OpShare])
             False,
             f"other processes using at most {float(a['max_foreign_cpu_share']):.0%} of the host's "
             f"{dev.cpus} CPUs during the timed ops",
-            f"{cpu:.0%}",
+            fmt_share(cpu, float(a["max_foreign_cpu_share"])),
             where=where,
         )
 
@@ -87,7 +88,7 @@ def _span_outcome(a: Mapping[str, Any], sp: Span) -> Iterator[Outcome]:
         f"it reached in the run ({fmt_bytes(sp.peak_bytes_per_ns * 1e9)}/s)",
         f"{sp.window.foreign_bytes} B ({fmt_bytes(sp.window.foreign_bytes)}) moved on device "
         f"{sp.device} by other processes in {sp.window.window_ns / 1e9:.2f} s, "
-        f"{fmt_bytes(rate)}/s ({sp.foreign_rate_share:.0%})",
+        f"{fmt_bytes(rate)}/s ({fmt_share(sp.foreign_rate_share, limit)})",
         where=f"host {sp.host}, from the first timed op to the last",
     )
 
@@ -108,7 +109,7 @@ def _watched_outcome(a: Mapping[str, Any], sp: Span, b: Background | None) -> It
         f"reached in the run ({fmt_bytes(sp.peak_bytes_per_ns * 1e9)}/s), before and during the timed ops",
         f"{moved} B ({fmt_bytes(moved)}) moved on device {sp.device} by other processes in {seconds:.2f} s "
         f"({fmt_bytes(b.foreign_bytes_per_s)}/s with the run asleep before its first op), "
-        f"{fmt_bytes(moved / seconds)}/s ({share:.0%})",
+        f"{fmt_bytes(moved / seconds)}/s ({fmt_share(share, limit)})",
         where=f"host {sp.host}, before and during the timed ops",
     )
 

@@ -16,6 +16,7 @@ from typing import Any
 from mlckpt.metrics import hugepage_share_min
 from mlckpt.rules.engine import Context, NotChecked, Outcome, Rule, RuleSet, checks_table, rank_shift
 from mlckpt.rules.rundata import DATA_SCHEME, RunData, run_data, written
+from mlckpt.units import fmt_share
 from mlckpt.workload.pipeline import FAST, MEMORY_FILESYSTEMS, Pipeline
 
 REL_TOL = 1e-9
@@ -186,7 +187,7 @@ def cold_reads(ctx: Context, rs: RuleSet, rule: Rule) -> Iterator[Outcome | NotC
             per_host[str(r["host"])] = per_host.get(str(r["host"]), 0) + int(r["bytes"])
         big = all(mem.get(h) and b >= multiple * mem[h] for h, b in per_host.items())
         yield Outcome(big, f"at most {bound:.0%} resident before a restore",
-                      f"{frac:.1%} resident", where=f"read {idx}")
+                      f"{fmt_share(frac, bound, 1)} resident", where=f"read {idx}")
 
 
 def data_verified(ctx: Context, rs: RuleSet, rule: Rule) -> Iterator[Outcome | NotChecked]:
@@ -242,7 +243,7 @@ def state_hugepages(ctx: Context, rs: RuleSet, rule: Rule) -> Outcome | NotCheck
         return NotChecked("no huge-page share in the records (records format 4, /proc/self/smaps)")
     bound = float(rs.data["memory"]["min_hugepage_fraction"])
     return Outcome(share >= bound, f"at least {bound:.0%} of every rank's state on huge pages",
-                   f"{share:.0%} on one rank")
+                   f"{fmt_share(share, bound)} on one rank")
 
 
 CHECKS = checks_table(

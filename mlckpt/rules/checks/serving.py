@@ -29,6 +29,7 @@ from mlckpt.rules.checks.evidence import host_facts
 from mlckpt.rules.engine import Context, NotChecked, Outcome, Rule, RuleSet, checks_table
 from mlckpt.rules.rundata import RunData, run_data
 from mlckpt.serving_metrics import by_load, held_to_plan, summary
+from mlckpt.units import fmt_share
 from mlckpt.workload.serving_run import ServingRun, scope_problems
 from mlckpt.written import Written
 
@@ -113,7 +114,7 @@ def serving_cold(ctx: Context, rs: RuleSet, rule: Rule) -> Iterator[Outcome]:
         served = sum(int(r["storage_bytes"]) for r in recs)
         resident = sum(int(r["resident_bytes"]) for r in recs)
         frac = resident / served if served else (1.0 if resident else 0.0)
-        yield Outcome(frac <= bound, f"at most {bound:.0%} resident", f"{frac:.1%} resident",
+        yield Outcome(frac <= bound, f"at most {bound:.0%} resident", f"{fmt_share(frac, bound, 1)} resident",
                       where=f"load {index}")
 
 

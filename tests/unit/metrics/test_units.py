@@ -18,6 +18,7 @@ from mlckpt.units import (
     fmt_bytes,
     fmt_bytes_both,
     fmt_duration,
+    fmt_share,
     parse_bandwidth,
     parse_duration,
     parse_fraction,
@@ -178,3 +179,28 @@ def test_parse_bandwidth_round_trip(k: int, unit: str) -> None:
 @given(st.integers(1, 99))
 def test_parse_fraction_percent_equals_decimal(pct: int) -> None:
     assert parse_fraction(f"{pct}%") == pytest.approx(parse_fraction(str(pct / 100)))
+
+
+@pytest.mark.parametrize(("value", "bound", "digits", "shown"), [
+    (0.953, 0.95, 0, "95.3%"),  # never "at most 95% ... got 95%"
+    (0.9501, 0.95, 0, "95.01%"),
+    (0.95, 0.95, 0, "95%"),  # at the bound: the bound's own figure
+    (0.40, 0.95, 0, "40%"),
+    (0.0504, 0.05, 1, "5.04%"),
+    (0.123, 0.05, 1, "12.3%"),
+    (0.95000001, 0.95, 0, "95.000%"),  # three decimals at most
+    (0.7, None, 0, "70%"),
+])
+def test_a_share_never_reads_as_the_bound_it_breaks(value: float, bound: float | None, digits: int,
+                                                    shown: str) -> None:
+    assert fmt_share(value, bound, digits) == shown
+
+
+@given(st.floats(0, 10), st.floats(0, 10))
+def test_a_share_never_prints_as_its_bound_where_they_differ_by_two_thousandths_of_a_percent(
+        value: float, bound: float) -> None:
+    """Printed with as many decimals as the share is, the bound reads otherwise."""
+    if abs(value - bound) >= 2e-5:
+        shown = fmt_share(value, bound)
+        decimals = len(shown.rstrip("%").partition(".")[2])
+        assert shown != f"{bound:.{decimals}%}"
