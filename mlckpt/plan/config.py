@@ -244,6 +244,11 @@ def witness_format_fits(version: str) -> bool:
     return formats.WITNESS.version in pins.get("enum", [pins.get("const")])
 
 
+# PyTorch's default wheels carry CUDA (several GB); a storage client with no GPU needs none of it.
+CPU_TORCH = ("; without a GPU, PyTorch's CPU build first: pip install torch --index-url "
+             "https://download.pytorch.org/whl/cpu")
+
+
 def library_installed(module: str) -> bool:
     """Whether a framework writer's library is installed here (found, not imported)."""
     return importlib.util.find_spec(module.split(".")[0]) is not None
@@ -263,10 +268,13 @@ def validate(config: Mapping[str, Any]) -> None:
         if "framework" not in schema("config", version)["properties"]:
             raise ConfigError(f"framework.writer: library writers need rules_version 1.11 or later "
                               f"(got {version})", key="framework.writer")
-        module = WRITERS[writer].module if writer in WRITERS else None
-        if module and not library_installed(module):
-            raise ConfigError(f"framework.writer={writer}: {WRITERS[writer].library} is not installed "
-                              "(pip install 'mlckpt[frameworks]')", key="framework.writer")
+        needs = WRITERS[writer].needs if writer in WRITERS else ()
+        missing = [m for m in needs if not library_installed(m)]
+        if missing:
+            raise ConfigError(f"framework.writer={writer}: {' and '.join(missing)} "
+                              f"{'is' if len(missing) == 1 else 'are'} not installed: "
+                              f"pip install 'mlckpt[frameworks]'{CPU_TORCH if 'torch' in missing else ''}",
+                              key="framework.writer")
     serving = config.get("serving")
     if isinstance(serving, Mapping) and serving.get("strategy") is not None and "serving" not in (
             schema("config", version)["properties"]):

@@ -57,6 +57,7 @@ class Writer:
     # the library names its own files (known once it made them) and saves and loads collectively,
     # over torch.distributed's process group (DCP)
     collective: bool = False
+    needs: tuple[str, ...] = ()  # every top-level package its module imports (checked before any rank)
 
     def settings(self, fw: Framework) -> dict[str, Any]:
         """What run.json records of the library's settings (those that change what it does)."""
@@ -88,11 +89,11 @@ DCP_METADATA = (".metadata", ".metadata.tmp")  # the coordinator's (rank 0's), a
 WRITERS: dict[str, Writer] = {w.name: w for w in (
     Writer(ENGINE, None, None, None, True),
     Writer("torch_save", "torch", "torch", None, False,
-           own_settings=(("weights_only_load", True), ("one_file_per", "planned file"))),
+           own_settings=(("weights_only_load", True), ("one_file_per", "planned file")), needs=("torch",)),
     DistributedCheckpoint("torch_dcp", "torch", "torch.distributed.checkpoint", "sync_files", True,
-                          collective=True),
+                          collective=True, needs=("torch",)),
     Writer("safetensors", "safetensors", "safetensors.torch", None, False, ".safetensors",
-           own_settings=(("one_file_per", "planned file"),)),
+           own_settings=(("one_file_per", "planned file"),), needs=("safetensors", "torch")),
 )}
 LIBRARIES = tuple(n for n in WRITERS if n != ENGINE)
 

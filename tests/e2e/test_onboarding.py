@@ -84,3 +84,24 @@ def test_describe_system_drafts_a_valid_description(tmp_path: Path) -> None:
     assert load_system_description(out, DEFAULT_RULES_VERSION)["description_format"] == 1
     again = run("mlckpt", "describe-system", str(tmp_path), "--out", str(out))
     assert again.returncode == 2 and "exists; not overwritten" in again.stderr
+
+
+@pytest.mark.parametrize("writer", ["torch_save", "safetensors"])
+def test_a_framework_writer_without_pytorch_is_refused_before_any_rank(tmp_path: Path, writer: str) -> None:
+    """PyTorch hidden as an uninstalled package is (``sys.modules["torch"] = None``, from a
+    sitecustomize every process of the run would load): one line naming the writer, the package
+    and both install lines, exit 2, before any rank or any checkpoint folder exists."""
+    hide = tmp_path / "hide"
+    hide.mkdir()
+    (hide / "sitecustomize.py").write_text('import sys\nsys.modules["torch"] = None\n')
+    env = {**os.environ, "PYTHONPATH": str(hide), "XDG_CONFIG_HOME": str(tmp_path / "xdg")}
+    proc = subprocess.run([str(BIN / "mlckpt"), "run", "division=open", "scale=0.0005", "ranks=2",
+                           f"framework.writer={writer}", "io.direct=false", "signing.key=none",
+                           f"checkpoint.folder={tmp_path / 'ckpt'}", f"output.root={tmp_path / 'out'}"],
+                          text=True, capture_output=True, env=env, check=False, timeout=300)
+    assert proc.returncode == 2, proc.stderr
+    [line] = proc.stderr.strip().splitlines()
+    assert line == (f"mlckpt: error: framework.writer={writer}: torch is not installed: pip install "
+                    "'mlckpt[frameworks]'; without a GPU, PyTorch's CPU build first: pip install torch "
+                    "--index-url https://download.pytorch.org/whl/cpu"), line
+    assert "rank" not in proc.stdout and not (tmp_path / "ckpt").exists()

@@ -126,18 +126,25 @@ def test_the_summary_heads_with_the_library_and_sets_the_engine_beside_it() -> N
     assert alone["framework"]["reference"] is None
 
 
-@pytest.mark.parametrize(("writer", "library"), [("torch_dcp", "torch"), ("torch_save", "torch"),
-                                                   ("safetensors", "safetensors")])
+@pytest.mark.parametrize(("writer", "absent", "said"), [
+    ("torch_dcp", {"torch"}, "torch is not installed"),
+    ("torch_save", {"torch"}, "torch is not installed"),
+    ("safetensors", {"safetensors"}, "safetensors is not installed"),
+    ("safetensors", {"torch"}, "torch is not installed"),  # safetensors.torch imports PyTorch
+    ("safetensors", {"safetensors", "torch"}, "safetensors and torch are not installed"),
+])
 def test_a_writer_whose_library_is_missing_is_refused_before_io(monkeypatch: pytest.MonkeyPatch, writer: str,
-                                                               library: str) -> None:
+                                                               absent: set[str], said: str) -> None:
     from mlckpt.plan import config
 
     asked: list[str] = []
-    monkeypatch.setattr(config, "library_installed", lambda module: asked.append(module) or False)
+    monkeypatch.setattr(config, "library_installed",
+                        lambda module: asked.append(module) or module not in absent)
     with pytest.raises(ConfigError) as got:
         setup([*BASE, f"framework.writer={writer}"])
-    assert str(got.value) == (f"framework.writer={writer}: {library} is not installed "
-                              "(pip install 'mlckpt[frameworks]')") and got.value.key == "framework.writer"
-    assert asked and asked[0].split(".")[0] == library
+    cpu = config.CPU_TORCH if "torch" in absent else ""
+    assert str(got.value) == (f"framework.writer={writer}: {said}: pip install 'mlckpt[frameworks]'{cpu}")
+    assert got.value.key == "framework.writer" and set(asked) >= absent
+    assert ("download.pytorch.org/whl/cpu" in str(got.value)) == ("torch" in absent)
     monkeypatch.setattr(config, "library_installed", lambda module: True)
     assert setup([*BASE, f"framework.writer={writer}"]).config["framework"]["writer"] == writer
