@@ -47,5 +47,9 @@ def handle(args: argparse.Namespace) -> int:
         raise UsageError(f"--out {args.out}: exists; not overwritten") from None
     except OSError as exc:
         raise UsageError(f"--out {args.out}: {exc.strerror or exc}") from None
-    print(f"wrote {args.out}: complete the lines marked COMPLETE, then `mlckpt run system={args.out}`")
+    # system= alone means the workload's own (closed-size) configuration: the laptop preset is the
+    # run that fits any host, the plan the way to see what a closed run needs first.
+    print(f"wrote {args.out}: replace the values marked COMPLETE (a run refuses them until then), then\n"
+          f"  mlckpt run preset=laptop system={args.out} checkpoint.folder=FOLDER   # small, your storage\n"
+          f"  mlckpt plan division=closed system={args.out} hosts=N accelerator=NAME   # a closed run")
     return 0

@@ -37,7 +37,23 @@ def load_system_description(path: str | Path, rules_version: str = "1.0") -> dic
     problem = first_error(doc, "system-description", rules_version)
     if problem:
         raise ConfigError(f"{where}: {problem}", key="system")
+    drafted = placeholders(doc)
+    if drafted:
+        at, value = drafted[0]
+        more = f" (and {len(drafted) - 1} more)" if len(drafted) > 1 else ""
+        raise ConfigError(f"{where}: {at} is still the draft's placeholder {value!r}{more}: replace every "
+                          f"value marked {COMPLETE} (mlckpt describe-system drafted them)", key="system")
     return doc
+
+
+def placeholders(doc: Any, at: str = "") -> list[tuple[str, str]]:
+    """The values a drafted description still holds as placeholders (``COMPLETE: …``), each with
+    its dotted key, in document order."""
+    if isinstance(doc, dict):
+        return [p for k, v in doc.items() for p in placeholders(v, f"{at}.{k}" if at else str(k))]
+    if isinstance(doc, list):
+        return [p for i, v in enumerate(doc) for p in placeholders(v, f"{at}[{i}]")]
+    return [(at, doc)] if isinstance(doc, str) and doc.startswith(COMPLETE) else []
 
 
 # ---------------------------------------------------------------------- a draft from what the host measures

@@ -4,6 +4,7 @@ person would: the installed commands, their output pasted into the files they de
 from __future__ import annotations
 
 import os
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -11,7 +12,7 @@ from pathlib import Path
 import pytest
 
 from mlckpt import bundle, strict
-from mlckpt.errors import UsageError
+from mlckpt.errors import ConfigError, UsageError
 from mlckpt.host.description import load_system_description
 from mlckpt.rules.engine import DEFAULT_RULES_VERSION
 
@@ -80,8 +81,29 @@ def test_describe_system_drafts_a_valid_description(tmp_path: Path) -> None:
     assert "COMPLETE" in doc["submitter"]  # what only the vendor knows is marked
     out = tmp_path / "system.yaml"
     proc = run("mlckpt", "describe-system", str(tmp_path), "--out", str(out))
-    assert proc.returncode == 0 and "complete the lines marked COMPLETE" in proc.stdout
+    assert proc.returncode == 0 and "replace the values marked COMPLETE" in proc.stdout
+    # the draft is refused until its placeholders are replaced, naming the first and the count
+    with pytest.raises(ConfigError) as got:
+        load_system_description(out, DEFAULT_RULES_VERSION)
+    assert str(got.value).startswith(f"system: {out}: submitter is still the draft's placeholder "
+                                     "'COMPLETE: your organisation' (and "), got.value
+    assert got.value.key == "system"
+    done = out.read_text().replace('"COMPLETE: your organisation"', "ACME")
+    done = re.sub(r'"COMPLETE: [^"]*"', '"vm"', done)
+    out.write_text(done)
     assert load_system_description(out, DEFAULT_RULES_VERSION)["description_format"] == 1
+    # each command it names as next works on this host (the run's own path: tests/mpi)
+    nexts = [ln.split("#")[0].split() for ln in proc.stdout.splitlines() if ln.startswith("  mlckpt ")]
+    assert [n[:2] for n in nexts] == [["mlckpt", "run"], ["mlckpt", "plan"]], proc.stdout
+    plan = run(*[w.replace("hosts=N", "hosts=1").replace("accelerator=NAME", "accelerator=h100")
+                 for w in nexts[1]])
+    assert plan.returncode == 0 and "Verdict: closed" in plan.stdout, plan.stderr
+    first = subprocess.run(
+        [str(BIN / "mlckpt"), *[w.replace("FOLDER", str(tmp_path / "ckpt")) for w in nexts[0][1:]],
+         f"output.root={tmp_path / 'out'}", "signing.key=none", "io.direct=false"],
+        text=True, capture_output=True, check=False, timeout=600,
+        env={**os.environ, "MLCKPT_RETRY_DISTURBED": "3"})
+    assert first.returncode in (0, 6) and "bundle: " in first.stdout, first.stderr  # 6: disturbed
     again = run("mlckpt", "describe-system", str(tmp_path), "--out", str(out))
     assert again.returncode == 2 and "exists; not overwritten" in again.stderr
 
