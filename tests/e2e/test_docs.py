@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import functools
 import http.server
+import os
 import re
 import shutil
 import subprocess
@@ -25,9 +26,14 @@ DOCS = ROOT / "docs"
 BIN = Path(sys.executable).parent
 
 
-def test_the_generated_reference_pages_are_current() -> None:
+@pytest.mark.parametrize("xdg", [None, "/tmp/elsewhere/.config"])
+def test_the_generated_reference_pages_are_current(xdg: str | None) -> None:
+    """Whatever the generating user's config folder (a default path in a command's help)."""
+    env = {k: v for k, v in os.environ.items() if k != "XDG_CONFIG_HOME"}
+    if xdg:
+        env["XDG_CONFIG_HOME"] = xdg
     proc = subprocess.run([sys.executable, str(DOCS / "gen_ref.py"), "--check"], text=True,
-                          capture_output=True, check=False, timeout=300, cwd=ROOT)
+                          capture_output=True, check=False, timeout=300, cwd=ROOT, env=env)
     assert proc.returncode == 0, proc.stderr
 
 
