@@ -46,9 +46,9 @@ def _halves(path: Path) -> list[Path]:
 
 
 def is_foreign(path: Path) -> bool:
-    """A folder holding DLIO's summary.json, or the two halves of a split pair (and no mlckpt
-    signature)."""
-    return path.is_dir() and ((path / "summary.json").is_file() or len(_halves(path)) == 2)
+    """A folder holding DLIO's summary.json, or timestamp folders holding it (a published workload
+    folder: one invocation, or the two halves of a split pair)."""
+    return path.is_dir() and ((path / "summary.json").is_file() or bool(_halves(path)))
 
 
 def results_under(path: Path) -> list[Path]:
@@ -88,11 +88,14 @@ def _metadata(folder: Path, which: str) -> Mapping[str, Any]:
 
 
 def load_foreign(folder: Path, which: str) -> BundleDocs:
-    """The result's figures in the shape ``compare`` reads, marked unverified: one invocation, or
-    a split pair's two joined."""
+    """The result's figures in the shape ``compare`` reads, marked unverified: one invocation (its
+    own folder, or the one timestamp folder of a workload folder), or a split pair's two joined."""
     if (folder / "summary.json").is_file():
         return _one(folder, which)
-    halves = [_one(h, which) for h in _halves(folder)]
+    found = _halves(folder)
+    if len(found) == 1:  # a workload folder published with one invocation
+        return _one(found[0], which)
+    halves = [_one(h, which) for h in found]
     writes = [d for d in halves if "write_bandwidth_mean_gib_s" in d.summary]
     reads = [d for d in halves if "read_bandwidth_mean_gib_s" in d.summary]
     if len(halves) != 2 or len(writes) != 1 or len(reads) != 1 or writes[0] is reads[0]:

@@ -42,6 +42,19 @@ def test_a_workload_folder_with_both_halves_is_one_result(tmp_path: Path) -> Non
         imported.load_foreign(two, "B")
 
 
+def test_a_workload_folder_with_one_half_is_that_result(tmp_path: Path) -> None:
+    """A published workload folder holding one invocation (a write-only run) reads as it, as the
+    same folder with both halves does (``mlckpt-check compare`` beside a bundle:
+    tests/e2e/test_leaderboard.py)."""
+    wl = tmp_path / "one" / "llama3-8b"
+    invocation(wl / "20260722_185605", write=20.0)
+    assert imported.is_foreign(wl)
+    docs = imported.load_foreign(wl, "B")
+    assert docs.summary["write_bandwidth_mean_gib_s"] == 20.0
+    assert "read_bandwidth_mean_gib_s" not in docs.summary
+    assert not imported.is_foreign(tmp_path / "one" / "llama3-8b" / "20260722_185605" / "none")
+
+
 def test_metadata_of_200_hosts_reads(tmp_path: Path) -> None:
     run = invocation(tmp_path / "20260801_000000", write=800.0, hosts=200, processes=1600,
                      metadata_hosts=200)

@@ -770,6 +770,11 @@ def test_compare_joins_a_published_split_pair_beside_a_bundle(
     assert (m["write_bandwidth_mean_gib_s"]["b"], m["read_bandwidth_mean_gib_s"]["b"]) == (20.0, 31.5)
     assert m["read_bandwidth_mean_gib_s"]["ratio_b_over_a"] == pytest.approx(
         31.5 / m["read_bandwidth_mean_gib_s"]["a"])
+    # the same folder published with one half (the write invocation): that result, as stated
+    shutil.rmtree(wl / "20260722_190012")
+    assert cli.run(["compare", str(pair[0]), str(wl), "--json"]) == 0
+    m = {row["key"]: row for row in json.loads(capsys.readouterr().out)["metrics"]}
+    assert (m["write_bandwidth_mean_gib_s"]["b"], m["read_bandwidth_mean_gib_s"]["b"]) == (20.0, None)
 
 
 def test_a_gpu_source_run_has_a_class_of_its_own(golden_tree: Path,
