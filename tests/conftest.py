@@ -75,36 +75,27 @@ def honest_bundles(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
             path = Path(line[len("bundle: "):])
             out["llama3_8b" if "-llama3_8b-" in path.name else "llama_7b"] = path
     assert {"llama3_8b", "llama_7b"} <= set(out), proc.stdout
+    common = ["workload=llama3_8b", "division=open", "scale=0.0005", "ranks=4", "system=laptop-ext4.yaml",
+              f"signing.key={d / 'keys' / 'org.pem'}", "output.root=results"]
+
+    def last_bundle(*overrides: str) -> Path:
+        proc = subprocess.run([str(MLCKPT), "run", *common, *overrides], cwd=d, env=env, text=True,
+                              capture_output=True, timeout=600, check=False)
+        assert proc.returncode == 0, proc.stderr
+        line = [ln for ln in proc.stdout.splitlines() if ln.startswith("bundle: ")][-1]  # the last try's
+        return Path(line[len("bundle: "):])
+
     # Asynchronous and tiered: 2 writes (checkpoint 1 leaves the fast tier once 2 is durable) and 2
     # restores (checkpoint 1 from the durable tier, 2 from the fast tier: a folder on /tmp's disk).
-    proc = subprocess.run(
-        [str(MLCKPT), "run", "workload=llama3_8b", "division=open", "scale=0.0005", "ranks=4",
-         "checkpoint.mode=async", f"checkpoint.tiers.fast={ASYNC_FAST_TIER}",
-         f"checkpoint.compute_interval_s={ASYNC_COMPUTE_S}", "checkpoint.num_writes=2",
-         "checkpoint.num_reads=2", "io.direct=false", "system=laptop-ext4.yaml",
-         f"signing.key={d / 'keys' / 'org.pem'}", "output.root=results"],
-        cwd=d, env=env, text=True, capture_output=True, timeout=600, check=False)
-    assert proc.returncode == 0, proc.stderr
-    line = [ln for ln in proc.stdout.splitlines() if ln.startswith("bundle: ")][-1]  # the last try's
-    out["async_tiers"] = Path(line[len("bundle: "):])
+    out["async_tiers"] = last_bundle(
+        "checkpoint.mode=async", f"checkpoint.tiers.fast={ASYNC_FAST_TIER}",
+        f"checkpoint.compute_interval_s={ASYNC_COMPUTE_S}", "checkpoint.num_writes=2",
+        "checkpoint.num_reads=2", "io.direct=false")
     # A serving run (rules 1.13): 2 replicas of TP 2 loading by fan-out, twice.
-    proc = subprocess.run(
-        [str(MLCKPT), "run", "workload=llama3_8b", "division=open", "scale=0.0005", "ranks=4",
-         "serving.strategy=fanout", "serving.tp=2", "serving.loads=2", "system=laptop-ext4.yaml",
-         f"signing.key={d / 'keys' / 'org.pem'}", "output.root=results"],
-        cwd=d, env=env, text=True, capture_output=True, timeout=300, check=False)
-    assert proc.returncode == 0, proc.stderr
-    line = [ln for ln in proc.stdout.splitlines() if ln.startswith("bundle: ")][-1]
-    out["serving"] = Path(line[len("bundle: "):])
+    out["serving"] = last_bundle("serving.strategy=fanout", "serving.tp=2", "serving.loads=2")
     # A framework run (rules 1.11): PyTorch DCP writes and restores, 1 + 1.
-    proc = subprocess.run(
-        [str(MLCKPT), "run", "workload=llama3_8b", "division=open", "scale=0.0005", "ranks=4",
-         "framework.writer=torch_dcp", "checkpoint.num_writes=1", "checkpoint.num_reads=1", "io.direct=false",
-         "system=laptop-ext4.yaml", f"signing.key={d / 'keys' / 'org.pem'}", "output.root=results"],
-        cwd=d, env=env, text=True, capture_output=True, timeout=300, check=False)
-    assert proc.returncode == 0, proc.stderr
-    line = [ln for ln in proc.stdout.splitlines() if ln.startswith("bundle: ")][-1]
-    out["framework"] = Path(line[len("bundle: "):])
+    out["framework"] = last_bundle("framework.writer=torch_dcp", "checkpoint.num_writes=1",
+                                   "checkpoint.num_reads=1", "io.direct=false")
     return out
 
 
