@@ -19,6 +19,7 @@ exits 1 if any case faulted or ran over.
 from __future__ import annotations
 
 import argparse
+import importlib.util
 import multiprocessing
 import os
 import random
@@ -70,6 +71,9 @@ def make_sources(work: Path) -> list[Path]:
             ["workload=llama3_8b", "serving.strategy=fanout", "serving.tp=2", "serving.loads=2"],
             ["-m", "workload=llama3_8b", "framework.writer=torch_save,torch_dcp,safetensors",
              "checkpoint.num_writes=1", "checkpoint.num_reads=1", buffered]]
+    if importlib.util.find_spec("torch") is None or importlib.util.find_spec("safetensors") is None:
+        print("fuzz_checker: PyTorch or safetensors is not installed: no framework bundles among the sources")
+        runs.pop()
     paths: list[Path] = []
     for extra in runs:
         proc = subprocess.run([str(BIN / "mlckpt"), "run", *extra, *common], cwd=work, env=env, text=True,
