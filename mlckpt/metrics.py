@@ -311,20 +311,17 @@ def summarize(records: Iterable[Mapping[str, Any]], *, max_resident_fraction: fl
     records, where the caller has it.  Summary format 7 (records format 8): where records name a library
     writer, the headline is its ops' alone and ``framework`` sets it beside the engine's, as ratios."""
     records = list(records)
-    split = summary_format >= 7 and records_format >= 8 and any(_writer(r) != "mlckpt" for r in records)
+    # a record without ``writer`` is the engine's, as every record before format 8
+    split = summary_format >= 7 and records_format >= 8 and any(
+        r.get("writer", "mlckpt") != "mlckpt" for r in records)
     args = (max_resident_fraction, records_format, summary_format, seen)
     if not split:
         return _summarize(grouped if grouped is not None else group_ops(records), *args)
-    ref = group_ops(r for r in records if _writer(r) == "mlckpt")
-    out = _summarize(group_ops(r for r in records if _writer(r) != "mlckpt"), *args)
-    writer = "+".join(sorted({_writer(r) for r in records} - {"mlckpt"}))
+    ref = group_ops(r for r in records if r.get("writer", "mlckpt") == "mlckpt")
+    out = _summarize(group_ops(r for r in records if r.get("writer", "mlckpt") != "mlckpt"), *args)
+    writer = "+".join(sorted({str(r.get("writer", "mlckpt")) for r in records} - {"mlckpt"}))
     out["framework"] = _framework_block(writer, out, _summarize(ref, *args) if ref else None)
     return out
-
-
-def _writer(record: Mapping[str, Any]) -> str:
-    """Who made a record's op: a record without ``writer`` is the engine's (records before format 8)."""
-    return str(record.get("writer", "mlckpt"))
 
 
 FRAMEWORK_FIGURES = ("write_bandwidth_mean_gib_s", "read_bandwidth_mean_gib_s", "write_cpu_s_per_gib",

@@ -242,8 +242,8 @@ def validate(overrides: list[str], source: ConfigSource | None = None) -> Any:
     from mlckpt.host.description import load_system_description
     from mlckpt.plan.config import SHIPPED, setup
     from mlckpt.run.phases.gates import blocking_message, description_refusal, local_host, output_problem
-    from mlckpt.run.storage.backends import local_folder
     from mlckpt.run.storage.folderlock import refusal
+    from mlckpt.run.storage.kinds import local_folder
 
     s = setup(overrides, source or SHIPPED)
     if s.config.get("system"):
@@ -305,8 +305,8 @@ def _launch_once(mpiexec: Launcher, cmd: list[str], env: dict[str, str], s: Any,
                  results_existed: bool) -> int:
     """One launch; a Ctrl-C waits for the run's cleanup (mlckpt.cli.interrupt), never kills it."""
     from mlckpt.cli import interrupt
-    from mlckpt.run.storage.backends import local_folder
     from mlckpt.run.storage.folderlock import LAUNCH_ENV
+    from mlckpt.run.storage.kinds import local_folder
 
     folder = str(s.config["checkpoint"]["folder"])
     results = Path(s.config["output"]["root"]).absolute()

@@ -49,8 +49,8 @@ from mlckpt.run.phases.reads import ReadPhase
 from mlckpt.run.phases.stalls import Stalled
 from mlckpt.run.phases.writes import WritePhase, WriteState
 from mlckpt.run.site_mpi import first_line, foreign_launcher, library_abi, mismatch, speaks
-from mlckpt.run.storage.backends import takes_page_cache
 from mlckpt.run.storage.cleanup import Created
+from mlckpt.run.storage.kinds import takes_page_cache
 from mlckpt.units import fmt_bytes
 from mlckpt.workload.frameworks import Framework
 from mlckpt.workload.layout import PAGE, pages

@@ -29,7 +29,7 @@ from mlckpt.engine.content import PageId
 from mlckpt.errors import ConfigError, IOFailure
 from mlckpt.locations import ObjectPath, is_object_url, parse_object_url, s3_settings
 from mlckpt.rules.checks.physics import remote_store
-from mlckpt.run.storage import backends, objectstore
+from mlckpt.run.storage import backends, kinds, objectstore
 
 # ---------------------------------------------------------------------------------------------
 # locations (pure)
@@ -216,7 +216,7 @@ def test_the_sweep_removes_the_run_s_objects_and_uploads_and_nothing_else(
     mine = c.create_multipart_upload(Bucket=S3_BUCKET, Key=f"{run}/ckpt-0002/f0")["UploadId"]
     theirs = c.create_multipart_upload(Bucket=S3_BUCKET, Key=f"{other}/ckpt-0001/f1")["UploadId"]
     settings = {**s3_settings({}), "part_size": 5 << 20}
-    note = backends.sweep(f"s3://{S3_BUCKET}/{run}", ["f0", "f1"], 2, s3=settings, keep=False)
+    note = kinds.sweep(f"s3://{S3_BUCKET}/{run}", ["f0", "f1"], 2, s3=settings, keep=False)
     assert note == "removed 4 checkpoint objects of this run and aborted 1 unfinished upload"
     left = sorted(o["Key"] for o in c.list_objects_v2(Bucket=S3_BUCKET, Prefix=base)["Contents"])
     assert left == [f"{run}/ckpt-0001/x", f"{other}/ckpt-0001/f0"]  # not planned / not this run's

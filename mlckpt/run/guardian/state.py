@@ -22,8 +22,8 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from mlckpt.run.guardian.link import CONTACT_S
-from mlckpt.run.storage.backends import sweep
 from mlckpt.run.storage.cleanup import remove_shm, shm_mapped_by
+from mlckpt.run.storage.kinds import sweep
 
 # Signals that end a job step on purpose (scancel, a time limit, Slurm's --signal, Ctrl-C).
 STOP_SIGNALS = ("SIGTERM", "SIGINT", "SIGUSR1", "SIGUSR2")

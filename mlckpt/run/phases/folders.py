@@ -20,8 +20,9 @@ from mlckpt.run.phases.gates import Gates
 from mlckpt.run.phases.guardians import tell_shared
 from mlckpt.run.phases.publish import RunId
 from mlckpt.run.storage import folderlock
-from mlckpt.run.storage.backends import Files, Storage, open_durable
+from mlckpt.run.storage.backends import Files, Storage
 from mlckpt.run.storage.cleanup import RUN_MARKER, Created
+from mlckpt.run.storage.kinds import open_durable
 from mlckpt.workload.frameworks import Framework, file_names
 
 

@@ -21,9 +21,9 @@ from mlckpt.host.facts import disk_free_bytes, existing_ancestor, host_facts, me
 from mlckpt.plan.config import Setup
 from mlckpt.rules import Finding, HostSpec, gpu_source, rank_shift, verdict
 from mlckpt.run.storage import objectstore
-from mlckpt.run.storage.backends import takes_page_cache
 from mlckpt.run.storage.cleanup import RUN_MARKER
 from mlckpt.run.storage.folderlock import LOCK
+from mlckpt.run.storage.kinds import takes_page_cache
 
 
 def blocking_message(findings: Sequence[Finding], division: str) -> str | None:

@@ -30,7 +30,7 @@ from mlckpt.run.phases.publish import (
     verdict_line,
     write_bundle,
 )
-from mlckpt.run.storage.backends import open_durable
+from mlckpt.run.storage.kinds import open_durable
 from mlckpt.workload.serving_run import ServingRun
 
 

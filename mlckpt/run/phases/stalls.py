@@ -14,8 +14,8 @@ from mlckpt.run.collective import Job
 from mlckpt.run.phases.configure import Configured
 from mlckpt.run.phases.folders import Folders
 from mlckpt.run.phases.gates import Gates
-from mlckpt.run.storage.backends import sweep
 from mlckpt.run.storage.cleanup import Created
+from mlckpt.run.storage.kinds import sweep
 from mlckpt.workload.frameworks import Framework, file_names
 
 ABORT_GRACE_S = 0.5  # between printing the fatal line and MPI_Abort

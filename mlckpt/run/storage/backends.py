@@ -10,16 +10,16 @@ made.  What differs by nature is a property, not a branch in a phase: whether th
 cache can hold the bytes (``cached``: eviction, residency and O_DIRECT mean something) and
 whether a name needs a folder made first (``folders``).
 
-:func:`durable_kind` is the one place that reads a configured folder to say which storage it is;
-:func:`open_durable` opens it.  Adding a backend is a class here (or a module beside this one)
-plus its entry in those two functions.
+Which storage a configured folder or a recorded location names, and opening it, is
+:mod:`mlckpt.run.storage.kinds`.  Adding a backend is a class here (or a module beside this one)
+plus its entry there.
 """
 
 from __future__ import annotations
 
 import itertools
 import os
-from collections.abc import Mapping, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, ClassVar, Protocol
@@ -28,7 +28,6 @@ import numpy as np
 
 from mlckpt import engine
 from mlckpt.engine.ranges import RangeIO, read_ranges
-from mlckpt.locations import is_object_url
 
 
 # eq=False: comparing or hashing a frozen dataclass that holds a numpy buffer is meaningless.
@@ -145,56 +144,9 @@ class Files:
         return {"kind": self.kind}
 
 
-def durable_kind(folder: object) -> str:
-    """Which storage a configured ``checkpoint.folder`` names: run.json's ``storage.kind``."""
-    return "s3" if is_object_url(folder) else Files.kind
-
-
-def takes_page_cache(folder: object) -> bool:
-    """Whether the storage ``folder`` names is read through this host's page cache (so O_DIRECT,
-    RWF_DONTCACHE, eviction and residency apply), known before anything is opened."""
-    return durable_kind(folder) == Files.kind
-
-
-def local_folder(folder: object) -> Path | None:
-    """The configured folder on this host's filesystem, or None for a store."""
-    return Path(str(folder)).absolute() if takes_page_cache(folder) else None
-
-
-def open_durable(config: Mapping[str, Any], name: str) -> Storage:
-    """The durable tier of a run: ``checkpoint.folder``'s storage rooted at ``name`` (the run's
-    folder or prefix).  A store is opened here (its client built; nothing sent)."""
-    folder = config["checkpoint"]["folder"]
-    if durable_kind(folder) == Files.kind:
-        return Files(Path(str(folder)).absolute() / name)
-    from mlckpt.run.storage.objectstore import Objects
-
-    return Objects.open(config).below(name)
-
-
 def pieces(names: Sequence[str], buf: np.ndarray, offsets: Sequence[int],
            sizes: Sequence[int]) -> list[Piece]:
     """Files laid end to end in ``buf`` (file i at ``offsets[i]``), each a piece."""
     return [Piece(n, buf[a:b], size) for n, (a, b), size in
             zip(names, itertools.pairwise(offsets), sizes, strict=True)]
 
-
-def sweep(location: str, names: Sequence[str], upto: int, *, keep: bool, s3: Mapping[str, Any] | None = None,
-          dirs: Sequence[Path | str] = (), partial: str | None = None) -> str:
-    """Remove what a run that cannot finish left at ``location`` (its run folder or prefix, as
-    :meth:`Storage.at` names it): the planned files ``ckpt-K/NAME`` of checkpoints 1..upto and what
-    the storage keeps of an unfinished write; then ``dirs`` (folders the run made above a run
-    folder) and ``partial`` (its unfinished result folder).  ``s3``: the client settings the run
-    used.  Returns a short account for the user; never raises."""
-    if durable_kind(location) == Files.kind:
-        from mlckpt.run.storage.cleanup import sweep_run
-
-        return sweep_run(Path(location), names, upto, keep=keep, dirs=dirs, partial=partial)
-    import shutil
-
-    from mlckpt.run.storage.objectstore import sweep as sweep_objects
-
-    note = sweep_objects(location, names, upto, s3 or {}, keep=keep)
-    if partial:
-        shutil.rmtree(partial, ignore_errors=True)
-    return note
