@@ -311,15 +311,14 @@ def summarize(records: Iterable[Mapping[str, Any]], *, max_resident_fraction: fl
     records, where the caller has it.  Summary format 7 (records format 8): where records name a library
     writer, the headline is its ops' alone and ``framework`` sets it beside the engine's, as ratios."""
     records = list(records)
-    # a record without ``writer`` is the engine's, as every record before format 8
-    split = summary_format >= 7 and records_format >= 8 and any(
-        r.get("writer", "mlckpt") != "mlckpt" for r in records)
+    writers = [str(r.get("writer", "mlckpt")) for r in records]  # none: the engine's (before format 8)
+    split = summary_format >= 7 and records_format >= 8 and any(w != "mlckpt" for w in writers)
     args = (max_resident_fraction, records_format, summary_format, seen)
     if not split:
         return _summarize(grouped if grouped is not None else group_ops(records), *args)
-    ref = group_ops(r for r in records if r.get("writer", "mlckpt") == "mlckpt")
-    out = _summarize(group_ops(r for r in records if r.get("writer", "mlckpt") != "mlckpt"), *args)
-    writer = "+".join(sorted({str(r.get("writer", "mlckpt")) for r in records} - {"mlckpt"}))
+    ref = group_ops(r for r, w in zip(records, writers, strict=True) if w == "mlckpt")
+    out = _summarize(group_ops(r for r, w in zip(records, writers, strict=True) if w != "mlckpt"), *args)
+    writer = "+".join(sorted(set(writers) - {"mlckpt"}))
     out["framework"] = _framework_block(writer, out, _summarize(ref, *args) if ref else None)
     return out
 
