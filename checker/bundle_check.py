@@ -206,20 +206,22 @@ def stage_rules_version(st: State) -> None:
 def stage_schema(st: State) -> None:
     assert st.folder is not None and st.rules is not None and st.verified is not None
     version = st.rules.version
-    bad = False
+    bad, failed = False, set()
     for name, schema in bundle.DOCUMENTS:
         try:
             doc = bundle.parse_document(name, bundle.read_document(st.folder, name, st.verified))
         except ParseError as exc:
             st.problem("schema", name, "strict JSON/YAML within the checker's limits", str(exc))
             bad = True
+            failed.add(name)
             continue
         errors = sorted(itertools.islice(schema_errors(doc, schema, version), MAX_SCHEMA_ERRORS),
                         key=error_key)
         _schema_problems(st, name, schema, [schema_message(e) for e in errors])
         bad = bad or bool(errors)
+        failed |= {name} if errors else set()
         st.docs[name] = doc
-    bad = _records(st, version) or bad
+    bad = _records(st, version, "config.yaml" not in failed) or bad
     if bad:
         _structural_anyway(st)
         raise Stop
@@ -234,8 +236,10 @@ def _schema_problems(st: State, name: str, schema: str, messages: Sequence[str])
                    f"... and {len(messages) - MAX_SCHEMA_PROBLEMS} more schema errors")
 
 
-def _records(st: State, version: str) -> bool:
-    """Parse and validate records.jsonl line by line; True when anything was wrong."""
+def _records(st: State, version: str, config_valid: bool) -> bool:
+    """Parse and validate records.jsonl line by line; True when anything was wrong. Whether the
+    records are of config.yaml's kind of run is asked only of a schema-valid config.yaml: an
+    invalid one (``serving.strategy: true``) is its own finding, not the records'."""
     assert st.folder is not None and st.verified is not None
     name = "records.jsonl"
     try:
@@ -257,7 +261,7 @@ def _records(st: State, version: str) -> bool:
     messages = got.messages()
     if not messages and not st.records:
         messages.append("no records")
-    if not messages:
+    if not messages and config_valid:
         messages = other_kind(st.records, st.docs.get("config.yaml"))
     _schema_problems(st, name, "record", messages)
     return bool(messages)
