@@ -69,10 +69,10 @@ def main(argv: list[str] | None = None) -> int:
           f"(+{own - plain:.0f} µs); calibration's 24 rounds sample twice each: {48 * own / 1e3:.1f} ms")
     shares: list[tuple[str, int, float, float]] = []
     for i in range(a.runs):
-        args = [str(MLCKPT), "run", "signing.key=none", f"output.root=r{i}", "checkpoint.folder=ck"]
+        args = [str(MLCKPT), "run", "--json", "signing.key=none", f"output.root=r{i}", "checkpoint.folder=ck"]
         proc = subprocess.run(args, cwd=work, text=True, capture_output=True, timeout=600, check=False)
-        [line] = [ln for ln in proc.stdout.splitlines() if ln.startswith("bundle: ")]
-        shares += op_shares(Path(line[len("bundle: "):]))
+        [outcome] = [json.loads(ln) for ln in proc.stdout.splitlines()]  # mlckpt run --json
+        shares += op_shares(Path(outcome["bundle"]))
     for op in ("write", "read"):
         mine = [s for s in shares if s[0] == op]
         print(f"{op}s ({len(mine)} ops of the default run, 8 ranks): the sample before t0 is "

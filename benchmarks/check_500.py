@@ -56,13 +56,14 @@ def make_sources(work: Path) -> dict[str, Path]:
     env = {**os.environ, "XDG_CONFIG_HOME": str(work / "xdg")}
     env.pop("MLCKPT_DEBUG", None)
     proc = subprocess.run(
-        [str(BIN / "mlckpt"), "run", "-m", "workload=llama3_8b,llama_7b", "division=open", "scale=0.0005",
+        [str(BIN / "mlckpt"), "run", "--json", "-m", "workload=llama3_8b,llama_7b", "division=open",
+         "scale=0.0005",
          "ranks=4", "checkpoint.num_writes=1", "checkpoint.num_reads=1", "io.direct=false",
          "system=bench-ext4.yaml", "signing.key=runner-key.pem", "output.root=sources"],
         cwd=work, env=env, text=True, capture_output=True, check=False)
     if proc.returncode != 0:
         sys.exit(f"check_500: the runner failed:\n{proc.stderr}")
-    paths = [Path(p) for p in re.findall(r"^bundle: (.+)$", proc.stdout, re.M)]
+    paths = [Path(json.loads(ln)["bundle"]) for ln in proc.stdout.splitlines()]
     return {("llama3_8b" if "-llama3_8b-" in p.name else "llama_7b"): p for p in paths}
 
 

@@ -24,7 +24,6 @@ import argparse
 import copy
 import json
 import os
-import re
 import shutil
 import statistics
 import subprocess
@@ -61,13 +60,13 @@ def make_source(work: Path) -> Path:
     env = {**os.environ, "XDG_CONFIG_HOME": str(work / "xdg"), "MLCKPT_RETRY_DISTURBED": "3"}
     env.pop("MLCKPT_DEBUG", None)
     proc = subprocess.run(
-        [str(BIN / "mlckpt"), "run", "workload=llama3_8b", "division=open", "scale=0.002",
+        [str(BIN / "mlckpt"), "run", "--json", "workload=llama3_8b", "division=open", "scale=0.002",
          f"ranks={BASE_RANKS}", "checkpoint.num_writes=10", "checkpoint.num_reads=10", "io.direct=false",
          f"system={SYSTEM}.yaml", "signing.key=org.pem", "output.root=sources"],
         cwd=work, env=env, text=True, capture_output=True, check=False)
     if proc.returncode not in (0, 6):
         sys.exit(f"check_large: the runner failed:\n{proc.stderr}")
-    return Path(re.findall(r"^bundle: (.+)$", proc.stdout, re.M)[-1])
+    return Path(json.loads(proc.stdout.splitlines()[-1])["bundle"])  # mlckpt run --json
 
 
 def widen(source: Path, dest: Path, ranks: int, key: object) -> int:

@@ -20,10 +20,10 @@ from __future__ import annotations
 
 import argparse
 import importlib.util
+import json
 import multiprocessing
 import os
 import random
-import re
 import shutil
 import subprocess
 import sys
@@ -76,11 +76,11 @@ def make_sources(work: Path) -> list[Path]:
         runs.pop()
     paths: list[Path] = []
     for extra in runs:
-        proc = subprocess.run([str(BIN / "mlckpt"), "run", *extra, *common], cwd=work, env=env, text=True,
-                              capture_output=True, check=False)
+        proc = subprocess.run([str(BIN / "mlckpt"), "run", "--json", *extra, *common], cwd=work, env=env,
+                              text=True, capture_output=True, check=False)
         if proc.returncode not in (0, 6):  # a disturbed run (a busy host) is as real a source
             sys.exit(f"fuzz_checker: the runner failed:\n{proc.stderr}")
-        paths += [Path(p) for p in re.findall(r"^bundle: (.+)$", proc.stdout, re.M)]
+        paths += [Path(json.loads(ln)["bundle"]) for ln in proc.stdout.splitlines()]
     return paths
 
 

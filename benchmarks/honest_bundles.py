@@ -16,7 +16,6 @@ import argparse
 import itertools
 import json
 import os
-import re
 import shutil
 import subprocess
 import sys
@@ -68,6 +67,7 @@ def run_all(work: Path, quick: bool) -> list[Path]:
         cmd = [
             str(BIN / "mlckpt"),
             "run",
+            "--json",
             "workload=llama3_8b",
             "division=open",
             f"ranks={ranks}",
@@ -88,7 +88,7 @@ def run_all(work: Path, quick: bool) -> list[Path]:
                 f"{proc.stderr.strip().splitlines()[-1:]}"
             )
             continue
-        path = Path(re.findall(r"^bundle: (.+)$", proc.stdout, re.M)[0])
+        path = Path(json.loads(proc.stdout)["bundle"])  # mlckpt run --json
         print(f"  {mode:14} {ranks} ranks scale {scale}: {time.perf_counter() - t0:.1f} s  {path.name}")
         out.append(path)
     return out

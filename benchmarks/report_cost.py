@@ -35,7 +35,7 @@ BIN = Path(sys.executable).parent
 
 
 def one_run(a: argparse.Namespace, tmp: Path, rules: str) -> dict[str, Any]:
-    cmd = [str(BIN / "mlckpt"), "run", "preset=none", "workload=llama3_8b", "division=open",
+    cmd = [str(BIN / "mlckpt"), "run", "--json", "preset=none", "workload=llama3_8b", "division=open",
            f"scale={a.scale}", f"ranks={a.ranks}", f"checkpoint.num_writes={a.writes}",
            f"checkpoint.num_reads={a.reads}", f"checkpoint.folder={a.folder}",
            f"io.block_size={a.block_size}", f"rules_version={rules}", f"signing.key={tmp / 'org.pem'}",
@@ -43,7 +43,7 @@ def one_run(a: argparse.Namespace, tmp: Path, rules: str) -> dict[str, Any]:
     proc = subprocess.run(cmd, text=True, capture_output=True, check=False)
     if proc.returncode not in (0, 4, 6):  # valid, open (scaled) or disturbed: all measured
         raise SystemExit(f"run failed ({proc.returncode}): {proc.stderr.strip().splitlines()[-1:]}")
-    folder = Path(next(ln for ln in proc.stdout.splitlines() if ln.startswith("bundle: "))[8:])
+    folder = Path(json.loads(proc.stdout)["bundle"])  # mlckpt run --json
     recs = [json.loads(x) for x in (folder / "records.jsonl").read_text().splitlines()]
     out: dict[str, Any] = {"rules": rules}
     for op in ("write", "read"):

@@ -245,6 +245,7 @@ def mlckpt_round(a: argparse.Namespace, work: Path, gaps: Gaps,
     args = [
         str(Path(sys.executable).parent / "mlckpt"),
         "run",
+        "--json",
         "preset=none",
         "workload=llama3_8b",
         "division=open",
@@ -262,8 +263,8 @@ def mlckpt_round(a: argparse.Namespace, work: Path, gaps: Gaps,
     proc = subprocess.run(args, text=True, capture_output=True, check=False)
     if proc.returncode != 0:
         raise SystemExit(f"mlckpt run failed ({proc.returncode}):\n{proc.stderr}")
-    [line] = [ln for ln in proc.stdout.splitlines() if ln.startswith("bundle: ")]
-    recs = [json.loads(ln) for ln in (Path(line[8:]) / "records.jsonl").read_text().splitlines()]
+    bundle = Path(json.loads(proc.stdout)["bundle"])  # mlckpt run --json
+    recs = [json.loads(ln) for ln in (bundle / "records.jsonl").read_text().splitlines()]
     gaps.update(gaps_of(recs))
     ops: dict[tuple[str, int], float] = {}
     for key in sorted({(r["op"], r["index"]) for r in recs}):

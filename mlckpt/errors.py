@@ -12,6 +12,9 @@ from __future__ import annotations
 INVALID_STATUS = 5
 DISTURBED_STATUS = 6
 INTERRUPTED_STATUS = 130  # Ctrl-C: `mlckpt run` returns once the run's files are removed
+# Each exit status of `mlckpt run` in one word (the sweep's table, `mlckpt run --json`).
+STATUS_WORDS = {0: "ok", 1: "failed", 2: "refused", 3: "integrity", 4: "internal error",
+                INVALID_STATUS: "invalid", DISTURBED_STATUS: "disturbed", INTERRUPTED_STATUS: "interrupted"}
 
 
 class MlckptError(Exception):

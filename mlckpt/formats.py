@@ -230,6 +230,13 @@ COMPARE = Format("compare", "mlckpt-check compare --json: compare_format", 6, (6
         "storage_gb, storage_gb_s"),
 ))
 
+RUN_OUTCOME = Format("run outcome", "mlckpt run --json: outcome_format", 1, (1,), (
+    (1, "first version: one JSON line per launch on stdout (a sweep: one per combination): status and its "
+        "word, the overrides, the bundle (null where none was written), verdict, the I/O settings "
+        "(io.block_size, io.threads, io.direct) and figures (summary.json's numbers and latency "
+        "percentiles); a refusal before any launch: status and error"),
+))
+
 WITNESS = Format("witness", "witness journal lines, receipts and transcripts: witness_format", 2, (1, 2), (
     (1, "first version: a journal line per event (seq, kind open|start|end|rtt|close, the witness's "
         "t_wall_ns and t_mono_ns, op and index, a write start's nonce, an end's start_service_ns (how "

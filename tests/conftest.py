@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import importlib.util
+import json
 import os
 import subprocess
 from collections.abc import Callable, Iterator
@@ -65,26 +66,24 @@ def honest_bundles(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
     # each run is tried up to six times (the last try's bundle is the one printed last)
     env = {**cli_env(), "XDG_CONFIG_HOME": str(d / "xdg"), "MLCKPT_RETRY_DISTURBED": "5"}
     proc = subprocess.run(
-        [str(MLCKPT), "run", "-m", "workload=llama3_8b,llama_7b", "division=open", "scale=0.0005",
+        [str(MLCKPT), "run", "--json", "-m", "workload=llama3_8b,llama_7b", "division=open", "scale=0.0005",
          "ranks=4", "checkpoint.num_writes=1", "checkpoint.num_reads=1", "io.direct=false",
          "system=laptop-ext4.yaml", f"signing.key={d / 'keys' / 'org.pem'}", "output.root=results"],
         cwd=d, env=env, text=True, capture_output=True, timeout=900, check=False)
     assert proc.returncode == 0, proc.stderr
     out = {"dir": d}
-    for line in proc.stdout.splitlines():
-        if line.startswith("bundle: "):
-            path = Path(line[len("bundle: "):])
-            out["llama3_8b" if "-llama3_8b-" in path.name else "llama_7b"] = path
+    for line in proc.stdout.splitlines():  # mlckpt run --json: one outcome per combination
+        path = Path(json.loads(line)["bundle"])
+        out["llama3_8b" if "-llama3_8b-" in path.name else "llama_7b"] = path
     assert {"llama3_8b", "llama_7b"} <= set(out), proc.stdout
     common = ["workload=llama3_8b", "division=open", "scale=0.0005", "ranks=4", "system=laptop-ext4.yaml",
               f"signing.key={d / 'keys' / 'org.pem'}", "output.root=results"]
 
     def last_bundle(*overrides: str) -> Path:
-        proc = subprocess.run([str(MLCKPT), "run", *common, *overrides], cwd=d, env=env, text=True,
-                              capture_output=True, timeout=600, check=False)
+        proc = subprocess.run([str(MLCKPT), "run", "--json", *common, *overrides], cwd=d, env=env,
+                              text=True, capture_output=True, timeout=600, check=False)
         assert proc.returncode == 0, proc.stderr
-        line = [ln for ln in proc.stdout.splitlines() if ln.startswith("bundle: ")][-1]  # the last try's
-        return Path(line[len("bundle: "):])
+        return Path(json.loads(proc.stdout)["bundle"])  # the last try's
 
     # Asynchronous and tiered: 2 writes (checkpoint 1 leaves the fast tier once 2 is durable) and 2
     # restores (checkpoint 1 from the durable tier, 2 from the fast tier: a folder on /tmp's disk).

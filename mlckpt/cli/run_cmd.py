@@ -9,6 +9,7 @@ installed MPI's ``mpiexec -n RANKS``.  ``-m`` (Hydra multirun) expands sweeps su
 from __future__ import annotations
 
 import argparse
+import contextlib
 import itertools
 import os
 import secrets
@@ -18,11 +19,11 @@ import sys
 import time
 from collections.abc import Mapping, Sequence
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, TextIO
 
 from mlckpt.cli import hydra_app
 from mlckpt.command_line import override_key
-from mlckpt.errors import DISTURBED_STATUS, INTERRUPTED_STATUS, UsageError
+from mlckpt.errors import DISTURBED_STATUS, INTERRUPTED_STATUS, MlckptError, UsageError
 from mlckpt.run.site_mpi import Launcher, launcher_args
 
 if TYPE_CHECKING:  # Hydra and the rules load when a run is composed, not for `mlckpt --help`
@@ -138,7 +139,38 @@ def preset_line(preset: str, overrides: Sequence[str]) -> str:
 
 
 def handle_argv(argv: Sequence[str]) -> int:
-    """`mlckpt run ARGS`: ``--mpiexec PATH`` is mlckpt's own; everything else is Hydra's."""
+    """`mlckpt run ARGS`: ``--mpiexec PATH`` and ``--json`` are mlckpt's own; everything else is
+    Hydra's. With ``--json`` stdout carries only the outcome lines (mlckpt/cli/run_outcome.py)."""
+    from mlckpt.cli import run_outcome
+
+    as_json, argv = run_outcome.wanted(argv)
+    if not as_json or under_mpi():
+        return _handle(argv, None)
+    stdout, outcomes = sys.stdout, Outcomes(sys.stdout)
+    try:
+        with contextlib.redirect_stdout(sys.stderr):
+            return _handle(argv, outcomes)
+    except MlckptError as err:
+        if not outcomes.printed:  # refused before any launch
+            print(run_outcome.line(run_outcome.refused(err.exit_status, str(err).splitlines()[0])),
+                  file=stdout, flush=True)
+        raise
+
+
+class Outcomes:
+    """Where `--json` prints each launch's outcome line (the real stdout)."""
+
+    def __init__(self, out: TextIO) -> None:
+        self.out, self.printed = out, 0
+
+    def add(self, doc: Mapping[str, Any]) -> None:
+        from mlckpt.cli import run_outcome
+
+        print(run_outcome.line(doc), file=self.out, flush=True)
+        self.printed += 1
+
+
+def _handle(argv: Sequence[str], outcomes: Outcomes | None) -> int:
     mpiexec, rest = None, list(argv)
     for i, a in enumerate(rest):
         if a == "--mpiexec" and i + 1 < len(rest):
@@ -185,12 +217,13 @@ def handle_argv(argv: Sequence[str]) -> int:
 
         def one(cfg: Any) -> int:
             combo, out = hydra_app.job_context()
-            outcome.append(launch(exe, _in_folder(combo, out, s), src, s, results_existed=existed))
+            outcome.append(launch(exe, _in_folder(combo, out, s), src, s, results_existed=existed,
+                                  outcomes=outcomes))
             return outcome[-1]
 
         hydra_app.call([*task, *flags], one)
         return outcome[0]
-    return _multirun(exe, flags, task, passed, src)
+    return _multirun(exe, flags, task, passed, src, outcomes)
 
 
 def _plain_help(flag: list[str]) -> int:
@@ -210,7 +243,8 @@ def _in_folder(combo: list[str], out: str, s: Any) -> list[str]:
     return [o for o in combo if override_key(o) != "output.root"] + [f"output.root={hydra_app.quoted(out)}"]
 
 
-def _multirun(exe: Launcher, flags: list[str], task: list[str], passed: list[str], src: Any) -> int:
+def _multirun(exe: Launcher, flags: list[str], task: list[str], passed: list[str], src: Any,
+              outcomes: Outcomes | None) -> int:
     from mlckpt.cli import sweep
 
     combos = expand_sweeps(task)
@@ -225,7 +259,8 @@ def _multirun(exe: Launcher, flags: list[str], task: list[str], passed: list[str
         combo, out = hydra_app.job_context()
         s = setups[frozenset(combo)]
         print(f"--- multirun {len(done) + 1}/{len(combos)}: {' '.join(combo)}", flush=True)
-        done.append(sweep.launched(combo, Path(out), lambda: launch(exe, _in_folder(combo, out, s), src, s)))
+        done.append(sweep.launched(combo, Path(out), lambda: launch(exe, _in_folder(combo, out, s), src, s,
+                                                                      outcomes=outcomes)))
         return done[-1].status
 
     hydra_app.call([*task, *naming, *passed, *flags], one)
@@ -274,9 +309,11 @@ def validate(overrides: list[str], source: ConfigSource | None = None) -> Any:
 
 
 def launch(mpiexec: Launcher, overrides: list[str], source: ConfigSource | None = None, s: Any = None,
-           rank_command: Sequence[str] | None = None, *, results_existed: bool = True) -> int:
+           rank_command: Sequence[str] | None = None, *, results_existed: bool = True,
+           outcomes: Outcomes | None = None) -> int:
     """Validate here (fail fast, nothing spawned) unless ``s`` is the validated setup, then run
-    ``rank_command`` (default: this ``mlckpt run``) on every rank under mpiexec."""
+    ``rank_command`` (default: this ``mlckpt run``) on every rank under mpiexec; with ``outcomes``
+    (``--json``) the ranks' output goes to stderr and the launch's outcome line to ``outcomes``."""
     from mlckpt.plan.config import SHIPPED
 
     source = source or SHIPPED
@@ -288,9 +325,22 @@ def launch(mpiexec: Launcher, overrides: list[str], source: ConfigSource | None 
     if sys.stdout.isatty():  # rank 0's output reaches this terminal through mpiexec's pipes
         size = shutil.get_terminal_size()
         env[TERMINAL_ENV] = f"{size.columns}x{size.lines}"
+    if outcomes is None:
+        return _tries(mpiexec, cmd, env, s, results_existed, None)
+    from mlckpt.cli import run_outcome
+
+    with run_outcome.noted() as (note_env, note):
+        status = _tries(mpiexec, cmd, env | note_env, s, results_existed, sys.stderr)
+        outcomes.add(run_outcome.outcome(status, overrides, run_outcome.last_note(note)))
+    return status
+
+
+def _tries(mpiexec: Launcher, cmd: list[str], env: dict[str, str], s: Any, results_existed: bool,
+           out: TextIO | None) -> int:
+    """The launch, and again after a pause while it is disturbed and MLCKPT_RETRY_DISTURBED allows."""
     retries = disturbed_retries(os.environ)
     for attempt in range(retries + 1):
-        status = _launch_once(mpiexec, cmd, env, s, results_existed)
+        status = _launch_once(mpiexec, cmd, env, s, results_existed, out)
         if status != DISTURBED_STATUS or attempt == retries:
             return status
         print(f"mlckpt run: the run was disturbed (its bundle is kept); running it again in "
@@ -302,7 +352,7 @@ def launch(mpiexec: Launcher, overrides: list[str], source: ConfigSource | None 
 
 
 def _launch_once(mpiexec: Launcher, cmd: list[str], env: dict[str, str], s: Any,
-                 results_existed: bool) -> int:
+                 results_existed: bool, out: TextIO | None = None) -> int:
     """One launch; a Ctrl-C waits for the run's cleanup (mlckpt.cli.interrupt), never kills it."""
     from mlckpt.cli import interrupt
     from mlckpt.run.storage.folderlock import LAUNCH_ENV
@@ -315,7 +365,7 @@ def _launch_once(mpiexec: Launcher, cmd: list[str], env: dict[str, str], s: Any,
                               bool(s.config["checkpoint"]["keep"] or s.config["checkpoint"]["restore_from"]))
     with interrupt.Presses() as presses:
         try:
-            proc = subprocess.Popen(cmd, env={**env, LAUNCH_ENV: launch.token})
+            proc = subprocess.Popen(cmd, env={**env, LAUNCH_ENV: launch.token}, stdout=out)
         except OSError as exc:
             raise UsageError(f"cannot start {mpiexec.path}: {exc.strerror}") from None
         return interrupt.wait(proc, launch, presses)

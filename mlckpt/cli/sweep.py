@@ -12,9 +12,7 @@ from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any
 
-from mlckpt.errors import MlckptError, UsageError
-
-STATUS_WORDS = {0: "ok", 1: "failed", 2: "refused", 3: "integrity", 4: "internal error", 5: "invalid"}
+from mlckpt.errors import STATUS_WORDS, MlckptError, UsageError
 
 
 @dataclass(frozen=True)
@@ -72,20 +70,27 @@ def _bundle(results: Path, before: set[Path]) -> tuple[Path | None, float | None
 
 def table(done: Sequence[Done], root: Path | None = None) -> tuple[list[str], list[list[str]]]:
     """The closing table: swept values, status, write and read GiB/s, each rate's ratio to the
-    best valid result of the sweep, and the bundle (relative to the sweep's ``root``)."""
+    best ok result of the sweep, and the bundle (relative to the sweep's ``root``). A row that is
+    not ok (disturbed, invalid) shows its rates but no ratio: it is neither a reference nor ranked
+    against one, so no ratio exceeds 1.00."""
     keys = swept_keys([d.combo for d in done])
-    valid = [d for d in done if d.status == 0]  # an invalid result is nobody's reference
+    valid = [d for d in done if d.status == 0]
     best_w = max((d.write_gib_s for d in valid if d.write_gib_s), default=None)
     best_r = max((d.read_gib_s for d in valid if d.read_gib_s), default=None)
-    head = [*keys, "status", "write GiB/s", "vs best", "read GiB/s", "vs best", "bundle"]
+    head = [*keys, "status", "write GiB/s", "write vs best", "read GiB/s", "read vs best", "bundle"]
     rows = []
     for d in done:
-        def rate(v: float | None, best: float | None) -> list[str]:
-            return ["", ""] if v is None or not best else [f"{v:.2f}", f"{v / best:.2f}"]
+        ok = d.status == 0
         rows.append([*_values(d.combo, keys), f"{d.status} {STATUS_WORDS.get(d.status, '')}".strip(),
-                     *rate(d.write_gib_s, best_w), *rate(d.read_gib_s, best_r),
+                     *_rate(d.write_gib_s, best_w, ok), *_rate(d.read_gib_s, best_r, ok),
                      _shown(d.bundle, root)])
     return head, rows
+
+
+def _rate(v: float | None, best: float | None, ok: bool) -> list[str]:
+    if v is None:
+        return ["", ""]
+    return [f"{v:.2f}", f"{v / best:.2f}" if best and ok else ""]
 
 
 def _shown(bundle: Path | None, root: Path | None) -> str:

@@ -30,6 +30,7 @@ from mlckpt.errors import DISTURBED_STATUS, INVALID_STATUS, MlckptError, UsageEr
 from mlckpt.host.facts import SAMPLE_INTERVAL_S, DeviceSampler, block_device, counters_sample
 from mlckpt.plan.config import SHIPPED, ConfigSource
 from mlckpt.rules import gpu_source
+from mlckpt.run import outcome_note
 from mlckpt.run.collective import Job, MPIDone, OpTimer
 from mlckpt.run.console import Console
 from mlckpt.run.faults import NO_FAULTS, Faults
@@ -382,6 +383,7 @@ def mpi_main(overrides: Sequence[str], faults: Faults = NO_FAULTS, out: TextIO |
             return err.exit_status
         if job.rank == 0 and folder is not None:
             print(f"bundle: {folder}", flush=True)
+            outcome_note.note(folder, verdict)
         if verdict == "invalid":  # a bundle was written, but it is no valid result: never exit 0
             if job.rank == 0:
                 print("mlckpt: error: the run's verdict is invalid (see its findings above and the "

@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 import itertools
+import json
 import os
 import re
 import subprocess
@@ -50,6 +51,35 @@ def test_a_valid_run_exits_0(tmp_path: Path) -> None:
     bundle = printed_bundle(proc)
     assert bundle.parent == tmp_path / "results"
     assert not (bundle / "run.log").read_text().startswith("INVALID")
+
+
+def test_json_prints_the_outcome_alone_on_stdout(tmp_path: Path) -> None:
+    """`mlckpt run --json`: stdout is one JSON line (the bundle, verdict, status, I/O settings and
+    the bundle's own figures); the human lines go to stderr."""
+    proc = mlckpt("run", "--json", *SMALL, "io.threads=2", "checkpoint.folder=ck", "output.root=results",
+                  cwd=tmp_path)
+    assert proc.returncode in (0, 6), proc.stderr
+    [line] = proc.stdout.splitlines()
+    out = json.loads(line)
+    bundle = Path(out["bundle"])
+    assert bundle.parent == tmp_path / "results" and (bundle / "bundle.dsse.json").is_file()
+    assert out["status"] == proc.returncode and out["status_word"] in ("ok", "disturbed")
+    assert out["outcome_format"] == 1 and "io.threads=2" in out["overrides"]
+    assert out["verdict"] == json.loads((bundle / "run.json").read_text())["verdict"]
+    assert out["io"] == {"block_size": 4 << 20, "threads": 2, "direct": False}
+    summary = json.loads((bundle / "summary.json").read_text())
+    assert out["figures"]["write_bandwidth_mean_gib_s"] == summary["write_bandwidth_mean_gib_s"] > 0
+    assert out["figures"]["read_latency_ms"] == summary["read_latency_ms"]
+    assert "summary_format" not in out["figures"] and f"bundle: {bundle}" in proc.stderr
+
+
+def test_json_says_a_refusal_too(tmp_path: Path) -> None:
+    proc = mlckpt("run", "--json", *SMALL, "io.threads=0", cwd=tmp_path)
+    assert proc.returncode == 2
+    [line] = proc.stdout.splitlines()
+    assert json.loads(line) == {"outcome_format": 1, "status": 2, "status_word": "refused",
+                                "error": "io.threads: 0 is less than the minimum of 1"}
+    assert proc.stderr.strip().splitlines()[-1] == "mlckpt: error: io.threads: 0 is less than the minimum of 1"
 
 
 def test_a_mistyped_checkpoint_folder_is_refused_at_once(tmp_path: Path) -> None:
