@@ -1,12 +1,5 @@
 """Walk a submission tree (never following a symlink) and list its bundles and system files.
-
-Layout::
-
-    ROOT/
-      trusted-keys.yaml                     (optional; --trusted-keys overrides it)
-      {closed,open}/<org>/systems/<system>.yaml
-      {closed,open}/<org>/results/<system>/<workload>/<run-id>/        a bundle folder
-      {closed,open}/<org>/results/<system>/<workload>/<run-id>.tar.gz  or a packed bundle
+The layout is defined in mlckpt/bundle/tree.py.
 
 Files at the top level (README, trusted keys) and hidden top-level entries (``.git``) are
 ignored; every other entry that does not fit the layout is a BUNDLE-LAYOUT problem, as is any
@@ -16,19 +9,13 @@ symlink (a symlink where a bundle should be is a BUNDLE-PATHS problem of that bu
 from __future__ import annotations
 
 import os
-import re
 import stat
 from dataclasses import dataclass, field
 from pathlib import Path
 
 from mlckpt.bundle import display_name
+from mlckpt.bundle.tree import ARCHIVE_SUFFIX, DIVISIONS, NAME, SYSTEM_SUFFIX
 from mlckpt.rules import Problem
-
-DIVISIONS = ("closed", "open")
-ARCHIVE_SUFFIX = ".tar.gz"
-SYSTEM_SUFFIX = ".yaml"
-# Names of orgs, systems, workloads and run ids: portable, printable, no leading dot.
-NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._+-]{0,199}")
 
 
 @dataclass(frozen=True)

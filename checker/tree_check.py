@@ -17,7 +17,7 @@ from checker.results import BundleResult, SystemInfo, Task
 from checker.rulesets import fallback_rules, finding_dict, load_system_file, submission_findings
 from checker.split import add_pairs
 from checker.tree import SystemFile, TreeScan, walk
-from mlckpt.bundle import WITNESSES, TrustedKeys
+from mlckpt.bundle import SIGNATURE_FILE, WITNESSES, TrustedKeys
 from mlckpt.errors import UsageError
 from mlckpt.rules import Problem, SubmissionFacts
 
@@ -33,7 +33,12 @@ def load_released(root: Path) -> frozenset[str] | None:
 
 
 def load_trusted(root: Path, given: Path | None) -> TrustedKeys:
-    """``given``, or ROOT/trusted-keys.yaml; a missing file is a usage error naming both."""
+    """``given``, or ROOT/trusted-keys.yaml; a missing file is a usage error naming both. A ROOT
+    that is one bundle is refused first, with the command that makes it a tree."""
+    if (Path(root) / SIGNATURE_FILE).is_file():
+        raise UsageError(f"{root} is one bundle, not a submission tree: `mlckpt place {root} TREE` puts "
+                         "it in one (with its system description and, in a new tree, its key), then "
+                         "`mlckpt-check TREE`")
     path = given
     if path is None:
         path = root / TRUSTED_KEYS_FILE

@@ -3,6 +3,7 @@ person would: the installed commands, their output pasted into the files they de
 
 from __future__ import annotations
 
+import json
 import os
 import re
 import subprocess
@@ -127,3 +128,75 @@ def test_a_framework_writer_without_pytorch_is_refused_before_any_rank(tmp_path:
                     "'mlckpt[frameworks]'; without a GPU, PyTorch's CPU build first: pip install torch "
                     "--index-url https://download.pytorch.org/whl/cpu"), line
     assert "rank" not in proc.stdout and not (tmp_path / "ckpt").exists()
+
+
+# ----------------------------------------------------------------------------------------------
+# From a run to a checked, published result: the documented recipe, word for word.
+
+def recipe() -> list[str]:
+    """The command lines of the recipe on the operator's page (its sh block)."""
+    page = (Path(__file__).parents[2] / "docs/src/run/your-storage.md").read_text()
+    section = page.split("## From a run to a checked, published result", 1)[1]
+    block = section.split("```sh\n", 1)[1].split("```", 1)[0]
+    return [ln for ln in block.splitlines() if ln.strip() and not ln.startswith("#")]
+
+
+def test_the_documented_path_from_a_run_to_a_published_result(tmp_path: Path) -> None:
+    env = {**os.environ, "PATH": f"{BIN}:{os.environ['PATH']}", "XDG_CONFIG_HOME": str(tmp_path / "xdg")}
+    env.pop("MLCKPT_DEBUG", None)
+    env["MLCKPT_RETRY_DISTURBED"] = "5"  # beside a busy disk: the last try's bundle is the one kept
+    lines = recipe()
+    assert lines[0].startswith("mlckpt describe-system") and lines[-1].startswith("mlckpt-check leaderboard")
+    for line in lines:
+        proc = subprocess.run(line, shell=True, cwd=tmp_path, env=env, text=True, capture_output=True,
+                              timeout=300, check=False)
+        if line.startswith("mlckpt place"):  # a disturbed try's bundle is no result: keep the last
+            bundles = sorted((tmp_path / "mlckpt-results").iterdir())
+            if len(bundles) > 1:
+                proc = subprocess.run(line.replace("mlckpt-results/*/", str(bundles[-1])), shell=True,
+                                      cwd=tmp_path, env=env, text=True, capture_output=True, timeout=300)
+        assert proc.returncode == 0, (line, proc.stdout[-2000:], proc.stderr[-2000:])
+    tree = tmp_path / "submission"
+    [placed] = (tree / "open" / "acme-storage" / "results").glob("*/llama3_8b/*")
+    assert (placed / "bundle.dsse.json").is_file()
+    system = yaml_of(tree / "open" / "acme-storage" / "systems" / f"{placed.parent.parent.name}.yaml")
+    assert system["submitter"] == "Acme Storage" and "COMPLETE" not in str(system)
+    check = subprocess.run([str(BIN / "mlckpt-check"), str(tree), "--json", "-"], text=True,
+                           capture_output=True, env=env, check=False)
+    report = json.loads(check.stdout)
+    assert report["verdict"] == "valid" and report["summary"]["bundles"] == 1, report["findings"]
+    page = (tmp_path / "leaderboard.html").read_text()
+    assert placed.name in page or "acme-storage" in page
+
+
+def yaml_of(path: Path) -> dict:  # type: ignore[type-arg]
+    import yaml
+
+    return yaml.safe_load(path.read_text())
+
+
+def test_place_refuses_before_it_copies_anything(tmp_path: Path, honest_bundles: dict[str, Path]) -> None:
+    source = honest_bundles["llama3_8b"]
+    tree = tmp_path / "tree"
+    ok = run("mlckpt", "place", str(source), str(tree), "--org", "example-org")
+    assert ok.returncode == 0, ok.stderr
+    assert "trusted keys:" in ok.stdout and (tree / "trusted-keys.yaml").is_file()
+    # again: already there; with another bundle first in line, neither is copied
+    other = honest_bundles["llama_7b"]
+    again = run("mlckpt", "place", str(other), str(source), str(tree), "--org", "example-org")
+    assert again.returncode == 2 and "already in the tree" in again.stderr, again.stderr
+    assert not list(tree.glob("open/example-org/results/*/llama_7b"))
+    # a lone bundle given to the checker: told to place it
+    lone = run("mlckpt-check", str(source))
+    assert lone.returncode == 2 and f"mlckpt place {source} TREE" in lone.stderr, lone.stderr
+    # a bundle whose run had no system description
+    bare = tmp_path / "bare"
+    ran = subprocess.run([str(BIN / "mlckpt"), "run", "--json", "scale=0.0005", "ranks=2",
+                          "checkpoint.num_writes=1", "checkpoint.num_reads=1", "io.direct=false",
+                          "checkpoint.folder=ck", f"output.root={bare}"], cwd=tmp_path, text=True,
+                         capture_output=True, env={**os.environ, "XDG_CONFIG_HOME": str(tmp_path / "x")},
+                         check=False, timeout=300)
+    made = json.loads(ran.stdout)["bundle"]
+    refused = run("mlckpt", "place", made, str(tmp_path / "t2"))
+    assert refused.returncode == 2 and "no system description" in refused.stderr
+    assert not (tmp_path / "t2").exists()
