@@ -20,7 +20,7 @@ from mlckpt import bundle
 from mlckpt.bundle.models import VerifiedBundle
 from mlckpt.bundle.tree import NAME, TRUSTED_KEYS_FILE, org_name, result_place, system_file
 from mlckpt.errors import BundleIntegrityError, IntegrityError, UsageError
-from mlckpt.host.description import placeholders
+from mlckpt.rules import placeholders
 
 
 def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]

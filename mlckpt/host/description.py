@@ -9,6 +9,7 @@ from typing import Any
 
 from mlckpt import strict
 from mlckpt.errors import ConfigError
+from mlckpt.rules import COMPLETE, placeholders
 from mlckpt.schemas import first_error
 
 MAX_DESCRIPTION_BYTES = strict.CAPS["system-description"]
@@ -46,23 +47,12 @@ def load_system_description(path: str | Path, rules_version: str = "1.0") -> dic
     return doc
 
 
-def placeholders(doc: Any, at: str = "") -> list[tuple[str, str]]:
-    """The values a drafted description still holds as placeholders (``COMPLETE: …``), each with
-    its dotted key, in document order."""
-    if isinstance(doc, dict):
-        return [p for k, v in doc.items() for p in placeholders(v, f"{at}.{k}" if at else str(k))]
-    if isinstance(doc, list):
-        return [p for i, v in enumerate(doc) for p in placeholders(v, f"{at}[{i}]")]
-    return [(at, doc)] if isinstance(doc, str) and doc.startswith(COMPLETE) else []
-
-
 # ---------------------------------------------------------------------- a draft from what the host measures
 STORAGE_TYPES = {  # filesystem type -> the description's storage.type
     "nfs": "nfs", "nfs4": "nfs", "lustre": "parallel-filesystem", "gpfs": "parallel-filesystem",
     "beegfs": "parallel-filesystem", "wekafs": "parallel-filesystem", "ceph": "parallel-filesystem",
     "ext4": "block", "xfs": "block", "btrfs": "block", "f2fs": "block",
 }
-COMPLETE = "COMPLETE"  # marks what the host cannot tell: the vendor replaces it
 
 
 def _q(value: Any) -> str:

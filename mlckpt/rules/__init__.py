@@ -11,6 +11,7 @@ from mlckpt.command_line import override_key
 from mlckpt.rules.checks.evidence import counted_op, fingerprints, recomputed_summary, training_waits
 from mlckpt.rules.checks.gpu import gpu_source
 from mlckpt.rules.checks.host import host_checkpoint_bytes, host_memory_need
+from mlckpt.rules.checks.result import COMPLETE, placeholders
 from mlckpt.rules.checks.serving import recomputed as serving_recomputed
 from mlckpt.rules.checks.serving import summarized as serving_summarized
 from mlckpt.rules.checks.split import (
@@ -50,12 +51,12 @@ from mlckpt.rules.registry import CHECKS, load_rules
 from mlckpt.rules.rundata import DATA_SCHEME, RunData
 
 __all__ = [
-    "CHECKS", "DATA_SCHEME", "DEFAULT_RULES_VERSION", "SEVERITIES", "STAGES", "TRANSCRIPT", "CheckFn",
-    "Context", "Evaluation", "Finding", "HostSpec", "NotChecked", "Outcome", "Problem", "Rule", "RuleSet",
-    "RunData", "SubmissionFacts", "Verdicts", "WitnessFacts", "abs_bound_ns", "clock_problems",
-    "content_commitment", "content_proof", "counted_op", "fingerprints", "gpu_source", "host_blocks",
-    "host_checkpoint_bytes", "host_clocks", "host_memory_need", "known_versions", "load_rules",
-    "make_finding", "override_key", "pair_problems", "proof_matches", "rank_shift", "recomputed_summary",
-    "serving_recomputed", "serving_summarized", "training_waits", "verdict", "version_order",
-    "witness_figures", "witness_too_short",
+    "CHECKS", "COMPLETE", "DATA_SCHEME", "DEFAULT_RULES_VERSION", "SEVERITIES", "STAGES", "TRANSCRIPT",
+    "CheckFn", "Context", "Evaluation", "Finding", "HostSpec", "NotChecked", "Outcome", "Problem",
+    "Rule", "RuleSet", "RunData", "SubmissionFacts", "Verdicts", "WitnessFacts", "abs_bound_ns",
+    "clock_problems", "content_commitment", "content_proof", "counted_op", "fingerprints", "gpu_source",
+    "host_blocks", "host_checkpoint_bytes", "host_clocks", "host_memory_need", "known_versions",
+    "load_rules", "make_finding", "override_key", "pair_problems", "placeholders", "proof_matches",
+    "rank_shift", "recomputed_summary", "serving_recomputed", "serving_summarized", "training_waits",
+    "verdict", "version_order", "witness_figures", "witness_too_short",
 ]

@@ -504,7 +504,7 @@ NEGATIVE_CASES: dict[str, list[Case]] = {
             "anchor: &a [1, 2]\n" + (f / "config.yaml").read_text() + "again: *a\n")),
     ],
     "RULES-VERSION": [C("expected one of 1.0, 1.1, 1.2, 1.3, 1.4, 1.5, 1.6, 1.7, 1.8, 1.9, 1.10, 1.11, 1.12, "
-                        "1.13, 1.14, mlps-v3.0, mlps-v3.0r2, mlps-v3.0r3, mlps-v3.0r4, mlps-v3.0r5, "
+                        "1.13, 1.14, 1.15, mlps-v3.0, mlps-v3.0r2, mlps-v3.0r3, mlps-v3.0r4, mlps-v3.0r5, "
                         "got '9.9'",
                         predicate={"rules_version": "9.9"})],
     "BUNDLE-PREDICATE": [C("expected workload='llama3_70b' as signed in the statement, "
@@ -528,6 +528,12 @@ NEGATIVE_CASES: dict[str, list[Case]] = {
           mutate=lambda f: (edit_json(f, "system.json", lambda s: s.pop("description") and None),
                             edit_json(f, "run.json", setitem("system_name", None)))),
     ],
+    # rules 1.15: a drafted description (its placeholder left in), in the tree as in the bundle
+    "SYSTEM-COMPLETE": [C("expected no value marked COMPLETE, got submitter: 'COMPLETE: your organisation'",
+                          system="drafted-ext4", mutate=lambda f: (
+                              edit_json(f, "system.json", lambda s: s["description"].update(
+                                  system_name="drafted-ext4", submitter="COMPLETE: your organisation")),
+                              edit_json(f, "run.json", setitem("system_name", "drafted-ext4"))))],
     "DIVISION-PLACEMENT": [
         C("a bundle under closed/ must earn the closed verdict: expected verdict closed (the bundle sits "
           "under closed/), got verdict open (division=open)", division="closed"),
@@ -568,6 +574,10 @@ def build_case(root: Path, h: Mapping[str, Path], i: int, case: Case) -> str:
         if case.system == "slow-ext4":
             text = (h["dir"] / "laptop-ext4.yaml").read_text().replace(
                 "laptop-ext4", "slow-ext4").replace("max_write_gib_s: 100", "max_write_gib_s: 0.001")
+            write_system(root, h, case.division, case.system, text)
+        elif case.system == "drafted-ext4":
+            text = (h["dir"] / "laptop-ext4.yaml").read_text().replace("laptop-ext4", "drafted-ext4")
+            text = re.sub(r"(?m)^submitter: .*$", 'submitter: "COMPLETE: your organisation"', text)
             write_system(root, h, case.division, case.system, text)
         elif case.system == SYSTEM:
             write_system(root, h, case.division)
@@ -939,9 +949,9 @@ def test_missing_trusted_keys_is_a_usage_error(honest_bundles: dict[str, Path], 
 def test_forced_rules_version_and_jobs_agree(honest_bundles: dict[str, Path], tmp_path: Path) -> None:
     root = honest_tree(tmp_path / "t", honest_bundles)
     a = check(root, honest_bundles, jobs=1)
-    b = check(root, honest_bundles, jobs=2, forced_rules="1.14")
+    b = check(root, honest_bundles, jobs=2, forced_rules="1.15")
     assert a["bundles"] == b["bundles"] and a["exit_status"] == b["exit_status"] == 0
-    assert a["rules_versions"] == b["rules_versions"] == ["1.14"]
+    assert a["rules_versions"] == b["rules_versions"] == ["1.15"]
     # 1.10 knows neither records format 8 nor 1.11's configuration keys: refused by its schemas
     older = check(root, honest_bundles, jobs=2, forced_rules="1.10")
     assert older["exit_status"] == 1 and older["rules_versions"] == ["1.10"]

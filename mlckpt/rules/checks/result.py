@@ -246,7 +246,32 @@ def state_hugepages(ctx: Context, rs: RuleSet, rule: Rule) -> Outcome | NotCheck
                    f"{fmt_share(share, bound)} on one rank")
 
 
+COMPLETE = "COMPLETE"  # marks a drafted description's value that only the vendor can give
+
+
+def placeholders(doc: Any, at: str = "") -> list[tuple[str, str]]:
+    """The values a drafted system description still holds as placeholders (``COMPLETE: …``),
+    each with its dotted key, in document order."""
+    if isinstance(doc, dict):
+        return [p for k, v in doc.items() for p in placeholders(v, f"{at}.{k}" if at else str(k))]
+    if isinstance(doc, list):
+        return [p for i, v in enumerate(doc) for p in placeholders(v, f"{at}[{i}]")]
+    return [(at, doc)] if isinstance(doc, str) and doc.startswith(COMPLETE) else []
+
+
+def system_complete(ctx: Context, rs: RuleSet, rule: Rule) -> Outcome | NotChecked:
+    """SYSTEM-COMPLETE (rules 1.15): no drafted placeholder in the embedded system description."""
+    description = run_data(ctx).system.get("description")
+    if not isinstance(description, dict):
+        return NotChecked("the run embeds no system description")
+    left = placeholders(description)
+    more = f" (and {len(left) - 1} more)" if len(left) > 1 else ""
+    return Outcome(not left, f"no value marked {COMPLETE}",
+                   f"{left[0][0]}: {left[0][1]!r}{more}" if left else "none")
+
+
 CHECKS = checks_table(
+    system_complete,
     state_hugepages,
     result_consistent,
     result_counts,
