@@ -40,9 +40,10 @@ from tabulate import tabulate
 
 from checker import imported
 from checker.leaderboard import BundleDocs, Entry, entry_from_docs, read_bundle
+from checker.leaderboard.model import LATENCY_POINTS
 from mlckpt import formats
 from mlckpt.errors import BundleIntegrityError, IntegrityError, UsageError
-from mlckpt.units import GiB
+from mlckpt.units import GiB, MiB
 
 COMPARE_FORMAT = formats.COMPARE.version
 
@@ -65,6 +66,15 @@ def _m(key: str) -> Callable[[Entry, BundleDocs], Any]:
     return lambda e, d: e.m(key)
 
 
+# The I/O settings that change the numbers: two runs at 4 MiB × 4 and 1 MiB × 16 are not alike.
+IO_ROWS = (
+    Row("io_mode", "I/O mode", "", None, lambda e, d: e.io_mode),
+    Row("io_block_mib", "I/O request size", "MiB", 3,
+        lambda e, d: None if e.io_block_size is None else e.io_block_size / MiB),
+    Row("io_threads", "I/O requests in flight per rank", "", 0, lambda e, d: e.io_threads),
+)
+
+
 def _rows() -> tuple[Row, ...]:
     rows = [
         Row("workload", "workload", "", None, lambda e, d: e.workload),
@@ -78,6 +88,7 @@ def _rows() -> tuple[Row, ...]:
         Row("fast_fs", "fast tier filesystem", "", None, lambda e, d: ", ".join(e.fast_fs) or None,
             optional=True),
         Row("verification", "verification", "", None, lambda e, d: e.verification),
+        *IO_ROWS,
         Row("ranks", "ranks", "", 0, lambda e, d: e.ranks),
         Row("hosts", "hosts", "", 0, lambda e, d: e.hosts),
         Row("num_writes", "checkpoint writes", "", 0, lambda e, d: e.num_writes),
@@ -109,6 +120,10 @@ def _rows() -> tuple[Row, ...]:
                         _m(f"{op}_straggler_ratio_max")))
         rows.append(Row(f"{op}_gib_per_op", f"{op} bytes per op", "GiB", 3,
                         lambda e, d, op=op: e.m(f"{op}_bytes_per_op") / GiB))
+        rows.append(_opt(f"{op}_iops_mean", f"{op} IOPS (requests per second), mean", "/s", 0))
+        for point in LATENCY_POINTS:
+            rows.append(_opt(f"{op}_latency_{point}_ms", f"{op} request latency {point.replace('_', '.')}",
+                             "ms", 3))
         if op == "write":
             rows += _pipeline_rows()
     for tier in ("fast", "mixed"):
@@ -154,7 +169,8 @@ def _serving_rows() -> tuple[Row, ...]:
     def serving(i: int) -> Callable[[Entry, BundleDocs], Any]:
         return lambda e, d: e.serving[i] if e.serving else None
 
-    keep = ("workload", "division", "class", "system", "verdict", "mode", "verification", "ranks", "hosts")
+    keep = ("workload", "division", "class", "system", "verdict", "mode", "verification", "ranks", "hosts",
+            *(r.key for r in IO_ROWS))
     return (*(r for r in ROWS if r.key in keep),
             Row("strategy", "loading strategy", "", None, serving(0)),
             Row("replicas", "replicas", "", 0, serving(1)),
@@ -265,6 +281,7 @@ UNLIKE: tuple[tuple[str, Callable[[Entry], str]], ...] = (
     ("rules", lambda e: e.rules_version),
     ("division", lambda e: e.division),
     ("checkpoint mode", lambda e: e.pipeline),
+    ("I/O settings", lambda e: e.io_text),
 )
 
 

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import math
 import re
+from typing import Any
 
 KiB, MiB, GiB, TiB = 1 << 10, 1 << 20, 1 << 30, 1 << 40
 KB, MB, GB, TB = 10**3, 10**6, 10**9, 10**12
@@ -38,6 +39,24 @@ def fmt_share(value: float, bound: float | None = None, digits: int = 0) -> str:
         if bound is None or value == bound or text != f"{bound:.{shown}%}":
             break
     return text
+
+
+def fmt_io(io: Any) -> str:
+    """The I/O settings that change the numbers, in one phrase: 'O_DIRECT, 4 MiB requests, 4 in
+    flight per rank' (a configuration's ``io`` block; '?' for what it lacks)."""
+    io = io if isinstance(io, dict) else {}
+    mode = "O_DIRECT" if io.get("direct") else "RWF_DONTCACHE" if io.get("dontcache") else "buffered"
+    size = io.get("block_size")
+    size_text = fmt_bytes(size).replace(".00 ", " ") if isinstance(size, int) and size > 0 else "?"
+    return f"{mode}, {size_text} requests, {io.get('threads', '?')} in flight per rank"
+
+
+def fmt_figure(v: float) -> str:
+    """A figure for a table: four significant digits, never in e-notation (a time of 4.726e-05 s
+    reads as a typo in an ops table; 0.0000473 does not)."""
+    if v == 0 or abs(v) >= 1e-3:
+        return f"{v:.4g}"
+    return f"{v:.7f}".rstrip("0")
 
 
 def fmt_bytes_both(n: float) -> str:

@@ -14,6 +14,7 @@ from checker.leaderboard.systems import dig as _get
 from checker.leaderboard.systems import sut_facts
 from mlckpt import formats
 from mlckpt.rules import gpu_source
+from mlckpt.units import fmt_bytes
 from mlckpt.workload.frameworks import Framework
 from mlckpt.workload.model import ModelShape
 from mlckpt.workload.pipeline import DURABLE, Pipeline
@@ -122,6 +123,9 @@ class Entry:
     framework: str | None = None  # rules 1.11: the library writer (its own class), None: the engine
     # rules 1.13: a serving run's strategy, replicas and GPUs per replica (pipeline "serving")
     serving: tuple[str, int, int] | None = None
+    # the request shape that changes the numbers: io.block_size and io.threads (None: not stated)
+    io_block_size: int | None = None
+    io_threads: int | None = None
 
     def sut_value(self, key: str) -> str:
         return dict(self.sut).get(key, "")
@@ -178,12 +182,21 @@ class Entry:
         return f"; witnessed by {self.witnessed_by}" + (f" ({', '.join(figs)} GiB/s)" if figs else "")
 
     @property
+    def io_text(self) -> str:
+        """The I/O settings as the details show them: 'direct, 4 MiB × 4 per rank'."""
+        if self.io_block_size is None or self.io_threads is None:
+            return self.io_mode
+        size = fmt_bytes(self.io_block_size).replace(".00 ", " ")
+        return f"{self.io_mode}, {size} × {self.io_threads} per rank"
+
+    @property
     def mode(self) -> str:
         if self.serving is not None:
-            io = "O_DIRECT reads" if self.io_mode == "direct" else f"{self.io_mode} reads"
+            io = ("O_DIRECT reads" if self.io_mode == "direct" else f"{self.io_mode} reads") + (
+                self.io_text.removeprefix(self.io_mode))
             return ", ".join([f"{self.serving[1]} replicas × TP {self.serving[2]}", io,
                               f"scaled ×{self.scale:g}" if self.scaled else "full scale"])
-        parts = [self.pipeline, self.residency, self.io_mode]
+        parts = [self.pipeline, self.residency, self.io_text]
         if self.pipeline.startswith("async") or "tiers" in self.pipeline:  # training overlaps the persist
             # as measured (TRAINING-INTERVAL holds the records to it), never as configured
             parts.insert(1, f"{self.m('write_compute_mean_s'):.2f} s of training per checkpoint")
@@ -261,10 +274,30 @@ SUMMARY_NUMBERS = (
     *(f"write_{what}_{stat}_s" for what in ("stall", "time_to_durable") for stat in STATS),
     "write_overlap_efficiency", "write_backpressure_ops", "write_backpressure_total_s",
     "write_compute_mean_s", "read_resident_fraction_max", "write_first_bandwidth_gib_s",
+    "write_iops_mean", "read_iops_mean",
     # summary format 8: a serving run's
     "ready_s_median", "ready_s_min", "ready_s_max", "effective_gb_s", "storage_gb_s", "storage_bytes",
     "placed_bytes",
 )
+
+
+LATENCY_POINTS = ("p50", "p90", "p99", "p99_9", "max")
+
+
+def latency_numbers(summary: Mapping[str, Any]) -> dict[str, float]:
+    """summary.json's request latency percentiles (``write_latency_ms``: {p50, …}) as flat metrics,
+    ``write_latency_p50_ms`` and so on."""
+    out = {}
+    for op in ("write", "read"):
+        lat = summary.get(f"{op}_latency_ms")
+        lat = lat if isinstance(lat, Mapping) else {}
+        for point in LATENCY_POINTS:
+            out[f"{op}_latency_{point}_ms"] = _number(lat.get(point))
+    return out
+
+
+def _count(value: Any) -> int | None:
+    return value if isinstance(value, int) and not isinstance(value, bool) and value > 0 else None
 
 
 def _number(value: Any) -> float:
@@ -332,12 +365,13 @@ def entry_from_docs(path: str, org: str, system: str, run: Mapping[str, Any], co
         checkpoint_bytes=int(summary.get("checkpoint_bytes", 0)),
         restore_bytes=int(summary.get("restore_bytes", 0)),
         read_cold=flag("read_cold"), read_verified=flag("read_verified"),
-        metrics={**{k: _number(summary.get(k)) for k in SUMMARY_NUMBERS},
+        metrics={**{k: _number(summary.get(k)) for k in SUMMARY_NUMBERS}, **latency_numbers(summary),
                  "foreign_share": foreign_share(summary), **framework_ratios(summary)},
         # a GPU stall, a framework's library: each a class of its own
         pipeline=SERVING if serving is not None else pipe.label + ("+gpu" if gpu_source(config) else "")
         + (f"+{fw.writer}" if fw.library else ""),
         serving=(serving.strategy, serving.replicas, serving.tp) if serving is not None else None,
+        io_block_size=_count(io_cfg.get("block_size")), io_threads=_count(io_cfg.get("threads")),
         framework=fw.writer if fw.library else None,
         tiers=tuple(str(t) for t in tiers) if isinstance(tiers, list) else tuple(pipe.stages),
         compute_interval_s=pipe.compute_interval_s,

@@ -19,10 +19,12 @@ def read(folder: Path) -> Report:
         run, summary, system = (strict.parse_json((folder / d).read_bytes()) for d in DOCS[:3])
         records = [strict.parse_json(line) for line in (folder / "records.jsonl").read_bytes().splitlines()
                    if line.strip()]
+        config = (strict.parse_yaml((folder / "config.yaml").read_bytes())
+                  if (folder / "config.yaml").is_file() else None)
     except (OSError, ValueError) as exc:
         raise ValueError(f"unreadable ({exc})") from None
     try:
-        return build(run, summary, system, records)
+        return build(run, summary, system, records, config)
     except (AttributeError, KeyError, TypeError, ValueError) as exc:
         raise ValueError(f"its records do not make a report ({type(exc).__name__}: {exc}); check it with "
                          "mlckpt-check") from None

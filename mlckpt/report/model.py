@@ -21,7 +21,7 @@ from typing import Any
 
 from mlckpt import latency
 from mlckpt.metrics import group_ops
-from mlckpt.units import GiB
+from mlckpt.units import GiB, fmt_io
 
 Rec = Mapping[str, Any]
 OP_COLUMNS = ("op", "index", "checkpoint", "tier", "duration_s", "bandwidth_gib_s", "slowest_rank",
@@ -121,7 +121,7 @@ def sampled(records: Sequence[Rec]) -> dict[str, list[tuple[float, float]]]:
 
 
 def build(run: Mapping[str, Any], summary: Mapping[str, Any], system: Mapping[str, Any],
-          records: Sequence[Rec]) -> Report:
+          records: Sequence[Rec], config: Mapping[str, Any] | None = None) -> Report:
     grouped = group_ops(records)
     ops = tuple(op_row(op, index, recs) for (op, index), recs in grouped.items())
     ranks = tuple({"op": _label(op, index), "rank": int(r["rank"]), "host": str(r["host"]),
@@ -146,6 +146,7 @@ def build(run: Mapping[str, Any], summary: Mapping[str, Any], system: Mapping[st
              ("system", str(run.get("system_name") or first.get("hostname") or "?")),
              ("storage", f"{fs.get('fs_type', '?')} on {fs.get('source', '?')} "
                          f"({first.get('target_path', '?')})"),
+             *((("I/O", fmt_io(config.get("io"))),) if config is not None else ()),
              *(_serving(summary) if summary.get("kind") == "serving" else
                (("write", _headline(summary, "write")), ("read", _headline(summary, "read")))),
              *_framework(summary), ("started", str(run.get("started"))))

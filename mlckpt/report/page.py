@@ -14,6 +14,7 @@ import json
 from typing import Any
 
 from mlckpt.report.model import OP_COLUMNS, Report
+from mlckpt.units import fmt_figure
 
 COLORS = {"write": "#2563eb", "read": "#f59e0b"}
 PHASE_COLORS = {"open": "#64748b", "transfer": "#2563eb", "fsync": "#dc2626", "dir_fsync": "#7c3aed"}
@@ -98,7 +99,7 @@ def _cell(v: Any) -> str:
     if v is None:
         return ""
     if isinstance(v, float):
-        return f"{v:.4g}"
+        return fmt_figure(v)  # four significant digits, never 4.726e-05
     return _e(v)
 
 

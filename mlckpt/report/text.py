@@ -9,13 +9,14 @@ from typing import Any
 from tabulate import tabulate
 
 from mlckpt.report.model import OP_COLUMNS, Report
+from mlckpt.units import fmt_figure
 
 SHOWN = ("op", "index", "tier", "duration_s", "bandwidth_gib_s", "slowest_rank", "straggler_ratio", "iops",
          "p50_ms", "p99_ms", "max_ms", "open_s", "transfer_s", "fsync_s", "dir_fsync_s")
 
 
 def _num(v: Any) -> Any:
-    return f"{v:.4g}" if isinstance(v, float) else ("" if v is None else v)
+    return fmt_figure(v) if isinstance(v, float) else ("" if v is None else v)
 
 
 def render(rep: Report) -> str:

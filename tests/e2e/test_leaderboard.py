@@ -278,13 +278,15 @@ def test_row_values_come_from_the_bundles(golden_tree: Path, golden_board: leade
                 assert rec["verification"] == ("no reads" if not fast else "verified, all from the fast tier")
     modes = {rec["mode"] for t in golden_board.tables for rec in t.frame.to_dict("records")}
     assert modes == {
-        "sync, full, direct, full scale", "sync, full, direct, scaled ×0.01",
-        "sync, full, direct, scaled ×0.0125", "sync, stream, buffered, scaled ×0.01",
-        "sync, full, direct, restore repopulate, full scale",
-        "async, 0.02 s of training per checkpoint, full, direct, scaled ×0.01",
-        "async, 0.20 s of training per checkpoint, full, direct, scaled ×0.01",
-        "sync+tiers, 0.50 s of training per checkpoint, full, direct, scaled ×0.01",
-        "async+tiers, 0.10 s of training per checkpoint, full, direct, scaled ×0.01"}
+        "sync, full, direct, 4 MiB × 4 per rank, full scale",
+        "sync, full, direct, 4 MiB × 4 per rank, scaled ×0.01",
+        "sync, full, direct, 4 MiB × 4 per rank, scaled ×0.0125",
+        "sync, stream, buffered, 4 MiB × 4 per rank, scaled ×0.01",
+        "sync, full, direct, 4 MiB × 4 per rank, restore repopulate, full scale",
+        "async, 0.02 s of training per checkpoint, full, direct, 4 MiB × 4 per rank, scaled ×0.01",
+        "async, 0.20 s of training per checkpoint, full, direct, 4 MiB × 4 per rank, scaled ×0.01",
+        "sync+tiers, 0.50 s of training per checkpoint, full, direct, 4 MiB × 4 per rank, scaled ×0.01",
+        "async+tiers, 0.10 s of training per checkpoint, full, direct, 4 MiB × 4 per rank, scaled ×0.01"}
     acc = {rec["accelerator"] for t in golden_board.tables for rec in t.frame.to_dict("records")}
     assert {"h100", "h200", "<b>mi300x</b> | 8/node", None} == acc
 
@@ -500,7 +502,8 @@ def test_compare_json_ratios(pair: tuple[Path, Path, Path], capsys: pytest.Captu
     assert m["ranks"]["a"] == 8 and m["num_writes"]["a"] == 10 and m["num_writes"]["b"] == 3
     assert m["checkpoint_gib"]["a"] == pytest.approx(sa["checkpoint_bytes"] / GIB)
     assert (m["division"]["a"], m["division"]["b"]) == ("closed", "open")
-    assert m["mode"]["a"] == "sync, full, direct, full scale"
+    assert m["mode"]["a"] == "sync, full, direct, 4 MiB × 4 per rank, full scale"
+    assert (m["io_block_mib"]["a"], m["io_threads"]["a"]) == (4.0, 4)
     assert doc["same_class"] is False and doc["a"]["class"] == "closed-llama3_8b-full"
     assert doc["differences"] == [{"what": "division", "a": "closed", "b": "open"}]
 
@@ -511,7 +514,8 @@ def test_compare_text_and_archives(pair: tuple[Path, Path, Path], capsys: pytest
     out = capsys.readouterr().out
     assert re.search(r"write bandwidth mean \(GiB/s\)\s+\d+\.\d\d\s+\d+\.\d\d\s+\d+\.\d{3}", out)
     assert "note: A is in class open-llama3_8b-full, B in open-llama3_8b-x0_01" in out
-    assert "warning: A and B differ in scale (full vs ×0.01): the ratios compare unlike runs" in out
+    assert "warning: A and B differ in scale (full vs ×0.01), I/O settings (" in out
+    assert "the ratios compare unlike runs" in out
     assert cli.run(["compare", str(a), str(a)]) == 0
     out = capsys.readouterr().out
     assert "note: A is in class" not in out and "warning:" not in out
@@ -626,6 +630,33 @@ def test_compare_pipeline_rows_known_numbers() -> None:
     assert re.search(r"^write overlap efficiency\s+—\s+0\.800\s+—$", text, re.M)
     assert re.search(r"^read \(fast tier\) bandwidth mean \(GiB/s\)\s+—\s+10\.00\s+—$", text, re.M)
     assert re.search(r"^write stages\s+durable\s+memory → fast → durable$", text, re.M)
+
+
+def test_compare_shows_the_io_settings_latency_and_iops() -> None:
+    """Two runs at 4 MiB × 4 and 1 MiB × 16: the I/O settings side by side and named as a
+    difference, with each op's IOPS and request latency percentiles."""
+    from checker import compare
+
+    def with_io(block: int, threads: int, p50: float) -> Any:
+        d = _docs(**SYNC_DOCS)
+        d.config["io"] = {"direct": True, "block_size": block, "threads": threads}
+        lat = {"count": 9, "p50": p50, "p90": 2 * p50, "p99": 3 * p50, "p99_9": 4 * p50, "max": 5 * p50}
+        d.summary.update(write_iops_mean=1000.0, write_latency_ms=lat)
+        return d
+
+    doc = compare.compare(("A", with_io(4 << 20, 4, 2.0)), ("B", with_io(1 << 20, 16, 0.5)))
+    m = {x["key"]: (x["a"], x["b"], x["ratio_b_over_a"]) for x in doc["metrics"]}
+    assert m["io_mode"] == ("direct", "direct", None)
+    assert m["io_block_mib"] == (4.0, 1.0, 0.25) and m["io_threads"] == (4, 16, 4.0)
+    assert m["write_iops_mean"] == (1000.0, 1000.0, 1.0)
+    assert m["write_latency_p50_ms"] == (2.0, 0.5, 0.25) and m["write_latency_p99_9_ms"] == (8.0, 2.0, 0.25)
+    assert "read_latency_p50_ms" not in m  # neither side has read latencies
+    assert doc["differences"] == [{"what": "I/O settings", "a": "direct, 4 MiB × 4 per rank",
+                                   "b": "direct, 1 MiB × 16 per rank"}]
+    text = compare.render_text(doc)
+    assert re.search(r"^I/O requests in flight per rank\s+4\s+16\s+4\.000$", text, re.M)
+    assert re.search(r"^write request latency p99\.9 \(ms\)\s+8\.000\s+2\.000\s+0\.250$", text, re.M)
+    assert "differ in I/O settings" in text
 
 
 def test_compare_pipelined_bundles(golden_tree: Path, golden_board: leaderboard.Leaderboard,

@@ -206,6 +206,22 @@ def test_the_report_tables_and_csv_come_from_the_records() -> None:
     assert re.search(rf"^write\s+400\s+\S+\s+\S+\s+{re.escape(p99)}\s", out, re.M), out
 
 
+def test_the_report_names_the_io_settings_and_prints_no_e_notation() -> None:
+    recs = runs_records()
+    for r in recs:
+        r["phases_ns"] = {**r.get("phases_ns", {}), "open": 47_263}  # 4.7263e-05 s
+    summary = metrics.summarize(recs, max_resident_fraction=0.01, records_format=7, summary_format=6)
+    run = {"name": "r", "workload": "llama3_8b", "ranks": 4, "verdict": "open", "findings": []}
+    config = {"io": {"direct": False, "block_size": 1 << 20, "threads": 16}}
+    rep = model.build(run, summary, {"hosts": []}, recs, config)
+    assert dict(rep.facts)["I/O"] == "buffered, 1 MiB requests, 16 in flight per rank"
+    assert "I/O" not in dict(model.build(run, summary, {"hosts": []}, recs).facts)  # no config: not guessed
+    out = text.render(rep)
+    assert "buffered, 1 MiB requests, 16 in flight per rank" in out
+    assert not re.search(r"\de-\d", out), out
+    assert " 0.0000473 " in out
+
+
 def test_the_timeline_puts_each_op_on_its_hosts_clock_and_the_device_samples_beside_it() -> None:
     recs = runs_records()
     recs[0]["host_counters"] = {"samples": [[recs[0]["t0_ns"], 0, 0],
