@@ -197,17 +197,30 @@ def _type_of(node: dict[str, Any]) -> str:
     return text + (f" ({', '.join(bounds)})" if bounds else "")
 
 
+def _default(value: str) -> str:
+    """A default as a reader needs it: an interpolation of the workload's key (``${workload.x}``)
+    said in words, a literal as written."""
+    m = re.fullmatch(r"\$\{workload\.([\w.]+)\}", value)
+    return f"the workload's `{m.group(1)}`" if m else f"`{value}`"
+
+
+def _prose(text: str) -> str:
+    """A comment as Markdown prose: ``rules/<v>/`` would be an HTML tag and vanish."""
+    return text.replace("<", "&lt;").replace(">", "&gt;")
+
+
 def config_page() -> str:
     from mlckpt.rules.engine import DEFAULT_RULES_VERSION
     from mlckpt.schemas import schema_folder
 
     path = schema_folder(DEFAULT_RULES_VERSION) / "config.schema.json"
     schema = json.loads(path.read_text())
-    rows = [[f"`{key}`", f"`{value}`", _type_of(_schema_of(schema, key)), comment]
+    rows = [[f"`{key}`", _default(value), _type_of(_schema_of(schema, key)), _prose(comment)]
             for key, value, comment in _config_lines()]
     return (HEAD + "# Configuration keys\n\n"
             "Every key of `workloads/config.yaml`, the shipped primary configuration, in its order: the "
-            "default as written there (`${…}` takes the workload's value), the type and bounds the "
+            "default (\"the workload's\" names the key of `workloads/workload/<name>.yaml` it takes), "
+            "the type and bounds the "
             f"config schema of rules {DEFAULT_RULES_VERSION} accepts, and the file's own comment. Sizes "
             "take units (`4M`, `16MiB`, `1GiB`) and yes/no booleans (`yes`, `off`, `true`). "
             "`mlckpt config KEY=VALUE …` prints the resolved configuration; the workload's own keys "

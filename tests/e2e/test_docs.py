@@ -14,6 +14,7 @@ import subprocess
 import sys
 import threading
 from pathlib import Path
+from typing import Any
 
 import pytest
 from support import paths
@@ -121,6 +122,22 @@ def _look(base: str, tmp_path: Path) -> None:
         assert "pip install '.[mpich]'" in text and "mlckpt run" in text
         errors = [e for e in d.get_log("browser") if e["level"] == "SEVERE"]
         assert not errors, errors  # nothing fetched from elsewhere, no script failed
+        _config_page_reads_cleanly(d, base, tmp_path)
+
+
+def _config_page_reads_cleanly(d: Any, base: str, tmp_path: Path) -> None:
+    """The generated configuration page as a reader sees it: no path that lost its <v>, no raw
+    interpolation among the defaults, and no key name broken across lines."""
+    d.set_window_size(1000, 900)  # a laptop's narrow window, where long keys used to wrap
+    d.get(f"{base}/reference/generated/config/")
+    text = d.find_element("tag name", "article").text
+    assert "rules/<v>/" in text and "rules//" not in text
+    assert "${" not in text and "the workload's closed_ranks" in text
+    broken = d.execute_script(
+        "return [...document.querySelectorAll('article table td:first-child code')]"
+        ".filter(c => c.getClientRects().length > 1).map(c => c.textContent)")
+    d.save_screenshot(str(tmp_path / "docs-config.png"))
+    assert not broken, broken  # each key on one line
 
 
 def test_the_readme_is_short_and_links_only_to_what_exists() -> None:
