@@ -15,12 +15,16 @@ cleanup short, it is told the cleanup is under way, with its bound.
 from __future__ import annotations
 
 import os
+import re
 import signal
 import subprocess
 import sys
+import threading
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
+from typing import IO
 
 from mlckpt.errors import INTERRUPTED_STATUS
 from mlckpt.run.storage.cleanup import RUN_MARKER
@@ -66,21 +70,34 @@ def _contents(run_dir: Path) -> tuple[int, int]:
 
 class Presses:
     """Ctrl-C presses while a launch runs, counted by this process's own SIGINT handler (no
-    KeyboardInterrupt: one could land anywhere in the cleanup); the second one is answered."""
+    KeyboardInterrupt: one could land anywhere in the cleanup); the second one is answered. A
+    SIGTERM (``kill``, a scheduler's cancel) counts as a press, and is passed on to mpiexec as
+    the Ctrl-C the terminal would have sent its ranks."""
 
     def __init__(self) -> None:
         self.count = 0
         self.previous: object = None
+        self.previous_term: object = None
+        self.proc: subprocess.Popen[bytes] | None = None
 
     def __enter__(self) -> Presses:
         self.previous = signal.signal(signal.SIGINT, self.pressed)
+        self.previous_term = signal.signal(signal.SIGTERM, self.terminated)
         return self
 
     def __exit__(self, *exc: object) -> None:
         signal.signal(signal.SIGINT, self.previous)  # type: ignore[arg-type]
+        signal.signal(signal.SIGTERM, self.previous_term)  # type: ignore[arg-type]
+
+    def terminated(self, _signum: int, frame: object) -> None:
+        if self.proc is not None and self.proc.poll() is None:
+            self.proc.send_signal(signal.SIGINT)
+        self.pressed(signal.SIGINT, frame)
 
     def pressed(self, _signum: int, _frame: object) -> None:
         self.count += 1
+        if self.count == 1 and sys.stderr.isatty():
+            sys.stderr.write("\n")  # the progress bar's line is not ours, nor the guardian's, to end with
         if self.count == 2:
             if sys.stderr.isatty():
                 sys.stderr.write("\n")  # after the terminal's ^C
@@ -88,24 +105,83 @@ class Presses:
                  "Ctrl-C)")
 
 
-def wait(proc: subprocess.Popen[bytes], launch: Launch, presses: Presses) -> int:
-    """mpiexec's exit status, or after a Ctrl-C :func:`finish`'s."""
+# What MPICH's mpiexec prints when its ranks end on an interrupt (its own lines, and the banner of
+# a "bad termination"), a rank's own echo of it, and the traceback of a rank that the Ctrl-C caught
+# while Python itself was starting (before mlckpt could take SIGINT): after a Ctrl-C they say
+# nothing the launcher's lines do not, and looked like a crash.
+NOISE = re.compile(
+    r"^(\[mpiexec@[^\]]*\] .*|Sending Ctrl-C to processes as requested|Press Ctrl-C again to force abort"
+    r"|=+|=   .*|YOUR APPLICATION TERMINATED WITH THE EXIT STRING: .*"
+    r"|This typically refers to a problem with your application\.|Please see the FAQ page for "
+    r"debugging suggestions|mlckpt: interrupted|Fatal Python error: .*|Python runtime state: .*"
+    r"|Traceback \(most recent call last\):|  .*|KeyboardInterrupt|Current thread .*|Extension modules: .*"
+    r"|)$")
+HEARD = "Sending Ctrl-C to processes as requested"  # mpiexec may say so before this process's handler ran
+
+
+class Relay:
+    """One of mpiexec's output streams copied to ours as it comes. ``lines``: line by line (its
+    stderr); else as bytes (stdout: a live bar's carriage returns pass as they are) until the
+    interrupt. Once ``quiet()`` holds, or mpiexec said it passes a Ctrl-C on, NOISE is dropped."""
+
+    def __init__(self, source: IO[bytes], target: IO[str], quiet: Callable[[], bool], lines: bool) -> None:
+        self.source, self.target, self.quiet, self.lines = source, target, quiet, lines
+        self.thread = threading.Thread(target=self._copy, daemon=True)
+        self.thread.start()
+
+    def _copy(self) -> None:
+        fd, out, pending, heard = self.source.fileno(), self.target.fileno(), b"", False
+        while chunk := os.read(fd, 1 << 16):
+            self.lines = self.lines or b"[mpiexec@" in chunk  # mpiexec speaks: whole lines from here
+            if not (self.lines or self.quiet() or heard or pending):
+                os.write(out, chunk)
+                continue
+            *complete, pending = (pending + chunk).split(b"\n")
+            kept = []
+            for raw in complete:
+                text = raw.decode(errors="replace").rstrip("\r")
+                heard = heard or HEARD in text
+                if not ((self.quiet() or heard) and NOISE.match(text)):
+                    kept.append(raw + b"\n")
+            if kept:
+                os.write(out, b"".join(kept))
+        if pending and not ((self.quiet() or heard) and NOISE.match(pending.decode(errors="replace"))):
+            os.write(out, pending)
+
+    def join(self) -> None:
+        self.thread.join(timeout=5.0)
+
+
+def relayed(cmd: list[str], env: dict[str, str], out: IO[str] | None, presses: Presses
+            ) -> tuple[subprocess.Popen[bytes], tuple[Relay, ...]]:
+    """mpiexec started with its output relayed to ``out`` (default stdout) and stderr."""
+    proc = subprocess.Popen(cmd, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    presses.proc = proc
+    quiet = lambda: presses.count > 0  # noqa: E731
+    assert proc.stdout is not None and proc.stderr is not None
+    return proc, (Relay(proc.stdout, out or sys.stdout, quiet, lines=False),
+                  Relay(proc.stderr, sys.stderr, quiet, lines=True))
+
+
+def wait(proc: subprocess.Popen[bytes], launch: Launch, presses: Presses, relays: tuple[Relay, ...] = ()
+         ) -> int:
+    """mpiexec's exit status, or after a Ctrl-C :func:`finish`'s; its output relayed to the end."""
     while not presses.count:
         try:
             status = proc.wait(timeout=0.1)
         except subprocess.TimeoutExpired:
             continue
         if not presses.count:  # (a Ctrl-C handled inside that wait still needs its cleanup)
+            for relay in relays:
+                relay.join()
             return status
-    return finish(proc, launch)
+    return finish(proc, launch, relays)
 
 
-def finish(proc: subprocess.Popen[bytes], launch: Launch) -> int:
+def finish(proc: subprocess.Popen[bytes], launch: Launch, relays: tuple[Relay, ...] = ()) -> int:
     """After a Ctrl-C: wait for the run to end and its files to go (bounded), then one line."""
     t0 = time.monotonic()
     deadline = t0 + BOUND_S
-    if sys.stderr.isatty():
-        sys.stderr.write("\n")  # the progress bar's line is not ours to end with
     holder = read_holder(launch.folder) if launch.folder is not None else None
     ours = holder is not None and holder.launch == launch.token
     run_dir = launch.folder / holder.run if ours and launch.folder is not None and holder else None
@@ -126,6 +202,8 @@ def finish(proc: subprocess.Popen[bytes], launch: Launch) -> int:
            and time.monotonic() < deadline):
         time.sleep(0.05)
     _drop_empty_results(launch)
+    for relay in relays:  # the ranks' last lines before the launcher's own
+        relay.join()
     return _last_line(launch, run_dir, files, time.monotonic() - t0)
 
 

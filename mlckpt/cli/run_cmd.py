@@ -14,7 +14,6 @@ import itertools
 import os
 import secrets
 import shutil
-import subprocess
 import sys
 import time
 from collections.abc import Mapping, Sequence
@@ -365,10 +364,10 @@ def _launch_once(mpiexec: Launcher, cmd: list[str], env: dict[str, str], s: Any,
                               bool(s.config["checkpoint"]["keep"] or s.config["checkpoint"]["restore_from"]))
     with interrupt.Presses() as presses:
         try:
-            proc = subprocess.Popen(cmd, env={**env, LAUNCH_ENV: launch.token}, stdout=out)
+            proc, relays = interrupt.relayed(cmd, {**env, LAUNCH_ENV: launch.token}, out, presses)
         except OSError as exc:
             raise UsageError(f"cannot start {mpiexec.path}: {exc.strerror}") from None
-        return interrupt.wait(proc, launch, presses)
+        return interrupt.wait(proc, launch, presses, relays)
 
 
 def disturbed_retries(env: Mapping[str, str]) -> int:

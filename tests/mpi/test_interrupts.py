@@ -133,6 +133,57 @@ def test_ctrl_c_returns_the_prompt_only_after_the_files_are_gone(tmp_path: Path,
         assert any(ln.startswith("mlckpt: still removing the run's files") for ln in lines), screen
 
 
+CRASH_LIKE = re.compile(r"internal error|Traceback|BAD TERMINATION|Segmentation fault|YOUR APPLICATION "
+                        r"TERMINATED|\[mpiexec@|=====")
+
+
+@pytest.mark.parametrize("after_s", [0.0, 0.5, 1.0, 2.0], ids=["at-once", "0.5s", "1s", "2s"])
+def test_ctrl_c_while_the_ranks_start_prints_nothing_that_looks_like_a_crash(tmp_path: Path,
+                                                                           after_s: float) -> None:
+    """In the first seconds the ranks are still importing: each used to print 'mlckpt: interrupted'
+    or an internal error, and MPICH its termination banner."""
+    with terminal(tmp_path, run_command(tmp_path)) as (pane, keys):
+        wait_for(lambda: "mlckpt run: preset" in pane(), 60)  # type: ignore[operator]
+        time.sleep(after_s)
+        keys("C-c")
+        wait_for(lambda: "EXIT=" in pane(), BOUND_S + 30)  # type: ignore[operator]
+        screen = pane()  # type: ignore[operator]
+    assert "EXIT=130" in screen, screen
+    assert not CRASH_LIKE.search(screen), screen
+    said = [ln.removeprefix("^C") for ln in screen.splitlines() if "mlckpt: interrupted" in ln]
+    assert 1 <= len(said) <= 3 and len(set(said)) == len(said), screen  # each line once, at most three
+    assert not files_under(tmp_path / "ck") and not (tmp_path / "results").exists()
+
+
+def launchers() -> list[int]:
+    """The pids of the `mlckpt run` launchers (the command itself, not its ranks or the shell)."""
+    out = []
+    for p in Path("/proc").iterdir():
+        try:
+            argv = (p / "cmdline").read_bytes().split(b"\0")
+        except OSError:
+            continue
+        if len(argv) > 2 and argv[1].endswith(b"/bin/mlckpt") and argv[2] == b"run":
+            out.append(int(p.name))
+    return out
+
+
+def test_sigterm_ends_the_run_as_ctrl_c_does(tmp_path: Path) -> None:
+    """A scheduler's cancel or `kill` reaches only the launcher: it ends the ranks as a Ctrl-C
+    would, waits for their files to go, and says the same three lines."""
+    with terminal(tmp_path, run_command(tmp_path)) as (pane, _keys):
+        wait_for(lambda: during_write_2(tmp_path, pane), 240)
+        [launcher] = [p for p in launchers() if Path(f"/proc/{p}/cwd").resolve() == tmp_path.resolve()]
+        os.kill(launcher, 15)
+        wait_for(lambda: "EXIT=" in pane(), BOUND_S + 30)  # type: ignore[operator]
+        screen = pane()  # type: ignore[operator]
+    assert "EXIT=130" in screen, screen
+    assert not CRASH_LIKE.search(screen), screen
+    assert re.search(r"^mlckpt: interrupted; the run ended and its \d+ files were removed", screen,
+                     re.M), screen
+    assert files_under(tmp_path / "ck") == []
+
+
 def first_runs_own(folder: Path) -> set[str]:
     """What is in the folder now, less what the first run makes as it goes on (its gates' probe
     files, its checkpoints): the second run, refused before any I/O, makes none of it either."""
