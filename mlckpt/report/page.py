@@ -25,7 +25,9 @@ LAYOUT = {"margin": {"l": 60, "r": 20, "t": 40, "b": 50}, "height": 340,
 CSS = """
 body{font-family:system-ui,-apple-system,'Segoe UI',Roboto,sans-serif;margin:0;color:#0f172a;
 background:#f8fafc}header{background:#0f172a;color:#f8fafc;padding:16px 24px}
-header h1{margin:0;font-size:20px}main{padding:16px 24px;max-width:1200px}
+header h1{margin:0;font-size:20px}main{padding:16px 24px;max-width:1600px}
+.wide{overflow-x:auto;max-width:100%}details summary{cursor:pointer;font-weight:600;margin:4px 0}
+td.slowest{font-weight:700;color:#b91c1c}table.facts td{text-align:left}
 section{background:#fff;border:1px solid #e2e8f0;border-radius:8px;padding:12px 16px;margin:0 0 16px}
 h2{font-size:16px;margin:4px 0 8px}table{border-collapse:collapse;font-size:12px}
 td,th{border-bottom:1px solid #e2e8f0;padding:3px 8px;text-align:right}th{background:#f1f5f9}
@@ -61,15 +63,18 @@ def figures(rep: Report) -> dict[str, dict[str, Any]]:
         **LAYOUT, "title": {"text": "Bandwidth over the run"}, "shapes": shapes,
         "xaxis": {"title": {"text": "s since the host's first op"}},
         "yaxis": {"title": {"text": "GiB/s"}, "rangemode": "tozero"}}}
+    # one box per op with every rank's point beside it, spread sideways (jitter): ranks with the
+    # same time no longer sit on one dot; hovering names the rank, the table below lists them all
     figs["ranks"] = {"data": [
-        {"type": "scatter", "mode": "markers", "name": kind,
+        {"type": "box", "name": kind, "boxpoints": "all", "jitter": 0.6, "pointpos": 0,
          "x": [r["op"] for r in rep.ranks if r["op"].startswith(kind)],
          "y": [r["duration_s"] for r in rep.ranks if r["op"].startswith(kind)],
          "text": [f"rank {r['rank']} on {r['host']}" for r in rep.ranks if r["op"].startswith(kind)],
-         "marker": {"color": COLORS[kind], "size": 7, "opacity": 0.7}}
+         "hoverinfo": "y+text", "fillcolor": "rgba(0,0,0,0)", "line": {"color": COLORS[kind], "width": 1},
+         "marker": {"color": COLORS[kind], "size": 6, "opacity": 0.7}}
         for kind in ("write", "read") if any(r["op"].startswith(kind) for r in rep.ranks)],
         "layout": {**LAYOUT, "title": {"text": "Each rank's time per op (the highest sets the op's)"},
-                   "yaxis": {"title": {"text": "s"}, "rangemode": "tozero"}}}
+                   "boxmode": "group", "yaxis": {"title": {"text": "s"}, "rangemode": "tozero"}}}
     figs["latency"] = {"data": [
         {"type": "scatter", "mode": "lines", "name": f"{kind} requests", "x": xs, "y": ys,
          "line": {"color": COLORS[kind], "shape": "hv"}}
@@ -103,6 +108,31 @@ def _cell(v: Any) -> str:
     return _e(v)
 
 
+def _rank_table(rep: Report) -> str:
+    """Every rank's time per op (ranks down, ops across), each op's slowest in bold: what the
+    strip chart cannot show once many ranks share a time."""
+    ops = list(dict.fromkeys(r["op"] for r in rep.ranks))
+    if not ops:
+        return ""
+    by = {(r["rank"], r["op"]): r for r in rep.ranks}
+    slowest = {op: max(r["duration_s"] for r in rep.ranks if r["op"] == op) for op in ops}
+    ranks = sorted({(r["rank"], r["host"]) for r in rep.ranks})
+    head = "<tr><th>rank</th><th>host</th>" + "".join(f"<th>{_e(op)} (s)</th>" for op in ops) + "</tr>"
+
+    def cell(rank: int, op: str) -> str:
+        r = by.get((rank, op))
+        if r is None:
+            return "<td></td>"
+        mark = ' class="slowest"' if r["duration_s"] == slowest[op] else ""
+        return f"<td{mark}>{fmt_figure(r['duration_s'])}</td>"
+
+    rows = "".join(f"<tr><td>{rank}</td><td>{_e(host)}</td>" + "".join(cell(rank, op) for op in ops) + "</tr>"
+                   for rank, host in ranks)
+    return (f'<details id="per-rank"><summary>Each rank\'s time per op ({len(ranks)} ranks; the slowest '
+            f'of each op in bold)</summary><div class="wide"><table id="ranks-table">{head}{rows}</table>'
+            "</div></details>")
+
+
 def render(rep: Report, plotly_js: str | None = None, *, plotly_src: str | None = None,
            bundle_href: str | None = None) -> str:
     """The page.  ``plotly_js``: the plotly.js source to inline (default: the installed package's);
@@ -119,6 +149,7 @@ def render(rep: Report, plotly_js: str | None = None, *, plotly_src: str | None 
     rows = "".join("<tr>" + "".join(f"<td>{_cell(o.get(c))}</td>" for c in OP_COLUMNS) + "</tr>"
                    for o in rep.ops)
     charts = "".join(f'<section><div id="{name}" class="chart"></div></section>' for name in figs)
+    per_rank = _rank_table(rep)
     spec = json.dumps(figs).replace("</", "<\\/")
     inline = (plotly_js or "").replace("</script", "<\\/script")
     script = (f'<script src="{_e(plotly_src)}"></script>' if plotly_src is not None
@@ -128,13 +159,16 @@ def render(rep: Report, plotly_js: str | None = None, *, plotly_src: str | None 
 <html lang="en"><head><meta charset="utf-8"><title>mlckpt report: {_e(rep.title)}</title>
 <meta name="viewport" content="width=device-width, initial-scale=1"><style>{CSS}</style></head>
 <body><header><h1>mlckpt report: {_e(rep.title)}</h1></header><main>
-<section><h2>Run</h2><p class="verdict">verdict: {_e(rep.verdict)}{link}</p><table>{facts}</table>
+<section><h2>Run</h2><p class="verdict">verdict: {_e(rep.verdict)}{link}</p><table class="facts">{facts}</table>
 <h2>Findings</h2><ul>{findings}</ul></section>
 {charts}
-<section><h2>Ops</h2><div style="overflow-x:auto"><table id="ops"><tr>{head}</tr>{rows}</table></div>
-<p class="note">Durations and bandwidths are the slowest rank's (barrier to last byte, durable for writes);
-latency percentiles cover every request of every rank (HdrHistogram, within 1 %); phases are the slowest
-rank's. Everything here is recomputed from records.jsonl (docs: Reading a run's report).</p></section>
+<section><h2>Ops</h2><div class="wide"><table id="ops"><tr>{head}</tr>{rows}</table></div>
+<p class="note">An op's duration is its slowest rank's (barrier to last byte, durable for writes); its
+bandwidth is every rank's bytes over that duration (the aggregate), and slowest_rank_bandwidth_gib_s the
+slowest rank's own bytes over its own time. Latency percentiles cover every request of every rank
+(HdrHistogram, within 1 %); phases are the slowest rank's. Everything here is recomputed from records.jsonl
+(docs: Reading a run's report).</p>
+{per_rank}</section>
 </main>
 <script type="application/json" id="figures">{spec}</script>
 {script}
