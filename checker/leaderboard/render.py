@@ -254,16 +254,22 @@ def _td(rec: Mapping[str, Any], c: Column, link: str | None, maxima: Mapping[str
     return f'<td class="{" ".join(classes)}"{attrs}>{body}</td>'
 
 
+# Columns the page's tables leave to their class's heading (every row of a class shares the division),
+# so a table fits a laptop's window without scrolling sideways; the other formats keep them.
+PAGE_OMITS = ("division",)
+
+
 def _table_html(t: ClassTable, links: Mapping[str, str], reports: Mapping[str, str]) -> str:
     recs = t.frame.to_dict("records")
+    columns = [c for c in t.columns if c.key not in PAGE_OMITS]
     maxima = {k: float(t.frame[k].max()) for k in BAR_COLUMNS if k in t.frame and t.frame[k].notna().any()}
     serving = t.key.pipeline == SERVING
     ranked, direction = ("ready_s", "ascending") if serving else ("write_gib_s", "descending")
-    head = "".join(_th(c, direction if c.key == ranked else "none") for c in t.columns)
+    head = "".join(_th(c, direction if c.key == ranked else "none") for c in columns)
     rows = []
     for i, (entry, rec) in enumerate(zip(t.entries, recs, strict=True)):
         report = reports.get(rec["bundle"])
-        cells = "".join(_td(rec, c, links.get(rec["bundle"]), maxima, entry.sut, report) for c in t.columns)
+        cells = "".join(_td(rec, c, links.get(rec["bundle"]), maxima, entry.sut, report) for c in columns)
         rows.append(f'<tr data-order="{i}" data-id="{_e(rec["result_id"])}">{cells}</tr>')
     caption = (f'<caption>{_e(t.key.describe())}: {len(recs)} result{"s" if len(recs) != 1 else ""}, '
                f'{_e(t.sort_note)}.</caption>')

@@ -22,6 +22,9 @@ from support.browser import chromium, missing
 from support.synthetic import GOLDEN_TREE, build_tree, lb_cli
 
 from checker.leaderboard import COLUMNS, fmt
+from checker.leaderboard.render import PAGE_OMITS
+
+PAGE_COLUMNS = [c for c in COLUMNS if c.key not in PAGE_OMITS]  # the page's tables: no division column
 
 pytestmark = pytest.mark.skipif(missing() is not None, reason=missing() or "")
 
@@ -73,7 +76,7 @@ def _table_cells(d: Any, class_id: str) -> list[list[str]]:
 
 
 def _column(d: Any, class_id: str, key: str) -> list[str]:
-    idx = [c.key for c in COLUMNS].index(key)
+    idx = [c.key for c in PAGE_COLUMNS].index(key)
     return [row[idx] for row in _table_cells(d, class_id)]
 
 
@@ -129,13 +132,13 @@ def test_a_system_cell_opens_its_system_under_test(loaded: Any, site: dict[str, 
 def test_table_values_match_the_json_output(loaded: Any, site: dict[str, Any]) -> None:
     for cls in site["json"]["classes"]:
         cells = _table_cells(loaded, cls["id"])
-        expected = [[fmt(row[c.key], c) for c in COLUMNS] for row in cls["rows"]]
+        expected = [[fmt(row[c.key], c) for c in PAGE_COLUMNS] for row in cls["rows"]]
         assert cells == expected, cls["id"]
     headers = loaded.execute_script(
         "return Array.from(document.querySelectorAll('table.lb')[0].tHead.rows[0].cells)"
         ".map(h => h.querySelector('.name').textContent + '|' + "
         "(h.querySelector('.unit') ? h.querySelector('.unit').textContent : ''))")
-    assert headers == [f"{c.name}|{c.unit}" for c in COLUMNS]
+    assert headers == [f"{c.name}|{c.unit}" for c in PAGE_COLUMNS]
 
 
 def test_every_row_links_to_its_bundle(loaded: Any, site: dict[str, Any]) -> None:
@@ -224,6 +227,20 @@ def test_stall_and_time_to_durable_columns(loaded: Any, site: dict[str, Any]) ->
             "return b ? b.textContent : null;", c["id"])
         assert badge == (None if c["pipeline"] == "sync" else c["pipeline"]), c["id"]
         assert all(m.startswith(c["pipeline"] + ", ") for m in _column(loaded, c["id"], "mode")), c["id"]
+
+
+def test_no_table_scrolls_sideways_on_a_1400_px_window(loaded: Any, site: dict[str, Any]) -> None:
+    _open(loaded, site["page"])
+    loaded.set_window_size(1400, 1000)
+    over = loaded.execute_script(
+        "return [...document.querySelectorAll('.table-wrap')].map(b => [b.querySelector('table').id, "
+        "b.scrollWidth - b.clientWidth]).filter(([, o]) => o > 0)")
+    page = loaded.execute_script("return document.documentElement.scrollWidth - window.innerWidth")
+    assert over == [] and page <= 0, (over, page)
+    # a class's division is its heading's: the page's tables leave the column out, the JSON keeps it
+    heads = loaded.execute_script(
+        "return [...document.querySelectorAll('table.lb th')].map(t => t.className)")
+    assert not any("col-division" in h for h in heads) and heads
 
 
 def test_screenshot(loaded: Any, site: dict[str, Any], tmp_path: Path) -> None:
