@@ -26,7 +26,7 @@ from mlckpt.errors import DISTURBED_STATUS, INTERRUPTED_STATUS, MlckptError, Usa
 from mlckpt.run.site_mpi import Launcher, launcher_args
 
 if TYPE_CHECKING:  # Hydra and the rules load when a run is composed, not for `mlckpt --help`
-    from mlckpt.plan.config import ConfigSource
+    from mlckpt.plan.config import ConfigSource, Setup
 
 # The presets of `mlckpt run`: keys set unless the command line sets them.  ``laptop``, the
 # default: the llama3_8b layout on its 8 ranks, open division, scaled so one checkpoint is ~1.3 GiB,
@@ -211,7 +211,7 @@ def _handle(argv: Sequence[str], outcomes: Outcomes | None) -> int:
     exe = find_mpiexec(mpiexec)
     if not args.multirun:
         s = validate(task, src)  # before Hydra creates the results folder
-        existed = Path(s.config["output"]["root"]).absolute().exists()  # an interrupt removes it if not
+        existed = s.settings.results.exists()  # an interrupt removes it if not
         outcome: list[int] = []
 
         def one(cfg: Any) -> int:
@@ -235,14 +235,14 @@ def _plain_help(flag: list[str]) -> int:
     return 0
 
 
-def _in_folder(combo: list[str], out: str, s: Any) -> list[str]:
+def _in_folder(combo: list[str], out: str, s: Setup) -> list[str]:
     """The job's overrides, with Hydra's output folder as its results folder."""
-    if Path(out).absolute() == Path(s.config["output"]["root"]).absolute():
+    if Path(out).absolute() == s.settings.results:
         return combo
     return [o for o in combo if override_key(o) != "output.root"] + [f"output.root={hydra_app.quoted(out)}"]
 
 
-def _multirun(exe: Launcher, flags: list[str], task: list[str], passed: list[str], src: Any,
+def _multirun(exe: Launcher, flags: list[str], task: list[str], passed: list[str], src: ConfigSource | None,
               outcomes: Outcomes | None) -> int:
     from mlckpt.cli import sweep
 
@@ -266,11 +266,11 @@ def _multirun(exe: Launcher, flags: list[str], task: list[str], passed: list[str
     if done and done[-1].status == INTERRUPTED_STATUS and len(done) < len(combos):
         print(f"--- sweep interrupted after {len(done)} of {len(combos)} combinations; the rest were not "
               "run", flush=True)
-    root = Path(next(iter(setups.values())).config["output"]["root"]).absolute()
+    root = next(iter(setups.values())).settings.results
     return sweep.finish(done, root)
 
 
-def validate(overrides: list[str], source: ConfigSource | None = None) -> Any:
+def validate(overrides: list[str], source: ConfigSource | None = None) -> Setup:
     """Everything `mlckpt run` checks before it spawns a rank: the configuration, the system
     description, and the gates every rank applies, on this host.  Returns the Setup."""
     from mlckpt.host.description import load_system_description
@@ -280,25 +280,24 @@ def validate(overrides: list[str], source: ConfigSource | None = None) -> Any:
     from mlckpt.run.storage.kinds import local_folder
 
     s = setup(overrides, source or SHIPPED)
-    if s.config.get("system"):
-        load_system_description(s.config["system"], s.rules.version)
+    run = s.settings
+    if run.system:
+        load_system_description(run.system, s.rules.version)
     # Every rank will be local: apply the same gates the ranks apply, before spawning any.
-    folder = Path(str(s.config["checkpoint"]["folder"])).absolute()
-    fast = s.config["checkpoint"]["tiers"]["fast"]
-    results = Path(s.config["output"]["root"]).absolute()
-    problem = output_problem(results)  # before Hydra creates the results folder
+    folder = Path(run.checkpoint.folder).absolute()
+    problem = output_problem(run.results)  # before Hydra creates the results folder
     if problem:
         raise UsageError(f"output.root: {problem}", key="output.root")
-    held = None if local_folder(s.config["checkpoint"]["folder"]) is None else refusal(folder)
+    held = None if local_folder(run.checkpoint.folder) is None else refusal(folder)
     if held:  # another run measures the folder, or still removes its files
         raise UsageError(held, key="checkpoint.folder")
-    if str(s.config["signing"]["key"]) not in ("auto", "none"):  # an unusable key file
+    if run.signing_key not in ("auto", "none"):  # an unusable key file
         from mlckpt.run.phases.configure import resolve_signing_key
 
-        resolve_signing_key(str(s.config["signing"]["key"]), print)
-    here = local_host(folder, range(s.plan.ranks), fast, results, s.config)
+        resolve_signing_key(run.signing_key, print)
+    here = local_host(folder, range(s.plan.ranks), run.checkpoint.fast_tier, run.results, s.config)
     ctx = s.context((here,), complete=True, measured=True)
-    refusal = blocking_message(s.rules.evaluate(ctx, ["config", "host"]).findings, str(s.config["division"]))
+    refusal = blocking_message(s.rules.evaluate(ctx, ["config", "host"]).findings, run.division)
     if refusal:
         raise UsageError(refusal)
     missing = description_refusal(s.config)
@@ -307,8 +306,8 @@ def validate(overrides: list[str], source: ConfigSource | None = None) -> Any:
     return s
 
 
-def launch(mpiexec: Launcher, overrides: list[str], source: ConfigSource | None = None, s: Any = None,
-           rank_command: Sequence[str] | None = None, *, results_existed: bool = True,
+def launch(mpiexec: Launcher, overrides: list[str], source: ConfigSource | None = None,
+           s: Setup | None = None, rank_command: Sequence[str] | None = None, *, results_existed: bool = True,
            outcomes: Outcomes | None = None) -> int:
     """Validate here (fail fast, nothing spawned) unless ``s`` is the validated setup, then run
     ``rank_command`` (default: this ``mlckpt run``) on every rank under mpiexec; with ``outcomes``
@@ -334,7 +333,7 @@ def launch(mpiexec: Launcher, overrides: list[str], source: ConfigSource | None 
     return status
 
 
-def _tries(mpiexec: Launcher, cmd: list[str], env: dict[str, str], s: Any, results_existed: bool,
+def _tries(mpiexec: Launcher, cmd: list[str], env: dict[str, str], s: Setup, results_existed: bool,
            out: TextIO | None) -> int:
     """The launch, and again after a pause while it is disturbed and MLCKPT_RETRY_DISTURBED allows."""
     retries = disturbed_retries(os.environ)
@@ -350,18 +349,16 @@ def _tries(mpiexec: Launcher, cmd: list[str], env: dict[str, str], s: Any, resul
     return status
 
 
-def _launch_once(mpiexec: Launcher, cmd: list[str], env: dict[str, str], s: Any,
+def _launch_once(mpiexec: Launcher, cmd: list[str], env: dict[str, str], s: Setup,
                  results_existed: bool, out: TextIO | None = None) -> int:
     """One launch; a Ctrl-C waits for the run's cleanup (mlckpt.cli.interrupt), never kills it."""
     from mlckpt.cli import interrupt
     from mlckpt.run.storage.folderlock import LAUNCH_ENV
     from mlckpt.run.storage.kinds import local_folder
 
-    folder = str(s.config["checkpoint"]["folder"])
-    results = Path(s.config["output"]["root"]).absolute()
-    launch = interrupt.Launch(local_folder(folder),
-                              secrets.token_hex(8), results, results_existed,
-                              bool(s.config["checkpoint"]["keep"] or s.config["checkpoint"]["restore_from"]))
+    run = s.settings
+    launch = interrupt.Launch(local_folder(run.checkpoint.folder), secrets.token_hex(8), run.results,
+                              results_existed, run.checkpoint.kept)
     with interrupt.Presses() as presses:
         try:
             proc, relays = interrupt.relayed(cmd, {**env, LAUNCH_ENV: launch.token}, out, presses)

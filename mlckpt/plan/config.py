@@ -10,6 +10,7 @@ import logging
 import re
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
+from functools import cached_property
 from pathlib import Path
 from typing import Any
 
@@ -17,6 +18,7 @@ from mlckpt import formats
 from mlckpt.errors import ConfigError, UsageError
 from mlckpt.locations import is_object_url, parse_object_url
 from mlckpt.plan import aliases
+from mlckpt.plan.settings import Settings
 from mlckpt.resources import workloads_dir
 from mlckpt.rules import Context, HostSpec, RuleSet, host_blocks, known_versions, load_rules, override_key
 from mlckpt.schemas import drop_unknown_nulls, first_error, schema
@@ -47,6 +49,11 @@ class Setup:
     @property
     def declared(self) -> tuple[HostSpec, ...] | None:
         return declared_hosts(self.config, self.plan.ranks)
+
+    @cached_property
+    def settings(self) -> Settings:
+        """The configuration as the run reads it: typed, made once (mlckpt/plan/settings.py)."""
+        return Settings.of(self.config)
 
 
 @dataclass(frozen=True)

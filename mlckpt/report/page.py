@@ -159,7 +159,8 @@ def render(rep: Report, plotly_js: str | None = None, *, plotly_src: str | None 
 <html lang="en"><head><meta charset="utf-8"><title>mlckpt report: {_e(rep.title)}</title>
 <meta name="viewport" content="width=device-width, initial-scale=1"><style>{CSS}</style></head>
 <body><header><h1>mlckpt report: {_e(rep.title)}</h1></header><main>
-<section><h2>Run</h2><p class="verdict">verdict: {_e(rep.verdict)}{link}</p><table class="facts">{facts}</table>
+<section><h2>Run</h2><p class="verdict">verdict: {_e(rep.verdict)}{link}</p>
+<table class="facts">{facts}</table>
 <h2>Findings</h2><ul>{findings}</ul></section>
 {charts}
 <section><h2>Ops</h2><div class="wide"><table id="ops"><tr>{head}</tr>{rows}</table></div>

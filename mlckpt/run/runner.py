@@ -29,6 +29,7 @@ from mlckpt.engine import frameworks
 from mlckpt.errors import DISTURBED_STATUS, INVALID_STATUS, MlckptError, UsageError
 from mlckpt.host.facts import SAMPLE_INTERVAL_S, DeviceSampler, block_device, counters_sample
 from mlckpt.plan.config import SHIPPED, ConfigSource
+from mlckpt.plan.settings import Settings
 from mlckpt.rules import gpu_source
 from mlckpt.run import outcome_note
 from mlckpt.run.collective import Job, MPIDone, OpTimer
@@ -73,8 +74,8 @@ def offsets(sizes: Sequence[int]) -> list[int]:
 
 def gate(job: Job, c: Configured) -> Gates:
     """Each host's leader measures its host; every rank judges every host (before any I/O)."""
-    cfg = c.config
-    folder = Path(str(cfg["checkpoint"]["folder"])).absolute()
+    cfg, run = c.config, c.setup.settings
+    folder = Path(run.checkpoint.folder).absolute()
     names = job.comm.allgather(job.host)
     # The life pipe: its write end closes when this process dies, which its host's guardian sees
     # at once (it opens the read end through /proc).  Both ends stay open for good.
@@ -88,11 +89,10 @@ def gate(job: Job, c: Configured) -> Gates:
         link_guardians(job, names)
     local = None
     with job.step("host measurement"):
-        results = Path(cfg["output"]["root"]).absolute()
-        if names.index(job.host) == job.rank and not takes_page_cache(cfg["checkpoint"]["folder"]):
-            local = measure_object_host(job.host, cfg, mpi_library(), results)
+        if names.index(job.host) == job.rank and not takes_page_cache(run.checkpoint.folder):
+            local = measure_object_host(job.host, cfg, mpi_library(), run.results)
         elif names.index(job.host) == job.rank:
-            local = measure_host(job.host, folder, cfg["io"], c.pipe.fast, mpi_library(), results, cfg)
+            local = measure_host(job.host, folder, cfg["io"], c.pipe.fast, mpi_library(), run.results, cfg)
         # The other ranks wait asleep: MPI's busy-polling collectives would halve the memory copy
         # rate a leader measures on a host with as many ranks as cores.
         job.idle_barrier()
@@ -126,7 +126,7 @@ def op_timer(job: Job, c: Configured, gates: Gates, folders: Folders, created: C
             "not enforced (a stalled rank will hang the job)"
         )
     stalled = Stalled(job, c, gates, folders, created)
-    timer = OpTimer(job, float(c.config["io"]["timeout_s"]), channel, stalled)
+    timer = OpTimer(job, c.setup.settings.io.timeout_s, channel, stalled)
     timer.written = Written.of(c.setup.rules.version)
     pids = job.comm.allgather(os.getpid())
     if gates.leader(job.rank):  # the host's kernel counters around every op (records format 3)
@@ -137,9 +137,9 @@ def op_timer(job: Job, c: Configured, gates: Gates, folders: Folders, created: C
         own = [pids[r] for r in ranks] if timer.written.has("own_io") else ()
         timer.probe = partial(counters_sample, timer.device, own)
         timer.host_ranks = len(ranks)
-        every = c.config["io"].get("sample_interval_s")
+        every = c.setup.settings.io.sample_interval_s
         if timer.written.has("requests") and timer.device is not None and every != 0:
-            timer.sampler = DeviceSampler(timer.device, float(every or SAMPLE_INTERVAL_S))
+            timer.sampler = DeviceSampler(timer.device, every or SAMPLE_INTERVAL_S)
     return timer
 
 
@@ -151,7 +151,7 @@ def evict_written(job: Job, c: Configured, folders: Folders, created: Created, l
             # Fast-tier copies no longer kept are gone already; every other file must be there.
             if fast is None or not path.startswith(f"{fast}/") or os.path.exists(path):
                 engine.evict(path)
-        if c.config["cache"]["drop_system"] and leader:
+        if c.setup.settings.drop_system_cache and leader:
             engine.drop_caches()
         if leader and fast is not None:  # every persist is over: drop emptied folders
             for j in set(range(1, nw + 1)) - set(c.pipe.fast_retained(nw)):
@@ -162,32 +162,27 @@ def evict_written(job: Job, c: Configured, folders: Folders, created: Created, l
         job.faults.after_writes(job.rank, folders.durable, fast, c.setup.plan, nw)
 
 
-def timer_opts(cfg: Mapping[str, Any]) -> engine.IOOptions:
+def timer_opts(run: Settings) -> engine.IOOptions:
     """The I/O options of every op (object runs: no O_DIRECT, no page cache to skip)."""
-    files = takes_page_cache(cfg["checkpoint"]["folder"])
-    return engine.IOOptions(
-        direct=cfg["io"]["direct"] and files,
-        dontcache=cfg["io"]["dontcache"] and files,
-        threads=cfg["io"]["threads"],
-        block_size=cfg["io"]["block_size"],
-        fsync=cfg["checkpoint"]["fsync"],
-    )
+    files = takes_page_cache(run.checkpoint.folder)
+    return engine.IOOptions(direct=run.io.direct and files, dontcache=run.io.dontcache and files,
+                            threads=run.io.threads, block_size=run.io.block_size, fsync=run.checkpoint.fsync)
 
 
 def phases(job: Job, c: Configured, gates: Gates, created: Created, ident: tuple[RunId, bytes],
            witness: Witnessing | None) -> outcome.Measured:
     """Folders, allocation, the timing calibration, the writes, eviction, the restores."""
-    cfg, plan, ck = c.config, c.setup.plan, c.config["checkpoint"]
+    cfg, plan = c.config, c.setup.plan
     folders = make_folders(job, c, gates, created, *ident)
     timer = op_timer(job, c, gates, folders, created)
     timer.witness = witness
     mine = plan.rank_plans[job.rank].files
-    reads = plan.restore_reads(job.rank, ck["restore"], gates.shift)
-    stream = cfg["residency"] == "stream"
+    reads = plan.restore_reads(job.rank, c.setup.settings.checkpoint.restore, gates.shift)
+    stream = c.setup.settings.residency == "stream"
     with job.step("memory allocation"):
         own, rd_offsets = offsets([f.bytes for f in mine]), offsets([rd.file.bytes for rd in reads])
         arena = engine.alloc(
-            int(cfg["stream_buffer_bytes"]) if stream else max(own[-1], rd_offsets[-1], PAGE)
+            c.setup.settings.stream_buffer_bytes if stream else max(own[-1], rd_offsets[-1], PAGE)
         )
     timer.state = arena
     dev, state = None, None
@@ -225,16 +220,16 @@ def _io_phases(job: Job, c: Configured, gates: Gates, created: Created, folders:
                dev: Any) -> tuple[RunId, list[dict[str, Any]]]:
     """The writes, eviction and the restores, from ``arena`` (and ``dev``, a GPU-resident state);
     ``layout``: this rank's files and their offsets, its restore reads and theirs."""
-    cfg, ck = c.config, c.config["checkpoint"]
+    cfg, ck = c.config, c.setup.settings.checkpoint
     mine, own, reads, rd_offsets = layout
-    stream = cfg["residency"] == "stream"
-    opts = timer_opts(cfg)
+    stream = c.setup.settings.residency == "stream"
+    opts = timer_opts(c.setup.settings)
     if stream:
         job.say(
             "residency=stream: content generation (writes) and verification (reads) run "
             "inside the timed region; results are labelled stream"
         )
-    nw, nr = int(ck["num_writes"]), int(ck["num_reads"])
+    nw, nr = ck.num_writes, ck.num_reads
     leader, fast_direct = gates.leader(job.rank), gates.fast_direct.get(job.host, False)
     records: list[dict[str, Any]] = []
     fw = Framework.of(cfg)
@@ -276,16 +271,15 @@ def run(job: Job, overrides: Sequence[str], source: ConfigSource = SHIPPED) -> t
     with job.step("configuration"):
         c = configure(job, overrides, source)
     c = replace(c, source=job.comm.bcast(c.source))  # rank 0 verified the write invocation's bundle
-    cfg = c.config
+    cfg, run = c.config, c.setup.settings
     serving = ServingRun.of(cfg)
-    ck = cfg["checkpoint"]
-    what = (f"{fmt_bytes(c.setup.plan.total_bytes)} per checkpoint, {ck['num_writes']} writes, "
-            f"{ck['num_reads']} reads" if serving is None else
+    what = (f"{fmt_bytes(c.setup.plan.total_bytes)} per checkpoint, {run.checkpoint.num_writes} writes, "
+            f"{run.checkpoint.num_reads} reads" if serving is None else
             f"serving: {serving.replicas} replicas of TP {serving.tp}, {serving.strategy}, "
             f"{serving.loads} loads")
     job.say(
-        f"mlckpt {__version__}: {cfg['workload']['name']} on {job.size} ranks, division "
-        f"{cfg['division']}{', scaled × ' + str(cfg['scale']) if cfg['scale'] != 1 else ''}, {what}"
+        f"mlckpt {__version__}: {run.workload} on {job.size} ranks, division "
+        f"{run.division}{', scaled × ' + str(run.scale) if run.scaled else ''}, {what}"
     )
     if c.source is not None:
         job.say(f"read-only invocation: restoring the {c.source.num_writes} checkpoints of {c.source.name} "
@@ -295,19 +289,19 @@ def run(job: Job, overrides: Sequence[str], source: ConfigSource = SHIPPED) -> t
     with job.step("signing key"):
         # After the gates (a refused run writes nothing, not even a new key), before any I/O.
         if job.rank == 0 and key is None:
-            key = resolve_signing_key(str(cfg["signing"]["key"]), job.say)
+            key = resolve_signing_key(run.signing_key, job.say)
     ident = identity(job, cfg)
     # Before any I/O: a witness asked for but not reachable refuses the run on every rank.
     witness = Witnessing.open(job, cfg, c.setup.plan.digest, ident[0].number, ident[0].name, key)
     stage = job.console.stage if job.rank == 0 else (lambda _: None)
     # A read-only invocation removes what it restored only once it is a result: judged first, a
     # disturbed or invalid one keeps the write invocation's checkpoints, to be run again.
-    early = c.source is not None and not cfg["checkpoint"]["keep"]
+    early = c.source is not None and not run.checkpoint.keep
     assessed: outcome.Assessed | None = None
     failure: BaseException | None = None
-    with Created(bool(cfg["checkpoint"]["keep"]), between=lambda: final_barrier(job), stage=stage) as created:
+    with Created(run.checkpoint.keep, between=lambda: final_barrier(job), stage=stage) as created:
         measured = (phases(job, c, gates, created, ident, witness) if serving is None else
-                    serve.serving_phases(job, c, gates, created, ident, timer_opts(cfg),
+                    serve.serving_phases(job, c, gates, created, ident, timer_opts(run),
                                          lambda f: op_timer(job, c, gates, f, created, watch=False)))
         if early:
             assessed, failure = outcome.assessed(job, c, gates, measured, started, witness)

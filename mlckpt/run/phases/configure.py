@@ -68,17 +68,17 @@ def configure(job: Job, overrides: Sequence[str], source: ConfigSource = SHIPPED
         ovs.append(f"ranks={job.size}")
     s = setup(ovs, source)
     description, key, restored = None, None, None
+    run = s.settings
     if job.rank == 0:
-        if s.config.get("system"):
-            description = load_system_description(s.config["system"], s.rules.version)
-        problem = output_problem(Path(s.config["output"]["root"]).absolute())
+        if run.system:
+            description = load_system_description(run.system, s.rules.version)
+        problem = output_problem(run.results)
         if problem:
             raise UsageError(f"output.root: {problem}", key="output.root")
-        if str(s.config["signing"]["key"]) not in ("auto", "none"):
-            key = resolve_signing_key(str(s.config["signing"]["key"]), job.say)
-        restore_from = s.config["checkpoint"].get("restore_from")
-        if restore_from:  # the write invocation's bundle, verified, before any I/O
-            restored = load_source(str(restore_from), Path(s.config["output"]["root"]).absolute(), s.config)
+        if run.signing_key not in ("auto", "none"):
+            key = resolve_signing_key(run.signing_key, job.say)
+        if run.checkpoint.restore_from:  # the write invocation's bundle, verified, before any I/O
+            restored = load_source(run.checkpoint.restore_from, run.results, s.config)
     if s.plan.ranks != job.size:
         raise UsageError(
             f"ranks={s.plan.ranks} but the MPI world has {job.size} ranks "

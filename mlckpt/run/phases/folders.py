@@ -38,12 +38,12 @@ class Folders:
 
 
 def make_folders(job: Job, c: Configured, gates: Gates, created: Created, run: RunId, key: bytes) -> Folders:
-    cfg, ck = c.config, c.config["checkpoint"]
+    cfg = c.config
     if c.source is not None:
         return restored_folders(job, c, gates, run, created)
     fw = Framework.of(cfg)
     names = [file_names(fw, r, [f.name for f in rp.files]) for r, rp in enumerate(c.setup.plan.rank_plans)]
-    partial_dir = str(Path(cfg["output"]["root"]).absolute() / f".{run.name}.partial")
+    partial_dir = str(c.setup.settings.results / f".{run.name}.partial")
     durable = open_durable(cfg, run.name)
     created.storage = durable
     if not durable.folders:
@@ -54,8 +54,8 @@ def make_folders(job: Job, c: Configured, gates: Gates, created: Created, run: R
         # Folders this run creates (the configured folder too, if missing) are removed at the
         # end when empty; pre-existing ones are never touched.
         missing = created.missing_above(root) if leader else []
-        job.note(run=str(root), keep=bool(ck["keep"]), dirs=[str(d) for d in missing], names=names,
-                 partial=partial_dir)  # before the first mkdir: the guardian can undo all of it
+        job.note(run=str(root), keep=c.setup.settings.checkpoint.keep, dirs=[str(d) for d in missing],
+                 names=names, partial=partial_dir)  # before the first mkdir: the guardian can undo all of it
         if leader:
             take_lock(job, root, created)
             make_run_folder(root, created, key if keeps_key(cfg) else None)
@@ -77,7 +77,7 @@ def prefix(job: Job, c: Configured, run: RunId, key: bytes, durable: Storage, na
     """The run's prefix in a store that needs no folders: nothing to create, only the guardian to
     tell what to sweep, and with which client settings, if the run fails."""
     with job.step("checkpoint prefix"):
-        job.note(run=durable.at(), keep=bool(c.config["checkpoint"]["keep"]), dirs=[], names=names,
+        job.note(run=durable.at(), keep=c.setup.settings.checkpoint.keep, dirs=[], names=names,
                  partial=partial_dir, s3=s3_settings(c.config), shared=True)
     return Folders(run, key, durable)
 
@@ -108,12 +108,12 @@ def restored_folders(job: Job, c: Configured, gates: Gates, run: RunId, created:
     rank will read there at its size; before any I/O.  Without checkpoint.keep, the checkpoints are
     removed once restored, each rank removing those its writer rank wrote."""
     assert c.source is not None
-    ck, plan = c.config["checkpoint"], c.setup.plan
-    root = Path(ck["folder"]).absolute() / c.source.name
+    plan = c.setup.plan
+    root = Path(c.setup.settings.checkpoint.folder).absolute() / c.source.name
     nw = c.source.num_writes
     key = None
-    job.note(run=str(root), keep=True, dirs=[], names=[], partial=str(
-        Path(c.config["output"]["root"]).absolute() / f".{run.name}.partial"))
+    job.note(run=str(root), keep=True, dirs=[], names=[],
+             partial=str(c.setup.settings.results / f".{run.name}.partial"))
     with job.step("the write invocation's checkpoints"):  # every rank fails if rank 0 does
         if gates.leader(job.rank):  # the folder is this invocation's while it restores (the
             take_lock(job, root, created)  # lock names the run folder it uses, its write half's)
@@ -121,7 +121,7 @@ def restored_folders(job: Job, c: Configured, gates: Gates, run: RunId, created:
             key = split.read_key(root, c.source)
     key = job.comm.bcast(key)
     with job.step("checking the checkpoints to restore"):
-        reads = plan.restore_reads(job.rank, ck["restore"], gates.shift)
+        reads = plan.restore_reads(job.rank, c.setup.settings.checkpoint.restore, gates.shift)
         want = [(str(root / f"ckpt-{k:04d}" / rd.file.name), rd.file.bytes)
                 for k in range(1, nw + 1) for rd in reads]
         problem = split.missing(want)

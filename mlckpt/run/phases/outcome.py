@@ -78,7 +78,7 @@ def assess(job: Job, c: Configured, gates: Gates, measured: Measured, started: s
         ended=now(),
         description=c.description,
         restored_from=c.source.manifest_entry(measured.content_key) if c.source else None,
-        witness=witness.block(int(cfg["checkpoint"]["num_writes"])) if witness else None,
+        witness=witness.block(c.setup.settings.checkpoint.num_writes) if witness else None,
         storage=open_durable(cfg, "").describe(),
         state=measured.state,
         calibration=measured.calibration,

@@ -37,7 +37,7 @@ class Stalled:
         at, plan = self.folders.durable.at, self.c.setup.plan
         if op in ("write", "drain"):
             return [at(f"ckpt-{ckpt:04d}/{f.name}") for f in plan.rank_plans[rank].files]
-        reads = plan.restore_reads(rank, self.c.config["checkpoint"]["restore"], self.gates.shift)
+        reads = plan.restore_reads(rank, self.c.setup.settings.checkpoint.restore, self.gates.shift)
         return [at(f"ckpt-{ckpt:04d}/{rd.file.name}") for rd in reads]
 
     def line(self, op: str, index: int, ckpt: int, ranks: list[int], elapsed: float) -> str:
@@ -50,7 +50,7 @@ class Stalled:
             if files
             else ""
         )
-        timeout = f"{float(self.c.config['io']['timeout_s']):g}"
+        timeout = f"{self.c.setup.settings.io.timeout_s:g}"
         return (
             f"rank{'s' if len(ranks) > 1 else ''} {who}: {op} {index} did not finish within "
             f"io.timeout_s={timeout} ({elapsed:.1f} s elapsed: a stalled rank or unresponsive "
@@ -58,17 +58,16 @@ class Stalled:
         )
 
     def sweep(self, op: str, ckpt: int) -> str:
-        ck = self.c.config["checkpoint"]
-        upto = ckpt if op == "write" else int(ck["num_writes"])
+        upto = ckpt if op == "write" else self.c.setup.settings.checkpoint.num_writes
         fw = Framework.of(self.c.config)
         names = [n for r, rp in enumerate(self.c.setup.plan.rank_plans)
                  for n in file_names(fw, r, [f.name for f in rp.files])]
         durable, fast = self.folders.durable, self.folders.fast
         above = self.created.outside(Path(durable.at())) if durable.folders else []
-        note = "; " + sweep(durable.at(), names, upto, keep=bool(ck["keep"]), s3=s3_settings(self.c.config),
-                            dirs=above)
+        keep = self.c.setup.settings.checkpoint.keep
+        note = "; " + sweep(durable.at(), names, upto, keep=keep, s3=s3_settings(self.c.config), dirs=above)
         if fast is not None:
-            fnote = sweep(fast.at(), names, upto, keep=bool(ck["keep"]))
+            fnote = sweep(fast.at(), names, upto, keep=keep)
             note += f" (fast tier: {fnote.removeprefix('removed ')})"
         return note
 

@@ -246,7 +246,7 @@ def test_the_page_draws_the_timeline_each_ranks_time_and_the_latency_cdf(tmp_pat
         d.get(out.as_uri())
         drawn = d.execute_script("""
             const n = id => document.querySelectorAll('#' + id + ' .scatterlayer .trace, #' + id
-                                                      + ' .barlayer .trace, #' + id + ' g.trace.boxes').length;
+                + ' .barlayer .trace, #' + id + ' g.trace.boxes').length;
             const data = id => document.getElementById(id).data;
             return {timeline: data('timeline'), ranks: data('ranks'), latency: data('latency'),
                     phases: data('phases'), traces: ['timeline', 'ranks', 'latency', 'phases'].map(n),

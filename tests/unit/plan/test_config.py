@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import dataclasses
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -290,3 +292,17 @@ def test_rules_1_10_is_never_read_as_the_number_1_1() -> None:
     assert str(exc.value) == ("rules_version: 1.1 as a number is ambiguous (1.10 reads as 1.1): quote it, "
                               "e.g. rules_version: '1.10' or '1.1'")
     assert rules_version_text(1.9) == "1.9" and rules_version_text("1.10") == "1.10"
+
+
+def test_the_run_reads_one_typed_value_of_the_configuration(tmp_path: Path) -> None:
+    s = setup(["division=open", "scale=0.01", "checkpoint.num_writes=2", "io.threads=8", "io.block_size=1M",
+               f"output.root={tmp_path / 'r'}", "checkpoint.keep=true", "io.sample_interval_s=0.5"])
+    run = s.settings
+    assert run is s.settings  # made once
+    assert (run.workload, run.division, run.ranks, run.scale) == ("llama3_8b", "open", 8, 0.01) and run.scaled
+    io = run.io
+    assert (io.threads, io.block_size, io.direct, io.sample_interval_s) == (8, 1 << 20, True, 0.5)
+    assert (run.checkpoint.num_writes, run.checkpoint.keep, run.checkpoint.restore_from) == (2, True, None)
+    assert run.checkpoint.kept and run.results == tmp_path / "r" and run.signing_key == "auto"
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        run.division = "closed"  # type: ignore[misc]
