@@ -143,7 +143,10 @@ def handle_argv(argv: Sequence[str]) -> int:
     from mlckpt.cli import run_outcome
 
     as_json, argv = run_outcome.wanted(argv)
-    if not as_json or under_mpi():
+    if as_json and under_mpi():  # every rank's stdout is the launcher's: no line of its own for scripts
+        raise UsageError("--json: for `mlckpt run` started on its own (it launches its ranks); under "
+                         "mpiexec or srun, read the bundle from the 'bundle: PATH' line", key="--json")
+    if not as_json:
         return _handle(argv, None)
     stdout, outcomes = sys.stdout, Outcomes(sys.stdout)
     try:

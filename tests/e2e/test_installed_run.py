@@ -81,6 +81,11 @@ def test_json_says_a_refusal_too(tmp_path: Path) -> None:
                                 "error": "io.threads: 0 is less than the minimum of 1"}
     line = proc.stderr.strip().splitlines()[-1]
     assert line == "mlckpt: error: io.threads: 0 is less than the minimum of 1"
+    # under another launcher (each rank's stdout is the launcher's) --json is refused, not ignored
+    env = {**os.environ, "PMI_RANK": "0", "PMI_SIZE": "1", "XDG_CONFIG_HOME": str(tmp_path / "xdg")}
+    ranked = subprocess.run([str(BIN / "mlckpt"), "run", "--json", *SMALL], cwd=tmp_path, env=env, text=True,
+                            capture_output=True, check=False, timeout=120)
+    assert ranked.returncode == 2 and "--json: for `mlckpt run` started on its own" in ranked.stderr
     # the troubleshooting page quotes this refusal as real output: it must stay the real line
     assert line in (Path(__file__).parents[2] / "docs/src/troubleshooting.md").read_text().splitlines()
 
