@@ -12,15 +12,13 @@ import argparse
 import shutil
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-import yaml
-
-from mlckpt import bundle
-from mlckpt.bundle.models import VerifiedBundle
 from mlckpt.bundle.tree import NAME, TRUSTED_KEYS_FILE, org_name, result_place, system_file
 from mlckpt.errors import BundleIntegrityError, IntegrityError, UsageError
-from mlckpt.rules import placeholders
+
+if TYPE_CHECKING:  # the bundle's and the rules' libraries load when a bundle is placed, not for --help
+    from mlckpt.bundle.models import VerifiedBundle
 
 
 def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
@@ -37,6 +35,7 @@ def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
 
 
 def cmd_place(args: argparse.Namespace) -> int:
+    from mlckpt import bundle
     if len(args.paths) < 2:
         raise UsageError("mlckpt place: give one or more bundles, then the submission tree ROOT")
     *sources, root = args.paths
@@ -72,6 +71,8 @@ class Planned:
 
 def _plan(source: Path, root: Path, org_given: str | None, pack: bool) -> Planned:
     """Everything that can refuse a bundle, before anything is written."""
+    from mlckpt import bundle
+    from mlckpt.rules import placeholders
     if not (source / bundle.SIGNATURE_FILE).is_file():
         raise UsageError(f"{source}: not a bundle folder (it holds no {bundle.SIGNATURE_FILE})")
     try:
@@ -102,12 +103,16 @@ def _plan(source: Path, root: Path, org_given: str | None, pack: bool) -> Planne
 
 
 def _document(folder: Path, name: str, verified: Any) -> Any:
+    from mlckpt import bundle
+
     return bundle.parse_document(name, bundle.read_document(folder, name, verified))
 
 
 def _system_file(path: Path, description: dict[str, Any], write: bool) -> None:
     """The tree's copy of the description: written where absent; where present it must be the
     same description (the checker requires the bundle's embedded copy and the tree's equal)."""
+    import yaml
+
     if path.exists():
         if yaml.safe_load(path.read_text()) != description:
             raise UsageError(f"{path}: differs from the system description the bundle embeds (the "
@@ -124,6 +129,8 @@ def _system_file(path: Path, description: dict[str, Any], write: bool) -> None:
 def _trust(root: Path, org: str, verified: VerifiedBundle) -> None:
     """A tree without trusted keys gets one trusting the bundle's key for ``org`` (a committee
     uses its own); a tree with one is never edited: the entry it lacks is printed."""
+    from mlckpt import bundle
+
     path = root / TRUSTED_KEYS_FILE
     entry = f'  {org}: ["{verified.public_key}"]'
     if not path.exists():
