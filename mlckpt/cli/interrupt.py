@@ -129,12 +129,19 @@ class Relay:
         self.thread = threading.Thread(target=self._copy, daemon=True)
         self.thread.start()
 
+    def _write(self, data: bytes) -> None:
+        try:  # bytes as they came (a live bar's carriage returns, any encoding)
+            self.target.buffer.write(data)  # type: ignore[attr-defined]
+        except AttributeError:  # a text stream without a buffer (a test's capture)
+            self.target.write(data.decode(errors="replace"))
+        self.target.flush()
+
     def _copy(self) -> None:
-        fd, out, pending, heard = self.source.fileno(), self.target.fileno(), b"", False
+        fd, pending, heard = self.source.fileno(), b"", False
         while chunk := os.read(fd, 1 << 16):
             self.lines = self.lines or b"[mpiexec@" in chunk  # mpiexec speaks: whole lines from here
             if not (self.lines or self.quiet() or heard or pending):
-                os.write(out, chunk)
+                self._write(chunk)
                 continue
             *complete, pending = (pending + chunk).split(b"\n")
             kept = []
@@ -144,9 +151,9 @@ class Relay:
                 if not ((self.quiet() or heard) and NOISE.match(text)):
                     kept.append(raw + b"\n")
             if kept:
-                os.write(out, b"".join(kept))
+                self._write(b"".join(kept))
         if pending and not ((self.quiet() or heard) and NOISE.match(pending.decode(errors="replace"))):
-            os.write(out, pending)
+            self._write(pending)
 
     def join(self) -> None:
         self.thread.join(timeout=5.0)

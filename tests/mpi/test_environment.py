@@ -315,9 +315,9 @@ def test_a_disturbed_run_is_run_again_when_asked_and_only_then(
         code = ("import sys,pathlib; p=pathlib.Path(sys.argv[1]); n=int(p.read_text()); "
                 f"p.write_text(str(n+1)); sys.exit(int({statuses!r}[min(n, {len(statuses) - 1})]))")
         monkeypatch.setenv("MLCKPT_RETRY_DISTURBED", retries)
-        one_rank = SimpleNamespace(plan=SimpleNamespace(ranks=1), config={
-            "checkpoint": {"folder": str(tmp_path / "ck"), "keep": False, "restore_from": None},
-            "output": {"root": str(tmp_path / "results")}})
+        checkpoint = SimpleNamespace(folder=str(tmp_path / "ck"), kept=False)
+        settings = SimpleNamespace(checkpoint=checkpoint, results=tmp_path / "results")
+        one_rank = SimpleNamespace(plan=SimpleNamespace(ranks=1), settings=settings)
         status = run_cmd.launch(Launcher(str(fake), None, "test"), [], s=one_rank,
                                 rank_command=[sys.executable, "-c", code, str(count)])
         return status, int(count.read_text())
