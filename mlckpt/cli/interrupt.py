@@ -161,7 +161,14 @@ class Relay:
 
 def relayed(cmd: list[str], env: dict[str, str], out: IO[str] | None, presses: Presses
             ) -> tuple[subprocess.Popen[bytes], tuple[Relay, ...]]:
-    """mpiexec started with its output relayed to ``out`` (default stdout) and stderr."""
+    """mpiexec started with its output relayed to ``out`` (default stdout) and stderr, where a person
+    watches a terminal. Elsewhere (a batch job's file, a pipe) mpiexec writes to them itself: a
+    launcher killed outright (a scheduler's SIGUSR1 or SIGKILL) must not take the ranks' and the
+    guardians' last lines with it."""
+    if not (sys.stdout.isatty() or sys.stderr.isatty()):
+        proc = subprocess.Popen(cmd, env=env, stdout=out)
+        presses.proc = proc
+        return proc, ()
     proc = subprocess.Popen(cmd, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
     presses.proc = proc
     quiet = lambda: presses.count > 0  # noqa: E731
