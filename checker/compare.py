@@ -107,23 +107,7 @@ def _rows() -> tuple[Row, ...]:
         _opt("framework_read_ratio", "read bandwidth / the engine's in the same run", "×", 2),
     ]
     for op in ("write", "read"):
-        for stat in ("mean", "median", "min", "max", "stdev"):
-            rows.append(Row(f"{op}_bandwidth_{stat}_gib_s", f"{op} bandwidth {stat}", "GiB/s", 2,
-                            _m(f"{op}_bandwidth_{stat}_gib_s")))
-        for stat in ("mean", "median", "min", "max"):
-            rows.append(Row(f"{op}_duration_{stat}_s", f"{op} duration {stat}", "s", 3,
-                            _m(f"{op}_duration_{stat}_s")))
-        for stat in ("mean", "min"):
-            key = f"{op}_slowest_rank_bandwidth_{stat}_gib_s"
-            rows.append(Row(key, f"{op} slowest rank bandwidth {stat}", "GiB/s", 3, _m(key)))
-        rows.append(Row(f"{op}_straggler_ratio_max", f"{op} straggler ratio max", "×", 2,
-                        _m(f"{op}_straggler_ratio_max")))
-        rows.append(Row(f"{op}_gib_per_op", f"{op} bytes per op", "GiB", 3,
-                        lambda e, d, op=op: e.m(f"{op}_bytes_per_op") / GiB))
-        rows.append(_opt(f"{op}_iops_mean", f"{op} IOPS (requests per second), mean", "/s", 0))
-        for point in LATENCY_POINTS:
-            rows.append(_opt(f"{op}_latency_{point}_ms", f"{op} request latency {point.replace('_', '.')}",
-                             "ms", 3))
+        rows += _op_rows(op)
         if op == "write":
             rows += _pipeline_rows()
     for tier in ("fast", "mixed"):
@@ -137,6 +121,25 @@ def _rows() -> tuple[Row, ...]:
                              f"{label} slowest rank bandwidth {stat}", "GiB/s", 3))
         rows.append(_opt(f"{name}_straggler_ratio_max", f"{label} straggler ratio max", "×", 2))
     return tuple(rows)
+
+
+def _op_rows(op: str) -> list[Row]:
+    """One op kind's figures: bandwidth and duration, the slowest rank, bytes, IOPS and latency."""
+    rows = [Row(f"{op}_bandwidth_{stat}_gib_s", f"{op} bandwidth {stat}", "GiB/s", 2,
+                _m(f"{op}_bandwidth_{stat}_gib_s")) for stat in ("mean", "median", "min", "max", "stdev")]
+    rows += [Row(f"{op}_duration_{stat}_s", f"{op} duration {stat}", "s", 3, _m(f"{op}_duration_{stat}_s"))
+             for stat in ("mean", "median", "min", "max")]
+    for stat in ("mean", "min"):
+        key = f"{op}_slowest_rank_bandwidth_{stat}_gib_s"
+        rows.append(Row(key, f"{op} slowest rank bandwidth {stat}", "GiB/s", 3, _m(key)))
+    rows.append(Row(f"{op}_straggler_ratio_max", f"{op} straggler ratio max", "×", 2,
+                    _m(f"{op}_straggler_ratio_max")))
+    rows.append(Row(f"{op}_gib_per_op", f"{op} bytes per op", "GiB", 3,
+                    lambda e, d: e.m(f"{op}_bytes_per_op") / GiB))
+    rows.append(_opt(f"{op}_iops_mean", f"{op} IOPS (requests per second), mean", "/s", 0))
+    rows += [_opt(f"{op}_latency_{point}_ms", f"{op} request latency {point.replace('_', '.')}", "ms", 3)
+             for point in LATENCY_POINTS]
+    return rows
 
 
 def _pipeline_rows() -> list[Row]:

@@ -19,7 +19,7 @@ from mlckpt.workload.model import workload_from_config
 from mlckpt.workload.serving_run import ServingRun, scope_problems
 from mlckpt.written import Written
 
-RS = load_rules("1.14")
+RS = load_rules()  # the default (1.15: 1.14's serving rules as they are)
 BASE = ("division=open", "ranks=4", "serving.tp=2", "scale=0.001", "serving.loads=2")
 
 
@@ -53,12 +53,12 @@ def honest(config: dict[str, Any], hosts: list[str]) -> Docs:
         placed.setdefault(h, []).append(rank)
     run_doc = {"hosts": [{"host": h, "ranks": rs} for h, rs in placed.items()], "ranks": len(hosts),
                "workload": config["workload"]["name"], "division": config["division"],
-               "scale": config["scale"], "rules_version": "1.14",
+               "scale": config["scale"], "rules_version": RS.version,
                "started": "2027-01-15T08:00:00.000Z", "ended": "2027-01-15T08:01:00.000Z",
                "pipeline": {"mode": "sync", "compute_interval_s": 0.0, "fast": None, "fast_keep": 1},
                "serving": run.block("/dev/shm/t" if run.strategy == "nodecache" else None),
                "storage": {"kind": "posix"}, "records_format": 10}
-    w = Written.of("1.14")
+    w = Written.of(RS.version)
     doc = summary(run, recs, ranks=len(hosts), hosts=len(placed), max_resident_fraction=0.01,
                   formats=(w.summary, w.records))
     return run_doc, recs, doc
@@ -86,7 +86,8 @@ def test_an_honest_serving_result_has_no_finding_and_no_checkpoint_rule_judges_i
     judged = {r.id for r in RS.rules if ctx.kind in r.kinds and "result" in r.stages}
     assert judged == {"SERVING-RECORDED", "SERVING-PLAN", "SERVING-COLD", "SERVING-SUMMARY",
                       "OBJECT-STORAGE-RECORDED", "RUN-CLAIMS", "RESULT-CONSISTENT", "RESULT-TIMES",
-                      "HOST-CLOCKS", "RECORDS-COPIES", "SERVING-COUNTERS"}  # the last two from 1.14
+                      "HOST-CLOCKS", "RECORDS-COPIES", "SERVING-COUNTERS",  # these two from 1.14
+                      "SYSTEM-COMPLETE"}  # from 1.15
 
 
 def test_a_checkpoint_run_is_judged_by_no_serving_rule() -> None:
@@ -176,7 +177,7 @@ def test_copied_replicas_are_caught_from_rules_1_14_and_judged_as_before_under_1
             r.update(t0_ns=twin["t0_ns"], t1_ns=twin["t1_ns"], wall_start=twin["wall_start"])
     run = ServingRun.of(config)
     assert run is not None
-    w = Written.of("1.14")
+    w = Written.of(RS.version)
     doc = summary(run, recs, ranks=4, hosts=1, max_resident_fraction=0.01, formats=(w.summary, w.records))
     got = result_findings(config, run_doc, recs, doc)
     assert set(got) == {"RECORDS-COPIES"}, got
@@ -196,7 +197,7 @@ def test_the_summary_says_whether_the_node_tier_was_read_cold(resident: int | No
         r["node_tier_resident_bytes"] = r["node_tier_bytes"] if resident is None else resident
     run = ServingRun.of(config)
     assert run is not None
-    w = Written.of("1.14")
+    w = Written.of(RS.version)
     doc = summary(run, recs, ranks=4, hosts=2, max_resident_fraction=0.01, formats=(w.summary, w.records))
     assert doc["node_tier_cold"] is cold
     assert [ld["node_tier_resident_bytes"] for ld in doc["loads"]] == [
