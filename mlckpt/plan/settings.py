@@ -34,7 +34,7 @@ class IOSettings:
 
 @dataclass(frozen=True)
 class CheckpointSettings:
-    folder: str  # a path, or an s3:// location (mlckpt.run.storage.kinds tells which)
+    folder: str  # a path, or an object store location (mlckpt.run.storage.kinds tells which)
     num_writes: int
     num_reads: int
     keep: bool
