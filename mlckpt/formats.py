@@ -64,8 +64,8 @@ RUN = Format("run", "run.json: run_format", 12, (2, 3, 4, 5, 6, 7, 8, 9, 10, 11,
          "strategy, tp, replicas, loads, shard_file_bytes, node_tier; mlckpt/workload/serving_run.py)"),
 ))
 
-RECORDS = Format("records", "records.jsonl (run.json and summary.json: records_format)", 10,
-                 (2, 3, 4, 5, 6, 7, 8, 9, 10), (
+RECORDS = Format("records", "records.jsonl (run.json and summary.json: records_format)", 11,
+                 (2, 3, 4, 5, 6, 7, 8, 9, 10, 11), (
     (1, "first version: op, index, checkpoint, rank, host, t0_ns/t1_ns (the host's monotonic clock), bytes, "
         "files, fsync, resident_bytes/cached_check_bytes (reads), verified_bytes/mismatches (reads); the "
         "field meanings are written out in mlckpt/metrics.py"),
@@ -103,6 +103,8 @@ RECORDS = Format("records", "records.jsonl (run.json and summary.json: records_f
          "still in the page cache just before it read them; 0 without a tier) and the op timer's evidence: "
          "direct, cpu_ns, and on each host's first rank host_counters (as around a checkpoint op); a "
          "checkpoint run's are format 8's"),
+    (11, "rules 1.16: a witnessed load's rank 0 record carries witness_host_ns (as a witnessed checkpoint "
+         "op's does); every other record is format 10's"),
 ))
 
 SUMMARY = Format("summary", "summary.json: summary_format", 9, (2, 3, 4, 5, 6, 7, 8, 9), (
@@ -237,7 +239,7 @@ RUN_OUTCOME = Format("run outcome", "mlckpt run --json: outcome_format", 1, (1,)
         "percentiles); a refusal before any launch: status and error"),
 ))
 
-WITNESS = Format("witness", "witness journal lines, receipts and transcripts: witness_format", 2, (1, 2), (
+WITNESS = Format("witness", "witness journal lines, receipts and transcripts: witness_format", 3, (1, 2, 3), (
     (1, "first version: a journal line per event (seq, kind open|start|end|rtt|close, the witness's "
         "t_wall_ns and t_mono_ns, op and index, a write start's nonce, an end's start_service_ns (how "
         "long the witness took to answer the op's start), the previous line's sha256); "
@@ -249,6 +251,10 @@ WITNESS = Format("witness", "witness journal lines, receipts and transcripts: wi
         "each start and end adds lag_ns (how late the witness's own loop may have stamped it); "
         "closed runs' journals are archived gzip'ed under closed/; schema "
         "rules/1.10/schemas/witness-transcript.schema.json"),
+    (3, "rules 1.16: an event's op may be load (a serving run's loads, counted from 0 as its records "
+        "count them); a transcript that holds a load says witness format 3, one that holds none says 2 "
+        "as before, so that the rules before 1.16 still check every checkpoint run's transcript; "
+        "schema rules/1.16/schemas/witness-transcript.schema.json"),
 ))
 
 ALL: tuple[Format, ...] = (RUN, RECORDS, SUMMARY, PLAN, BUNDLE, CODE_DIGEST, TRUSTED_KEYS, TRUSTED_WITNESSES,

@@ -34,6 +34,8 @@ FEATURES: dict[str, tuple[Document, int, str]] = {
     "load_evidence": ("records", 10, "a load's record carries the op timer's evidence (the host's "
                       "counters around it, CPU time) and its node-tier files still in the page cache "
                       "before its ranks read them"),
+    "witnessed_loads": ("records", 11, "a serving run's loads reported to a witness, and rank 0's own "
+                        "time around each witnessed load"),
     "what_changes": ("summary", 4, "what changes the figure: the slowest rank's share, stalls"),
     "latency": ("summary", 6, "per-request latency percentiles, IOPS and where time went"),
     "framework_summary": ("summary", 7, "a library writer's figures beside the engine's, and each ratio"),

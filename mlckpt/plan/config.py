@@ -245,10 +245,12 @@ def _hydra_message(exc: BaseException, source: ConfigSource = SHIPPED) -> str:
     return _first_line(exc)
 
 
-def witness_format_fits(version: str) -> bool:
-    """Whether the transcript schema of rules ``version`` takes the witness format written now."""
+def witness_format_fits(version: str, loads: bool = False) -> bool:
+    """Whether the transcript schema of rules ``version`` takes the witness format this run's
+    transcript will be written in (``loads``: a serving run's, witness format 3)."""
     pins = schema("witness-transcript", version)["properties"]["witness_format"]
-    return formats.WITNESS.version in pins.get("enum", [pins.get("const")])
+    written = formats.WITNESS.version if loads else 2
+    return written in pins.get("enum", [pins.get("const")])
 
 
 # PyTorch's default wheels carry CUDA (several GB); a storage client with no GPU needs none of it.
@@ -290,10 +292,13 @@ def validate(config: Mapping[str, Any]) -> None:
     problem = first_error(config, "config", version)
     if problem:
         raise ConfigError(problem)
-    if (config.get("witness") or {}).get("url") and not witness_format_fits(version):
-        raise ConfigError(f"witness.url: this runner's witness transcripts are witness format "
-                          f"{formats.WITNESS.version}, which rules_version {version} cannot check: use rules "
-                          "1.10 or later", key="witness.url")
+    loads = isinstance(serving, Mapping) and serving.get("strategy") is not None
+    if (config.get("witness") or {}).get("url") and not witness_format_fits(version, loads):
+        kind, fmt, since = ("serving", formats.WITNESS.version, "1.16") if loads else ("checkpoint", 2,
+                                                                                       "1.10")
+        raise ConfigError(f"witness.url: this runner's witness transcripts of a {kind} run are witness "
+                          f"format {fmt}, which rules_version {version} cannot check: use rules {since} "
+                          "or later", key="witness.url")
     folder = config["checkpoint"]["folder"]
     if is_object_url(folder):
         parse_object_url(str(folder))  # a malformed URL names checkpoint.folder, exit 2

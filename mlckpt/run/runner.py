@@ -48,7 +48,7 @@ from mlckpt.run.phases.publish import (
     RunId,
 )
 from mlckpt.run.phases.reads import ReadPhase
-from mlckpt.run.phases.stalls import Stalled
+from mlckpt.run.phases.stalls import LoadFiles, Stalled
 from mlckpt.run.phases.writes import WritePhase, WriteState
 from mlckpt.run.site_mpi import first_line, foreign_launcher, library_abi, mismatch, speaks
 from mlckpt.run.storage.cleanup import Created
@@ -110,22 +110,22 @@ def identity(job: Job, cfg: Mapping[str, Any]) -> tuple[RunId, bytes]:
     return RunId(number, job.comm.bcast(run_name(cfg, number) if job.rank == 0 else None)), key
 
 
-def op_timer(job: Job, c: Configured, gates: Gates, folders: Folders, created: Created, *,
-             watch: bool = True) -> OpTimer:
-    """The run's op timer.  ``watch``: rank 0 watches every op against ``io.timeout_s``, and a
-    stall's line and sweep are a checkpoint run's (a serving run's loads are not watched)."""
+def op_timer(job: Job, c: Configured, gates: Gates, folders: Folders, created: Created,
+             loads: LoadFiles | None = None) -> OpTimer:
+    """The run's op timer; rank 0 watches every op against ``io.timeout_s``, and a stall's line
+    names and sweeps the checkpoint's files (``loads``: a serving run's weights)."""
     # The op watch calls MPI from a second thread on rank 0: only with MPI_THREAD_MULTIPLE.
     from mpi4py import MPI
 
     channel = None
-    if watch and MPI.Query_thread() >= MPI.THREAD_MULTIPLE:
+    if MPI.Query_thread() >= MPI.THREAD_MULTIPLE:
         channel = MPIDone(job.comm.Dup())
-    elif watch:
+    else:
         job.say(
             "warning: this MPI library does not provide MPI_THREAD_MULTIPLE: io.timeout_s is "
             "not enforced (a stalled rank will hang the job)"
         )
-    stalled = Stalled(job, c, gates, folders, created)
+    stalled = Stalled(job, c, gates, folders, created, loads)
     timer = OpTimer(job, c.setup.settings.io.timeout_s, channel, stalled)
     timer.written = Written.of(c.setup.rules.version)
     pids = job.comm.allgather(os.getpid())
@@ -302,7 +302,8 @@ def run(job: Job, overrides: Sequence[str], source: ConfigSource = SHIPPED) -> t
     with Created(run.checkpoint.keep, between=lambda: final_barrier(job), stage=stage) as created:
         measured = (phases(job, c, gates, created, ident, witness) if serving is None else
                     serve.serving_phases(job, c, gates, created, ident, timer_opts(run),
-                                         lambda f: op_timer(job, c, gates, f, created, watch=False)))
+                                         lambda f, loads: op_timer(job, c, gates, f, created, loads),
+                                         witness))
         if early:
             assessed, failure = outcome.assessed(job, c, gates, measured, started, witness)
             kept = assessed is not None and assessed.manifest["verdict"] in ("disturbed", "invalid")

@@ -22,6 +22,10 @@ if TYPE_CHECKING:
     from jsonschema import Draft202012Validator
 
 WITNESS_FORMAT = formats.WITNESS.version
+# The ops a witness times, and the index each counts from: a checkpoint run's writes and restores
+# from 1, a serving run's loads (witness format 3) from 0, as their records number them.
+OPS = {"write": 1, "read": 1, "load": 0}
+LOADS_FORMAT = 3  # a transcript with loads; one without says 2, which the rules before 1.16 check
 RECEIPT_TYPE = "application/vnd.mlckpt.witness-receipt+json"
 TRANSCRIPT_TYPE = "application/vnd.mlckpt.witness-transcript+json"
 OPEN_TYPE = "application/vnd.mlckpt.witness-open+json"
@@ -40,8 +44,8 @@ REQUESTS: dict[str, dict[str, Any]] = {
     },
     "event": {
         "type": "object", "required": ["kind", "op", "index"],
-        "properties": {"kind": {"enum": ["start", "end"]}, "op": {"enum": ["write", "read"]},
-                       "index": {"type": "integer", "minimum": 1, "maximum": 100_000},
+        "properties": {"kind": {"enum": ["start", "end"]}, "op": {"enum": list(OPS)},
+                       "index": {"type": "integer", "minimum": 0, "maximum": 100_000},
                        "bytes": {"type": "integer", "minimum": 0, "maximum": 1 << 60}},
         "additionalProperties": False,
     },
@@ -85,7 +89,7 @@ def order_problem(entries: Sequence[Mapping[str, Any]], event: Mapping[str, Any]
     """Why ``event`` cannot follow the run's journal ``entries`` (one line), or None.
 
     A run opens once; each op starts, then ends, one at a time; writes and restores each count
-    1, 2, 3… in order; nothing follows the close."""
+    1, 2, 3… in order, loads 0, 1, 2…; nothing follows the close."""
     kinds = [e["kind"] for e in entries]
     if not kinds or kinds[0] != "open":
         return "the run was never opened"
@@ -107,7 +111,7 @@ def order_problem(entries: Sequence[Mapping[str, Any]], event: Mapping[str, Any]
         return (f"{event['op']} {event['index']} starts while {current['op']} {current['index']} "
                 "is in progress")
     done = [e["index"] for e in ops if e["op"] == event["op"] and e["kind"] == "end"]
-    want = (max(done) if done else 0) + 1
+    want = max(done) + 1 if done else OPS[event["op"]]
     if event["index"] != want:
         return f"{event['op']} {event['index']} starts; the next {event['op']} is {want}"
     return None
@@ -134,6 +138,11 @@ def tag_run_id(run_id: int, nonce: str) -> int:
     return run_id ^ int.from_bytes(bytes.fromhex(nonce)[:8], "little")
 
 
+def transcript_format(entries: Sequence[Mapping[str, Any]]) -> int:
+    """The witness format a run's journal is written in: 3 once it holds a load, else 2."""
+    return LOADS_FORMAT if any(e.get("op") == "load" for e in entries) else 2
+
+
 def receipt(run: str, entry: Mapping[str, Any]) -> dict[str, Any]:
     """What the witness signs for one journal entry."""
     return {"_type": "mlckpt-witness-receipt", "witness_format": WITNESS_FORMAT, "run": run,
@@ -142,5 +151,5 @@ def receipt(run: str, entry: Mapping[str, Any]) -> dict[str, Any]:
 
 def transcript(run: str, entries: Sequence[Mapping[str, Any]], witness_keyid: str) -> dict[str, Any]:
     """The whole run as the witness saw it: every journal entry with the witness's own times."""
-    return {"_type": "mlckpt-witness-transcript", "witness_format": WITNESS_FORMAT, "run": run,
+    return {"_type": "mlckpt-witness-transcript", "witness_format": transcript_format(entries), "run": run,
             "witness_keyid": witness_keyid, "entries": [dict(e) for e in entries]}

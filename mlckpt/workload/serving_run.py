@@ -73,7 +73,7 @@ class ServingRun:
                 "node_tier": (node_tier or self.node_tier) if self.strategy == "nodecache" else None}
 
 
-def scope_problems(config: Mapping[str, Any]) -> list[str]:
+def scope_problems(config: Mapping[str, Any], witnessed: bool = False) -> list[str]:
     """What a serving run cannot be run with (SERVING-SCOPE), each as "key=value (why)".  Nothing
     where ranks or scale are not numbers: the schema and SCALE-RANGE say so (the checker judges
     the structural rules on such a configuration too)."""
@@ -104,7 +104,7 @@ def scope_problems(config: Mapping[str, Any]) -> list[str]:
         bad.append("framework.writer (the engine loads the weights)")
     if str(config.get("residency", "full")) != "full":
         bad.append("residency=stream (every replica holds its whole shard)")
-    if (config.get("witness") or {}).get("url"):
+    if (config.get("witness") or {}).get("url") and not witnessed:
         bad.append("witness.url (serving runs are not witnessed)")
     if ck.get("restore_from"):
         bad.append("checkpoint.restore_from (a serving run lays out its own weights)")

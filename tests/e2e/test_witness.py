@@ -94,6 +94,25 @@ def test_a_client_states_no_time_and_follows_the_order(witness: Witness) -> None
     assert exc.value.status == 404
 
 
+def test_a_serving_runs_loads_count_from_zero_and_make_a_format_3_transcript(witness: Witness) -> None:
+    c = witness.client()
+    keyid = c.info()["keyid"]
+    c.open(PLAN, {"workload": "llama3_8b", "ranks": 4})
+    with pytest.raises(WitnessError, match="the next write is 1"):
+        c.event("start", "write", 0)  # a checkpoint run's ops still count from 1
+    with pytest.raises(WitnessError, match="the next load is 0"):
+        c.event("start", "load", 1)
+    starts = [c.event("start", "load", k) if i == 0 else c.event("end", "load", k)
+              for k in (0, 1) for i in (0, 1)]
+    assert not any(a.get("nonce") for a in starts)  # only a write's content carries a nonce
+    with pytest.raises(WitnessError, match="the next load is 2"):
+        c.event("start", "load", 4)
+    t = transcript_of(c.close(), keyid)
+    assert t["witness_format"] == 3  # a transcript with loads; rules before 1.16 cannot check it
+    assert [(e["kind"], e.get("op"), e.get("index")) for e in t["entries"][1:-1]] == [
+        ("start", "load", 0), ("end", "load", 0), ("start", "load", 1), ("end", "load", 1)]
+
+
 def test_malformed_and_oversized_requests_leave_the_journal_intact(witness: Witness) -> None:
     import urllib.request
 

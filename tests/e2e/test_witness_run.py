@@ -27,6 +27,7 @@ from support.cli import CHECKER_DESCRIPTION, MLCKPT, cli_env
 from support.forge import (
     edit_json,
     edit_records,
+    edit_yaml,
     read_json,
     read_records,
     resign,
@@ -343,17 +344,23 @@ FORGERIES: dict[str, list[tuple[Edit, str, bool]]] = {
 CASES = [(rule, *case) for rule, cases in FORGERIES.items() for case in cases]
 
 
+def forged_and_checked(source: Path, edit: Edit, runs: dict[str, Any], tmp: Path) -> dict[str, Any]:
+    """A copy of ``source`` edited, re-signed with the vendor's trusted key, and checked in a tree."""
+    work = tmp / "work" / source.name
+    shutil.copytree(source, work)
+    edit(work, runs, tmp)
+    run_doc = read_json(work, "run.json")
+    resign(work, bundle.load_private_key(runs["dir"] / "org.pem"), started=run_doc["started"],
+           ended=run_doc["ended"], verdict=run_doc["verdict"])
+    [b] = checked(tree(runs, tmp / "t", work))
+    return b
+
+
 @pytest.mark.parametrize(("rule", "edit", "fragment", "alone"), CASES,
                          ids=[f"{c[0]}-{c[1].__name__}" for c in CASES])
 def test_a_forged_witnessed_bundle_fails_its_witness_rule(runs: dict[str, Any], tmp_path: Path, rule: str,
                                                           edit: Edit, fragment: str, alone: bool) -> None:
-    work = tmp_path / "work" / runs["a"].name
-    shutil.copytree(runs["a"], work)
-    edit(work, runs, tmp_path)
-    run_doc = read_json(work, "run.json")
-    resign(work, bundle.load_private_key(runs["dir"] / "org.pem"), started=run_doc["started"],
-           ended=run_doc["ended"], verdict=run_doc["verdict"])
-    [b] = checked(tree(runs, tmp_path / "t", work))
+    b = forged_and_checked(runs["a"], edit, runs, tmp_path)
     found = [f for f in b["findings"] if f["rule"] == rule]
     assert found and fragment in found[0]["message"], b["findings"]
     if alone:
@@ -609,8 +616,8 @@ def test_a_witnessed_run_beside_a_flood_of_strangers_passes_the_checker(tmp_path
                          "signs nothing: give signing.key (auto, or a key path)"),
     ("witness.public_key=OTHER", "not the expected ed25519:"),
     ("signing.key=STRANGER", "is not in this witness's trusted keys"),
-    ("rules_version=1.9", "witness.url: this runner's witness transcripts are witness format 2, which "
-                          "rules_version 1.9 cannot check: use rules 1.10 or later"),
+    ("rules_version=1.9", "witness.url: this runner's witness transcripts of a checkpoint run are witness "
+                          "format 2, which rules_version 1.9 cannot check: use rules 1.10 or later"),
 ])
 def test_a_witness_that_will_not_witness_this_run_refuses_it_before_any_io(
         setting: str, says: str, tmp_path: Path, runs: dict[str, Any]) -> None:
@@ -644,6 +651,94 @@ def test_a_witnessed_asynchronous_run_is_refused_before_any_io(tmp_path: Path, r
     assert "[WITNESS-MODE]" in proc.stderr
     assert "expected checkpoint.mode=sync with no fast tier" in proc.stderr
     assert not (cwd / "results").exists()
+
+
+# ------------------------------------------------------------------------------ serving runs
+SERVING = ("workload=llama3_8b", "division=open", "scale=0.002", "ranks=4", "serving.tp=2", "serving.loads=2",
+           "serving.strategy=direct", "checkpoint.folder=ck", f"system={SYSTEM}.yaml", "output.root=results")
+
+
+def serve(d: Path, cwd: Path, *extra: str) -> subprocess.CompletedProcess[str]:
+    cwd.mkdir(exist_ok=True)
+    shutil.copy(d / f"{SYSTEM}.yaml", cwd)
+    return subprocess.run([str(MLCKPT), "run", *SERVING, f"signing.key={d / 'org.pem'}", *extra], cwd=cwd,
+                          env={**cli_env(), "XDG_CONFIG_HOME": str(d / "xdg"), "MLCKPT_RETRY_DISTURBED": "5"},
+                          text=True, capture_output=True, timeout=400, check=False)
+
+
+@pytest.fixture(scope="module")
+def served(runs: dict[str, Any], tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A serving run (2 replicas of TP 2, direct, 2 loads) witnessed by the tests' witness."""
+    proc = serve(runs["dir"], tmp_path_factory.mktemp("served"), f"witness.url={runs['witness'].url}")
+    assert proc.returncode == 0, (proc.stderr, findings(proc.stdout))
+    return printed_bundle(proc)
+
+
+def test_a_witnessed_serving_run_reports_each_load_and_passes(runs: dict[str, Any], served: Path,
+                                                              tmp_path: Path) -> None:
+    doc, recs = transcript_doc(served), read_records(served)
+    assert doc["witness_format"] == 3 and read_json(served, "run.json")["records_format"] == 11
+    assert [(e["kind"], e["op"], e["index"]) for e in doc["entries"] if e["kind"] in ("start", "end")] == [
+        (k, "load", i) for i in (0, 1) for k in ("start", "end")]
+    # rank 0 accounts for its own time around each witnessed load, as around a checkpoint op
+    assert [len(r["witness_host_ns"]) for r in recs if r["rank"] == 0] == [2, 2]
+    assert not any("witness_host_ns" in r for r in recs if r["rank"] != 0)
+    [b] = checked(tree(runs, tmp_path / "t", served))
+    assert b["verdict"] == "open" and not b["findings"], b["findings"]
+    w = b["witness"]
+    assert w["counted"] is True and w["by"] == "committee"
+    judged = {f["rule"] for f in b["findings"]} | {n["rule"] for n in b["not_checked"]}
+    assert not judged & {"WITNESS-TIMES", "WITNESS-EVENTS", "WITNESS-RUN", "WITNESS-CLOCK", "WITNESS-HOST"}
+    # the witness-conservative rate: the loads' bytes over the witness's own intervals, never faster
+    assert 0 < w["load_bandwidth_witnessed_mean_gib_s"]
+
+
+def load_account_inflated(work: Path, runs: dict[str, Any], tmp: Path) -> None:
+    """Rank 0 says it spent a second before its first load that the witness never saw."""
+    edit_records(work, lambda recs: [r["witness_host_ns"].__setitem__(0, r["witness_host_ns"][0] + 10**9)
+                                     for r in recs if r.get("witness_host_ns") and r["index"] == 0] and None)
+
+
+def checkpoint_transcript(work: Path, runs: dict[str, Any], tmp: Path) -> None:
+    """A witnessed checkpoint run's transcript put in the serving bundle, run.json naming its run."""
+    shutil.copy(runs["a"] / "witness.dsse.json", work / "witness.dsse.json")
+    other = read_json(runs["a"], "run.json")["witness"]
+    edit_json(work, "run.json", lambda r: r["witness"].update(run=other["run"], nonces=other["nonces"]))
+
+
+def load_dropped(work: Path, runs: dict[str, Any], tmp: Path) -> None:
+    """The slower of the two loads dropped, the run claiming one load: a faster median."""
+    recs = read_records(work)
+    slow = max((0, 1), key=lambda i: max(r["t1_ns"] - r["t0_ns"] for r in recs if r["index"] == i))
+    edit_records(work, lambda recs: recs.__setitem__(slice(None), [
+        {**r, "index": 0} for r in recs if r["index"] != slow]))
+    edit_yaml(work, "config.yaml", lambda c: c["serving"].update(loads=1))
+    edit_json(work, "run.json", lambda r: r["serving"].update(loads=1))
+    resummarize(work)
+
+
+@pytest.mark.parametrize(("edit", "rule", "fragment"), [
+    (load_account_inflated, "WITNESS-TIMES", "more than the witness saw"),
+    (checkpoint_transcript, "WITNESS-EVENTS", "start load 0"),
+    (load_dropped, "WITNESS-EVENTS", "2 op events"),
+], ids=["account_inflated", "checkpoint_transcript", "load_dropped"])
+def test_a_forged_witnessed_serving_bundle_fails_its_witness_rule(runs: dict[str, Any], served: Path,
+                                                                  tmp_path: Path, edit: Edit, rule: str,
+                                                                  fragment: str) -> None:
+    b = forged_and_checked(served, edit, runs, tmp_path)
+    found = [f for f in b["findings"] if f["rule"] == rule]
+    assert found and fragment in found[0]["message"], b["findings"]
+    assert b["verdict"] == "invalid" and not (b.get("witness") or {}).get("counted")
+
+
+def test_a_witnessed_serving_run_under_rules_before_1_16_is_refused_before_any_io(
+        runs: dict[str, Any], tmp_path: Path) -> None:
+    proc = serve(runs["dir"], tmp_path / "c", f"witness.url={runs['witness'].url}", "rules_version=1.15")
+    assert proc.returncode == 2, proc.stderr
+    assert proc.stderr.strip().splitlines()[-1].endswith(
+        "witness.url: this runner's witness transcripts of a serving run are witness format 3, which "
+        "rules_version 1.15 cannot check: use rules 1.16 or later"), proc.stderr
+    assert not (tmp_path / "c" / "results").exists() and not (tmp_path / "c" / "ck").exists()
 
 
 # ------------------------------------------------------------------------- leaderboard, compare

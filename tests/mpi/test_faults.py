@@ -208,6 +208,33 @@ def test_stalled_rank_is_named_and_the_job_aborted(rank: int, op: str, index: in
     no_bundle(work)
 
 
+def test_a_stalled_load_is_named_and_the_weights_removed(tmp_path: Path, bystander: Path) -> None:
+    """A serving run's loads are watched as a checkpoint's ops are: the stalled rank named with the
+    weights file it was reading, the weights swept, the job ended in bounded time."""
+    ck = tmp_path / "ck"
+    ovs = ["workload=llama3_8b", "ranks=4", "scale=0.002", "division=open", "serving.strategy=direct",
+           "serving.tp=2", "serving.loads=2", f"checkpoint.folder={ck}", f"io.timeout_s={STALL_S}"]
+    work = tmp_path / "work"
+    work.mkdir()
+    done = Job(ovs, work, {"MLCKPT_TEST_FAULT": "stall:1:load:1"}).wait()
+    assert done.returncode == 1, done.stderr
+    line = done.error_line()
+    m = re.fullmatch(
+        rf"mlckpt: error: rank 1 on ({HOST}): load 1 did not finish within io\.timeout_s={STALL_S} "
+        rf"\((\d+\.\d) s elapsed: a stalled rank or unresponsive storage\), reading (\S+)"
+        rf"(?: \(\+\d+ more\))?; aborting the MPI job; removed (\d+) checkpoint files of this run", line)
+    assert m, line
+    assert STALL_S <= float(m.group(2)) < STALL_S + 2
+    path = Path(m.group(3))  # rank 1 holds shard 1 of replica 0: its weights, laid out once
+    assert path.name.startswith("shard-") and path.parent.name == "ckpt-0001"
+    assert path.parent.parent.parent == ck
+    assert int(m.group(4)) >= 2  # both shards' files, whichever rank laid them out
+    assert "load 1/2:" in done.stdout and "load 2/2:" not in done.stdout  # the first load ended
+    assert done.elapsed_s < STALL_S + 30, done.elapsed_s
+    assert not ck.exists() and "bundle:" not in done.stdout
+    no_bundle(work)
+
+
 def test_stalled_rank_with_keep_leaves_the_files(tmp_path: Path) -> None:
     ck = tmp_path / "ck"
     ovs = [*BASE, f"checkpoint.folder={ck}", "io.timeout_s=3", "checkpoint.keep=true"]

@@ -35,7 +35,7 @@ from mlckpt.written import Written
 
 
 def serving_scope(ctx: Context, rs: RuleSet, rule: Rule) -> Outcome:
-    bad = scope_problems(ctx.config)
+    bad = scope_problems(ctx.config, witnessed=bool(rs.data.get("serving", {}).get("witnessed")))
     return Outcome(not bad, "a serving run without them", "; ".join(bad))
 
 

@@ -104,7 +104,7 @@ def figures(f: WitnessFacts) -> dict[str, Any]:
     if f.transcript is None:
         return {}
     out: dict[str, Any] = {}
-    for op in ("write", "read"):
+    for op in WITNESSED_OPS:
         bws = [s.bytes / s.answered_s / GiB for s in spans(f.transcript, f.records)
                if s.op == op and s.answered_s > 0]
         if bws:
@@ -214,9 +214,14 @@ def witness_run(f: WitnessFacts, rs: RuleSet) -> Failures:
             yield Outcome(False, f"{what} {want}", f"{what} {got} in the transcript", where=TRANSCRIPT)
 
 
+# The ops a witness times, in the order a run reports them: a checkpoint run's writes, then its
+# restores; a serving run's loads (rules 1.16).
+WITNESSED_OPS = ("write", "read", "load")
+
+
 def _expected_ops(records: Sequence[Mapping[str, Any]]) -> list[tuple[str, str, int]]:
     out = []
-    for op in ("write", "read"):
+    for op in WITNESSED_OPS:
         for k in sorted({int(r["index"]) for r in records if r.get("op") == op}):
             out += [("start", op, k), ("end", op, k)]
     return out

@@ -119,7 +119,8 @@ Timed = Callable[[Callable[[], None]], Mapping[str, Any]]
 
 # What a load's record keeps of the op timer's: its clock readings and the evidence every op
 # carries (records format 10), never a checkpoint op's own fields.
-TIMER_FIELDS = ("t0_ns", "t1_ns", "wall_start", "direct", "cpu_ns", "host_counters", "requests", "phases_ns")
+TIMER_FIELDS = ("t0_ns", "t1_ns", "wall_start", "direct", "cpu_ns", "host_counters", "requests", "phases_ns",
+                "witness_host_ns")
 
 
 def barrier_timed(comm: Any) -> Timed:

@@ -78,7 +78,8 @@ def assess(job: Job, c: Configured, gates: Gates, measured: Measured, started: s
         ended=now(),
         description=c.description,
         restored_from=c.source.manifest_entry(measured.content_key) if c.source else None,
-        witness=witness.block(c.setup.settings.checkpoint.num_writes) if witness else None,
+        # a serving run writes nothing: no write carries a witness's nonce
+        witness=witness.block(0 if serving else c.setup.settings.checkpoint.num_writes) if witness else None,
         storage=open_durable(cfg, "").describe(),
         state=measured.state,
         calibration=measured.calibration,

@@ -19,11 +19,13 @@ from typing import Any
 
 from mlckpt import engine
 from mlckpt.run.collective import Job, OpTimer
+from mlckpt.run.features.witnessing import Witnessing
 from mlckpt.run.phases import loads, outcome
 from mlckpt.run.phases.configure import Configured
 from mlckpt.run.phases.folders import Folders, make_folders
 from mlckpt.run.phases.gates import Gates
 from mlckpt.run.phases.publish import RunId
+from mlckpt.run.phases.stalls import LoadFiles
 from mlckpt.run.storage.backends import Files
 from mlckpt.run.storage.cleanup import Created
 from mlckpt.workload.serving_run import ServingRun
@@ -31,10 +33,11 @@ from mlckpt.written import Written
 
 
 def serving_phases(job: Job, c: Configured, gates: Gates, created: Created, ident: tuple[RunId, bytes],
-                   opts: Any, make_timer: Callable[[Folders], OpTimer]) -> outcome.Measured:
+                   opts: engine.IOOptions, make_timer: Callable[[Folders, LoadFiles], OpTimer],
+                   witness: Witnessing | None = None) -> outcome.Measured:
     """The folders, the weights laid out, the loads; rank 0's Measured holds every rank's records.
-    ``make_timer``: the run's op timer for these folders (every load is timed and evidenced by
-    it, as a checkpoint op is)."""
+    ``make_timer``: the run's op timer for these folders and weights (every load is timed, watched
+    and evidenced by it, as a checkpoint op is); ``witness``: each load reported to it (rules 1.16)."""
     cfg = c.config
     run = ServingRun.of(cfg)
     assert run is not None
@@ -62,7 +65,10 @@ def serving_phases(job: Job, c: Configured, gates: Gates, created: Created, iden
     with job.step("laying out the weights"):
         loads.lay_out(job.comm, s)
     groups = loads.split_groups(job.comm, plan)
-    timer = make_timer(folders)
+    stored = [list(dict.fromkeys(weights.at(loads.file_name(q.shard, q.file)) for q in r.storage))
+              for r in plan.ranks]
+    timer = make_timer(folders, LoadFiles(stored, sorted({n for names in files for n in names}), tier))
+    timer.witness = witness
     nfiles = len({(q.shard, q.file) for q in (*me.storage, *me.node_tier)})
     mine: list[dict[str, Any]] = []
     for index in range(run.loads):

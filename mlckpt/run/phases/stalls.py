@@ -21,6 +21,16 @@ from mlckpt.workload.frameworks import Framework, file_names
 ABORT_GRACE_S = 0.5  # between printing the fatal line and MPI_Abort
 
 
+@dataclass(frozen=True)
+class LoadFiles:
+    """A serving run's weights as a stall names and sweeps them: the files each rank reads from
+    the storage in a load, every weights file's name (under ``ckpt-0001``) and the node tier."""
+
+    paths: list[list[str]]
+    names: list[str]
+    tier: Path | None = None
+
+
 @dataclass
 class Stalled:
     """Rank 0's op watch, at the deadline: one line naming the stalled ranks, this run's planned
@@ -31,9 +41,12 @@ class Stalled:
     gates: Gates
     folders: Folders
     created: Created
+    loads: LoadFiles | None = None  # a serving run's
 
     def op_paths(self, rank: int, op: str, ckpt: int) -> list[str]:
         """The files ``rank`` writes (or reads) in op ``op`` of checkpoint ``ckpt``."""
+        if self.loads is not None:
+            return self.loads.paths[rank]
         at, plan = self.folders.durable.at, self.c.setup.plan
         if op in ("write", "drain"):
             return [at(f"ckpt-{ckpt:04d}/{f.name}") for f in plan.rank_plans[rank].files]
@@ -58,6 +71,8 @@ class Stalled:
         )
 
     def sweep(self, op: str, ckpt: int) -> str:
+        if self.loads is not None:
+            return self.sweep_weights()
         upto = ckpt if op == "write" else self.c.setup.settings.checkpoint.num_writes
         fw = Framework.of(self.c.config)
         names = [n for r, rp in enumerate(self.c.setup.plan.rank_plans)
@@ -69,6 +84,18 @@ class Stalled:
         if fast is not None:
             fnote = sweep(fast.at(), names, upto, keep=keep)
             note += f" (fast tier: {fnote.removeprefix('removed ')})"
+        return note
+
+    def sweep_weights(self) -> str:
+        """A serving run's weights, and this host's node tier (each host's guardian sweeps its own)."""
+        assert self.loads is not None
+        durable, keep = self.folders.durable, self.c.setup.settings.checkpoint.keep
+        above = self.created.outside(Path(durable.at())) if durable.folders else []
+        note = "; " + sweep(durable.at(), self.loads.names, 1, keep=keep, s3=s3_settings(self.c.config),
+                            dirs=above)
+        if self.loads.tier is not None:
+            tnote = sweep(str(self.loads.tier), self.loads.names, 1, keep=keep)
+            note += f" (node tier: {tnote.removeprefix('removed ')})"
         return note
 
     def __call__(self, op: str, index: int, ckpt: int, ranks: list[int], elapsed: float) -> None:

@@ -57,7 +57,7 @@ def honest(config: dict[str, Any], hosts: list[str]) -> Docs:
                "started": "2027-01-15T08:00:00.000Z", "ended": "2027-01-15T08:01:00.000Z",
                "pipeline": {"mode": "sync", "compute_interval_s": 0.0, "fast": None, "fast_keep": 1},
                "serving": run.block("/dev/shm/t" if run.strategy == "nodecache" else None),
-               "storage": {"kind": "posix"}, "records_format": 10}
+               "storage": {"kind": "posix"}, "records_format": Written.of(RS.version).records}
     w = Written.of(RS.version)
     doc = summary(run, recs, ranks=len(hosts), hosts=len(placed), max_resident_fraction=0.01,
                   formats=(w.summary, w.records))
@@ -87,7 +87,8 @@ def test_an_honest_serving_result_has_no_finding_and_no_checkpoint_rule_judges_i
     assert judged == {"SERVING-RECORDED", "SERVING-PLAN", "SERVING-COLD", "SERVING-SUMMARY",
                       "OBJECT-STORAGE-RECORDED", "RUN-CLAIMS", "RESULT-CONSISTENT", "RESULT-TIMES",
                       "HOST-CLOCKS", "RECORDS-COPIES", "SERVING-COUNTERS",  # these two from 1.14
-                      "SYSTEM-COMPLETE"}  # from 1.15
+                      "SYSTEM-COMPLETE",  # from 1.15
+                      "WITNESS-HOST"}  # from 1.16: passes a run that claims no witness
 
 
 def test_a_checkpoint_run_is_judged_by_no_serving_rule() -> None:

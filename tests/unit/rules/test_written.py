@@ -37,12 +37,13 @@ def test_each_feature_arrived_with_a_version_in_its_formats_history() -> None:
 
 
 def test_older_rules_write_less() -> None:
-    old, new = Written.of("1.2"), Written.of("1.14")
+    old, new = Written.of("1.2"), Written.of("1.16")
     assert [f for f in FEATURES if old.has(f)] == []
     assert all(new.has(f) for f in FEATURES)
     assert Written.of("1.8").has("calibration") and not Written.of("1.8").has("content_commitment")
     assert Written.of("1.10").has("requests") and not Written.of("1.10").has("framework")
     assert Written.of("1.12").has("framework") and not Written.of("1.12").has("serving")
     assert Written.of("1.13").has("serving") and not Written.of("1.13").has("load_evidence")
+    assert Written.of("1.15").has("load_evidence") and not Written.of("1.15").has("witnessed_loads")
     with pytest.raises(KeyError):
         new.has("no-such-feature")
