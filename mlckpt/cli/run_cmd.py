@@ -303,7 +303,7 @@ def validate(overrides: list[str], source: ConfigSource | None = None) -> Setup:
     refusal = blocking_message(s.rules.evaluate(ctx, ["config", "host"]).findings, run.division)
     if refusal:
         raise UsageError(refusal)
-    missing = description_refusal(s.config)
+    missing = description_refusal(s.settings)
     if missing is not None:
         raise missing
     return s

@@ -15,6 +15,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from mlckpt.workload.frameworks import Framework
+from mlckpt.workload.serving_run import ServingRun
+
 
 @dataclass(frozen=True)
 class IOSettings:
@@ -58,6 +61,21 @@ class CheckpointSettings:
 
 
 @dataclass(frozen=True)
+class WitnessSettings:
+    url: str | None  # None: the run is not witnessed
+    timeout_s: float | None  # per request; None: the client's default
+    public_key: str | None  # refuse a witness with any other key
+    ca_file: str | None  # certificates to trust for an https witness
+
+    @classmethod
+    def of(cls, w: Mapping[str, Any] | None) -> WitnessSettings:
+        w = w or {}
+        text = lambda k: str(w[k]) if w.get(k) else None  # noqa: E731
+        return cls(text("url"), float(w["timeout_s"]) if w.get("timeout_s") else None, text("public_key"),
+                   text("ca_file"))
+
+
+@dataclass(frozen=True)
 class Settings:
     workload: str
     division: str
@@ -72,6 +90,9 @@ class Settings:
     drop_system_cache: bool
     io: IOSettings
     checkpoint: CheckpointSettings
+    witness: WitnessSettings
+    framework: Framework  # who writes the checkpoints: the engine, or a library writer
+    serving: ServingRun | None  # a serving run's loads; None: a checkpoint run
 
     @classmethod
     def of(cls, config: Mapping[str, Any]) -> Settings:
@@ -83,7 +104,9 @@ class Settings:
             system=str(config["system"]) if config.get("system") else None,
             signing_key=str(config["signing"]["key"]), results=Path(config["output"]["root"]).absolute(),
             drop_system_cache=bool(config["cache"]["drop_system"]),
-            io=IOSettings.of(config["io"]), checkpoint=CheckpointSettings.of(config["checkpoint"]))
+            io=IOSettings.of(config["io"]), checkpoint=CheckpointSettings.of(config["checkpoint"]),
+            witness=WitnessSettings.of(config.get("witness")), framework=Framework.of(config),
+            serving=ServingRun.of(config))
 
     @property
     def scaled(self) -> bool:

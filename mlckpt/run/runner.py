@@ -17,7 +17,7 @@ import secrets
 import signal
 import sys
 import time
-from collections.abc import Mapping, Sequence
+from collections.abc import Sequence
 from dataclasses import replace
 from datetime import datetime, timezone
 from functools import partial
@@ -54,15 +54,13 @@ from mlckpt.run.site_mpi import first_line, foreign_launcher, library_abi, misma
 from mlckpt.run.storage.cleanup import Created
 from mlckpt.run.storage.kinds import takes_page_cache
 from mlckpt.units import fmt_bytes
-from mlckpt.workload.frameworks import Framework
 from mlckpt.workload.layout import PAGE, pages
-from mlckpt.workload.serving_run import ServingRun
 from mlckpt.written import Written
 
 
-def run_name(cfg: Mapping[str, Any], run_id: int) -> str:
+def run_name(run: Settings, run_id: int) -> str:
     stamp = datetime.now(timezone.utc).strftime("%Y%m%dT%H%M%SZ")
-    return f"{stamp}-{cfg['workload']['name']}-{cfg['ranks']}r-{run_id:016x}"[:80]
+    return f"{stamp}-{run.workload}-{run.ranks}r-{run_id:016x}"[:80]
 
 
 def offsets(sizes: Sequence[int]) -> list[int]:
@@ -103,11 +101,11 @@ def gate(job: Job, c: Configured) -> Gates:
         return judge(c.setup, names, measured)
 
 
-def identity(job: Job, cfg: Mapping[str, Any]) -> tuple[RunId, bytes]:
+def identity(job: Job, run: Settings) -> tuple[RunId, bytes]:
     """This run's content key (rank 0's, broadcast) and the id and name derived from it."""
     key = job.comm.bcast(secrets.token_bytes(engine.KEY_BYTES) if job.rank == 0 else None)
     number = int.from_bytes(key[:8], "little")
-    return RunId(number, job.comm.bcast(run_name(cfg, number) if job.rank == 0 else None)), key
+    return RunId(number, job.comm.bcast(run_name(run, number) if job.rank == 0 else None)), key
 
 
 def op_timer(job: Job, c: Configured, gates: Gates, folders: Folders, created: Created,
@@ -191,7 +189,7 @@ def phases(job: Job, c: Configured, gates: Gates, created: Created, ident: tuple
             dev, mine_gpu = gpustate.open_gpu(job, cfg, gates, arena)
         entries = job.comm.gather(mine_gpu["entry"], root=0)
         state = gpustate.state_block(mine_gpu, entries) if job.rank == 0 else None
-    fw = Framework.of(cfg)
+    fw = c.setup.settings.framework
     if fw.library:  # untimed: PyTorch takes seconds to import; DCP's process group from the MPI world
         with job.step(f"framework library {fw.writer}"):
             frameworks.load_library(fw.writer)
@@ -220,7 +218,7 @@ def _io_phases(job: Job, c: Configured, gates: Gates, created: Created, folders:
                dev: Any) -> tuple[RunId, list[dict[str, Any]]]:
     """The writes, eviction and the restores, from ``arena`` (and ``dev``, a GPU-resident state);
     ``layout``: this rank's files and their offsets, its restore reads and theirs."""
-    cfg, ck = c.config, c.setup.settings.checkpoint
+    ck = c.setup.settings.checkpoint
     mine, own, reads, rd_offsets = layout
     stream = c.setup.settings.residency == "stream"
     opts = timer_opts(c.setup.settings)
@@ -232,7 +230,7 @@ def _io_phases(job: Job, c: Configured, gates: Gates, created: Created, folders:
     nw, nr = ck.num_writes, ck.num_reads
     leader, fast_direct = gates.leader(job.rank), gates.fast_direct.get(job.host, False)
     records: list[dict[str, Any]] = []
-    fw = Framework.of(cfg)
+    fw = c.setup.settings.framework
     if c.source is None:
         lib = LibraryWrites(fw, job.rank, mine, own, created) if fw.library else None
         w = WriteState(folders.durable, folders.fast, mine, own, arena, folders.key, opts, stream, leader,
@@ -271,8 +269,8 @@ def run(job: Job, overrides: Sequence[str], source: ConfigSource = SHIPPED) -> t
     with job.step("configuration"):
         c = configure(job, overrides, source)
     c = replace(c, source=job.comm.bcast(c.source))  # rank 0 verified the write invocation's bundle
-    cfg, run = c.config, c.setup.settings
-    serving = ServingRun.of(cfg)
+    run = c.setup.settings
+    serving = run.serving
     what = (f"{fmt_bytes(c.setup.plan.total_bytes)} per checkpoint, {run.checkpoint.num_writes} writes, "
             f"{run.checkpoint.num_reads} reads" if serving is None else
             f"serving: {serving.replicas} replicas of TP {serving.tp}, {serving.strategy}, "
@@ -290,9 +288,9 @@ def run(job: Job, overrides: Sequence[str], source: ConfigSource = SHIPPED) -> t
         # After the gates (a refused run writes nothing, not even a new key), before any I/O.
         if job.rank == 0 and key is None:
             key = resolve_signing_key(run.signing_key, job.say)
-    ident = identity(job, cfg)
+    ident = identity(job, run)
     # Before any I/O: a witness asked for but not reachable refuses the run on every rank.
-    witness = Witnessing.open(job, cfg, c.setup.plan.digest, ident[0].number, ident[0].name, key)
+    witness = Witnessing.open(job, run, c.setup.plan.digest, ident[0].number, ident[0].name, key)
     stage = job.console.stage if job.rank == 0 else (lambda _: None)
     # A read-only invocation removes what it restored only once it is a result: judged first, a
     # disturbed or invalid one keeps the write invocation's checkpoints, to be run again.

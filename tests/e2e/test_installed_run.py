@@ -15,6 +15,9 @@ import pytest
 from support import paths
 from support.runs import assert_ran, printed_bundle
 
+from mlckpt.plan.config import setup
+from mlckpt.plan.settings import Settings
+
 BIN = Path(sys.executable).parent
 SMALL = ("workload=llama3_8b", "division=open", "scale=0.0005", "ranks=2", "checkpoint.num_writes=1",
          "checkpoint.num_reads=1", "io.direct=false")
@@ -207,14 +210,18 @@ def test_a_terminal_run_shows_a_live_bar(tmp_path: Path) -> None:
         subprocess.run(["tmux", "-S", socket, "kill-server"], check=False, timeout=30)
 
 
+def settings_of(*overrides: str) -> Settings:
+    return setup(["workload=llama3_8b", "ranks=8", *overrides]).settings
+
+
 def test_a_closed_run_without_a_system_description_is_refused() -> None:
     from mlckpt.run.phases.gates import description_refusal
 
-    err = description_refusal({"division": "closed", "system": None})
+    err = description_refusal(settings_of("division=closed"))
     assert err is not None and err.exit_status == 2
     assert str(err).startswith("system: a closed run needs a system description")
-    assert description_refusal({"division": "closed", "system": "sys.yaml"}) is None
-    assert description_refusal({"division": "open", "system": None}) is None
+    assert description_refusal(settings_of("division=closed", "system=sys.yaml")) is None
+    assert description_refusal(settings_of("division=open")) is None
 
 
 def test_a_sweep_with_a_bad_combination_is_refused_before_any_launch(tmp_path: Path) -> None:

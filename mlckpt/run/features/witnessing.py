@@ -18,6 +18,7 @@ from urllib.parse import urlsplit
 
 from mlckpt import __version__
 from mlckpt.errors import ConfigError
+from mlckpt.plan.settings import Settings
 from mlckpt.run.collective import Job
 from mlckpt.witness.client import DEFAULT_TIMEOUT_S, Client, WitnessError, transcript_of
 
@@ -47,16 +48,16 @@ class Witnessing:
     sent_ns: int | None = None
 
     @classmethod
-    def open(cls, job: Job, cfg: dict[str, Any], plan_digest: str, run_id: int, name: str,
+    def open(cls, job: Job, run: Settings, plan_digest: str, run_id: int, name: str,
              key: Any = None) -> Witnessing | None:
         """Open the witnessed run before any I/O (collective), the open signed with rank 0's
         signing ``key``; None when no witness is asked for.  A witness that cannot be reached now,
         or that refuses the key, or whose key is not ``witness.public_key``, refuses the run (one
         line, exit 2): the operator asked for a witnessed result."""
-        w = cfg.get("witness") or {}
-        if not w.get("url"):
+        w = run.witness
+        if w.url is None:
             return None
-        url, timeout = str(w["url"]), float(w.get("timeout_s") or DEFAULT_TIMEOUT_S)
+        url, timeout = w.url, w.timeout_s or DEFAULT_TIMEOUT_S
         me = cls(job, url)
         problem = None
         if job.rank == 0 and key is None:
@@ -64,9 +65,9 @@ class Witnessing:
                        "signs nothing: give signing.key (auto, or a key path)")
         elif job.rank == 0:
             try:
-                client = Client(url, timeout, key=key, expect=w.get("public_key"), ca_file=w.get("ca_file"))
+                client = Client(url, timeout, key=key, expect=w.public_key, ca_file=w.ca_file)
                 info = client.info()
-                opened = client.open(plan_digest, _opening(cfg, run_id, name), f"mlckpt {__version__}")
+                opened = client.open(plan_digest, _opening(run, run_id, name), f"mlckpt {__version__}")
                 me.client, me.keyid, me.run = client, str(info["keyid"]), str(opened["run"])
             except (WitnessError, KeyError, TypeError, OSError) as exc:  # OSError: an unreadable ca_file
                 problem = f"{KEY}: cannot open a witnessed run at {endpoint(url)}: {exc}"
@@ -156,11 +157,10 @@ class Witnessing:
         return json.dumps(self.transcript, indent=1).encode() + b"\n"
 
 
-def _opening(cfg: dict[str, Any], run_id: int, name: str) -> dict[str, Any]:
+def _opening(run: Settings, run_id: int, name: str) -> dict[str, Any]:
     """What the witness is told about the run at its opening (bound into the transcript)."""
-    ck = cfg["checkpoint"]
-    return {"run_id": f"{run_id:016x}", "name": name, "workload": cfg["workload"]["name"],
-            "ranks": cfg["ranks"], "division": cfg["division"], "scale": cfg["scale"],
-            "num_writes": ck["num_writes"], "num_reads": ck["num_reads"],
-            "rules_version": cfg["rules_version"], "mlckpt_version": __version__}
+    return {"run_id": f"{run_id:016x}", "name": name, "workload": run.workload, "ranks": run.ranks,
+            "division": run.division, "scale": run.scale, "num_writes": run.checkpoint.num_writes,
+            "num_reads": run.checkpoint.num_reads, "rules_version": run.rules_version,
+            "mlckpt_version": __version__}
 

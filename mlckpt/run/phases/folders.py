@@ -23,7 +23,7 @@ from mlckpt.run.storage import folderlock
 from mlckpt.run.storage.backends import Files, Storage
 from mlckpt.run.storage.cleanup import RUN_MARKER, Created
 from mlckpt.run.storage.kinds import open_durable
-from mlckpt.workload.frameworks import Framework, file_names
+from mlckpt.workload.frameworks import file_names
 
 
 @dataclass(frozen=True)
@@ -41,7 +41,7 @@ def make_folders(job: Job, c: Configured, gates: Gates, created: Created, run: R
     cfg = c.config
     if c.source is not None:
         return restored_folders(job, c, gates, run, created)
-    fw = Framework.of(cfg)
+    fw = c.setup.settings.framework
     names = [file_names(fw, r, [f.name for f in rp.files]) for r, rp in enumerate(c.setup.plan.rank_plans)]
     partial_dir = str(c.setup.settings.results / f".{run.name}.partial")
     durable = open_durable(cfg, run.name)

@@ -19,6 +19,7 @@ from mlckpt import engine
 from mlckpt.errors import UsageError
 from mlckpt.host.facts import disk_free_bytes, existing_ancestor, host_facts, mem_available_bytes, mount_of
 from mlckpt.plan.config import Setup
+from mlckpt.plan.settings import Settings
 from mlckpt.rules import Finding, HostSpec, gpu_source, rank_shift, verdict
 from mlckpt.run.storage import objectstore
 from mlckpt.run.storage.cleanup import RUN_MARKER
@@ -42,10 +43,10 @@ def blocking_message(findings: Sequence[Finding], division: str) -> str | None:
     return f"[{f.rule}] {f.message}{hint}{also}"
 
 
-def description_refusal(config: Mapping[str, Any]) -> UsageError | None:
+def description_refusal(run: Settings) -> UsageError | None:
     """A closed run needs the system description its result is published with: asked for before
     any I/O, not discovered when the bundle cannot be submitted without a hand edit."""
-    if str(config["division"]) == "closed" and not config.get("system"):
+    if run.division == "closed" and not run.system:
         return UsageError("system: a closed run needs a system description (system=FILE; "
                           "`mlckpt describe-system FOLDER --out FILE` drafts one)", key="system")
     return None
@@ -286,15 +287,15 @@ def judge(setup: Setup, names: Sequence[str], measured: Sequence[Mapping[str, An
     hosts = host_specs(names, measured)
     ctx = setup.context(hosts, complete=True, measured=True)
     findings = setup.rules.evaluate(ctx, ["config", "host"]).findings
-    division = str(setup.config["division"])
+    division = setup.settings.division
     refusal = blocking_message(findings, division)
     if refusal:
         raise UsageError(refusal)
-    missing = description_refusal(setup.config)
+    missing = description_refusal(setup.settings)
     if missing is not None:
         raise missing
     if not any(r.id == "IO-ENGINE" for r in setup.rules.rules):  # rules 1.0: refuse in our own words
-        err = io_engine_refusal(measured, str(setup.config["checkpoint"]["folder"]))
+        err = io_engine_refusal(measured, setup.settings.checkpoint.folder)
         if err is not None:
             raise err
     return Gates(

@@ -31,7 +31,6 @@ from mlckpt.run.phases.publish import (
     write_bundle,
 )
 from mlckpt.run.storage.kinds import open_durable
-from mlckpt.workload.serving_run import ServingRun
 
 
 def now() -> str:
@@ -64,7 +63,7 @@ def assess(job: Job, c: Configured, gates: Gates, measured: Measured, started: s
            witness: Witnessing | None = None) -> Assessed:
     """Rank 0: the manifest, the summary and the result-stage rules' verdict."""
     s, cfg = c.setup, c.config
-    serving = ServingRun.of(cfg)
+    serving = s.settings.serving
     system: dict[str, Any] = {"hosts": list(gates.facts)}
     if c.description is not None:
         system["description"] = c.description
@@ -115,7 +114,7 @@ def publish(job: Job, c: Configured, a: Assessed, signing_key: Any,
         log.insert(0, verdict_line(manifest))
     files = BundleFiles(manifest, cfg, a.measured.records, summary, a.system, log,
                         witness.transcript_bytes() if witness else None)
-    root = Path(cfg["output"]["root"]).absolute()
+    root = c.setup.settings.results
     try:
         final = write_bundle(root, a.measured.run.name, files, signing_key)
     except OSError as exc:  # the results folder changed under the run (removed, replaced, full)

@@ -73,7 +73,7 @@ def manifest_of(
 ) -> dict[str, Any]:
     """run.json before the result-stage rules add their findings (pure), with the keys the rule
     set's run format has (mlckpt.written: rules 1.2 bundles stay run format 3)."""
-    cfg = setup.config
+    cfg, run_settings = setup.config, setup.settings
     written = Written.of(setup.rules.version)
     source = dict(restored_from) if restored_from else None
     if source is not None and not written.has("content_commitment"):
@@ -85,7 +85,7 @@ def manifest_of(
         "state": dict(state) if state else None,
         "calibration": dict(calibration) if calibration else None,
         "content_commitment": content_commitment,
-        "framework": framework_block(Framework.of(cfg)),
+        "framework": framework_block(run_settings.framework),
         "serving": dict(serving) if serving else None,
     }
     return {
@@ -96,10 +96,10 @@ def manifest_of(
         "status": "complete",
         "mlckpt_version": __version__,
         "rules_version": setup.rules.version,
-        "workload": cfg["workload"]["name"],
-        "division": cfg["division"],
-        "scaled": cfg["scale"] != 1.0,
-        "scale": cfg["scale"],
+        "workload": run_settings.workload,
+        "division": run_settings.division,
+        "scaled": run_settings.scaled,
+        "scale": run_settings.scale,
         "ranks": ranks,
         "hosts": [{"host": h.name, "ranks": list(h.ranks)} for h in gates.hosts],
         "rank_shift": gates.shift,
@@ -161,7 +161,7 @@ def judged(
     ctx = replace(setup.context(gates.hosts, complete=True, measured=True), run=data)
     result = setup.rules.evaluate(ctx, ["result"]).findings
     manifest["findings"] = [f.to_dict() for f in (*gates.findings, *result)]
-    manifest["verdict"] = verdict([*gates.findings, *result], str(setup.config["division"]))
+    manifest["verdict"] = verdict([*gates.findings, *result], setup.settings.division)
     return result
 
 
@@ -229,8 +229,8 @@ def write_bundle(out_root: Path, name: str, files: BundleFiles, signing_key: Any
                     mlckpt_version=__version__,
                     runner_code_sha256=bundle.code_digest(),
                     rules_version=m["rules_version"],
-                    workload=str(cfg["workload"]["name"]),
-                    division=str(cfg["division"]),
+                    workload=str(m["workload"]),
+                    division=str(m["division"]),
                     started=m["started"],
                     ended=m["ended"],
                     extra={"ranks": m["ranks"], "scaled": m["scaled"], "verdict": m["verdict"]},

@@ -28,7 +28,6 @@ from mlckpt.run.phases.publish import RunId
 from mlckpt.run.phases.stalls import LoadFiles
 from mlckpt.run.storage.backends import Files
 from mlckpt.run.storage.cleanup import Created
-from mlckpt.workload.serving_run import ServingRun
 from mlckpt.written import Written
 
 
@@ -39,7 +38,7 @@ def serving_phases(job: Job, c: Configured, gates: Gates, created: Created, iden
     ``make_timer``: the run's op timer for these folders and weights (every load is timed, watched
     and evidenced by it, as a checkpoint op is); ``witness``: each load reported to it (rules 1.16)."""
     cfg = c.config
-    run = ServingRun.of(cfg)
+    run = c.setup.settings.serving
     assert run is not None
     folders = make_folders(job, c, gates, created, *ident)
     plan = run.plan(cfg, list(gates.rank_hosts))

@@ -16,7 +16,7 @@ from mlckpt.run.phases.folders import Folders
 from mlckpt.run.phases.gates import Gates
 from mlckpt.run.storage.cleanup import Created
 from mlckpt.run.storage.kinds import sweep
-from mlckpt.workload.frameworks import Framework, file_names
+from mlckpt.workload.frameworks import file_names
 
 ABORT_GRACE_S = 0.5  # between printing the fatal line and MPI_Abort
 
@@ -74,7 +74,7 @@ class Stalled:
         if self.loads is not None:
             return self.sweep_weights()
         upto = ckpt if op == "write" else self.c.setup.settings.checkpoint.num_writes
-        fw = Framework.of(self.c.config)
+        fw = self.c.setup.settings.framework
         names = [n for r, rp in enumerate(self.c.setup.plan.rank_plans)
                  for n in file_names(fw, r, [f.name for f in rp.files])]
         durable, fast = self.folders.durable, self.folders.fast
