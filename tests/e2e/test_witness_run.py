@@ -188,37 +188,58 @@ def test_an_unwitnessed_run_says_so_and_passes(runs: dict[str, Any], tmp_path: P
 Edit = Callable[[Path, dict[str, Any], Path], None]
 
 
-def quarter_writes(recs: list[dict[str, Any]]) -> None:
-    """Every write record a quarter as long (its end earlier), and each host's last counter reading
-    moved as much earlier as the host's last end: three quarters of an op cut is past the
-    witness's bound even when a busy host's allowance is as long as half the tests' short ops."""
-    writes: dict[tuple[int, str], list[dict[str, Any]]] = {}
-    for r in recs:
-        if r["op"] == "write":
-            writes.setdefault((r["index"], r["host"]), []).append(r)
-    for host_recs in writes.values():
-        old_last = max(r["t1_ns"] for r in host_recs)
-        for r in host_recs:
-            set_duration(r, int((r["t1_ns"] - r["t0_ns"]) * 0.25))
-        for r in host_recs:
-            if "host_counters" in r:
-                r["host_counters"]["after"]["t_ns"] -= old_last - max(x["t1_ns"] for x in host_recs)
+def past_the_bound(work: Path) -> dict[int, float]:
+    """The share of each witnessed write a forger cuts: three quarters, or 5 ms past the witness's
+    bound where that is more (a busy host's allowance can exceed three quarters of the tests' short
+    ops, and a cut within it is what the witness cannot see).  A write whose bound is nearly its
+    whole length is left out: the report names it unbounded."""
+    recs = read_records(work)
+    out = {}
+    for a in _accounts(work):
+        k = a["index"]
+        longest = max(r["t1_ns"] - r["t0_ns"] for r in recs if r["op"] == "write" and r["index"] == k) / 1e9
+        share = max(0.75, (a["room_s"] + 0.005) / longest)
+        if share < 0.95:
+            out[k] = share
+    assert out, "every write is within the witness's bound: nothing a witness could catch"
+    return out
 
 
-def shrunk_writes(work: Path, runs: dict[str, Any], tmp: Path) -> None:
-    edit_records(work, quarter_writes)
+def cut_writes(cut: dict[int, float], requests: bool = False) -> Callable[[list[dict[str, Any]]], None]:
+    """Each write ``k`` of ``cut`` shorter by ``cut[k]`` on every rank (its end earlier), and each
+    host's last counter reading moved as much earlier as the host's last end; ``requests``: the
+    requests' latencies scaled alike (RECORDS-REQUESTS)."""
+
+    def edit(recs: list[dict[str, Any]]) -> None:
+        writes: dict[tuple[int, str], list[dict[str, Any]]] = {}
+        for r in recs:
+            if r["op"] == "write" and r["index"] in cut:
+                writes.setdefault((r["index"], r["host"]), []).append(r)
+        for (k, _), host_recs in writes.items():
+            old_last = max(r["t1_ns"] for r in host_recs)
+            for r in host_recs:
+                set_duration(r, int((r["t1_ns"] - r["t0_ns"]) * (1 - cut[k])))
+                if requests:
+                    scale_requests(r, 1 - cut[k])
+            for r in host_recs:
+                if "host_counters" in r:
+                    r["host_counters"]["after"]["t_ns"] -= old_last - max(x["t1_ns"] for x in host_recs)
+    return edit
+
+
+def shrunk_writes(work: Path, runs: dict[str, Any], tmp: Path) -> dict[int, float]:
+    """A witnessed run's writes cut past the witness's bound; an unwitnessed run's by three quarters."""
+    witnessed = (work / "witness.dsse.json").exists()
+    cut = past_the_bound(work) if witnessed else {1: 0.75, 2: 0.75}
+    edit_records(work, cut_writes(cut))
     resummarize(work)
+    return cut
 
 
 def quartered_writes(work: Path, runs: dict[str, Any], tmp: Path) -> None:
-    """Every write a quarter as long, its requests recomputed, run.json's verdict the one the rules
-    give (disturbed: a forger who left it open would fail RESULT-VERDICT as well)."""
-    def quarter(recs: list[dict[str, Any]]) -> None:
-        quarter_writes(recs)
-        for r in recs:
-            if r["op"] == "write":
-                scale_requests(r, 0.25)
-    edit_records(work, quarter)
+    """Writes cut past the witness's bound, their requests recomputed, run.json's verdict the one
+    the rules give (disturbed: a forger who left it open would fail RESULT-VERDICT as well)."""
+    edit_records(work, cut_writes(past_the_bound(work), requests=True))
     resummarize(work)
     edit_json(work, "run.json", lambda r: r.update(verdict="disturbed"))
 
@@ -435,11 +456,12 @@ def test_a_witnessed_bundle_signed_by_another_key_than_its_opener_fails_witness_
 def test_shrunk_durations_name_the_op_and_the_bounds(runs: dict[str, Any], tmp_path: Path) -> None:
     work = tmp_path / "work" / runs["a"].name
     shutil.copytree(runs["a"], work)
-    shrunk_writes(work, runs, tmp_path)
+    cut = shrunk_writes(work, runs, tmp_path)
     resign(work, bundle.load_private_key(runs["dir"] / "org.pem"))
     [b] = checked(tree(runs, tmp_path / "t", work))
     msgs = [f["message"] for f in b["findings"] if f["rule"] == "WITNESS-HOST"]
-    assert msgs  # the writes long enough for half of them to exceed the bound; never a restore
+    # every write cut past its bound is named, and only those (never a restore)
+    assert {int(m.group(1)) for m in (re.search(r"expected write (\d):", x) for x in msgs) if m} == set(cut)
     for msg in msgs:
         assert re.search(r"records\.jsonl: .*expected write [12]: the witness's interval longer than the op "
                          r"by at most [0-9]+ ms, got [0-9]+ ms longer \(rank 0: [0-9]+ ms from the witness's "
