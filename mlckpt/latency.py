@@ -31,7 +31,7 @@ import struct
 import sys
 import zlib
 from collections.abc import Iterable, Mapping, Sequence
-from typing import Any
+from typing import Any, TypedDict
 
 from hdrh.histogram import HdrHistogram
 from pyhdrh import add_array as _hdr_add
@@ -56,7 +56,15 @@ def histogram() -> HdrHistogram:
     return HdrHistogram(LOWEST_NS, HIGHEST_NS, DIGITS)
 
 
-def encode(latencies_ns: Iterable[int]) -> dict[str, Any] | None:
+class Requests(TypedDict):
+    """A record's ``requests`` block: how many requests, and their latencies' HDR histogram
+    (base64, compressed)."""
+
+    count: int
+    hist: str
+
+
+def encode(latencies_ns: Iterable[int]) -> Requests | None:
     """A record's ``requests`` block (None when no request was made)."""
     h = histogram()
     n = 0

@@ -68,6 +68,10 @@ _PAGE_NUMBERS = np.arange(_GEN_CHUNK // PAGE + 1, dtype=np.uint64)
 _U16, _U32, _U64 = (1 << 16) - 1, (1 << 32) - 1, (1 << 64) - 1
 
 
+# A state, a shard or a scratch buffer as the engine reads into and writes from it (``alloc``).
+Buffer = np.ndarray
+
+
 def round_up(n: int) -> int:
     return (n + PAGE - 1) // PAGE * PAGE
 

@@ -1,13 +1,9 @@
-"""Collective agreement and the op watch.
+"""Collective agreement and the op timer.
 
 Each step that can fail locally ends in :meth:`Job.agree`: if any rank failed, every rank raises
 the same :class:`CollectiveFailure` (rank 0 prints it), so no rank waits forever in a barrier.
-
-A rank that never gets to an agreement (a hung syscall, dead storage) is caught by the op watch:
-every timed op is watched by a thread on rank 0 (:class:`OpWatch`, ``io.timeout_s``).  Every other
-rank sends a small "done" message on a private duplicate communicator after taking its t1; the
-watch collects them and, at the deadline, hands the ranks still missing to a stall handler (which
-names them, removes this run's files and aborts the job).
+Every timed op of every kind of run goes through :class:`OpTimer`; a rank that never gets to an
+agreement is caught by the op watch (:mod:`mlckpt.run.watch`).
 """
 
 from __future__ import annotations
@@ -15,23 +11,27 @@ from __future__ import annotations
 import gc
 import os
 import socket
-import threading
 import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
-from typing import Any, Protocol
+from typing import TYPE_CHECKING, Protocol
 
 from mlckpt import engine, latency
 from mlckpt.engine import StreamMismatch
 from mlckpt.errors import InternalError, IOFailure, MlckptError, VerificationError
+from mlckpt.records import CounterSample, OpRecord
 from mlckpt.run.console import Console, DeviceMeter
 from mlckpt.run.faults import NO_FAULTS, Faults
 from mlckpt.run.guardian import Guardian
+from mlckpt.run.watch import MPIDone, OpWatch
 from mlckpt.written import Written
 
-WATCH_POLL_S = 0.01  # how often rank 0's op watch looks for the other ranks' "done"
-DONE_TAG = 7  # tag of the "done" messages, on the runner's private duplicate communicator
+if TYPE_CHECKING:
+    from mpi4py.MPI import Intracomm
+
+    from mlckpt.host.facts import DeviceSampler
+
 
 
 @dataclass
@@ -63,7 +63,7 @@ def failures_of(errors: list[tuple[str, str, int] | None], hosts: list[str]) -> 
     return [Failure(r, hosts[r], e[0], e[1], e[2]) for r, e in enumerate(errors) if e]
 
 
-def idle_barrier(comm: Any, poll_s: float = 0.002) -> None:
+def idle_barrier(comm: Intracomm, poll_s: float = 0.002) -> None:
     """A barrier that waits asleep, polled: MPI's own busy-polls the CPUs other ranks still need."""
     req = comm.Ibarrier()
     while not req.Test():
@@ -75,7 +75,7 @@ class Job:
     """This rank's place in the MPI job, and the effects every phase needs: the communicator,
     rank 0's console and guardian, the fault seam."""
 
-    comm: Any
+    comm: Intracomm
     console: Console
     guardian: Guardian | None = None
     faults: Faults = NO_FAULTS
@@ -92,7 +92,7 @@ class Job:
         if self.rank == 0:
             self.console.say(line)
 
-    def note(self, **msg: Any) -> None:
+    def note(self, **msg: object) -> None:
         """Rank 0 tells its guardian what is going on (a pipe write, never inside a timed region)."""
         if self.guardian is not None:
             self.guardian.send(**msg)
@@ -109,7 +109,7 @@ class Job:
         idle_barrier(self.comm, poll_s)
 
     @contextmanager
-    def step(self, what: str, **note: Any) -> Iterator[None]:
+    def step(self, what: str, **note: object) -> Iterator[None]:
         self.note(step=what, **note)
         if self.rank == 0:
             self.console.stage(what)
@@ -127,87 +127,17 @@ class Job:
                 self.console.stage(None)
 
 
-class DoneChannel(Protocol):
-    """What the op watch needs of a communicator (mpi4py's, or a test's fake)."""
+class OpWitness(Protocol):
+    """What the op timer tells a witness (mlckpt.run.features.witnessing.Witnessing)."""
 
-    def done_from(self) -> int | None:
-        """The rank of one pending "done" message, received; None if there is none."""
+    def start(self, op: str, index: int) -> str | None:
+        """Report the op's start before its barrier (collective); a write's nonce."""
 
-    def recv_done(self, source: int) -> None:
-        """Receive the "done" message of ``source`` (waiting for it)."""
+    def end(self, op: str, index: int) -> None:
+        """Report the op's end, once every rank agreed it is over."""
 
-
-class MPIDone:
-    """:class:`DoneChannel` over an mpi4py communicator (the runner's private duplicate)."""
-
-    def __init__(self, comm: Any) -> None:
-        from mpi4py import MPI
-
-        self.comm, self.any, self.status = comm, MPI.ANY_SOURCE, MPI.Status()
-
-    def done_from(self) -> int | None:
-        if not self.comm.Iprobe(source=self.any, tag=DONE_TAG, status=self.status):
-            return None
-        src = int(self.status.Get_source())
-        self.comm.recv(source=src, tag=DONE_TAG)
-        return src
-
-    def recv_done(self, source: int) -> None:
-        self.comm.recv(source=source, tag=DONE_TAG)
-
-    def send_done(self, index: int) -> Any:
-        return self.comm.isend(index, dest=0, tag=DONE_TAG)
-
-
-class OpWatch:
-    """Rank 0's deadline for one timed op (see the module docstring).  A thread, so it works
-    whatever rank 0's main thread is doing (its own I/O, waiting in a collective, or stalled
-    itself).  ``on_stall(late_ranks, elapsed_s)`` is called from the thread at the deadline."""
-
-    def __init__(
-        self,
-        channel: DoneChannel,
-        size: int,
-        timeout_s: float,
-        on_stall: Callable[[list[int], float], None],
-        poll_s: float = WATCH_POLL_S,
-    ) -> None:
-        self.channel, self.timeout_s, self.on_stall, self.poll_s = channel, timeout_s, on_stall, poll_s
-        self.start = time.monotonic()
-        self.pending = set(range(1, size))
-        self.own = False  # rank 0 finished its own part of the op
-        self.finished = threading.Event()
-        self.thread = threading.Thread(target=self._loop, name="mlckpt-op-watch", daemon=True)
-        self.thread.start()
-
-    def _drain(self) -> None:
-        while self.pending and (src := self.channel.done_from()) is not None:
-            self.pending.discard(src)
-
-    def _loop(self) -> None:
-        deadline = self.start + self.timeout_s
-        while not self.finished.is_set():
-            self._drain()
-            if self.own and not self.pending:
-                return
-            now = time.monotonic()
-            if now >= deadline:
-                late = sorted(self.pending | ({0} if not self.own else set()))
-                self.on_stall(late, now - self.start)
-                return
-            self.finished.wait(min(self.poll_s, deadline - now))
-
-    def own_done(self) -> None:
-        self.own = True
-
-    def finish(self) -> None:
-        """After the op's agreement (every rank has sent "done"): stop and collect the rest."""
-        self.finished.set()
-        self.thread.join()
-        if self.own:
-            for src in sorted(self.pending):
-                self.channel.recv_done(src)
-            self.pending.clear()
+    def host_ns(self, t0_ns: int, t1_ns: int) -> list[int] | None:
+        """Rank 0's own time around the op, on its perf counter."""
 
 
 def op_meter(timer: OpTimer, op: str, nbytes: int) -> DeviceMeter | None:
@@ -237,20 +167,20 @@ class OpTimer:
     # leaves a gap there; from records format 6 every rank waits for them in a second barrier)
     # and after every rank agreed the op ended.  Untimed (tens of µs; with 8 ranks' accounting
     # ~0.3 ms).  The device is the checkpoint folder's.
-    probe: Callable[..., dict[str, Any]] | None = None
+    probe: Callable[..., CounterSample] | None = None
     device: str | None = None
     host_ranks: int = 1  # ranks on this rank's host (rank 0's progress estimate)
     # A witnessed run (mlckpt.run.features.witnessing.Witnessing): each op's start is reported before its
     # barrier (a write's nonce comes back and ``seal`` binds it into the content, untimed), its
     # end once every rank agreed it is over.
-    witness: Any = None
+    witness: OpWitness | None = None
     # What the rule set's records carry (mlckpt.written).  ``op_cpu``: the huge-page share of
     # ``state`` (the rank's arena) is read from /proc/self/smaps before the barrier (~6 ms of CPU a
     # read: not before every op).
     written: Written = field(default_factory=lambda: Written("", 0, 3, 0))
     # Records format 7: the leader's device counters sampled through each op (a timeline).
-    sampler: Any = None
-    state: Any = None
+    sampler: DeviceSampler | None = None
+    state: engine.Buffer | None = None
     sampled: set[str] = field(default_factory=set)
     frozen: bool = False  # the objects of the run's set-up moved out of the collector's reach
 
@@ -285,7 +215,7 @@ class OpTimer:
         if was:
             gc.enable()
 
-    def _opening(self, pool: str) -> dict[str, Any] | None:
+    def _opening(self, pool: str) -> CounterSample | None:
         """The op's barrier and the leader's first counters (None elsewhere).  With ``own_io``
         no rank starts before its host's counters are read (a second barrier): with many ranks per
         core the leader can leave the first tens of ms after the others began moving bytes.  With
@@ -301,9 +231,10 @@ class OpTimer:
         return before
 
     def __call__(
-        self, op: str, index: int, ckpt: int, action: Callable[[], Any], nbytes: int, nfiles: int, opts: Any,
+        self, op: str, index: int, ckpt: int, action: Callable[[], object], nbytes: int, nfiles: int,
+        opts: engine.IOOptions,
         seal: Callable[[str], None] | None = None,
-    ) -> dict[str, Any]:
+    ) -> OpRecord:
         job = self.job
         action, watch, huge = self._before(op, index, ckpt, action, nbytes, seal)
         sent = None
@@ -335,7 +266,8 @@ class OpTimer:
             job.console.stage(None)
             if self.witness is not None:
                 self.witness.end(op, index)
-        rec = {"op": op, "index": index, "checkpoint": ckpt, "rank": job.rank, "host": job.host,
+        rec: OpRecord = {
+               "op": op, "index": index, "checkpoint": ckpt, "rank": job.rank, "host": job.host,
                "t0_ns": t0, "t1_ns": t1, "wall_start": wall, "bytes": nbytes, "files": nfiles,
                "fsync": bool(op == "write" and opts.fsync), "direct": opts.direct,
                "dontcache": opts.dontcache}
@@ -346,8 +278,10 @@ class OpTimer:
                 rec["state_bytes"], rec["state_huge_bytes"] = int(self.state.nbytes), int(huge)
         return rec
 
-    def _before(self, op: str, index: int, ckpt: int, action: Callable[[], Any], nbytes: int,
-                seal: Callable[[str], None] | None) -> tuple[Callable[[], Any], OpWatch | None, int | None]:
+    def _before(
+        self, op: str, index: int, ckpt: int, action: Callable[[], object], nbytes: int,
+        seal: Callable[[str], None] | None,
+    ) -> tuple[Callable[[], object], OpWatch | None, int | None]:
         """Everything before the op's barrier, untimed: the collector run, the witness told (a
         write's nonce sealed into its content), the fault seam, the guardian's step, rank 0's watch
         and progress line, and the state's huge pages once per op kind (records' ``op_cpu``)."""
@@ -371,7 +305,7 @@ class OpTimer:
             huge = engine.huge_bytes(self.state)
         return action, watch, huge
 
-    def _evidence(self, rec: dict[str, Any], before: dict[str, Any] | None, pool: str) -> None:
+    def _evidence(self, rec: OpRecord, before: CounterSample | None, pool: str) -> None:
         """After every rank agreed the op ended: the host's counters (its leader), the device's
         samples through the op, the op's requests and a witnessed op's rank 0 time around it
         (records format 7)."""
@@ -391,7 +325,7 @@ class OpTimer:
                 rec["witness_host_ns"] = host_ns
 
 
-def request_fields(got: engine.Requests | None) -> dict[str, Any]:
+def request_fields(got: engine.Requests | None) -> dict[str, object]:
     """Records format 7: the op's requests as a histogram, and its phases (mlckpt/latency.py);
     nothing for an op that issued no request through the engine's timed paths."""
     if got is None or not got.latencies_ns:
@@ -399,7 +333,7 @@ def request_fields(got: engine.Requests | None) -> dict[str, Any]:
     return {"requests": latency.encode(got.latencies_ns), "phases_ns": dict(got.phases_ns)}
 
 
-def _attempt(op: str, index: int, rank: int, action: Callable[[], Any]) -> BaseException | None:
+def _attempt(op: str, index: int, rank: int, action: Callable[[], object]) -> BaseException | None:
     """Run ``action``; its failure, typed and prefixed with the op, or None."""
     try:
         action()

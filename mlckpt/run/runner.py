@@ -22,7 +22,7 @@ from dataclasses import replace
 from datetime import datetime, timezone
 from functools import partial
 from pathlib import Path
-from typing import Any, TextIO
+from typing import TYPE_CHECKING, TextIO
 
 from mlckpt import __version__, engine
 from mlckpt.engine import frameworks
@@ -30,9 +30,10 @@ from mlckpt.errors import DISTURBED_STATUS, INVALID_STATUS, MlckptError, UsageEr
 from mlckpt.host.facts import SAMPLE_INTERVAL_S, DeviceSampler, block_device, counters_sample
 from mlckpt.plan.config import SHIPPED, ConfigSource
 from mlckpt.plan.settings import Settings
+from mlckpt.records import OpRecord
 from mlckpt.rules import gpu_source
 from mlckpt.run import outcome_note
-from mlckpt.run.collective import Job, MPIDone, OpTimer
+from mlckpt.run.collective import Job, OpTimer
 from mlckpt.run.console import Console
 from mlckpt.run.faults import NO_FAULTS, Faults
 from mlckpt.run.features.witnessing import Witnessing
@@ -53,9 +54,14 @@ from mlckpt.run.phases.writes import WritePhase, WriteState
 from mlckpt.run.site_mpi import first_line, foreign_launcher, library_abi, mismatch, speaks
 from mlckpt.run.storage.cleanup import Created
 from mlckpt.run.storage.kinds import takes_page_cache
+from mlckpt.run.watch import MPIDone
 from mlckpt.units import fmt_bytes
 from mlckpt.workload.layout import PAGE, pages
 from mlckpt.written import Written
+
+if TYPE_CHECKING:
+    from mlckpt.engine.gpu import DeviceState
+    from mlckpt.workload.layout import FileSpec, RestoreRead
 
 
 def run_name(run: Settings, run_id: int) -> str:
@@ -214,8 +220,9 @@ def phases(job: Job, c: Configured, gates: Gates, created: Created, ident: tuple
 
 
 def _io_phases(job: Job, c: Configured, gates: Gates, created: Created, folders: Folders, timer: OpTimer,
-               arena: Any, layout: tuple[Any, list[int], Any, list[int]],
-               dev: Any) -> tuple[RunId, list[dict[str, Any]]]:
+               arena: engine.Buffer,
+               layout: tuple[Sequence[FileSpec], list[int], Sequence[RestoreRead], list[int]],
+               dev: DeviceState | None) -> tuple[RunId, list[OpRecord]]:
     """The writes, eviction and the restores, from ``arena`` (and ``dev``, a GPU-resident state);
     ``layout``: this rank's files and their offsets, its restore reads and theirs."""
     ck = c.setup.settings.checkpoint
@@ -229,7 +236,7 @@ def _io_phases(job: Job, c: Configured, gates: Gates, created: Created, folders:
         )
     nw, nr = ck.num_writes, ck.num_reads
     leader, fast_direct = gates.leader(job.rank), gates.fast_direct.get(job.host, False)
-    records: list[dict[str, Any]] = []
+    records: list[OpRecord] = []
     fw = c.setup.settings.framework
     if c.source is None:
         lib = LibraryWrites(fw, job.rank, mine, own, created) if fw.library else None

@@ -16,12 +16,19 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field, replace
 from functools import partial
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from mlckpt import engine
 from mlckpt.engine import frameworks
+from mlckpt.records import ReadRecord, StageRecord
 from mlckpt.workload.frameworks import ENGINE, Framework
 from mlckpt.workload.pipeline import DURABLE
+
+if TYPE_CHECKING:
+    from concurrent.futures import Future
+
+    from mlckpt.run.storage.cleanup import Created
+    from mlckpt.workload.layout import FileSpec
 
 
 def buffered(opts: engine.IOOptions) -> engine.IOOptions:
@@ -30,7 +37,7 @@ def buffered(opts: engine.IOOptions) -> engine.IOOptions:
 
 
 def items(names: Sequence[str], writers: Sequence[int], sizes: Sequence[int], offsets: Sequence[int],
-          buf: Any) -> list[frameworks.Item]:
+          buf: engine.Buffer) -> list[frameworks.Item]:
     """Each planned file as the library sees it: its key (by the rank that wrote it), its name,
     its bytes in ``buf`` at its offset (``offsets``: the arena's, one past the last)."""
     return [frameworks.Item(frameworks.key_of(w, n), n, buf[o : o + b])
@@ -44,16 +51,16 @@ class LibraryWrites:
 
     fw: Framework
     rank: int
-    mine: Sequence[Any]  # this rank's planned files
+    mine: Sequence[FileSpec]  # this rank's planned files
     offsets: Sequence[int]
-    created: Any  # the run's Created: the library's files, to evict and remove
+    created: Created  # the run's: the library's files, to evict and remove
     saved: dict[int, frameworks.Saved] = field(default_factory=dict)
-    futures: dict[int, Any] = field(default_factory=dict)
+    futures: dict[int, Future[object]] = field(default_factory=dict)
 
     def writes(self, k: int) -> bool:
         return self.fw.by_library(k)
 
-    def _items(self, buf: Any) -> list[frameworks.Item]:
+    def _items(self, buf: engine.Buffer) -> list[frameworks.Item]:
         return items([f.name for f in self.mine], [self.rank] * len(self.mine), [f.bytes for f in self.mine],
                      self.offsets, buf)
 
@@ -63,13 +70,13 @@ class LibraryWrites:
             return []
         return frameworks.paths_of(self.fw.writer, cdir, [f.name for f in self.mine])
 
-    def save(self, k: int, cdir: Path, buf: Any) -> None:
+    def save(self, k: int, cdir: Path, buf: engine.Buffer) -> None:
         self._keep(k, frameworks.save(self.fw, cdir, self._items(buf), self.rank))
 
-    def start_async(self, k: int, cdir: Path, buf: Any) -> None:
+    def start_async(self, k: int, cdir: Path, buf: engine.Buffer) -> None:
         self.futures[k] = frameworks.start_async_save(self.fw, cdir, self._items(buf))
 
-    def finish(self, k: int, cdir: Path, nbytes: int) -> dict[str, Any]:
+    def finish(self, k: int, cdir: Path, nbytes: int) -> StageRecord:
         """The async save's durable stage (in the background thread): from the stall's end, when
         DCP's thread took over, until every file and the folder are durable."""
         t0 = time.perf_counter_ns()
@@ -82,19 +89,20 @@ class LibraryWrites:
         if self.fw.spec.collective:  # files it named itself, to evict and remove
             self.created.add_files(list(saved.files))
 
-    def fields(self, k: int) -> dict[str, Any]:
+    def fields(self, k: int) -> dict[str, object]:
         """What checkpoint k's write record adds (records format 8)."""
         if not self.writes(k):
             return {"writer": ENGINE}
-        out: dict[str, Any] = {"writer": self.fw.writer}
+        out: dict[str, object] = {"writer": self.fw.writer}
         if k in self.saved:
             out.update(file_bytes=self.saved[k].file_bytes, synced_by=self.saved[k].synced_by)
         return out
 
 
-def restore(phase: Any, k: int, c: int, cdir: Path, scratch: Any) -> dict[str, Any]:
+def restore(phase: Any, k: int, c: int, cdir: Path, scratch: engine.Buffer) -> ReadRecord:
     """Restore k of checkpoint c through the library: evict its files and measure their residency,
-    load (timed), verify every page in the state.  ``phase``: the ReadPhase."""
+    load (timed), verify every page in the state.  ``phase``: the ReadPhase (which imports this
+    module: not named here)."""
     writer = phase.fw.writer_of(c)
     reads = phase.reads
     names = [rd.file.name for rd in reads]

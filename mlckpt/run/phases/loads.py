@@ -27,17 +27,21 @@ from __future__ import annotations
 import os
 import shutil
 import time
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING
 
 from mlckpt import engine
 from mlckpt.engine.content import round_up
 from mlckpt.errors import InternalError, VerificationError
+from mlckpt.records import LoadRecord, OpRecord
 from mlckpt.run.collective import idle_barrier
 from mlckpt.run.storage.backends import Files, Piece, Span, Storage
 from mlckpt.workload.serving_load import LoadPlan, RankLoad
 from mlckpt.workload.serving_load import Piece as Part
+
+if TYPE_CHECKING:
+    from mpi4py.MPI import Intracomm
 
 CHECKPOINT = 0  # the page tags' checkpoint field: weights are one "checkpoint"
 
@@ -73,7 +77,7 @@ class LoadSetup:
         return out
 
 
-def lay_out(comm: Any, s: LoadSetup) -> None:
+def lay_out(comm: Intracomm, s: LoadSetup) -> None:
     """Untimed: the ranks of replica 0 write and fsync their shard's files on the storage."""
     me = s.plan.ranks[comm.Get_rank()]
     if me.replica == 0:
@@ -87,7 +91,7 @@ def lay_out(comm: Any, s: LoadSetup) -> None:
     comm.Barrier()
 
 
-def cold(comm: Any, s: LoadSetup) -> int:
+def cold(comm: Intracomm, s: LoadSetup) -> int:
     """Every storage file this rank reads leaves the page cache; the bytes still resident."""
     mine = s.plan.ranks[comm.Get_rank()].storage
     resident = s.storage.evict(sorted({file_name(q.shard, q.file) for q in mine}))
@@ -95,7 +99,7 @@ def cold(comm: Any, s: LoadSetup) -> int:
     return resident
 
 
-def _spans(s: LoadSetup, parts: Sequence[Part], into: Any) -> list[Span]:
+def _spans(s: LoadSetup, parts: Sequence[Part], into: engine.Buffer) -> list[Span]:
     """Each part of a shard file, at its place in ``into`` (page-rounded, as O_DIRECT reads)."""
     out = []
     for q in parts:
@@ -105,7 +109,7 @@ def _spans(s: LoadSetup, parts: Sequence[Part], into: Any) -> list[Span]:
     return out
 
 
-def _from_storage(s: LoadSetup, parts: Sequence[Part], into: Any) -> int:
+def _from_storage(s: LoadSetup, parts: Sequence[Part], into: engine.Buffer) -> int:
     """The parts read from the storage into their places in ``into``."""
     return s.storage.get_spans(_spans(s, parts, into), s.opts)
 
@@ -115,7 +119,7 @@ def _from_storage(s: LoadSetup, parts: Sequence[Part], into: Any) -> int:
 # a failure on any rank raises on every rank, once every rank is out of the action.  The runner's
 # is its OpTimer (mlckpt.run.collective): the barriers, the host's counters around the load, the
 # fault seam, the collector kept out, as for every checkpoint op.
-Timed = Callable[[Callable[[], None]], Mapping[str, Any]]
+Timed = Callable[[Callable[[], None]], OpRecord]
 
 # What a load's record keeps of the op timer's: its clock readings and the evidence every op
 # carries (records format 10), never a checkpoint op's own fields.
@@ -123,11 +127,11 @@ TIMER_FIELDS = ("t0_ns", "t1_ns", "wall_start", "direct", "cpu_ns", "host_counte
                 "witness_host_ns")
 
 
-def barrier_timed(comm: Any) -> Timed:
+def barrier_timed(comm: Intracomm) -> Timed:
     """The plainest timed region, for a load outside a run (a benchmark, a harness): a barrier, the
     action, the clock; a rank whose action failed raises, the others wait for the job's end (the
     runner's OpTimer agrees on a failure instead, and carries the op's evidence)."""
-    def timed(action: Callable[[], None]) -> dict[str, Any]:
+    def timed(action: Callable[[], None]) -> OpRecord:
         comm.Barrier()
         t0, wall = time.monotonic_ns(), time.time()
         failed: BaseException | None = None
@@ -148,11 +152,11 @@ def barrier_timed(comm: Any) -> Timed:
 class Loaded:
     """One rank's load: its record (all but ``verified_bytes``) and the memory its shard is in."""
 
-    record: dict[str, Any]
-    arena: Any
+    record: LoadRecord
+    arena: engine.Buffer
 
 
-def load(comm: Any, s: LoadSetup, groups: tuple[Any, Any], timed: Timed) -> Loaded:
+def load(comm: Intracomm, s: LoadSetup, groups: tuple[Intracomm, Intracomm], timed: Timed) -> Loaded:
     """One load on this rank, unverified (:func:`verify` after it, untimed).  ``groups``: the
     communicators of its shard's holders and of its host's ranks (made untimed, before;
     ``split_groups``); ``timed``: the timed region (see :data:`Timed`).  A rank whose reads fail
@@ -190,7 +194,7 @@ def load(comm: Any, s: LoadSetup, groups: tuple[Any, Any], timed: Timed) -> Load
                    "resident_bytes": resident, **tier}, arena)
 
 
-def _staging(s: LoadSetup, me: RankLoad) -> Any:
+def _staging(s: LoadSetup, me: RankLoad) -> engine.Buffer | None:
     """Where a host's first rank holds each shard it brings into the node tier: allocated (and
     touched) before the load's barrier, the largest of those shards; None for the other ranks."""
     if s.plan.strategy != "nodecache" or not me.storage:
@@ -207,14 +211,14 @@ def _attempt(failed: list[BaseException], fn: Callable[[], int]) -> int:
         return 0
 
 
-def split_groups(comm: Any, plan: LoadPlan) -> tuple[Any, Any]:
+def split_groups(comm: Intracomm, plan: LoadPlan) -> tuple[Intracomm, Intracomm]:
     """The holders of this rank's shard (in replica order) and its host's ranks (in rank order)."""
     me = plan.ranks[comm.Get_rank()]
     hosts = sorted({r.host for r in plan.ranks})
     return comm.Split(me.shard, me.replica), comm.Split(hosts.index(me.host), me.rank)
 
 
-def _exchange(holders: Any, s: LoadSetup, me: RankLoad, arena: Any) -> None:
+def _exchange(holders: Intracomm, s: LoadSetup, me: RankLoad, arena: engine.Buffer) -> None:
     """Each holder's part to every other holder, in place: parts are whole pages in a shard laid
     out in whole-page files, so a part's place in memory is its place in the shard."""
     from mpi4py import MPI
@@ -229,8 +233,8 @@ def _exchange(holders: Any, s: LoadSetup, me: RankLoad, arena: Any) -> None:
     holders.Allgatherv(MPI.IN_PLACE, [arena, counts, displs, MPI.BYTE])
 
 
-def _node_cache(host: Any, s: LoadSetup, me: RankLoad, arena: Any, staging: Any,
-                failed: list[BaseException]) -> tuple[int, int, int]:
+def _node_cache(host: Intracomm, s: LoadSetup, me: RankLoad, arena: engine.Buffer,
+                staging: engine.Buffer | None, failed: list[BaseException]) -> tuple[int, int, int]:
     """The host's first rank fills the tier from the storage, durably, and evicts what it wrote;
     then every rank reads its shard from it.  The bytes read from the storage, from the tier, and
     of the rank's tier files still in the page cache before it read them."""
@@ -259,7 +263,7 @@ def _node_cache(host: Any, s: LoadSetup, me: RankLoad, arena: Any, staging: Any,
     return storage, read, resident
 
 
-def verify(s: LoadSetup, rank: int, arena: Any) -> int:
+def verify(s: LoadSetup, rank: int, arena: engine.Buffer) -> int:
     """Every file of ``rank``'s shard in ``arena`` against the content it was stamped with; the
     bytes verified (VerificationError on this rank at the first mismatch)."""
     me = s.plan.ranks[rank]
@@ -274,7 +278,7 @@ def verify(s: LoadSetup, rank: int, arena: Any) -> int:
     return s.plan.shard_bytes(me.shard)
 
 
-def clear_tier(host: Any, s: LoadSetup) -> None:
+def clear_tier(host: Intracomm, s: LoadSetup) -> None:
     """The node tier emptied (the next load fills it again)."""
     host.Barrier()
     if s.tier is not None and host.Get_rank() == 0:

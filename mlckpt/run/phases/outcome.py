@@ -13,6 +13,7 @@ from typing import Any
 
 from mlckpt.attribution import foreign_note
 from mlckpt.errors import RunFailure
+from mlckpt.records import LoadRecord, OpRecord
 from mlckpt.rules import content_commitment
 from mlckpt.run.collective import Job
 from mlckpt.run.console import headline
@@ -42,7 +43,7 @@ class Measured:
     """What the I/O phases leave for publishing (records, state and calibration: rank 0's)."""
 
     run: RunId
-    records: list[dict[str, Any]]
+    records: list[OpRecord] | list[LoadRecord]
     state: dict[str, Any] | None
     calibration: dict[str, Any] | None
     content_key: bytes  # whose content the checkpoints carry: this run's, or its write half's

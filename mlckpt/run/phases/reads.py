@@ -10,10 +10,11 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from functools import partial
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING
 
 from mlckpt import engine
 from mlckpt.errors import VerificationError
+from mlckpt.records import ReadRecord
 from mlckpt.run.collective import Job, OpTimer
 from mlckpt.run.console import op_line
 from mlckpt.run.phases import library
@@ -21,6 +22,10 @@ from mlckpt.run.phases.writes import ckpt_dir, fast_opts
 from mlckpt.run.storage.backends import Files, Piece, Storage, pieces
 from mlckpt.workload.frameworks import ENGINE, Framework
 from mlckpt.workload.pipeline import FAST, Pipeline
+
+if TYPE_CHECKING:
+    from mlckpt.engine.gpu import DeviceState
+    from mlckpt.workload.layout import RestoreRead
 
 
 @dataclass
@@ -31,9 +36,9 @@ class ReadPhase:
     key: bytes
     durable: Storage  # this run's folder (or prefix) on the durable tier
     fast: Files | None  # ... and its folder on the fast tier
-    reads: Sequence[Any]  # this rank's RestoreReads
+    reads: Sequence[RestoreRead]  # this rank's
     offsets: list[int]  # their places in the arena
-    arena: Any
+    arena: engine.Buffer
     opts: engine.IOOptions
     stream: bool
     timer: OpTimer
@@ -41,19 +46,19 @@ class ReadPhase:
     fast_fs: Mapping[str, str | None]
     writer_hosts: frozenset[str]
     tags: Mapping[int, int]  # checkpoint -> the run id its page tags carry, when witnessed
-    dev: Any = None  # GPU-resident state (rules 1.7): each restore ends in device memory
+    dev: DeviceState | None = None  # GPU-resident state (rules 1.7): each restore ends in device memory
     fw: Framework = field(default_factory=Framework)  # who wrote each checkpoint (rules 1.11)
 
-    def pid(self, rd: Any, c: int) -> engine.PageId:
+    def pid(self, rd: RestoreRead, c: int) -> engine.PageId:
         """What the pages of ``rd`` in checkpoint ``c`` must carry (its writer stamped it)."""
         return engine.PageId(self.tags.get(c, self.run_id), rd.writer, c, rd.index)
 
-    def run(self, nw: int, nr: int) -> list[dict[str, Any]]:
+    def run(self, nw: int, nr: int) -> list[ReadRecord]:
         """Every restore; returns all ranks' records on rank 0, else []."""
         scratch = engine.alloc(engine.VERIFY_SCRATCH_BYTES)
         if self.dev is not None:  # training has stopped: its last kernels end before the restores
             self.dev.settle()
-        records: list[dict[str, Any]] = []
+        records: list[ReadRecord] = []
         for k in range(1, nr + 1):
             rec = self.restore(k, (k - 1) % nw + 1, nw, scratch)
             if self.fw.library:
@@ -64,7 +69,7 @@ class ReadPhase:
                 records += recs
         return records
 
-    def restore(self, k: int, c: int, nw: int, scratch: Any) -> dict[str, Any]:
+    def restore(self, k: int, c: int, nw: int, scratch: engine.Buffer) -> ReadRecord:
         """Restore k of checkpoint c: evict, measure residency, read (timed), verify."""
         tier = self.pipe.restore_tier(c, nw, set(self.writer_hosts), self.job.host)
         ropts = fast_opts(self.opts, self.fast_direct) if tier == FAST else self.opts
@@ -132,7 +137,8 @@ class ReadPhase:
             self.dev.upload(self.arena, self.offsets[-1])
             copied["device_copy_ns"] = time.perf_counter_ns() - t0
 
-    def verify(self, k: int, c: int, files: Sequence[tuple[str, Any, int]], scratch: Any) -> dict[str, int]:
+    def verify(self, k: int, c: int, files: Sequence[tuple[str, engine.Buffer, int]],
+               scratch: engine.Buffer) -> dict[str, int]:
         """Every page of each (location, buffer, bytes) against what its writer stamped."""
         verified = 0
         for (where, buf, nbytes), rd in zip(files, self.reads, strict=True):

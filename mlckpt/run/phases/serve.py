@@ -15,9 +15,9 @@ from __future__ import annotations
 import shutil
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any
 
 from mlckpt import engine
+from mlckpt.records import LoadRecord, OpRecord
 from mlckpt.run.collective import Job, OpTimer
 from mlckpt.run.features.witnessing import Witnessing
 from mlckpt.run.phases import loads, outcome
@@ -69,9 +69,9 @@ def serving_phases(job: Job, c: Configured, gates: Gates, created: Created, iden
     timer = make_timer(folders, LoadFiles(stored, sorted({n for names in files for n in names}), tier))
     timer.witness = witness
     nfiles = len({(q.shard, q.file) for q in (*me.storage, *me.node_tier)})
-    mine: list[dict[str, Any]] = []
+    mine: list[LoadRecord] = []
     for index in range(run.loads):
-        def timed(action: Callable[[], None], index: int = index) -> dict[str, Any]:
+        def timed(action: Callable[[], None], index: int = index) -> OpRecord:
             return timer("load", index, 1, action, plan.shard_bytes(me.shard), nfiles, opts)
 
         loaded = loads.load(job.comm, s, groups, timed)  # every rank raises alike if one failed

@@ -18,10 +18,11 @@ from contextlib import suppress
 from dataclasses import dataclass, field, replace
 from functools import partial
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING
 
 from mlckpt import engine
 from mlckpt.errors import VerificationError
+from mlckpt.records import StageRecord, WriteRecord
 from mlckpt.run.collective import Job, OpTimer
 from mlckpt.run.console import durable_line, op_line, stall_line
 from mlckpt.run.phases import library
@@ -32,6 +33,10 @@ from mlckpt.witness import protocol
 from mlckpt.workload.layout import PAGE
 from mlckpt.workload.pipeline import DURABLE, FAST, MEMORY, Pipeline
 
+if TYPE_CHECKING:
+    from mlckpt.engine.gpu import DeviceState
+    from mlckpt.workload.layout import FileSpec
+
 
 @dataclass
 class WriteState:
@@ -39,17 +44,17 @@ class WriteState:
 
     durable: Storage  # this run's folder (or prefix) on the durable tier
     fast: Files | None  # ... and its folder on the fast tier
-    mine: Sequence[Any]  # this rank's planned files
+    mine: Sequence[FileSpec]  # this rank's planned files
     offsets: list[int]  # their places in the arena
-    arena: Any  # the state (full residency) or the stream ring
+    arena: engine.Buffer  # the state (full residency) or the stream ring
     key: bytes
     opts: engine.IOOptions
     stream: bool
     leader: bool  # this host's first rank (makes folders)
-    staging: Any = None  # async: the snapshot's host staging copy of the state
-    ring: Any = None  # tiers: the drain's bounded buffer
-    dev: Any = None  # GPU-resident state (rules 1.7): the engine's DeviceState; arena is its bounce
-    lib: Any = None  # a library writer's checkpoints (rules 1.11): mlckpt.run.phases.library.LibraryWrites
+    staging: engine.Buffer | None = None  # async: the snapshot's host staging copy of the state
+    ring: engine.Buffer | None = None  # tiers: the drain's bounded buffer
+    dev: DeviceState | None = None  # GPU-resident state (rules 1.7); arena is its bounce buffer
+    lib: library.LibraryWrites | None = None  # a library writer's checkpoints (rules 1.11)
 
     @property
     def nbytes(self) -> int:
@@ -125,7 +130,7 @@ class WritePhase:
         """Checkpoint k goes through a library writer (rules 1.11)."""
         return self.w.lib is not None and bool(self.w.lib.writes(k))
 
-    def write_to(self, k: int, tier: Storage, buf: Any, opts: engine.IOOptions) -> None:
+    def write_to(self, k: int, tier: Storage, buf: engine.Buffer, opts: engine.IOOptions) -> None:
         """Write checkpoint k's files of this rank from ``buf`` (the state or its staging copy)
         to ``tier``, each durable (with ``opts.fsync``) when this returns."""
         w = self.w
@@ -143,11 +148,11 @@ class WritePhase:
     def fast(self, opts: engine.IOOptions) -> engine.IOOptions:
         return fast_opts(opts, self.fast_direct)
 
-    def persist(self, k: int) -> list[dict[str, Any]]:
+    def persist(self, k: int) -> list[StageRecord]:
         """Checkpoint k's background stages (in the background thread): the persist from staging
         (async), the verified drain fast → durable (tiers).  Returns the stage entries."""
         pipe, w, bg = self.pipe, self.w, replace(self.w.opts, pool="background")
-        stages: list[dict[str, Any]] = []
+        stages: list[StageRecord] = []
         if pipe.mode == "async" and self.library(k):  # the library's own thread wrote it
             stages.append(w.lib.finish(k, w.folder(k), w.nbytes))
         elif pipe.mode == "async":
@@ -168,7 +173,7 @@ class WritePhase:
             stages.append(self.drain(k, bg))
         return stages
 
-    def drain(self, k: int, bg: engine.IOOptions) -> dict[str, Any]:
+    def drain(self, k: int, bg: engine.IOOptions) -> StageRecord:
         """Checkpoint k's verified drain from the fast tier to the durable one."""
         w = self.w
         assert w.ring is not None
@@ -228,7 +233,7 @@ class WritePhase:
             with self.job.step("drain buffer allocation"):
                 w.ring = engine.alloc(pipe.drain_ring_bytes(w.opts.threads, w.opts.block_size))
 
-    def run(self, nw: int) -> list[dict[str, Any]]:
+    def run(self, nw: int) -> list[WriteRecord]:
         """Every checkpoint; returns all ranks' records on rank 0 (in op, rank order), else []."""
         pipe = self.pipe
         self.allocate()
@@ -239,7 +244,7 @@ class WritePhase:
                 f"{' then '.join(pipe.background)} run{'s' if len(pipe.background) == 1 else ''} "
                 f"in the background during {pipe.compute_interval_s:g} s of training per checkpoint"
             )
-        mine: list[dict[str, Any]] = []
+        mine: list[WriteRecord] = []
         self.prepare(1)
         try:
             for k in range(1, nw + 1):
@@ -259,7 +264,7 @@ class WritePhase:
                 bg.close()
         return self.gathered(mine, nw, bg is not None)
 
-    def settle(self, bg: Background | None, mine: list[dict[str, Any]], info: dict[str, Any]) -> None:
+    def settle(self, bg: Background | None, mine: list[WriteRecord], info: dict[str, object]) -> None:
         """Wait for the previous checkpoint's background work: its records complete."""
         if bg is None or not bg.pending:
             info["wait_ns"] = 0
@@ -280,7 +285,7 @@ class WritePhase:
             prev.update(self.w.lib.fields(int(prev["checkpoint"])))
 
     def blocking(
-        self, k: int, bg: Background | None, mine: list[dict[str, Any]], info: dict[str, Any]
+        self, k: int, bg: Background | None, mine: list[WriteRecord], info: dict[str, object]
     ) -> None:
         """The stall: back-pressure, then the blocking stage, then the hand-over (timed)."""
         pipe, w = self.pipe, self.w
@@ -310,10 +315,10 @@ class WritePhase:
             bg.submit(partial(self.persist, k), after=partial(self.evict_fast, k) if pipe.tiered else None)
 
     def checkpoint(
-        self, k: int, nw: int, bg: Background | None, mine: list[dict[str, Any]]
-    ) -> dict[str, Any]:
+        self, k: int, nw: int, bg: Background | None, mine: list[WriteRecord]
+    ) -> WriteRecord:
         """Checkpoint k: the timed stall, its line, then training until the interval is over."""
-        info: dict[str, Any] = {}
+        info: dict[str, object] = {}
         rec = self.timer(
             "write",
             k,
@@ -362,7 +367,7 @@ class WritePhase:
         rec["compute_ns"] = time.perf_counter_ns() - rec["staged_ns"]
         return rec
 
-    def gathered(self, mine: list[dict[str, Any]], nw: int, background: bool) -> list[dict[str, Any]]:
+    def gathered(self, mine: list[WriteRecord], nw: int, background: bool) -> list[WriteRecord]:
         records = self.job.comm.gather(mine, root=0)
         if self.job.rank != 0:
             return []

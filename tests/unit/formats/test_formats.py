@@ -14,7 +14,7 @@ import pytest
 from support import paths
 
 from mlckpt import formats
-from mlckpt.metrics import ReadRecord, StageRecord, WriteRecord
+from mlckpt.records import ReadRecord, StageRecord, WriteRecord
 from mlckpt.resources import rules_dir
 from mlckpt.rules.engine import DEFAULT_RULES_VERSION
 from mlckpt.schemas import schema_folder

@@ -15,7 +15,7 @@ from mlckpt import formats
 from mlckpt.errors import IOFailure, UsageError
 from mlckpt.plan.config import setup
 from mlckpt.rules import Finding
-from mlckpt.run.collective import CollectiveFailure, Job, OpWatch, failures_of
+from mlckpt.run.collective import CollectiveFailure, Job, failures_of
 from mlckpt.run.console import Console, op_line
 from mlckpt.run.guardian.state import GuardianState
 from mlckpt.run.phases.gates import (
@@ -29,6 +29,7 @@ from mlckpt.run.phases.gates import (
 from mlckpt.run.phases.publish import RunId, manifest_of
 from mlckpt.run.storage.backends import Files
 from mlckpt.run.storage.cleanup import RUN_MARKER, Created, sweep_run
+from mlckpt.run.watch import OpWatch
 
 SMALL = [
     "workload=llama3_8b",
