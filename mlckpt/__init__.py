@@ -1,7 +1,7 @@
 """mlckpt: LLM checkpoint storage benchmark.
 
 Pure logic (workload, sizing, rules, metrics, schemas) lives in modules that never touch MPI, files
-or clocks; effects (engine, run, sysinfo, bundle, cli) are thin layers on top of them.
+or clocks; effects (engine, run, host, bundle, witness, cli) are thin layers on top of them.
 """
 
 __version__ = "0.1.0"

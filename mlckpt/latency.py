@@ -138,7 +138,7 @@ def longest(h: HdrHistogram) -> tuple[int, int]:
 def merged(blocks: Iterable[Mapping[str, Any]], seen: Longest | None = None) -> HdrHistogram:
     """The blocks' histograms added up (ValueError at the first that is no histogram); ``seen``
     gets each block's :func:`longest`.  Exactly what :func:`decode` and ``HdrHistogram.add`` give
-    (tests/unit/formats/test_latency.py), with each block's counts decoded by the library's own
+    (tests/unit/metrics/test_latency.py), with each block's counts decoded by the library's own
     varint decoder into one scratch array and added from there: no histogram object and no second
     inflate per block (half the cost of a large run's records)."""
     out = histogram()
