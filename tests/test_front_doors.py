@@ -125,3 +125,12 @@ def test_a_package_docstring_names_only_its_own_modules(package: Path) -> None:
     elsewhere = {p.stem for p in (REPO / "mlckpt").rglob("*.py")} - {"__init__", "__main__"}
     named = set(re.findall(r"``(\w+)``", doc))
     assert (named & elsewhere) - own == set(), f"{package}: names modules that live elsewhere"
+
+
+def test_the_unit_tests_are_arranged_as_the_design_page_says() -> None:
+    """docs/src/design/layout.md: ``unit/<package>/``, the pure parts by package (or top module)."""
+    page = (REPO / "docs" / "src" / "design" / "layout.md").read_text()
+    assert "`unit/<package>/` (pure parts, by package)" in page
+    names = _modules(REPO / "mlckpt") | {"checker"}
+    folders = {p.name for p in (REPO / "tests" / "unit").iterdir() if p.is_dir() and p.name != "__pycache__"}
+    assert folders and folders <= names, sorted(folders - names)
