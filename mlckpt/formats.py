@@ -257,6 +257,10 @@ WITNESS = Format("witness", "witness journal lines, receipts and transcripts: wi
         "schema rules/1.16/schemas/witness-transcript.schema.json"),
 ))
 
+# A witness's transcript with no load in it keeps witness format 2, so that the rules before 1.16
+# (whose schemas know formats 1 and 2) check every checkpoint run's transcript as before.
+WITNESS_WITHOUT_LOADS = 2
+
 ALL: tuple[Format, ...] = (RUN, RECORDS, SUMMARY, PLAN, BUNDLE, CODE_DIGEST, TRUSTED_KEYS, TRUSTED_WITNESSES,
                            RELEASED_RUNNERS,
                            PAGE_TAG, WITNESS,

@@ -249,7 +249,7 @@ def witness_format_fits(version: str, loads: bool = False) -> bool:
     """Whether the transcript schema of rules ``version`` takes the witness format this run's
     transcript will be written in (``loads``: a serving run's, witness format 3)."""
     pins = schema("witness-transcript", version)["properties"]["witness_format"]
-    written = formats.WITNESS.version if loads else 2
+    written = formats.WITNESS.version if loads else formats.WITNESS_WITHOUT_LOADS
     return written in pins.get("enum", [pins.get("const")])
 
 
@@ -294,8 +294,8 @@ def validate(config: Mapping[str, Any]) -> None:
         raise ConfigError(problem)
     loads = isinstance(serving, Mapping) and serving.get("strategy") is not None
     if (config.get("witness") or {}).get("url") and not witness_format_fits(version, loads):
-        kind, fmt, since = ("serving", formats.WITNESS.version, "1.16") if loads else ("checkpoint", 2,
-                                                                                       "1.10")
+        kind, fmt, since = (("serving", formats.WITNESS.version, "1.16") if loads else
+                            ("checkpoint", formats.WITNESS_WITHOUT_LOADS, "1.10"))
         raise ConfigError(f"witness.url: this runner's witness transcripts of a {kind} run are witness "
                           f"format {fmt}, which rules_version {version} cannot check: use rules {since} "
                           "or later", key="witness.url")

@@ -25,7 +25,6 @@ WITNESS_FORMAT = formats.WITNESS.version
 # The ops a witness times, and the index each counts from: a checkpoint run's writes and restores
 # from 1, a serving run's loads (witness format 3) from 0, as their records number them.
 OPS = {"write": 1, "read": 1, "load": 0}
-LOADS_FORMAT = 3  # a transcript with loads; one without says 2, which the rules before 1.16 check
 RECEIPT_TYPE = "application/vnd.mlckpt.witness-receipt+json"
 TRANSCRIPT_TYPE = "application/vnd.mlckpt.witness-transcript+json"
 OPEN_TYPE = "application/vnd.mlckpt.witness-open+json"
@@ -140,7 +139,7 @@ def tag_run_id(run_id: int, nonce: str) -> int:
 
 def transcript_format(entries: Sequence[Mapping[str, Any]]) -> int:
     """The witness format a run's journal is written in: 3 once it holds a load, else 2."""
-    return LOADS_FORMAT if any(e.get("op") == "load" for e in entries) else 2
+    return WITNESS_FORMAT if any(e.get("op") == "load" for e in entries) else formats.WITNESS_WITHOUT_LOADS
 
 
 def receipt(run: str, entry: Mapping[str, Any]) -> dict[str, Any]:

@@ -71,31 +71,24 @@ class Stalled:
         )
 
     def sweep(self, op: str, ckpt: int) -> str:
-        if self.loads is not None:
-            return self.sweep_weights()
-        upto = ckpt if op == "write" else self.c.setup.settings.checkpoint.num_writes
-        fw = self.c.setup.settings.framework
-        names = [n for r, rp in enumerate(self.c.setup.plan.rank_plans)
-                 for n in file_names(fw, r, [f.name for f in rp.files])]
+        """Remove this run's planned files: the checkpoints up to ``ckpt`` (a serving run: its
+        weights), on the durable tier and on the second one (the fast tier, or this host's node
+        tier: every other host's guardian sweeps its own)."""
+        run = self.c.setup.settings
         durable, fast = self.folders.durable, self.folders.fast
+        if self.loads is not None:
+            names, upto, label = self.loads.names, 1, "node tier"
+            second = str(self.loads.tier) if self.loads.tier is not None else None
+        else:
+            names = [n for r, rp in enumerate(self.c.setup.plan.rank_plans)
+                     for n in file_names(run.framework, r, [f.name for f in rp.files])]
+            upto = ckpt if op == "write" else run.checkpoint.num_writes
+            label, second = "fast tier", fast.at() if fast is not None else None
         above = self.created.outside(Path(durable.at())) if durable.folders else []
-        keep = self.c.setup.settings.checkpoint.keep
+        keep = run.checkpoint.keep
         note = "; " + sweep(durable.at(), names, upto, keep=keep, s3=s3_settings(self.c.config), dirs=above)
-        if fast is not None:
-            fnote = sweep(fast.at(), names, upto, keep=keep)
-            note += f" (fast tier: {fnote.removeprefix('removed ')})"
-        return note
-
-    def sweep_weights(self) -> str:
-        """A serving run's weights, and this host's node tier (each host's guardian sweeps its own)."""
-        assert self.loads is not None
-        durable, keep = self.folders.durable, self.c.setup.settings.checkpoint.keep
-        above = self.created.outside(Path(durable.at())) if durable.folders else []
-        note = "; " + sweep(durable.at(), self.loads.names, 1, keep=keep, s3=s3_settings(self.c.config),
-                            dirs=above)
-        if self.loads.tier is not None:
-            tnote = sweep(str(self.loads.tier), self.loads.names, 1, keep=keep)
-            note += f" (node tier: {tnote.removeprefix('removed ')})"
+        if second is not None:
+            note += f" ({label}: {sweep(second, names, upto, keep=keep).removeprefix('removed ')})"
         return note
 
     def __call__(self, op: str, index: int, ckpt: int, ranks: list[int], elapsed: float) -> None:
