@@ -34,6 +34,7 @@ from mlckpt.rules import (
     serving_recomputed,
     verdict,
 )
+from mlckpt.strict import mapping_at
 from mlckpt.workload.layout import Plan, make_plan
 from mlckpt.workload.model import Workload, workload_from_config
 from mlckpt.workload.pipeline import Pipeline
@@ -253,14 +254,14 @@ def finish(st: State) -> BundleResult:
         st.facts["split"] = []  # likewise (checker.split.add_pairs)
     if st.verified is not None and st.facts["split_evidence"] is None:
         st.facts["split_evidence"] = []  # likewise
-    facts = SubmissionFacts(
-        **{k: (tuple(v) if v is not None else None) for k, v in st.facts.items()}, verdicts=st.verdicts,
-        witness=st.witness)
+    # each kind of problem is a SubmissionFacts field of its name (checker/bundle_state.py)
+    problems: dict[str, Any] = {k: (tuple(v) if v is not None else None) for k, v in st.facts.items()}
+    facts = dataclasses.replace(SubmissionFacts(verdicts=st.verdicts, witness=st.witness), **problems)
     config = st.docs.get("config.yaml") if st.verdicts is not None else None
     division = str(config["division"]) if isinstance(config, dict) else leaf.division
     sub, sub_not_checked = submission_findings(rs, facts, division)
     findings = [finding_dict(f, leaf.path, st.where_paths) for f in (*st.rule_findings, *sub)]
-    run = st.docs.get("run.json") if isinstance(st.docs.get("run.json"), dict) else {}
+    run = mapping_at(st.docs, "run.json")
     vb = st.verified
     result = BundleResult(leaf.path, leaf.org, leaf.system, leaf.workload, leaf.division,
                           run_id=str(vb.predicate.get("run_id")) if vb else None,

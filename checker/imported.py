@@ -115,9 +115,9 @@ def _one(folder: Path, which: str) -> BundleDocs:
         raise UsageError(f"{which} {folder}: neither an mlckpt bundle nor a DLIO checkpointing result "
                          "(summary.json has no metric block with checkpoint_size_GB)")
     meta = _metadata(folder, which)
-    args = meta.get("args") if isinstance(meta.get("args"), Mapping) else {}
-    params = meta.get("parameters") if isinstance(meta.get("parameters"), Mapping) else {}
-    ck = params.get("checkpoint") if isinstance(params.get("checkpoint"), Mapping) else {}
+    args = loading.mapping_at(meta, "args")
+    params = loading.mapping_at(meta, "parameters")
+    ck = loading.mapping_at(params, "checkpoint")
     model = str(args.get("model") or meta.get("model") or "unknown")
     ranks = int(_number(summary, "num_accelerators") or _number(meta, "num_processes") or 0)
     hosts = int(_number(summary, "num_hosts") or 0)

@@ -45,7 +45,7 @@ def gap_s(write: Mapping[str, Any], read: Mapping[str, Any]) -> float | None:
     return None if end is None or start is None else (start - end).total_seconds()
 
 
-Writes = Mapping[tuple[str, ...], BundleResult]
+Writes = Mapping[tuple[str, str, str, str, str], BundleResult]
 
 # An unpaired write half's one status, worded the same in the checker's report and on the
 # leaderboard: a valid bundle, but not a result on its own.

@@ -55,7 +55,7 @@ def transcript_of(st: State) -> tuple[dict[str, Any] | None, str | None, str | N
     assert st.verified is not None and st.rules is not None and st.folder is not None
     if st.transcript is None:
         st.transcript = open_transcript(st.folder, st.verified, st.rules.version)
-    return st.transcript  # type: ignore[return-value]
+    return st.transcript
 
 
 def _opened(st: State, facts: WitnessFacts) -> WitnessFacts:

@@ -26,7 +26,7 @@ class OneLineParser(argparse.ArgumentParser):
         raise UsageError(f"{self.prog}: {message}{self.hint(message) if self.hint else ''}")
 
 
-def run_guarded(func, *args, prog: str = "mlckpt") -> int:  # type: ignore[no-untyped-def]
+def run_guarded(func: Callable[..., int | None], *args: object, prog: str = "mlckpt") -> int:
     """Call ``func`` and turn every error into (one stderr line, exit status)."""
     try:
         return int(func(*args) or 0)
@@ -44,9 +44,9 @@ def run_guarded(func, *args, prog: str = "mlckpt") -> int:  # type: ignore[no-un
     except Exception as exc:  # a defect: say so plainly, exit 4, keep the trace for debugging
         if os.environ.get("MLCKPT_DEBUG"):
             raise
-        err = InternalError(f"internal error: {type(exc).__name__}: {exc} (set MLCKPT_DEBUG=1)")
-        print(f"{prog}: error: {err}", file=sys.stderr)
-        return err.exit_status
+        fault = InternalError(f"internal error: {type(exc).__name__}: {exc} (set MLCKPT_DEBUG=1)")
+        print(f"{prog}: error: {fault}", file=sys.stderr)
+        return fault.exit_status
 
 
 def override_key(override: str) -> str:

@@ -7,6 +7,8 @@ the rule or key and says what was expected.  The CLI prints ``str(err)`` and exi
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+
 # A run that completed and published its bundle, but is no valid result (docs: Errors and exit
 # statuses): its verdict is invalid; or other processes on its host spoilt the measurement.
 INVALID_STATUS = 5
@@ -140,7 +142,7 @@ class IntegrityProblem(tuple[str, str]):
         self.kind = kind
         return self
 
-    def __getnewargs__(self) -> tuple[str, str, str]:  # type: ignore[override]
+    def __getnewargs__(self) -> tuple[str, str, str]:
         return (self[0], self[1], self.kind)
 
 
@@ -152,7 +154,7 @@ class BundleIntegrityError(IntegrityError):
     ``summary`` is the first line of the message: the count and the first problem.
     """
 
-    def __init__(self, message: str, problems: list[IntegrityProblem] | None = None) -> None:
+    def __init__(self, message: str, problems: Sequence[IntegrityProblem] | None = None) -> None:
         super().__init__(message)
         self.problems: list[IntegrityProblem] = list(problems or [])
         self.summary = message.splitlines()[0] if message else ""

@@ -10,15 +10,19 @@ by; a new format version therefore goes with a new rules version.  Pure: no proj
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Generic, TypeVar
+
+# A format's versions are numbers (a record's format) or names ("1.0", a digest's algorithm).
+V = TypeVar("V", int, str)
 
 
 @dataclass(frozen=True)
-class Format:
+class Format(Generic[V]):
     name: str
     where: str  # the file or field that carries it
-    version: int | str
-    reads: tuple[int | str, ...]  # versions this code accepts as input
-    history: tuple[tuple[int | str, str], ...]  # (version, what changed), oldest first
+    version: V
+    reads: tuple[V, ...]  # versions this code accepts as input
+    history: tuple[tuple[V, str], ...]  # (version, what changed), oldest first
 
     def __post_init__(self) -> None:
         if not self.history or self.history[-1][0] != self.version:

@@ -263,7 +263,7 @@ def _summarize(grouped: Mapping[tuple[str, int], list[Mapping[str, Any]]], max_r
     durable = [o for o in reads if o.tier == "durable"]
     if durable:
         _io_block(out, "read", durable)
-    for tier in sorted({o.tier for o in reads} - {"durable"}):
+    for tier in sorted({str(o.tier) for o in reads} - {"durable"}):
         _io_block(out, f"read_{tier}", [o for o in reads if o.tier == tier])
     if reads:
         worst = max(o.resident_fraction or 0.0 for o in durable) if durable else 0.0
@@ -296,9 +296,9 @@ def _what_changes_the_figure(grouped: Mapping[tuple[str, int], list[Mapping[str,
     for op in ("write", "read"):
         recs = [r for (o, _), rs in grouped.items() if o == op for r in rs]
         moved = sum(int(r["bytes"]) for r in recs) / GiB
-        cpu = [r.get("cpu_ns") for r in recs]
-        if recs and moved > 0 and None not in cpu:
-            out[f"{op}_cpu_s_per_gib"] = sum(int(c) for c in cpu) / 1e9 / moved  # type: ignore[arg-type]
+        cpu = [int(r["cpu_ns"]) for r in recs if r.get("cpu_ns") is not None]
+        if recs and moved > 0 and len(cpu) == len(recs):
+            out[f"{op}_cpu_s_per_gib"] = sum(cpu) / 1e9 / moved
     share = hugepage_share_min(r for rs in grouped.values() for r in rs)
     if share is not None:
         out["state_hugepage_fraction_min"] = share

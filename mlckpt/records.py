@@ -57,22 +57,18 @@ class StageRecord(TypedDict, total=False):
     mismatches: int
 
 
-class CounterSample(TypedDict, total=False):
-    """One host's kernel counters at ``t_ns`` (records format 3; mlckpt.host.facts.counters_sample)."""
-
-    t_ns: int
-    read_bytes: int
-    written_bytes: int
-    busy_ms: int
-    cached_bytes: int
-    dirty_bytes: int
-    writeback_bytes: int
-    shmem_bytes: int
+# One host's kernel counters at ``t_ns`` (records format 3; mlckpt.host.facts.counters_sample):
+# ``read_bytes``/``written_bytes``/``busy_ms`` of the device where it is known,
+# ``cached_bytes``/``dirty_bytes``/``writeback_bytes``/``shmem_bytes``, and from records format 6
+# what the kernel charged to the host's ranks (``own_*``), ``cpu_busy_ns`` and ``read_ns``.  Which
+# counters a sample holds depends on the host, so it is a plain mapping of counter to integer.
+CounterSample = dict[str, int]
 
 
 class _HostExtras(TypedDict, total=False):
     cpus: int  # records format 6: the host's CPUs, to weigh other processes' CPU time
-    samples: list[CounterSample]  # records format 7: the device sampled through the op
+    # records format 7: the device sampled through the op (mlckpt.host.facts.DeviceSampler's rows)
+    samples: list[list[int]]
 
 
 class HostCounters(_HostExtras):
@@ -81,16 +77,27 @@ class HostCounters(_HostExtras):
     after: CounterSample
 
 
-class _Evidence(TypedDict, total=False):
+class LibraryFields(TypedDict, total=False):
+    """What a library writer's write and read records add (records format 8)."""
+
+    writer: str  # mlckpt | torch_save | torch_dcp | safetensors
+    file_bytes: int  # a library write's files on disk
+    synced_by: str  # library | mlckpt
+
+
+class RequestFields(TypedDict, total=False):
+    """Records format 7: the op's requests' latencies and where their time went."""
+
+    requests: latency.Requests
+    phases_ns: dict[str, int]
+
+
+class _Evidence(LibraryFields, RequestFields, total=False):
     host_counters: HostCounters  # on each host's first rank (records format 3)
     cpu_ns: int  # records format 4
     state_bytes: int  # records format 4, where /proc/self/smaps could be read
     state_huge_bytes: int
-    writer: str  # records format 8 (rules 1.11): mlckpt | torch_save | torch_dcp | safetensors
-    file_bytes: int  # records format 8: a library write's files on disk
-    synced_by: str  # records format 8: library | mlckpt
-    requests: latency.Requests  # records format 7: the op's requests' latencies
-    phases_ns: dict[str, int]  # records format 7: where the requests' time went
+    device_copy_ns: int  # records format 5: a GPU-source run's copy between the device and the host
     witness_host_ns: list[int]  # records format 7: a witnessed op's rank 0, its own time around it
 
 

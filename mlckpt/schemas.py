@@ -60,7 +60,7 @@ def _schemas(rules_version: str) -> dict[str, Any]:
 
 def schema(name: str, rules_version: str = "1.0") -> dict[str, Any]:
     """Schema ``name`` of a rules version (shared: not to be changed)."""
-    return _schemas(rules_version)[name]  # type: ignore[no-any-return]
+    return _schemas(rules_version)[name]
 
 
 # jsonschema (with referencing and attrs, about 0.1 s to import) is loaded only where a document
@@ -70,7 +70,7 @@ def validator(name: str, rules_version: str = "1.0") -> Draft202012Validator:
     """The strict validator of schema ``name``: the one that decides, and says why."""
     from jsonschema import Draft202012Validator
 
-    return _strict()(schema(name, rules_version), registry=_registry(rules_version),  # type: ignore[no-any-return]
+    return _strict()(schema(name, rules_version), registry=_registry(rules_version),
                      format_checker=Draft202012Validator.FORMAT_CHECKER)
 
 
@@ -145,7 +145,7 @@ def _compiled(name: str, rules_version: str, *, exact: bool) -> Callable[[Any], 
     import jsonschema_rs
 
     schemas, registry = _rs_registry(rules_version, exact)
-    return jsonschema_rs.Draft202012Validator(  # type: ignore[no-any-return]
+    return jsonschema_rs.Draft202012Validator(
         schemas[name], registry=registry, retriever=_no_retrieval, validate_formats=True,
         ignore_unknown_formats=False, formats=FORMATS,
         keywords={"mlckptInteger": _Integer} if exact else None).is_valid

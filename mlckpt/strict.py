@@ -25,7 +25,7 @@ import json
 import math
 import os
 import stat
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Mapping
 from typing import Any, TypeVar
 
 import yaml
@@ -146,6 +146,13 @@ def _check_text(s: str) -> None:
 
 
 _CONTROL = {0: None} | {c: " " for c in range(1, 32)} | {127: " "}
+
+
+def mapping_at(doc: Mapping[str, Any], key: str) -> Mapping[str, Any]:
+    """``doc[key]`` where it is a mapping, else an empty one (a block missing or malformed in an
+    untrusted document reads as absent; the schemas say which)."""
+    value = doc.get(key)
+    return value if isinstance(value, Mapping) else {}
 
 
 def printable(value: Any) -> Any:
@@ -287,7 +294,7 @@ def iter_jsonl(data: bytes, *, max_lines: int | None = None, first_line: int = 1
 _BaseLoader: Any = getattr(yaml, "CSafeLoader", yaml.SafeLoader)  # libyaml when available
 
 
-class _StrictLoader(_BaseLoader):  # type: ignore[misc, valid-type]
+class _StrictLoader(_BaseLoader):
     """SafeLoader refusing duplicate keys and the non-JSON core types (timestamps, binary, sets).
     Anchors, aliases and excessive nesting are refused from the event stream before composing
     (see :func:`loads_yaml`), so composing is bounded."""

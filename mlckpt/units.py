@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import math
 import re
+from collections.abc import Mapping
 from typing import Any
 
 KiB, MiB, GiB, TiB = 1 << 10, 1 << 20, 1 << 30, 1 << 40
@@ -74,7 +75,7 @@ def fmt_duration(s: float) -> str:
     return f"{s:.2f} s"
 
 
-def _quantity(text: str, suffix: str, units: dict[str, float], what: str, examples: str) -> float:
+def _quantity(text: str, suffix: str, units: Mapping[str, float], what: str, examples: str) -> float:
     """A number, a unit from ``units`` and the literal ``suffix`` (regex), e.g. '1.5 GiB' + '/s'."""
     m = re.fullmatch(_NUM + r"([A-Za-z]*)\s*" + suffix, str(text))
     if not m or m.group(2).lower() not in units:

@@ -115,6 +115,24 @@ def test_ruff_clean() -> None:
     assert proc.returncode == 0, proc.stdout[-3000:]
 
 
+def test_types_check(tmp_path: Path) -> None:
+    """The annotations hold: mypy over both packages, as pyproject.toml configures it."""
+    cmd = [sys.executable, "-m", "mypy", "--cache-dir", str(tmp_path / "cache"), "--no-error-summary"]
+    proc = subprocess.run(cmd, cwd=REPO, capture_output=True, text=True, check=False, timeout=600)
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-1000:]
+
+
+def test_types_check_finds_a_wrong_record_key(tmp_path: Path) -> None:
+    """The record shapes are checked, not decoration: a misspelt key of a restore's record fails."""
+    bad = tmp_path / "bad_record.py"
+    bad.write_text("from mlckpt.records import ReadRecord\n\n\n"
+                   "def f(r: ReadRecord) -> int:\n    return r[\"verifed_bytes\"]\n")
+    cmd = [sys.executable, "-m", "mypy", "--cache-dir", str(tmp_path / "cache"), "--no-error-summary",
+           "--config-file", str(REPO / "pyproject.toml"), str(bad)]
+    proc = subprocess.run(cmd, cwd=REPO, capture_output=True, text=True, check=False, timeout=600)
+    assert proc.returncode == 1 and '"verifed_bytes"' in proc.stdout, proc.stdout + proc.stderr
+
+
 def _imports(path: Path) -> Iterable[tuple[str, str]]:
     """(module, name) of every ``from module import name`` in ``path`` (``import module``: name '')."""
     for node in ast.walk(ast.parse(path.read_text())):

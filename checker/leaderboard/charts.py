@@ -106,9 +106,10 @@ def scaling_figure(t: ClassTable) -> dict[str, Any] | None:
     return {"data": traces, "layout": layout}
 
 
+IMAGE_OPTIONS = {"format": "png", "scale": 2}
 PLOT_CONFIG = {"displaylogo": False, "responsive": True,
                "modeBarButtonsToRemove": ["select2d", "lasso2d", "autoScale2d"],
-               "toImageButtonOptions": {"format": "png", "scale": 2}}
+               "toImageButtonOptions": IMAGE_OPTIONS}
 
 
 def figures(board: Leaderboard) -> dict[str, dict[str, Any]]:
@@ -122,7 +123,7 @@ def figures(board: Leaderboard) -> dict[str, dict[str, Any]]:
                 continue
             cid = f"chart-{kind}-{t.key.id}"
             out[cid] = {**fig, "config": {**PLOT_CONFIG, "toImageButtonOptions": {
-                **PLOT_CONFIG["toImageButtonOptions"], "filename": cid}}}
+                **IMAGE_OPTIONS, "filename": cid}}}
     return out
 
 

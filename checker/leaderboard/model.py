@@ -14,6 +14,7 @@ from checker.leaderboard.systems import dig as _get
 from checker.leaderboard.systems import sut_facts
 from mlckpt import formats
 from mlckpt.rules import gpu_source
+from mlckpt.strict import mapping_at
 from mlckpt.units import fmt_bytes
 from mlckpt.workload.frameworks import Framework
 from mlckpt.workload.model import ModelShape
@@ -243,14 +244,14 @@ class Entry:
 
 def framework_ratios(summary: Mapping[str, Any]) -> dict[str, float]:
     """Summary format 7: the library's write and read bandwidth over the engine's of the same run."""
-    fw = summary.get("framework") if isinstance(summary.get("framework"), dict) else {}
-    ref = fw.get("reference") if isinstance(fw.get("reference"), dict) else {}
+    fw = mapping_at(summary, "framework")
+    ref = mapping_at(fw, "reference")
     return {f"framework_{op}_ratio": _number(ref.get(f"{op}_ratio")) for op in ("write", "read")}
 
 
 def foreign_share(summary: Mapping[str, Any]) -> float:
     """The larger of summary format 5's write and read foreign shares (nan: not measured)."""
-    f = summary.get("foreign") if isinstance(summary.get("foreign"), dict) else {}
+    f = mapping_at(summary, "foreign")
     v = [_number(f[op].get("foreign_share")) for op in ("write", "read") if isinstance(f.get(op), dict)]
     return max(v) if v else math.nan
 
@@ -319,7 +320,7 @@ def model_size(model: Any) -> float:
     keys = ("hidden_size", "num_layers", "ffn_hidden_size", "vocab_size", "num_attention_heads",
             "num_kv_heads")
     try:
-        return float(ModelShape(**{k: int(model[k]) for k in keys}).num_parameters)
+        return float(ModelShape.of_counts({k: int(model[k]) for k in keys}).num_parameters)
     except (KeyError, TypeError, ValueError, ZeroDivisionError):
         return math.nan
 

@@ -124,7 +124,7 @@ def scan(root_fd: int) -> tuple[dict[str, int], list[Problem]]:
     walk(root_fd, "", 0)
     files.pop(SIGNATURE_FILE, None)
     if any(p == SIGNATURE_FILE for p, _ in bad):
-        bad = [(p, m) for p, m in bad if p != SIGNATURE_FILE]  # reported by the envelope reader
+        bad = [b for b in bad if b[0] != SIGNATURE_FILE]  # reported by the envelope reader
     return files, bad
 
 

@@ -243,7 +243,9 @@ def _extract_all(
     total = 0
     count = 0
     guarded = type("_GuardedTarInfo", (_GuardedTarInfo,), {"where": where})
-    opened = tarfile.open(fileobj=stream, mode="r|", tarinfo=guarded, encoding="utf-8", errors="strict")
+    # a stream ("r|") is only read: the reader has no seek or write for the file protocol's stubs
+    opened = tarfile.open(fileobj=stream, mode="r|", tarinfo=guarded,  # type: ignore[call-overload]
+                          encoding="utf-8", errors="strict")
     with opened as tar:
         for member in tar:
             count += 1
@@ -336,7 +338,7 @@ def _write_member(
     written = 0
     with os.fdopen(fd, "wb") as out:
         while True:
-            chunk = src.read(HASH_CHUNK)  # type: ignore[union-attr]
+            chunk = src.read(HASH_CHUNK)
             if not chunk:
                 break
             written += len(chunk)

@@ -84,7 +84,8 @@ def predicate_problems(pred: Any) -> list[str]:
             times[k] = _parse_utc(pred[k])
             if times[k] is None:
                 out.append(f"predicate key {k!r} must be an ISO-8601 UTC time, got {pred[k]!r}")
-    if times.get("started") and times.get("ended") and times["ended"] < times["started"]:
+    started, ended = times.get("started"), times.get("ended")
+    if started is not None and ended is not None and ended < started:
         out.append("predicate 'ended' is before 'started'")
     return out
 

@@ -167,7 +167,7 @@ def _signer_key(
     trusted_raw = trusted.public_key_for(env.keyid)
     if trusted_raw != env.public_key:
         fail(where, SIGNATURE_FILE, "embedded public key differs from the trusted key", IntegrityKind.KEY)
-    return signer_org, trusted_raw  # type: ignore[return-value]
+    return signer_org, trusted_raw
 
 
 def _check_signature(where: str, env: dsse.Envelope, key_raw: bytes) -> None:
@@ -255,4 +255,4 @@ def read_envelope_predicate(folder: Path) -> dict[str, Any]:
     pred = stmt.get("predicate") if isinstance(stmt, dict) else None
     if not isinstance(pred, dict):
         fail(str(folder), SIGNATURE_FILE, "statement has no predicate object")
-    return pred  # type: ignore[return-value]
+    return pred

@@ -7,7 +7,7 @@ import argparse
 from mlckpt.cli import hydra_app
 
 
-def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
+def register(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser("config", help="print the resolved configuration",
                        description="Compose workloads/config.yaml with the overrides and print "
                        "the resolved YAML (validated against the rules' config schema).")

@@ -10,7 +10,7 @@ from pathlib import Path
 from mlckpt.errors import UsageError
 
 
-def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
+def register(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser("describe-system", help="draft a system description from this host's facts",
                        description="Write a system description (YAML) filled with what this host "
                        "measures for the checkpoint FOLDER's filesystem, marked COMPLETE where only "

@@ -17,7 +17,7 @@ import os
 import sys
 from collections.abc import Callable, Sequence
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, NoReturn
 
 from mlckpt.command_line import override_key
 from mlckpt.errors import UsageError
@@ -42,7 +42,7 @@ def parser() -> argparse.ArgumentParser:
     p = get_args_parser()
     p.prog = "mlckpt run"
 
-    def error(message: str) -> None:  # one line, exit 2, like every mlckpt usage error
+    def error(message: str) -> NoReturn:  # one line, exit 2, like every mlckpt usage error
         raise UsageError(f"{message}{flag_hint(message)} (mlckpt run --help)")
 
     p.error = error  # type: ignore[method-assign]

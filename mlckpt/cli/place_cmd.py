@@ -21,7 +21,7 @@ if TYPE_CHECKING:  # the bundle's and the rules' libraries load when a bundle is
     from mlckpt.bundle.models import VerifiedBundle
 
 
-def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
+def register(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser(
         "place", help="put bundles into a submission tree for mlckpt-check",
         description="Verify each BUNDLE and copy it into the submission tree ROOT at "

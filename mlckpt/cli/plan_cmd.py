@@ -11,7 +11,7 @@ from mlckpt.cli import hydra_app, serving_flags
 from mlckpt.workload.model import Workload
 
 
-def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
+def register(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser("plan", help="size a workload and judge it against the rules",
                        description="Size a workload (per-rank files and bytes, totals, memory, "
                        "disk) and give its verdict: closed, open or invalid.")

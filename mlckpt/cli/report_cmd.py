@@ -9,7 +9,7 @@ from pathlib import Path
 from mlckpt.errors import UsageError
 
 
-def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
+def register(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser("report", help="one run's report: tables, an offline page with charts, CSV",
                        description="Print a result folder's report: what ran, the verdict and findings, "
                        "one row per op (duration, bandwidth, IOPS, request latency percentiles, where the "

@@ -48,7 +48,7 @@ RETRY_PAUSE_S = 4.0  # ... after this pause (a tenant's burst may pass), said be
 _MPI_ENV = ("PMI_RANK", "PMI_SIZE", "PMIX_RANK", "OMPI_COMM_WORLD_SIZE", "MPI_LOCALNRANKS")
 
 
-def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
+def register(sub: argparse._SubParsersAction) -> None:
     # Listed in `mlckpt --help`; the command line itself goes to Hydra's parser (see handle_argv).
     sub.add_parser(
         "run", help="run a checkpoint workload (self-launches under mpiexec; Hydra flags: "
@@ -300,9 +300,9 @@ def validate(overrides: list[str], source: ConfigSource | None = None) -> Setup:
         resolve_signing_key(run.signing_key, print)
     here = local_host(folder, range(s.plan.ranks), run.checkpoint.fast_tier, run.results, s.config)
     ctx = s.context((here,), complete=True, measured=True)
-    refusal = blocking_message(s.rules.evaluate(ctx, ["config", "host"]).findings, run.division)
-    if refusal:
-        raise UsageError(refusal)
+    blocked = blocking_message(s.rules.evaluate(ctx, ["config", "host"]).findings, run.division)
+    if blocked:
+        raise UsageError(blocked)
     missing = description_refusal(s.settings)
     if missing is not None:
         raise missing

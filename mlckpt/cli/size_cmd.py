@@ -11,7 +11,7 @@ from mlckpt.errors import UsageError
 from mlckpt.units import parse_bandwidth, parse_duration, parse_fraction
 
 
-def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
+def register(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser(
         "size", help="bandwidth needed for a checkpoint interval (or time for a bandwidth)",
         description="The LLM checkpointing sizer. With --overhead: the write bandwidth that keeps "

@@ -4,16 +4,19 @@ service, run by the witnessing party (a benchmark committee, or the buyer in a p
 from __future__ import annotations
 
 import argparse
+from collections.abc import Callable
 from pathlib import Path
+from typing import TypeVar
 
 from mlckpt.units import parse_duration, parse_size
 
 DEFAULT_KEEP = "90d"
+T = TypeVar("T")
 
 
-def _arg(parse):  # type: ignore[no-untyped-def]
+def _arg(parse: Callable[[str], T]) -> Callable[[str], T]:
     """An argparse type from one of mlckpt.units' parsers (its ValueError is argparse's message)."""
-    def convert(text: str):  # type: ignore[no-untyped-def]
+    def convert(text: str) -> T:
         try:
             return parse(text)
         except ValueError as exc:
@@ -21,7 +24,7 @@ def _arg(parse):  # type: ignore[no-untyped-def]
     return convert
 
 
-def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
+def register(sub: argparse._SubParsersAction) -> None:
     from mlckpt.witness.admission import Limits
 
     d = Limits()

@@ -51,6 +51,7 @@ _TAG_DTYPE = np.dtype(
 assert _TAG.size == TAG_BYTES and _TAG_DTYPE.itemsize == TAG_BYTES
 
 
+assert _TAG_DTYPE.fields is not None
 _RUN_ID = slice(_TAG_DTYPE.fields["run_id"][1], _TAG_DTYPE.fields["run_id"][1] + 8)  # bytes 8..16 of a tag
 
 
@@ -203,7 +204,7 @@ class FileContent:
         n = len(out)
         for s in range(0, n, _GEN_CHUNK):
             e = min(s + _GEN_CHUNK, n)
-            self._enc.update_into(_ZERO[: e - s], out[s:e])
+            self._enc.update_into(_ZERO[: e - s], memoryview(out[s:e]))
             self._stamp(out[s:e], offset + s)
         self._pos = offset + n
 

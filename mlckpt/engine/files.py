@@ -218,7 +218,7 @@ class Layout:
     flags: int
 
 
-def layout(files: Sequence[FileIO] | Sequence[StreamFile], opts: IOOptions) -> Layout:
+def layout(files: Sequence[FileIO | StreamFile], opts: IOOptions) -> Layout:
     lengths = [round_up(f.nbytes) if opts.direct else f.nbytes for f in files]
     return Layout([f.path for f in files], lengths, RequestPlan(lengths, opts.block_size),
                   RWF_DONTCACHE if opts.dontcache else 0)
@@ -229,7 +229,7 @@ def layout(files: Sequence[FileIO] | Sequence[StreamFile], opts: IOOptions) -> L
 Request = Callable[[Sequence[int], int], int]
 
 
-def write_set(files: Sequence[FileIO] | Sequence[StreamFile], opts: IOOptions, lay: Layout,
+def write_set(files: Sequence[FileIO | StreamFile], opts: IOOptions, lay: Layout,
               request: Request, *, dir_fsync: Sequence[str] = ()) -> list[FileResult]:
     """The skeleton of every timed write, each step a phase: create every file (never an existing
     one), issue the requests in the pool, cut each file's padding and fsync it (many files'
@@ -259,7 +259,7 @@ def write_set(files: Sequence[FileIO] | Sequence[StreamFile], opts: IOOptions, l
             for k, f in enumerate(files)]
 
 
-def read_set(files: Sequence[FileIO] | Sequence[StreamFile], opts: IOOptions, lay: Layout,
+def read_set(files: Sequence[FileIO | StreamFile], opts: IOOptions, lay: Layout,
              request: Request) -> list[FileResult]:
     """The skeleton of every timed read: open every file (its size checked before any read),
     issue the requests in the pool, close."""

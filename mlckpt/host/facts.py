@@ -15,6 +15,7 @@ from pathlib import Path
 from typing import Any
 
 from mlckpt import __version__
+from mlckpt.records import CounterSample
 from mlckpt.strict import printable
 
 PACKAGES = ("mlckpt", "numpy", "mpi4py", "mpich", "hydra-core", "cryptography", "jsonschema")
@@ -221,7 +222,7 @@ class DeviceSampler:
 
 
 def counters_sample(device: str | None, pids: Sequence[int] = (), *,
-                    closing: bool = False) -> dict[str, int]:
+                    closing: bool = False) -> CounterSample:
     """The host's kernel counters now: the device's bytes read and written and busy time (when
     known), the page cache's size and dirty state; with ``pids`` (the host's ranks, records
     format 6) what the kernel charged to them (:func:`processes_io`) and the host's busy CPU time,

@@ -12,7 +12,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from functools import cached_property
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 from mlckpt import formats
 from mlckpt.errors import ConfigError, UsageError
@@ -129,6 +129,7 @@ def compose(overrides: Sequence[str], source: ConfigSource = SHIPPED) -> dict[st
     except (HydraException, OmegaConfBaseException) as exc:
         raise UsageError(_hydra_message(exc, source)) from None
     assert isinstance(resolved, dict)
+    resolved = cast(dict[str, Any], resolved)  # a configuration's keys are names
     resolved.pop("hydra", None)
     # `rules_version=1.0` arrives as a float from the command line; versions are strings.
     if "rules_version" in resolved:

@@ -58,7 +58,7 @@ def plan_document(plan: Plan, config: dict[str, Any], ev: Evaluation, ctx: Conte
         "num_files": plan.num_files,
         "max_rank_bytes": plan.max_rank_bytes,
         "imbalance": round(plan.imbalance, 4),
-        "restore_bytes": {p: plan.restore_bytes(p) for p in RESTORE_PATTERNS},  # type: ignore[arg-type]
+        "restore_bytes": {p: plan.restore_bytes(p) for p in RESTORE_PATTERNS},
         "max_resident_bytes_per_rank": max(plan.resident_bytes(r, restore)  # type: ignore[arg-type]
                                            for r in range(plan.ranks)),
         "num_writes": num_writes,

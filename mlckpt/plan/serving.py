@@ -28,7 +28,7 @@ def layout_document(layout: ServingLayout) -> dict[str, Any]:
 def strategies_document(layout: ServingLayout) -> dict[str, dict[str, int]]:
     """Per loading strategy, what the storage serves and the most any one host or GPU moves, with
     the ranks placed as the layout says (mlckpt/workload/serving_load.py)."""
-    out = {}
+    out: dict[str, dict[str, int]] = {}
     for strategy in STRATEGIES:
         plan = load_plan(layout, strategy, placement(layout))
         out[strategy] = {

@@ -16,6 +16,7 @@ from pathlib import Path
 from typing import Any
 
 from mlckpt.workload.frameworks import Framework
+from mlckpt.workload.layout import RestorePattern, restore_pattern
 from mlckpt.workload.serving_run import ServingRun
 
 
@@ -42,7 +43,7 @@ class CheckpointSettings:
     num_reads: int
     keep: bool
     fsync: bool
-    restore: str  # own (read back what this rank wrote) | repopulate (every replica reloads)
+    restore: RestorePattern  # own (read back what this rank wrote) | repopulate (every replica reloads)
     restore_from: str | None  # a read-only invocation: the write invocation's bundle
     fast_tier: str | None
 
@@ -51,7 +52,8 @@ class CheckpointSettings:
         tiers = ck.get("tiers") or {}
         source = ck.get("restore_from")
         return cls(str(ck["folder"]), int(ck["num_writes"]), int(ck["num_reads"]), bool(ck["keep"]),
-                   bool(ck["fsync"]), str(ck["restore"]), None if source in (None, "") else str(source),
+                   bool(ck["fsync"]), restore_pattern(str(ck["restore"])),
+                   None if source in (None, "") else str(source),
                    tiers.get("fast"))
 
     @property

@@ -15,12 +15,12 @@ import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Protocol
+from typing import TYPE_CHECKING, Protocol, TypeVar
 
 from mlckpt import engine, latency
 from mlckpt.engine import StreamMismatch
 from mlckpt.errors import InternalError, IOFailure, MlckptError, VerificationError
-from mlckpt.records import CounterSample, OpRecord
+from mlckpt.records import CounterSample, OpRecord, RequestFields
 from mlckpt.run.console import Console, DeviceMeter
 from mlckpt.run.faults import NO_FAULTS, Faults
 from mlckpt.run.guardian import Guardian
@@ -28,7 +28,7 @@ from mlckpt.run.watch import MPIDone, OpWatch
 from mlckpt.written import Written
 
 if TYPE_CHECKING:
-    from mpi4py.MPI import Intracomm
+    from mpi4py.MPI import Comm, Intracomm
 
     from mlckpt.host.facts import DeviceSampler
 
@@ -63,11 +63,14 @@ def failures_of(errors: list[tuple[str, str, int] | None], hosts: list[str]) -> 
     return [Failure(r, hosts[r], e[0], e[1], e[2]) for r, e in enumerate(errors) if e]
 
 
-def idle_barrier(comm: Intracomm, poll_s: float = 0.002) -> None:
+def idle_barrier(comm: Comm, poll_s: float = 0.002) -> None:
     """A barrier that waits asleep, polled: MPI's own busy-polls the CPUs other ranks still need."""
     req = comm.Ibarrier()
     while not req.Test():
         time.sleep(poll_s)
+
+
+T = TypeVar("T")
 
 
 @dataclass
@@ -87,6 +90,10 @@ class Job:
         self.rank = self.comm.Get_rank()
         self.size = self.comm.Get_size()
         self.host = socket.gethostname()
+
+    def gather(self, mine: T) -> list[T]:
+        """Every rank's ``mine`` in rank order on rank 0; an empty list on the others."""
+        return self.comm.gather(mine, root=0) or []
 
     def say(self, line: str) -> None:
         if self.rank == 0:
@@ -274,7 +281,7 @@ class OpTimer:
         self._evidence(rec, before, opts.pool)
         if self.written.has("op_cpu"):
             rec["cpu_ns"] = c1 - c0
-            if huge is not None:  # (None: /proc/self/smaps unreadable)
+            if huge is not None and self.state is not None:  # (None: /proc/self/smaps unreadable)
                 rec["state_bytes"], rec["state_huge_bytes"] = int(self.state.nbytes), int(huge)
         return rec
 
@@ -309,7 +316,7 @@ class OpTimer:
         """After every rank agreed the op ended: the host's counters (its leader), the device's
         samples through the op, the op's requests and a witnessed op's rank 0 time around it
         (records format 7)."""
-        if self.probe is not None:
+        if self.probe is not None and before is not None:
             after = self.probe(closing=True)
             rec["host_counters"] = {"device": self.device, "before": before, "after": after}
             if self.written.has("own_io"):  # the host's CPUs, to weigh other processes' CPU time
@@ -325,12 +332,13 @@ class OpTimer:
                 rec["witness_host_ns"] = host_ns
 
 
-def request_fields(got: engine.Requests | None) -> dict[str, object]:
+def request_fields(got: engine.Requests | None) -> RequestFields:
     """Records format 7: the op's requests as a histogram, and its phases (mlckpt/latency.py);
     nothing for an op that issued no request through the engine's timed paths."""
-    if got is None or not got.latencies_ns:
+    requests = latency.encode(got.latencies_ns) if got is not None else None
+    if got is None or requests is None:
         return {}
-    return {"requests": latency.encode(got.latencies_ns), "phases_ns": dict(got.phases_ns)}
+    return {"requests": requests, "phases_ns": dict(got.phases_ns)}
 
 
 def _attempt(op: str, index: int, rank: int, action: Callable[[], object]) -> BaseException | None:

@@ -37,7 +37,7 @@ class DeviceMeter:
     ``field``: written_bytes or read_bytes): the host's bytes done so far, out of ``host_bytes``;
     the host's share stands for the job's ``total_bytes``."""
 
-    read: Callable[[], dict[str, int]]
+    read: Callable[[], Mapping[str, int]]
     field: str
     host_bytes: int
     total_bytes: int

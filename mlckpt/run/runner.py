@@ -193,7 +193,7 @@ def phases(job: Job, c: Configured, gates: Gates, created: Created, ident: tuple
     if gpu_source(cfg):
         with job.step("GPU state"):
             dev, mine_gpu = gpustate.open_gpu(job, cfg, gates, arena)
-        entries = job.comm.gather(mine_gpu["entry"], root=0)
+        entries = job.gather(mine_gpu["entry"])
         state = gpustate.state_block(mine_gpu, entries) if job.rank == 0 else None
     fw = c.setup.settings.framework
     if fw.library:  # untimed: PyTorch takes seconds to import; DCP's process group from the MPI world
@@ -209,7 +209,7 @@ def phases(job: Job, c: Configured, gates: Gates, created: Created, ident: tuple
         if dev is not None:
             with job.step("GPU copy rates again"):
                 entry = gpustate.probed_again(job, gates, dev, arena, mine_gpu["entry"])
-            entries = job.comm.gather(entry, root=0)
+            entries = job.gather(entry)
             state = gpustate.state_block(mine_gpu, entries) if job.rank == 0 else None
     finally:
         if dev is not None:
@@ -243,7 +243,8 @@ def _io_phases(job: Job, c: Configured, gates: Gates, created: Created, folders:
         w = WriteState(folders.durable, folders.fast, mine, own, arena, folders.key, opts, stream, leader,
                        dev=dev, lib=lib)
         writes = WritePhase(job, c.pipe, w, folders.run.number, timer, created, fast_direct)
-        records, tags = writes.run(nw), writes.tags
+        records.extend(writes.run(nw))
+        tags = writes.tags
         evict_written(job, c, folders, created, leader, nw)
     else:  # a read-only invocation restores the write invocation's checkpoints (each restore evicts first)
         nw, tags = c.source.num_writes, dict(c.source.tags)

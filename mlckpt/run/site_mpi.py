@@ -194,7 +194,7 @@ def library_abi() -> str | None:
     try:
         from mpi4py import _mpiabi
 
-        return str(_mpiabi._get_mpiabi()) or None
+        return str(_mpiabi._get_mpiabi()) or None  # type: ignore[attr-defined]  # private: not in its stubs
     except Exception:
         return None
 

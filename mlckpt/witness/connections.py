@@ -25,7 +25,7 @@ class Guarded(asyncio.Protocol):
         self.inner, self.count = inner, count
         self.max_connections, self.header_timeout_s, self.life_s = max_connections, header_timeout_s, life_s
         self.transport: asyncio.Transport | None = None
-        self.seen = b""
+        self.seen: bytes | None = b""
         self.timers: list[asyncio.TimerHandle] = []
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
@@ -50,7 +50,7 @@ class Guarded(asyncio.Protocol):
         self.inner.data_received(data)
 
     def eof_received(self) -> bool | None:
-        return self.inner.eof_received()  # type: ignore[no-any-return]
+        return self.inner.eof_received()
 
     def pause_writing(self) -> None:
         self.inner.pause_writing()

@@ -25,11 +25,21 @@ from dataclasses import dataclass
 from functools import cached_property
 from typing import Literal
 
+from mlckpt.errors import ConfigError
 from mlckpt.workload.model import Workload
 
 PAGE = 4096
 RestorePattern = Literal["own", "repopulate"]
-RESTORE_PATTERNS: tuple[str, ...] = ("own", "repopulate")
+RESTORE_PATTERNS: tuple[RestorePattern, ...] = ("own", "repopulate")
+
+
+def restore_pattern(text: str) -> RestorePattern:
+    """``checkpoint.restore`` as the pattern it names (the schema allows no other)."""
+    for pattern in RESTORE_PATTERNS:
+        if text == pattern:
+            return pattern
+    raise ConfigError(f"checkpoint.restore: expected own or repopulate, got {text!r}",
+                      key="checkpoint.restore")
 
 
 @dataclass(frozen=True)

@@ -29,6 +29,14 @@ class ModelShape:
     optimizer_datatype: str = "fp32"
     type: str = "transformer"
 
+    @classmethod
+    def of_counts(cls, counts: Mapping[str, int], **names: str) -> ModelShape:
+        """The shape from its six counts (``_INT_MODEL_KEYS``) and, by name, its data types."""
+        return cls(hidden_size=counts["hidden_size"], num_layers=counts["num_layers"],
+                   ffn_hidden_size=counts["ffn_hidden_size"], vocab_size=counts["vocab_size"],
+                   num_attention_heads=counts["num_attention_heads"], num_kv_heads=counts["num_kv_heads"],
+                   **names)
+
     @property
     def head_dim(self) -> int:
         return self.hidden_size // self.num_attention_heads  # floor, as DLIO (1T: 134)
@@ -113,7 +121,7 @@ def workload_from_config(node: Mapping[str, Any]) -> Workload:
                           key="workload.parallelism.zero_stage")
     return Workload(
         name=str(node.get("name")),
-        model=ModelShape(**ints, model_datatype=model["model_datatype"],
+        model=ModelShape.of_counts(ints, model_datatype=model["model_datatype"],
                          optimizer_datatype=model["optimizer_datatype"]),
         parallelism=Parallelism(
             tensor=_positive_int(par, "tensor", "workload.parallelism"),

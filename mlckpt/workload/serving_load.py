@@ -152,7 +152,8 @@ def load_plan(layout: ServingLayout, strategy: str, hosts: Sequence[str], scale:
     loads = []
     for r, h in enumerate(hosts):
         shard, replica = r % tp, r // tp
-        storage, tier, received = wholes[shard], (), 0
+        storage, received = wholes[shard], 0
+        tier: tuple[Piece, ...] = ()
         if strategy == "fanout":
             start, mine = fanout_part(totals[shard], layout.replicas, replica)
             storage, received = _pieces(shard, files[shard], start, mine), totals[shard] - mine
@@ -161,7 +162,7 @@ def load_plan(layout: ServingLayout, strategy: str, hosts: Sequence[str], scale:
             first = first_on_host[h] == r  # the host's first rank fills its tier
             storage = tuple(p for s in sorted(host_shards[h]) for p in wholes[s]) if first else ()
         loads.append(RankLoad(r, replica, shard, h, storage, tier, received))
-    return LoadPlan(layout, strategy, files, tuple(loads))  # type: ignore[arg-type]
+    return LoadPlan(layout, strategy, files, tuple(loads))
 
 
 def placement(layout: ServingLayout) -> tuple[str, ...]:

@@ -218,9 +218,9 @@ def timing_copies(ctx: Context, rs: RuleSet, rule: Rule) -> Iterator[Outcome | N
                 )
                 return
             vectors[(op, durs)] = f"{op} {idx}"
-    for (op, rank), durs in sorted(by_rank.items()):
-        if len(durs) >= 2:
-            key = ("rank", op, tuple(durs))
+    for (op, rank), own in sorted(by_rank.items()):
+        if len(own) >= 2:
+            key = ("rank", op, tuple(own))
             if key in vectors:
                 yield Outcome(
                     False,

@@ -14,7 +14,8 @@ engine only.
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping
+from typing import Any
 
 from mlckpt.rules.engine import Context, NotChecked, Outcome, Rule, RuleSet, checks_table
 from mlckpt.rules.rundata import at, run_data
@@ -54,7 +55,7 @@ def framework_recorded(ctx: Context, rs: RuleSet, rule: Rule) -> Iterator[Outcom
         yield from _record(fw, r)
 
 
-def _record(fw: Framework, r: dict) -> Iterator[Outcome]:
+def _record(fw: Framework, r: Mapping[str, Any]) -> Iterator[Outcome]:
     writer = fw.writer_of(int(r["checkpoint"]))
     if r.get("writer") != writer:
         yield Outcome(False, f"checkpoint {r['checkpoint']} by {writer}", f"by {r.get('writer')}",

@@ -29,6 +29,7 @@ from mlckpt.rules.checks.evidence import host_facts
 from mlckpt.rules.engine import Context, NotChecked, Outcome, Rule, RuleSet, checks_table
 from mlckpt.rules.rundata import RunData, run_data
 from mlckpt.serving_metrics import by_load, held_to_plan, summary
+from mlckpt.strict import mapping_at
 from mlckpt.units import fmt_share
 from mlckpt.workload.serving_run import ServingRun, scope_problems
 from mlckpt.written import Written
@@ -62,7 +63,7 @@ def _run(ctx: Context) -> ServingRun:
 def serving_recorded(ctx: Context, rs: RuleSet, rule: Rule) -> Outcome:
     d, run = run_data(ctx), _run(ctx)
     want = run.block()
-    got = d.run.get("serving") if isinstance(d.run.get("serving"), Mapping) else {}
+    got = mapping_at(d.run, "serving")
     keys = [k for k in want if k != "node_tier"]  # the tier as each run resolved it
     diff = [f"{k}={got.get(k)!r}" for k in keys if got.get(k) != want[k]]
     if (got.get("node_tier") is None) != (want["strategy"] != "nodecache"):

@@ -147,15 +147,15 @@ def _opened(f: WitnessFacts | None) -> NotChecked | None:
     return None
 
 
-def _claimed(ctx: Context) -> tuple[WitnessFacts, None] | tuple[None, Outcome | NotChecked]:
+def _claimed(ctx: Context) -> WitnessFacts | Outcome | NotChecked:
     """The facts of a run that claims a witness whose transcript opened; else what the check
     yields instead (not checked, or a pass for a run that claims none)."""
     f = _facts(ctx)
     skip = _opened(f)
     if skip is not None:
-        return None, skip
+        return skip
     assert f is not None
-    return (f, None) if f.claimed else (None, Outcome(True))
+    return f if f.claimed else Outcome(True)
 
 
 def witness_signature(ctx: Context, rs: RuleSet, rule: Rule) -> Outcome | NotChecked:
@@ -171,9 +171,9 @@ def witness_signature(ctx: Context, rs: RuleSet, rule: Rule) -> Outcome | NotChe
 
 
 def witness_trusted(ctx: Context, rs: RuleSet, rule: Rule) -> Outcome | NotChecked:
-    f, early = _claimed(ctx)
-    if f is None:
-        return early
+    f = _claimed(ctx)
+    if not isinstance(f, WitnessFacts):
+        return f
     if not f.trust_list:
         return NotChecked("no --trusted-witnesses file given: the result is not counted as witnessed")
     return Outcome(f.trusted_as is not None, "a key of the trusted-witnesses file",
@@ -188,9 +188,9 @@ def _on_transcript(judge: Callable[[WitnessFacts, RuleSet], Failures]) -> CheckF
     none is a pass.  Runs that claim no witness pass; no opened transcript: not checked."""
 
     def check(ctx: Context, rs: RuleSet, rule: Rule) -> Outcome | NotChecked | list[Outcome]:
-        f, early = _claimed(ctx)
-        if f is None:
-            return early
+        f = _claimed(ctx)
+        if not isinstance(f, WitnessFacts):
+            return f
         assert f.transcript is not None and f.claim is not None
         return list(judge(f, rs)) or Outcome(True)
 

@@ -147,7 +147,7 @@ def connect(addresses: list[tuple[str, int]], within_s: float = CONNECT_S) -> Li
             if left <= 0:
                 return why
             try:
-                sock = socket.create_connection(tuple(addr), timeout=min(left, 2.0))
+                sock = socket.create_connection((addr[0], addr[1]), timeout=min(left, 2.0))
             except OSError as exc:
                 why = f"{addr[0]}:{addr[1]}: {exc.strerror or exc}"
                 continue

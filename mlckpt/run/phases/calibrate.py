@@ -96,7 +96,7 @@ def calibrate(timer: OpTimer, rounds: int = ROUNDS, background_s: float = 0.0) -
     if background_s > 0:
         with job.step("the device's background, the run idle"):
             background = _background(timer, background_s)
-    rows = job.comm.gather((job.host, job.rank, mine, background), root=0)
+    rows = job.gather((job.host, job.rank, mine, background))
     if job.rank != 0:
         return None
     hosts = host_samples(rows)

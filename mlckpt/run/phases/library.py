@@ -20,7 +20,7 @@ from typing import TYPE_CHECKING, Any
 
 from mlckpt import engine
 from mlckpt.engine import frameworks
-from mlckpt.records import ReadRecord, StageRecord
+from mlckpt.records import LibraryFields, OpRecord, ReadRecord, StageRecord
 from mlckpt.workload.frameworks import ENGINE, Framework
 from mlckpt.workload.pipeline import DURABLE
 
@@ -89,14 +89,14 @@ class LibraryWrites:
         if self.fw.spec.collective:  # files it named itself, to evict and remove
             self.created.add_files(list(saved.files))
 
-    def fields(self, k: int) -> dict[str, object]:
+    def fields(self, k: int) -> LibraryFields:
         """What checkpoint k's write record adds (records format 8)."""
         if not self.writes(k):
             return {"writer": ENGINE}
-        out: dict[str, object] = {"writer": self.fw.writer}
         if k in self.saved:
-            out.update(file_bytes=self.saved[k].file_bytes, synced_by=self.saved[k].synced_by)
-        return out
+            return {"writer": self.fw.writer, "file_bytes": self.saved[k].file_bytes,
+                    "synced_by": self.saved[k].synced_by}
+        return {"writer": self.fw.writer}
 
 
 def restore(phase: Any, k: int, c: int, cdir: Path, scratch: engine.Buffer) -> ReadRecord:
@@ -117,12 +117,12 @@ def restore(phase: Any, k: int, c: int, cdir: Path, scratch: engine.Buffer) -> R
     its = items(names, [rd.writer for rd in reads], [rd.file.bytes for rd in reads], phase.offsets,
                 phase.arena)
     ropts = buffered(phase.opts)
-    rec = phase.timer("read", k, c, partial(frameworks.load, writer, cdir, its, phase.job.rank), nbytes,
-                      len(reads), replace(ropts, fsync=phase.opts.fsync))
-    rec.pop("requests", None)  # none went through the engine
-    rec.pop("phases_ns", None)
-    rec.update(resident_bytes=resident, cached_check_bytes=nbytes, tier=DURABLE, writer=writer)
+    load = partial(frameworks.load, writer, cdir, its, phase.job.rank)
+    op: OpRecord = phase.timer("read", k, c, load, nbytes, len(reads), replace(ropts, fsync=phase.opts.fsync))
+    op.pop("requests", None)  # none went through the engine
+    op.pop("phases_ns", None)
     files = [(str(cdir / it.name), it.buf, int(it.buf.size)) for it in its]
     with phase.job.step(f"verify restore {k}"):
-        rec.update(phase.verify(k, c, files, scratch))
-    return rec
+        verified = phase.verify(k, c, files, scratch)
+    return {**op, "resident_bytes": resident, "cached_check_bytes": nbytes, "tier": DURABLE, "writer": writer,
+            "verified_bytes": verified, "mismatches": 0}

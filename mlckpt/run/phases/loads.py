@@ -27,21 +27,21 @@ from __future__ import annotations
 import os
 import shutil
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, cast
 
 from mlckpt import engine
 from mlckpt.engine.content import round_up
 from mlckpt.errors import InternalError, VerificationError
-from mlckpt.records import LoadRecord, OpRecord
+from mlckpt.records import LoadRecord
 from mlckpt.run.collective import idle_barrier
 from mlckpt.run.storage.backends import Files, Piece, Span, Storage
 from mlckpt.workload.serving_load import LoadPlan, RankLoad
 from mlckpt.workload.serving_load import Piece as Part
 
 if TYPE_CHECKING:
-    from mpi4py.MPI import Intracomm
+    from mpi4py.MPI import Comm, Intracomm
 
 CHECKPOINT = 0  # the page tags' checkpoint field: weights are one "checkpoint"
 
@@ -119,7 +119,7 @@ def _from_storage(s: LoadSetup, parts: Sequence[Part], into: engine.Buffer) -> i
 # a failure on any rank raises on every rank, once every rank is out of the action.  The runner's
 # is its OpTimer (mlckpt.run.collective): the barriers, the host's counters around the load, the
 # fault seam, the collector kept out, as for every checkpoint op.
-Timed = Callable[[Callable[[], None]], OpRecord]
+Timed = Callable[[Callable[[], None]], Mapping[str, object]]
 
 # What a load's record keeps of the op timer's: its clock readings and the evidence every op
 # carries (records format 10), never a checkpoint op's own fields.
@@ -131,7 +131,7 @@ def barrier_timed(comm: Intracomm) -> Timed:
     """The plainest timed region, for a load outside a run (a benchmark, a harness): a barrier, the
     action, the clock; a rank whose action failed raises, the others wait for the job's end (the
     runner's OpTimer agrees on a failure instead, and carries the op's evidence)."""
-    def timed(action: Callable[[], None]) -> OpRecord:
+    def timed(action: Callable[[], None]) -> Mapping[str, object]:
         comm.Barrier()
         t0, wall = time.monotonic_ns(), time.time()
         failed: BaseException | None = None
@@ -156,7 +156,7 @@ class Loaded:
     arena: engine.Buffer
 
 
-def load(comm: Intracomm, s: LoadSetup, groups: tuple[Intracomm, Intracomm], timed: Timed) -> Loaded:
+def load(comm: Intracomm, s: LoadSetup, groups: tuple[Comm, Comm], timed: Timed) -> Loaded:
     """One load on this rank, unverified (:func:`verify` after it, untimed).  ``groups``: the
     communicators of its shard's holders and of its host's ranks (made untimed, before;
     ``split_groups``); ``timed``: the timed region (see :data:`Timed`).  A rank whose reads fail
@@ -187,11 +187,13 @@ def load(comm: Intracomm, s: LoadSetup, groups: tuple[Intracomm, Intracomm], tim
     tier = {"node_tier_resident_bytes": moved["tier_resident"]} if s.load_evidence else {}
     evidence = {k: timing[k] for k in TIMER_FIELDS if k in timing} if s.load_evidence else {
         k: timing[k] for k in ("t0_ns", "t1_ns", "wall_start")}
-    return Loaded({"rank": me.rank, "replica": me.replica, "shard": me.shard, "host": me.host,
-                   "strategy": s.plan.strategy, **evidence, "bytes": size,
-                   "storage_bytes": storage, "node_tier_bytes": moved["tier"],
-                   "received_bytes": size - storage if s.plan.strategy == "fanout" else 0,
-                   "resident_bytes": resident, **tier}, arena)
+    # the timer's fields are a load record's own (TIMER_FIELDS), checked where records are read
+    return Loaded(cast(LoadRecord, {
+        "rank": me.rank, "replica": me.replica, "shard": me.shard, "host": me.host,
+        "strategy": s.plan.strategy,
+        **evidence, "bytes": size, "storage_bytes": storage, "node_tier_bytes": moved["tier"],
+        "received_bytes": size - storage if s.plan.strategy == "fanout" else 0, "resident_bytes": resident,
+        **tier}), arena)
 
 
 def _staging(s: LoadSetup, me: RankLoad) -> engine.Buffer | None:
@@ -211,14 +213,14 @@ def _attempt(failed: list[BaseException], fn: Callable[[], int]) -> int:
         return 0
 
 
-def split_groups(comm: Intracomm, plan: LoadPlan) -> tuple[Intracomm, Intracomm]:
+def split_groups(comm: Intracomm, plan: LoadPlan) -> tuple[Comm, Comm]:
     """The holders of this rank's shard (in replica order) and its host's ranks (in rank order)."""
     me = plan.ranks[comm.Get_rank()]
     hosts = sorted({r.host for r in plan.ranks})
     return comm.Split(me.shard, me.replica), comm.Split(hosts.index(me.host), me.rank)
 
 
-def _exchange(holders: Intracomm, s: LoadSetup, me: RankLoad, arena: engine.Buffer) -> None:
+def _exchange(holders: Comm, s: LoadSetup, me: RankLoad, arena: engine.Buffer) -> None:
     """Each holder's part to every other holder, in place: parts are whole pages in a shard laid
     out in whole-page files, so a part's place in memory is its place in the shard."""
     from mpi4py import MPI
@@ -233,7 +235,7 @@ def _exchange(holders: Intracomm, s: LoadSetup, me: RankLoad, arena: engine.Buff
     holders.Allgatherv(MPI.IN_PLACE, [arena, counts, displs, MPI.BYTE])
 
 
-def _node_cache(host: Intracomm, s: LoadSetup, me: RankLoad, arena: engine.Buffer,
+def _node_cache(host: Comm, s: LoadSetup, me: RankLoad, arena: engine.Buffer,
                 staging: engine.Buffer | None, failed: list[BaseException]) -> tuple[int, int, int]:
     """The host's first rank fills the tier from the storage, durably, and evicts what it wrote;
     then every rank reads its shard from it.  The bytes read from the storage, from the tier, and
@@ -244,6 +246,7 @@ def _node_cache(host: Intracomm, s: LoadSetup, me: RankLoad, arena: engine.Buffe
                             fsync=True)
 
     def fill() -> int:
+        assert staging is not None  # the host's first rank's (_staging)
         storage = 0
         os.makedirs(tier.root, exist_ok=True)
         for shard in sorted({q.shard for q in me.storage}):
@@ -278,7 +281,7 @@ def verify(s: LoadSetup, rank: int, arena: engine.Buffer) -> int:
     return s.plan.shard_bytes(me.shard)
 
 
-def clear_tier(host: Intracomm, s: LoadSetup) -> None:
+def clear_tier(host: Comm, s: LoadSetup) -> None:
     """The node tier emptied (the next load fills it again)."""
     host.Barrier()
     if s.tier is not None and host.Get_rank() == 0:

@@ -84,6 +84,6 @@ def serving_phases(job: Job, c: Configured, gates: Gates, created: Created, iden
             job.say(f"load {index + 1}/{run.loads}: {run.replicas} replicas ready")
     if tier is not None and groups[1].Get_rank() == 0:
         shutil.rmtree(tier, ignore_errors=True)
-    everyone = job.comm.gather(mine, root=0)
+    everyone = job.gather(mine)
     records = sorted((r for recs in everyone or () for r in recs), key=lambda r: (r["index"], r["rank"]))
     return outcome.Measured(folders.run, records, None, None, folders.key)

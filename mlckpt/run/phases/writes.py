@@ -27,6 +27,7 @@ from mlckpt.run.collective import Job, OpTimer
 from mlckpt.run.console import durable_line, op_line, stall_line
 from mlckpt.run.phases import library
 from mlckpt.run.phases.background import Background
+from mlckpt.run.phases.library import LibraryWrites
 from mlckpt.run.storage.backends import Files, Storage, pieces
 from mlckpt.run.storage.cleanup import Created
 from mlckpt.witness import protocol
@@ -66,6 +67,11 @@ class WriteState:
         assert self.fast is not None
         return self.fast.root
 
+    def staged(self) -> engine.Buffer:
+        """The staging copy, which a pipeline with a memory stage allocates before its first write."""
+        assert self.staging is not None
+        return self.staging
+
     def folder(self, k: int) -> Path:
         """Checkpoint k's folder on the durable tier, where a library or the drain writes files
         (rules keep both to a filesystem)."""
@@ -79,6 +85,16 @@ def ckpt_dir(k: int) -> str:
 def fast_opts(opts: engine.IOOptions, fast_direct: bool) -> engine.IOOptions:
     """The fast tier's I/O: O_DIRECT when asked for and the fast filesystem takes it."""
     return replace(opts, direct=opts.direct and fast_direct, dontcache=False)
+
+
+@dataclass
+class Stall:
+    """What one checkpoint's timed stall found, for its record: the wait for the previous
+    checkpoint's background work, a GPU's copy out, and the blocking stage."""
+
+    wait_ns: int = 0
+    device_copy_ns: int | None = None
+    stage: StageRecord = field(default_factory=lambda: StageRecord(tier=MEMORY, t0_ns=0, t1_ns=0, bytes=0))
 
 
 @dataclass
@@ -121,22 +137,24 @@ class WritePhase:
                     cdir = Path(tier.at(ckpt_dir(k)))
                     cdir.mkdir(exist_ok=True)
                     self.created.add_dir(cdir)
+        lib = self.library(k)
         for tier in (w.durable, w.fast):
             if tier is not None:
-                self.created.add_files(w.lib.planned_paths(Path(tier.at(ckpt_dir(k)))) if self.library(k) else
+                self.created.add_files(lib.planned_paths(Path(tier.at(ckpt_dir(k)))) if lib is not None else
                                        [tier.at(f"{ckpt_dir(k)}/{f.name}") for f in w.mine])
 
-    def library(self, k: int) -> bool:
-        """Checkpoint k goes through a library writer (rules 1.11)."""
-        return self.w.lib is not None and bool(self.w.lib.writes(k))
+    def library(self, k: int) -> LibraryWrites | None:
+        """The library writer checkpoint k goes through (rules 1.11), if any."""
+        return self.w.lib if self.w.lib is not None and self.w.lib.writes(k) else None
 
     def write_to(self, k: int, tier: Storage, buf: engine.Buffer, opts: engine.IOOptions) -> None:
         """Write checkpoint k's files of this rank from ``buf`` (the state or its staging copy)
         to ``tier``, each durable (with ``opts.fsync``) when this returns."""
         w = self.w
         names = [f"{ckpt_dir(k)}/{f.name}" for f in w.mine]
-        if self.library(k):
-            w.lib.save(k, Path(tier.at(ckpt_dir(k))), buf)
+        lib = self.library(k)
+        if lib is not None:
+            lib.save(k, Path(tier.at(ckpt_dir(k))), buf)
         elif w.stream:  # content made inside the timed write, through a ring (a filesystem's)
             sfiles = [engine.StreamFile(tier.at(n), f.bytes, self.pid(k, i))
                       for i, (n, f) in enumerate(zip(names, w.mine, strict=True))]
@@ -153,13 +171,14 @@ class WritePhase:
         (async), the verified drain fast → durable (tiers).  Returns the stage entries."""
         pipe, w, bg = self.pipe, self.w, replace(self.w.opts, pool="background")
         stages: list[StageRecord] = []
-        if pipe.mode == "async" and self.library(k):  # the library's own thread wrote it
-            stages.append(w.lib.finish(k, w.folder(k), w.nbytes))
+        lib = self.library(k)
+        if pipe.mode == "async" and lib is not None:  # the library's own thread wrote it
+            stages.append(lib.finish(k, w.folder(k), w.nbytes))
         elif pipe.mode == "async":
             tier = FAST if pipe.tiered else DURABLE
             o = self.fast(bg) if pipe.tiered else bg
             t0 = time.perf_counter_ns()
-            self.write_to(k, w.fast if pipe.tiered and w.fast is not None else w.durable, w.staging, o)
+            self.write_to(k, w.fast if pipe.tiered and w.fast is not None else w.durable, w.staged(), o)
             stages.append(
                 {
                     "tier": tier,
@@ -254,7 +273,7 @@ class WritePhase:
                     "drain",
                     nw,
                     nw,
-                    partial(self.settle, bg, mine, {}),
+                    partial(self.settle, bg, mine, Stall()),
                     self.w.nbytes,
                     len(self.w.mine),
                     self.w.opts,
@@ -264,10 +283,10 @@ class WritePhase:
                 bg.close()
         return self.gathered(mine, nw, bg is not None)
 
-    def settle(self, bg: Background | None, mine: list[WriteRecord], info: dict[str, object]) -> None:
+    def settle(self, bg: Background | None, mine: list[WriteRecord], info: Stall) -> None:
         """Wait for the previous checkpoint's background work: its records complete."""
         if bg is None or not bg.pending:
-            info["wait_ns"] = 0
+            info.wait_ns = 0
             return
         t = time.perf_counter_ns()
         done = bg.done()  # already finished: no wait at all
@@ -276,7 +295,7 @@ class WritePhase:
         durable = stages[-1]["t1_ns"]
         # The stall counts the whole wait (thread wake-up included); the persist's exposed part
         # is only the wait before it became durable.
-        info["wait_ns"] = 0 if done else end - t
+        info.wait_ns = 0 if done else end - t
         prev = mine[-1]
         prev["stages"] += stages
         prev["t1_ns"] = durable
@@ -285,7 +304,7 @@ class WritePhase:
             prev.update(self.w.lib.fields(int(prev["checkpoint"])))
 
     def blocking(
-        self, k: int, bg: Background | None, mine: list[WriteRecord], info: dict[str, object]
+        self, k: int, bg: Background | None, mine: list[WriteRecord], info: Stall
     ) -> None:
         """The stall: back-pressure, then the blocking stage, then the hand-over (timed)."""
         pipe, w = self.pipe, self.w
@@ -296,21 +315,21 @@ class WritePhase:
             opts = library.buffered(opts)
         t0 = time.perf_counter_ns()
         if pipe.blocking == MEMORY and w.dev is not None:  # the snapshot is the device's copy out
-            w.dev.download(w.staging, w.offsets[-1])
-            info["device_copy_ns"] = time.perf_counter_ns() - t0
-        elif pipe.blocking == MEMORY and self.library(k):  # DCP's async_save stages the state itself
-            w.lib.start_async(k, w.folder(k), w.arena)
+            w.dev.download(w.staged(), w.offsets[-1])
+            info.device_copy_ns = time.perf_counter_ns() - t0
+        elif pipe.blocking == MEMORY and (lib := self.library(k)) is not None:  # DCP's async_save stages it
+            lib.start_async(k, w.folder(k), w.arena)
         elif pipe.blocking == MEMORY:
-            engine.snapshot(w.staging, w.arena, w.offsets[-1], w.opts.threads)
+            engine.snapshot(w.staged(), w.arena, w.offsets[-1], w.opts.threads)
         else:
             if w.dev is not None:  # sync: out of the device into the pinned bounce, then to storage
                 w.dev.download(w.arena, w.offsets[-1])
-                info["device_copy_ns"] = time.perf_counter_ns() - t0
+                info.device_copy_ns = time.perf_counter_ns() - t0
             self.write_to(k, w.fast if fast and w.fast is not None else w.durable, w.arena, opts)
         t1 = time.perf_counter_ns()
-        info["stage"] = {"tier": pipe.blocking, "t0_ns": t0, "t1_ns": t1, "bytes": w.nbytes}
+        info.stage = {"tier": pipe.blocking, "t0_ns": t0, "t1_ns": t1, "bytes": w.nbytes}
         if pipe.blocking != MEMORY:
-            info["stage"]["direct"] = opts.direct
+            info.stage["direct"] = opts.direct
         if bg is not None:
             bg.submit(partial(self.persist, k), after=partial(self.evict_fast, k) if pipe.tiered else None)
 
@@ -318,8 +337,8 @@ class WritePhase:
         self, k: int, nw: int, bg: Background | None, mine: list[WriteRecord]
     ) -> WriteRecord:
         """Checkpoint k: the timed stall, its line, then training until the interval is over."""
-        info: dict[str, object] = {}
-        rec = self.timer(
+        info = Stall()
+        op = self.timer(
             "write",
             k,
             k,
@@ -330,26 +349,21 @@ class WritePhase:
             seal=partial(self.seal, k),
         )
         if bg is None:  # sync, one tier: the stage is the whole op, barrier to durable
-            info["stage"].update(t0_ns=rec["t0_ns"], t1_ns=rec["t1_ns"])
+            info.stage["t0_ns"], info.stage["t1_ns"] = op["t0_ns"], op["t1_ns"]
         else:  # the timed stall is a copy or a fast-tier write: not the durable tier's requests
-            rec.pop("requests", None)
-            rec.pop("phases_ns", None)
-        rec.update(
-            mode=self.pipe.mode,
-            staged_ns=rec["t1_ns"],
-            backpressure_ns=info["wait_ns"],
-            exposed_ns=0,
-            compute_ns=0,
-            stages=[info["stage"]],
-        )
-        if "device_copy_ns" in info:
-            rec["device_copy_ns"] = info["device_copy_ns"]
+            op.pop("requests", None)
+            op.pop("phases_ns", None)
+        rec: WriteRecord = {**op, "mode": self.pipe.mode, "staged_ns": op["t1_ns"],
+                            "backpressure_ns": info.wait_ns, "exposed_ns": 0, "compute_ns": 0,
+                            "stages": [info.stage]}
+        if info.device_copy_ns is not None:
+            rec["device_copy_ns"] = info.device_copy_ns
         if self.w.lib is not None:
             rec.update(self.w.lib.fields(k))
             if self.library(k):  # none of its requests went through the engine
                 rec.pop("requests", None)
                 rec.pop("phases_ns", None)
-        recs = self.job.comm.gather(rec, root=0)
+        recs = self.job.gather(rec)
         if self.job.rank == 0:
             self.job.say(
                 op_line(recs, "write", k, nw, {})
@@ -368,7 +382,7 @@ class WritePhase:
         return rec
 
     def gathered(self, mine: list[WriteRecord], nw: int, background: bool) -> list[WriteRecord]:
-        records = self.job.comm.gather(mine, root=0)
+        records = self.job.gather(mine)
         if self.job.rank != 0:
             return []
         flat = sorted((r for rank_recs in records for r in rank_recs), key=lambda r: (r["index"], r["rank"]))

@@ -161,7 +161,7 @@ SHM = Path("/dev/shm")
 def shm_mapped_by(pids: Sequence[int], shm: Path = SHM) -> set[str]:
     """The files in ``shm`` these processes map now (read from /proc; what cannot be read is
     skipped)."""
-    inside, out = f"{shm}/", set()
+    inside, out = f"{shm}/", set[str]()
     for pid in pids:
         try:
             with open(f"/proc/{pid}/maps", encoding="utf-8", errors="replace") as f:

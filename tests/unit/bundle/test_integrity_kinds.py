@@ -56,6 +56,25 @@ def test_kinds_set_at_the_raise_site(tree: Path) -> None:
     assert sorted(kinds_of(folder)) == [("extra.txt", IntegrityKind.FILES), ("run.log", IntegrityKind.PATHS)]
 
 
+def test_signing_keeps_every_kind_beside_a_symlinked_envelope(tree: Path, tmp_path: Path) -> None:
+    """Signing a folder whose envelope and one file are links: each problem keeps its kind."""
+    folder = tree / SYNC
+    (folder / "run.log").unlink()
+    (folder / "run.log").symlink_to(folder / "run.json")
+    env = folder / bundle.SIGNATURE_FILE
+    env.rename(tmp_path / "env.json")
+    env.symlink_to(tmp_path / "env.json")
+    info = bundle.generate_key(tmp_path / "k.pem", None)
+    assert info.path is not None
+    predicate = {"run_id": "r", "mlckpt_version": "0.1.0", "runner_code_sha256": "ab" * 32,
+                 "rules_version": "1.0", "workload": "llama3_8b", "division": "closed",
+                 "started": "2026-11-21T10:00:00Z", "ended": "2026-11-21T10:30:00Z"}
+    with pytest.raises(BundleIntegrityError) as raised:
+        bundle.sign_bundle(folder, bundle.load_private_key(info.path), predicate)
+    assert sorted((p[0], p.kind) for p in raised.value.problems) == [
+        (bundle.SIGNATURE_FILE, IntegrityKind.PATHS), ("run.log", IntegrityKind.PATHS)]
+
+
 def test_key_and_signature_kinds(tree: Path, tmp_path: Path) -> None:
     folder = tree / SYNC
     other = bundle.TrustedKeys.from_mapping(
