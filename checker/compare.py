@@ -42,7 +42,7 @@ from checker import imported
 from checker.leaderboard import BundleDocs, Entry, entry_from_docs, read_bundle
 from checker.leaderboard.model import LATENCY_POINTS
 from mlckpt import formats
-from mlckpt.errors import BundleIntegrityError, IntegrityError, UsageError
+from mlckpt.errors import BundleIntegrityError, ExitStatus, IntegrityError, UsageError
 from mlckpt.units import GiB, MiB
 
 COMPARE_FORMAT = formats.COMPARE.version
@@ -391,4 +391,4 @@ def cmd_compare(args: argparse.Namespace) -> int:
     else:
         sys.stdout.write(render_text(result))
     sys.stdout.flush()
-    return 0
+    return ExitStatus.OK

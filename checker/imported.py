@@ -20,7 +20,7 @@ from typing import Any
 
 from checker.leaderboard import BundleDocs
 from mlckpt import strict as loading
-from mlckpt.errors import UsageError
+from mlckpt.errors import ExitStatus, UsageError
 from mlckpt.plan.aliases import WORKLOADS
 from mlckpt.units import GiB
 
@@ -234,7 +234,7 @@ def cmd_import(args: Any) -> int:
         json.dump({"results": rows, "not_read": [{"folder": f, "why": w} for f, w in problems]}, sys.stdout,
                   indent=1)
         sys.stdout.write("\n")
-        return 0 if rows else 1
+        return ExitStatus.OK if rows else ExitStatus.FAILED
     if rows:
         print(tabulate([[r["result"], r["workload"], r["division"], r["ranks"], r["hosts"],
                          r["write_gib_s"], r["read_gib_s"], r["halves"]] for r in rows],
@@ -244,4 +244,4 @@ def cmd_import(args: Any) -> int:
         print(f"not read: {folder}: {why}")
     print(f"{len(rows)} result{'s' if len(rows) != 1 else ''} read, {len(problems)} not read, under {root} "
           "(DLIO / mlpstorage folders: rank 0's timing, nothing signed or recomputed)")
-    return 0 if rows else 1
+    return ExitStatus.OK if rows else ExitStatus.FAILED

@@ -35,27 +35,28 @@ from checker.results import INTERNAL, BundleResult
 from checker.split import UNPAIRED_WRITE
 from mlckpt import __version__, formats
 from mlckpt.attribution import foreign_note
+from mlckpt.errors import ExitStatus
 from mlckpt.rules import version_order
 
 REPORT_FORMAT = formats.REPORT.version
 REPORT_SCHEMA = "1.13"  # the rules folder whose schemas/report.schema.json defines REPORT_FORMAT
-EXIT_VALID, EXIT_INVALID, EXIT_USAGE, EXIT_INTEGRITY, EXIT_INTERNAL, EXIT_DISTURBED = 0, 1, 2, 3, 4, 6
-VERDICT_OF_EXIT = {EXIT_VALID: "valid", EXIT_INVALID: "invalid", EXIT_INTEGRITY: "integrity-failure",
-                   EXIT_INTERNAL: "internal-error", EXIT_DISTURBED: "disturbed"}
+VERDICT_OF_EXIT = {ExitStatus.OK: "valid", ExitStatus.FAILED: "invalid",
+                   ExitStatus.INTEGRITY: "integrity-failure", ExitStatus.INTERNAL: "internal-error",
+                   ExitStatus.DISTURBED: "disturbed"}
 
 
-def exit_status(bundles: Sequence[BundleResult], tree_findings: Sequence[dict[str, Any]]) -> int:
+def exit_status(bundles: Sequence[BundleResult], tree_findings: Sequence[dict[str, Any]]) -> ExitStatus:
     findings = [f for b in bundles for f in b.findings]
     if any(f["rule"] == INTERNAL for f in findings) or any(b.verdict == "internal-error" for b in bundles):
-        return EXIT_INTERNAL
+        return ExitStatus.INTERNAL
     if any(b.integrity == "failed" for b in bundles):
-        return EXIT_INTEGRITY
+        return ExitStatus.INTEGRITY
     if any(not b.valid and b.verdict != "disturbed" for b in bundles) \
             or any(f["severity"] == "invalid" for f in tree_findings):
-        return EXIT_INVALID
+        return ExitStatus.FAILED
     if any(b.verdict == "disturbed" for b in bundles):
-        return EXIT_DISTURBED
-    return EXIT_VALID
+        return ExitStatus.DISTURBED
+    return ExitStatus.OK
 
 
 def build(root: str, bundles: Sequence[BundleResult],
@@ -68,7 +69,7 @@ def build(root: str, bundles: Sequence[BundleResult],
         "checker": {"name": "mlckpt-check", "version": __version__},
         "root": root,
         "verdict": VERDICT_OF_EXIT[status],
-        "exit_status": status,
+        "exit_status": int(status),
         "rules_versions": sorted({b.rules_version for b in bundles if b.rules_version}, key=version_order),
         "bundles": [b.to_dict() for b in bundles],
         "tree_findings": list(tree_findings),

@@ -11,7 +11,7 @@ import sys
 from collections.abc import Callable
 from typing import Any, NoReturn
 
-from mlckpt.errors import INTERRUPTED_STATUS, InternalError, MlckptError, UsageError
+from mlckpt.errors import ExitStatus, InternalError, MlckptError, UsageError
 
 
 class OneLineParser(argparse.ArgumentParser):
@@ -37,10 +37,10 @@ def run_guarded(func: Callable[..., int | None], *args: object, prog: str = "mlc
     except BrokenPipeError:
         # `mlckpt plan | head`: the reader left; not an error of ours.  Silence the final flush.
         os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
-        return 141
+        return ExitStatus.BROKEN_PIPE
     except KeyboardInterrupt:
         print(f"{prog}: interrupted", file=sys.stderr)
-        return INTERRUPTED_STATUS
+        return ExitStatus.INTERRUPTED
     except Exception as exc:  # a defect: say so plainly, exit 4, keep the trace for debugging
         if os.environ.get("MLCKPT_DEBUG"):
             raise

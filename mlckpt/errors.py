@@ -1,28 +1,48 @@
 """The one error hierarchy of mlckpt.
 
 Every error a user can cause is an ``MlckptError`` subclass carrying the exit status the CLI uses
-(2 = usage / bad input, 3 = integrity, 4 = internal) and a one-line message that names
+(an :class:`ExitStatus`: USAGE, INTEGRITY, INTERNAL...) and a one-line message that names
 the rule or key and says what was expected.  The CLI prints ``str(err)`` and exits; no traceback.
 """
 
 from __future__ import annotations
 
 from collections.abc import Sequence
+from enum import IntEnum
 
-# A run that completed and published its bundle, but is no valid result (docs: Errors and exit
-# statuses): its verdict is invalid; or other processes on its host spoilt the measurement.
-INVALID_STATUS = 5
-DISTURBED_STATUS = 6
-INTERRUPTED_STATUS = 130  # Ctrl-C: `mlckpt run` returns once the run's files are removed
+
+class ExitStatus(IntEnum):
+    """Every exit status of mlckpt's commands (docs: Errors and exit statuses)."""
+
+    OK = 0
+    FAILED = 1  # the answer is no: a run failed; mlckpt-check or `plan` found a result invalid
+    USAGE = 2  # bad input, refused before any I/O
+    INTEGRITY = 3  # a bundle's signature, files or paths
+    INTERNAL = 4  # a defect of mlckpt
+    # `mlckpt run`: the run completed and published its bundle, but is no valid result: its verdict
+    # is invalid; or (also mlckpt-check) other processes on its host spoilt the measurement
+    INVALID = 5
+    DISTURBED = 6
+    INTERRUPTED = 130  # Ctrl-C: `mlckpt run` returns once the run's files are removed
+    BROKEN_PIPE = 141  # `mlckpt plan | head`: the reader left
+
+
 # Each exit status of `mlckpt run` in one word (the sweep's table, `mlckpt run --json`).
-STATUS_WORDS = {0: "ok", 1: "failed", 2: "refused", 3: "integrity", 4: "internal error",
-                INVALID_STATUS: "invalid", DISTURBED_STATUS: "disturbed", INTERRUPTED_STATUS: "interrupted"}
+_WORDS: dict[int, str] = {ExitStatus.OK: "ok", ExitStatus.FAILED: "failed", ExitStatus.USAGE: "refused",
+          ExitStatus.INTEGRITY: "integrity", ExitStatus.INTERNAL: "internal error",
+          ExitStatus.INVALID: "invalid", ExitStatus.DISTURBED: "disturbed",
+          ExitStatus.INTERRUPTED: "interrupted"}
+
+
+def status_word(status: int) -> str:
+    """A run's exit status in one word; "" for one no command of mlckpt returns."""
+    return _WORDS.get(status, "")
 
 
 class MlckptError(Exception):
     """Base class.  ``exit_status`` is what the command-line tools return for it."""
 
-    exit_status: int = 1
+    exit_status: int = ExitStatus.FAILED
 
     def __init__(self, message: str, *, key: str | None = None) -> None:
         super().__init__(message)
@@ -36,7 +56,7 @@ class MlckptError(Exception):
 class UsageError(MlckptError):
     """Bad command-line input: unknown key, wrong type, out-of-range value."""
 
-    exit_status = 2
+    exit_status = ExitStatus.USAGE
 
 
 class ConfigError(UsageError):
@@ -54,7 +74,7 @@ class RuleError(UsageError):
 class IntegrityError(MlckptError):
     """A bundle whose signature, digests or paths do not hold."""
 
-    exit_status = 3
+    exit_status = ExitStatus.INTEGRITY
 
 
 class EnvelopeError(IntegrityError):
@@ -74,7 +94,7 @@ class EnvelopeError(IntegrityError):
 class RunFailure(MlckptError):
     """The benchmark itself failed (I/O error, verification mismatch, timeout, a rank died)."""
 
-    exit_status = 1
+    exit_status = ExitStatus.FAILED
 
 
 class VerificationError(RunFailure):
@@ -90,7 +110,7 @@ class VerificationError(RunFailure):
 class InternalError(MlckptError):
     """A defect in mlckpt itself; never blamed on the user or a submitter."""
 
-    exit_status = 4
+    exit_status = ExitStatus.INTERNAL
 
 
 class IOFailure(RunFailure):

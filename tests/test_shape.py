@@ -133,6 +133,37 @@ def test_types_check_finds_a_wrong_record_key(tmp_path: Path) -> None:
     assert proc.returncode == 1 and '"verifed_bytes"' in proc.stdout, proc.stdout + proc.stderr
 
 
+# The modules whose functions return a command's exit status.
+COMMAND_MODULES = ("mlckpt/cli/*.py", "mlckpt/command_line.py", "mlckpt/run/runner.py", "checker/*.py",
+                   "checker/leaderboard/command.py")
+
+
+def literal_statuses(path: Path) -> list[str]:
+    """``function:line`` of each ``return <integer>`` in a function of ``path`` that returns ``int``."""
+    out = []
+    for fn in ast.walk(ast.parse(path.read_text())):
+        returns = getattr(fn, "returns", None)
+        if not (isinstance(fn, ast.FunctionDef) and isinstance(returns, ast.Name) and returns.id == "int"):
+            continue
+        for node in ast.walk(fn):
+            if isinstance(node, ast.Return) and node.value is not None:
+                value = node.value
+                values = [value.body, value.orelse] if isinstance(value, ast.IfExp) else [value]
+                out += [f"{fn.name}:{node.lineno}" for v in values
+                        if isinstance(v, ast.Constant) and type(v.value) is int]
+    return out
+
+
+def test_exit_statuses_come_from_one_enum(tmp_path: Path) -> None:
+    """A command returns an ``ExitStatus``, never a number of its own."""
+    found = {str(p.relative_to(REPO)): literal_statuses(p)
+             for pattern in COMMAND_MODULES for p in sorted(REPO.glob(pattern))}
+    assert {k: v for k, v in found.items() if v} == {}
+    planted = tmp_path / "cmd.py"
+    planted.write_text("def handle(args: object) -> int:\n    return 1 if args else 0\n")
+    assert literal_statuses(planted) == ["handle:2", "handle:2"]
+
+
 def _imports(path: Path) -> Iterable[tuple[str, str]]:
     """(module, name) of every ``from module import name`` in ``path`` (``import module``: name '')."""
     for node in ast.walk(ast.parse(path.read_text())):

@@ -13,7 +13,7 @@ from checker.leaderboard import render
 from checker.leaderboard.collect import collect, is_archive
 from checker.leaderboard.tables import Leaderboard
 from checker.tree_check import budget_of, load_trusted, load_witnesses
-from mlckpt.errors import UsageError
+from mlckpt.errors import ExitStatus, UsageError
 
 
 def cmd_leaderboard(args: argparse.Namespace) -> int:
@@ -62,7 +62,7 @@ def cmd_leaderboard(args: argparse.Namespace) -> int:
     if args.out is not None:
         note += f"; wrote {args.out}"
     print(note, file=sys.stderr)
-    return 0
+    return ExitStatus.OK
 
 
 def published_results(folders: list[Path], witnessed_only: bool) -> tuple[list[Any], list[tuple[str, str]]]:

@@ -16,6 +16,7 @@ from collections.abc import Sequence
 import mlckpt.cli._threads  # noqa: F401  (first: one BLAS thread per process, before numpy loads)
 from mlckpt import __version__
 from mlckpt.command_line import OneLineParser, run_guarded
+from mlckpt.errors import ExitStatus
 
 # Subcommand modules, in the order `mlckpt --help` lists them; imported when needed (a refusal
 # under srun must come before Hydra and numpy load).
@@ -68,7 +69,7 @@ def _dispatch(argv: Sequence[str] | None) -> int:
     args = parser.parse_args(argv)
     if not getattr(args, "func", None):
         parser.print_help()
-        return 0
+        return ExitStatus.OK
     return int(args.func(args) or 0)
 
 

@@ -16,7 +16,7 @@ from typing import Any
 
 from mlckpt import bundle
 from mlckpt.bundle import default_key_path
-from mlckpt.errors import BundleIntegrityError, IntegrityError, UsageError
+from mlckpt.errors import BundleIntegrityError, ExitStatus, IntegrityError, UsageError
 
 
 def register(subparsers: Any) -> None:
@@ -94,11 +94,11 @@ def cmd_digest(args: argparse.Namespace) -> int:
     text = entry(__version__, digest, datetime.date.today().isoformat())
     if args.entry:
         print(text, end="")
-        return 0
+        return ExitStatus.OK
     print(f"runner_code_sha256: {digest} (mlckpt {__version__})")
     print("entry for released-runners.yaml (under runners:):")
     print(text, end="")
-    return 0
+    return ExitStatus.OK
 
 
 def cmd_keygen(args: argparse.Namespace) -> int:
@@ -127,7 +127,7 @@ def cmd_keygen(args: argparse.Namespace) -> int:
     org = args.org or "YOUR-ORG"
     print("give the committee this entry for their trusted-keys.yaml (under organizations:):")
     print(f'  {org}: ["{info.public_key}"]  # fingerprint {info.fingerprint}')
-    return 0
+    return ExitStatus.OK
 
 
 def _load_predicate(path: Path) -> dict[str, Any]:
@@ -158,7 +158,7 @@ def cmd_sign(args: argparse.Namespace) -> int:
     out = bundle.sign_bundle(folder, key, pred)
     v = bundle.verify_bundle(folder)
     print(f"signed: {out} ({len(v.files)} files, key {v.key_label})")
-    return 0
+    return ExitStatus.OK
 
 
 def _verify_any(path: Path, trusted: bundle.TrustedKeys | None, org: str | None) -> Any:
@@ -184,7 +184,7 @@ def cmd_verify(args: argparse.Namespace) -> int:
         raise _report(err) from None
     org = v.org if v.org is not None else "unknown (no --trusted-keys: integrity only)"
     print(f"verified: {len(v.files)} files, key {v.key_label}, org {org}")
-    return 0
+    return ExitStatus.OK
 
 
 def cmd_pack(args: argparse.Namespace) -> int:
@@ -204,4 +204,4 @@ def cmd_pack(args: argparse.Namespace) -> int:
         while chunk := f.read(1 << 20):
             h.update(chunk)
     print(f"packed: {out} ({len(v.files) + 1} members, sha256 {h.hexdigest()})")
-    return 0
+    return ExitStatus.OK

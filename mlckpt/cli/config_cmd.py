@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 
 from mlckpt.cli import hydra_app
+from mlckpt.errors import ExitStatus
 
 
 def register(sub: argparse._SubParsersAction) -> None:
@@ -22,4 +23,4 @@ def handle(args: argparse.Namespace) -> int:
     src, overrides = hydra_app.source(args), hydra_app.aliased(args.overrides)
     validate(compose(overrides, src))
     print(resolved_yaml(overrides, src), end="")
-    return 0
+    return ExitStatus.OK

@@ -7,7 +7,7 @@ import argparse
 import os
 from pathlib import Path
 
-from mlckpt.errors import UsageError
+from mlckpt.errors import ExitStatus, UsageError
 
 
 def register(sub: argparse._SubParsersAction) -> None:
@@ -39,7 +39,7 @@ def handle(args: argparse.Namespace) -> int:
         raise AssertionError(f"the draft does not match its schema: {problem}")
     if args.out is None:
         print(text, end="")
-        return 0
+        return ExitStatus.OK
     try:
         with open(args.out, "x") as fh:
             fh.write(text)
@@ -52,4 +52,4 @@ def handle(args: argparse.Namespace) -> int:
     print(f"wrote {args.out}: replace the values marked COMPLETE (a run refuses them until then), then\n"
           f"  mlckpt run preset=laptop system={args.out} checkpoint.folder=FOLDER   # small, your storage\n"
           f"  mlckpt plan division=closed system={args.out} hosts=N accelerator=NAME   # a closed run")
-    return 0
+    return ExitStatus.OK

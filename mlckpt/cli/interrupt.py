@@ -26,7 +26,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import IO
 
-from mlckpt.errors import INTERRUPTED_STATUS
+from mlckpt.errors import ExitStatus
 from mlckpt.run.storage.cleanup import RUN_MARKER
 from mlckpt.run.storage.folderlock import held_by_launch, lock_path, read_holder
 from mlckpt.units import fmt_bytes
@@ -247,7 +247,7 @@ def _last_line(launch: Launch, run_dir: Path | None, files: int, took: float) ->
         _say(f"interrupted; after {BOUND_S:.0f} s the run's cleanup has not finished: {left} files left in "
              f"{run_dir}; when no mlckpt process is left (pgrep -f 'mlckpt run'), remove it and "
              f"{lock_path(launch.folder)}")
-        return INTERRUPTED_STATUS
+        return ExitStatus.INTERRUPTED
     if run_dir is None:
         _say(f"interrupted; the run ended before it wrote any checkpoint ({took:.1f} s)")
     elif launch.keep and run_dir.exists():
@@ -258,4 +258,4 @@ def _last_line(launch: Launch, run_dir: Path | None, files: int, took: float) ->
              "remove them")
     else:
         _say(f"interrupted; the run ended and its {files} files were removed ({took:.1f} s)")
-    return INTERRUPTED_STATUS
+    return ExitStatus.INTERRUPTED

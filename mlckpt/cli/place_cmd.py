@@ -15,7 +15,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from mlckpt.bundle.tree import NAME, TRUSTED_KEYS_FILE, org_name, result_place, system_file
-from mlckpt.errors import BundleIntegrityError, IntegrityError, UsageError
+from mlckpt.errors import BundleIntegrityError, ExitStatus, IntegrityError, UsageError
 
 if TYPE_CHECKING:  # the bundle's and the rules' libraries load when a bundle is placed, not for --help
     from mlckpt.bundle.models import VerifiedBundle
@@ -54,7 +54,7 @@ def cmd_place(args: argparse.Namespace) -> int:
         print(f"system: {p.system}")
         _trust(root, p.org, p.verified)
     print(f"next: mlckpt-check {root}")
-    return 0
+    return ExitStatus.OK
 
 
 @dataclass(frozen=True)

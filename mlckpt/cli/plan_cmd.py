@@ -8,6 +8,7 @@ import sys
 from typing import Any
 
 from mlckpt.cli import hydra_app, serving_flags
+from mlckpt.errors import ExitStatus
 from mlckpt.workload.model import Workload
 
 
@@ -44,7 +45,7 @@ def handle(args: argparse.Namespace) -> int:
     else:
         print(plan_text(doc, s.plan, files=args.files))
     # A plan that can never be valid is a rule failure (exit 1); closed and open are answers.
-    return 1 if doc["verdict"] == "invalid" else 0
+    return ExitStatus.FAILED if doc["verdict"] == "invalid" else ExitStatus.OK
 
 
 def _serving(args: argparse.Namespace, workload: Workload) -> int:
@@ -61,7 +62,7 @@ def _serving(args: argparse.Namespace, workload: Workload) -> int:
         sys.stdout.write("\n")
     else:
         print(layout_text(layout))
-    return 0
+    return ExitStatus.OK
 
 
 def _serving_run(args: argparse.Namespace, config: Any, ev: Any) -> int:
@@ -93,4 +94,4 @@ def _serving_run(args: argparse.Namespace, config: Any, ev: Any) -> int:
         for f in ev.findings:
             print(f"  finding: [{f.rule}] ({f.severity}) {f.message}")
         print(f"Verdict: {found}")
-    return 1 if found == "invalid" else 0
+    return ExitStatus.FAILED if found == "invalid" else ExitStatus.OK

@@ -6,7 +6,7 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
-from mlckpt.errors import UsageError
+from mlckpt.errors import ExitStatus, UsageError
 
 
 def register(sub: argparse._SubParsersAction) -> None:
@@ -37,7 +37,7 @@ def handle(args: argparse.Namespace) -> int:
             except OSError as exc:
                 raise UsageError(f"{path}: cannot write it ({exc.strerror or exc})", key="--html") from None
             print(f"wrote {path}")
-    return 0
+    return ExitStatus.OK
 
 
 def _signature(folder: Path) -> str:

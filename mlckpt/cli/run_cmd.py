@@ -22,7 +22,7 @@ from typing import TYPE_CHECKING, Any, TextIO
 
 from mlckpt.cli import hydra_app
 from mlckpt.command_line import override_key
-from mlckpt.errors import DISTURBED_STATUS, INTERRUPTED_STATUS, MlckptError, UsageError
+from mlckpt.errors import ExitStatus, MlckptError, UsageError
 from mlckpt.run.site_mpi import Launcher, launcher_args
 
 if TYPE_CHECKING:  # Hydra and the rules load when a run is composed, not for `mlckpt --help`
@@ -205,7 +205,7 @@ def _handle(argv: Sequence[str], outcomes: Outcomes | None) -> int:
 
             compose(task, src)  # a bad override is one line and exit 2, as for a run
         hydra_app.call([*task, *passed, *flags], lambda cfg: 0, info=args.info is not None)
-        return 0
+        return ExitStatus.OK
     if preset != "none":
         print(preset_line(preset, overrides), flush=True)
     elif why != "preset= given":
@@ -235,7 +235,7 @@ def _plain_help(flag: list[str]) -> int:
     code = [Path(__file__).resolve(), Path(hydra_app.__file__).resolve()]
     overrides, _, _ = with_preset([])
     hydra_app.cached_help(lambda: hydra_app.call([*overrides, *flag], lambda cfg: 0), [*shipped, *code])
-    return 0
+    return ExitStatus.OK
 
 
 def _in_folder(combo: list[str], out: str, s: Setup) -> list[str]:
@@ -256,8 +256,8 @@ def _multirun(exe: Launcher, flags: list[str], task: list[str], passed: list[str
     done: list[sweep.Done] = []
 
     def one(cfg: Any) -> int:
-        if done and done[-1].status == INTERRUPTED_STATUS:  # Ctrl-C stops the sweep, not one combination
-            return INTERRUPTED_STATUS
+        if done and done[-1].status == ExitStatus.INTERRUPTED:  # Ctrl-C stops the sweep, not one combination
+            return ExitStatus.INTERRUPTED
         combo, out = hydra_app.job_context()
         s = setups[frozenset(combo)]
         print(f"--- multirun {len(done) + 1}/{len(combos)}: {' '.join(combo)}", flush=True)
@@ -266,7 +266,7 @@ def _multirun(exe: Launcher, flags: list[str], task: list[str], passed: list[str
         return done[-1].status
 
     hydra_app.call([*task, *naming, *passed, *flags], one)
-    if done and done[-1].status == INTERRUPTED_STATUS and len(done) < len(combos):
+    if done and done[-1].status == ExitStatus.INTERRUPTED and len(done) < len(combos):
         print(f"--- sweep interrupted after {len(done)} of {len(combos)} combinations; the rest were not "
               "run", flush=True)
     root = next(iter(setups.values())).settings.results
@@ -342,7 +342,7 @@ def _tries(mpiexec: Launcher, cmd: list[str], env: dict[str, str], s: Setup, res
     retries = disturbed_retries(os.environ)
     for attempt in range(retries + 1):
         status = _launch_once(mpiexec, cmd, env, s, results_existed, out)
-        if status != DISTURBED_STATUS or attempt == retries:
+        if status != ExitStatus.DISTURBED or attempt == retries:
             return status
         print(f"mlckpt run: the run was disturbed (its bundle is kept); running it again in "
               f"{RETRY_PAUSE_S:g} s ({RETRY_ENV}: retry {attempt + 1} of {retries})", flush=True)

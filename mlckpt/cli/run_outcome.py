@@ -16,7 +16,7 @@ from typing import Any
 
 import yaml
 
-from mlckpt.errors import STATUS_WORDS
+from mlckpt.errors import status_word
 from mlckpt.formats import RUN_OUTCOME
 from mlckpt.run.outcome_note import OUTCOME_ENV
 
@@ -50,7 +50,7 @@ def outcome(status: int, overrides: Sequence[str], note: Mapping[str, Any] | Non
     """One launch's outcome line."""
     bundle = Path(note["bundle"]) if note else None
     out: dict[str, Any] = {"outcome_format": RUN_OUTCOME.version, "status": status,
-                           "status_word": STATUS_WORDS.get(status, "unknown"), "overrides": list(overrides),
+                           "status_word": (status_word(status) or "unknown"), "overrides": list(overrides),
                            "bundle": str(bundle) if bundle else None,
                            "verdict": note["verdict"] if note else None, "io": None, "figures": None}
     if bundle is not None and (bundle / "summary.json").is_file():
@@ -63,7 +63,7 @@ def outcome(status: int, overrides: Sequence[str], note: Mapping[str, Any] | Non
 def refused(status: int, error: str) -> dict[str, Any]:
     """The outcome of a command refused before any launch."""
     return {"outcome_format": RUN_OUTCOME.version, "status": status,
-            "status_word": STATUS_WORDS.get(status, "unknown"), "error": error}
+            "status_word": (status_word(status) or "unknown"), "error": error}
 
 
 def figures(summary: Mapping[str, Any]) -> dict[str, Any]:

@@ -7,7 +7,7 @@ import json
 import sys
 
 from mlckpt.cli import hydra_app, serving_flags
-from mlckpt.errors import UsageError
+from mlckpt.errors import ExitStatus, UsageError
 from mlckpt.units import parse_bandwidth, parse_duration, parse_fraction
 
 
@@ -69,11 +69,11 @@ def handle(args: argparse.Namespace) -> int:
             doc["failures"] = f.to_dict()
         json.dump(doc, sys.stdout)
         sys.stdout.write("\n")
-        return 0
+        return ExitStatus.OK
     print(f"{s.plan.workload.name} on {s.plan.ranks} ranks, checkpoint every {args.interval}:")
     for step in (*r.steps, *(f.steps if f is not None else ())):
         print(f"  {step}")
-    return 0
+    return ExitStatus.OK
 
 
 def _serving(args: argparse.Namespace) -> int:
@@ -103,4 +103,4 @@ def _serving(args: argparse.Namespace) -> int:
         sys.stdout.write("\n")
     else:
         print(scale_up_text(layout, results, start, end))
-    return 0
+    return ExitStatus.OK

@@ -12,7 +12,7 @@ from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any
 
-from mlckpt.errors import STATUS_WORDS, MlckptError, UsageError
+from mlckpt.errors import MlckptError, UsageError, status_word
 
 
 @dataclass(frozen=True)
@@ -81,7 +81,7 @@ def table(done: Sequence[Done], root: Path | None = None) -> tuple[list[str], li
     rows = []
     for d in done:
         ok = d.status == 0
-        rows.append([*_values(d.combo, keys), f"{d.status} {STATUS_WORDS.get(d.status, '')}".strip(),
+        rows.append([*_values(d.combo, keys), f"{d.status} {status_word(d.status)}".strip(),
                      *_rate(d.write_gib_s, best_w, ok), *_rate(d.read_gib_s, best_r, ok),
                      _shown(d.bundle, root)])
     return head, rows

@@ -26,7 +26,7 @@ from typing import TYPE_CHECKING, TextIO
 
 from mlckpt import __version__, engine
 from mlckpt.engine import frameworks
-from mlckpt.errors import DISTURBED_STATUS, INVALID_STATUS, MlckptError, UsageError
+from mlckpt.errors import ExitStatus, MlckptError, UsageError
 from mlckpt.host.facts import SAMPLE_INTERVAL_S, DeviceSampler, block_device, counters_sample
 from mlckpt.plan.config import SHIPPED, ConfigSource
 from mlckpt.plan.settings import Settings
@@ -390,7 +390,7 @@ def mpi_main(overrides: Sequence[str], faults: Faults = NO_FAULTS, out: TextIO |
                 print("mlckpt: error: the run's verdict is invalid (see its findings above and the "
                       "first line of its run.log); the bundle is kept for diagnosis", file=sys.stderr,
                       flush=True)
-            return INVALID_STATUS
+            return ExitStatus.INVALID
         if verdict == "disturbed":  # nothing wrong with the storage or the run: its host was busy
             if job.rank == 0:
                 print("mlckpt: the run was disturbed: other processes used its checkpoint device or its "
@@ -398,8 +398,8 @@ def mpi_main(overrides: Sequence[str], faults: Faults = NO_FAULTS, out: TextIO |
                       "(see the findings above). The bundle is kept and says so, but it is no result: "
                       "quiet the device and the host, and run again",
                       file=sys.stderr, flush=True)
-            return DISTURBED_STATUS
-        return 0
+            return ExitStatus.DISTURBED
+        return ExitStatus.OK
     finally:
         if guardian is not None:  # the leader got here: its failure was reported and cleaned up
             guardian.end("clean")

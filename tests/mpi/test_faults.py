@@ -34,7 +34,7 @@ import pytest
 from support.cli import mlckpt_command
 from support.runs import snapshot, tagged_pids
 
-from mlckpt.errors import DISTURBED_STATUS
+from mlckpt.errors import ExitStatus
 from mlckpt.plan.config import setup
 from mlckpt.workload.layout import PAGE, Plan
 
@@ -467,7 +467,7 @@ def test_data_left_by_an_earlier_run_is_named(tmp_path: Path) -> None:
     plan = plan_of(ovs)
     a = Job([*ovs, "checkpoint.keep=true"], tmp_path).wait()
     # A's verdict is not what is tested: beside a busy disk it may be disturbed, and keeps its files
-    assert a.returncode in (0, DISTURBED_STATUS), a.stderr
+    assert a.returncode in (0, ExitStatus.DISTURBED), a.stderr
     bundle_a = Path(a.stdout.strip().splitlines()[-1].removeprefix("bundle: "))
     run_id_a = int(json.loads((bundle_a / "run.json").read_text())["run_id"], 16)
     root_a = ck / bundle_a.name

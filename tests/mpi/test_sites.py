@@ -22,7 +22,7 @@ from support import paths
 from support.runs import printed_bundle
 
 from mlckpt import strict
-from mlckpt.errors import DISTURBED_STATUS
+from mlckpt.errors import ExitStatus
 from mlckpt.host.facts import host_facts
 from mlckpt.run.phases.publish import self_check
 
@@ -211,8 +211,8 @@ def checked(site: dict[str, Path], made: Path, tmp_path: Path) -> dict[str, obje
                           text=True, timeout=120, check=False)
     report = json.loads((tmp_path / "r.json").read_text())
     # valid; or, a run the busy disk disturbed, disturbed (exit 6): never invalid
-    assert (proc.returncode, report["verdict"] == "disturbed") in ((0, False), (DISTURBED_STATUS, True)), \
-        proc.stdout[-3000:]
+    disturbed = (ExitStatus.DISTURBED, True)
+    assert (proc.returncode, report["verdict"] == "disturbed") in ((0, False), disturbed), proc.stdout[-3000:]
     assert report["verdict"] != "invalid", proc.stdout[-3000:]
     return report
 
@@ -293,7 +293,7 @@ def srun(slurm: Any, site: dict[str, Path], mpi: str, name: str, *, timeout: flo
                               env={**env_of(site, **env), "SLURM_CONF": slurm.env["SLURM_CONF"],
                                    "PATH": slurm.env["PATH"]},
                               capture_output=True, text=True, timeout=timeout, check=False)
-        if proc.returncode != DISTURBED_STATUS:
+        if proc.returncode != ExitStatus.DISTURBED:
             break
         assert "verdict disturbed" in proc.stdout, proc.stdout[-3000:]  # said so, with its evidence
     return proc
@@ -320,7 +320,7 @@ def test_srun_with_pmi2_runs_mpich_ranks_whose_bundle_passes_the_checker(
         pytest.skip("no mpich wheel in this environment")
     proc = srun(slurm, site, "pmi2", "pmi2")
     # valid, or disturbed by the busy disk and said so (never invalid: the checker below)
-    assert proc.returncode in (0, DISTURBED_STATUS), (proc.stdout + proc.stderr)[-3000:]
+    assert proc.returncode in (0, ExitStatus.DISTURBED), (proc.stdout + proc.stderr)[-3000:]
     made = printed_bundle(proc.stdout)
     assert json.loads((made / "run.json").read_text())["ranks"] == 4
     assert json.loads((made / "system.json").read_text())["hosts"][0]["mpi_library"].startswith("MPICH")
@@ -337,7 +337,7 @@ def test_srun_with_pmix_runs_open_mpi_ranks_whose_bundle_passes_the_checker(
         pytest.skip(str(open_mpi_missing()))
     proc = srun(slurm, site, "pmix", "pmix", **OPEN_MPI_ENV)
     # valid, or disturbed by the busy disk and said so (never invalid: the checker below)
-    assert proc.returncode in (0, DISTURBED_STATUS), (proc.stdout + proc.stderr)[-3000:]
+    assert proc.returncode in (0, ExitStatus.DISTURBED), (proc.stdout + proc.stderr)[-3000:]
     made = printed_bundle(proc.stdout)
     assert json.loads((made / "system.json").read_text())["hosts"][0]["mpi_library"].startswith("Open MPI")
     checked(site, made, tmp_path)

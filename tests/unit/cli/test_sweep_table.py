@@ -7,15 +7,15 @@ import csv
 from pathlib import Path
 
 from mlckpt.cli import sweep
-from mlckpt.errors import DISTURBED_STATUS, INVALID_STATUS
+from mlckpt.errors import ExitStatus
 
 
 def done(threads: int, status: int, write: float | None, read: float | None) -> sweep.Done:
     return sweep.Done(("ranks=8", f"io.threads={threads}"), status, None, write, read)
 
 
-ROWS = [done(1, 0, 1.00, 2.00), done(4, 0, 0.50, 1.00), done(8, DISTURBED_STATUS, 3.00, 4.00),
-        done(16, INVALID_STATUS, 1.50, None), done(32, 2, None, None)]
+ROWS = [done(1, 0, 1.00, 2.00), done(4, 0, 0.50, 1.00), done(8, ExitStatus.DISTURBED, 3.00, 4.00),
+        done(16, ExitStatus.INVALID, 1.50, None), done(32, 2, None, None)]
 
 
 def test_each_status_in_words_and_no_ratio_above_one() -> None:
