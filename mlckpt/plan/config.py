@@ -7,8 +7,7 @@ from __future__ import annotations
 import difflib
 import importlib.util
 import logging
-import re
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from functools import cached_property
 from pathlib import Path
@@ -109,11 +108,11 @@ def compose(overrides: Sequence[str], source: ConfigSource = SHIPPED) -> dict[st
     for ov in overrides:
         if ("=" not in ov and not ov.startswith("~")) or ov.lstrip("+~").startswith("="):
             raise UsageError(f"override {ov!r}: expected KEY=VALUE (e.g. ranks=64)", key=ov)
-        choice = re.fullmatch(r"workload=(.*)", ov)
-        if choice and choice.group(1) not in known_workloads(source):
+        key, _, choice = ov.partition("=")
+        if key == "workload" and choice not in known_workloads(source):
             known = known_workloads(source)
-            raise ConfigError(f"workload: unknown workload {choice.group(1)!r}"
-                              f"{did_you_mean(choice.group(1), known)}; known: {', '.join(known)}",
+            raise ConfigError(f"workload: unknown workload {choice!r}"
+                              f"{did_you_mean(choice, known)}; known: {', '.join(known)}",
                               key="workload")
     user = source.user_dir()
     extra = [] if user is None else [f"hydra.searchpath=[file://{user}]"]
@@ -127,7 +126,7 @@ def compose(overrides: Sequence[str], source: ConfigSource = SHIPPED) -> dict[st
     except MissingConfigException as exc:
         raise ConfigError(f"unknown configuration: {_first_line(exc)}") from None
     except (HydraException, OmegaConfBaseException) as exc:
-        raise UsageError(_hydra_message(exc, source)) from None
+        raise UsageError(_hydra_message(exc, overrides, source)) from None
     assert isinstance(resolved, dict)
     resolved = cast(dict[str, Any], resolved)  # a configuration's keys are names
     resolved.pop("hydra", None)
@@ -230,20 +229,43 @@ def known_keys(source: ConfigSource = SHIPPED) -> list[str]:
         return []
 
 
-def _hydra_message(exc: BaseException, source: ConfigSource = SHIPPED) -> str:
-    text = str(exc)
-    m = re.search(r"Key '([^']+)' is not in struct", text) or re.search(
-        r"Could not override '([^']+)'", text)
-    if m:
-        key = m.group(1)
-        full = re.search(r"full_key: (\S+)", text)
-        name = full.group(1) if full else key
-        hint = did_you_mean(name, known_keys(source))
-        return f"{name}: unknown key{hint} (run `mlckpt config` for the keys)"
-    m = re.search(r"Could not append to config. An item is already at '([^']+)'", text)
-    if m:
-        return f"{m.group(1)}: key already exists; override it without '+'"
+def _hydra_message(exc: BaseException, overrides: Sequence[str], source: ConfigSource = SHIPPED) -> str:
+    """One line for a failed composition, from OmegaConf's own fields (the key it names), never
+    from the wording of a message."""
+    from omegaconf.errors import ConfigAttributeError, ConfigKeyError, OmegaConfBaseException
+
+    cause = next((e for e in _chain(exc) if isinstance(e, OmegaConfBaseException) and e.full_key), None)
+    key = str(cause.full_key) if cause is not None else ""
+    if isinstance(cause, (ConfigKeyError, ConfigAttributeError)):  # a key the configuration lacks
+        return f"{key}: unknown key{did_you_mean(key, known_keys(source))} (run `mlckpt config` for the keys)"
+    if cause is not None:
+        return f"{key}: {_first_line(cause)}"
+    present = _added_but_present(overrides, source)
+    if present:  # Hydra refuses `+key=…` for a key that exists, in a message that names no field
+        return f"{present}: key already exists; override it without '+'"
     return _first_line(exc)
+
+
+def _chain(exc: BaseException) -> Iterator[BaseException]:
+    """``exc`` and the exceptions it was raised from, outermost first."""
+    seen: BaseException | None = exc
+    while seen is not None:
+        yield seen
+        seen = seen.__cause__ or seen.__context__
+
+
+def _added_but_present(overrides: Sequence[str], source: ConfigSource) -> str | None:
+    """The first key that a ``+key=value`` override adds but the configuration already has."""
+    from omegaconf import OmegaConf
+
+    adds = [ov[1:].split("=", 1)[0] for ov in overrides if ov.startswith("+") and not ov.startswith("++")]
+    if not adds:
+        return None
+    try:
+        base = OmegaConf.create(compose([ov for ov in overrides if not ov.startswith("+")], source))
+    except UsageError:
+        return None
+    return next((key for key in adds if OmegaConf.select(base, key, default=None) is not None), None)
 
 
 def witness_format_fits(version: str, loads: bool = False) -> bool:

@@ -131,6 +131,11 @@ KNOWN = ("llama3_1t, llama3_405b, llama3_70b, llama3_8b, llama_1t, llama_405b, l
     (["scale=-0.1"], "scale: -0.1 is less than or equal to the minimum of 0"),
     (["foo=1"], "foo: unknown key (run `mlckpt config` for the keys)"),
     (["checkpoint.bogus=1"], "checkpoint.bogus: unknown key (run `mlckpt config` for the keys)"),
+    (["checkpoint.foldr=x"], "checkpoint.foldr: unknown key (did you mean checkpoint.folder?) "
+                             "(run `mlckpt config` for the keys)"),
+    (["+ranks=3"], "ranks: key already exists; override it without '+'"),
+    (["+checkpoint.folder=x"], "checkpoint.folder: key already exists; override it without '+'"),
+    (["checkpoint.num_writes=${nope}"], "checkpoint.num_writes: Interpolation key 'nope' not found"),
     (["ranks=abc"], "ranks: 'abc' is not of type 'integer'"),
     (["checkpoint.num_writes=x"], "checkpoint.num_writes: 'x' is not of type 'integer'"),
     (["scale=abc"], "scale: 'abc' is not of type 'number'"),
