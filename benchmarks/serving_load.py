@@ -92,7 +92,7 @@ def worker(args: argparse.Namespace) -> int:
     tier = Files(tier_base / hosts[comm.Get_rank()])
     setups = {s: loads.LoadSetup(p, storage, tier, key, run_id, opts) for s, p in plans.items()}
     loads.lay_out(comm, setups["direct"])
-    groups = loads.split_groups(comm, plans["direct"])
+    groups = loads.shard_groups(comm, plans["direct"])
     out = []
     for _ in range(args.repeat):
         for s in STRATEGIES:

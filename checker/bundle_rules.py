@@ -19,7 +19,7 @@ from checker.rulesets import (
     submission_findings,
     without,
 )
-from checker.split import pair_doc
+from checker.split import split_doc
 from checker.witness_check import transcript_of, witness_doc
 from mlckpt.errors import ConfigError
 from mlckpt.rules import (
@@ -251,7 +251,7 @@ def finish(st: State) -> BundleResult:
     if st.verified is not None and st.facts["content"] is None and st.records:
         st.facts["content"] = []  # likewise
     if st.verified is not None and st.facts["split"] is None:
-        st.facts["split"] = []  # likewise (checker.split.add_pairs)
+        st.facts["split"] = []  # likewise (checker.split.add_splits)
     if st.verified is not None and st.facts["split_evidence"] is None:
         st.facts["split_evidence"] = []  # likewise
     # each kind of problem is a SubmissionFacts field of its name (checker/bundle_state.py)
@@ -273,7 +273,7 @@ def finish(st: State) -> BundleResult:
     if st.verified is not None and st.records:
         result.fingerprints = fingerprints(st.records)
     if st.facts["schema"] == [] and isinstance(st.docs.get("config.yaml"), dict) and run:
-        result.pair = pair_doc(run, st.docs["config.yaml"], st.records, st.docs.get("system.json"))
+        result.invocation = split_doc(run, st.docs["config.yaml"], st.records, st.docs.get("system.json"))
     result.integrity = ("failed" if any(f["rule"] in rs.integrity_rules for f in findings)
                         else "ok" if vb else "not checked")
     seen = set()

@@ -208,7 +208,7 @@ COMMANDS: dict[str, Command] = {
     "import": Command(
         "list the DLIO / mlpstorage results under a folder (unverified)",
         "Find every DLIO / mlpstorage checkpointing result under PATH, at any level of a published "
-        "tree (a timestamp folder, a workload folder with both halves of a split pair, a system, a "
+        "tree (a timestamp folder, a workload folder with both invocations of a split result, a system, a "
         "submitter), and list what was read and what could not be. Exit 1 when none was read.",
         _import_options, lazy_handler("checker.imported", "cmd_import")),
 }

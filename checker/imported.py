@@ -2,7 +2,7 @@
 ``mlckpt-check import`` lists.  Unverified.
 
 A result is a timestamp folder (one invocation), or a workload folder holding the two timestamp
-folders of a split pair (the write invocation and the read invocation, joined as one result: write
+folders of a split result (the write invocation and the read invocation, joined as one result: write
 figures from the one, read figures from the other).  Such a folder holds DLIO's ``summary.json``
 (its ``metric`` block, ``num_accelerators``, ``num_hosts``, ``start``), and under mlpstorage a
 ``*_metadata.json`` (the model, the process count, the checkpoint parameters) and DLIO's
@@ -37,7 +37,7 @@ _MAX_METADATA_BYTES = 64 << 20
 _MAX_DEPTH = 8  # a whole tree: <division>/<org>/results/<system>/checkpointing/<model>/<ts>
 
 
-def _halves(path: Path) -> list[Path]:
+def _invocations(path: Path) -> list[Path]:
     """The timestamp folders directly under ``path`` that hold DLIO's summary.json."""
     try:
         return sorted(p for p in path.iterdir() if p.is_dir() and (p / "summary.json").is_file())
@@ -47,8 +47,8 @@ def _halves(path: Path) -> list[Path]:
 
 def is_foreign(path: Path) -> bool:
     """A folder holding DLIO's summary.json, or timestamp folders holding it (a published workload
-    folder: one invocation, or the two halves of a split pair)."""
-    return path.is_dir() and ((path / "summary.json").is_file() or bool(_halves(path)))
+    folder: one invocation, or the two invocations of a split result)."""
+    return path.is_dir() and ((path / "summary.json").is_file() or bool(_invocations(path)))
 
 
 def results_under(path: Path) -> list[Path]:
@@ -89,17 +89,18 @@ def _metadata(folder: Path, which: str) -> Mapping[str, Any]:
 
 def load_foreign(folder: Path, which: str) -> BundleDocs:
     """The result's figures in the shape ``compare`` reads, marked unverified: one invocation (its
-    own folder, or the one timestamp folder of a workload folder), or a split pair's two joined."""
+    own folder, or the one timestamp folder of a workload folder), or a split result's two
+    invocations joined."""
     if (folder / "summary.json").is_file():
         return _one(folder, which)
-    found = _halves(folder)
+    found = _invocations(folder)
     if len(found) == 1:  # a workload folder published with one invocation
         return _one(found[0], which)
-    halves = [_one(h, which) for h in found]
-    writes = [d for d in halves if "write_bandwidth_mean_gib_s" in d.summary]
-    reads = [d for d in halves if "read_bandwidth_mean_gib_s" in d.summary]
-    if len(halves) != 2 or len(writes) != 1 or len(reads) != 1 or writes[0] is reads[0]:
-        raise UsageError(f"{which} {folder}: not one result (a split pair is a write invocation and a "
+    invocations = [_one(h, which) for h in found]
+    writes = [d for d in invocations if "write_bandwidth_mean_gib_s" in d.summary]
+    reads = [d for d in invocations if "read_bandwidth_mean_gib_s" in d.summary]
+    if len(invocations) != 2 or len(writes) != 1 or len(reads) != 1 or writes[0] is reads[0]:
+        raise UsageError(f"{which} {folder}: not one result (a split result is a write invocation and a "
                          "read invocation side by side); `mlckpt-check import` lists what is there")
     w, r = writes[0], reads[0]
     summary = {**w.summary, **{k: v for k, v in r.summary.items() if k.startswith(("read_", "num_reads",
@@ -154,25 +155,25 @@ def _one(folder: Path, which: str) -> BundleDocs:
 
 def import_rows(path: Path) -> tuple[list[dict[str, Any]], list[tuple[str, str]]]:
     """(one row per result read, (folder, why) per folder that could not be): every timestamp
-    folder under ``path``; the two halves of a split pair, side by side, as one result."""
+    folder under ``path``; the two invocations of a split result, side by side, as one result."""
     results, problems = read_results(path)
-    return [_row(target, docs, halves) for target, docs, halves in results], problems
+    return [_row(target, docs, invocations) for target, docs, invocations in results], problems
 
 
 def read_results(path: Path) -> tuple[list[tuple[Path, BundleDocs, int]], list[tuple[str, str]]]:
-    """((folder, its figures, halves) per result read, (folder, why) per folder that could not be)."""
+    """((folder, its figures, invocations) per result read, (folder, why) per folder that could not be)."""
     rows: list[tuple[Path, BundleDocs, int]] = []
     problems: list[tuple[str, str]] = []
     done: set[Path] = set()
     for folder in results_under(path):
         if folder in done:
             continue
-        pair = _halves(folder.parent)
+        found = _invocations(folder.parent)
         docs, target = None, folder
-        if len(pair) == 2:  # a split pair, if it reads as one
+        if len(found) == 2:  # a split result, if it reads as one
             try:
                 docs, target = load_foreign(folder.parent, "import"), folder.parent
-                done.update(pair)
+                done.update(found)
             except UsageError:
                 docs = None
         if docs is None:
@@ -211,13 +212,13 @@ def published_entries(path: Path) -> tuple[list[Any], list[tuple[str, str]]]:
     return out, problems
 
 
-def _row(target: Path, docs: BundleDocs, halves: int) -> dict[str, Any]:
+def _row(target: Path, docs: BundleDocs, invocations: int) -> dict[str, Any]:
     s = docs.summary
     return {"result": str(target), "workload": docs.run["workload"], "division": docs.run["division"],
             "ranks": docs.run["ranks"], "hosts": len(docs.run["hosts"]),
             "write_gib_s": s.get("write_bandwidth_mean_gib_s"),
             "read_gib_s": s.get("read_bandwidth_mean_gib_s"),
-            "checkpoint_gib": round(s["checkpoint_bytes"] / GiB, 2), "halves": halves}
+            "checkpoint_gib": round(s["checkpoint_bytes"] / GiB, 2), "invocations": invocations}
 
 
 def cmd_import(args: Any) -> int:
@@ -237,9 +238,9 @@ def cmd_import(args: Any) -> int:
         return ExitStatus.OK if rows else ExitStatus.FAILED
     if rows:
         print(tabulate([[r["result"], r["workload"], r["division"], r["ranks"], r["hosts"],
-                         r["write_gib_s"], r["read_gib_s"], r["halves"]] for r in rows],
+                         r["write_gib_s"], r["read_gib_s"], r["invocations"]] for r in rows],
                        headers=["result (UNVERIFIED)", "workload", "division", "ranks", "hosts",
-                                "write GiB/s", "read GiB/s", "halves"], floatfmt=".2f", missingval="—"))
+                                "write GiB/s", "read GiB/s", "invocations"], floatfmt=".2f", missingval="—"))
     for folder, why in problems:
         print(f"not read: {folder}: {why}")
     print(f"{len(rows)} result{'s' if len(rows) != 1 else ''} read, {len(problems)} not read, under {root} "

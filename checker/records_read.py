@@ -1,7 +1,7 @@
 """records.jsonl read for the schema stage: its bound, then every line parsed strictly and
 validated against the record schema of the bundle's rules version.
 
-A large run's records (tens of thousands of lines) are read in two halves where ``--jobs`` leaves
+A large run's records (tens of thousands of lines) are read in two invocations where ``--jobs`` leaves
 the bundle a second core: the second half in a forked process (checker/forked.py), whose records
 and messages come back to be joined after the first half's, so that the records, the messages and
 where the reading stopped are exactly what one pass gives (tests/unit/checker/test_records_read.py).

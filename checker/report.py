@@ -32,7 +32,7 @@ from collections.abc import Sequence
 from typing import Any
 
 from checker.results import INTERNAL, BundleResult
-from checker.split import UNPAIRED_WRITE
+from checker.split import LONE_WRITE
 from mlckpt import __version__, formats
 from mlckpt.attribution import foreign_note
 from mlckpt.errors import ExitStatus
@@ -139,7 +139,7 @@ def render_text(report: dict[str, Any], *, quiet: bool = False) -> str:
                 continue
             head = f"PASS {b['path']} ({b['verdict']}{_metrics(b)})"
             if (b.get("metrics") or {}).get("unpaired_write_half"):
-                head += f"\n    note: {UNPAIRED_WRITE}"
+                head += f"\n    note: {LONE_WRITE}"
         elif b["verdict"] == "disturbed":
             head = (f"DISTURBED {b['path']} (no result: its host was too busy to measure the storage "
                     "alone, as the findings show; not a fault of the storage: re-run on a quiet host)")

@@ -59,7 +59,7 @@ class BundleResult:
     statement_sha256: str | None = None
     declared_division: str | None = None
     fingerprints: tuple[str, ...] = ()  # of the measurements (DUPLICATE-CONTENT); not reported
-    pair: dict[str, Any] | None = None  # what SPLIT-PAIR needs (checker.split.pair_doc); not reported
+    invocation: dict[str, Any] | None = None  # what SPLIT-PAIR needs (checker.split.split_doc); not reported
     witness: dict[str, Any] | None = None  # a run that says it was witnessed (checker.witness_check)
 
     @property
@@ -70,7 +70,7 @@ class BundleResult:
         d = dataclasses.asdict(self)
         d.pop("declared_division")
         d.pop("fingerprints")
-        d.pop("pair")
+        d.pop("invocation")
         return d
 
 

@@ -15,19 +15,20 @@ from mlckpt.rules import (
     clock_problems,
     host_clocks,
     load_rules,
-    pair_problems,
     proof_matches,
+    split_problems,
     verdict,
 )
 
 
-def pair_doc(run: Mapping[str, Any], config: Mapping[str, Any], records: Sequence[Mapping[str, Any]],
+def split_doc(run: Mapping[str, Any], config: Mapping[str, Any], records: Sequence[Mapping[str, Any]],
              system: Any) -> dict[str, Any]:
-    """What pairing needs of a schema-valid bundle (kept on its result, never reported)."""
+    """What joining a split result needs of a schema-valid bundle (kept on its result, never reported)."""
     keep = ("run_id", "name", "verdict", "restored_from", "started", "ended", "content_commitment")
-    half = bool(run.get("restored_from")) or is_write_half(config)  # only a pair's halves need clocks
+    # only the invocations of a split result need their clocks
+    of_split = bool(run.get("restored_from")) or is_write_invocation(config)
     return {"run": {k: run.get(k) for k in keep}, "config": dict(config),
-            "clocks": host_clocks(records, system) if half else {}}
+            "clocks": host_clocks(records, system) if of_split else {}}
 
 
 def _when(stamp: Any) -> datetime.datetime | None:
@@ -47,45 +48,46 @@ def gap_s(write: Mapping[str, Any], read: Mapping[str, Any]) -> float | None:
 
 Writes = Mapping[tuple[str, str, str, str, str], BundleResult]
 
-# An unpaired write half's one status, worded the same in the checker's report and on the
-# leaderboard: a valid bundle, but not a result on its own.
-UNPAIRED = "unpaired"
-UNPAIRED_WRITE = ("unpaired write half: not a result on its own; ranked once the read-only invocation "
-                  "that restores it (checkpoint.restore_from) passes beside it")
+# A write invocation alone (its read-only invocation is not in the tree): one status, worded the
+# same in the checker's report and on the leaderboard: a valid bundle, but not a result on its own.
+# "unpaired" is the status's persisted value (leaderboard format 6).
+LONE = "unpaired"
+LONE_WRITE = ("a write invocation alone: not a result on its own; ranked once the read-only invocation "
+              "that restores it (checkpoint.restore_from) passes beside it")
 
 
-def is_write_half(config: Mapping[str, Any]) -> bool:
+def is_write_invocation(config: Mapping[str, Any]) -> bool:
     """A write invocation kept for a read-only one: no reads, checkpoints kept."""
     ck = config.get("checkpoint") or {}
     return int(ck.get("num_reads") or 0) == 0 and bool(ck.get("keep")) and not ck.get("restore_from")
 
 
 def _evidence(r: BundleResult, w: BundleResult, rs: Any) -> list[Problem]:
-    """SPLIT-EVIDENCE's problems of a read half beside its (intact, same-statement) write half."""
-    assert r.pair is not None and w.pair is not None
+    """SPLIT-EVIDENCE's problems of a read invocation beside its (intact, same-statement) write invocation."""
+    assert r.invocation is not None and w.invocation is not None
     if not any(rule.check == "split_evidence" for rule in rs.rules):
         return []  # rules before 1.10
     out = []
-    proof = (r.pair["run"].get("restored_from") or {}).get("content_proof")
-    commitment = w.pair["run"].get("content_commitment")
+    proof = (r.invocation["run"].get("restored_from") or {}).get("content_proof")
+    commitment = w.invocation["run"].get("content_commitment")
     if not proof_matches(proof, commitment):
         out.append(Problem("run.json", f"restored_from.content_proof opening {w.path}'s content_commitment "
                            "(only its content key yields it)",
                            "no commitment there" if not commitment else f"{str(proof)[:16]}… does not"))
     bounds = rs.data["evidence"]["clocks"]
     out += [Problem("records.jsonl", expected, got) for expected, got in clock_problems(
-        w.pair["clocks"], r.pair["clocks"], float(bounds["offset_s"]), float(bounds["slew"]))]
+        w.invocation["clocks"], r.invocation["clocks"], float(bounds["offset_s"]), float(bounds["slew"]))]
     return out
 
 
 def _problems(r: BundleResult, writes: Writes, rs: Any) -> tuple[list[Problem], list[Problem], float | None]:
-    """SPLIT-PAIR's problems, SPLIT-EVIDENCE's, and the gap between the halves."""
-    assert r.pair is not None
-    source = r.pair["run"]["restored_from"]
+    """SPLIT-PAIR's problems, SPLIT-EVIDENCE's, and the gap between the invocations."""
+    assert r.invocation is not None
+    source = r.invocation["run"]["restored_from"]
     where = "run.json"
     w = writes.get((r.division, r.org, r.system, r.workload, str(source.get("run_id"))))
     named = f"{source.get('name')} (run_id {source.get('run_id')})"
-    if w is None or w.pair is None:
+    if w is None or w.invocation is None:
         return [Problem(where, f"its write invocation {named} in {r.division}/{r.org}/results/{r.system}/"
                         f"{r.workload}/", "not in the tree")], [], None
     if w.integrity != "ok":
@@ -96,23 +98,24 @@ def _problems(r: BundleResult, writes: Writes, rs: Any) -> tuple[list[Problem], 
         return [Problem(where, f"the write invocation it restored (statement {signed})",
                         f"{w.path}, another bundle under that run id")], [], None
     out = [Problem(where, f"a write invocation it can restore ({w.path})", p)
-           for p in pair_problems(w.pair["run"], w.pair["config"], r.pair["config"])]
-    gap = gap_s(w.pair["run"], r.pair["run"])
+           for p in split_problems(w.invocation["run"], w.invocation["config"], r.invocation["config"])]
+    gap = gap_s(w.invocation["run"], r.invocation["run"])
     if gap is None or gap < 0:
         out.append(Problem(where, f"restores that began after {w.path} ended",
                            "no gap" if gap is None else f"began {-gap:.1f} s before it ended"))
     return out, _evidence(r, w, rs), gap
 
 
-def add_pairs(results: Sequence[BundleResult], forced_rules: str | None = None) -> None:
+def add_splits(results: Sequence[BundleResult], forced_rules: str | None = None) -> None:
     """SPLIT-PAIR (and, under MLPerf's rules, MLPERF-SPLIT-GAP; from rules 1.10 SPLIT-EVIDENCE) for
-    every read-only invocation, with the gap between its halves in its metrics."""
-    writes = {(r.division, r.org, r.system, r.workload, str(r.pair["run"]["run_id"])): r
-              for r in results if r.pair is not None and not r.pair["run"].get("restored_from")}
+    every read-only invocation, with the gap between its invocations in its metrics."""
+    writes = {(r.division, r.org, r.system, r.workload, str(r.invocation["run"]["run_id"])): r
+              for r in results if r.invocation is not None and not r.invocation["run"].get("restored_from")}
     for r in results:
-        if r.pair is None or not r.pair["run"].get("restored_from") or r.verdict == "internal-error":
+        if r.invocation is None or not r.invocation["run"].get("restored_from") \
+                or r.verdict == "internal-error":
             continue
-        with confined(r, "split pairs"):
+        with confined(r, "split results"):
             rs = load_rules(r.rules_version) if r.rules_version else fallback_rules(forced_rules)
             problems, evidence, gap = _problems(r, writes, rs)
             if r.metrics is not None:
@@ -122,20 +125,21 @@ def add_pairs(results: Sequence[BundleResult], forced_rules: str | None = None) 
             paths = {"run.json": f"{r.path}/run.json", "records.jsonl": f"{r.path}/records.jsonl"}
             r.findings += [finding_dict(f, r.path, paths) for f in found]
             r.verdict = verdict([as_finding(f) for f in r.findings], r.declared_division or r.division)
-    _mark_unpaired(results)
+    _mark_lone_writes(results)
 
 
-def _mark_unpaired(results: Sequence[BundleResult]) -> None:
-    """``metrics.unpaired_write_half`` on each passing write half that no read-only invocation in
-    the tree restores: the checker's report says so beside its PASS, the leaderboard excludes it
-    with the same words."""
-    restored = {(r.division, r.org, r.system, r.workload, str(r.pair["run"]["restored_from"].get("run_id")))
-                for r in results if r.pair is not None and r.verdict in ("closed", "open")
-                and isinstance(r.pair["run"].get("restored_from"), dict)}
+def _mark_lone_writes(results: Sequence[BundleResult]) -> None:
+    """``metrics.unpaired_write_half`` (the report's persisted key) on each passing write invocation
+    that no read-only invocation in the tree restores: the checker's report says so beside its PASS,
+    the leaderboard excludes it with the same words."""
+    restored = {(r.division, r.org, r.system, r.workload,
+                 str(r.invocation["run"]["restored_from"].get("run_id")))
+                for r in results if r.invocation is not None and r.verdict in ("closed", "open")
+                and isinstance(r.invocation["run"].get("restored_from"), dict)}
     for r in results:
-        if r.pair is None or r.metrics is None or r.verdict == "internal-error":
+        if r.invocation is None or r.metrics is None or r.verdict == "internal-error":
             continue
-        with confined(r, "split pairs"):
-            if is_write_half(r.pair["config"]):
-                key = (r.division, r.org, r.system, r.workload, str(r.pair["run"]["run_id"]))
+        with confined(r, "split results"):
+            if is_write_invocation(r.invocation["config"]):
+                key = (r.division, r.org, r.system, r.workload, str(r.invocation["run"]["run_id"]))
                 r.metrics["unpaired_write_half"] = key not in restored

@@ -15,7 +15,7 @@ from checker.bundle_check import check_bundle, internal_result
 from checker.duplicates import add_duplicates
 from checker.results import BundleResult, SystemInfo, Task
 from checker.rulesets import fallback_rules, finding_dict, load_system_file, submission_findings
-from checker.split import add_pairs
+from checker.split import add_splits
 from checker.tree import SystemFile, TreeScan, walk
 from mlckpt.bundle import SIGNATURE_FILE, WITNESSES, TrustedKeys
 from mlckpt.errors import UsageError
@@ -82,7 +82,7 @@ def check_tree(root: Path, trusted: TrustedKeys, *, forced_rules: str | None = N
              for leaf in scan.leaves]
     results = _run_tasks(tasks, jobs)
     add_duplicates(results, forced_rules)
-    add_pairs(results, forced_rules)
+    add_splits(results, forced_rules)
     tree_findings = _tree_findings(scan, systems, fallback, {(t.leaf.division, t.leaf.org, t.leaf.system)
                                                              for t in tasks})
     return rep.build(str(root), results, tree_findings)

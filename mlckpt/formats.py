@@ -208,8 +208,7 @@ LEADERBOARD = Format("leaderboard", "mlckpt-check leaderboard --format json: lea
     (1, "first version: classes by division, workload and scale"),
     (2, "classes split by checkpoint mode; Stall and Time to durable columns"),
     (3, "scaled classes split by scale factor (class scale_factor; ids end -x<factor> with _ for the "
-        "point); the unpaired "
-        "half of a split pair excluded with verdict 'unpaired'"),
+        "point); a split result's lone invocation excluded with verdict 'unpaired'"),
     (4, "each row's verified: false for a published DLIO / mlpstorage result listed with --published "
         "(quoted as published, below the checked results of its class)"),
     (5, "rules 1.11: a library writer's results in classes of their own (checkpoint mode +torch_save, "

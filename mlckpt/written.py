@@ -21,8 +21,8 @@ FEATURES: dict[str, tuple[Document, int, str]] = {
     "storage": ("run", 6, "where the checkpoints went: a folder, or an object store"),
     "state": ("run", 7, "where the state lived (null: host memory; or the GPU source)"),
     "calibration": ("run", 8, "each host's timing, measured before the first op"),
-    "content_commitment": ("run", 10, "a write half's commitment to its content key, and a read half's "
-                           "proof (restored_from.content_proof)"),
+    "content_commitment": ("run", 10, "a write invocation's commitment to its content key, and a read "
+                           "invocation's proof (restored_from.content_proof)"),
     "framework": ("run", 11, "the library writer (torch_save, torch_dcp, safetensors) as it ran, or null"),
     "serving": ("run", 12, "a serving run (replicas loading a model's weights) as it ran, or null"),
     "op_cpu": ("records", 4, "each rank's CPU time over an op, and the huge-page share of its state "

@@ -134,3 +134,28 @@ def test_the_unit_tests_are_arranged_as_the_design_page_says() -> None:
     names = _modules(REPO / "mlckpt") | {"checker"}
     folders = {p.name for p in (REPO / "tests" / "unit").iterdir() if p.is_dir() and p.name != "__pycache__"}
     assert folders and folders <= names, sorted(folders - names)
+
+
+# A split result is a write invocation and a read-only invocation: one word for the idea
+# ("split"), one for its parts ("invocation").  The persisted names keep their history: the rule
+# SPLIT-PAIR and its check split_pair, the report's metrics.unpaired_write_half, the leaderboard's
+# verdict "unpaired".
+OTHER_WORDS = re.compile(r"\b(write|read)[ _]hal(f|ves)\b|\bhalves\b|\bsplit[ _]pairs?\b|\bpair_[a-z]+\b|"
+                         r"\b[a-z]+_halves\b")
+PERSISTED = ("unpaired_write_half", "split_pair")
+
+
+def other_words(text: str) -> list[str]:
+    """The split idea's retired words in ``text`` (persisted names aside)."""
+    for name in PERSISTED:
+        text = text.replace(name, "")
+    return [m.group(0) for m in OTHER_WORDS.finditer(text)]
+
+
+def test_one_word_per_idea_for_a_split_result() -> None:
+    found = {str(p.relative_to(REPO)): other_words(p.read_text())
+             for pattern in ("mlckpt/**/*.py", "checker/**/*.py", "docs/src/*/*.md", "README.md")
+             for p in sorted(REPO.glob(pattern))}
+    assert {k: v for k, v in found.items() if v} == {}
+    planted = "the write half's halves; split_pair and pair_doc"
+    assert other_words(planted) == ["write half", "halves", "pair_doc"]

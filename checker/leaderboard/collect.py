@@ -11,7 +11,7 @@ from pathlib import Path
 from typing import Any
 
 from checker.leaderboard.model import DIVISIONS, Entry, Excluded, entry_from_docs
-from checker.leaderboard.split import pair_halves
+from checker.leaderboard.split import join_splits
 from checker.leaderboard.tables import Leaderboard, build
 from mlckpt.errors import MlckptError, UsageError
 
@@ -160,8 +160,8 @@ def collect(root: Path, trusted: Any, *, jobs: int = 1, witnesses: Any = None,
             continue
         entries.append(entry)
         versions.add(entry.rules_version)
-    entries, unpaired = pair_halves(entries)  # split invocations: one row per pair
-    return build([*entries, *published], [*excluded, *unpaired], versions)
+    entries, lone = join_splits(entries)  # split invocations: one row per split result
+    return build([*entries, *published], [*excluded, *lone], versions)
 
 
 def _integrity_rules(version: str | None) -> frozenset[str]:

@@ -113,9 +113,9 @@ class Entry:
     fast_reads: int = 0  # restores not (or not only) from the durable tier
     dp: int | None = None  # data-parallel instances: ranks / (TP × PP)
     sut: tuple[tuple[str, str], ...] = ()  # the system description's facts, as SUT_FIELDS names them
-    restored_from: str | None = None  # a read-only invocation: its write half's run id
-    write_half: bool = False  # a write invocation kept for a read-only one (num_reads 0, keep)
-    halves: tuple[str, ...] = ()  # a pair's two bundles (write, read); empty for one invocation
+    restored_from: str | None = None  # a read-only invocation: its write invocation's run id
+    write_invocation: bool = False  # a write invocation kept for a read-only one (num_reads 0, keep)
+    invocations: tuple[str, ...] = ()  # a split result's two bundles (write, read); empty for one invocation
     # Counted as witnessed (rules 1.4): the witness's name, its conservative write/read GiB/s.
     witnessed_by: str | None = None
     witnessed_gib_s: tuple[float, float] = (math.nan, math.nan)  # write, read
@@ -381,7 +381,7 @@ def entry_from_docs(path: str, org: str, system: str, run: Mapping[str, Any], co
         dp=int(run["ranks"]) // mp if mp and int(run["ranks"]) % mp == 0 else None,
         sut=sut_facts(system_doc.get("description")),
         restored_from=str(_get(run, "restored_from", "run_id")) if _get(run, "restored_from") else None,
-        write_half=int(summary.get("num_reads", 0)) == 0 and bool(ck.get("keep")),
+        write_invocation=int(summary.get("num_reads", 0)) == 0 and bool(ck.get("keep")),
         protocol="object" if _get(run, "storage", "kind") == "s3" else "file",
     )
 

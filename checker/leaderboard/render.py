@@ -116,7 +116,7 @@ def render_md(board: Leaderboard) -> str:
     if board.excluded:
         n = len(board.excluded)
         out += ["## Excluded", "", f"{n} bundle{'s' if n != 1 else ''} {'are' if n != 1 else 'is'} not "
-                "listed: failed the checker, or half of a split pair whose other half is missing:", ""]
+                "listed: failed the checker, or one invocation of a split result whose other is missing:", ""]
         out += [f"- `{x.path}`: {x.verdict} ({_md_cell(_excluded_why(x))})" for x in board.excluded]
         out.append("")
     out += ["## How to read these tables", ""]
@@ -330,7 +330,7 @@ def _excluded_html(board: Leaderboard) -> str:
     n = len(board.excluded)
     return (f'<section id="excluded"><h2>Excluded</h2><p>{n} bundle{"s" if n != 1 else ""} '
             f'{"are" if n != 1 else "is"} not listed: failed the checker (run <code>mlckpt-check ROOT</code> '
-            f'for the findings), or half of a split pair whose other half is missing.</p>'
+            f'for the findings), or one invocation of a split result whose other is missing.</p>'
             f'<div class="table-wrap"><table class="plain"><thead><tr>'
             f'<th scope="col">Bundle</th><th scope="col">Verdict</th><th scope="col">Rules</th></tr></thead>'
             f'<tbody>{rows}</tbody></table></div></section>')

@@ -82,7 +82,7 @@ def mlperf_row(entry: Any, rec: Mapping[str, Any], fmt_num: Any) -> dict[str, st
         "Checkpointing - # Client Nodes": str(entry.hosts),
         "Checkpointing - DP Instances": "" if entry.dp is None else str(entry.dp),
         "Checkpointing - Code": "",
-        "Checkpointing - Logs": " + ".join(entry.halves) if entry.halves else entry.path,
+        "Checkpointing - Logs": " + ".join(entry.invocations) if entry.invocations else entry.path,
         "Checkpointing - Write B/W (GiB/s)": fmt_num(rec["write_gib_s"], "write_gib_s"),
         "Checkpointing - Write Duration (secs)": fmt_num(rec["write_duration_s"], "write_duration_s"),
         "Checkpointing - Read B/W (GiB/s)": fmt_num(rec["read_gib_s"], "read_gib_s"),

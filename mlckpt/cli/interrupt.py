@@ -40,7 +40,7 @@ class Launch:
     """What the self-launch knows of its run: the checkpoint folder (None: object storage), the
     launch token its rank 0 writes into the lock, the results folder and whether it existed
     before, and whether checkpoints are kept (checkpoint.keep, or a read-only invocation, which
-    leaves its write half's checkpoints when it fails)."""
+    leaves its write invocation's checkpoints when it fails)."""
 
     folder: Path | None
     token: str

@@ -33,7 +33,7 @@ if TYPE_CHECKING:  # Hydra and the rules load when a run is composed, not for `m
 # 3 writes and 3 reads (about 10 s on a 2-core VM).  It stays in force whatever else is overridden
 # (a checkpoint folder given for a first try must not turn the run into a full-scale closed one),
 # but only for a bare `mlckpt run`: under an external launcher, or with a key that says the run is
-# meant as a result (INTENT_KEYS, division=closed, one half of a split pair), the workload's own
+# meant as a result (INTENT_KEYS, division=closed, one invocation of a split result), the workload's own
 # configuration runs (with_preset); ``preset=laptop`` asks for it anyway.
 PRESETS: dict[str, tuple[str, ...]] = {
     "laptop": ("workload=llama3_8b", "division=open", "scale=0.0125", "checkpoint.num_writes=3",
@@ -91,7 +91,7 @@ def expand_sweeps(overrides: Sequence[str]) -> list[list[str]]:
 
 
 # Keys that say the run is meant as a result (a rule set, the closed division, an accelerator, a
-# system description, one half of a split run): the laptop preset never fills in around them.
+# system description, one invocation of a split result): the laptop preset never fills in around them.
 INTENT_KEYS = ("rules", "rules_version", "accelerator", "system", "checkpoint.restore_from")
 
 
@@ -103,7 +103,7 @@ def intent(overrides: Sequence[str]) -> str:
         if key in INTENT_KEYS or (key == "division" and value.strip() == "closed"):
             return o.lstrip("+~")
         if key in ("checkpoint.num_writes", "checkpoint.num_reads") and value.strip() == "0":
-            return o.lstrip("+~")  # one half of a split (MLPerf-style) pair
+            return o.lstrip("+~")  # one invocation of a split (MLPerf-style) result
     return ""
 
 

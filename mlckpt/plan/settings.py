@@ -58,7 +58,7 @@ class CheckpointSettings:
 
     @property
     def kept(self) -> bool:
-        """The checkpoints outlive the run: kept, or a read-only invocation's (its write half's)."""
+        """The checkpoints outlive the run: kept, or a read-only invocation's (its write invocation's)."""
         return self.keep or self.restore_from is not None
 
 

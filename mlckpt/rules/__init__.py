@@ -3,7 +3,7 @@ that composes them.  The runner's gates and the checker use the same rule set.
 
 This module is the rules' public surface: code outside ``mlckpt/rules`` imports what it needs of
 them from here (the run's documents as the rules read them, ``rundata.RunData``; the summaries the
-rules recompute; the facts a submission is judged by; the witness's and a split pair's proofs),
+rules recompute; the facts a submission is judged by; the witness's and a split result's proofs),
 never from ``checks/`` (an import contract in pyproject.toml holds it).
 """
 
@@ -19,8 +19,8 @@ from mlckpt.rules.checks.split import (
     content_commitment,
     content_proof,
     host_clocks,
-    pair_problems,
     proof_matches,
+    split_problems,
 )
 from mlckpt.rules.checks.submission import Problem, SubmissionFacts, Verdicts
 from mlckpt.rules.checks.timing import abs_bound_ns
@@ -51,12 +51,52 @@ from mlckpt.rules.registry import CHECKS, load_rules
 from mlckpt.rules.rundata import DATA_SCHEME, RunData
 
 __all__ = [
-    "CHECKS", "COMPLETE", "DATA_SCHEME", "DEFAULT_RULES_VERSION", "SEVERITIES", "STAGES", "TRANSCRIPT",
-    "CheckFn", "Context", "Evaluation", "Finding", "HostSpec", "NotChecked", "Outcome", "Problem",
-    "Rule", "RuleSet", "RunData", "SubmissionFacts", "Verdicts", "WitnessFacts", "abs_bound_ns",
-    "clock_problems", "content_commitment", "content_proof", "counted_op", "fingerprints", "gpu_source",
-    "host_blocks", "host_checkpoint_bytes", "host_clocks", "host_memory_need", "known_versions",
-    "load_rules", "make_finding", "override_key", "pair_problems", "placeholders", "proof_matches",
-    "rank_shift", "recomputed_summary", "serving_recomputed", "serving_summarized", "training_waits",
-    "verdict", "version_order", "witness_figures", "witness_too_short",
+    "CHECKS",
+    "COMPLETE",
+    "DATA_SCHEME",
+    "DEFAULT_RULES_VERSION",
+    "SEVERITIES",
+    "STAGES",
+    "TRANSCRIPT",
+    "CheckFn",
+    "Context",
+    "Evaluation",
+    "Finding",
+    "HostSpec",
+    "NotChecked",
+    "Outcome",
+    "Problem",
+    "Rule",
+    "RuleSet",
+    "RunData",
+    "SubmissionFacts",
+    "Verdicts",
+    "WitnessFacts",
+    "abs_bound_ns",
+    "clock_problems",
+    "content_commitment",
+    "content_proof",
+    "counted_op",
+    "fingerprints",
+    "gpu_source",
+    "host_blocks",
+    "host_checkpoint_bytes",
+    "host_clocks",
+    "host_memory_need",
+    "known_versions",
+    "load_rules",
+    "make_finding",
+    "override_key",
+    "placeholders",
+    "proof_matches",
+    "rank_shift",
+    "recomputed_summary",
+    "serving_recomputed",
+    "serving_summarized",
+    "split_problems",
+    "training_waits",
+    "verdict",
+    "version_order",
+    "witness_figures",
+    "witness_too_short",
 ]

@@ -1,6 +1,6 @@
 """MLPerf Storage's published results, read as they are published (folders written here in the
-published shape, not copies): a timestamp folder, a workload folder holding both halves of a split
-pair, a system's and a submitter's tree, mlpstorage metadata of a 200-host run.  Every figure is
+published shape, not copies): a timestamp folder, a workload folder holding both invocations of a split
+result, a system's and a submitter's tree, mlpstorage metadata of a 200-host run.  Every figure is
 quoted as published and every row is labelled unverified."""
 
 from __future__ import annotations
@@ -25,7 +25,7 @@ def test_a_timestamp_folder_reads_as_published(tmp_path: Path) -> None:
     assert docs.run["workload"] == "llama3_8b" and docs.run["division"] == "closed" and docs.keyid == ""
 
 
-def test_a_workload_folder_with_both_halves_is_one_result(tmp_path: Path) -> None:
+def test_a_workload_folder_with_both_invocations_is_one_result(tmp_path: Path) -> None:
     wl = tmp_path / "llama3-8b"
     invocation(wl / "20260722_185605", write=20.0)
     invocation(wl / "20260722_190012", read=31.5, start="2026-07-22T19:00:12")
@@ -34,7 +34,7 @@ def test_a_workload_folder_with_both_halves_is_one_result(tmp_path: Path) -> Non
     s = docs.summary
     assert (s["write_bandwidth_mean_gib_s"], s["read_bandwidth_mean_gib_s"]) == (20.0, 31.5)
     assert (s["num_writes"], s["num_reads"]) == (10, 10) and s["restore_bytes"] == s["checkpoint_bytes"]
-    # two writes side by side are no pair
+    # two writes side by side are no split result
     two = tmp_path / "two"
     invocation(two / "a", write=1.0)
     invocation(two / "b", write=2.0)
@@ -42,9 +42,9 @@ def test_a_workload_folder_with_both_halves_is_one_result(tmp_path: Path) -> Non
         imported.load_foreign(two, "B")
 
 
-def test_a_workload_folder_with_one_half_is_that_result(tmp_path: Path) -> None:
+def test_a_workload_folder_with_one_invocation_is_that_result(tmp_path: Path) -> None:
     """A published workload folder holding one invocation (a write-only run) reads as it, as the
-    same folder with both halves does (``mlckpt-check compare`` beside a bundle:
+    same folder with both invocations does (``mlckpt-check compare`` beside a bundle:
     tests/e2e/test_leaderboard.py)."""
     wl = tmp_path / "one" / "llama3-8b"
     invocation(wl / "20260722_185605", write=20.0)
@@ -78,7 +78,7 @@ def test_import_lists_every_result_of_a_submitters_tree_and_what_it_could_not_re
         rows, problems = imported.import_rows(level)
         assert rows, level
     rows, problems = imported.import_rows(tmp_path)
-    assert [(Path(r["result"]).name, r["halves"], r["write_gib_s"], r["read_gib_s"]) for r in rows] == [
+    assert [(Path(r["result"]).name, r["invocations"], r["write_gib_s"], r["read_gib_s"]) for r in rows] == [
         ("20260723_101010", 1, 140.0, 190.0), ("llama3-8b", 2, 20.0, 31.5)]
     assert [(Path(f).name, "checkpoint_size_GB" in why) for f, why in problems] == [("20260724_000000", True)]
     proc = subprocess.run([str(BIN / "mlckpt-check"), "import", str(tmp_path)], text=True,

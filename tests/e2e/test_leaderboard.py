@@ -480,7 +480,7 @@ def test_fmt_and_rounded_agree() -> None:
 
 
 @pytest.fixture(scope="module")
-def pair(golden_tree: Path) -> tuple[Path, Path, Path]:
+def compared(golden_tree: Path) -> tuple[Path, Path, Path]:
     closed = sorted((golden_tree / "closed" / "acme" / "results" / "fast" / "llama3_8b").iterdir())[0]
     opens = sorted((golden_tree / "open" / "acme" / "results" / "fast" / "llama3_8b").iterdir())
     open_ = next(p for p in opens if json.loads((p / "run.json").read_text())["scale"] == 1.0)
@@ -488,8 +488,8 @@ def pair(golden_tree: Path) -> tuple[Path, Path, Path]:
     return closed, open_, archive
 
 
-def test_compare_json_ratios(pair: tuple[Path, Path, Path], capsys: pytest.CaptureFixture[str]) -> None:
-    a, b, _ = pair
+def test_compare_json_ratios(compared: tuple[Path, Path, Path], capsys: pytest.CaptureFixture[str]) -> None:
+    a, b, _ = compared
     assert cli.run(["compare", str(a), str(b), "--json"]) == 0
     doc = json.loads(capsys.readouterr().out)
     m = {x["key"]: x for x in doc["metrics"]}
@@ -508,8 +508,9 @@ def test_compare_json_ratios(pair: tuple[Path, Path, Path], capsys: pytest.Captu
     assert doc["differences"] == [{"what": "division", "a": "closed", "b": "open"}]
 
 
-def test_compare_text_and_archives(pair: tuple[Path, Path, Path], capsys: pytest.CaptureFixture[str]) -> None:
-    a, b, archive = pair
+def test_compare_text_and_archives(compared: tuple[Path, Path, Path],
+                                   capsys: pytest.CaptureFixture[str]) -> None:
+    a, b, archive = compared
     assert cli.run(["compare", str(b), str(archive)]) == 0
     out = capsys.readouterr().out
     assert re.search(r"write bandwidth mean \(GiB/s\)\s+\d+\.\d\d\s+\d+\.\d\d\s+\d+\.\d{3}", out)
@@ -522,9 +523,9 @@ def test_compare_text_and_archives(pair: tuple[Path, Path, Path], capsys: pytest
     assert re.search(r"write bandwidth mean \(GiB/s\)\s+(\d+\.\d\d)\s+\1\s+1\.000", out)
 
 
-def test_compare_refuses_what_is_not_a_bundle(pair: tuple[Path, Path, Path], tmp_path: Path,
+def test_compare_refuses_what_is_not_a_bundle(compared: tuple[Path, Path, Path], tmp_path: Path,
                                              capsys: pytest.CaptureFixture[str]) -> None:
-    a = pair[0]
+    a = compared[0]
     text = tmp_path / "notes.txt"
     text.write_text("hello\n")
     empty = tmp_path / "empty"
@@ -535,9 +536,9 @@ def test_compare_refuses_what_is_not_a_bundle(pair: tuple[Path, Path, Path], tmp
         assert err.count("\n") == 1 and err.startswith("mlckpt-check: error: B ") and str(other) in err
 
 
-def test_compare_checks_integrity_of_both_first(pair: tuple[Path, Path, Path], tmp_path: Path,
+def test_compare_checks_integrity_of_both_first(compared: tuple[Path, Path, Path], tmp_path: Path,
                                                capsys: pytest.CaptureFixture[str]) -> None:
-    a, b, _ = pair
+    a, b, _ = compared
     bad = tmp_path / "bad"
     shutil.copytree(a, bad)
     summary = bad / "summary.json"
@@ -745,11 +746,11 @@ def test_the_csv_leads_with_mlperfs_results_table(tmp_path: Path) -> None:
 
 
 def test_compare_puts_a_dlio_result_beside_a_bundle_labelled_unverified(
-        pair: tuple[Path, Path, Path], tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+        compared: tuple[Path, Path, Path], tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     """mlckpt-check compare A B where B is a DLIO / mlpstorage result folder (summary.json in
     DLIO's shape, mlpstorage's metadata): its figures as stated, nothing it does not state, and
     the side said to be unverified."""
-    a = pair[0]
+    a = compared[0]
     dlio = tmp_path / "dlio-run"
     dlio.mkdir()
     metric = {"save_checkpoint_io_mean_GB_per_second": 20.0, "save_checkpoint_io_stdev_GB_per_second": 1.0,
@@ -785,9 +786,9 @@ def test_compare_puts_a_dlio_result_beside_a_bundle_labelled_unverified(
     assert "neither an mlckpt bundle nor a DLIO checkpointing result" in capsys.readouterr().err
 
 
-def test_compare_joins_a_published_split_pair_beside_a_bundle(
-        pair: tuple[Path, Path, Path], tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
-    """B: a published workload folder holding both halves of a split pair (a write invocation and
+def test_compare_joins_a_published_split_result_beside_a_bundle(
+        compared: tuple[Path, Path, Path], tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """B: a published workload folder holding both invocations of a split result (a write invocation and
     a read invocation): one result, write figures from the one and read figures from the other."""
     wl = tmp_path / "llama3-8b"
     for ts, key, gib_s in (("20260722_185605", "save", 20.0), ("20260722_190012", "load", 31.5)):
@@ -796,14 +797,14 @@ def test_compare_joins_a_published_split_pair_beside_a_bundle(
                   f"{key}_checkpoint_duration_mean_seconds": 104.7045 / gib_s}
         (wl / ts / "summary.json").write_text(json.dumps(
             {"start": "2026-07-22T18:57:02", "num_accelerators": 8, "num_hosts": 2, "metric": metric}))
-    assert cli.run(["compare", str(pair[0]), str(wl), "--json"]) == 0
+    assert cli.run(["compare", str(compared[0]), str(wl), "--json"]) == 0
     m = {row["key"]: row for row in json.loads(capsys.readouterr().out)["metrics"]}
     assert (m["write_bandwidth_mean_gib_s"]["b"], m["read_bandwidth_mean_gib_s"]["b"]) == (20.0, 31.5)
     assert m["read_bandwidth_mean_gib_s"]["ratio_b_over_a"] == pytest.approx(
         31.5 / m["read_bandwidth_mean_gib_s"]["a"])
     # the same folder published with one half (the write invocation): that result, as stated
     shutil.rmtree(wl / "20260722_190012")
-    assert cli.run(["compare", str(pair[0]), str(wl), "--json"]) == 0
+    assert cli.run(["compare", str(compared[0]), str(wl), "--json"]) == 0
     m = {row["key"]: row for row in json.loads(capsys.readouterr().out)["metrics"]}
     assert (m["write_bandwidth_mean_gib_s"]["b"], m["read_bandwidth_mean_gib_s"]["b"]) == (20.0, None)
 

@@ -107,7 +107,7 @@ NEGATIVE: list[tuple[str, Callable[[], Context], str]] = [
      "§4.3.1: checkpoint data per client under at least 3 × 64.00 GiB of memory"),
     ("MLPERF-MEMORY-MULTIPLE", lambda: result_ctx(run_data(2.0, 3.0, 64, 10 * GiB)),
      "mlckpt evicted the page cache and measured it before every read (COLD-READ)"),
-    # the write half of a split pair: what clears the cache is its read half, and it says so
+    # the write invocation of a split result: what clears the cache is its read invocation, and it says so
     ("MLPERF-MEMORY-MULTIPLE", lambda: result_ctx(write_only(run_data(2.0, 3.0, 64, 10 * GiB))),
      "this invocation reads nothing; a read invocation of its checkpoints (checkpoint.restore_from) evicts"),
     ("MLPERF-PHASE-GAP", lambda: result_ctx(run_data(2.0, 40.0, 1, 10 * GiB)),
@@ -420,7 +420,7 @@ def test_dlio_times_of_a_hostile_run_json_do_not_crash_the_checker() -> None:
 
 
 def test_an_open_split_pair_44_s_apart_is_invalid_as_mlperfs_checker_finds_it() -> None:
-    """MLPerf's checker rejected an open split pair 44 s apart ([4.7.1 checkpointCacheFlushValidation]
+    """MLPerf's checker rejected an open split result 44 s apart ([4.7.1 checkpointCacheFlushValidation]
     … exceeds 30-second limit) that rules mlps-v3.0r2 let pass as open: under the rule set
     rules=mlperf-storage-v3.0 selects now, it is invalid in the open division too."""
     from mlckpt.rules import verdict

@@ -841,23 +841,24 @@ def test_a_hostile_transcript_never_breaks_the_checker(runs: dict[str, Any], ent
     assert rules_of(b), "a transcript that is not the run's never passes"
 
 
-def test_a_read_only_invocation_restores_a_witnessed_write_half(runs: dict[str, Any], tmp_path: Path) -> None:
-    """The write half witnessed (its pages carry its nonces); the read-only half verifies every
-    page against the tags run.json's witness.nonces give, unwitnessed or witnessed itself."""
+def test_a_read_only_invocation_restores_a_witnessed_write_invocation(runs: dict[str, Any],
+                                                                     tmp_path: Path) -> None:
+    """The write invocation witnessed (its pages carry its nonces); the read-only invocation
+    verifies every page against the tags run.json's witness.nonces give, unwitnessed or witnessed itself."""
     d = runs["dir"]
     base = ("checkpoint.folder=split-ck",)
     w = run(d, *base, "checkpoint.num_reads=0", "checkpoint.keep=true", f"witness.url={runs['witness'].url}")
     assert w.returncode == 0, w.stderr
-    half = printed_bundle(w)
-    assert all(read_json(half, "run.json")["witness"]["nonces"])
-    r = run(d, *base, "checkpoint.num_writes=0", "checkpoint.num_reads=2", f"checkpoint.restore_from={half}",
-            f"witness.url={runs['witness'].url}")
+    written = printed_bundle(w)
+    assert all(read_json(written, "run.json")["witness"]["nonces"])
+    r = run(d, *base, "checkpoint.num_writes=0", "checkpoint.num_reads=2",
+            f"checkpoint.restore_from={written}", f"witness.url={runs['witness'].url}")
     assert r.returncode == 0, r.stderr
     reads = [x for x in read_records(printed_bundle(r)) if x["op"] == "read"]
     assert reads and all(x["verified_bytes"] == x["bytes"] for x in reads)
     claim = read_json(printed_bundle(r), "run.json")["witness"]
     assert claim["status"] == "witnessed" and claim["nonces"] == []
-    both = checked(tree(runs, tmp_path / "t", half, printed_bundle(r)))
+    both = checked(tree(runs, tmp_path / "t", written, printed_bundle(r)))
     assert [b["findings"] for b in both] == [[], []]
     assert all(b["witness"]["counted"] for b in both)
 

@@ -194,9 +194,9 @@ def test_honest_runs_beside_a_flat_out_copy_are_disturbed_never_invalid(
 
 
 @pytest.mark.slow
-def test_a_disturbed_read_half_keeps_what_it_restored_to_be_run_again(site: dict[str, Path]) -> None:
+def test_a_disturbed_read_invocation_keeps_what_it_restored_to_be_run_again(site: dict[str, Path]) -> None:
     """A read-only invocation that is no result (disturbed) would be run again, which needs the
-    write half's checkpoints: it keeps them, saying so, and removes them only as a result."""
+    write invocation's checkpoints: it keeps them, saying so, and removes them only as a result."""
     d = site["dir"]
     split = ("division=open", "scale=0.0005", "ranks=4", "io.direct=false")
     status, out, w = run(site, *split, "checkpoint.num_writes=1", "checkpoint.num_reads=0",
@@ -204,7 +204,7 @@ def test_a_disturbed_read_half_keeps_what_it_restored_to_be_run_again(site: dict
     assert status in (0, 6), out[-3000:]
     kept = d / "ck-split" / w.name
 
-    def read_half() -> tuple[int, str]:
+    def read_invocation() -> tuple[int, str]:
         status, out, _ = run(site, *split, "checkpoint.num_writes=0", "checkpoint.num_reads=1",
                              f"checkpoint.restore_from={w}", name="split")
         assert status in (0, 6), out[-3000:]
@@ -217,16 +217,16 @@ def test_a_disturbed_read_half_keeps_what_it_restored_to_be_run_again(site: dict
 
     tenant = Tenant(d / "tenant-split", 0, 1)
     try:
-        statuses = [read_half()[0]]
+        statuses = [read_invocation()[0]]
         while statuses[-1] == 6 and len(statuses) < 2:
-            statuses.append(read_half()[0])
+            statuses.append(read_invocation()[0])
     finally:
         tenant.stop()
-    assert 6 in statuses, "a flat-out copy on the same disk disturbed none of the read halves"
+    assert 6 in statuses, "a flat-out copy on the same disk disturbed none of the read invocations"
     for _ in range(3):  # quiet again (or as quiet as the machine is): the run that is a result
         if statuses[-1] == 0:
             break
-        statuses.append(read_half()[0])
+        statuses.append(read_invocation()[0])
     assert statuses[-1] == 0, statuses
 
 

@@ -21,14 +21,14 @@ from mlckpt import bundle
 
 BIN = Path(sys.executable).parent
 SMALL = ("workload=llama3_8b", "division=open", "scale=0.0005", "ranks=4", "io.direct=false")
-# Rules whose failing cases are here, on bundles of real split pairs: a read half re-pointed at
-# another write half, a read half moved on the wall clock (tests/e2e/test_checker.py and
+# Rules whose failing cases are here, on bundles of real split results: a read invocation re-pointed at
+# another write invocation, a read invocation moved on the wall clock (tests/e2e/test_checker.py and
 # tests/unit/rules/test_rules_coverage.py count them)
 FORGERIES = ("SPLIT-EVIDENCE",)
 
 
 def run(h: dict[str, Path], cwd: Path, *overrides: str) -> subprocess.CompletedProcess[str]:
-    """A half these tests need valid: beside a busy disk a try may come out disturbed, so it is
+    """An invocation these tests need valid: beside a busy disk a try may come out disturbed, so it is
     tried up to six times (each try keeps its bundle; the one printed last is the result's)."""
     env = {**os.environ, "XDG_CONFIG_HOME": str(h["dir"] / "xdg"), "MLCKPT_RETRY_DISTURBED": "5"}
     env.pop("MLCKPT_DEBUG", None)
@@ -38,7 +38,7 @@ def run(h: dict[str, Path], cwd: Path, *overrides: str) -> subprocess.CompletedP
          *overrides], cwd=cwd, env=env, text=True, capture_output=True, timeout=900, check=False)
 
 
-def write_half(h: dict[str, Path], cwd: Path, writes: int = 2) -> Path:
+def write_invocation(h: dict[str, Path], cwd: Path, writes: int = 2) -> Path:
     proc = run(h, cwd, f"checkpoint.num_writes={writes}", "checkpoint.num_reads=0", "checkpoint.keep=true")
     assert proc.returncode == 0, proc.stderr
     return printed_bundle(proc)
@@ -49,10 +49,10 @@ def checked(h: dict[str, Path], root: Path) -> dict[str, Any]:
 
 
 @pytest.fixture(scope="module")
-def pair(honest_bundles: dict[str, Path], tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
+def split(honest_bundles: dict[str, Path], tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
     h = honest_bundles
     cwd = tmp_path_factory.mktemp("split")
-    w = write_half(h, cwd)
+    w = write_invocation(h, cwd)
     kept = sorted(p.relative_to(cwd) for p in (cwd / "ck").rglob("*") if p.is_file())
     proc = run(h, cwd, "checkpoint.num_writes=0", "checkpoint.num_reads=3",
                f"checkpoint.restore_from={w.name}")
@@ -60,17 +60,17 @@ def pair(honest_bundles: dict[str, Path], tmp_path_factory: pytest.TempPathFacto
     return {"h": h, "cwd": cwd, "write": w, "read": printed_bundle(proc), "out": proc.stdout, "kept": kept}
 
 
-def test_the_write_half_keeps_its_checkpoints_and_its_content_key(pair: dict[str, Any]) -> None:
-    w = pair["write"]
+def test_the_write_invocation_keeps_its_checkpoints_and_its_content_key(split: dict[str, Any]) -> None:
+    w = split["write"]
     run_doc = json.loads((w / "run.json").read_text())
-    files = [str(p) for p in pair["kept"]]
+    files = [str(p) for p in split["kept"]]
     assert f"ck/{w.name}/.mlckpt-run" in files
     assert sum(f.startswith(f"ck/{w.name}/ckpt-0002/") for f in files) == 8  # 4 ranks × 2 files
     assert run_doc["restored_from"] is None and run_doc["run_format"] == 12
-    # its commitment to the content key: the read half's proof opens it, nothing else does
+    # its commitment to the content key: the read invocation's proof opens it, nothing else does
     from mlckpt.rules.checks.split import proof_matches
 
-    proof = json.loads((pair["read"] / "run.json").read_text())["restored_from"]["content_proof"]
+    proof = json.loads((split["read"] / "run.json").read_text())["restored_from"]["content_proof"]
     assert proof_matches(proof, run_doc["content_commitment"])
     assert not proof_matches(run_doc["content_commitment"], run_doc["content_commitment"])
     assert not proof_matches(proof[:-1] + ("0" if proof[-1] != "0" else "1"), run_doc["content_commitment"])
@@ -82,8 +82,8 @@ def test_the_write_half_keeps_its_checkpoints_and_its_content_key(pair: dict[str
     assert summary["mlckpt_read_guarantee"] == "no_reads"
 
 
-def test_the_read_half_restores_and_verifies_the_write_halfs_content(pair: dict[str, Any]) -> None:
-    r, w = pair["read"], pair["write"]
+def test_the_read_invocation_restores_and_verifies_the_written_content(split: dict[str, Any]) -> None:
+    r, w = split["read"], split["write"]
     run_doc = json.loads((r / "run.json").read_text())
     wrun = json.loads((w / "run.json").read_text())
     source = run_doc["restored_from"]
@@ -92,7 +92,7 @@ def test_the_read_half_restores_and_verifies_the_write_halfs_content(pair: dict[
     records = [json.loads(line) for line in (r / "records.jsonl").read_text().splitlines()]
     assert {x["op"] for x in records} == {"read"} and len(records) == 3 * 4
     restored = [sorted({x["checkpoint"] for x in records if x["index"] == k}) for k in (1, 2, 3)]
-    assert restored == [[1], [2], [1]]  # restores cycle through the write half's checkpoints
+    assert restored == [[1], [2], [1]]  # restores cycle through the write invocation's checkpoints
     assert all(x["verified_bytes"] == x["bytes"] and x["mismatches"] == 0 for x in records)
     summary = json.loads((r / "summary.json").read_text())
     assert summary["num_writes"] == 0 and summary["mlckpt_read_guarantee"] == "cold_verified"
@@ -100,18 +100,18 @@ def test_the_read_half_restores_and_verifies_the_write_halfs_content(pair: dict[
                                       "load_checkpoint_duration_stdev_seconds",
                                       "load_checkpoint_io_mean_GB_per_second",
                                       "load_checkpoint_io_stdev_GB_per_second"}
-    assert f"read-only invocation: restoring the 2 checkpoints of {w.name}" in pair["out"]
-    # restored, so removed (checkpoint.keep=false): nothing of the write half is left (a try of it
+    assert f"read-only invocation: restoring the 2 checkpoints of {w.name}" in split["out"]
+    # restored, so removed (checkpoint.keep=false): nothing of the write invocation is left (a try of it
     # that a busy machine disturbed, retried, kept its own checkpoints: another run's)
-    assert not (pair["cwd"] / "ck" / w.name).exists()
-    assert [p.name for p in (pair["cwd"] / "ck").iterdir()] == [
-        b.name for b in (pair["cwd"] / "results").iterdir() if b.name < w.name]
+    assert not (split["cwd"] / "ck" / w.name).exists()
+    assert [p.name for p in (split["cwd"] / "ck").iterdir()] == [
+        b.name for b in (split["cwd"] / "results").iterdir() if b.name < w.name]
 
 
-def test_the_checker_pairs_the_two_halves(pair: dict[str, Any], tmp_path: Path) -> None:
-    report = checked(pair["h"], tree_of(pair["h"], tmp_path / "tree", pair["write"], pair["read"]))
+def test_the_checker_joins_the_two_invocations(split: dict[str, Any], tmp_path: Path) -> None:
+    report = checked(split["h"], tree_of(split["h"], tmp_path / "tree", split["write"], split["read"]))
     by = {b["run_id"]: b for b in report["bundles"]}
-    read_id = json.loads((pair["read"] / "run.json").read_text())["run_id"]
+    read_id = json.loads((split["read"] / "run.json").read_text())["run_id"]
     assert all(b["verdict"] == "open" for b in report["bundles"]), report["findings"]
     assert not [f for f in report["findings"] if f["rule"] in ("SPLIT-PAIR", "SPLIT-EVIDENCE")]
     assert "SPLIT-EVIDENCE" not in {n["rule"] for b in report["bundles"] for n in b["not_checked"]}
@@ -119,47 +119,48 @@ def test_the_checker_pairs_the_two_halves(pair: dict[str, Any], tmp_path: Path) 
     assert 0 <= gap < 60
 
 
-def test_a_read_half_without_its_write_half_fails_split_pair(pair: dict[str, Any], tmp_path: Path) -> None:
-    report = checked(pair["h"], tree_of(pair["h"], tmp_path / "tree", pair["read"]))
+def test_a_read_invocation_without_its_write_invocation_fails_split_pair(split: dict[str, Any],
+                                                                        tmp_path: Path) -> None:
+    report = checked(split["h"], tree_of(split["h"], tmp_path / "tree", split["read"]))
     [b] = report["bundles"]
     hits = [f for f in report["findings"] if f["rule"] == "SPLIT-PAIR"]
     assert b["verdict"] == "invalid" and len(hits) == 1
     assert hits[0]["message"].endswith("got not in the tree"), hits[0]["message"]
-    assert pair["write"].name in hits[0]["message"]
+    assert split["write"].name in hits[0]["message"]
 
 
-def test_a_write_half_other_than_the_one_restored_fails_split_pair(pair: dict[str, Any],
+def test_a_write_invocation_other_than_the_one_restored_fails_split_pair(split: dict[str, Any],
                                                                     tmp_path: Path) -> None:
-    """The write half re-signed after an edit is another bundle under the same run id."""
+    """The write invocation re-signed after an edit is another bundle under the same run id."""
     from support.forge import resign
 
-    other = tmp_path / pair["write"].name
-    shutil.copytree(pair["write"], other)
+    other = tmp_path / split["write"].name
+    shutil.copytree(split["write"], other)
     with open(other / "run.log", "a") as fh:
         fh.write("a line added afterwards\n")
-    resign(other, bundle.load_private_key(pair["h"]["dir"] / "keys" / "org.pem"))
-    report = checked(pair["h"], tree_of(pair["h"], tmp_path / "tree", other, pair["read"]))
+    resign(other, bundle.load_private_key(split["h"]["dir"] / "keys" / "org.pem"))
+    report = checked(split["h"], tree_of(split["h"], tmp_path / "tree", other, split["read"]))
     hits = [f for f in report["findings"] if f["rule"] == "SPLIT-PAIR"]
     assert hits and "another bundle under that run id" in hits[0]["message"], report["findings"]
 
 
-def test_a_read_half_presented_as_another_write_halfs_fails_split_evidence(
-        pair: dict[str, Any], tmp_path: Path) -> None:
-    """The vendor re-points a read half at another write half of the same system (an earlier,
-    better one, whose own restores it never ran) and re-signs: SPLIT-PAIR holds (that half is in
-    the tree, unchanged, compatible, ended before), but the read half's content proof opens only
-    the commitment of the write half whose key it held."""
+def test_a_read_invocation_presented_as_another_writes_fails_split_evidence(
+        split: dict[str, Any], tmp_path: Path) -> None:
+    """The vendor re-points a read invocation at another write invocation of the same system (an earlier,
+    better one, whose own restores it never ran) and re-signs: SPLIT-PAIR holds (that invocation is in
+    the tree, unchanged, compatible, ended before), but the read invocation's content proof opens only
+    the commitment of the write invocation whose key it held."""
     from support.forge import edit_json, resign
 
-    h, cwd = pair["h"], tmp_path / "later"
+    h, cwd = split["h"], tmp_path / "later"
     cwd.mkdir()
-    later = write_half(h, cwd, writes=2)
+    later = write_invocation(h, cwd, writes=2)
     proc = run(h, cwd, "checkpoint.num_writes=0", "checkpoint.num_reads=1",
                f"checkpoint.restore_from={later}")
     assert proc.returncode == 0, proc.stderr
     forged = tmp_path / printed_bundle(proc).name
     shutil.copytree(printed_bundle(proc), forged)
-    w = pair["write"]
+    w = split["write"]
     wrun = json.loads((w / "run.json").read_text())
     edit_json(forged, "run.json", lambda r: r["restored_from"].update(
         run_id=wrun["run_id"], name=w.name, ended=wrun["ended"],
@@ -172,21 +173,21 @@ def test_a_read_half_presented_as_another_write_halfs_fails_split_evidence(
         (f["rule"], f["message"]) for f in b["findings"]]
     [hit] = [f for f in b["findings"] if f["rule"] == "SPLIT-EVIDENCE"]
     assert hit["message"].startswith("run.json: ") and "does not" in hit["message"], hit["message"]
-    # the honest pair of the same halves passes
+    # the honest split of the same invocations passes
     honest = checked(h, tree_of(h, tmp_path / "honest", later, printed_bundle(proc)))
     assert {b["verdict"] for b in honest["bundles"]} <= {"open", "disturbed"}, honest["findings"]
     assert not [f for f in honest["findings"] if f["rule"].startswith("SPLIT-")]
 
 
-def test_a_read_half_moved_later_on_the_wall_clock_fails_split_evidence(
-        pair: dict[str, Any], tmp_path: Path) -> None:
-    """The vendor widens the gap between the halves (MLPerf asks for 30 s) by moving the read
-    half's wall-clock times a minute later, run.json and records alike, and re-signs: on the same
+def test_a_read_invocation_moved_later_on_the_wall_clock_fails_split_evidence(
+        split: dict[str, Any], tmp_path: Path) -> None:
+    """The vendor widens the gap between the invocations (MLPerf asks for 30 s) by moving the read
+    invocation's wall-clock times a minute later, run.json and records alike, and re-signs: on the same
     boot, its monotonic clock says it did not move."""
     from support.forge import edit_json, edit_records, resign, resummarize
 
-    forged = tmp_path / pair["read"].name
-    shutil.copytree(pair["read"], forged)
+    forged = tmp_path / split["read"].name
+    shutil.copytree(split["read"], forged)
 
     def later(stamp: str) -> str:
         import datetime
@@ -197,14 +198,14 @@ def test_a_read_half_moved_later_on_the_wall_clock_fails_split_evidence(
     edit_records(forged, lambda rs: [r.update(wall_start=r["wall_start"] + 60) for r in rs] and None)
     resummarize(forged)
     edit_json(forged, "run.json", lambda r: r.update(started=later(r["started"]), ended=later(r["ended"])))
-    resign(forged, bundle.load_private_key(pair["h"]["dir"] / "keys" / "org.pem"))
-    report = checked(pair["h"], tree_of(pair["h"], tmp_path / "tree", pair["write"], forged))
+    resign(forged, bundle.load_private_key(split["h"]["dir"] / "keys" / "org.pem"))
+    report = checked(split["h"], tree_of(split["h"], tmp_path / "tree", split["write"], forged))
     [b] = [b for b in report["bundles"] if b["path"].endswith(forged.name)]
     hits = [f for f in b["findings"] if f["rule"] == "SPLIT-EVIDENCE"]
     assert b["verdict"] == "invalid" and hits, b["findings"]
     message = hits[0]["message"]
     assert message.startswith("records.jsonl: ") and message.endswith("got 60.000 s apart"), hits
-    assert "expected host vm: one wall-minus-monotonic clock offset in both halves on boot " in message
+    assert "expected host vm: one wall-minus-monotonic clock offset in both invocations on boot " in message
     assert b["metrics"]["split_gap_s"] >= 60  # the gap it claims
 
 
@@ -214,14 +215,14 @@ def test_clock_offsets_are_compared_only_on_one_boot() -> None:
     w = {"h": {"boot_id": "b1", "offset_s": 1000.0, "first_s": 0.0, "last_s": 10.0}}
     moved = {"h": {"boot_id": "b1", "offset_s": 1030.0, "first_s": 40.0, "last_s": 50.0}}
     assert [got for _, got in clock_problems(w, moved, 0.02, 0.001)] == ["30.000 s apart"]
-    rebooted = {"h": {**moved["h"], "boot_id": "b2"}}  # the operator rebooted between the halves
+    rebooted = {"h": {**moved["h"], "boot_id": "b2"}}  # the operator rebooted between the invocations
     assert clock_problems(w, rebooted, 0.02, 0.001) == []
     slewed = {"h": {"boot_id": "b1", "offset_s": 1000.5, "first_s": 1010.0, "last_s": 1020.0}}
     assert clock_problems(w, slewed, 0.02, 0.001) == []  # 0.5 s over 1000 s: within NTP's slew
     assert clock_problems(w, {"other": moved["h"]}, 0.02, 0.001) == []  # no host in common
 
 
-def test_a_write_half_without_a_commitment_is_refused_under_1_10_before_any_io(
+def test_a_write_invocation_without_a_commitment_is_refused_under_1_10_before_any_io(
         honest_bundles: dict[str, Path], tmp_path: Path) -> None:
     proc = run(honest_bundles, tmp_path, "checkpoint.num_writes=1", "checkpoint.num_reads=0",
                "checkpoint.keep=true", "rules_version=1.9")
@@ -251,9 +252,9 @@ def test_a_read_only_invocation_of_a_missing_bundle_is_refused_before_any_io(
     assert not (tmp_path / "ck").exists() or not list((tmp_path / "ck").rglob("ckpt-*"))
 
 
-def test_a_tampered_write_half_is_refused_before_any_io(honest_bundles: dict[str, Path],
+def test_a_tampered_write_invocation_is_refused_before_any_io(honest_bundles: dict[str, Path],
                                                         tmp_path: Path) -> None:
-    w = write_half(honest_bundles, tmp_path, writes=1)
+    w = write_invocation(honest_bundles, tmp_path, writes=1)
     record = (w / "records.jsonl").read_text().replace('"bytes": ', '"bytes": 1', 1)
     (w / "records.jsonl").write_text(record)
     before = sorted((tmp_path / "ck").rglob("*"))
@@ -266,9 +267,9 @@ def test_a_tampered_write_half_is_refused_before_any_io(honest_bundles: dict[str
     assert "read 1/1" not in proc.stdout
 
 
-def test_an_incompatible_read_half_is_refused_naming_the_difference(
+def test_an_incompatible_read_invocation_is_refused_naming_the_difference(
         honest_bundles: dict[str, Path], tmp_path: Path) -> None:
-    w = write_half(honest_bundles, tmp_path, writes=1)
+    w = write_invocation(honest_bundles, tmp_path, writes=1)
     proc = run(honest_bundles, tmp_path, "checkpoint.num_writes=0", "checkpoint.num_reads=1",
                f"checkpoint.restore_from={w}", "scale=0.001")
     assert proc.returncode == 2
@@ -276,8 +277,9 @@ def test_an_incompatible_read_half_is_refused_naming_the_difference(
     assert len(list((tmp_path / "ck" / w.name).rglob("*.pt"))) == 8  # untouched
 
 
-def test_a_page_changed_between_the_halves_is_named(honest_bundles: dict[str, Path], tmp_path: Path) -> None:
-    w = write_half(honest_bundles, tmp_path, writes=1)
+def test_a_page_changed_between_the_invocations_is_named(honest_bundles: dict[str, Path],
+                                                        tmp_path: Path) -> None:
+    w = write_invocation(honest_bundles, tmp_path, writes=1)
     victim = sorted((tmp_path / "ck" / w.name / "ckpt-0001").glob("*.pt"))[0]
     with open(victim, "r+b") as fh:
         fh.seek(4096 * 3 + 100)
@@ -296,44 +298,44 @@ def test_num_writes_0_without_restore_from_is_refused(tmp_path: Path) -> None:
     assert "(num_writes=0 needs restore_from)" in proc.stderr
 
 
-def test_the_leaderboard_shows_a_pair_as_one_row(pair: dict[str, Any], tmp_path: Path) -> None:
+def test_the_leaderboard_shows_a_split_result_as_one_row(split: dict[str, Any], tmp_path: Path) -> None:
     import csv
     import io
 
     from checker.leaderboard import collect
     from checker.leaderboard.render import render_csv
 
-    h = pair["h"]
+    h = split["h"]
     trusted = bundle.TrustedKeys.load(h["dir"] / "trusted-keys.yaml")
-    board = collect(tree_of(h, tmp_path / "tree", pair["write"], pair["read"]), trusted)
+    board = collect(tree_of(h, tmp_path / "tree", split["write"], split["read"]), trusted)
     [table] = board.tables
     [entry] = table.entries
-    w = json.loads((pair["write"] / "summary.json").read_text())
-    r = json.loads((pair["read"] / "summary.json").read_text())
+    w = json.loads((split["write"] / "summary.json").read_text())
+    r = json.loads((split["read"] / "summary.json").read_text())
     assert entry.m("write_bandwidth_mean_gib_s") == w["write_bandwidth_mean_gib_s"]
     assert entry.m("read_bandwidth_mean_gib_s") == r["read_bandwidth_mean_gib_s"]
     assert (entry.num_writes, entry.num_reads, entry.verification) == (2, 3, "verified, cold")
     [row] = list(csv.DictReader(io.StringIO(render_csv(board))))
-    assert row["Checkpointing - Logs"] == " + ".join(entry.halves)
-    assert pair["write"].name in entry.halves[0] and pair["read"].name in entry.halves[1]
+    assert row["Checkpointing - Logs"] == " + ".join(entry.invocations)
+    assert split["write"].name in entry.invocations[0] and split["read"].name in entry.invocations[1]
     assert row["Checkpointing - Read B/W (GiB/s)"] == f"{r['read_bandwidth_mean_gib_s']:.2f}"
-    # the write half alone is no row: a leaderboard row needs both halves; the checker passes it
+    # the write invocation alone is no row: a leaderboard row needs both invocations; the checker passes it
     # and says, in the same words, that it is unpaired
-    from checker.split import UNPAIRED_WRITE
+    from checker.split import LONE_WRITE
 
-    alone_tree = tree_of(h, tmp_path / "alone", pair["write"])
+    alone_tree = tree_of(h, tmp_path / "alone", split["write"])
     alone = collect(alone_tree, trusted)
     assert alone.tables == () and [(x.verdict, x.reason) for x in alone.excluded] == [
-        ("unpaired", UNPAIRED_WRITE)]
+        ("unpaired", LONE_WRITE)]
     proc = subprocess.run([str(BIN / "mlckpt-check"), str(alone_tree), "--trusted-keys",
                            str(h["dir"] / "trusted-keys.yaml")], capture_output=True, text=True, check=False)
     assert proc.returncode == 0, proc.stdout
     lines = proc.stdout.splitlines()
-    assert lines[0].startswith("PASS ") and lines[1] == f"    note: {UNPAIRED_WRITE}"
+    assert lines[0].startswith("PASS ") and lines[1] == f"    note: {LONE_WRITE}"
     report = check_tree(alone_tree, trusted)
     assert report["bundles"][0]["metrics"]["unpaired_write_half"] is True
     # paired: no note
-    both = check_tree(tree_of(h, tmp_path / "both", pair["write"], pair["read"]), trusted)
+    both = check_tree(tree_of(h, tmp_path / "both", split["write"], split["read"]), trusted)
     assert [b["metrics"].get("unpaired_write_half") for b in both["bundles"]].count(True) == 0
 
 
@@ -348,22 +350,22 @@ def test_a_time_without_its_zone_gives_no_gap_never_a_checker_fault() -> None:
     assert gap_s({"ended": aware}, {"started": "2026-11-26T10:00:05Z"}) == 5.0
 
 
-def test_a_fault_while_pairing_one_bundle_is_that_bundles_alone() -> None:
-    """A defect met while pairing one read half (here: its restored_from is not a mapping) becomes
-    its INTERNAL finding; the write half beside it keeps its verdict, and the tree is still judged."""
+def test_a_fault_while_joining_one_bundle_is_that_bundles_alone() -> None:
+    """A defect met while joining one read invocation (here: its restored_from is not a mapping) becomes
+    its INTERNAL finding; the write invocation beside it keeps its verdict, and the tree is still judged."""
     from checker.results import INTERNAL, BundleResult
-    from checker.split import add_pairs
+    from checker.split import add_splits
 
     def result(name: str, run: dict[str, Any], config: dict[str, Any]) -> BundleResult:
         return BundleResult(f"open/o/results/s/llama3_8b/{name}", "o", "s", "llama3_8b", "open",
                             run_id=name, rules_version="1.9", verdict="open", integrity="ok", metrics={},
-                            pair={"run": run, "config": config})
+                            invocation={"run": run, "config": config})
 
     kept = {"checkpoint": {"num_reads": 0, "keep": True}}
     write = result("w", {"run_id": "w", "restored_from": None}, kept)
     read = result("r", {"run_id": "r", "restored_from": "not a mapping"}, {"checkpoint": {}})
-    add_pairs([write, read])
+    add_splits([write, read])
     assert read.verdict == "internal-error"
     assert [f["rule"] for f in read.findings] == [INTERNAL]
-    assert read.findings[0]["message"].startswith("checker fault in stage split pairs: AttributeError")
+    assert read.findings[0]["message"].startswith("checker fault in stage split results: AttributeError")
     assert write.verdict == "open" and write.metrics == {"unpaired_write_half": True}

@@ -74,7 +74,7 @@ def main() -> int:
         if args.remove and comm.Get_rank() == 0:
             os.remove(s.path(*map(int, args.remove.split(":"))))
         comm.Barrier()
-        groups = loads.split_groups(comm, plan)
+        groups = loads.shard_groups(comm, plan)
         try:
             loaded = loads.load(comm, s, groups, loads.barrier_timed(comm))
             rec = {**loaded.record, "verified_bytes": loads.verify(s, comm.Get_rank(), loaded.arena)}

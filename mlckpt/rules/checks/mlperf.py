@@ -121,11 +121,11 @@ def mlperf_phase_gap(ctx: Context, rs: RuleSet, rule: Rule) -> Outcome | NotChec
 
 def mlperf_split_gap(ctx: Context, rs: RuleSet, rule: Rule) -> Outcome | NotChecked:
     """§4.7.1 for split invocations: the read invocation starts within 30 s of the write
-    invocation's end (run.json times; the checker pairs the two, see SPLIT-PAIR)."""
+    invocation's end (run.json times; the checker joins the two, see SPLIT-PAIR)."""
     facts = ctx.submission
     gap = getattr(facts, "split_gap_s", None)
     if gap is None:
-        return NotChecked("not a read-only invocation paired with its write invocation")
+        return NotChecked("not a read-only invocation joined to its write invocation")
     limit = float(_mlperf(rs)["max_phase_gap_s"])
     return Outcome(gap <= limit, f"at most {limit:g} s", f"{gap:.1f} s")
 

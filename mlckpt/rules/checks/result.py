@@ -25,10 +25,10 @@ REL_TOL = 1e-9
 def result_consistent(ctx: Context, rs: RuleSet, rule: Rule) -> Iterator[Outcome | NotChecked]:
     d = run_data(ctx)
     cfg = d.config
-    pairs = (("workload", cfg.get("workload", {}).get("name")), ("division", cfg.get("division")),
+    wanted = (("workload", cfg.get("workload", {}).get("name")), ("division", cfg.get("division")),
              ("ranks", cfg.get("ranks")), ("scale", cfg.get("scale")),
              ("rules_version", cfg.get("rules_version")))
-    for key, want in pairs:
+    for key, want in wanted:
         yield Outcome(d.run.get(key) == want, f"run.json {key}={want!r}", f"{d.run.get(key)!r}")
     pipe, declared = Pipeline.of(cfg), d.run.get("pipeline") or {}
     for key, want in (("mode", pipe.mode), ("compute_interval_s", pipe.compute_interval_s),

@@ -1,7 +1,7 @@
 """Split invocations: a write invocation that keeps its checkpoints, and a read-only invocation
 (``checkpoint.num_writes=0 checkpoint.restore_from=...``) that restores them, as MLPerf Storage
 runs its phases (with whatever the operator does in between: a failover, a remap, flushing the
-array's caches).  Pure: what makes two runs a pair, judged the same way by the runner before any
+array's caches).  Pure: what makes two runs one split result, judged the same way by the runner before any
 I/O and by the checker on the two bundles; and the SPLIT-PAIR check over the checker's facts.
 """
 
@@ -20,25 +20,25 @@ from mlckpt.rules.engine import CheckFn, Context, NotChecked, Outcome, Rule, Rul
 SAME = ("workload", "ranks", "scale", "division", "residency", "checkpoint.restore")
 
 
-# Run format 10 (rules 1.10): a write half publishes a commitment to its content key, and the read
-# half that restored it publishes the commitment's preimage, which only the key (left beside the
-# checkpoints, never in a bundle) yields.  So a read half cannot be paired with another write half
-# without that half's key, and the checker verifies the pair without ever seeing a key.
+# Run format 10 (rules 1.10): a write invocation publishes a commitment to its content key, and the
+# read invocation that restored it publishes the commitment's preimage, which only the key (left
+# beside the checkpoints, never in a bundle) yields.  So a read invocation cannot be joined to another
+# write invocation without that one's key, and the checker verifies the split without seeing a key.
 _PROOF_DOMAIN = b"mlckpt split content proof v1\0"
 
 
 def content_proof(key: bytes) -> str:
-    """What a read half publishes of the write half's content key (run.json restored_from)."""
+    """What a read invocation publishes of the write invocation's content key (run.json restored_from)."""
     return hashlib.sha256(_PROOF_DOMAIN + key).hexdigest()
 
 
 def content_commitment(key: bytes) -> str:
-    """What a write half publishes of its content key (run.json content_commitment)."""
+    """What a write invocation publishes of its content key (run.json content_commitment)."""
     return hashlib.sha256(bytes.fromhex(content_proof(key))).hexdigest()
 
 
 def proof_matches(proof: Any, commitment: Any) -> bool:
-    """Whether ``proof`` (a read half's) opens ``commitment`` (its write half's)."""
+    """Whether ``proof`` (a read invocation's) opens ``commitment`` (its write invocation's)."""
     try:
         opened = hashlib.sha256(bytes.fromhex(str(proof))).hexdigest()
     except ValueError:
@@ -53,7 +53,7 @@ def _get(config: Mapping[str, Any], dotted: str) -> Any:
     return node
 
 
-def pair_problems(write_run: Mapping[str, Any], write_config: Mapping[str, Any],
+def split_problems(write_run: Mapping[str, Any], write_config: Mapping[str, Any],
                   read_config: Mapping[str, Any]) -> list[str]:
     """Why the write invocation (its run.json and config) cannot be restored by a read-only
     invocation of ``read_config``; empty when it can."""
@@ -76,20 +76,20 @@ def pair_problems(write_run: Mapping[str, Any], write_config: Mapping[str, Any],
 
 
 def split_pair(ctx: Context, rs: RuleSet, rule: Rule) -> Iterator[Outcome | NotChecked]:
-    """SPLIT-PAIR: a read-only invocation's write half is in the tree, unchanged (its signed
-    statement's digest), compatible (:func:`pair_problems`), and ended before the reads began."""
+    """SPLIT-PAIR: a read-only invocation's write invocation is in the tree, unchanged (its signed
+    statement's digest), compatible (:func:`split_problems`), and ended before the reads began."""
     yield from report_problems(ctx, "split")
 
 
 def split_evidence(ctx: Context, rs: RuleSet, rule: Rule) -> Iterator[Outcome | NotChecked]:
-    """SPLIT-EVIDENCE (rules 1.10): a read-only invocation proves it held its write half's content
-    key (:func:`proof_matches`), and on a host that did not reboot between the halves both read
+    """SPLIT-EVIDENCE (rules 1.10): a read-only invocation proves it held its write invocation's content
+    key (:func:`proof_matches`), and on a host that did not reboot between the invocations both read
     one wall-minus-monotonic clock offset (:func:`clock_problems`)."""
     yield from report_problems(ctx, "split_evidence")
 
 
 def host_clocks(records: Any, system: Any) -> dict[str, dict[str, Any]]:
-    """Per host of a half's records: its boot id (system.json), the median of its records'
+    """Per host of an invocation's records: its boot id (system.json), the median of its records'
     wall-clock start minus monotonic t0, its first op's wall-clock start and its last op's end."""
     boots = {str(h.get("hostname")): h.get("boot_id") for h in (system or {}).get("hosts", ())
              if isinstance(h, Mapping)}
@@ -108,18 +108,18 @@ def host_clocks(records: Any, system: Any) -> dict[str, dict[str, Any]]:
 
 def clock_problems(write: Mapping[str, Any], read: Mapping[str, Any], offset_s: float,
                    slew: float) -> list[tuple[str, str]]:
-    """(expected, got) for each host of both halves, on one boot, whose two offsets
-    (:func:`host_clocks`) differ by more than ``offset_s`` + ``slew`` × the time between the halves:
-    a half's wall-clock times moved without its monotonic ones (to widen the gap between them)."""
+    """(expected, got) for each host of both invocations, on one boot, whose two offsets
+    (:func:`host_clocks`) differ by more than ``offset_s`` + ``slew`` × the time between the invocations:
+    an invocation's wall-clock times moved without its monotonic ones (to widen the gap between them)."""
     out = []
     for host in sorted(set(write) & set(read)):
         w, r = write[host], read[host]
         if not w.get("boot_id") or w.get("boot_id") != r.get("boot_id"):
-            continue  # rebooted between the halves (allowed): two clocks, nothing to compare
+            continue  # rebooted between the invocations (allowed): two clocks, nothing to compare
         allowed = offset_s + slew * max(0.0, float(r["first_s"]) - float(w["last_s"]))
         apart = abs(float(r["offset_s"]) - float(w["offset_s"]))
         if apart > allowed:
-            out.append((f"host {host}: one wall-minus-monotonic clock offset in both halves on boot "
+            out.append((f"host {host}: one wall-minus-monotonic clock offset in both invocations on boot "
                         f"{w['boot_id']} (within {allowed * 1e3:.1f} ms)", f"{apart:.3f} s apart"))
     return out
 

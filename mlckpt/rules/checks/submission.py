@@ -62,7 +62,7 @@ class SubmissionFacts:
     runner: Problems | None = None  # RUNNER-RELEASED; None also where the tree lists no runners
     content: Problems | None = None  # DUPLICATE-CONTENT
     split: Problems | None = None  # SPLIT-PAIR (read-only invocations; () passes any other run)
-    split_gap_s: float | None = None  # a read-only invocation: from its write half's end to its start
+    split_gap_s: float | None = None  # a read-only invocation: from its write invocation's end to its start
     split_evidence: Problems | None = None  # SPLIT-EVIDENCE (rules 1.10): the content proof, the clocks
     witness: Any = None  # checks.witness.WitnessFacts (rules 1.4); None: not reached
 

@@ -202,14 +202,14 @@ def witness_run(f: WitnessFacts, rs: RuleSet) -> Failures:
     doc, claim, run = f.transcript, f.claim, f.run or {}
     opening = entries(doc)[0]  # type: ignore[arg-type]
     said = opening.get("config", {})
-    pairs = [("the witness's run", claim["run"], doc["run"]),  # type: ignore[index]
+    compared = [("the witness's run", claim["run"], doc["run"]),  # type: ignore[index]
              ("run_id", run.get("run_id"), said.get("run_id")),
              ("name", run.get("name"), said.get("name"))]
     if f.plan_digest is not None:
-        pairs.append(("plan digest", f.plan_digest, opening.get("plan_digest")))
+        compared.append(("plan digest", f.plan_digest, opening.get("plan_digest")))
     if "opened_by" in opening and f.bundle_signer is not None:  # witness format 2: who opened it
-        pairs.append(("opened by the bundle's signing key", f.bundle_signer, opening["opened_by"]))
-    for what, want, got in pairs:
+        compared.append(("opened by the bundle's signing key", f.bundle_signer, opening["opened_by"]))
+    for what, want, got in compared:
         if want != got:
             yield Outcome(False, f"{what} {want}", f"{what} {got} in the transcript", where=TRANSCRIPT)
 

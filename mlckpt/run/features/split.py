@@ -19,7 +19,7 @@ from typing import Any
 
 from mlckpt import bundle
 from mlckpt.errors import BundleIntegrityError, ConfigError, MlckptError
-from mlckpt.rules import content_proof, pair_problems, proof_matches
+from mlckpt.rules import content_proof, proof_matches, split_problems
 from mlckpt.run.storage.cleanup import RUN_MARKER
 from mlckpt.witness import protocol
 from mlckpt.written import Written
@@ -88,7 +88,7 @@ def load_source(value: str, output_root: Path, read_config: Mapping[str, Any]) -
                           f"{str(exc).splitlines()[0]}", key=KEY) from None
     except MlckptError as exc:
         raise ConfigError(f"{KEY}: {folder}: {str(exc).splitlines()[0]}", key=KEY) from None
-    problems = pair_problems(run, config, read_config)
+    problems = split_problems(run, config, read_config)
     rules = str(read_config.get("rules_version"))
     if Written.of(rules).has("content_commitment") and not run.get("content_commitment"):
         was = run.get("rules_version")

@@ -116,7 +116,7 @@ def restored_folders(job: Job, c: Configured, gates: Gates, run: RunId, created:
              partial=str(c.setup.settings.results / f".{run.name}.partial"))
     with job.step("the write invocation's checkpoints"):  # every rank fails if rank 0 does
         if gates.leader(job.rank):  # the folder is this invocation's while it restores (the
-            take_lock(job, root, created)  # lock names the run folder it uses, its write half's)
+            take_lock(job, root, created)  # lock names the run folder it uses, its write invocation's)
         if job.rank == 0:
             key = split.read_key(root, c.source)
     key = job.comm.bcast(key)

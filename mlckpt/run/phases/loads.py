@@ -159,7 +159,7 @@ class Loaded:
 def load(comm: Intracomm, s: LoadSetup, groups: tuple[Comm, Comm], timed: Timed) -> Loaded:
     """One load on this rank, unverified (:func:`verify` after it, untimed).  ``groups``: the
     communicators of its shard's holders and of its host's ranks (made untimed, before;
-    ``split_groups``); ``timed``: the timed region (see :data:`Timed`).  A rank whose reads fail
+    ``shard_groups``); ``timed``: the timed region (see :data:`Timed`).  A rank whose reads fail
     still takes its part in every collective of the load, and raises only at the action's end:
     the others are never left waiting in one."""
     me: RankLoad = s.plan.ranks[comm.Get_rank()]
@@ -213,7 +213,7 @@ def _attempt(failed: list[BaseException], fn: Callable[[], int]) -> int:
         return 0
 
 
-def split_groups(comm: Intracomm, plan: LoadPlan) -> tuple[Comm, Comm]:
+def shard_groups(comm: Intracomm, plan: LoadPlan) -> tuple[Comm, Comm]:
     """The holders of this rank's shard (in replica order) and its host's ranks (in rank order)."""
     me = plan.ranks[comm.Get_rank()]
     hosts = sorted({r.host for r in plan.ranks})

@@ -46,7 +46,7 @@ class Measured:
     records: list[OpRecord] | list[LoadRecord]
     state: dict[str, Any] | None
     calibration: dict[str, Any] | None
-    content_key: bytes  # whose content the checkpoints carry: this run's, or its write half's
+    content_key: bytes  # whose content the checkpoints carry: this run's, or its write invocation's
 
 
 @dataclass(frozen=True)

@@ -63,7 +63,7 @@ def serving_phases(job: Job, c: Configured, gates: Gates, created: Created, iden
                         load_evidence=Written.of(c.setup.rules.version).has("load_evidence"))
     with job.step("laying out the weights"):
         loads.lay_out(job.comm, s)
-    groups = loads.split_groups(job.comm, plan)
+    groups = loads.shard_groups(job.comm, plan)
     stored = [list(dict.fromkeys(weights.at(loads.file_name(q.shard, q.file)) for q in r.storage))
               for r in plan.ranks]
     timer = make_timer(folders, LoadFiles(stored, sorted({n for names in files for n in names}), tier))

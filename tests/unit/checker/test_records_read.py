@@ -1,4 +1,4 @@
-"""records.jsonl read in two halves, the second in a forked process (checker/records_read.py), gives
+"""records.jsonl read in two invocations, the second in a forked process (checker/records_read.py), gives
 exactly what one pass gives: the records, each bad line's messages with its own line number,
 where the reading stopped (past the reported messages, at a parse error) and the budget; a
 child that dies leaves its half to this process."""

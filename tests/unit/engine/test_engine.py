@@ -312,18 +312,18 @@ def test_short_writes_and_reads_are_continued(
     real_w, real_r = os.pwritev, os.preadv
     calls = {"w": 0, "r": 0}
 
-    def half_write(fd: int, bufs: list, offset: int, flags: int = 0) -> int:
+    def write_invocation(fd: int, bufs: list, offset: int, flags: int = 0) -> int:
         calls["w"] += 1
         mv = memoryview(bufs[0])
         return real_w(fd, [mv[: max(1, len(mv) // 2)]], offset, flags)
 
-    def half_read(fd: int, bufs: list, offset: int, flags: int = 0) -> int:
+    def read_invocation(fd: int, bufs: list, offset: int, flags: int = 0) -> int:
         calls["r"] += 1
         mv = memoryview(bufs[0])
         return real_r(fd, [mv[: max(1, len(mv) // 2)]], offset, flags)
 
-    monkeypatch.setattr(os, "pwritev", half_write)
-    monkeypatch.setattr(os, "preadv", half_read)
+    monkeypatch.setattr(os, "pwritev", write_invocation)
+    monkeypatch.setattr(os, "preadv", read_invocation)
     n = 2 * PAGE + 5
     path = str(tmp_path / "short")
     opts = IOOptions(direct=False, threads=2)

@@ -399,7 +399,7 @@ POSITIVE: list[tuple[str, Callable[[], Context]]] = [
     ("FOLDER-USABLE", lambda: ctx_of(hosts=hosts8(folder_problem=None))),
     ("MEMORY-FOLDER", lambda: ctx_of(hosts=hosts8(folder_fs="ext4"))),
     ("MEMORY-FOLDER", lambda: ctx_of("checkpoint.num_reads=0", "checkpoint.keep=true",
-                                     hosts=hosts8(folder_fs="tmpfs"))),  # a write half reads nothing
+                                     hosts=hosts8(folder_fs="tmpfs"))),  # a write invocation reads nothing
     ("OBJECT-STORE-USABLE", lambda: ctx_of(f"checkpoint.folder={S3}", hosts=hosts8(store_problem=None))),
     # a folder run: a problem measured for a store the run does not use is no finding
     ("OBJECT-STORE-USABLE", lambda: ctx_of(hosts=hosts8(store_problem="no S3 credentials found"))),
