@@ -67,6 +67,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from lab import bench
+
 GB = 1e9
 GiB = float(1 << 30)
 MODES = ("sync", "async", "async+tiers", "sync+tiers")
@@ -378,10 +380,6 @@ def probe_line(p: dict[str, float], case: Case) -> str:
 
 
 # ------------------------------------------------------------------------------------ report
-def _load() -> str:
-    return f"load {os.getloadavg()[0]:.1f}"
-
-
 def _fmt(x: float | None, spec: str = ".3f") -> str:
     return "-" if x is None or (isinstance(x, float) and math.isnan(x)) else format(x, spec)
 
@@ -406,7 +404,7 @@ def run_line(run: Run, case: Case) -> str:
             f"{run.s('write_bandwidth_mean_gib_s'):.2f} GiB/s | to durable "
             f"{run.s('write_time_to_durable_mean_s'):.2f} s | overlap {_fmt(ov, '.0%')} | back-pressure "
             f"{int(run.s('write_backpressure_ops'))}/{n} ({run.s('write_backpressure_total_s'):.2f} s) | "
-            f"{check} | {run.wall_s:.0f} s, {_load()}")
+            f"{check} | {run.wall_s:.0f} s, {bench.load()}")
 
 
 def aggregate(runs: list[Run], sync_ref: list[Run]) -> dict[str, Any]:
@@ -560,7 +558,7 @@ def main(argv: list[str] | None = None) -> int:
               f"{fs.get('fs_type')} on {fs.get('source')} ({fs.get('mount_options')})")
     except Exception as exc:  # host facts are a nicety
         print(f"host: (unknown: {exc})")
-    print(f"folder: {base}; fast tier: {fast or '-'}; {_load()}")
+    print(f"folder: {base}; fast tier: {fast or '-'}; {bench.load()}")
     print(f"plan: {case.workload} scale={case.scale} ranks={case.ranks}: {case.total:,} B = "
           f"{case.total / GiB:.3f} GiB per checkpoint ({min(case.rank_bytes):,}..{max(case.rank_bytes):,} B "
           f"per rank); {case.writes} writes, {case.reads} reads per run; io.threads {case.threads}, "

@@ -1,6 +1,6 @@
 """Honest runs beside another tenant of the machine: how many come out valid, disturbed, invalid.
 
-Starts tests/support/tenant.py on the checkpoint disk (a file copy paced to --tenant-mb-s, 0 for flat out,
+Starts benchmarks/lab/tenant.py on the checkpoint disk (a file copy paced to --tenant-mb-s, 0 for flat out,
 plus --busy-cores spinning cores), then runs `mlckpt run` --runs times for each preset, under each
 rules version named, alternating, and tallies the verdicts, the rules that fired and the foreign
 share each run recorded.  The false-alarm rate before and after rules 1.8 is the share of honest
@@ -26,7 +26,7 @@ from typing import Any
 
 HERE = Path(__file__).resolve().parent
 MLCKPT = Path(sys.executable).parent / "mlckpt"
-TENANT = HERE.parent / "tests" / "support" / "tenant.py"
+TENANT = HERE / "lab" / "tenant.py"
 PRESETS = {
     "default": (),  # the README's quick start: the laptop preset
     "tiny": ("division=open", "scale=0.0005", "ranks=4", "checkpoint.num_writes=1", "checkpoint.num_reads=1",

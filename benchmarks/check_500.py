@@ -29,6 +29,7 @@ import time
 from pathlib import Path
 
 import yaml
+from lab import bench
 
 from mlckpt import bundle
 from mlckpt.bundle import released
@@ -37,15 +38,7 @@ from mlckpt.workload.layout import make_plan
 from mlckpt.workload.model import workload_from_config
 
 BIN = Path(sys.executable).parent
-DESCRIPTION = """\
-description_format: 1
-system_name: bench-ext4
-submitter: Benchmark Org
-availability: available
-storage: {product: ext4, type: local-nvme, usable_capacity_tib: 1, max_write_gib_s: 100, max_read_gib_s: 100}
-clients: {count: 1, model: VM, memory_gib: 24}
-network: {type: none}
-"""
+DESCRIPTION = bench.description("bench-ext4", "Benchmark Org")
 ORGS = 5
 
 

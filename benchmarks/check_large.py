@@ -33,6 +33,7 @@ import time
 from pathlib import Path
 
 import yaml
+from lab import bench
 
 from mlckpt import bundle
 from mlckpt.rules import RunData, load_rules, recomputed_summary
@@ -41,15 +42,7 @@ from mlckpt.workload.model import workload_from_config
 
 BIN = Path(sys.executable).parent
 ORG, SYSTEM = "large-org", "large-ext4"
-DESCRIPTION = """\
-description_format: 1
-system_name: large-ext4
-submitter: Large Org
-availability: available
-storage: {product: ext4, type: local-nvme, usable_capacity_tib: 1, max_write_gib_s: 100, max_read_gib_s: 100}
-clients: {count: 1, model: VM, memory_gib: 24}
-network: {type: none}
-"""
+DESCRIPTION = bench.description("large-ext4", "Large Org")
 BASE_RANKS = 8
 PACKAGES = [Path(__file__).resolve().parents[1] / p for p in ("mlckpt", "checker")]
 

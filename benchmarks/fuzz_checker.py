@@ -8,7 +8,7 @@ The real runner makes seven bundles (llama3_8b and llama_7b, sync, 1 write + 1 r
 asynchronous with a fast tier, 2 + 2; a serving run of llama3_8b, 2 replicas of TP 2 loading by
 fan-out twice; llama3_8b by each framework writer, torch.save, PyTorch DCP and safetensors, 1 + 1;
 open division, scale 0.0005, 4 ranks).  Each case copies
-one, applies one to three structural mutations (tests/support/structural.py: keys dropped, values of
+one, applies one to three structural mutations (benchmarks/lab/structural.py: keys dropped, values of
 another type or extreme, records repeated up to 60,000 times, dropped, reordered or retargeted,
 files swapped or added, links), re-signs it with the trusted key and checks it in-process (with
 --split, its records and its rules on two processes each, as a large bundle's are).  It
@@ -32,24 +32,17 @@ import time
 from collections import Counter
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "tests"))
-
-from support import structural  # tests/support/structural.py
+from lab import (
+    bench,
+    structural,  # benchmarks/lab/structural.py
+)
 
 from checker import forked
 from mlckpt import bundle
 
 BIN = Path(sys.executable).parent
 ORG, SYSTEM = "fuzz-org", "fuzz-ext4"
-DESCRIPTION = b"""\
-description_format: 1
-system_name: fuzz-ext4
-submitter: Fuzz Org
-availability: available
-storage: {product: ext4, type: local-nvme, usable_capacity_tib: 1, max_write_gib_s: 100, max_read_gib_s: 100}
-clients: {count: 1, model: VM, memory_gib: 24}
-network: {type: none}
-"""
+DESCRIPTION = bench.description("fuzz-ext4", "Fuzz Org").encode()
 
 
 def make_sources(work: Path) -> list[Path]:

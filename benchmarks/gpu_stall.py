@@ -22,12 +22,13 @@ import argparse
 import json
 import multiprocessing as mp
 import statistics
-import subprocess
 import sys
 import tempfile
 import time
 from pathlib import Path
 from typing import Any
+
+from lab import bench
 
 GiB = 2**30
 
@@ -84,18 +85,9 @@ def mlckpt_round(args: argparse.Namespace, work: Path) -> dict[str, list[float]]
            f"checkpoint.num_writes={args.writes}", "checkpoint.num_reads=0", "state.source=gpu",
            "signing.key=none", f"output.root={work / 'results'}", f"checkpoint.folder={work / 'ckpt'}",
            *args.set]
-    proc = subprocess.run([sys.executable, "-m", "mlckpt", "run", *ovs], capture_output=True, text=True,
-                          timeout=3600)
-    bundle = next((ln.split("bundle:", 1)[1].strip() for ln in proc.stdout.splitlines()
-                   if ln.startswith("bundle:")), None)
-    if bundle is None:
-        raise RuntimeError(f"mlckpt run failed ({proc.returncode}): {proc.stderr.strip()[-600:]}")
-    recs = [json.loads(ln) for ln in (Path(bundle) / "records.jsonl").read_text().splitlines() if ln]
-    run = json.loads((Path(bundle) / "run.json").read_text())
-    writes: dict[int, list[dict[str, Any]]] = {}
-    for r in recs:
-        if r["op"] == "write":
-            writes.setdefault(int(r["index"]), []).append(r)
+    bundle = bench.run_mlckpt(ovs, timeout_s=3600)
+    run = bundle.run
+    writes = {index: rs for (_, index), rs in bundle.ops("write").items()}
     out: dict[str, list[float]] = {"stall": [], "copy": [], "backpressure": []}
     for _, rs in sorted(writes.items()):
         out["stall"].append(max(r["staged_ns"] - r["t0_ns"] for r in rs) / 1e9)

@@ -24,20 +24,14 @@ import time
 from pathlib import Path
 from typing import Any
 
+from lab import bench
+
 from mlckpt import bundle
 from mlckpt.bundle.released import entry
 from mlckpt.rules import load_rules
 
 BIN = Path(sys.executable).parent
-DESCRIPTION = """\
-description_format: 1
-system_name: honest-ext4
-submitter: Honest Org
-availability: available
-storage: {product: ext4, type: local-nvme, usable_capacity_tib: 1, max_write_gib_s: 100, max_read_gib_s: 100}
-clients: {count: 1, model: VM, memory_gib: 24}
-network: {type: none}
-"""
+DESCRIPTION = bench.description("honest-ext4", "Honest Org")
 MODES: dict[str, tuple[str, ...]] = {
     "sync-direct": ("io.direct=true",),
     "sync-buffered": ("io.direct=false",),

@@ -7,7 +7,7 @@ For each fault, N rounds of 2 hosts × 4 ranks (rank 0's host down: 3 hosts), sm
 llama3_8b, ``io.timeout_s=20``: the seconds from the fault to mpiexec's return, from mpiexec's
 return until no process of the job is left on any host, and until no file of the run is left, the
 exit statuses and whether the one ``mlckpt: error:`` line came out.  The hosts, the launcher and the
-fault seam are the tests' (tests/support/hostbed.py, tests/support/fault_launcher.py).
+fault seam are the tests' (benchmarks/lab/hostbed.py, tests/support/fault_launcher.py).
 """
 
 from __future__ import annotations
@@ -23,11 +23,10 @@ import time
 import uuid
 from pathlib import Path
 
-REPO = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(REPO / "tests"))
+from lab.hostbed import HostBed, unavailable
+from lab.processes import tagged_pids
 
-from support.hostbed import HostBed, unavailable  # noqa: E402
-from test_faults import tagged_pids  # noqa: E402
+REPO = Path(__file__).resolve().parents[1]
 
 MPIEXEC = Path(sys.executable).parent / "mpiexec"
 

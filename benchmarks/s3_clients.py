@@ -13,7 +13,7 @@ same part size and the same number of requests in flight:
 A write counts when every object's upload has completed; a read when every byte is in the
 buffer, and the bytes are compared with what was written (a client that returns other bytes is
 unreliable and reported so).  Without ``AWS_ENDPOINT_URL`` in the environment a local Swift store is
-started (``tests/support/s3local.py``).
+started (``benchmarks/lab/s3local.py``).
 
     .venv/bin/pip install obstore s3dlio     # the candidates mlckpt does not depend on
     .venv/bin/python benchmarks/s3_clients.py --rounds 3
@@ -272,8 +272,7 @@ def main() -> int:
     p.add_argument("--clients", default=",".join(CLIENTS))
     p.add_argument("--bucket", default="mlckpt-clients")
     a = p.parse_args()
-    sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "tests"))
-    from support import s3local
+    from lab import s3local
 
     with s3local.endpoint(Path("/tmp/mlckpt-s3-clients")):
         spec = Spec(a, a.bucket)

@@ -53,7 +53,7 @@ def args_parser() -> argparse.ArgumentParser:
                     help="O_DIRECT reads from the storage (default; --no-direct: buffered, evicted first)")
     ap.add_argument("--objects", default=None, metavar="URL",
                     help="the storage is objects under s3://bucket/prefix (AWS_* from the environment; "
-                         "tests/support/s3local.py starts a local Swift store); --folder then unused")
+                         "benchmarks/lab/s3local.py starts a local Swift store); --folder then unused")
     ap.add_argument("--json", type=Path, default=None, metavar="FILE",
                     help="the ranks' raw load records, every figure recomputable from them")
     ap.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)

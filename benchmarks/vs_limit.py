@@ -69,6 +69,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from lab import bench
+
 GB = 1e9
 GiB = float(1 << 30)
 TARGET = 0.90
@@ -145,10 +147,6 @@ def _spread(xs: list[float]) -> str:
         return "n/a"
     cv = statistics.pstdev(xs) / statistics.fmean(xs) if len(xs) > 1 else 0.0
     return f"min {min(xs):.2f} med {_med(xs):.2f} max {max(xs):.2f} (cv {cv:.0%}, n={len(xs)})"
-
-
-def _load() -> str:
-    return f"load {os.getloadavg()[0]:.1f}"
 
 
 # ------------------------------------------------------------------------------------ fio
@@ -335,25 +333,13 @@ def mlckpt_round(case: Case, work: Path, writes: int, reads: int, runner: list[s
     out, ck = work / "results", work / "ckpt"
     ovs = [*case.overrides, f"checkpoint.num_writes={writes}", f"checkpoint.num_reads={reads}",
            f"output.root={out}", f"checkpoint.folder={ck}"]
-    cmd = (runner or [sys.executable, "-m", "mlckpt", "run"]) + ovs
-    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=7200, env=env)
-    bundle = next((ln.split("bundle:", 1)[1].strip() for ln in proc.stdout.splitlines()
-                   if ln.startswith("bundle:")), None)
-    if proc.returncode != 0 or bundle is None:
-        lines = dict.fromkeys(ln.strip() for ln in (proc.stderr or proc.stdout).splitlines()
-                              if ln.strip())
-        raise RuntimeError(f"mlckpt run failed ({proc.returncode}): "
-                           + " | ".join(list(lines)[-3:])[-600:])
-    summary = json.loads((Path(bundle) / "summary.json").read_text())
-    recs = [json.loads(ln) for ln in (Path(bundle) / "records.jsonl").read_text().splitlines() if ln]
-    by_op: dict[tuple[str, int], list[dict[str, Any]]] = {}
-    for r in recs:
-        by_op.setdefault((r["op"], int(r["index"])), []).append(r)
+    bundle = bench.run_mlckpt(ovs, launcher=runner, env=env)
+    summary = bundle.summary
     phases: dict[str, list[Phase]] = {"write": [], "read": []}
     skew = []
     gaps: dict[str, list[float]] = {"write": [], "read": []}
     prev_end = None
-    for (op, _), rs in sorted(by_op.items(), key=lambda kv: (kv[0][0] != "write", kv[0][1])):
+    for (op, _), rs in bundle.ops().items():
         durs = [(r["t1_ns"] - r["t0_ns"]) / 1e9 for r in rs]
         cpu = sum(r["cpu_ns"] for r in rs) / 1e9 if all("cpu_ns" in r for r in rs) else None
         phases[op].append(Phase(sum(int(r["bytes"]) for r in rs), max(durs), durs, cpu))
@@ -363,7 +349,7 @@ def mlckpt_round(case: Case, work: Path, writes: int, reads: int, runner: list[s
             gaps[op].append((min(t0s) - prev_end) / 1e9)
         prev_end = max(r["t1_ns"] for r in rs)
     return MlckptRun(phases["write"], phases["read"], summary["ops"], skew, gaps,
-                     bool(summary.get("read_valid", True)), bundle)
+                     bool(summary.get("read_valid", True)), str(bundle.path))
 
 
 # ------------------------------------------------------------------------------------ breakdown shim
@@ -536,7 +522,7 @@ def limit_step(case: Case, engines: list[str], limits: dict[str, list[Round]], w
         limits[e].append(rnd)
         print(f"  [{i}] limit {e:6s} write {' '.join(f'{p.gbs:.2f}' for p in rnd.writes)} GB/s   "
               f"read {' '.join(f'{p.gbs:.2f}' for p in rnd.reads)} GB/s   (gaps {gaps['write']:.2f}"
-              f"/{gaps['read']:.2f} s, {_load()})", flush=True)
+              f"/{gaps['read']:.2f} s, {bench.load()})", flush=True)
 
 
 def choose_gaps(arg: str, runs: list[MlckptRun]) -> dict[str, float]:
@@ -598,7 +584,7 @@ def main(argv: list[str] | None = None) -> int:
         print(f"host: {facts['cpu_model']}, {facts['cpu_cores']} CPUs, "
               f"{facts['memory_total_bytes'] / GiB:.1f} GiB RAM, kernel {facts['kernel']}; "
               f"{fs.get('fs_type')} on {fs.get('source')} ({fs.get('mount_options')})")
-    print(f"folder: {work} ({_load()}); limit engines: {', '.join(engines)}"
+    print(f"folder: {work} ({bench.load()}); limit engines: {', '.join(engines)}"
           + (f" ({fio})" if fio and "fio" in engines else "") + f", {args.buffers} buffers")
     if args.buffers == "thp":
         thp = Path("/sys/kernel/mm/transparent_hugepage/enabled")
@@ -628,7 +614,7 @@ def main(argv: list[str] | None = None) -> int:
                     rs = " ".join(f"{p.gbs:.2f}" for p in run.reads)
                     g = " ".join(f"{x:.2f}" for x in run.gaps["write"] + run.gaps["read"])
                     print(f"  [{i + 1}] mlckpt        write {ws} GB/s   read {rs} GB/s   (gaps {g} s, "
-                          f"{_load()})", flush=True)
+                          f"{bench.load()})", flush=True)
                     shutil.rmtree(run.bundle, ignore_errors=True)
                 limit_step(case, engines, limits, work, i + 1, args, choose_gaps(args.gap, runs))
             if not runs:

@@ -7,7 +7,7 @@ GetObject read straight into a buffer), same store, same bytes, same ranks, alte
                                      [--part-mib 16] [--inflight 8] [--bucket mlckpt-bench]
 
 Without ``AWS_ENDPOINT_URL`` in the environment it starts a local Swift store
-(``tests/support/s3local.py``) and uses that.  The raw baseline runs one process per mlckpt rank, each
+(``benchmarks/lab/s3local.py``) and uses that.  The raw baseline runs one process per mlckpt rank, each
 holding exactly that rank's planned objects (sizes from mlckpt's own plan), with the same part
 size and the same number of requests in flight per rank, and the same client settings (path
 addressing, no per-request checksums: see mlckpt/engine/objects.py).  Each op starts at a barrier
@@ -28,11 +28,9 @@ from __future__ import annotations
 
 import argparse
 import itertools
-import json
 import multiprocessing as mp
 import os
 import statistics
-import subprocess
 import sys
 import tempfile
 import time
@@ -40,6 +38,8 @@ import uuid
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
+
+from lab import bench
 
 GiB = float(1 << 30)
 Gaps = dict[tuple[str, int], float]  # mlckpt's idle seconds before each (op, index)
@@ -243,9 +243,6 @@ def raw_round(plan: list[list[int]], a: argparse.Namespace, gaps: Gaps,
 def mlckpt_round(a: argparse.Namespace, work: Path, gaps: Gaps,
                  cpu: dict[tuple[str, int], float]) -> dict[tuple[str, int], float]:
     args = [
-        str(Path(sys.executable).parent / "mlckpt"),
-        "run",
-        "--json",
         "preset=none",
         "workload=llama3_8b",
         "division=open",
@@ -260,16 +257,11 @@ def mlckpt_round(a: argparse.Namespace, work: Path, gaps: Gaps,
         f"output.root={work}",
         "checkpoint.rank_shift=0",
     ]
-    proc = subprocess.run(args, text=True, capture_output=True, check=False)
-    if proc.returncode != 0:
-        raise SystemExit(f"mlckpt run failed ({proc.returncode}):\n{proc.stderr}")
-    bundle = Path(json.loads(proc.stdout)["bundle"])  # mlckpt run --json
-    recs = [json.loads(ln) for ln in (bundle / "records.jsonl").read_text().splitlines()]
-    gaps.update(gaps_of(recs))
+    bundle = bench.run_mlckpt(args)
+    gaps.update(gaps_of(bundle.records))
     ops: dict[tuple[str, int], float] = {}
-    for key in sorted({(r["op"], r["index"]) for r in recs}):
-        rs = [r for r in recs if (r["op"], r["index"]) == key]
-        ops[key] = sum(r["bytes"] for r in rs) / (max(r["t1_ns"] - r["t0_ns"] for r in rs) / 1e9)
+    for key, rs in bundle.ops().items():
+        ops[key] = bench.op_bandwidth(rs)
         cpu[key] = sum(r.get("cpu_ns", 0) for r in rs) / 1e9
     return ops
 
@@ -285,8 +277,7 @@ def main() -> int:
     p.add_argument("--inflight", type=int, default=8)
     p.add_argument("--bucket", default="mlckpt-bench")
     a = p.parse_args()
-    sys.path.insert(0, str(ROOT / "tests"))
-    from support import s3local
+    from lab import s3local
 
     with s3local.endpoint(Path(tempfile.mkdtemp(prefix="mlckpt-s3-bench-"))):
         from mlckpt.plan.config import setup

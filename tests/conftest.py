@@ -106,9 +106,9 @@ def honest_bundles(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
 
 @pytest.fixture(scope="session")
 def s3_store(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Any]:
-    """A real S3-compatible store on the loopback address (tests/support/s3local.py: OpenStack Swift with
+    """A real S3-compatible store on the loopback address (benchmarks/lab/s3local.py: OpenStack Swift with
     its S3 API) holding the bucket ``S3_BUCKET``; ``.env`` is what a client (and mlckpt) needs."""
-    from support import s3local
+    from lab import s3local
 
     why = s3local.unavailable()
     if why:

@@ -140,8 +140,8 @@ def test_the_unit_tests_are_arranged_as_the_design_page_says() -> None:
 # ("split"), one for its parts ("invocation").  The persisted names keep their history: the rule
 # SPLIT-PAIR and its check split_pair, the report's metrics.unpaired_write_half, the leaderboard's
 # verdict "unpaired".
-OTHER_WORDS = re.compile(r"\b(write|read)[ _]hal(f|ves)\b|\bhalves\b|\bsplit[ _]pairs?\b|\bpair_[a-z]+\b|"
-                         r"\b[a-z]+_halves\b")
+OTHER_WORDS = re.compile(r"\b(write|read)[ _]hal(f|ves)\b|\b(both|two|the) halves of a split|\.halves\b|"
+                         r"\bsplit[ _]pairs?\b|\bpair_[a-z]+\b|\b[a-z]+_halves\b")
 PERSISTED = ("unpaired_write_half", "split_pair")
 
 
@@ -157,5 +157,23 @@ def test_one_word_per_idea_for_a_split_result() -> None:
              for pattern in ("mlckpt/**/*.py", "checker/**/*.py", "docs/src/*/*.md", "README.md")
              for p in sorted(REPO.glob(pattern))}
     assert {k: v for k, v in found.items() if v} == {}
-    planted = "the write half's halves; split_pair and pair_doc"
-    assert other_words(planted) == ["write half", "halves", "pair_doc"]
+    planted = "the write half's e.halves; both halves of a split; split_pair and pair_doc"
+    assert other_words(planted) == ["write half", ".halves", "both halves of a split", "pair_doc"]
+
+
+def test_every_benchmark_is_in_the_index_with_a_page_and_none_reaches_into_the_tests() -> None:
+    """benchmarks/README.md indexes every script, each row links a page that exists, and no script
+    puts tests/ on its path or imports from it (the shared code is benchmarks/lab/)."""
+    bench = REPO / "benchmarks"
+    index = (bench / "README.md").read_text()
+    scripts = sorted(p.name for p in bench.iterdir() if p.suffix in (".py", ".sh"))
+    assert [s for s in scripts if f"| `{s}` |" not in index] == []
+    linked = re.findall(r"\]\((\.\./docs/src/[^)]+\.md)\)", index)
+    assert linked and [p for p in linked if not (bench / p).resolve().is_file()] == []
+    reaching = [p.name for p in sorted(bench.rglob("*.py"))
+                if re.search(r"sys\.path\.(insert|append)|^\s*from (support|test_\w+)\b|^\s*import support\b",
+                             p.read_text(), re.M)]
+    assert reaching == []
+    nav = (REPO / "docs" / "mkdocs.yml").read_text()
+    pages = sorted(p.name for p in (REPO / "docs" / "src" / "measurements").glob("*.md"))
+    assert [p for p in pages if f"measurements/{p}" not in nav] == []

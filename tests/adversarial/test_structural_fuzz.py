@@ -1,4 +1,4 @@
-"""The structural fuzzer (tests/support/structural.py), a short seeded run: signed hostile bundles made
+"""The structural fuzzer (benchmarks/lab/structural.py), a short seeded run: signed hostile bundles made
 from real ones, each judged without a checker fault and within the budget.  The long run is
 benchmarks/fuzz_checker.py.  Also the two bounds that keep a hostile bundle's check short: the
 records a configuration can produce, and the per-bundle time budget."""
@@ -15,7 +15,7 @@ from pathlib import Path
 
 import pytest
 import yaml
-from support import structural
+from lab import structural
 from support.cli import CHECKER_ORG, CHECKER_SYSTEM
 
 from checker import forked

@@ -309,7 +309,7 @@ def test_each_storage_keeps_the_one_interface_the_phases_use(kind: str, store: o
 def test_the_local_store_command_starts_a_store_and_stops_on_ctrl_c(tmp_path: Path) -> None:
     """README's one command for a local try: it prints the AWS_* lines, answers S3, and stops
     (every Swift process gone) on Ctrl-C."""
-    from support import s3local
+    from lab import s3local
 
     if s3local.unavailable():
         pytest.skip(str(s3local.unavailable()))

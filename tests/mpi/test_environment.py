@@ -1,6 +1,6 @@
 """Honest runs beside another tenant of the same disk and CPUs (rules 1.8, 1.9): never invalid.
 
-A real tenant (tests/support/tenant.py) copies files on the disk the checkpoints go to while real
+A real tenant (benchmarks/lab/tenant.py) copies files on the disk the checkpoints go to while real
 ``mlckpt run``s go on: beside a paced copy and a busy core the runs stay valid and report what the
 tenant moved; beside a flat-out copy they come out ``disturbed`` (exit 6), naming the bytes, and
 the checker shows them as such; 64 ranks on this machine's cores are judged by the bounds their
@@ -28,7 +28,7 @@ from mlckpt.host.facts import block_device, counters_sample
 
 MLCKPT = Path(sys.executable).parent / "mlckpt"
 CHECK = Path(sys.executable).parent / "mlckpt-check"
-TENANT = paths.SUPPORT / "tenant.py"
+TENANT = paths.LAB / "tenant.py"
 TINY = (
     "division=open",
     "scale=0.0005",
@@ -47,7 +47,7 @@ def _env(d: Path) -> dict[str, str]:
 
 
 class Tenant:
-    """tests/support/tenant.py running on ``folder``'s disk until stopped (bounded by its own clock)."""
+    """benchmarks/lab/tenant.py running on ``folder``'s disk until stopped (bounded by its own clock)."""
 
     def __init__(self, folder: Path, rate_mb_s: float, busy_cores: int) -> None:
         self.proc = subprocess.Popen(

@@ -31,8 +31,9 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
+from lab.processes import tagged_pids
 from support.cli import mlckpt_command
-from support.runs import snapshot, tagged_pids
+from support.runs import snapshot
 
 from mlckpt.errors import ExitStatus
 from mlckpt.plan.config import setup

@@ -1,7 +1,7 @@
 """Faults on several hosts end cleanly on every host, on simulated hosts.
 
 Each test runs ``mpiexec -launcher ssh`` on a login host h0 with 4 ranks on each of 2 or 3 hosts
-(``tests/support/hostbed.py``: own network, hostname, mount, PID and clock namespaces; one shared
+(``benchmarks/lab/hostbed.py``: own network, hostname, mount, PID and clock namespaces; one shared
 checkpoint folder; a node-local tmpfs each), injects one fault on a host, and checks what the
 issue asks: a bounded end, exactly one ``mlckpt: error:`` line naming the rank and its host, the
 documented exit status, no process of the job left on any host and no file of the run left on any
@@ -25,9 +25,10 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
+from lab.hostbed import FAKETIME, HostBed, unavailable
+from lab.processes import tagged_pids
 from support import paths
-from support.hostbed import FAKETIME, HostBed, unavailable
-from support.runs import snapshot, tagged_pids
+from support.runs import snapshot
 
 REPO = paths.REPO
 LAUNCHER = paths.SUPPORT / "fault_launcher.py"

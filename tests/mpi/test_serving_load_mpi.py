@@ -79,10 +79,10 @@ def test_a_flipped_byte_on_the_storage_is_caught_in_the_replica_that_holds_it(tm
 
 
 def test_fanout_and_node_cache_across_simulated_hosts(tmp_path_factory: pytest.TempPathFactory) -> None:
-    """Two hosts of their own (network, hostname, node-local tmpfs: tests/support/hostbed.py), one
+    """Two hosts of their own (network, hostname, node-local tmpfs: benchmarks/lab/hostbed.py), one
     replica each: fan-out's parts cross the simulated network, and each host's node cache is its
     own tmpfs, filled by its own first rank."""
-    from support.hostbed import HostBed, unavailable
+    from lab.hostbed import HostBed, unavailable
 
     why = unavailable()
     if why is not None:

@@ -9,3 +9,4 @@ TESTS = SUPPORT.parent
 REPO = TESTS.parent
 FIXTURES = TESTS / "fixtures"
 GOLDEN = TESTS / "golden"
+LAB = REPO / "benchmarks" / "lab"  # the equipment the benchmarks share with the tests

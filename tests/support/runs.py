@@ -155,22 +155,6 @@ def snapshot(folder: Path, content_limit: int | None = 1 << 16) -> dict[str, tup
     return out
 
 
-def tagged_pids(token: str) -> list[int]:
-    found = []
-    needle = f"MLCKPT_FAULTS_TEST_TOKEN={token}".encode()
-    for entry in os.listdir("/proc"):
-        if not entry.isdigit():
-            continue
-        try:
-            env = Path(f"/proc/{entry}/environ").read_bytes()
-            st = Path(f"/proc/{entry}/stat").read_text()
-        except OSError:
-            continue
-        if needle in env.split(b"\0") and st[st.rindex(")") + 2] != "Z":
-            found.append(int(entry))
-    return found
-
-
 def signed_run(h: Mapping[str, Path], cwd: Path, *overrides: str, timeout: float = 400
                ) -> subprocess.CompletedProcess[str]:
     """``mlckpt run OVERRIDES`` in ``cwd``, signed with the honest bundles' organisation key and

@@ -9,7 +9,7 @@ flush at full speed (a 512 MiB burst every few seconds).  ``--busy-cores`` keeps
 spinning in other processes.  Bounded: it stops after ``--seconds`` (and when its parent goes
 away), and removes what it wrote.
 
-    python tests/support/tenant.py --dir /path/on/the/checkpoint/disk --rate-mb-s 250 --busy-cores 1
+    python benchmarks/lab/tenant.py --dir /path/on/the/checkpoint/disk --rate-mb-s 250 --busy-cores 1
 
 Used by tests/mpi/test_environment.py (a fixture starts it) and by hand, beside `mlckpt run` or the
 whole test suite, to see that honest runs stay valid (or are called disturbed, never invalid).

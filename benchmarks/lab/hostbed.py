@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
 """TEST-ONLY: several simulated hosts on one machine, for the multi-host fault tests.
 
-    python tests/support/hostbed.py up N DIR     bring up a login host h0 and hosts h1..hN, print their
+    python benchmarks/lab/hostbed.py up N DIR     bring up a login host h0 and hosts h1..hN, print their
                                          pids, keep them up until interrupted
 
 Each host is a ``sleep`` holding its own network, UTS (hostname), mount and PID namespaces, so a

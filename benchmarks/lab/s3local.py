@@ -5,7 +5,7 @@ S3 API (the ``s3api`` middleware, multipart uploads through SLO) and ``tempauth`
 One device folder, one replica, rings built here; every server on its own loopback port.  Used by
 the tests and the object-storage benchmarks, and by hand for a local try::
 
-    .venv/bin/python tests/support/s3local.py /tmp/s3store --bucket ckpt   # prints AWS_* exports; ^C stops it
+    .venv/bin/python benchmarks/lab/s3local.py /tmp/s3store --bucket ckpt  # prints AWS_* exports
 
 Swift runs under Debian's own Python (``/usr/bin/python3``), not the project's virtual
 environment.
