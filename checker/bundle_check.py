@@ -99,69 +99,69 @@ def internal_result(leaf: Leaf, stage: str, exc: BaseException) -> BundleResult:
                         verdict="internal-error", findings=[fault_finding(leaf.path, stage, exc)])
 
 
-def stage_layout(st: State) -> None:
+def stage_layout(state: State) -> None:
     """Locate the bundle folder (unpacking an archive into a temporary folder)."""
-    leaf = st.leaf
-    leaf_path = Path(st.task.root) / leaf.path
+    leaf = state.leaf
+    leaf_path = Path(state.task.root) / leaf.path
     if leaf.symlink:
-        st.problem("paths", ".", "a bundle folder or .tar.gz", "a symlink (never followed)",
+        state.problem("paths", ".", "a bundle folder or .tar.gz", "a symlink (never followed)",
                    tree_path=leaf.path)
         raise Stop
     if leaf.archive:
-        st.tmp = tempfile.mkdtemp(prefix="mlckpt-check-")
-        dest = Path(st.tmp) / "bundle"
+        state.tmp = tempfile.mkdtemp(prefix="mlckpt-check-")
+        dest = Path(state.tmp) / "bundle"
         try:
             bundle.safe_unpack(leaf_path, dest)  # the one set of archive limits (mlckpt.bundle)
         except BundleIntegrityError as exc:
             for p in exc.problems:
                 path, msg = p
                 kind = IntegrityKind.PATHS if p.kind == IntegrityKind.PATHS else IntegrityKind.FILES
-                st.problem(kind, f"(archive) {path}" if path != "(archive)" else "(archive)",
+                state.problem(kind, f"(archive) {path}" if path != "(archive)" else "(archive)",
                            EXPECTED[kind], msg, tree_path=leaf.path)
             raise Stop from None
         except MlckptError as exc:
-            st.problem("files", "(archive)", "a readable .tar.gz", str(exc), tree_path=leaf.path)
+            state.problem("files", "(archive)", "a readable .tar.gz", str(exc), tree_path=leaf.path)
             raise Stop from None
-        st.folder = bundle.find_bundle_root(dest)
+        state.folder = bundle.find_bundle_root(dest)
     else:
-        st.folder = leaf_path
-    missing = [name for name in REQUIRED_FILES if not os.path.lexists(st.folder / name)]
+        state.folder = leaf_path
+    missing = [name for name in REQUIRED_FILES if not os.path.lexists(state.folder / name)]
     for name in missing:
-        st.problem("layout", name, f"the bundle files {', '.join(REQUIRED_FILES)}", "missing")
+        state.problem("layout", name, f"the bundle files {', '.join(REQUIRED_FILES)}", "missing")
     if not missing:
-        st.passed("layout")
+        state.passed("layout")
 
 
-def stage_integrity(st: State) -> None:
-    leaf, trusted = st.leaf, st.task.trusted
-    assert st.folder is not None
+def stage_integrity(state: State) -> None:
+    leaf, trusted = state.leaf, state.task.trusted
+    assert state.folder is not None
     try:
         # The organisation is compared below (not via org=) so that a key of another
         # organisation still gets the whole bundle verified and reported.
-        vb = bundle.verify_bundle(st.folder, trusted)
+        vb = bundle.verify_bundle(state.folder, trusted)
     except BundleIntegrityError as exc:
         kinds = set()
         for p in exc.problems:
             path, msg, kind = p[0], p[1], p.kind  # typed where mlckpt.bundle raised it
             kinds.add(kind)
-            st.problem(kind, path, EXPECTED[kind] if kind != "key" else
+            state.problem(kind, path, EXPECTED[kind] if kind != "key" else
                        f"a signing key registered for {leaf.org!r}", msg)
         if not kinds & {"signature", "key"}:
             # The signature held (verify_bundle judges files only after it): who signed?
-            st.passed("signature", "files", "paths")
-            _check_signer_org(st, _signed_key(st.folder))
+            state.passed("signature", "files", "paths")
+            _check_signer_org(state, _signed_key(state.folder))
         raise Stop from None
     except MlckptError as exc:  # the folder vanished
-        st.problem("files", ".", "a readable bundle folder", str(exc))
+        state.problem("files", ".", "a readable bundle folder", str(exc))
         raise Stop from None
     except OSError as exc:  # unreadable (permissions): say so, it is not a checker defect
-        st.problem("files", ".", "a readable bundle folder", f"cannot read: {exc.strerror or exc}")
+        state.problem("files", ".", "a readable bundle folder", f"cannot read: {exc.strerror or exc}")
         raise Stop from None
-    st.passed("signature", "files", "paths")
-    if not _check_signer_org(st, (vb.keyid, vb.key_label)):
+    state.passed("signature", "files", "paths")
+    if not _check_signer_org(state, (vb.keyid, vb.key_label)):
         raise Stop
-    st.verified = vb
-    if st.facts["layout"]:
+    state.verified = vb
+    if state.facts["layout"]:
         raise Stop  # a required file is missing (and unsigned): nothing to parse
 
 
@@ -176,94 +176,94 @@ def _signed_key(folder: Path) -> tuple[str, str] | None:
         return None
 
 
-def _check_signer_org(st: State, signed: tuple[str, str] | None) -> bool:
+def _check_signer_org(state: State, signed: tuple[str, str] | None) -> bool:
     """The signer's key must be registered for the organisation the bundle sits under."""
-    leaf, trusted = st.leaf, st.task.trusted
+    leaf, trusted = state.leaf, state.task.trusted
     keyid, label = signed if signed else (None, None)
     signer = trusted.org_for(keyid) if keyid else None
     if keyid is not None and signer == leaf.org:
-        st.passed("key")
+        state.passed("key")
         return True
     has_keys = bool(trusted.keys_for(leaf.org))
-    st.problem("key", bundle.SIGNATURE_FILE, f"a signing key registered for {leaf.org!r}",
+    state.problem("key", bundle.SIGNATURE_FILE, f"a signing key registered for {leaf.org!r}",
                f"key {label} registered for {signer!r}" +
                ("" if has_keys else f" ({leaf.org!r} has no registered keys)"))
     return False
 
 
-def stage_rules_version(st: State) -> None:
-    assert st.verified is not None
-    declared = st.verified.predicate.get("rules_version")
-    version = st.task.forced_rules or declared
+def stage_rules_version(state: State) -> None:
+    assert state.verified is not None
+    declared = state.verified.predicate.get("rules_version")
+    version = state.task.forced_rules or declared
     known = known_rules_versions()
     if version not in known:
-        st.problem("rules_version", bundle.SIGNATURE_FILE, "one of " + ", ".join(known), repr(version))
+        state.problem("rules_version", bundle.SIGNATURE_FILE, "one of " + ", ".join(known), repr(version))
         raise Stop
-    st.passed("rules_version")
-    st.rules = load_rules(str(version))
+    state.passed("rules_version")
+    state.rules = load_rules(str(version))
 
 
-def stage_schema(st: State) -> None:
-    assert st.folder is not None and st.rules is not None and st.verified is not None
-    version = st.rules.version
+def stage_schema(state: State) -> None:
+    assert state.folder is not None and state.rules is not None and state.verified is not None
+    version = state.rules.version
     bad, failed = False, set()
     for name, schema in bundle.DOCUMENTS:
         try:
-            doc = bundle.parse_document(name, bundle.read_document(st.folder, name, st.verified))
+            doc = bundle.parse_document(name, bundle.read_document(state.folder, name, state.verified))
         except ParseError as exc:
-            st.problem("schema", name, "strict JSON/YAML within the checker's limits", str(exc))
+            state.problem("schema", name, "strict JSON/YAML within the checker's limits", str(exc))
             bad = True
             failed.add(name)
             continue
         errors = sorted(itertools.islice(schema_errors(doc, schema, version), MAX_SCHEMA_ERRORS),
                         key=error_key)
-        _schema_problems(st, name, schema, [schema_message(e) for e in errors])
+        _schema_problems(state, name, schema, [schema_message(e) for e in errors])
         bad = bad or bool(errors)
         failed |= {name} if errors else set()
-        st.docs[name] = doc
-    bad = _records(st, version, "config.yaml" not in failed) or bad
+        state.docs[name] = doc
+    bad = _records(state, version, "config.yaml" not in failed) or bad
     if bad:
-        _structural_anyway(st)
+        _structural_anyway(state)
         raise Stop
-    st.passed("schema")
+    state.passed("schema")
 
 
-def _schema_problems(st: State, name: str, schema: str, messages: Sequence[str]) -> None:
+def _schema_problems(state: State, name: str, schema: str, messages: Sequence[str]) -> None:
     for msg in messages[:MAX_SCHEMA_PROBLEMS]:
-        st.problem("schema", name, f"a document matching {schema}.schema.json", msg)
+        state.problem("schema", name, f"a document matching {schema}.schema.json", msg)
     if len(messages) > MAX_SCHEMA_PROBLEMS:
-        st.problem("schema", name, f"a document matching {schema}.schema.json",
+        state.problem("schema", name, f"a document matching {schema}.schema.json",
                    f"... and {len(messages) - MAX_SCHEMA_PROBLEMS} more schema errors")
 
 
-def _records(st: State, version: str, config_valid: bool) -> bool:
+def _records(state: State, version: str, config_valid: bool) -> bool:
     """Parse and validate records.jsonl line by line; True when anything was wrong. Whether the
     records are of config.yaml's kind of run is asked only of a schema-valid config.yaml: an
     invalid one (``serving.strategy: true``) is its own finding, not the records'."""
-    assert st.folder is not None and st.verified is not None
+    assert state.folder is not None and state.verified is not None
     name = "records.jsonl"
     try:
-        data = bundle.read_document(st.folder, name, st.verified)
+        data = bundle.read_document(state.folder, name, state.verified)
     except ParseError as exc:
-        st.problem("schema", name, "JSON lines within the checker's limits", str(exc))
+        state.problem("schema", name, "JSON lines within the checker's limits", str(exc))
         return True
-    bound, basis = records_read.records_bound(st.docs.get("config.yaml"))
+    bound, basis = records_read.records_bound(state.docs.get("config.yaml"))
     lines = data.count(b"\n") + (not data.endswith(b"\n") and bool(data))
     if lines > bound:  # refused before a line is parsed
-        st.problem("schema", name, f"at most {bound:,} records ({basis}, plus 1,024: a bound on the "
+        state.problem("schema", name, f"at most {bound:,} records ({basis}, plus 1,024: a bound on the "
                    "checker's work, not the count the rules hold the records to)", f"{lines:,} lines")
         return True
-    got = records_read.read(data, version, st.over_budget, st.task.rule_workers)
-    st.records = got.records
+    got = records_read.read(data, version, state.over_budget, state.task.rule_workers)
+    state.records = got.records
     if got.over_budget:
-        st.over_budget()  # its finding, where the budget ran out in the other process
+        state.over_budget()  # its finding, where the budget ran out in the other process
         return True
     messages = got.messages()
-    if not messages and not st.records:
+    if not messages and not state.records:
         messages.append("no records")
     if not messages and config_valid:
-        messages = other_kind(st.records, st.docs.get("config.yaml"))
-    _schema_problems(st, name, "record", messages)
+        messages = other_kind(state.records, state.docs.get("config.yaml"))
+    _schema_problems(state, name, "record", messages)
     return bool(messages)
 
 
@@ -284,15 +284,15 @@ def other_kind(records: list[dict[str, Any]], config: Any) -> list[str]:
 _STRUCTURAL_KEYS = {"ranks", "scale", "checkpoint.num_writes", "checkpoint.num_reads"}
 
 
-def _structural_anyway(st: State) -> None:
+def _structural_anyway(state: State) -> None:
     """A config.yaml that fails its schema only at keys the structural rules own (ranks, scale,
     counts) is still judged by those rules, so the finding names the rule, not only the schema.
     The structural checks are type-guarded; the rest of the config is schema-valid."""
-    config = st.docs.get("config.yaml")
-    assert st.rules is not None
+    config = state.docs.get("config.yaml")
+    assert state.rules is not None
     if not isinstance(config, dict):
         return
-    errors = list(itertools.islice(schema_errors(config, "config", st.rules.version), MAX_SCHEMA_ERRORS))
+    errors = list(itertools.islice(schema_errors(config, "config", state.rules.version), MAX_SCHEMA_ERRORS))
     paths = {".".join(map(str, e.absolute_path)) for e in errors}
     if not errors or not paths <= _STRUCTURAL_KEYS:
         return
@@ -301,8 +301,8 @@ def _structural_anyway(st: State) -> None:
     except (ConfigError, KeyError, TypeError):  # pragma: no cover - the workload is schema-valid
         return
     ctx = Context(config, workload, (), complete=True)
-    ev = only(st.rules, structural_rule_ids(st.rules)).evaluate(ctx, ["config"])
-    st.rule_findings = ev.findings
+    ev = only(state.rules, structural_rule_ids(state.rules)).evaluate(ctx, ["config"])
+    state.rule_findings = ev.findings
 
 
 PIPELINE: tuple[tuple[str, Callable[[State], None]], ...] = (

@@ -53,58 +53,59 @@ PREDICATE_KEYS = ("run_id", "workload", "division", "rules_version", "started", 
                   "ranks", "scaled", "verdict")
 
 
-def stage_facts(st: State) -> None:
-    assert st.verified is not None
-    leaf, run, system = st.leaf, st.docs["run.json"], st.docs["system.json"]
-    pred = st.verified.predicate
+def stage_facts(state: State) -> None:
+    assert state.verified is not None
+    leaf, run, system = state.leaf, state.docs["run.json"], state.docs["system.json"]
+    pred = state.verified.predicate
     for key in PREDICATE_KEYS:
         if key in pred and (key not in run or pred[key] != run[key] or type(pred[key]) is not type(run[key])):
-            st.problem("predicate", "run.json", f"{key}={pred[key]!r} as signed in the statement",
+            state.problem("predicate", "run.json", f"{key}={pred[key]!r} as signed in the statement",
                        f"{key}={run.get(key)!r}")
-    st.passed("predicate")
+    state.passed("predicate")
 
     # RUNNER-RELEASED: made by a runner whose code digest the committee lists.
-    if st.task.released is not None:
+    if state.task.released is not None:
         digest = pred.get("runner_code_sha256")
-        if digest in st.task.released:
-            st.passed("runner")
+        if digest in state.task.released:
+            state.passed("runner")
         else:
-            st.problem("runner", "bundle.dsse.json", "a runner_code_sha256 listed in released-runners.yaml",
+            state.problem("runner", "bundle.dsse.json",
+                          "a runner_code_sha256 listed in released-runners.yaml",
                        f"{clean_text(str(digest), 80)} (not a released runner)")
 
     # Folder names against the run they hold.
     if run["workload"] != leaf.workload:
-        st.problem("layout", "run.json", f"workload {leaf.workload!r} (the folder it sits in)",
+        state.problem("layout", "run.json", f"workload {leaf.workload!r} (the folder it sits in)",
                    f"workload {run['workload']!r}")
     if leaf.run_dir not in (run["name"], run["run_id"]):
-        st.problem("layout", "run.json", f"run name or run_id {leaf.run_dir!r} (the folder name)",
+        state.problem("layout", "run.json", f"run name or run_id {leaf.run_dir!r} (the folder name)",
                    f"name {run['name']!r}, run_id {run['run_id']!r}")
     desc = system.get("description")
     names = (("system.json", (desc or {}).get("system_name")), ("run.json", run.get("system_name")))
     for source, name in names:
         if name is not None and name != leaf.system:
-            st.problem("layout", source, f"system_name {leaf.system!r} (the folder it sits in)",
+            state.problem("layout", source, f"system_name {leaf.system!r} (the folder it sits in)",
                        f"system_name {name!r}")
 
     # The system description: the tree's systems/<system>.yaml, the bundle's copy, host facts.
-    info = st.task.system
+    info = state.task.system
     if info.doc is None:
-        st.problem("system_description", info.path, "a valid system description",
+        state.problem("system_description", info.path, "a valid system description",
                    info.problem or "unusable", tree_path=info.path)
     elif desc is None:  # run without system=: nothing ties it to the folder it was filed under
-        st.problem("system_description", "system.json",
+        state.problem("system_description", "system.json",
                    f"the description of {leaf.system!r} it was run with (mlckpt run system=FILE)",
                    "none: the run named no system description")
     elif desc != info.doc:
         diff = _first_difference(info.doc, desc)
-        st.problem("system_description", "system.json",
+        state.problem("system_description", "system.json",
                    f"the description in {info.path}", f"a different embedded description ({diff})")
     described = {h.get("hostname") for h in system["hosts"]}
     for h in run["hosts"]:
         if h["host"] not in described:
-            st.problem("system_description", "system.json",
+            state.problem("system_description", "system.json",
                        f"host facts for {h['host']!r} (a host of run.json)", "none")
-    st.passed("layout", "system_description")
+    state.passed("layout", "system_description")
 
 
 def _first_difference(a: Any, b: Any, path: str = "") -> str:
@@ -115,70 +116,70 @@ def _first_difference(a: Any, b: Any, path: str = "") -> str:
     return f"{path or '(top level)'}: {clean_text(repr(a), 80)} vs {clean_text(repr(b), 80)}"
 
 
-def plan_files_estimate(w: Workload, ranks: int) -> int:
+def plan_files_estimate(workload: Workload, ranks: int) -> int:
     per_rank = 2
-    if w.parallelism.zero_stage in (1, 2) and w.parallelism.pipeline > 1:
-        per_rank += -(-w.model.num_layers // w.parallelism.pipeline) + 3
-    return ranks * per_rank + w.model.num_layers
+    if workload.parallelism.zero_stage in (1, 2) and workload.parallelism.pipeline > 1:
+        per_rank += -(-workload.model.num_layers // workload.parallelism.pipeline) + 3
+    return ranks * per_rank + workload.model.num_layers
 
 
-def _transcript(st: State, run: dict[str, Any]) -> dict[str, Any] | None:
+def _transcript(state: State, run: dict[str, Any]) -> dict[str, Any] | None:
     """A witnessed run's transcript, for the result rules that read it (WITNESS-HOST): None when
     the run claims no witness or the transcript does not open (the WITNESS-* rules say why)."""
     claim = run.get("witness")
-    if not isinstance(claim, dict) or claim.get("status") != "witnessed" or st.verified is None \
-            or st.folder is None or TRANSCRIPT not in st.verified.files:
+    if not isinstance(claim, dict) or claim.get("status") != "witnessed" or state.verified is None \
+            or state.folder is None or TRANSCRIPT not in state.verified.files:
         return None
-    return transcript_of(st)[0]
+    return transcript_of(state)[0]
 
 
-def stage_rules(st: State) -> None:
+def stage_rules(state: State) -> None:
     """The config, host and result rules over the bundle's own data (the runner's own rules)."""
-    rs = st.rules
-    assert rs is not None
-    config, run, summary, system = (st.docs[n] for n in ("config.yaml", "run.json", "summary.json",
+    ruleset = state.rules
+    assert ruleset is not None
+    config, run, summary, system = (state.docs[n] for n in ("config.yaml", "run.json", "summary.json",
                                                          "system.json"))
     try:
         workload = workload_from_config(config["workload"])
     except ConfigError as exc:  # pragma: no cover - the schema makes this unreachable
-        st.problem("schema", "config.yaml", "a valid workload", str(exc))
+        state.problem("schema", "config.yaml", "a valid workload", str(exc))
         raise Stop from None
-    hosts = _bundle_hosts(st, run, system, config["ranks"])
+    hosts = _bundle_hosts(state, run, system, config["ranks"])
     ctx = Context(config, workload, tuple(run["overrides"]), None, hosts, True)
-    plan = _bundle_plan(st, ctx, hosts is not None)
+    plan = _bundle_plan(state, ctx, hosts is not None)
     # The tree's description stands in for one the bundle does not embed (bandwidth bounds).
-    if system.get("description") is None and st.task.system.doc is not None:
-        system = {**system, "description": st.task.system.doc}
-    data = RunData(run, config, summary, st.records, system, witness=_transcript(st, run))
+    if system.get("description") is None and state.task.system.doc is not None:
+        system = {**system, "description": state.task.system.doc}
+    data = RunData(run, config, summary, state.records, system, witness=_transcript(state, run))
     ctx = dataclasses.replace(ctx, plan=plan, run=data)
-    st.plan_digest = plan.digest if plan is not None else None
-    skip = _unrecomputable(st, config)
-    ev = rule_workers.evaluate(without(rs, skip), ctx, ["config", "host", "result"], st.task.rule_workers,
-                               len(st.records))
+    state.plan_digest = plan.digest if plan is not None else None
+    skip = _unrecomputable(state, config)
+    ev = rule_workers.evaluate(without(ruleset, skip), ctx, ["config", "host", "result"],
+                               state.task.rule_workers, len(state.records))
     serving = ServingRun.of(config)
     if serving is not None:  # what the report shows: recomputed, never the claim
-        st.recomputed = serving_recomputed(rs, data, serving)
+        state.recomputed = serving_recomputed(ruleset, data, serving)
     elif plan is not None and not skip:
-        st.recomputed = recomputed_summary(rs, data, plan)  # the rules' own summarize, reused
-    st.rule_findings = ev.findings
-    st.not_checked += ev.not_checked
+        state.recomputed = recomputed_summary(ruleset, data, plan)  # the rules' own summarize, reused
+    state.rule_findings = ev.findings
+    state.not_checked += ev.not_checked
     division = str(config["division"])
     recomputed = verdict(ev.findings, division)
     # What stands between this bundle and the closed verdict.
     reasons = sorted({f.rule for f in ev.findings if f.severity == recomputed})
     if recomputed == "open" and division == "open":
         reasons.append("division=open")
-    st.verdicts = Verdicts(st.leaf.division, recomputed, run["verdict"], tuple(reasons))
-    st.where_paths["run.json"] = f"{st.leaf.path}/run.json"
+    state.verdicts = Verdicts(state.leaf.division, recomputed, run["verdict"], tuple(reasons))
+    state.where_paths["run.json"] = f"{state.leaf.path}/run.json"
 
 
-def _bundle_hosts(st: State, run: dict[str, Any], system: dict[str, Any], ranks: int
+def _bundle_hosts(state: State, run: dict[str, Any], system: dict[str, Any], ranks: int
                   ) -> tuple[HostSpec, ...] | None:
     """run.json's placement, with the memory each host measured (system.json); None (and the
     host rules not checked) unless every rank is placed exactly once."""
     placed = sorted(r for h in run["hosts"] for r in h["ranks"])
     if len(placed) != ranks or placed != list(range(ranks)):  # RESULT-CONSISTENT reports it
-        st.not_checked.append(("HOST-MEMORY", "run.json does not place every rank exactly once"))
+        state.not_checked.append(("HOST-MEMORY", "run.json does not place every rank exactly once"))
         return None
     mem: dict[str, int | None] = {}
     folder_fs: dict[str, str | None] = {}
@@ -190,20 +191,20 @@ def _bundle_hosts(st: State, run: dict[str, Any], system: dict[str, Any], ranks:
                           folder_fs=folder_fs.get(h["host"])) for h in run["hosts"])
 
 
-def _bundle_plan(st: State, ctx: Context, placement_ok: bool) -> Plan | None:
+def _bundle_plan(state: State, ctx: Context, placement_ok: bool) -> Plan | None:
     """The plan, unless a structural rule fails (then there is none) or it is beyond our bounds."""
-    assert st.rules is not None
+    assert state.rules is not None
     if not placement_ok:
         # No plan either: config.yaml's rank count is not the run's (and could be anything up to
         # the schema's 10 M); the plan-dependent rules are not checked.
-        st.not_checked.append(("BYTES-PLAN", "run.json does not place every rank exactly once"))
+        state.not_checked.append(("BYTES-PLAN", "run.json does not place every rank exactly once"))
         return None
-    if only(st.rules, structural_rule_ids(st.rules)).evaluate(ctx, ["config"]).findings:
+    if only(state.rules, structural_rule_ids(state.rules)).evaluate(ctx, ["config"]).findings:
         return None
     ranks = int(ctx.config["ranks"])
     est = plan_files_estimate(ctx.workload, ranks)
     if est > MAX_PLAN_FILES:
-        st.problem("schema", "config.yaml", f"a plan of at most {MAX_PLAN_FILES} files (checker limit)",
+        state.problem("schema", "config.yaml", f"a plan of at most {MAX_PLAN_FILES} files (checker limit)",
                    f"about {est} files ({ranks} ranks, {ctx.workload.model.num_layers} layers)")
         raise Stop
     try:
@@ -213,7 +214,8 @@ def _bundle_plan(st: State, ctx: Context, placement_ok: bool) -> Plan | None:
             raise
         # A serving run is judged by its own plan (SERVING-PLAN, SERVING-SCOPE); RANKS-MULTIPLE and
         # its kin judge checkpoint runs only, so a layout no checkpoint plan fits reaches here.
-        st.not_checked.append(("BYTES-PLAN", "no checkpoint plan fits this serving run's ranks and workload "
+        state.not_checked.append(("BYTES-PLAN",
+                                  "no checkpoint plan fits this serving run's ranks and workload "
                                "parallelism (its loads are held to their own plan: SERVING-PLAN)"))
         return None
 
@@ -221,80 +223,82 @@ def _bundle_plan(st: State, ctx: Context, placement_ok: bool) -> Plan | None:
 RECOMPUTING = ("METRICS-RECOMPUTE", "SUMMARY-EXACT")  # the rules that recompute the summary
 
 
-def _not_recomputed(st: State, why: str) -> list[str]:
-    assert st.rules is not None
-    ids = [r for r in RECOMPUTING if r in {x.id for x in st.rules.rules}]
-    st.not_checked += [(r, why) for r in ids]
+def _not_recomputed(state: State, why: str) -> list[str]:
+    assert state.rules is not None
+    ids = [r for r in RECOMPUTING if r in {x.id for x in state.rules.rules}]
+    state.not_checked += [(r, why) for r in ids]
     return ids
 
 
-def _unrecomputable(st: State, config: dict[str, Any]) -> list[str]:
+def _unrecomputable(state: State, config: dict[str, Any]) -> list[str]:
     """Rules whose recomputation is impossible on these records (another rule reports why)."""
-    if any(r["t1_ns"] <= r["t0_ns"] for r in st.records) or any(
-            s["t1_ns"] <= s["t0_ns"] for r in st.records for s in r.get("stages", ())):
+    if any(r["t1_ns"] <= r["t0_ns"] for r in state.records) or any(
+            s["t1_ns"] <= s["t0_ns"] for r in state.records for s in r.get("stages", ())):
         # Recomputing metrics divides by durations; RESULT-TIMES and ASYNC-TIMELINE report them.
         why = "records with non-positive durations (see RESULT-TIMES)"
-        return _not_recomputed(st, why)
+        return _not_recomputed(state, why)
     stages = list(Pipeline.of(config).stages)
-    if any([s.get("tier") for s in r.get("stages", ())] != stages for r in st.records if r["op"] == "write"):
+    if any([s.get("tier") for s in r.get("stages",
+                                         ())] != stages for r in state.records if r["op"] == "write"):
         # Per-stage metrics need the same stages on every rank; PIPELINE-DECLARED reports them.
         why = "write records without the configured stages (see PIPELINE-DECLARED)"
-        return _not_recomputed(st, why)
+        return _not_recomputed(state, why)
     return []
 
 
-def finish(st: State) -> BundleResult:
-    leaf = st.leaf
-    rs = st.rules or fallback_rules(st.task.forced_rules)
-    if st.verified is not None and st.facts["duplicates"] is None:
-        st.facts["duplicates"] = []  # judged across the tree afterwards (add_duplicates)
-    if st.verified is not None and st.facts["content"] is None and st.records:
-        st.facts["content"] = []  # likewise
-    if st.verified is not None and st.facts["split"] is None:
-        st.facts["split"] = []  # likewise (checker.split.add_splits)
-    if st.verified is not None and st.facts["split_evidence"] is None:
-        st.facts["split_evidence"] = []  # likewise
+def finish(state: State) -> BundleResult:
+    leaf = state.leaf
+    ruleset = state.rules or fallback_rules(state.task.forced_rules)
+    if state.verified is not None and state.facts["duplicates"] is None:
+        state.facts["duplicates"] = []  # judged across the tree afterwards (add_duplicates)
+    if state.verified is not None and state.facts["content"] is None and state.records:
+        state.facts["content"] = []  # likewise
+    if state.verified is not None and state.facts["split"] is None:
+        state.facts["split"] = []  # likewise (checker.split.add_splits)
+    if state.verified is not None and state.facts["split_evidence"] is None:
+        state.facts["split_evidence"] = []  # likewise
     # each kind of problem is a SubmissionFacts field of its name (checker/bundle_state.py)
-    problems: dict[str, Any] = {k: (tuple(v) if v is not None else None) for k, v in st.facts.items()}
-    facts = dataclasses.replace(SubmissionFacts(verdicts=st.verdicts, witness=st.witness), **problems)
-    config = st.docs.get("config.yaml") if st.verdicts is not None else None
+    problems: dict[str, Any] = {k: (tuple(v) if v is not None else None) for k, v in state.facts.items()}
+    facts = dataclasses.replace(SubmissionFacts(verdicts=state.verdicts, witness=state.witness), **problems)
+    config = state.docs.get("config.yaml") if state.verdicts is not None else None
     division = str(config["division"]) if isinstance(config, dict) else leaf.division
-    sub, sub_not_checked = submission_findings(rs, facts, division)
-    findings = [finding_dict(f, leaf.path, st.where_paths) for f in (*st.rule_findings, *sub)]
-    run = mapping_at(st.docs, "run.json")
-    vb = st.verified
+    sub, sub_not_checked = submission_findings(ruleset, facts, division)
+    findings = [finding_dict(f, leaf.path, state.where_paths) for f in (*state.rule_findings, *sub)]
+    run = mapping_at(state.docs, "run.json")
+    vb = state.verified
     result = BundleResult(leaf.path, leaf.org, leaf.system, leaf.workload, leaf.division,
                           run_id=str(vb.predicate.get("run_id")) if vb else None,
-                          rules_version=rs.version if st.rules else None,
+                          rules_version=ruleset.version if state.rules else None,
                           keyid=vb.keyid if vb else None,
                           statement_sha256=vb.statement_sha256 if vb else None,
                           declared_division=division)
     result.findings = findings
-    if st.verified is not None and st.records:
-        result.fingerprints = fingerprints(st.records)
-    if st.facts["schema"] == [] and isinstance(st.docs.get("config.yaml"), dict) and run:
-        result.invocation = split_doc(run, st.docs["config.yaml"], st.records, st.docs.get("system.json"))
-    result.integrity = ("failed" if any(f["rule"] in rs.integrity_rules for f in findings)
+    if state.verified is not None and state.records:
+        result.fingerprints = fingerprints(state.records)
+    if state.facts["schema"] == [] and isinstance(state.docs.get("config.yaml"), dict) and run:
+        result.invocation = split_doc(run, state.docs["config.yaml"], state.records,
+                                      state.docs.get("system.json"))
+    result.integrity = ("failed" if any(f["rule"] in ruleset.integrity_rules for f in findings)
                         else "ok" if vb else "not checked")
     seen = set()
-    for rule_id, reason in (*st.not_checked, *sub_not_checked):
+    for rule_id, reason in (*state.not_checked, *sub_not_checked):
         if (rule_id, reason) not in seen:
             seen.add((rule_id, reason))
             result.not_checked.append({"rule": rule_id, "reason": reason})
     result.verdict = verdict([as_finding(f) for f in findings], division)
-    summary = st.docs.get("summary.json")
-    if st.facts["schema"] == [] and isinstance(summary, dict):  # schema-valid: safe to quote
+    summary = state.docs.get("summary.json")
+    if state.facts["schema"] == [] and isinstance(summary, dict):  # schema-valid: safe to quote
         # The recomputed figures where the records allow it (the claimed ones otherwise: a bundle
         # whose records cannot be recomputed is invalid anyway, and says so).
-        shown = st.recomputed if st.recomputed is not None else summary
+        shown = state.recomputed if state.recomputed is not None else summary
         metrics = {k: shown[k] for k in METRIC_KEYS if k in shown}
         if shown.get("kind") == "serving":
             metrics["serving"] = {k.removesuffix("_median"): shown[k] for k in SERVING_METRIC_KEYS}
         metrics.update({k: run[k] for k in ("ranks", "scale", "scaled") if k in run})
         result.metrics = jsonable(metrics)
-    if st.witness is not None and st.witness.claim:
+    if state.witness is not None and state.witness.claim:
         held = not any(str(f["rule"]).startswith("WITNESS-") for f in findings)
-        result.witness = witness_doc(st.witness, held, st.rules)
+        result.witness = witness_doc(state.witness, held, state.rules)
     return result
 
 

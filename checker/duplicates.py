@@ -40,10 +40,10 @@ def add_duplicates(results: Sequence[BundleResult], forced_rules: str | None = N
         if id(r) not in problems and id(r) not in content:
             continue
         with confined(r, "duplicates"):
-            rs = load_rules(r.rules_version) if r.rules_version else fallback_rules(forced_rules)
+            ruleset = load_rules(r.rules_version) if r.rules_version else fallback_rules(forced_rules)
             facts = SubmissionFacts(duplicates=tuple(problems.get(id(r), ())),
                                     content=tuple(content.get(id(r), ())))
-            found, _ = submission_findings(rs, facts, r.declared_division or r.division)
+            found, _ = submission_findings(ruleset, facts, r.declared_division or r.division)
             r.findings += [finding_dict(f, r.path, {"run.json": f"{r.path}/run.json"}) for f in found]
         if r.verdict != "internal-error":
             r.verdict = verdict([as_finding(f) for f in r.findings], r.declared_division or r.division)

@@ -107,14 +107,14 @@ def jsonable(value: Any, depth: int = 0) -> Any:
 
 
 @contextmanager
-def confined(r: BundleResult, stage: str) -> Iterator[None]:
+def confined(result: BundleResult, stage: str) -> Iterator[None]:
     """A tree-level stage's work on one bundle: a fault there (a defect of the checker) becomes
     that bundle's INTERNAL finding; the other bundles are still judged and the report written."""
     try:
         yield
     except Exception as exc:  # any defect, confined to this bundle
-        r.verdict = "internal-error"
-        r.findings.append(fault_finding(r.path, stage, exc))
+        result.verdict = "internal-error"
+        result.findings.append(fault_finding(result.path, stage, exc))
 
 
 def fault_finding(path: str, stage: str, exc: BaseException) -> dict[str, Any]:

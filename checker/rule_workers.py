@@ -27,17 +27,17 @@ SUMMARY_CHECKS = frozenset({"metrics_recompute", "summary_exact", "request_evide
 Part = tuple[int, Evaluation | BaseException]  # a rule's index and its part, or what it raised
 
 
-def evaluate(rs: RuleSet, ctx: Context, stages: Sequence[str], workers: int, records: int) -> Evaluation:
-    """``rs.evaluate(ctx, stages)``, on up to ``workers`` processes for a bundle of ``records``."""
+def evaluate(ruleset: RuleSet, ctx: Context, stages: Sequence[str], workers: int, records: int) -> Evaluation:
+    """``ruleset.evaluate(ctx, stages)``, on up to ``workers`` processes for a bundle of ``records``."""
     if workers <= 1 or records < forked.MIN_RECORDS or not forked.AVAILABLE:
-        return rs.evaluate(ctx, stages)
-    rules = rs.rules
+        return ruleset.evaluate(ctx, stages)
+    rules = ruleset.rules
     pinned = [i for i, r in enumerate(rules) if r.check in SUMMARY_CHECKS]
     shared = [i for i, r in enumerate(rules) if r.check not in SUMMARY_CHECKS]
     try:
         claimed = multiprocessing.get_context("fork").Value("i", 0)  # the next of ``shared`` to take
     except OSError:  # no shared memory to be had: one process
-        return rs.evaluate(ctx, stages)
+        return ruleset.evaluate(ctx, stages)
     warm(ctx)
 
     def take() -> Iterator[int]:
@@ -51,7 +51,7 @@ def evaluate(rs: RuleSet, ctx: Context, stages: Sequence[str], workers: int, rec
 
     def worker() -> list[Part]:
         return [(i, forked.portable(x) if isinstance(x, BaseException) else x)
-                for i, x in _run(rs, ctx, stages, take())]
+                for i, x in _run(ruleset, ctx, stages, take())]
 
     with contextlib.ExitStack() as stack:
         children = []
@@ -60,12 +60,12 @@ def evaluate(rs: RuleSet, ctx: Context, stages: Sequence[str], workers: int, rec
                 children.append(stack.enter_context(forked.Forked(worker)))
             except OSError:  # no process to be had (limits, memory): fewer workers
                 break
-        done = dict(_run(rs, ctx, stages, itertools.chain(pinned, take())))
+        done = dict(_run(ruleset, ctx, stages, itertools.chain(pinned, take())))
         for child in children:
             done.update(child.result()[1] or ())
     for i in range(len(rules)):  # a worker that died: its rules, here
         if i not in done:
-            done.update(_run(rs, ctx, stages, [i]))
+            done.update(_run(ruleset, ctx, stages, [i]))
     return _in_order([done[i] for i in range(len(rules))])
 
 
@@ -81,11 +81,11 @@ def warm(ctx: Context) -> None:
         d.pipeline  # noqa: B018 - a cached property, made here once
 
 
-def _run(rs: RuleSet, ctx: Context, stages: Sequence[str], indices: Iterable[int]) -> Iterator[Part]:
+def _run(ruleset: RuleSet, ctx: Context, stages: Sequence[str], indices: Iterable[int]) -> Iterator[Part]:
     """Each rule's part, until one raises (that one's exception is its part)."""
     for i in indices:
         try:
-            yield i, rs.evaluate_rule(rs.rules[i], ctx, stages)
+            yield i, ruleset.evaluate_rule(ruleset.rules[i], ctx, stages)
         except Exception as exc:
             yield i, exc
             return

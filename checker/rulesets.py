@@ -43,25 +43,25 @@ def fallback_rules(forced: str | None = None) -> RuleSet:
     return load_rules(DEFAULT_RULES_VERSION if DEFAULT_RULES_VERSION in known else known[-1])
 
 
-def without(rs: RuleSet, rule_ids: Iterable[str]) -> RuleSet:
+def without(ruleset: RuleSet, rule_ids: Iterable[str]) -> RuleSet:
     drop = set(rule_ids)
-    return dataclasses.replace(rs, rules=tuple(r for r in rs.rules if r.id not in drop))
+    return dataclasses.replace(ruleset, rules=tuple(r for r in ruleset.rules if r.id not in drop))
 
 
-def only(rs: RuleSet, keep: Iterable[str]) -> RuleSet:
+def only(ruleset: RuleSet, keep: Iterable[str]) -> RuleSet:
     ids = set(keep)
-    return dataclasses.replace(rs, rules=tuple(r for r in rs.rules if r.id in ids))
+    return dataclasses.replace(ruleset, rules=tuple(r for r in ruleset.rules if r.id in ids))
 
 
-def structural_rule_ids(rs: RuleSet) -> tuple[str, ...]:
+def structural_rule_ids(ruleset: RuleSet) -> tuple[str, ...]:
     """Rules without which no plan exists (as RuleSet.require_structure defines them)."""
-    return tuple(r.id for r in rs.rules if r.severity == "invalid" and r.stages == ("config",))
+    return tuple(r.id for r in ruleset.rules if r.severity == "invalid" and r.stages == ("config",))
 
 
-def submission_findings(rs: RuleSet, facts: SubmissionFacts, division: str) -> tuple[
+def submission_findings(ruleset: RuleSet, facts: SubmissionFacts, division: str) -> tuple[
         tuple[Finding, ...], tuple[tuple[str, str], ...]]:
     ctx = Context(config={"division": division}, workload=cast(Workload, None), submission=facts)
-    ev = rs.evaluate(ctx, ["submission"])
+    ev = ruleset.evaluate(ctx, ["submission"])
     return ev.findings, ev.not_checked
 
 

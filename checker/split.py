@@ -62,34 +62,36 @@ def is_write_invocation(config: Mapping[str, Any]) -> bool:
     return int(ck.get("num_reads") or 0) == 0 and bool(ck.get("keep")) and not ck.get("restore_from")
 
 
-def _evidence(r: BundleResult, w: BundleResult, rs: Any) -> list[Problem]:
+def _evidence(result: BundleResult, w: BundleResult, ruleset: Any) -> list[Problem]:
     """SPLIT-EVIDENCE's problems of a read invocation beside its (intact, same-statement) write invocation."""
-    assert r.invocation is not None and w.invocation is not None
-    if not any(rule.check == "split_evidence" for rule in rs.rules):
+    assert result.invocation is not None and w.invocation is not None
+    if not any(rule.check == "split_evidence" for rule in ruleset.rules):
         return []  # rules before 1.10
     out = []
-    proof = (r.invocation["run"].get("restored_from") or {}).get("content_proof")
+    proof = (result.invocation["run"].get("restored_from") or {}).get("content_proof")
     commitment = w.invocation["run"].get("content_commitment")
     if not proof_matches(proof, commitment):
         out.append(Problem("run.json", f"restored_from.content_proof opening {w.path}'s content_commitment "
                            "(only its content key yields it)",
                            "no commitment there" if not commitment else f"{str(proof)[:16]}… does not"))
-    bounds = rs.data["evidence"]["clocks"]
+    bounds = ruleset.data["evidence"]["clocks"]
     out += [Problem("records.jsonl", expected, got) for expected, got in clock_problems(
-        w.invocation["clocks"], r.invocation["clocks"], float(bounds["offset_s"]), float(bounds["slew"]))]
+        w.invocation["clocks"], result.invocation["clocks"], float(bounds["offset_s"]),
+        float(bounds["slew"]))]
     return out
 
 
-def _problems(r: BundleResult, writes: Writes, rs: Any) -> tuple[list[Problem], list[Problem], float | None]:
+def _problems(result: BundleResult, writes: Writes,
+              ruleset: Any) -> tuple[list[Problem], list[Problem], float | None]:
     """SPLIT-PAIR's problems, SPLIT-EVIDENCE's, and the gap between the invocations."""
-    assert r.invocation is not None
-    source = r.invocation["run"]["restored_from"]
+    assert result.invocation is not None
+    source = result.invocation["run"]["restored_from"]
     where = "run.json"
-    w = writes.get((r.division, r.org, r.system, r.workload, str(source.get("run_id"))))
+    w = writes.get((result.division, result.org, result.system, result.workload, str(source.get("run_id"))))
     named = f"{source.get('name')} (run_id {source.get('run_id')})"
     if w is None or w.invocation is None:
-        return [Problem(where, f"its write invocation {named} in {r.division}/{r.org}/results/{r.system}/"
-                        f"{r.workload}/", "not in the tree")], [], None
+        folder = f"{result.division}/{result.org}/results/{result.system}/{result.workload}/"
+        return [Problem(where, f"its write invocation {named} in {folder}", "not in the tree")], [], None
     if w.integrity != "ok":
         return [Problem(where, f"an intact write invocation {named}",
                         f"{w.path} failed its integrity check")], [], None
@@ -98,12 +100,12 @@ def _problems(r: BundleResult, writes: Writes, rs: Any) -> tuple[list[Problem], 
         return [Problem(where, f"the write invocation it restored (statement {signed})",
                         f"{w.path}, another bundle under that run id")], [], None
     out = [Problem(where, f"a write invocation it can restore ({w.path})", p)
-           for p in split_problems(w.invocation["run"], w.invocation["config"], r.invocation["config"])]
-    gap = gap_s(w.invocation["run"], r.invocation["run"])
+           for p in split_problems(w.invocation["run"], w.invocation["config"], result.invocation["config"])]
+    gap = gap_s(w.invocation["run"], result.invocation["run"])
     if gap is None or gap < 0:
         out.append(Problem(where, f"restores that began after {w.path} ended",
                            "no gap" if gap is None else f"began {-gap:.1f} s before it ended"))
-    return out, _evidence(r, w, rs), gap
+    return out, _evidence(result, w, ruleset), gap
 
 
 def add_splits(results: Sequence[BundleResult], forced_rules: str | None = None) -> None:
@@ -116,12 +118,12 @@ def add_splits(results: Sequence[BundleResult], forced_rules: str | None = None)
                 or r.verdict == "internal-error":
             continue
         with confined(r, "split results"):
-            rs = load_rules(r.rules_version) if r.rules_version else fallback_rules(forced_rules)
-            problems, evidence, gap = _problems(r, writes, rs)
+            ruleset = load_rules(r.rules_version) if r.rules_version else fallback_rules(forced_rules)
+            problems, evidence, gap = _problems(r, writes, ruleset)
             if r.metrics is not None:
                 r.metrics["split_gap_s"] = gap
             facts = SubmissionFacts(split=tuple(problems), split_evidence=tuple(evidence), split_gap_s=gap)
-            found, _ = submission_findings(rs, facts, r.declared_division or r.division)
+            found, _ = submission_findings(ruleset, facts, r.declared_division or r.division)
             paths = {"run.json": f"{r.path}/run.json", "records.jsonl": f"{r.path}/records.jsonl"}
             r.findings += [finding_dict(f, r.path, paths) for f in found]
             r.verdict = verdict([as_finding(f) for f in r.findings], r.declared_division or r.division)

@@ -98,7 +98,7 @@ def _systems(root: Path, scan: TreeScan, version: str) -> dict[tuple[str, str, s
     return out
 
 
-def _tree_findings(scan: TreeScan, systems: dict[tuple[str, str, str], SystemInfo], rs: Any,
+def _tree_findings(scan: TreeScan, systems: dict[tuple[str, str, str], SystemInfo], ruleset: Any,
                    used: set[tuple[str, str, str]]) -> list[dict[str, Any]]:
     """Findings about the tree itself: misplaced entries, and system descriptions no bundle uses
     (a bundle that uses one reports its problems itself)."""
@@ -113,7 +113,7 @@ def _tree_findings(scan: TreeScan, systems: dict[tuple[str, str, str], SystemInf
     for div, facts in sorted(by_division.items()):
         sf = SubmissionFacts(layout=tuple(facts["layout"]),
                              system_description=tuple(facts["system_description"]))
-        found, _ = submission_findings(rs, sf, div)
+        found, _ = submission_findings(ruleset, sf, div)
         wheres = {p.where: p.where for p in (*facts["layout"], *facts["system_description"])}
         out += [finding_dict(f, ".", wheres) for f in found]
     return out

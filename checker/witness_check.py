@@ -20,19 +20,19 @@ from mlckpt.strict import ParseError
 from mlckpt.witness.protocol import TRANSCRIPT_TYPE
 
 
-def stage_witness(st: State) -> None:
+def stage_witness(state: State) -> None:
     """Collect the witness facts of a bundle whose rules version knows witnesses."""
-    assert st.verified is not None and st.rules is not None and st.folder is not None
-    if not any(r.id.startswith("WITNESS-") for r in st.rules.rules):
+    assert state.verified is not None and state.rules is not None and state.folder is not None
+    if not any(r.id.startswith("WITNESS-") for r in state.rules.rules):
         return  # an older rules version: run.json has no witness to speak of
-    run = st.docs["run.json"]
+    run = state.docs["run.json"]
     claim = run.get("witness")
-    present = TRANSCRIPT in st.verified.files
-    facts = WitnessFacts(claim, present, run=run, records=st.records, plan_digest=st.plan_digest,
-                         trust_list=st.task.witnesses is not None, bundle_signer=st.verified.keyid)
+    present = TRANSCRIPT in state.verified.files
+    facts = WitnessFacts(claim, present, run=run, records=state.records, plan_digest=state.plan_digest,
+                         trust_list=state.task.witnesses is not None, bundle_signer=state.verified.keyid)
     if present and claim and claim.get("status") == "witnessed":
-        facts = _opened(st, facts)
-    st.witness = facts
+        facts = _opened(state, facts)
+    state.witness = facts
 
 
 def open_transcript(folder: Path, vb: bundle.VerifiedBundle, version: str
@@ -50,19 +50,19 @@ def open_transcript(folder: Path, vb: bundle.VerifiedBundle, version: str
     return dict(doc), signer, None
 
 
-def transcript_of(st: State) -> tuple[dict[str, Any] | None, str | None, str | None]:
+def transcript_of(state: State) -> tuple[dict[str, Any] | None, str | None, str | None]:
     """The bundle's transcript opened once (the result rules and the witness stage both read it)."""
-    assert st.verified is not None and st.rules is not None and st.folder is not None
-    if st.transcript is None:
-        st.transcript = open_transcript(st.folder, st.verified, st.rules.version)
-    return st.transcript
+    assert state.verified is not None and state.rules is not None and state.folder is not None
+    if state.transcript is None:
+        state.transcript = open_transcript(state.folder, state.verified, state.rules.version)
+    return state.transcript
 
 
-def _opened(st: State, facts: WitnessFacts) -> WitnessFacts:
-    doc, signer, problem = transcript_of(st)
+def _opened(state: State, facts: WitnessFacts) -> WitnessFacts:
+    doc, signer, problem = transcript_of(state)
     if doc is None:
         return replace(facts, signer=signer, problem=problem)
-    trusted = st.task.witnesses.org_for(str(signer)) if st.task.witnesses is not None else None
+    trusted = state.task.witnesses.org_for(str(signer)) if state.task.witnesses is not None else None
     return replace(facts, signer=signer, transcript=doc, trusted_as=trusted)
 
 
@@ -85,14 +85,14 @@ def compare_side(folder: Path, vb: bundle.VerifiedBundle, run: dict[str, Any], r
     return out
 
 
-def witness_doc(f: WitnessFacts, held: bool = True, rules: RuleSet | None = None) -> dict[str, Any]:
+def witness_doc(facts: WitnessFacts, held: bool = True, rules: RuleSet | None = None) -> dict[str, Any]:
     """The report's ``witness`` of a bundle whose run asked for one (witnessed, or lost mid-run).
     Counted as witnessed only when the records held against the transcript (``held``: no WITNESS-*
     rule failed).  Rules 1.10: ``unbounded`` names the ops the witness bounds only loosely."""
-    claim = f.claim or {}
-    out = {"by": f.trusted_as, "keyid": str(claim.get("keyid")), "endpoint": str(claim.get("endpoint")),
-           "status": str(claim.get("status")), "counted": f.witnessed and held, **witness_figures(f)}
-    short = witness_too_short(f, rules) if rules is not None and f.claimed else []
+    claim = facts.claim or {}
+    out = {"by": facts.trusted_as, "keyid": str(claim.get("keyid")), "endpoint": str(claim.get("endpoint")),
+           "status": str(claim.get("status")), "counted": facts.witnessed and held, **witness_figures(facts)}
+    short = witness_too_short(facts, rules) if rules is not None and facts.claimed else []
     if short:
         out["unbounded"] = short
     return out

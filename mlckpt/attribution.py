@@ -224,14 +224,14 @@ class Background:
         return self.window.foreign_bytes / (self.window.window_ns / 1e9) if self.window.window_ns > 0 else 0.0
 
 
-def watched_rate_share(b: Background, sp: Span) -> float:
+def watched_rate_share(b: Background, span: Span) -> float:
     """How fast other processes moved bytes over everything a host watched (its background window
     and its span, together), ÷ the device's highest rate in one of the host's ops: one measure
     over a horizon of at least the background window, however short the run's ops."""
-    ns = b.window.window_ns + sp.window.window_ns
-    if ns <= 0 or sp.peak_bytes_per_ns <= 0:
+    ns = b.window.window_ns + span.window.window_ns
+    if ns <= 0 or span.peak_bytes_per_ns <= 0:
         return 0.0
-    return (b.window.foreign_bytes + sp.window.foreign_bytes) / ns / sp.peak_bytes_per_ns
+    return (b.window.foreign_bytes + span.window.foreign_bytes) / ns / span.peak_bytes_per_ns
 
 
 def backgrounds(run: Rec) -> list[Background]:

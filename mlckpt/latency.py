@@ -129,10 +129,10 @@ def decode(block: Mapping[str, Any]) -> HdrHistogram:
 Longest = dict[int, tuple[int, int]]
 
 
-def longest(h: HdrHistogram) -> tuple[int, int]:
+def longest(histogram: HdrHistogram) -> tuple[int, int]:
     """The histogram's longest request (ns) and the lowest value of its bucket."""
-    top = h.get_max_value()
-    return top, h.get_lowest_equivalent_value(top)
+    top = histogram.get_max_value()
+    return top, histogram.get_lowest_equivalent_value(top)
 
 
 def merged(blocks: Iterable[Mapping[str, Any]], seen: Longest | None = None) -> HdrHistogram:
@@ -178,30 +178,30 @@ def merged(blocks: Iterable[Mapping[str, Any]], seen: Longest | None = None) -> 
     return out
 
 
-def _bucket(h: HdrHistogram, cache: dict[int, tuple[int, int]], index: int) -> tuple[int, int]:
+def _bucket(histogram: HdrHistogram, cache: dict[int, tuple[int, int]], index: int) -> tuple[int, int]:
     """The lowest and the highest value of bucket ``index`` (the library's own arithmetic)."""
     if index not in cache:
-        v = h.get_value_from_index(index)
-        cache[index] = (h.get_lowest_equivalent_value(v), h.get_highest_equivalent_value(v))
+        v = histogram.get_value_from_index(index)
+        cache[index] = (histogram.get_lowest_equivalent_value(v), histogram.get_highest_equivalent_value(v))
     return cache[index]
 
 
-def percentiles_ms(h: HdrHistogram) -> dict[str, float]:
+def percentiles_ms(histogram: HdrHistogram) -> dict[str, float]:
     """count, p50, p90, p99, p99_9 and max (ms) of a histogram."""
-    got = h.get_percentile_to_value_dict(list(PERCENTILES.values()))
-    out: dict[str, float] = {"count": h.get_total_count()}
+    got = histogram.get_percentile_to_value_dict(list(PERCENTILES.values()))
+    out: dict[str, float] = {"count": histogram.get_total_count()}
     out.update({name: got[p] / 1e6 for name, p in PERCENTILES.items()})
-    out["max"] = h.get_max_value() / 1e6
+    out["max"] = histogram.get_max_value() / 1e6
     return out
 
 
-def cdf_ms(h: HdrHistogram) -> tuple[list[float], list[float]]:
+def cdf_ms(histogram: HdrHistogram) -> tuple[list[float], list[float]]:
     """The histogram's distribution as (latency ms, fraction of requests at or under it): one point
     per bucket that holds requests, for a plot."""
     xs: list[float] = []
     ys: list[float] = []
-    total = h.get_total_count()
-    for item in h.get_recorded_iterator():
+    total = histogram.get_total_count()
+    for item in histogram.get_recorded_iterator():
         xs.append(item.value_iterated_to / 1e6)
         ys.append(item.total_count_to_this_value / total)
     return xs, ys

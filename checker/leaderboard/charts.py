@@ -42,8 +42,8 @@ def _base_layout(title: str, ytitle: str) -> dict[str, Any]:
     }
 
 
-def bar_figure(t: ClassTable) -> dict[str, Any]:
-    recs = t.frame.to_dict("records")
+def bar_figure(table: ClassTable) -> dict[str, Any]:
+    recs = table.frame.to_dict("records")
     ids = [r["result_id"] for r in recs]
     traces = []
     for op, color in (("write", WRITE_COLOR), ("read", READ_COLOR)):
@@ -76,8 +76,8 @@ def bar_figure(t: ClassTable) -> dict[str, Any]:
     return {"data": traces, "layout": layout}
 
 
-def scaling_figure(t: ClassTable) -> dict[str, Any] | None:
-    series = scaling_series(t)
+def scaling_figure(table: ClassTable) -> dict[str, Any] | None:
+    series = scaling_series(table)
     if not series:
         return None
     traces = []

@@ -259,53 +259,54 @@ def _td(rec: Mapping[str, Any], c: Column, link: str | None, maxima: Mapping[str
 PAGE_OMITS = ("division",)
 
 
-def _table_html(t: ClassTable, links: Mapping[str, str], reports: Mapping[str, str]) -> str:
-    recs = t.frame.to_dict("records")
-    columns = [c for c in t.columns if c.key not in PAGE_OMITS]
-    maxima = {k: float(t.frame[k].max()) for k in BAR_COLUMNS if k in t.frame and t.frame[k].notna().any()}
-    serving = t.key.pipeline == SERVING
+def _table_html(table: ClassTable, links: Mapping[str, str], reports: Mapping[str, str]) -> str:
+    recs = table.frame.to_dict("records")
+    columns = [c for c in table.columns if c.key not in PAGE_OMITS]
+    maxima = {k: float(table.frame[k].max()) for k in BAR_COLUMNS
+              if k in table.frame and table.frame[k].notna().any()}
+    serving = table.key.pipeline == SERVING
     ranked, direction = ("ready_s", "ascending") if serving else ("write_gib_s", "descending")
     head = "".join(_th(c, direction if c.key == ranked else "none") for c in columns)
     rows = []
-    for i, (entry, rec) in enumerate(zip(t.entries, recs, strict=True)):
+    for i, (entry, rec) in enumerate(zip(table.entries, recs, strict=True)):
         report = reports.get(rec["bundle"])
         cells = "".join(_td(rec, c, links.get(rec["bundle"]), maxima, entry.sut, report) for c in columns)
         rows.append(f'<tr data-order="{i}" data-id="{_e(rec["result_id"])}">{cells}</tr>')
-    caption = (f'<caption>{_e(t.key.describe())}: {len(recs)} result{"s" if len(recs) != 1 else ""}, '
-               f'{_e(t.sort_note)}.</caption>')
+    caption = (f'<caption>{_e(table.key.describe())}: {len(recs)} result{"s" if len(recs) != 1 else ""}, '
+               f'{_e(table.sort_note)}.</caption>')
     body = "\n".join(rows)
-    cid = _e(t.key.id)
+    cid = _e(table.key.id)
     return (f'<div class="table-wrap"><table class="lb" id="table-{cid}" data-class="{cid}">{caption}'
             f'<thead><tr>{head}</tr></thead>\n<tbody>\n{body}\n</tbody></table></div>')
 
 
-def _class_html(t: ClassTable, links: Mapping[str, str], figs: Mapping[str, Any],
+def _class_html(table: ClassTable, links: Mapping[str, str], figs: Mapping[str, Any],
                 reports: Mapping[str, str]) -> str:
-    n = len(t.entries)
-    badge = t.key.scale_label
-    pipeline = ("" if t.key.pipeline == "sync" else
-                f'<span class="badge badge-pipeline" title="checkpoint mode">{_e(t.key.pipeline)}</span>')
+    n = len(table.entries)
+    badge = table.key.scale_label
+    pipeline = ("" if table.key.pipeline == "sync" else
+                f'<span class="badge badge-pipeline" title="checkpoint mode">{_e(table.key.pipeline)}</span>')
     charts = []
-    figs_of = [k for k in ("bars", "scaling") if f"chart-{k}-{t.key.id}" in figs]
+    figs_of = [k for k in ("bars", "scaling") if f"chart-{k}-{table.key.id}" in figs]
     for kind, caption in (("bars", "Bars: mean over the checkpoint writes / restores of each result; "
                                    "whiskers: the slowest and fastest op."),
                           ("scaling", "Each point: the mean over that system's results at that rank "
                                       "count; solid: write, dotted: read.")):
-        cid = f"chart-{kind}-{t.key.id}"
+        cid = f"chart-{kind}-{table.key.id}"
         # A lone bar chart of few results need not span the page (bars would be slabs).
         lone = kind == "bars" and len(figs_of) == 1
         width = f' style="max-width:{max(480, 200 + 110 * n)}px"' if lone else ""
         if cid in figs:
             charts.append(f'<figure class="chart chart-{kind}"{width}><div class="plot" id="{_e(cid)}" '
-                          f'role="img" aria-label="{_e(kind)} chart, {_e(t.key.describe())}"></div>'
+                          f'role="img" aria-label="{_e(kind)} chart, {_e(table.key.describe())}"></div>'
                           f'<figcaption>{_e(caption)}</figcaption></figure>')
-    return (f'<section class="lb-class" id="{_e(t.key.id)}" aria-labelledby="h-{_e(t.key.id)}">\n'
-            f'<h3 id="h-{_e(t.key.id)}"><span class="workload">{_e(t.key.workload)}</span>'
-            f'<span class="badge badge-{_e(t.key.scale)}">{badge}</span>'
+    return (f'<section class="lb-class" id="{_e(table.key.id)}" aria-labelledby="h-{_e(table.key.id)}">\n'
+            f'<h3 id="h-{_e(table.key.id)}"><span class="workload">{_e(table.key.workload)}</span>'
+            f'<span class="badge badge-{_e(table.key.scale)}">{badge}</span>'
             f'{pipeline}'
-            f'<span class="badge badge-{_e(t.key.division)}">{_e(t.key.division)}</span>'
+            f'<span class="badge badge-{_e(table.key.division)}">{_e(table.key.division)}</span>'
             f'<span class="count">{n} result{"s" if n != 1 else ""}</span></h3>\n'
-            f'{_table_html(t, links, reports)}\n'
+            f'{_table_html(table, links, reports)}\n'
             f'<div class="charts charts-{len(charts)}">{"".join(charts)}</div>\n</section>')
 
 

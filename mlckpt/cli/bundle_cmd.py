@@ -47,41 +47,41 @@ def _commands() -> list[tuple[str, str, str, Any, Any]]:
     ]
 
 
-def _keygen_options(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--out", type=Path, default=None, help=f"key path (default {default_key_path()})")
-    p.add_argument("--passphrase-env", metavar="NAME", default=None,
+def _keygen_options(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--out", type=Path, default=None, help=f"key path (default {default_key_path()})")
+    parser.add_argument("--passphrase-env", metavar="NAME", default=None,
                    help="encrypt the key with the passphrase held in environment variable NAME (mlckpt "
                    f"run reads it from ${bundle.DEFAULT_PASSPHRASE_ENV}: "
                    f"NAME={bundle.DEFAULT_PASSPHRASE_ENV} keeps one variable)")
-    p.add_argument("--org", default=None, metavar="NAME",
+    parser.add_argument("--org", default=None, metavar="NAME",
                    help="your organisation's name in the submission tree (for the printed "
                    "trusted-keys entry)")
 
 
-def _sign_options(p: argparse.ArgumentParser) -> None:
-    p.add_argument("bundle", type=Path, metavar="BUNDLE")
-    p.add_argument("--key", type=Path, default=None, help="private key (default: keygen's path)")
-    p.add_argument("--passphrase-env", metavar="NAME", default=bundle.DEFAULT_PASSPHRASE_ENV,
+def _sign_options(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("bundle", type=Path, metavar="BUNDLE")
+    parser.add_argument("--key", type=Path, default=None, help="private key (default: keygen's path)")
+    parser.add_argument("--passphrase-env", metavar="NAME", default=bundle.DEFAULT_PASSPHRASE_ENV,
                    help="environment variable holding the key's passphrase (default %(default)s)")
-    p.add_argument("--predicate", type=Path, default=None, metavar="FILE",
+    parser.add_argument("--predicate", type=Path, default=None, metavar="FILE",
                    help="JSON object to sign as the predicate (default: the existing envelope's)")
 
 
-def _verify_options(p: argparse.ArgumentParser) -> None:
-    p.add_argument("bundle", type=Path, metavar="BUNDLE", help="bundle folder or .tar.gz")
-    p.add_argument("--trusted-keys", type=Path, default=None, metavar="FILE",
+def _verify_options(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("bundle", type=Path, metavar="BUNDLE", help="bundle folder or .tar.gz")
+    parser.add_argument("--trusted-keys", type=Path, default=None, metavar="FILE",
                    help="organisation -> public keys (YAML, or JSON by suffix); without it only "
                    "integrity is checked, not who signed")
-    p.add_argument("--org", default=None, help="require a key registered for this organisation")
+    parser.add_argument("--org", default=None, help="require a key registered for this organisation")
 
 
-def _pack_options(p: argparse.ArgumentParser) -> None:
-    p.add_argument("bundle", type=Path, metavar="BUNDLE")
-    p.add_argument("--out", type=Path, default=None, help="archive path (default BUNDLE.tar.gz)")
+def _pack_options(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("bundle", type=Path, metavar="BUNDLE")
+    parser.add_argument("--out", type=Path, default=None, help="archive path (default BUNDLE.tar.gz)")
 
 
-def _digest_options(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--entry", action="store_true", help="print only the paste-ready YAML entry")
+def _digest_options(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--entry", action="store_true", help="print only the paste-ready YAML entry")
 
 
 def cmd_digest(args: argparse.Namespace) -> int:

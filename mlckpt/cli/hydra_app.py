@@ -83,11 +83,11 @@ def aliased(overrides: Sequence[str]) -> list[str]:
     return out
 
 
-def add_source_flags(p: argparse.ArgumentParser) -> None:
+def add_source_flags(parser: argparse.ArgumentParser) -> None:
     """Hydra's -cd/-cn for the commands that compose without running (plan, size, config)."""
-    p.add_argument("--config-dir", "-cd", default=None, metavar="DIR",
+    parser.add_argument("--config-dir", "-cd", default=None, metavar="DIR",
                    help="your own config folder (e.g. DIR/workload/NAME.yaml) beside mlckpt's")
-    p.add_argument("--config-name", "-cn", default=None, metavar="NAME",
+    parser.add_argument("--config-name", "-cn", default=None, metavar="NAME",
                    help="primary config name (default: config)")
 
 

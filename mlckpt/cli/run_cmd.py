@@ -238,9 +238,9 @@ def _plain_help(flag: list[str]) -> int:
     return ExitStatus.OK
 
 
-def _in_folder(combo: list[str], out: str, s: Setup) -> list[str]:
+def _in_folder(combo: list[str], out: str, setup: Setup) -> list[str]:
     """The job's overrides, with Hydra's output folder as its results folder."""
-    if Path(out).absolute() == s.settings.results:
+    if Path(out).absolute() == setup.settings.results:
         return combo
     return [o for o in combo if override_key(o) != "output.root"] + [f"output.root={hydra_app.quoted(out)}"]
 
@@ -336,12 +336,12 @@ def launch(mpiexec: Launcher, overrides: list[str], source: ConfigSource | None 
     return status
 
 
-def _tries(mpiexec: Launcher, cmd: list[str], env: dict[str, str], s: Setup, results_existed: bool,
+def _tries(mpiexec: Launcher, cmd: list[str], env: dict[str, str], setup: Setup, results_existed: bool,
            out: TextIO | None) -> int:
     """The launch, and again after a pause while it is disturbed and MLCKPT_RETRY_DISTURBED allows."""
     retries = disturbed_retries(os.environ)
     for attempt in range(retries + 1):
-        status = _launch_once(mpiexec, cmd, env, s, results_existed, out)
+        status = _launch_once(mpiexec, cmd, env, setup, results_existed, out)
         if status != ExitStatus.DISTURBED or attempt == retries:
             return status
         print(f"mlckpt run: the run was disturbed (its bundle is kept); running it again in "
@@ -352,14 +352,14 @@ def _tries(mpiexec: Launcher, cmd: list[str], env: dict[str, str], s: Setup, res
     return status
 
 
-def _launch_once(mpiexec: Launcher, cmd: list[str], env: dict[str, str], s: Setup,
+def _launch_once(mpiexec: Launcher, cmd: list[str], env: dict[str, str], setup: Setup,
                  results_existed: bool, out: TextIO | None = None) -> int:
     """One launch; a Ctrl-C waits for the run's cleanup (mlckpt.cli.interrupt), never kills it."""
     from mlckpt.cli import interrupt
     from mlckpt.run.storage.folderlock import LAUNCH_ENV
     from mlckpt.run.storage.kinds import local_folder
 
-    run = s.settings
+    run = setup.settings
     launch = interrupt.Launch(local_folder(run.checkpoint.folder), secrets.token_hex(8), run.results,
                               results_existed, run.checkpoint.kept)
     with interrupt.Presses() as presses:

@@ -11,8 +11,8 @@ from mlckpt.workload.model import Workload
 from mlckpt.workload.serving import DEFAULT_SHARD_FILE_BYTES, ServingLayout
 
 
-def add_flags(p: argparse.ArgumentParser, replicas_help: str, metavar: str = "N") -> None:
-    g = p.add_argument_group("serving (inference model loading: weights only, bf16)")
+def add_flags(parser: argparse.ArgumentParser, replicas_help: str, metavar: str = "N") -> None:
+    g = parser.add_argument_group("serving (inference model loading: weights only, bf16)")
     g.add_argument("--replicas", default=None, metavar=metavar, help=replicas_help)
     g.add_argument("--tp", type=int, default=None, metavar="T",
                    help="GPUs per replica (tensor parallelism; default: the workload's TP)")

@@ -98,15 +98,15 @@ def _fsync(paths: Sequence[str]) -> None:
             os.close(fd)
 
 
-def _dcp_writer(fw: Framework, cdir: Path) -> Any:
+def _dcp_writer(framework: Framework, cdir: Path) -> Any:
     import torch.distributed.checkpoint as dcp
 
-    return dcp.FileSystemWriter(str(cdir), single_file_per_rank=True, sync_files=fw.sync_files,
-                                thread_count=fw.threads)
+    return dcp.FileSystemWriter(str(cdir), single_file_per_rank=True, sync_files=framework.sync_files,
+                                thread_count=framework.threads)
 
 
-def _durable(fw: Framework, cdir: Path, paths: Sequence[str]) -> Saved:
-    by = fw.synced_by()
+def _durable(framework: Framework, cdir: Path, paths: Sequence[str]) -> Saved:
+    by = framework.synced_by()
     if by == "mlckpt":
         _fsync(paths)
     _fsync([str(cdir)])  # no library here fsyncs the folder that names its files
@@ -125,11 +125,11 @@ class Library:
         """The files it keeps under ``cdir`` for these planned files."""
         return [str(cdir / library_name(self.name, n)) for n in names]
 
-    def save(self, fw: Framework, cdir: Path, items: Sequence[Item], rank: int) -> Saved:
+    def save(self, framework: Framework, cdir: Path, items: Sequence[Item], rank: int) -> Saved:
         paths = self.paths(cdir, [it.name for it in items])
         for it, path in zip(items, paths, strict=True):
             self.write_one(it, path)
-        return _durable(fw, cdir, paths)
+        return _durable(framework, cdir, paths)
 
     def load(self, cdir: Path, items: Sequence[Item], rank: int) -> None:
         for it, path in zip(items, self.paths(cdir, [it.name for it in items]), strict=True):
@@ -139,16 +139,16 @@ class Library:
                                         f"{it.buf.size} B were written", rank=rank, file=path, offset=0)
             _tensor(it.buf).copy_(loaded)  # into the state, as load_state_dict copies into parameters
 
-    def write_one(self, it: Item, path: str) -> None:
+    def write_one(self, item: Item, path: str) -> None:
         raise NotImplementedError
 
-    def read_one(self, it: Item, path: str) -> Any:
+    def read_one(self, item: Item, path: str) -> Any:
         raise NotImplementedError
 
-    def start_async(self, fw: Framework, cdir: Path, items: Sequence[Item]) -> Future[Any]:
+    def start_async(self, framework: Framework, cdir: Path, items: Sequence[Item]) -> Future[Any]:
         raise ValueError(f"{self.name} has no async save")  # FRAMEWORK-SCOPE refuses it before I/O
 
-    def finish_async(self, fw: Framework, cdir: Path, future: Future[Any], rank: int) -> Saved:
+    def finish_async(self, framework: Framework, cdir: Path, future: Future[Any], rank: int) -> Saved:
         raise ValueError(f"{self.name} has no async save")
 
 
@@ -157,16 +157,16 @@ class TorchSave(Library):
 
     name = "torch_save"
 
-    def write_one(self, it: Item, path: str) -> None:
+    def write_one(self, item: Item, path: str) -> None:
         import torch
 
         with open(path, "wb") as fh:
-            torch.save({it.key: _tensor(it.buf)}, fh)
+            torch.save({item.key: _tensor(item.buf)}, fh)
 
-    def read_one(self, it: Item, path: str) -> Any:
+    def read_one(self, item: Item, path: str) -> Any:
         import torch
 
-        return torch.load(path, weights_only=True)[it.key]
+        return torch.load(path, weights_only=True)[item.key]
 
 
 class Safetensors(Library):
@@ -174,15 +174,15 @@ class Safetensors(Library):
 
     name = "safetensors"
 
-    def write_one(self, it: Item, path: str) -> None:
+    def write_one(self, item: Item, path: str) -> None:
         from safetensors.torch import save_file
 
-        save_file({it.key: _tensor(it.buf)}, path)
+        save_file({item.key: _tensor(item.buf)}, path)
 
-    def read_one(self, it: Item, path: str) -> Any:
+    def read_one(self, item: Item, path: str) -> Any:
         from safetensors.torch import load_file
 
-        return load_file(path)[it.key]
+        return load_file(path)[item.key]
 
 
 class DistributedCheckpoint(Library):
@@ -200,26 +200,27 @@ class DistributedCheckpoint(Library):
         mine = sorted(glob.glob(str(cdir / f"__{rank}_*.distcp")))
         return mine + ([str(cdir / DCP_METADATA[0])] if rank == 0 else [])
 
-    def save(self, fw: Framework, cdir: Path, items: Sequence[Item], rank: int) -> Saved:
+    def save(self, framework: Framework, cdir: Path, items: Sequence[Item], rank: int) -> Saved:
         import torch.distributed.checkpoint as dcp
 
-        dcp.save({it.key: _tensor(it.buf) for it in items}, storage_writer=_dcp_writer(fw, cdir))
-        return _durable(fw, cdir, self.own(cdir, rank))
+        dcp.save({it.key: _tensor(it.buf) for it in items}, storage_writer=_dcp_writer(framework, cdir))
+        return _durable(framework, cdir, self.own(cdir, rank))
 
     def load(self, cdir: Path, items: Sequence[Item], rank: int) -> None:
         import torch.distributed.checkpoint as dcp
 
         dcp.load({it.key: _tensor(it.buf) for it in items}, storage_reader=dcp.FileSystemReader(str(cdir)))
 
-    def start_async(self, fw: Framework, cdir: Path, items: Sequence[Item]) -> Future[Any]:
+    def start_async(self, framework: Framework, cdir: Path, items: Sequence[Item]) -> Future[Any]:
         import torch.distributed.checkpoint as dcp
 
-        out = dcp.async_save({it.key: _tensor(it.buf) for it in items}, storage_writer=_dcp_writer(fw, cdir))
+        out = dcp.async_save({it.key: _tensor(it.buf) for it in items},
+                             storage_writer=_dcp_writer(framework, cdir))
         return out if isinstance(out, Future) else out.upload_completion
 
-    def finish_async(self, fw: Framework, cdir: Path, future: Future[Any], rank: int) -> Saved:
+    def finish_async(self, framework: Framework, cdir: Path, future: Future[Any], rank: int) -> Saved:
         future.result()
-        return _durable(fw, cdir, self.own(cdir, rank))
+        return _durable(framework, cdir, self.own(cdir, rank))
 
 
 LIBRARIES: dict[str, Library] = {lib.name: lib for lib in (TorchSave(), DistributedCheckpoint(),
@@ -240,21 +241,21 @@ def paths_of(writer: str, cdir: Path, names: Sequence[str]) -> list[str]:
     return library(writer).paths(cdir, names)
 
 
-def save(fw: Framework, cdir: Path, items: Sequence[Item], rank: int) -> Saved:
+def save(framework: Framework, cdir: Path, items: Sequence[Item], rank: int) -> Saved:
     """Write ``items`` under ``cdir`` through the library, then make every file and the folder
     durable (the library's own fsync where it does one, mlckpt's otherwise).  Collective for DCP."""
-    return library(fw.writer).save(fw, cdir, items, rank)
+    return library(framework.writer).save(framework, cdir, items, rank)
 
 
-def start_async_save(fw: Framework, cdir: Path, items: Sequence[Item]) -> Future[Any]:
+def start_async_save(framework: Framework, cdir: Path, items: Sequence[Item]) -> Future[Any]:
     """DCP's ``async_save``: returns once DCP staged the state (what training waits for); the
     future is done once the library wrote every file.  Collective."""
-    return library(fw.writer).start_async(fw, cdir, items)
+    return library(framework.writer).start_async(framework, cdir, items)
 
 
-def finish_async_save(fw: Framework, cdir: Path, future: Future[Any], rank: int) -> Saved:
+def finish_async_save(framework: Framework, cdir: Path, future: Future[Any], rank: int) -> Saved:
     """Wait for an async save's files, then make them and the folder durable."""
-    return library(fw.writer).finish_async(fw, cdir, future, rank)
+    return library(framework.writer).finish_async(framework, cdir, future, rank)
 
 
 def load(writer: str, cdir: Path, items: Sequence[Item], rank: int) -> None:

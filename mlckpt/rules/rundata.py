@@ -49,11 +49,11 @@ class RunData:
     # what else is made once for every rule that asks (the recomputed summary.json), by key
     _made: dict[Any, Any] = field(default_factory=dict, compare=False, repr=False)
 
-    def summarized(self, rs: RuleSet) -> dict[str, Any]:
-        """The statistics of the records (``mlckpt.metrics.summarize``), under ``rs``'s cold-read
+    def summarized(self, ruleset: RuleSet) -> dict[str, Any]:
+        """The statistics of the records (``mlckpt.metrics.summarize``), under ``ruleset``'s cold-read
         bound and the records' own format; shared, not to be changed."""
-        key = (float(rs.data["cold_read"]["max_resident_fraction"]),
-               int(self.run.get("records_format", formats.RECORDS.version)), summary_format(rs))
+        key = (float(ruleset.data["cold_read"]["max_resident_fraction"]),
+               int(self.run.get("records_format", formats.RECORDS.version)), summary_format(ruleset))
         if key not in self._summaries:
             self._summaries[key] = summarize(self.records, max_resident_fraction=key[0],
                                              records_format=key[1], summary_format=key[2],
@@ -105,18 +105,18 @@ def by_host(recs: Sequence[Mapping[str, Any]]) -> dict[str, list[Mapping[str, An
     return out
 
 
-def written(d: RunData) -> int:
+def written(data: RunData) -> int:
     """The checkpoints the restores cycle through: this run's writes, or for a read-only
     invocation (run format 4) those of the write invocation it restored."""
-    source = d.run.get("restored_from") or {}
+    source = data.run.get("restored_from") or {}
     # At least 1: a bundle claiming no writes and restores anyway fails COUNTS-POSITIVE; the
     # other rules must still judge its records, not divide by zero.
-    return max(1, int(source.get("num_writes") or d.config["checkpoint"]["num_writes"] or 0))
+    return max(1, int(source.get("num_writes") or data.config["checkpoint"]["num_writes"] or 0))
 
 
-def summary_format(rs: RuleSet) -> int:
+def summary_format(ruleset: RuleSet) -> int:
     """The summary format a rule set's bundles carry (its summary schema's ``summary_format``)."""
-    return Written.of(rs.version).summary
+    return Written.of(ruleset.version).summary
 
 
 def run_data(ctx: Context) -> RunData:

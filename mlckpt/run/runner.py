@@ -76,9 +76,9 @@ def offsets(sizes: Sequence[int]) -> list[int]:
     return out
 
 
-def gate(job: Job, c: Configured) -> Gates:
+def gate(job: Job, configured: Configured) -> Gates:
     """Each host's leader measures its host; every rank judges every host (before any I/O)."""
-    cfg, run = c.config, c.setup.settings
+    cfg, run = configured.config, configured.setup.settings
     folder = Path(run.checkpoint.folder).absolute()
     names = job.comm.allgather(job.host)
     # The life pipe: its write end closes when this process dies, which its host's guardian sees
@@ -96,7 +96,8 @@ def gate(job: Job, c: Configured) -> Gates:
         if names.index(job.host) == job.rank and not takes_page_cache(run.checkpoint.folder):
             local = measure_object_host(job.host, cfg, mpi_library(), run.results)
         elif names.index(job.host) == job.rank:
-            local = measure_host(job.host, folder, cfg["io"], c.pipe.fast, mpi_library(), run.results, cfg)
+            local = measure_host(job.host, folder, cfg["io"], configured.pipe.fast, mpi_library(),
+                                 run.results, cfg)
         # The other ranks wait asleep: MPI's busy-polling collectives would halve the memory copy
         # rate a leader measures on a host with as many ranks as cores.
         job.idle_barrier()
@@ -104,7 +105,7 @@ def gate(job: Job, c: Configured) -> Gates:
             local["wall_s"] = time.time()
     measured = [m for m in job.comm.allgather(local) if m]
     with job.step("gates"):
-        return judge(c.setup, names, measured)
+        return judge(configured.setup, names, measured)
 
 
 def identity(job: Job, run: Settings) -> tuple[RunId, bytes]:
@@ -114,7 +115,7 @@ def identity(job: Job, run: Settings) -> tuple[RunId, bytes]:
     return RunId(number, job.comm.bcast(run_name(run, number) if job.rank == 0 else None)), key
 
 
-def op_timer(job: Job, c: Configured, gates: Gates, folders: Folders, created: Created,
+def op_timer(job: Job, configured: Configured, gates: Gates, folders: Folders, created: Created,
              loads: LoadFiles | None = None) -> OpTimer:
     """The run's op timer; rank 0 watches every op against ``io.timeout_s``, and a stall's line
     names and sweeps the checkpoint's files (``loads``: a serving run's weights)."""
@@ -129,9 +130,9 @@ def op_timer(job: Job, c: Configured, gates: Gates, folders: Folders, created: C
             "warning: this MPI library does not provide MPI_THREAD_MULTIPLE: io.timeout_s is "
             "not enforced (a stalled rank will hang the job)"
         )
-    stalled = Stalled(job, c, gates, folders, created, loads)
-    timer = OpTimer(job, c.setup.settings.io.timeout_s, channel, stalled)
-    timer.written = Written.of(c.setup.rules.version)
+    stalled = Stalled(job, configured, gates, folders, created, loads)
+    timer = OpTimer(job, configured.setup.settings.io.timeout_s, channel, stalled)
+    timer.written = Written.of(configured.setup.rules.version)
     pids = job.comm.allgather(os.getpid())
     if gates.leader(job.rank):  # the host's kernel counters around every op (records format 3)
         timer.device = block_device(Path(folders.durable.at())) if folders.durable.cached else None
@@ -141,13 +142,14 @@ def op_timer(job: Job, c: Configured, gates: Gates, folders: Folders, created: C
         own = [pids[r] for r in ranks] if timer.written.has("own_io") else ()
         timer.probe = partial(counters_sample, timer.device, own)
         timer.host_ranks = len(ranks)
-        every = c.setup.settings.io.sample_interval_s
+        every = configured.setup.settings.io.sample_interval_s
         if timer.written.has("requests") and timer.device is not None and every != 0:
             timer.sampler = DeviceSampler(timer.device, every or SAMPLE_INTERVAL_S)
     return timer
 
 
-def evict_written(job: Job, c: Configured, folders: Folders, created: Created, leader: bool, nw: int) -> None:
+def evict_written(job: Job, configured: Configured, folders: Folders, created: Created, leader: bool,
+                  nw: int) -> None:
     """After the writes: every file this run wrote leaves the page cache (restores are cold)."""
     fast = folders.fast.root if folders.fast is not None else None
     with job.step("cache eviction after writes"):
@@ -155,15 +157,15 @@ def evict_written(job: Job, c: Configured, folders: Folders, created: Created, l
             # Fast-tier copies no longer kept are gone already; every other file must be there.
             if fast is None or not path.startswith(f"{fast}/") or os.path.exists(path):
                 engine.evict(path)
-        if c.setup.settings.drop_system_cache and leader:
+        if configured.setup.settings.drop_system_cache and leader:
             engine.drop_caches()
         if leader and fast is not None:  # every persist is over: drop emptied folders
-            for j in set(range(1, nw + 1)) - set(c.pipe.fast_retained(nw)):
+            for j in set(range(1, nw + 1)) - set(configured.pipe.fast_retained(nw)):
                 try:
                     (fast / f"ckpt-{j:04d}").rmdir()
                 except OSError:
                     pass
-        job.faults.after_writes(job.rank, folders.durable, fast, c.setup.plan, nw)
+        job.faults.after_writes(job.rank, folders.durable, fast, configured.setup.plan, nw)
 
 
 def timer_opts(run: Settings) -> engine.IOOptions:
@@ -173,20 +175,20 @@ def timer_opts(run: Settings) -> engine.IOOptions:
                             threads=run.io.threads, block_size=run.io.block_size, fsync=run.checkpoint.fsync)
 
 
-def phases(job: Job, c: Configured, gates: Gates, created: Created, ident: tuple[RunId, bytes],
+def phases(job: Job, configured: Configured, gates: Gates, created: Created, ident: tuple[RunId, bytes],
            witness: Witnessing | None) -> outcome.Measured:
     """Folders, allocation, the timing calibration, the writes, eviction, the restores."""
-    cfg, plan = c.config, c.setup.plan
-    folders = make_folders(job, c, gates, created, *ident)
-    timer = op_timer(job, c, gates, folders, created)
+    cfg, plan = configured.config, configured.setup.plan
+    folders = make_folders(job, configured, gates, created, *ident)
+    timer = op_timer(job, configured, gates, folders, created)
     timer.witness = witness
     mine = plan.rank_plans[job.rank].files
-    reads = plan.restore_reads(job.rank, c.setup.settings.checkpoint.restore, gates.shift)
-    stream = c.setup.settings.residency == "stream"
+    reads = plan.restore_reads(job.rank, configured.setup.settings.checkpoint.restore, gates.shift)
+    stream = configured.setup.settings.residency == "stream"
     with job.step("memory allocation"):
         own, rd_offsets = offsets([f.bytes for f in mine]), offsets([rd.file.bytes for rd in reads])
         arena = engine.alloc(
-            c.setup.settings.stream_buffer_bytes if stream else max(own[-1], rd_offsets[-1], PAGE)
+            configured.setup.settings.stream_buffer_bytes if stream else max(own[-1], rd_offsets[-1], PAGE)
         )
     timer.state = arena
     dev, state = None, None
@@ -195,16 +197,16 @@ def phases(job: Job, c: Configured, gates: Gates, created: Created, ident: tuple
             dev, mine_gpu = gpustate.open_gpu(job, cfg, gates, arena)
         entries = job.gather(mine_gpu["entry"])
         state = gpustate.state_block(mine_gpu, entries) if job.rank == 0 else None
-    fw = c.setup.settings.framework
+    fw = configured.setup.settings.framework
     if fw.library:  # untimed: PyTorch takes seconds to import; DCP's process group from the MPI world
         with job.step(f"framework library {fw.writer}"):
             frameworks.load_library(fw.writer)
             if fw.spec.collective:
                 frameworks.join_process_group(job.comm, len(gates.hosts) == 1)
-    idle_s = float(c.setup.rules.data.get("attribution", {}).get("background_s", 0.0))  # rules 1.9
+    idle_s = float(configured.setup.rules.data.get("attribution", {}).get("background_s", 0.0))  # rules 1.9
     calibration = calibrate(timer, background_s=idle_s) if timer.written.has("own_io") else None
     try:
-        run_id, records = _io_phases(job, c, gates, created, folders, timer, arena,
+        run_id, records = _io_phases(job, configured, gates, created, folders, timer, arena,
                                      (mine, own, reads, rd_offsets), dev)
         if dev is not None:
             with job.step("GPU copy rates again"):
@@ -219,16 +221,17 @@ def phases(job: Job, c: Configured, gates: Gates, created: Created, ident: tuple
     return outcome.Measured(run_id, records, state, calibration, folders.key)
 
 
-def _io_phases(job: Job, c: Configured, gates: Gates, created: Created, folders: Folders, timer: OpTimer,
+def _io_phases(job: Job, configured: Configured, gates: Gates, created: Created, folders: Folders,
+               timer: OpTimer,
                arena: engine.Buffer,
                layout: tuple[Sequence[FileSpec], list[int], Sequence[RestoreRead], list[int]],
                dev: DeviceState | None) -> tuple[RunId, list[OpRecord]]:
     """The writes, eviction and the restores, from ``arena`` (and ``dev``, a GPU-resident state);
     ``layout``: this rank's files and their offsets, its restore reads and theirs."""
-    ck = c.setup.settings.checkpoint
+    ck = configured.setup.settings.checkpoint
     mine, own, reads, rd_offsets = layout
-    stream = c.setup.settings.residency == "stream"
-    opts = timer_opts(c.setup.settings)
+    stream = configured.setup.settings.residency == "stream"
+    opts = timer_opts(configured.setup.settings)
     if stream:
         job.say(
             "residency=stream: content generation (writes) and verification (reads) run "
@@ -237,20 +240,20 @@ def _io_phases(job: Job, c: Configured, gates: Gates, created: Created, folders:
     nw, nr = ck.num_writes, ck.num_reads
     leader, fast_direct = gates.leader(job.rank), gates.fast_direct.get(job.host, False)
     records: list[OpRecord] = []
-    fw = c.setup.settings.framework
-    if c.source is None:
+    fw = configured.setup.settings.framework
+    if configured.source is None:
         lib = LibraryWrites(fw, job.rank, mine, own, created) if fw.library else None
         w = WriteState(folders.durable, folders.fast, mine, own, arena, folders.key, opts, stream, leader,
                        dev=dev, lib=lib)
-        writes = WritePhase(job, c.pipe, w, folders.run.number, timer, created, fast_direct)
+        writes = WritePhase(job, configured.pipe, w, folders.run.number, timer, created, fast_direct)
         records.extend(writes.run(nw))
         tags = writes.tags
-        evict_written(job, c, folders, created, leader, nw)
+        evict_written(job, configured, folders, created, leader, nw)
     else:  # a read-only invocation restores the write invocation's checkpoints (each restore evicts first)
-        nw, tags = c.source.num_writes, dict(c.source.tags)
+        nw, tags = configured.source.num_writes, dict(configured.source.tags)
     records += ReadPhase(
         job,
-        c.pipe,
+        configured.pipe,
         int.from_bytes(folders.key[:8], "little"),  # whose content the pages carry
         folders.key,
         folders.durable,

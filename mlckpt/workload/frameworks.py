@@ -59,7 +59,7 @@ class Writer:
     collective: bool = False
     needs: tuple[str, ...] = ()  # every top-level package its module imports (checked before any rank)
 
-    def settings(self, fw: Framework) -> dict[str, Any]:
+    def settings(self, framework: Framework) -> dict[str, Any]:
         """What run.json records of the library's settings (those that change what it does)."""
         return dict(self.own_settings)
 
@@ -68,7 +68,7 @@ class Writer:
         it (DeepSpeed's .pt files), safetensors puts its own suffix in place of the planned one."""
         return planned.rsplit(".", 1)[0] + self.suffix if self.suffix else planned
 
-    def file_names(self, fw: Framework, rank: int, planned: Sequence[str]) -> list[str]:
+    def file_names(self, framework: Framework, rank: int, planned: Sequence[str]) -> list[str]:
         """The names of this writer's files of rank ``rank`` beside the planned ones."""
         return [self.library_name(n) for n in planned] if self.suffix else []
 
@@ -77,11 +77,13 @@ class Writer:
 class DistributedCheckpoint(Writer):
     """PyTorch DCP: one file per rank and FileSystemWriter thread, and the coordinator's metadata."""
 
-    def settings(self, fw: Framework) -> dict[str, Any]:
-        return {"thread_count": fw.threads, "sync_files": fw.sync_files, "single_file_per_rank": True}
+    def settings(self, framework: Framework) -> dict[str, Any]:
+        return {"thread_count": framework.threads, "sync_files": framework.sync_files,
+                "single_file_per_rank": True}
 
-    def file_names(self, fw: Framework, rank: int, planned: Sequence[str]) -> list[str]:
-        return [f"__{rank}_{i}.distcp" for i in range(fw.threads)] + (list(DCP_METADATA) if rank == 0 else [])
+    def file_names(self, framework: Framework, rank: int, planned: Sequence[str]) -> list[str]:
+        return ([f"__{rank}_{i}.distcp" for i in range(framework.threads)]
+                + (list(DCP_METADATA) if rank == 0 else []))
 
 
 DCP_METADATA = (".metadata", ".metadata.tmp")  # the coordinator's (rank 0's), and its file before the rename
@@ -145,10 +147,10 @@ class Framework:
         return self.spec.settings(self)
 
 
-def file_names(fw: Framework, rank: int, planned: Sequence[str]) -> list[str]:
+def file_names(framework: Framework, rank: int, planned: Sequence[str]) -> list[str]:
     """Every name rank ``rank``'s checkpoint files may have in a checkpoint folder, the engine's
     and the library's: what a run that cannot finish sweeps (only those names are ever touched)."""
-    return [*planned, *fw.spec.file_names(fw, rank, planned)]
+    return [*planned, *framework.spec.file_names(framework, rank, planned)]
 
 
 def library_name(writer: str, planned: str) -> str:

@@ -223,10 +223,10 @@ def stage_layers(num_layers: int, pp: int, stage: int) -> range:
     return range(start, end)
 
 
-def layer_elements(w: Workload, layer: int, dp: int) -> int:
-    m, tp = w.model, w.parallelism.tensor
+def layer_elements(workload: Workload, layer: int, dp: int) -> int:
+    m, tp = workload.model, workload.parallelism.tensor
     h, V, L, f = m.hidden_size, m.vocab_size, m.num_layers, m.ffn_hidden_size
-    s = dp if w.parallelism.zero_stage >= 3 else 1
+    s = dp if workload.parallelism.zero_stage >= 3 else 1
     if layer in (0, L + 1):
         return h * V // tp // s
     if layer == L + 2:
@@ -235,9 +235,9 @@ def layer_elements(w: Workload, layer: int, dp: int) -> int:
             + h * 2 * f // tp // s + h * f // tp // s)
 
 
-def optimizer_bytes_per_rank(w: Workload, dp: int) -> int:
-    m, mp = w.model, w.parallelism.model_parallel
-    n = m.num_parameters // (dp * mp) if w.parallelism.zero_stage > 0 else m.num_parameters // mp
+def optimizer_bytes_per_rank(workload: Workload, dp: int) -> int:
+    m, mp = workload.model, workload.parallelism.model_parallel
+    n = m.num_parameters // (dp * mp) if workload.parallelism.zero_stage > 0 else m.num_parameters // mp
     return (3 * n + 15 * m.hidden_size) * m.optimizer_dtype_bytes
 
 
@@ -249,15 +249,15 @@ def scale_bytes(nbytes: int, scale: float) -> int:
     return min(nbytes, max(PAGE, round(nbytes * scale / PAGE) * PAGE))
 
 
-def _rank_files(w: Workload, rank: int, dp_size: int, stage_cache: dict[int, list[tuple[int, int]]],
+def _rank_files(workload: Workload, rank: int, dp_size: int, stage_cache: dict[int, list[tuple[int, int]]],
                 optim: int, scale: float) -> Iterator[FileSpec]:
-    tp, pp = w.parallelism.tensor, w.parallelism.pipeline
-    zero = w.parallelism.zero_stage
+    tp, pp = workload.parallelism.tensor, workload.parallelism.pipeline
+    zero = workload.parallelism.zero_stage
     _, stage, dp, mp_rank = rank_coords(rank, tp, pp)
     if zero == 0 and dp != 0:
         return
     layers = stage_cache[stage]
-    dtype = w.model.model_dtype_bytes
+    dtype = workload.model.model_dtype_bytes
     if zero in (1, 2):
         if dp == 0:
             if pp > 1:
@@ -274,22 +274,23 @@ def _rank_files(w: Workload, rank: int, dp_size: int, stage_cache: dict[int, lis
                    scale_bytes(optim, scale), "optimizer")
 
 
-def make_plan(w: Workload, ranks: int, scale: float = 1.0) -> Plan:
+def make_plan(workload: Workload, ranks: int, scale: float = 1.0) -> Plan:
     """Plan every rank's files.  Preconditions (the structural rules RANKS-MULTIPLE,
     ZERO3-PIPELINE, LAYERS-PIPELINE, SCALE-RANGE) are checked by :mod:`mlckpt.rules` first."""
-    tp, pp = w.parallelism.tensor, w.parallelism.pipeline
+    tp, pp = workload.parallelism.tensor, workload.parallelism.pipeline
     mp = tp * pp
-    if ranks <= 0 or ranks % mp or not 0 < scale <= 1 or w.model.num_layers < pp:
+    if ranks <= 0 or ranks % mp or not 0 < scale <= 1 or workload.model.num_layers < pp:
         raise ValueError("make_plan called with a structurally invalid configuration")
     dp = ranks // mp
     stage_cache = {
-        s: [(layer, layer_elements(w, layer, dp)) for layer in stage_layers(w.model.num_layers, pp, s)]
+        s: [(layer, layer_elements(workload, layer,
+                                   dp)) for layer in stage_layers(workload.model.num_layers, pp, s)]
         for s in range(pp)
     }
-    optim = optimizer_bytes_per_rank(w, dp)
+    optim = optimizer_bytes_per_rank(workload, dp)
     plans = []
     for r in range(ranks):
         rtp, rpp, rdp, mp_rank = rank_coords(r, tp, pp)
-        files = tuple(_rank_files(w, r, dp, stage_cache, optim, scale))
+        files = tuple(_rank_files(workload, r, dp, stage_cache, optim, scale))
         plans.append(RankPlan(r, rtp, rpp, rdp, mp_rank, files))
-    return Plan(w, ranks, scale, tuple(plans))
+    return Plan(workload, ranks, scale, tuple(plans))

@@ -318,7 +318,7 @@ def test_a_disturbed_run_is_run_again_when_asked_and_only_then(
         checkpoint = SimpleNamespace(folder=str(tmp_path / "ck"), kept=False)
         settings = SimpleNamespace(checkpoint=checkpoint, results=tmp_path / "results")
         one_rank = SimpleNamespace(plan=SimpleNamespace(ranks=1), settings=settings)
-        status = run_cmd.launch(Launcher(str(fake), None, "test"), [], s=one_rank,
+        status = run_cmd.launch(Launcher(str(fake), None, "test"), [], setup=one_rank,
                                 rank_command=[sys.executable, "-c", code, str(count)])
         return status, int(count.read_text())
 

@@ -14,7 +14,7 @@ from mlckpt.units import GiB, fmt_bytes
 from mlckpt.workload.pipeline import Pipeline
 
 
-def ranks_multiple_of_mp(ctx: Context, rs: RuleSet, rule: Rule) -> Outcome:
+def ranks_multiple_of_mp(ctx: Context, ruleset: RuleSet, rule: Rule) -> Outcome:
     mp = ctx.workload.parallelism.model_parallel
     ranks = ctx.ranks
     ok = isinstance(ranks, int) and ranks > 0 and ranks % mp == 0
@@ -26,24 +26,24 @@ def ranks_multiple_of_mp(ctx: Context, rs: RuleSet, rule: Rule) -> Outcome:
     return Outcome(ok, mp, actual)
 
 
-def zero3_without_pipeline(ctx: Context, rs: RuleSet, rule: Rule) -> Outcome:
+def zero3_without_pipeline(ctx: Context, ruleset: RuleSet, rule: Rule) -> Outcome:
     p = ctx.workload.parallelism
     return Outcome(not (p.zero_stage >= 3 and p.pipeline > 1), 1, p.pipeline)
 
 
-def layers_cover_stages(ctx: Context, rs: RuleSet, rule: Rule) -> Outcome:
+def layers_cover_stages(ctx: Context, ruleset: RuleSet, rule: Rule) -> Outcome:
     w = ctx.workload
     return Outcome(w.model.num_layers >= w.parallelism.pipeline, w.parallelism.pipeline,
                    w.model.num_layers)
 
 
-def scale_in_range(ctx: Context, rs: RuleSet, rule: Rule) -> Outcome:
+def scale_in_range(ctx: Context, ruleset: RuleSet, rule: Rule) -> Outcome:
     scale = ctx.get("scale")
     ok = isinstance(scale, int | float) and not isinstance(scale, bool) and 0 < scale <= 1
     return Outcome(ok, "(0, 1]", scale)
 
 
-def counts_valid(ctx: Context, rs: RuleSet, rule: Rule) -> Outcome:
+def counts_valid(ctx: Context, ruleset: RuleSet, rule: Rule) -> Outcome:
     w, r = ctx.get("checkpoint.num_writes"), ctx.get("checkpoint.num_reads")
     source = ctx.get("checkpoint.restore_from")
     # Restores cycle through the written checkpoints, so num_reads may exceed num_writes.  A
@@ -57,11 +57,11 @@ def counts_valid(ctx: Context, rs: RuleSet, rule: Rule) -> Outcome:
                    f"num_writes={w}, num_reads={r}")
 
 
-def closed_canonical_workload(ctx: Context, rs: RuleSet, rule: Rule) -> Outcome:
+def closed_canonical_workload(ctx: Context, ruleset: RuleSet, rule: Rule) -> Outcome:
     name = ctx.workload.name
-    canon = rs.canonical_workloads.get(name)
+    canon = ruleset.canonical_workloads.get(name)
     if canon is None:
-        return Outcome(False, "one of " + ", ".join(rs.canonical_workloads), name)
+        return Outcome(False, "one of " + ", ".join(ruleset.canonical_workloads), name)
     w = ctx.workload
     got = {"closed_ranks": w.closed_ranks,
            "model": {k: getattr(w.model, k) for k in canon["model"]},
@@ -73,11 +73,11 @@ def closed_canonical_workload(ctx: Context, rs: RuleSet, rule: Rule) -> Outcome:
     return Outcome(True)
 
 
-def canonical_name(ctx: Context, rs: RuleSet, rule: Rule) -> Outcome:
+def canonical_name(ctx: Context, ruleset: RuleSet, rule: Rule) -> Outcome:
     """Rules 1.10, every division: a workload named as a canonical one has that workload's model
     (its parallelism and rank count may change in the open division; its architecture may not, or
     the result would be listed under another model's name)."""
-    canon = rs.canonical_workloads.get(ctx.workload.name)
+    canon = ruleset.canonical_workloads.get(ctx.workload.name)
     if canon is None:
         return Outcome(True)
     got = {"model": {k: getattr(ctx.workload.model, k) for k in canon["model"]}}
@@ -90,22 +90,22 @@ def canonical_name(ctx: Context, rs: RuleSet, rule: Rule) -> Outcome:
     return Outcome(True)
 
 
-def closed_rank_count(ctx: Context, rs: RuleSet, rule: Rule) -> Outcome | NotChecked:
-    canon = rs.canonical_workloads.get(ctx.workload.name)
+def closed_rank_count(ctx: Context, ruleset: RuleSet, rule: Rule) -> Outcome | NotChecked:
+    canon = ruleset.canonical_workloads.get(ctx.workload.name)
     if canon is None:
         return NotChecked("not a canonical workload (see CLOSED-WORKLOAD)")
     return Outcome(ctx.ranks == canon["closed_ranks"], canon["closed_ranks"], ctx.ranks)
 
 
-def closed_counts(ctx: Context, rs: RuleSet, rule: Rule) -> Outcome:
-    want = (rs.closed["num_writes"], rs.closed["num_reads"])
+def closed_counts(ctx: Context, ruleset: RuleSet, rule: Rule) -> Outcome:
+    want = (ruleset.closed["num_writes"], ruleset.closed["num_reads"])
     have = (ctx.get("checkpoint.num_writes"), ctx.get("checkpoint.num_reads"))
     return Outcome(have == want, f"{want[0]} writes and {want[1]} reads",
                    f"{have[0]} writes and {have[1]} reads")
 
 
-def closed_fixed_params(ctx: Context, rs: RuleSet, rule: Rule) -> Iterator[Outcome]:
-    for key, want in rs.closed["fixed_values"].items():
+def closed_fixed_params(ctx: Context, ruleset: RuleSet, rule: Rule) -> Iterator[Outcome]:
+    for key, want in ruleset.closed["fixed_values"].items():
         have = ctx.get(key)
         yield Outcome(have == want, f"{key}={want}", f"{key}={have}")
 
@@ -119,18 +119,18 @@ def _allowed(key: str, patterns: Iterable[str]) -> bool:
     return False
 
 
-def closed_allowed_overrides(ctx: Context, rs: RuleSet, rule: Rule) -> Iterator[Outcome]:
+def closed_allowed_overrides(ctx: Context, ruleset: RuleSet, rule: Rule) -> Iterator[Outcome]:
     # Counts and fixed values have rules of their own; don't report them twice.
-    own_rules = {"checkpoint.num_writes", "checkpoint.num_reads", *rs.closed["fixed_values"]}
+    own_rules = {"checkpoint.num_writes", "checkpoint.num_reads", *ruleset.closed["fixed_values"]}
     for ov in ctx.overrides:
         key = override_key(ov)
         if key in own_rules or key.startswith("workload.") or key.startswith("hydra."):
             continue  # workload.* edits are CLOSED-WORKLOAD's to report, with the canonical value
-        yield Outcome(_allowed(key, rs.closed["allowed_overrides"]),
+        yield Outcome(_allowed(key, ruleset.closed["allowed_overrides"]),
                       "allowed overrides", f"'{key}'")
 
 
-def accelerator_memory(ctx: Context, rs: RuleSet, rule: Rule) -> Outcome | NotChecked:
+def accelerator_memory(ctx: Context, ruleset: RuleSet, rule: Rule) -> Outcome | NotChecked:
     acc = ctx.get("accelerator")
     assert ctx.plan is not None  # needs: [plan]
     need = ctx.plan.total_bytes
@@ -138,16 +138,16 @@ def accelerator_memory(ctx: Context, rs: RuleSet, rule: Rule) -> Outcome | NotCh
         if not ctx.complete:
             return NotChecked("accelerator not declared (give accelerator=NAME)")
         return Outcome(False, f"{fmt_bytes(need)} (declare accelerator=NAME)", "no accelerator")
-    per = rs.accelerators.get(str(acc).lower())
+    per = ruleset.accelerators.get(str(acc).lower())
     if per is None:
-        return Outcome(False, "an accelerator from the rules table: " + ", ".join(rs.accelerators),
+        return Outcome(False, "an accelerator from the rules table: " + ", ".join(ruleset.accelerators),
                        f"unknown accelerator {acc!r}")
     have = per * GiB * ctx.plan.ranks
     return Outcome(have >= need, fmt_bytes(need),
                    f"{ctx.plan.ranks} × {per} GiB ({acc}) = {fmt_bytes(have)}")
 
 
-def async_residency(ctx: Context, rs: RuleSet, rule: Rule) -> Outcome:
+def async_residency(ctx: Context, ruleset: RuleSet, rule: Rule) -> Outcome:
     pipe = Pipeline.of(ctx.config)
     return Outcome(pipe.mode != "async" or ctx.get("residency") == "full",
                    "residency=full with checkpoint.mode=async", f"residency={ctx.get('residency')}")
@@ -159,7 +159,7 @@ def _nested(a: str, b: str) -> bool:
     return pa == pb or pa.is_relative_to(pb) or pb.is_relative_to(pa)
 
 
-def tiers_distinct(ctx: Context, rs: RuleSet, rule: Rule) -> Outcome | NotChecked:
+def tiers_distinct(ctx: Context, ruleset: RuleSet, rule: Rule) -> Outcome | NotChecked:
     pipe = Pipeline.of(ctx.config)
     if not pipe.tiered:
         return Outcome(True)  # nothing to keep apart

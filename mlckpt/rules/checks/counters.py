@@ -27,7 +27,8 @@ BLOCK_FILESYSTEMS = frozenset({"ext2", "ext3", "ext4", "xfs", "f2fs", "jfs", "re
 
 
 def _window(
-    rs: RuleSet, d: RunData, b: Mapping[str, Any], key: tuple[str, int], hr: Sequence[Rec], leader: Rec,
+    ruleset: RuleSet, data: RunData, b: Mapping[str, Any], key: tuple[str,
+                                                                      int], hr: Sequence[Rec], leader: Rec,
     op_dur: int, part: Part = "all",
 ) -> Iterator[Outcome]:
     """The counters' window against the records: read on leaving the barrier right before the
@@ -41,8 +42,8 @@ def _window(
     last = max(op_end(r) for r in hr)
     head = int(leader["t0_ns"]) - c0
     # rules 1.8: the host's calibration, plus a share of the op (the other allowances have theirs)
-    head_max = abs_bound_ns(rs, d, host, "head_ns", b["head_abs_s"]) + (
-        float(rs.data["timing"]["head_rel"]) * op_dur if "timing" in rs.data else 0)
+    head_max = abs_bound_ns(ruleset, data, host, "head_ns", b["head_abs_s"]) + (
+        float(ruleset.data["timing"]["head_rel"]) * op_dur if "timing" in ruleset.data else 0)
     if (head < 0 and part != "late") or (head > head_max and part != "framed"):
         yield Outcome(
             False,
@@ -51,9 +52,9 @@ def _window(
             where=where,
         )
     host_dur = max(op_end(r) - int(r["t0_ns"]) for r in hr)
-    tail = (abs_bound_ns(rs, d, host, "tail_ns", b["tail_abs_s"]) + b["tail_rel"] * op_dur
+    tail = (abs_bound_ns(ruleset, data, host, "tail_ns", b["tail_abs_s"]) + b["tail_rel"] * op_dur
             + (op_dur - host_dur))
-    if key[0] == "write" and d.pipeline.background:
+    if key[0] == "write" and data.pipeline.background:
         tail += b["tail_background_s"] * 1e9  # the ranks' background stages compete for the CPUs
     if last > c1 and part != "late":
         yield Outcome(
@@ -83,7 +84,7 @@ def _memory_restores(counted: Sequence[Rec], facts: Mapping[str, Any], where: st
 
 
 def _device(
-    d: RunData,
+    data: RunData,
     b: Mapping[str, Any],
     attr: Mapping[str, Any] | None,
     key: tuple[str, int],
@@ -96,7 +97,7 @@ def _device(
     before, after = hc["before"], hc["after"]
     where = f"{key[0]} {key[1]} on {leader['host']}"
     op = key[0]
-    counted = [r for r in hr if counted_op(d, r)]
+    counted = [r for r in hr if counted_op(data, r)]
     if op == "read":
         yield from _memory_restores(counted, facts, where)
     claimed_direct = [r for r in counted if r.get("direct")]
@@ -208,29 +209,29 @@ def _missing_fields(hc: Rec) -> str:
     return ""
 
 
-def device_counters(ctx: Context, rs: RuleSet, rule: Rule) -> Iterator[Outcome | NotChecked]:
+def device_counters(ctx: Context, ruleset: RuleSet, rule: Rule) -> Iterator[Outcome | NotChecked]:
     """The kernel's counters of each host, sampled around every op, agree with the records: the
     window frames the op; a durable write put at least its bytes on the device, a cold restore
     read at least the bytes not resident, and no op's worth of bytes moved between ops; O_DIRECT
     did not fill the page cache; a memory filesystem is never cold, and a block filesystem has its
     device."""
-    yield from _judge(ctx, rs, "all")
+    yield from _judge(ctx, ruleset, "all")
 
 
-def device_counters_framed(ctx: Context, rs: RuleSet, rule: Rule) -> Iterator[Outcome | NotChecked]:
+def device_counters_framed(ctx: Context, ruleset: RuleSet, rule: Rule) -> Iterator[Outcome | NotChecked]:
     """As :func:`device_counters`, less a window tail past the host's allowance (rules 1.12: that
     is COUNTERS-LATE's)."""
-    yield from _judge(ctx, rs, "framed")
+    yield from _judge(ctx, ruleset, "framed")
 
 
-def counters_late(ctx: Context, rs: RuleSet, rule: Rule) -> Iterator[Outcome | NotChecked]:
+def counters_late(ctx: Context, ruleset: RuleSet, rule: Rule) -> Iterator[Outcome | NotChecked]:
     """Each host read its counters within its allowance after the op's last rank ended (a sample
     the other checks cannot read is DEVICE-COUNTERS' to name)."""
-    yield from _judge(ctx, rs, "late")
+    yield from _judge(ctx, ruleset, "late")
 
 
-def _judge(ctx: Context, rs: RuleSet, part: Part) -> Iterator[Outcome | NotChecked]:
-    d, b, attr = run_data(ctx), evidence_bounds(rs)["counters"], rs.data.get("attribution")
+def _judge(ctx: Context, ruleset: RuleSet, part: Part) -> Iterator[Outcome | NotChecked]:
+    d, b, attr = run_data(ctx), evidence_bounds(ruleset)["counters"], ruleset.data.get("attribution")
     if int(d.run.get("records_format", 0)) < 3:
         yield NotChecked("the records carry no kernel counters (records format 2)")
         return
@@ -244,7 +245,7 @@ def _judge(ctx: Context, rs: RuleSet, part: Part) -> Iterator[Outcome | NotCheck
             )
     ops = d.grouped()
     if whole:
-        yield from calibration_outcomes(rs, d, sorted(d.hosts()), ("head_ns", "tail_ns"))
+        yield from calibration_outcomes(ruleset, d, sorted(d.hosts()), ("head_ns", "tail_ns"))
     windows: dict[str, list[tuple[tuple[str, int], Rec, int]]] = {}
     for key, recs in ops.items():  # writes first, each in index order
         op_dur = max(op_end(r) - int(r["t0_ns"]) for r in recs)
@@ -262,7 +263,7 @@ def _judge(ctx: Context, rs: RuleSet, part: Part) -> Iterator[Outcome | NotCheck
                     yield Outcome(False, "counter samples with every field the rule reads", missing,
                                   where=where)
                 continue
-            yield from _window(rs, d, b, key, hr, leaders[0], op_dur, part)
+            yield from _window(ruleset, d, b, key, hr, leaders[0], op_dur, part)
             if not whole:
                 continue
             yield from _device(d, b, attr, key, hr, leaders[0], facts.get(host, {}))

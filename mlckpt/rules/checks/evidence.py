@@ -34,8 +34,8 @@ DLIO_KEYS = ("metric", "start", "end", "num_accelerators", "num_hosts", "hostnam
              "host_memory_GB", "epochs", "mlckpt_timing_basis", "mlckpt_read_guarantee")
 
 Rec = Mapping[str, Any]
-def evidence_bounds(rs: RuleSet) -> Mapping[str, Any]:
-    return rs.data["evidence"]
+def evidence_bounds(ruleset: RuleSet) -> Mapping[str, Any]:
+    return ruleset.data["evidence"]
 
 
 def op_end(r: Rec) -> int:
@@ -44,48 +44,48 @@ def op_end(r: Rec) -> int:
     return int(r["staged_ns"]) if r["op"] == "write" and "staged_ns" in r else int(r["t1_ns"])
 
 
-def host_facts(d: RunData) -> dict[str, Mapping[str, Any]]:
-    return {str(h.get("hostname")): h for h in d.system.get("hosts", [])}
+def host_facts(data: RunData) -> dict[str, Mapping[str, Any]]:
+    return {str(h.get("hostname")): h for h in data.system.get("hosts", [])}
 
 
-def counted_op(d: RunData, r: Rec) -> bool:
+def counted_op(data: RunData, r: Rec) -> bool:
     """Whether the op's bytes cross the durable tier's device inside the record's own op window:
     sync one-tier writes with fsync or O_DIRECT, restores from the durable tier."""
     if r["op"] == "read":
         return r.get("tier") == DURABLE
-    return d.pipeline.blocking == DURABLE and bool(r.get("fsync") or r.get("direct"))
+    return data.pipeline.blocking == DURABLE and bool(r.get("fsync") or r.get("direct"))
 
 
 # ------------------------------------------------------------------------------ what is shown
-def recomputed_summary(rs: RuleSet, d: RunData, plan: Any) -> dict[str, Any]:
+def recomputed_summary(ruleset: RuleSet, data: RunData, plan: Any) -> dict[str, Any]:
     """summary.json as the records and the plan of the run's own workload and scale give it (and,
     from summary format 3, run.json's times and system.json's hosts; from 5, what other processes
     moved on the checkpoint device): what the runner writes, and what the checker, ``compare``
     and the leaderboard show, whatever the bundle's summary claims.  The summary format is the
     one the rule set's summary schema pins.  Made once per rules and plan for a run's data (the
     checker's SUMMARY-EXACT and its report ask for it); shared, not to be changed."""
-    return d.once(("recomputed summary", rs.version, id(rs.data), plan.digest),
-                  lambda: _recomputed_summary(rs, d, plan))
+    return data.once(("recomputed summary", ruleset.version, id(ruleset.data), plan.digest),
+                  lambda: _recomputed_summary(ruleset, data, plan))
 
 
-def _recomputed_summary(rs: RuleSet, d: RunData, plan: Any) -> dict[str, Any]:
-    facts = DlioFacts.of(d.run, d.system) if summary_format(rs) >= 3 else None
-    out = completed(d.summarized(rs), plan.total_bytes,
-                    plan.restore_bytes(str(d.config["checkpoint"]["restore"])), facts)
-    if summary_format(rs) >= 5:
-        window = cpu_window_s(rs.data["attribution"]) * 1e9
-        out["foreign"] = foreign_summary(d.records, lambda r: counted_op(d, r), window)
+def _recomputed_summary(ruleset: RuleSet, data: RunData, plan: Any) -> dict[str, Any]:
+    facts = DlioFacts.of(data.run, data.system) if summary_format(ruleset) >= 3 else None
+    out = completed(data.summarized(ruleset), plan.total_bytes,
+                    plan.restore_bytes(str(data.config["checkpoint"]["restore"])), facts)
+    if summary_format(ruleset) >= 5:
+        window = cpu_window_s(ruleset.data["attribution"]) * 1e9
+        out["foreign"] = foreign_summary(data.records, lambda r: counted_op(data, r), window)
     return out
 
 
 
-def summary_exact(ctx: Context, rs: RuleSet, rule: Rule) -> Iterator[Outcome | NotChecked]:
+def summary_exact(ctx: Context, ruleset: RuleSet, rule: Rule) -> Iterator[Outcome | NotChecked]:
     """summary.json is exactly what the checker recomputes: no key it does not recompute, the
     plan's bytes, the read validity and the DLIO-named block (METRICS-RECOMPUTE covers the
     statistics themselves)."""
     d, plan = run_data(ctx), ctx.plan
     assert plan is not None  # needs: [plan]
-    want = recomputed_summary(rs, d, plan)
+    want = recomputed_summary(ruleset, d, plan)
     extra = sorted(set(d.summary) - set(want))
     if extra:
         yield Outcome(
@@ -102,7 +102,7 @@ def summary_exact(ctx: Context, rs: RuleSet, rule: Rule) -> Iterator[Outcome | N
 
 
 # ------------------------------------------------------------------------------ the records
-def records_mode(ctx: Context, rs: RuleSet, rule: Rule) -> Iterator[Outcome | NotChecked]:
+def records_mode(ctx: Context, ruleset: RuleSet, rule: Rule) -> Iterator[Outcome | NotChecked]:
     """Every record carries the I/O mode the configuration asked for (the engine records what it
     did per op), and every restore's residency was measured over every byte it read."""
     d = run_data(ctx)
@@ -145,24 +145,24 @@ def records_mode(ctx: Context, rs: RuleSet, rule: Rule) -> Iterator[Outcome | No
             return
 
 
-def start_skew(ctx: Context, rs: RuleSet, rule: Rule) -> Iterator[Outcome | NotChecked]:
+def start_skew(ctx: Context, ruleset: RuleSet, rule: Rule) -> Iterator[Outcome | NotChecked]:
     """The ranks of one host leave each op's barrier together (same clock): a rank that claims it
     started late shortens its own duration."""
-    d, b = run_data(ctx), evidence_bounds(rs)["start_skew"]
+    d, b = run_data(ctx), evidence_bounds(ruleset)["start_skew"]
     # Rules 1.4: a write whose barrier the ranks' own background persists overlap (the previous
     # checkpoint not yet durable on some rank) gets the larger allowance ``busy_abs_s``: those
     # threads compete with the ranks for the host's cores as they leave the barrier.
     # Rules 1.8: the absolute part is the host's own calibration's (mlckpt.rules.checks.timing).
-    busy_abs = float(rs.data.get("start_skew_busy", {}).get("abs_s", b["abs_s"]))
+    busy_abs = float(ruleset.data.get("start_skew_busy", {}).get("abs_s", b["abs_s"]))
     durable = {(int(r["rank"]), int(r["index"])): int(r["t1_ns"]) for r in d.records if r["op"] == "write"}
-    yield from calibration_outcomes(rs, d, sorted(d.hosts()), ("skew_ns",))
+    yield from calibration_outcomes(ruleset, d, sorted(d.hosts()), ("skew_ns",))
     for (op, idx), recs in sorted(d.grouped().items()):
         for host, hr in sorted(d.hosts(recs).items()):
             t0 = [int(r["t0_ns"]) for r in hr]
             dur = max(op_end(r) - int(r["t0_ns"]) for r in hr)
             busy = op == "write" and any(durable.get((int(r["rank"]), idx - 1), 0) > int(r["t0_ns"])
                                          for r in hr)
-            base = abs_bound_ns(rs, d, host, "skew_ns", b["abs_s"])
+            base = abs_bound_ns(ruleset, d, host, "skew_ns", b["abs_s"])
             bound = (max(busy_abs * 1e9, base) if busy else base) + b["rel"] * max(dur, 0)
             if max(t0) - min(t0) > bound:
                 late = max(hr, key=lambda r: int(r["t0_ns"]))
@@ -183,7 +183,7 @@ def _signature(r: Rec) -> tuple[int, ...]:
             *[int(s["t1_ns"]) - int(s["t0_ns"]) for s in r.get("stages", ())])
 
 
-def timing_copies(ctx: Context, rs: RuleSet, rule: Rule) -> Iterator[Outcome | NotChecked]:
+def timing_copies(ctx: Context, ruleset: RuleSet, rule: Rule) -> Iterator[Outcome | NotChecked]:
     """Nanosecond timings never repeat in honest runs: a record whose timings and start offset
     equal another's, or an op whose per-rank durations equal another op's (or a rank's across
     ops equal another rank's), was copied."""
@@ -232,14 +232,14 @@ def timing_copies(ctx: Context, rs: RuleSet, rule: Rule) -> Iterator[Outcome | N
             vectors[key] = f"rank {rank}"
 
 
-def async_evidence(ctx: Context, rs: RuleSet, rule: Rule) -> Iterator[Outcome | NotChecked]:
+def async_evidence(ctx: Context, ruleset: RuleSet, rule: Rule) -> Iterator[Outcome | NotChecked]:
     """On each rank, the training interval a write reports fits between its stall and the next
     checkpoint's barrier; the back-pressure a write reports covers the wait for the previous
     checkpoint to become durable."""
     d = run_data(ctx)
     # Rules 1.4: the back-pressure clock starts a moment after the op's own t0 (and a persist
     # that ends in that moment is not waited for at all): under load the gap reached 2.6 ms.
-    slack = int(float(rs.data.get("async_evidence", {}).get("backpressure_slack_ms", 0)) * 1e6)
+    slack = int(float(ruleset.data.get("async_evidence", {}).get("backpressure_slack_ms", 0)) * 1e6)
     for rank, recs in sorted(writes_by_rank(d).items()):
         for a, nxt in itertools.pairwise(recs):
             over = int(a["staged_ns"]) + int(a["compute_ns"]) - int(nxt["t0_ns"])
@@ -285,7 +285,7 @@ def training_waits(records: Sequence[Rec]) -> list[tuple[int, int, int]]:
     return out
 
 
-def training_interval(ctx: Context, rs: RuleSet, rule: Rule) -> Iterator[Outcome | NotChecked]:
+def training_interval(ctx: Context, ruleset: RuleSet, rule: Rule) -> Iterator[Outcome | NotChecked]:
     """The training interval a write records is the one it trained: the next checkpoint's barrier
     follows the last rank's training closely on at least one host (that host's ranks arrived last
     and waited for nobody).  A forger who shortens every rank's interval, to list the result under
@@ -294,7 +294,7 @@ def training_interval(ctx: Context, rs: RuleSet, rule: Rule) -> Iterator[Outcome
     one whose witness was lost) also waits for the witness to hear each op's start, up to
     witness.timeout_s."""
     d = run_data(ctx)
-    bound = rs.data["training"]
+    bound = ruleset.data["training"]
     floor_ns, rel = float(bound["gap_floor_s"]) * 1e9, float(bound["gap_rel"])
     if d.run.get("witness"):  # each op's start is reported before its barrier: up to the timeout
         timeout = (d.config.get("witness") or {}).get("timeout_s") or bound["witness_timeout_default_s"]

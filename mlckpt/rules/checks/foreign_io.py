@@ -77,47 +77,48 @@ def _host_phase(a: Mapping[str, Any], op: str, host: str, shares: list[OpShare])
         )
 
 
-def _span_outcome(a: Mapping[str, Any], sp: Span) -> Iterator[Outcome]:
+def _span_outcome(a: Mapping[str, Any], span: Span) -> Iterator[Outcome]:
     limit = float(a["max_foreign_rate_share"])
-    if sp.foreign_rate_share <= limit:
+    if span.foreign_rate_share <= limit:
         return
-    rate = sp.window.foreign_bytes / (sp.window.window_ns / 1e9)
+    rate = span.window.foreign_bytes / (span.window.window_ns / 1e9)
     yield Outcome(
         False,
         f"other processes keeping the checkpoint device busy at most {limit:.0%} of the highest rate "
-        f"it reached in the run ({fmt_bytes(sp.peak_bytes_per_ns * 1e9)}/s)",
-        f"{sp.window.foreign_bytes} B ({fmt_bytes(sp.window.foreign_bytes)}) moved on device "
-        f"{sp.device} by other processes in {sp.window.window_ns / 1e9:.2f} s, "
-        f"{fmt_bytes(rate)}/s ({fmt_share(sp.foreign_rate_share, limit)})",
-        where=f"host {sp.host}, from the first timed op to the last",
+        f"it reached in the run ({fmt_bytes(span.peak_bytes_per_ns * 1e9)}/s)",
+        f"{span.window.foreign_bytes} B ({fmt_bytes(span.window.foreign_bytes)}) moved on device "
+        f"{span.device} by other processes in {span.window.window_ns / 1e9:.2f} s, "
+        f"{fmt_bytes(rate)}/s ({fmt_share(span.foreign_rate_share, limit)})",
+        where=f"host {span.host}, from the first timed op to the last",
     )
 
 
-def _watched_outcome(a: Mapping[str, Any], sp: Span, b: Background | None) -> Iterator[Outcome]:
-    if b is None or b.device != sp.device:  # stripped, it would hide a tenant: no undisturbed run without it
-        yield Outcome(False, f"the host's background window on device {sp.device} (run.json calibration)",
-                      "none recorded", where=f"host {sp.host}, before the first timed op")
+def _watched_outcome(a: Mapping[str, Any], span: Span, b: Background | None) -> Iterator[Outcome]:
+    # stripped, it would hide a tenant: no undisturbed run without it
+    if b is None or b.device != span.device:
+        yield Outcome(False, f"the host's background window on device {span.device} (run.json calibration)",
+                      "none recorded", where=f"host {span.host}, before the first timed op")
         return
-    limit, share = float(a["max_watched_rate_share"]), watched_rate_share(b, sp)
+    limit, share = float(a["max_watched_rate_share"]), watched_rate_share(b, span)
     if share <= limit:
         return
-    moved = b.window.foreign_bytes + sp.window.foreign_bytes
-    seconds = (b.window.window_ns + sp.window.window_ns) / 1e9
+    moved = b.window.foreign_bytes + span.window.foreign_bytes
+    seconds = (b.window.window_ns + span.window.window_ns) / 1e9
     yield Outcome(
         False,
         f"other processes moving bytes on the checkpoint device at most {limit:.0%} of the highest rate it "
-        f"reached in the run ({fmt_bytes(sp.peak_bytes_per_ns * 1e9)}/s), before and during the timed ops",
-        f"{moved} B ({fmt_bytes(moved)}) moved on device {sp.device} by other processes in {seconds:.2f} s "
+        f"reached in the run ({fmt_bytes(span.peak_bytes_per_ns * 1e9)}/s), before and during the timed ops",
+        f"{moved} B ({fmt_bytes(moved)}) moved on device {span.device} by other processes in {seconds:.2f} s "
         f"({fmt_bytes(b.foreign_bytes_per_s)}/s with the run asleep before its first op), "
         f"{fmt_bytes(moved / seconds)}/s ({fmt_share(share, limit)})",
-        where=f"host {sp.host}, before and during the timed ops",
+        where=f"host {span.host}, before and during the timed ops",
     )
 
 
-def foreign_io(ctx: Context, rs: RuleSet, rule: Rule) -> Iterator[Outcome | NotChecked]:
+def foreign_io(ctx: Context, ruleset: RuleSet, rule: Rule) -> Iterator[Outcome | NotChecked]:
     """Per host and phase, what other processes moved on the checkpoint device (and how much of
     the host's CPU time they took) during the weighed timed ops stays within ``attribution:``."""
-    d, a = run_data(ctx), rs.data["attribution"]
+    d, a = run_data(ctx), ruleset.data["attribution"]
     by_phase = phases(d.records, lambda r: counted_op(d, r))
     if not any(by_phase.values()):
         yield NotChecked(NOT_ATTRIBUTED)

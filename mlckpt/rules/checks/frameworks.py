@@ -22,13 +22,13 @@ from mlckpt.rules.rundata import at, run_data
 from mlckpt.workload.frameworks import ENGINE, WRITERS, Framework, scope_problems
 
 
-def framework_scope(ctx: Context, rs: RuleSet, rule: Rule) -> Outcome:
+def framework_scope(ctx: Context, ruleset: RuleSet, rule: Rule) -> Outcome:
     bad = scope_problems(ctx.config)
     writer = Framework.of(ctx.config).writer
     return Outcome(not bad, f"framework.writer={writer} without them", "; ".join(bad))
 
 
-def framework_recorded(ctx: Context, rs: RuleSet, rule: Rule) -> Iterator[Outcome | NotChecked]:
+def framework_recorded(ctx: Context, ruleset: RuleSet, rule: Rule) -> Iterator[Outcome | NotChecked]:
     d = run_data(ctx)
     if "framework" not in d.run:
         yield NotChecked("run.json before format 11 names no writer")
@@ -55,8 +55,8 @@ def framework_recorded(ctx: Context, rs: RuleSet, rule: Rule) -> Iterator[Outcom
         yield from _record(fw, r)
 
 
-def _record(fw: Framework, r: Mapping[str, Any]) -> Iterator[Outcome]:
-    writer = fw.writer_of(int(r["checkpoint"]))
+def _record(framework: Framework, r: Mapping[str, Any]) -> Iterator[Outcome]:
+    writer = framework.writer_of(int(r["checkpoint"]))
     if r.get("writer") != writer:
         yield Outcome(False, f"checkpoint {r['checkpoint']} by {writer}", f"by {r.get('writer')}",
                       where=at(r))
@@ -76,8 +76,8 @@ def _record(fw: Framework, r: Mapping[str, Any]) -> Iterator[Outcome]:
     if not isinstance(file_bytes, int) or file_bytes < int(r["bytes"]):
         yield Outcome(False, f"the library's files hold at least the {r['bytes']} B planned",
                       f"file_bytes {file_bytes}", where=at(r))
-    if r.get("synced_by") != fw.synced_by() or not r.get("fsync"):
-        yield Outcome(False, f"every file fsynced inside the op by {fw.synced_by()}",
+    if r.get("synced_by") != framework.synced_by() or not r.get("fsync"):
+        yield Outcome(False, f"every file fsynced inside the op by {framework.synced_by()}",
                       f"synced_by {r.get('synced_by')}, fsync {r.get('fsync')}", where=at(r))
 
 

@@ -19,7 +19,7 @@ def gpu_source(config: Mapping[str, Any]) -> bool:
     return isinstance(state, Mapping) and state.get("source") == "gpu"
 
 
-def gpu_modes(ctx: Context, rs: RuleSet, rule: Rule) -> Outcome:
+def gpu_modes(ctx: Context, ruleset: RuleSet, rule: Rule) -> Outcome:
     """GPU-MODES: sync or async on one tier of files, full residency, one invocation, no witness
     (a witnessed write restamps the host buffer's tags, which the GPU source wipes)."""
     if not gpu_source(ctx.config):
@@ -28,7 +28,7 @@ def gpu_modes(ctx: Context, rs: RuleSet, rule: Rule) -> Outcome:
     return Outcome(not bad, "one tier of files, residency=full, one invocation, no witness", ", ".join(bad))
 
 
-def gpu_usable(ctx: Context, rs: RuleSet, rule: Rule) -> Iterator[Outcome]:
+def gpu_usable(ctx: Context, ruleset: RuleSet, rule: Rule) -> Iterator[Outcome]:
     if not gpu_source(ctx.config):
         yield Outcome(True)
         return
@@ -36,7 +36,7 @@ def gpu_usable(ctx: Context, rs: RuleSet, rule: Rule) -> Iterator[Outcome]:
         yield Outcome(h.gpu_problem is None, "usable", h.gpu_problem, where=f"host {h.name}")
 
 
-def gpu_source_recorded(ctx: Context, rs: RuleSet, rule: Rule) -> Iterator[Outcome | NotChecked]:
+def gpu_source_recorded(ctx: Context, ruleset: RuleSet, rule: Rule) -> Iterator[Outcome | NotChecked]:
     """The state block agrees with the configuration; every rank held its shard on a CUDA device;
     every write and read record of a GPU run carries its device copy, inside the op (inside the
     memory stage of an async write), no faster than ``copy_rate_multiple`` × that rank's probe."""
@@ -66,7 +66,7 @@ def gpu_source_recorded(ctx: Context, rs: RuleSet, rule: Rule) -> Iterator[Outco
         yield Outcome(g.get("device_type") == "cuda" and set(names) <= set(g.get("names") or ()),
                       f"CUDA devices {names}", f"{g.get('device_type')} {g.get('names')}",
                       where=f"host {h.get('hostname')}")
-    multiple = float(rs.data.get("gpu_evidence", {}).get("copy_rate_multiple", 1.5))
+    multiple = float(ruleset.data.get("gpu_evidence", {}).get("copy_rate_multiple", 1.5))
     for r in d.records:
         yield from _copy_evidence(r, ranks.get(int(r["rank"]), {}), multiple)
 

@@ -20,13 +20,13 @@ from mlckpt.workload.layout import Plan
 from mlckpt.workload.pipeline import MEMORY_FILESYSTEMS, Pipeline
 
 
-def closed_ranks_per_host(ctx: Context, rs: RuleSet, rule: Rule) -> Iterator[Outcome | NotChecked]:
-    minimum = rs.closed["min_ranks_per_host"]
+def closed_ranks_per_host(ctx: Context, ruleset: RuleSet, rule: Rule) -> Iterator[Outcome | NotChecked]:
+    minimum = ruleset.closed["min_ranks_per_host"]
     for h in ctx.hosts or ():  # needs: [hosts]
         yield Outcome(len(h.ranks) >= minimum, minimum, f"host {h.name} has {len(h.ranks)}")
 
 
-def host_memory(ctx: Context, rs: RuleSet, rule: Rule) -> Iterator[Outcome | NotChecked]:
+def host_memory(ctx: Context, ruleset: RuleSet, rule: Rule) -> Iterator[Outcome | NotChecked]:
     for h in ctx.hosts or ():  # needs: [plan, hosts]
         if h.mem_available_bytes is None:
             yield NotChecked("host memory unknown (give host_memory_gib=)")
@@ -42,7 +42,7 @@ def host_memory(ctx: Context, rs: RuleSet, rule: Rule) -> Iterator[Outcome | Not
         yield Outcome(h.mem_available_bytes >= need, fmt_bytes(need), got, where=f"host {h.name}")
 
 
-def memory_folder(ctx: Context, rs: RuleSet, rule: Rule) -> Iterator[Outcome | NotChecked]:
+def memory_folder(ctx: Context, ruleset: RuleSet, rule: Rule) -> Iterator[Outcome | NotChecked]:
     """Restores are cold reads from storage: a checkpoint folder in memory (tmpfs, ramfs) has
     nothing to read cold from, known before the first byte is written (rules 1.9)."""
     if not int(ctx.get("checkpoint.num_reads") or 0):
@@ -50,7 +50,7 @@ def memory_folder(ctx: Context, rs: RuleSet, rule: Rule) -> Iterator[Outcome | N
     yield from _folder_not_in_memory(ctx)
 
 
-def memory_folder_reads(ctx: Context, rs: RuleSet, rule: Rule) -> Iterator[Outcome | NotChecked]:
+def memory_folder_reads(ctx: Context, ruleset: RuleSet, rule: Rule) -> Iterator[Outcome | NotChecked]:
     """Rules 1.14: :func:`memory_folder`, and a serving run, which always reads its weights back
     (1.13 read ``checkpoint.num_reads``, which a serving run leaves at 0)."""
     if ctx.kind == "serving" or int(ctx.get("checkpoint.num_reads") or 0):
@@ -94,7 +94,7 @@ def host_checkpoint_bytes(plan: Plan, host: HostSpec) -> int:
     return sum(plan.own_resident_bytes(r) for r in host.ranks)
 
 
-def disk_space(ctx: Context, rs: RuleSet, rule: Rule) -> Iterator[Outcome | NotChecked]:
+def disk_space(ctx: Context, ruleset: RuleSet, rule: Rule) -> Iterator[Outcome | NotChecked]:
     assert ctx.plan is not None  # needs: [plan, host_measurements]
     need = ctx.plan.total_bytes * int(ctx.get("checkpoint.num_writes") or 0)
     for h in ctx.hosts or ():
@@ -105,13 +105,13 @@ def disk_space(ctx: Context, rs: RuleSet, rule: Rule) -> Iterator[Outcome | NotC
                       f"{fmt_bytes(h.disk_free_bytes)} free", where=f"host {h.name}")
 
 
-def folder_usable(ctx: Context, rs: RuleSet, rule: Rule) -> Iterator[Outcome | NotChecked]:
+def folder_usable(ctx: Context, ruleset: RuleSet, rule: Rule) -> Iterator[Outcome | NotChecked]:
     for h in ctx.hosts or ():  # needs: [host_measurements]
         yield Outcome(h.folder_problem is None, "writable, no foreign files", h.folder_problem,
                       where=f"host {h.name}")
 
 
-def results_apart(ctx: Context, rs: RuleSet, rule: Rule) -> Iterator[Outcome | NotChecked]:
+def results_apart(ctx: Context, ruleset: RuleSet, rule: Rule) -> Iterator[Outcome | NotChecked]:
     """Checkpoints and results on different filesystems (MLPerf Storage keeps them apart): the
     results' writes must not share the storage under test."""
     for h in ctx.hosts or ():  # needs: [host_measurements]
@@ -122,7 +122,7 @@ def results_apart(ctx: Context, rs: RuleSet, rule: Rule) -> Iterator[Outcome | N
                           "filesystems", "one filesystem", where=f"host {h.name}")
 
 
-def tier_space(ctx: Context, rs: RuleSet, rule: Rule) -> Iterator[Outcome | NotChecked]:
+def tier_space(ctx: Context, ruleset: RuleSet, rule: Rule) -> Iterator[Outcome | NotChecked]:
     pipe = Pipeline.of(ctx.config)
     if not pipe.tiered:
         yield Outcome(True)  # one tier: nothing to check
@@ -139,7 +139,7 @@ def tier_space(ctx: Context, rs: RuleSet, rule: Rule) -> Iterator[Outcome | NotC
                       f"{fmt_bytes(h.fast_free_bytes)} free", where=f"host {h.name}")
 
 
-def tier_usable(ctx: Context, rs: RuleSet, rule: Rule) -> Iterator[Outcome | NotChecked]:
+def tier_usable(ctx: Context, ruleset: RuleSet, rule: Rule) -> Iterator[Outcome | NotChecked]:
     if not Pipeline.of(ctx.config).tiered:
         yield Outcome(True)  # one tier: nothing to check
         return
@@ -149,7 +149,7 @@ def tier_usable(ctx: Context, rs: RuleSet, rule: Rule) -> Iterator[Outcome | Not
 
 
 
-def io_engine(ctx: Context, rs: RuleSet, rule: Rule) -> Iterator[Outcome]:
+def io_engine(ctx: Context, ruleset: RuleSet, rule: Rule) -> Iterator[Outcome]:
     """The I/O mode asked for must work on every host's checkpoint filesystem, as probed there."""
     folder = ctx.get("checkpoint.folder")
     for h in ctx.hosts or ():
@@ -163,8 +163,8 @@ def io_engine(ctx: Context, rs: RuleSet, rule: Rule) -> Iterator[Outcome]:
             yield Outcome(True)
 
 
-def host_clock_offset(ctx: Context, rs: RuleSet, rule: Rule) -> Iterator[Outcome | NotChecked]:
-    bound = float(rs.data["clocks_gate"]["max_offset_s"])
+def host_clock_offset(ctx: Context, ruleset: RuleSet, rule: Rule) -> Iterator[Outcome | NotChecked]:
+    bound = float(ruleset.data["clocks_gate"]["max_offset_s"])
     for h in ctx.hosts or ():  # needs: [host_measurements]
         if h.clock_offset_s is None:
             yield NotChecked(f"host {h.name}: not measured")

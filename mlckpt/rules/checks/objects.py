@@ -33,7 +33,7 @@ def beyond_one_tier(ctx: Context, *, fsync: bool = False, objects: bool = False)
     return bad
 
 
-def object_modes(ctx: Context, rs: RuleSet, rule: Rule) -> Outcome:
+def object_modes(ctx: Context, ruleset: RuleSet, rule: Rule) -> Outcome:
     """OBJECT-MODES: an object run is sync or async on one tier, full residency, fsync on, one
     invocation, not witnessed (the modes the object engine carries today)."""
     if not is_object_url(ctx.get("checkpoint.folder")):
@@ -44,7 +44,7 @@ def object_modes(ctx: Context, rs: RuleSet, rule: Rule) -> Outcome:
     )
 
 
-def object_store_usable(ctx: Context, rs: RuleSet, rule: Rule) -> Iterator[Outcome]:
+def object_store_usable(ctx: Context, ruleset: RuleSet, rule: Rule) -> Iterator[Outcome]:
     if not is_object_url(ctx.get("checkpoint.folder")):
         yield Outcome(True)
         return
@@ -52,7 +52,7 @@ def object_store_usable(ctx: Context, rs: RuleSet, rule: Rule) -> Iterator[Outco
         yield Outcome(h.store_problem is None, "usable", h.store_problem, where=f"host {h.name}")
 
 
-def object_storage_recorded(ctx: Context, rs: RuleSet, rule: Rule) -> Iterator[Outcome | NotChecked]:
+def object_storage_recorded(ctx: Context, ruleset: RuleSet, rule: Rule) -> Iterator[Outcome | NotChecked]:
     """The storage block agrees with the configuration, and every host's facts name the store
     (filesystem type s3, the same endpoint host): a bundle cannot pass files off as objects or
     one store off as another without the configuration saying so too."""

@@ -42,11 +42,11 @@ def _iso(text: str) -> float | None:
         return None
 
 
-def host_clocks(ctx: Context, rs: RuleSet, rule: Rule) -> Iterator[Outcome | NotChecked]:
+def host_clocks(ctx: Context, ruleset: RuleSet, rule: Rule) -> Iterator[Outcome | NotChecked]:
     """Each record's wall-clock start and monotonic t0 are read together, so on one host their
     difference is the same for every record (up to NTP slew); every op lies inside the run's
     started..ended; and hosts with different names are different machines (boot ids, clocks)."""
-    d, b = run_data(ctx), evidence_bounds(rs)["clocks"]
+    d, b = run_data(ctx), evidence_bounds(ruleset)["clocks"]
     started, ended = _iso(str(d.run.get("started"))), _iso(str(d.run.get("ended")))
     offsets: dict[str, list[float]] = {}
     for r in d.records:
@@ -118,11 +118,11 @@ def remote_store(facts: Mapping[str, Any]) -> bool:
     return fs.get("fs_type") == "s3" and host not in ("localhost", "::1") and not host.startswith("127.")
 
 
-def host_physics(ctx: Context, rs: RuleSet, rule: Rule) -> Iterator[Outcome | NotChecked]:
+def host_physics(ctx: Context, ruleset: RuleSet, rule: Rule) -> Iterator[Outcome | NotChecked]:
     """No host moves checkpoint bytes faster than its own memory can copy them (measured by the
     runner on that host), nor faster than its network links where the storage is remote; a
     snapshot into memory (the async stall) obeys the memory bound too."""
-    d, b = run_data(ctx), evidence_bounds(rs)["physics"]
+    d, b = run_data(ctx), evidence_bounds(ruleset)["physics"]
     facts = host_facts(d)
     measured = False
     for (op, idx), recs in sorted(d.grouped().items()):

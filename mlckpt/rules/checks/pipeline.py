@@ -15,7 +15,7 @@ from mlckpt.rules.rundata import at, run_data, written
 from mlckpt.workload.pipeline import DURABLE, Pipeline
 
 
-def pipeline_declared(ctx: Context, rs: RuleSet, rule: Rule) -> Iterator[Outcome | NotChecked]:
+def pipeline_declared(ctx: Context, ruleset: RuleSet, rule: Rule) -> Iterator[Outcome | NotChecked]:
     """Every write record follows the configured pipeline: its mode, its stages in order, and a
     training interval at least as long as configured (overlap is only credited for real time)."""
     d = run_data(ctx)
@@ -35,7 +35,7 @@ def pipeline_declared(ctx: Context, rs: RuleSet, rule: Rule) -> Iterator[Outcome
                           f"{int(r['compute_ns']) / 1e9:.3f} s", where=at(r))
 
 
-def async_timeline(ctx: Context, rs: RuleSet, rule: Rule) -> Iterator[Outcome | NotChecked]:
+def async_timeline(ctx: Context, ruleset: RuleSet, rule: Rule) -> Iterator[Outcome | NotChecked]:
     """On each rank: request ≤ end of back-pressure ≤ blocking stage ≤ staged ≤ durable, stages
     one after another, the last one durable; the previous checkpoint was durable before this
     one's blocking stage (one staging slot); the part of a checkpoint's background work that
@@ -74,7 +74,7 @@ def async_timeline(ctx: Context, rs: RuleSet, rule: Rule) -> Iterator[Outcome | 
                 break
 
 
-def tier_drain_verified(ctx: Context, rs: RuleSet, rule: Rule) -> Iterator[Outcome | NotChecked]:
+def tier_drain_verified(ctx: Context, ruleset: RuleSet, rule: Rule) -> Iterator[Outcome | NotChecked]:
     d = run_data(ctx)
     if not Pipeline.of(d.config).tiered:
         yield Outcome(True)  # one tier: nothing to check
@@ -94,7 +94,7 @@ def tier_drain_verified(ctx: Context, rs: RuleSet, rule: Rule) -> Iterator[Outco
                           where=f"write {r['index']} rank {r['rank']}")
 
 
-def tier_restore_source(ctx: Context, rs: RuleSet, rule: Rule) -> Iterator[Outcome | NotChecked]:
+def tier_restore_source(ctx: Context, ruleset: RuleSet, rule: Rule) -> Iterator[Outcome | NotChecked]:
     """Each restore read from the nearest tier holding a copy (mlckpt/workload/pipeline.py: restore_tier)."""
     d, plan = run_data(ctx), ctx.plan
     if plan is None:

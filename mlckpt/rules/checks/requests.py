@@ -22,7 +22,7 @@ from mlckpt.rules.rundata import run_data
 PHASE_SLACK_NS = 1_000_000  # the phases' own clock reads, between the op's t0 and t1
 
 
-def request_evidence(ctx: Context, rs: RuleSet, rule: Rule) -> Iterator[Outcome | NotChecked]:
+def request_evidence(ctx: Context, ruleset: RuleSet, rule: Rule) -> Iterator[Outcome | NotChecked]:
     d = run_data(ctx)
     if int(d.run.get("records_format", 0)) < 7:
         yield NotChecked("records before format 7 carry no requests")
@@ -56,7 +56,7 @@ def _at(op: str, idx: int, r: Mapping[str, Any]) -> str:
     return f"{op} {idx}, rank {r['rank']}"
 
 
-def run_claims(ctx: Context, rs: RuleSet, rule: Rule) -> Iterator[Outcome | NotChecked]:
+def run_claims(ctx: Context, ruleset: RuleSet, rule: Rule) -> Iterator[Outcome | NotChecked]:
     """RUN-CLAIMS: what run.json says of the run that its configuration and records can check: the
     ``scaled`` flag is the configuration's scale below 1; every host run.json places ranks on has
     records, no record names a host run.json does not, and each record's rank sits on the host

@@ -22,7 +22,7 @@ from mlckpt.workload.pipeline import FAST, MEMORY_FILESYSTEMS, Pipeline
 REL_TOL = 1e-9
 
 
-def result_consistent(ctx: Context, rs: RuleSet, rule: Rule) -> Iterator[Outcome | NotChecked]:
+def result_consistent(ctx: Context, ruleset: RuleSet, rule: Rule) -> Iterator[Outcome | NotChecked]:
     d = run_data(ctx)
     cfg = d.config
     wanted = (("workload", cfg.get("workload", {}).get("name")), ("division", cfg.get("division")),
@@ -41,7 +41,7 @@ def result_consistent(ctx: Context, rs: RuleSet, rule: Rule) -> Iterator[Outcome
                   f"{len(hosts_ranks)} rank placements")
 
 
-def result_counts(ctx: Context, rs: RuleSet, rule: Rule) -> Iterator[Outcome | NotChecked]:
+def result_counts(ctx: Context, ruleset: RuleSet, rule: Rule) -> Iterator[Outcome | NotChecked]:
     d = run_data(ctx)
     ranks = int(d.config["ranks"])
     for op, key in (("write", "num_writes"), ("read", "num_reads")):
@@ -62,7 +62,7 @@ def result_counts(ctx: Context, rs: RuleSet, rule: Rule) -> Iterator[Outcome | N
                       where=f"read {idx}")
 
 
-def result_times(ctx: Context, rs: RuleSet, rule: Rule) -> Iterator[Outcome | NotChecked]:
+def result_times(ctx: Context, ruleset: RuleSet, rule: Rule) -> Iterator[Outcome | NotChecked]:
     d = run_data(ctx)
     bad = [r for r in d.records if not int(r["t1_ns"]) > int(r["t0_ns"])]
     yield Outcome(not bad, "t1_ns > t0_ns in every record",
@@ -89,7 +89,7 @@ def result_times(ctx: Context, rs: RuleSet, rule: Rule) -> Iterator[Outcome | No
     yield Outcome(started <= ended, "started <= ended", f"started {started}, ended {ended}")
 
 
-def bytes_match_plan(ctx: Context, rs: RuleSet, rule: Rule) -> Iterator[Outcome | NotChecked]:
+def bytes_match_plan(ctx: Context, ruleset: RuleSet, rule: Rule) -> Iterator[Outcome | NotChecked]:
     d, plan = run_data(ctx), ctx.plan
     if plan is None:
         yield NotChecked("no run data or plan")
@@ -145,9 +145,9 @@ def compare_values(path: str, want: Any, have: Any) -> Iterator[tuple[str, Any, 
         yield path, want, have
 
 
-def metrics_recompute(ctx: Context, rs: RuleSet, rule: Rule) -> Iterator[Outcome | NotChecked]:
+def metrics_recompute(ctx: Context, ruleset: RuleSet, rule: Rule) -> Iterator[Outcome | NotChecked]:
     d = run_data(ctx)
-    want = d.summarized(rs)
+    want = d.summarized(ruleset)
     diffs = list(compare_values("", want, d.summary))
     for path, exp, got in diffs[:5]:
         yield Outcome(False, f"summary.{path} = {exp}", got)
@@ -155,7 +155,7 @@ def metrics_recompute(ctx: Context, rs: RuleSet, rule: Rule) -> Iterator[Outcome
         yield Outcome(True)
 
 
-def fsync_every_write(ctx: Context, rs: RuleSet, rule: Rule) -> Outcome | NotChecked:
+def fsync_every_write(ctx: Context, ruleset: RuleSet, rule: Rule) -> Outcome | NotChecked:
     d = run_data(ctx)
     writes = [r for r in d.records if r["op"] == "write"]
     bad = [r for r in writes if r.get("fsync") is not True]
@@ -163,10 +163,10 @@ def fsync_every_write(ctx: Context, rs: RuleSet, rule: Rule) -> Outcome | NotChe
                    "fsync on every write record", f"{len(bad)} of {len(writes)} write records without fsync")
 
 
-def cold_reads(ctx: Context, rs: RuleSet, rule: Rule) -> Iterator[Outcome | NotChecked]:
+def cold_reads(ctx: Context, ruleset: RuleSet, rule: Rule) -> Iterator[Outcome | NotChecked]:
     d = run_data(ctx)
-    bound = float(rs.data["cold_read"]["max_resident_fraction"])
-    multiple = float(rs.data["cold_read"]["memory_multiple"])
+    bound = float(ruleset.data["cold_read"]["max_resident_fraction"])
+    multiple = float(ruleset.data["cold_read"]["memory_multiple"])
     # Alternative from the rules: per-host data at least `multiple` × host memory.
     mem = {h.get("hostname"): h.get("memory_total_bytes") or 0 for h in d.system.get("hosts", [])}
     fast_fs = (d.run.get("pipeline") or {}).get("fast_fs") or {}
@@ -190,7 +190,7 @@ def cold_reads(ctx: Context, rs: RuleSet, rule: Rule) -> Iterator[Outcome | NotC
                       f"{fmt_share(frac, bound, 1)} resident", where=f"read {idx}")
 
 
-def data_verified(ctx: Context, rs: RuleSet, rule: Rule) -> Iterator[Outcome | NotChecked]:
+def data_verified(ctx: Context, ruleset: RuleSet, rule: Rule) -> Iterator[Outcome | NotChecked]:
     d = run_data(ctx)
     for r in d.records:
         if r["op"] != "read":
@@ -202,13 +202,13 @@ def data_verified(ctx: Context, rs: RuleSet, rule: Rule) -> Iterator[Outcome | N
                           where=f"read {r['index']} rank {r['rank']}")
 
 
-def data_unique(ctx: Context, rs: RuleSet, rule: Rule) -> Outcome | NotChecked:
+def data_unique(ctx: Context, ruleset: RuleSet, rule: Rule) -> Outcome | NotChecked:
     d = run_data(ctx)
     scheme = d.run.get("data_scheme")
     return Outcome(scheme == DATA_SCHEME, f"data_scheme {DATA_SCHEME}", f"data_scheme {scheme!r}")
 
 
-def bandwidth_plausible(ctx: Context, rs: RuleSet, rule: Rule) -> Iterator[Outcome | NotChecked]:
+def bandwidth_plausible(ctx: Context, ruleset: RuleSet, rule: Rule) -> Iterator[Outcome | NotChecked]:
     d = run_data(ctx)
     storage = (d.system.get("description") or {}).get("storage") or {}
     declared = False
@@ -226,9 +226,9 @@ def bandwidth_plausible(ctx: Context, rs: RuleSet, rule: Rule) -> Iterator[Outco
 
 
 # ---------------------------------------------------------------------- async and tiered checkpoints
-def writes_by_rank(d: RunData) -> dict[int, list[Mapping[str, Any]]]:
+def writes_by_rank(data: RunData) -> dict[int, list[Mapping[str, Any]]]:
     out: dict[int, list[Mapping[str, Any]]] = {}
-    for r in d.records:
+    for r in data.records:
         if r.get("op") == "write":
             out.setdefault(int(r["rank"]), []).append(r)
     for recs in out.values():
@@ -236,12 +236,12 @@ def writes_by_rank(d: RunData) -> dict[int, list[Mapping[str, Any]]]:
     return out
 
 
-def state_hugepages(ctx: Context, rs: RuleSet, rule: Rule) -> Outcome | NotChecked:
+def state_hugepages(ctx: Context, ruleset: RuleSet, rule: Rule) -> Outcome | NotChecked:
     """STATE-HUGEPAGES (rules 1.4): the smallest huge-page share of a rank's state buffer."""
     share = hugepage_share_min(run_data(ctx).records)  # from the records: no summary needed
     if share is None:
         return NotChecked("no huge-page share in the records (records format 4, /proc/self/smaps)")
-    bound = float(rs.data["memory"]["min_hugepage_fraction"])
+    bound = float(ruleset.data["memory"]["min_hugepage_fraction"])
     return Outcome(share >= bound, f"at least {bound:.0%} of every rank's state on huge pages",
                    f"{fmt_share(share, bound)} on one rank")
 
@@ -259,7 +259,7 @@ def placeholders(doc: Any, at: str = "") -> list[tuple[str, str]]:
     return [(at, doc)] if isinstance(doc, str) and doc.startswith(COMPLETE) else []
 
 
-def system_complete(ctx: Context, rs: RuleSet, rule: Rule) -> Outcome | NotChecked:
+def system_complete(ctx: Context, ruleset: RuleSet, rule: Rule) -> Outcome | NotChecked:
     """SYSTEM-COMPLETE (rules 1.15): no drafted placeholder in the embedded system description."""
     description = run_data(ctx).system.get("description")
     if not isinstance(description, dict):

@@ -35,12 +35,12 @@ from mlckpt.workload.serving_run import ServingRun, scope_problems
 from mlckpt.written import Written
 
 
-def serving_scope(ctx: Context, rs: RuleSet, rule: Rule) -> Outcome:
-    bad = scope_problems(ctx.config, witnessed=bool(rs.data.get("serving", {}).get("witnessed")))
+def serving_scope(ctx: Context, ruleset: RuleSet, rule: Rule) -> Outcome:
+    bad = scope_problems(ctx.config, witnessed=bool(ruleset.data.get("serving", {}).get("witnessed")))
     return Outcome(not bad, "a serving run without them", "; ".join(bad))
 
 
-def serving_direct(ctx: Context, rs: RuleSet, rule: Rule) -> Outcome:
+def serving_direct(ctx: Context, ruleset: RuleSet, rule: Rule) -> Outcome:
     """Rules 1.14: weights on files are read with O_DIRECT (objects have no page cache of the
     host's).  Buffered, the replicas on one host share the page cache."""
     folder = str(ctx.get("checkpoint.folder") or "")
@@ -49,7 +49,7 @@ def serving_direct(ctx: Context, rs: RuleSet, rule: Rule) -> Outcome:
                    f"io.direct={str(direct).lower()}")
 
 
-def serving_closed(ctx: Context, rs: RuleSet, rule: Rule) -> Outcome:
+def serving_closed(ctx: Context, ruleset: RuleSet, rule: Rule) -> Outcome:
     return Outcome(False, "division=open", f"division={ctx.division}")
 
 
@@ -60,7 +60,7 @@ def _run(ctx: Context) -> ServingRun:
     return run
 
 
-def serving_recorded(ctx: Context, rs: RuleSet, rule: Rule) -> Outcome:
+def serving_recorded(ctx: Context, ruleset: RuleSet, rule: Rule) -> Outcome:
     d, run = run_data(ctx), _run(ctx)
     want = run.block()
     got = mapping_at(d.run, "serving")
@@ -82,7 +82,7 @@ def rank_hosts(run_json: Mapping[str, Any], ranks: int) -> list[str] | None:
     return [placed[r] for r in range(ranks)] if sorted(placed) == list(range(ranks)) else None
 
 
-def serving_plan(ctx: Context, rs: RuleSet, rule: Rule) -> Iterator[Outcome]:
+def serving_plan(ctx: Context, ruleset: RuleSet, rule: Rule) -> Iterator[Outcome]:
     d, run = run_data(ctx), _run(ctx)
     ranks = int(d.config["ranks"])
     hosts = rank_hosts(d.run, ranks)
@@ -106,9 +106,9 @@ def serving_plan(ctx: Context, rs: RuleSet, rule: Rule) -> Iterator[Outcome]:
             yield Outcome(False, "as planned", problem, where=f"load {index}")
 
 
-def serving_cold(ctx: Context, rs: RuleSet, rule: Rule) -> Iterator[Outcome]:
+def serving_cold(ctx: Context, ruleset: RuleSet, rule: Rule) -> Iterator[Outcome]:
     d = run_data(ctx)
-    bound = float(rs.data["cold_read"]["max_resident_fraction"])
+    bound = float(ruleset.data["cold_read"]["max_resident_fraction"])
     if d.run.get("storage", {}).get("kind") == "s3":
         return  # objects: no page cache of the host's holds them (resident_bytes is 0)
     for index, recs in by_load(d.records).items():
@@ -119,7 +119,7 @@ def serving_cold(ctx: Context, rs: RuleSet, rule: Rule) -> Iterator[Outcome]:
                       where=f"load {index}")
 
 
-def serving_counters(ctx: Context, rs: RuleSet, rule: Rule) -> Iterator[Outcome | NotChecked]:
+def serving_counters(ctx: Context, ruleset: RuleSet, rule: Rule) -> Iterator[Outcome | NotChecked]:
     """Rules 1.14: each load on each host inside its leader's kernel counters (read on leaving the
     load's barrier and after every rank agreed it ended, as around a checkpoint op), and the bytes
     the host's ranks claim from the storage read from it in that window: by the kernel's
@@ -129,7 +129,7 @@ def serving_counters(ctx: Context, rs: RuleSet, rule: Rule) -> Iterator[Outcome 
     d = run_data(ctx)
     if d.run.get("storage", {}).get("kind") == "s3":
         return  # objects: no device of the host's serves them
-    slack = float(rs.data["serving"]["counters_slack_fraction"])
+    slack = float(ruleset.data["serving"]["counters_slack_fraction"])
     facts = host_facts(d)
     for index, recs in by_load(d.records).items():
         for host, hr in d.hosts(recs).items():
@@ -161,27 +161,27 @@ def _counted(hc: Mapping[str, Any], hr: Sequence[Mapping[str, Any]], slack: floa
                           f"{got} B", where=where)
 
 
-def summarized(rs: RuleSet, d: RunData, run: ServingRun) -> dict[str, Any]:
+def summarized(ruleset: RuleSet, data: RunData, run: ServingRun) -> dict[str, Any]:
     """A serving run's summary.json from its records (the runner writes it, SERVING-SUMMARY
     recomputes it)."""
-    written = Written.of(rs.version)
-    return summary(run, d.records, ranks=int(d.config["ranks"]),
-                   hosts=len({str(h.get("host")) for h in d.run.get("hosts") or ()}),
-                   max_resident_fraction=float(rs.data["cold_read"]["max_resident_fraction"]),
+    written = Written.of(ruleset.version)
+    return summary(run, data.records, ranks=int(data.config["ranks"]),
+                   hosts=len({str(h.get("host")) for h in data.run.get("hosts") or ()}),
+                   max_resident_fraction=float(ruleset.data["cold_read"]["max_resident_fraction"]),
                    formats=(written.summary, written.records))
 
 
-def recomputed(rs: RuleSet, d: RunData, run: ServingRun) -> dict[str, Any] | None:
+def recomputed(ruleset: RuleSet, data: RunData, run: ServingRun) -> dict[str, Any] | None:
     """:func:`summarized`, which the checker reports, never the claim; None where a record's
     duration is not positive (SERVING-PLAN says so)."""
-    if any(int(r["t1_ns"]) <= int(r["t0_ns"]) for r in d.records if r.get("op") == "load"):
+    if any(int(r["t1_ns"]) <= int(r["t0_ns"]) for r in data.records if r.get("op") == "load"):
         return None
-    return summarized(rs, d, run)
+    return summarized(ruleset, data, run)
 
 
-def serving_summary_exact(ctx: Context, rs: RuleSet, rule: Rule) -> Iterator[Outcome | NotChecked]:
+def serving_summary_exact(ctx: Context, ruleset: RuleSet, rule: Rule) -> Iterator[Outcome | NotChecked]:
     d, run = run_data(ctx), _run(ctx)
-    want = recomputed(rs, d, run)
+    want = recomputed(ruleset, d, run)
     if want is None:
         yield NotChecked("records with non-positive durations (see SERVING-PLAN)")
         return

@@ -75,13 +75,13 @@ def split_problems(write_run: Mapping[str, Any], write_config: Mapping[str, Any]
     return out
 
 
-def split_pair(ctx: Context, rs: RuleSet, rule: Rule) -> Iterator[Outcome | NotChecked]:
+def split_pair(ctx: Context, ruleset: RuleSet, rule: Rule) -> Iterator[Outcome | NotChecked]:
     """SPLIT-PAIR: a read-only invocation's write invocation is in the tree, unchanged (its signed
     statement's digest), compatible (:func:`split_problems`), and ended before the reads began."""
     yield from report_problems(ctx, "split")
 
 
-def split_evidence(ctx: Context, rs: RuleSet, rule: Rule) -> Iterator[Outcome | NotChecked]:
+def split_evidence(ctx: Context, ruleset: RuleSet, rule: Rule) -> Iterator[Outcome | NotChecked]:
     """SPLIT-EVIDENCE (rules 1.10): a read-only invocation proves it held its write invocation's content
     key (:func:`proof_matches`), and on a host that did not reboot between the invocations both read
     one wall-minus-monotonic clock offset (:func:`clock_problems`)."""

@@ -106,7 +106,7 @@ REPORTED = {
 def reporter(check: str, facts: str) -> CheckFn:
     """The check named ``check``: every problem in ``SubmissionFacts.<facts>``."""
 
-    def report(ctx: Context, rs: RuleSet, rule: Rule) -> Iterator[Outcome | NotChecked]:
+    def report(ctx: Context, ruleset: RuleSet, rule: Rule) -> Iterator[Outcome | NotChecked]:
         yield from report_problems(ctx, facts)
 
     report.__name__ = report.__qualname__ = check
@@ -114,7 +114,7 @@ def reporter(check: str, facts: str) -> CheckFn:
     return report
 
 
-def runner_released(ctx: Context, rs: RuleSet, rule: Rule) -> Iterator[Outcome | NotChecked]:
+def runner_released(ctx: Context, ruleset: RuleSet, rule: Rule) -> Iterator[Outcome | NotChecked]:
     if _facts(ctx).runner is None:
         yield NotChecked("the tree has no released-runners.yaml (or an earlier stage stopped this bundle)")
         return
@@ -125,7 +125,7 @@ def _because(v: Verdicts) -> str:
     return f" ({', '.join(v.reasons)})" if v.reasons else ""
 
 
-def division_placement(ctx: Context, rs: RuleSet, rule: Rule) -> Outcome | NotChecked:
+def division_placement(ctx: Context, ruleset: RuleSet, rule: Rule) -> Outcome | NotChecked:
     """A bundle under closed/ must earn the closed verdict.  Under open/ any valid verdict is
     fine: a closed-eligible run may always be published in the open division."""
     v = _facts(ctx).verdicts
@@ -137,7 +137,7 @@ def division_placement(ctx: Context, rs: RuleSet, rule: Rule) -> Outcome | NotCh
                    f"verdict {v.recomputed}{_because(v)}")
 
 
-def result_verdict(ctx: Context, rs: RuleSet, rule: Rule) -> Outcome | NotChecked:
+def result_verdict(ctx: Context, ruleset: RuleSet, rule: Rule) -> Outcome | NotChecked:
     """The verdict run.json records must be the one the same rules give on the same data."""
     v = _facts(ctx).verdicts
     if v is None:

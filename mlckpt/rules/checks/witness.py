@@ -88,32 +88,33 @@ def spans(doc: Mapping[str, Any], records: Sequence[Mapping[str, Any]]) -> list[
         if e.get("kind") == "start":
             started[(e["op"], e["index"])] = e
         elif e.get("kind") == "end" and (e["op"], e["index"]) in started and (e["op"], e["index"]) in recs:
-            s, rs = started[(e["op"], e["index"])], recs[(e["op"], e["index"])]
-            walls = [float(r.get("wall_start", 0)) for r in rs]
+            s, op_records = started[(e["op"], e["index"])], recs[(e["op"], e["index"])]
+            walls = [float(r.get("wall_start", 0)) for r in op_records]
             interval = (e["t_mono_ns"] - s["t_mono_ns"]) / 1e9
             served = min(e.get("start_service_ns", 0) / 1e9, interval)
-            out.append(OpSpan(e["op"], e["index"], max((r["t1_ns"] - r["t0_ns"]) / 1e9 for r in rs),
-                              interval, interval - served, sum(int(r["bytes"]) for r in rs),
+            out.append(OpSpan(e["op"], e["index"], max((r["t1_ns"] - r["t0_ns"]) / 1e9 for r in op_records),
+                              interval, interval - served, sum(int(r["bytes"]) for r in op_records),
                               (min(walls), max(walls)), s["t_wall_ns"] / 1e9, e["t_wall_ns"] / 1e9,
-                              e.get("lag_ns", 0) / 1e9, next((r for r in rs if r.get("rank") == 0), None)))
+                              e.get("lag_ns", 0) / 1e9,
+                              next((r for r in op_records if r.get("rank") == 0), None)))
     return out
 
 
-def figures(f: WitnessFacts) -> dict[str, Any]:
+def figures(facts: WitnessFacts) -> dict[str, Any]:
     """The witness-conservative bandwidths (bytes over the witness's own interval), GiB/s."""
-    if f.transcript is None:
+    if facts.transcript is None:
         return {}
     out: dict[str, Any] = {}
     for op in WITNESSED_OPS:
-        bws = [s.bytes / s.answered_s / GiB for s in spans(f.transcript, f.records)
+        bws = [s.bytes / s.answered_s / GiB for s in spans(facts.transcript, facts.records)
                if s.op == op and s.answered_s > 0]
         if bws:
             out[f"{op}_bandwidth_witnessed_mean_gib_s"] = sum(bws) / len(bws)
-    out["witness_max_rtt_ms"] = max_rtt_s(f.transcript) * 1e3
+    out["witness_max_rtt_ms"] = max_rtt_s(facts.transcript) * 1e3
     return out
 
 
-def witness_mode(ctx: Context, rs: RuleSet, rule: Rule) -> Outcome:
+def witness_mode(ctx: Context, ruleset: RuleSet, rule: Rule) -> Outcome:
     """WITNESS-MODE: witness.url only with checkpoint.mode=sync and no fast tier."""
     if not ctx.get("witness.url"):
         return Outcome(True)
@@ -122,7 +123,7 @@ def witness_mode(ctx: Context, rs: RuleSet, rule: Rule) -> Outcome:
                    f"checkpoint.mode={mode}" + (f", checkpoint.tiers.fast={fast}" if fast else ""))
 
 
-def witness_transcript(ctx: Context, rs: RuleSet, rule: Rule) -> Iterator[Outcome | NotChecked]:
+def witness_transcript(ctx: Context, ruleset: RuleSet, rule: Rule) -> Iterator[Outcome | NotChecked]:
     f = _facts(ctx)
     if f is None:
         yield NotChecked("not reached: an earlier stage stopped this bundle")
@@ -158,7 +159,7 @@ def _claimed(ctx: Context) -> WitnessFacts | Outcome | NotChecked:
     return f if f.claimed else Outcome(True)
 
 
-def witness_signature(ctx: Context, rs: RuleSet, rule: Rule) -> Outcome | NotChecked:
+def witness_signature(ctx: Context, ruleset: RuleSet, rule: Rule) -> Outcome | NotChecked:
     f = _facts(ctx)
     if f is None or not f.claimed or not f.present:
         return Outcome(True) if f is not None else NotChecked("not reached")
@@ -170,7 +171,7 @@ def witness_signature(ctx: Context, rs: RuleSet, rule: Rule) -> Outcome | NotChe
                    f"signed by {str(f.signer)[:16]}…", where=TRANSCRIPT)
 
 
-def witness_trusted(ctx: Context, rs: RuleSet, rule: Rule) -> Outcome | NotChecked:
+def witness_trusted(ctx: Context, ruleset: RuleSet, rule: Rule) -> Outcome | NotChecked:
     f = _claimed(ctx)
     if not isinstance(f, WitnessFacts):
         return f
@@ -187,28 +188,28 @@ def _on_transcript(judge: Callable[[WitnessFacts, RuleSet], Failures]) -> CheckF
     """A check of a claimed witness against its opened transcript: ``judge`` yields the failures;
     none is a pass.  Runs that claim no witness pass; no opened transcript: not checked."""
 
-    def check(ctx: Context, rs: RuleSet, rule: Rule) -> Outcome | NotChecked | list[Outcome]:
+    def check(ctx: Context, ruleset: RuleSet, rule: Rule) -> Outcome | NotChecked | list[Outcome]:
         f = _claimed(ctx)
         if not isinstance(f, WitnessFacts):
             return f
         assert f.transcript is not None and f.claim is not None
-        return list(judge(f, rs)) or Outcome(True)
+        return list(judge(f, ruleset)) or Outcome(True)
 
     check.__name__ = judge.__name__
     return check
 
 
-def witness_run(f: WitnessFacts, rs: RuleSet) -> Failures:
-    doc, claim, run = f.transcript, f.claim, f.run or {}
+def witness_run(facts: WitnessFacts, ruleset: RuleSet) -> Failures:
+    doc, claim, run = facts.transcript, facts.claim, facts.run or {}
     opening = entries(doc)[0]  # type: ignore[arg-type]
     said = opening.get("config", {})
     compared = [("the witness's run", claim["run"], doc["run"]),  # type: ignore[index]
              ("run_id", run.get("run_id"), said.get("run_id")),
              ("name", run.get("name"), said.get("name"))]
-    if f.plan_digest is not None:
-        compared.append(("plan digest", f.plan_digest, opening.get("plan_digest")))
-    if "opened_by" in opening and f.bundle_signer is not None:  # witness format 2: who opened it
-        compared.append(("opened by the bundle's signing key", f.bundle_signer, opening["opened_by"]))
+    if facts.plan_digest is not None:
+        compared.append(("plan digest", facts.plan_digest, opening.get("plan_digest")))
+    if "opened_by" in opening and facts.bundle_signer is not None:  # witness format 2: who opened it
+        compared.append(("opened by the bundle's signing key", facts.bundle_signer, opening["opened_by"]))
     for what, want, got in compared:
         if want != got:
             yield Outcome(False, f"{what} {want}", f"{what} {got} in the transcript", where=TRANSCRIPT)
@@ -227,10 +228,10 @@ def _expected_ops(records: Sequence[Mapping[str, Any]]) -> list[tuple[str, str, 
     return out
 
 
-def witness_events(f: WitnessFacts, rs: RuleSet) -> Failures:
-    es = entries(f.transcript)  # type: ignore[arg-type]
+def witness_events(facts: WitnessFacts, ruleset: RuleSet) -> Failures:
+    es = entries(facts.transcript)  # type: ignore[arg-type]
     seen = [(e["kind"], e["op"], e["index"]) for e in es if e.get("kind") in ("start", "end")]
-    want = _expected_ops(f.records)
+    want = _expected_ops(facts.records)
     if seen != want:
         at = next((i for i, (a, b) in enumerate(zip(seen, want, strict=False)) if a != b),
                   min(len(seen), len(want)))
@@ -240,19 +241,19 @@ def witness_events(f: WitnessFacts, rs: RuleSet) -> Failures:
     if not es or es[-1].get("kind") != "close":
         yield Outcome(False, "a closed run", "no close", where=TRANSCRIPT)
     issued = [e.get("nonce") for e in es if e.get("kind") == "start" and e.get("op") == "write"]
-    nonces = list(f.claim["nonces"])  # type: ignore[index]
+    nonces = list(facts.claim["nonces"])  # type: ignore[index]
     if nonces != issued:
         yield Outcome(False, f"the run's write nonces as issued ({len(issued)})",
                       f"run.json's witness.nonces ({len(nonces)}, other values)", where="run.json")
 
 
-def witness_times(f: WitnessFacts, rs: RuleSet) -> Failures:
-    b = rs.data["witness"]
-    rtt = max_rtt_s(f.transcript)  # type: ignore[arg-type]
-    for s in spans(f.transcript, f.records):  # type: ignore[arg-type]
+def witness_times(facts: WitnessFacts, ruleset: RuleSet) -> Failures:
+    b = ruleset.data["witness"]
+    rtt = max_rtt_s(facts.transcript)  # type: ignore[arg-type]
+    for s in spans(facts.transcript, facts.records):  # type: ignore[arg-type]
         # rules 1.8: plus the wait the host's own calibration allows before the ranks start
         short = (b["rtt_multiple"] * rtt + b["slack_s"] + b["slack_fraction"] * s.answered_s
-                 + start_allowance_s(rs, f.run or {}))
+                 + start_allowance_s(ruleset, facts.run or {}))
         if s.duration_s > s.interval_s + b["over_s"] or s.answered_s - s.duration_s > short:
             yield Outcome(False, f"{s.op} {s.index}: a duration within {s.answered_s - short:.3f}.."
                           f"{s.interval_s + b['over_s']:.3f} s (the witness's interval {s.answered_s:.3f} s "
@@ -290,14 +291,14 @@ class Account:
         return self.pre_s + self.own_s + self.post_s - self.span.duration_s
 
 
-def accounts(f: WitnessFacts, rs: RuleSet) -> list[OpSpan | Account]:
+def accounts(facts: WitnessFacts, ruleset: RuleSet) -> list[OpSpan | Account]:
     """Each witnessed op's account (rules 1.10, ``witness.account_s``); the bare span of an op
     whose rank 0 record carries no ``witness_host_ns``."""
-    b = rs.data["witness"]
-    rtt = max_rtt_s(f.transcript)  # type: ignore[arg-type]
-    allowance = start_allowance_s(rs, f.run or {})
+    b = ruleset.data["witness"]
+    rtt = max_rtt_s(facts.transcript)  # type: ignore[arg-type]
+    allowance = start_allowance_s(ruleset, facts.run or {})
     out: list[OpSpan | Account] = []
-    for s in spans(f.transcript, f.records):  # type: ignore[arg-type]
+    for s in spans(facts.transcript, facts.records):  # type: ignore[arg-type]
         host = (s.leader or {}).get("witness_host_ns")
         if not isinstance(host, list) or len(host) != 2 or s.leader is None:
             out.append(s)
@@ -308,12 +309,12 @@ def accounts(f: WitnessFacts, rs: RuleSet) -> list[OpSpan | Account]:
     return out
 
 
-def witness_account(f: WitnessFacts, rs: RuleSet) -> Failures:
+def witness_account(facts: WitnessFacts, ruleset: RuleSet) -> Failures:
     """WITNESS-TIMES under rules 1.10: what cannot be: an op longer than its witnessed interval,
     or rank 0 accounting for more time around its op than the witness saw; and every op's
     account is recorded."""
-    over = float(rs.data["witness"]["over_s"])
-    for a in accounts(f, rs):
+    over = float(ruleset.data["witness"]["over_s"])
+    for a in accounts(facts, ruleset):
         s = a if isinstance(a, OpSpan) else a.span
         if s.duration_s > s.interval_s + over:
             yield Outcome(False, f"{s.op} {s.index}: a duration within the witness's interval "
@@ -330,7 +331,7 @@ def witness_account(f: WitnessFacts, rs: RuleSet) -> Failures:
                           f"{-a.gap_s * 1e3:.1f} ms more than the witness saw", where="records.jsonl")
 
 
-def witness_host(ctx: Context, rs: RuleSet, rule: Rule) -> Outcome | NotChecked | list[Outcome]:
+def witness_host(ctx: Context, ruleset: RuleSet, rule: Rule) -> Outcome | NotChecked | list[Outcome]:
     """WITNESS-HOST (rules 1.10, disturbed; a result rule, so the runner judges it too and a run
     retried when disturbed is retried for it): the witness's interval exceeds each op by no more
     than the witness can leave untimed.  An honest host that stalled around an op (a tenant, too
@@ -344,9 +345,9 @@ def witness_host(ctx: Context, rs: RuleSet, rule: Rule) -> Outcome | NotChecked 
     if d.witness is None:
         return NotChecked("no transcript whose witness signature holds (see WITNESS-SIGNATURE)")
     f = WitnessFacts(claim, True, transcript=d.witness, run=d.run, records=d.records)
-    over = float(rs.data["witness"]["over_s"])
+    over = float(ruleset.data["witness"]["over_s"])
     out = []
-    for a in accounts(f, rs):
+    for a in accounts(f, ruleset):
         if isinstance(a, Account) and a.gap_s >= -over and a.excess_s > a.bound_s:
             s = a.span
             out.append(Outcome(False, f"{s.op} {s.index}: the witness's interval longer than the op by "
@@ -359,15 +360,16 @@ def witness_host(ctx: Context, rs: RuleSet, rule: Rule) -> Outcome | NotChecked 
     return out or Outcome(True)
 
 
-def too_short(f: WitnessFacts, rs: RuleSet) -> list[dict[str, Any]]:
+def too_short(facts: WitnessFacts, ruleset: RuleSet) -> list[dict[str, Any]]:
     """The witnessed ops the witness bounds to no better than ``witness.bound_fraction`` of their
     duration (rules 1.10; none before): what the report says of ops too short to bound."""
-    if f.transcript is None or "bound_fraction" not in rs.data.get("witness", {}):
+    if facts.transcript is None or "bound_fraction" not in ruleset.data.get("witness", {}):
         return []
-    frac = float(rs.data["witness"]["bound_fraction"])
+    frac = float(ruleset.data["witness"]["bound_fraction"])
     return [{"op": a.span.op, "index": a.span.index, "duration_s": round(a.span.duration_s, 6),
              "unbounded_s": round(a.bound_s, 6)}
-            for a in accounts(f, rs) if isinstance(a, Account) and a.bound_s > frac * a.span.duration_s]
+            for a in accounts(facts, ruleset) if isinstance(a,
+                                                            Account) and a.bound_s > frac * a.span.duration_s]
 
 
 def _epoch(stamp: Any) -> float | None:
@@ -377,16 +379,16 @@ def _epoch(stamp: Any) -> float | None:
         return None
 
 
-def witness_clock(f: WitnessFacts, rs: RuleSet) -> Failures:
-    skew = float(rs.data["witness"]["clock_skew_s"])
-    es, run = entries(f.transcript), f.run or {}  # type: ignore[arg-type]
+def witness_clock(facts: WitnessFacts, ruleset: RuleSet) -> Failures:
+    skew = float(ruleset.data["witness"]["clock_skew_s"])
+    es, run = entries(facts.transcript), facts.run or {}  # type: ignore[arg-type]
     opened, closed = es[0]["t_wall_ns"] / 1e9, es[-1]["t_wall_ns"] / 1e9
     started, ended = _epoch(run.get("started")), _epoch(run.get("ended"))
     if started is None or ended is None or started > opened + skew or ended < closed - skew:
         yield Outcome(False, f"started before the witness's open and ended after its close (± {skew:g} s)",
                       f"started {run.get('started')}, ended {run.get('ended')}; the witness opened "
                       f"{_iso(opened)} and closed {_iso(closed)}", where="run.json")
-    for s in spans(f.transcript, f.records):  # type: ignore[arg-type]
+    for s in spans(facts.transcript, facts.records):  # type: ignore[arg-type]
         if s.wall_start[0] < s.start_wall_s - skew or s.wall_start[1] > s.end_wall_s + skew:
             yield Outcome(False, f"{s.op} {s.index} starting between {_iso(s.start_wall_s)} and "
                           f"{_iso(s.end_wall_s)} (± {skew:g} s)",

@@ -37,32 +37,35 @@ class Folders:
     fast: Files | None = None
 
 
-def make_folders(job: Job, c: Configured, gates: Gates, created: Created, run: RunId, key: bytes) -> Folders:
-    cfg = c.config
-    if c.source is not None:
-        return restored_folders(job, c, gates, run, created)
-    fw = c.setup.settings.framework
-    names = [file_names(fw, r, [f.name for f in rp.files]) for r, rp in enumerate(c.setup.plan.rank_plans)]
-    partial_dir = str(c.setup.settings.results / f".{run.name}.partial")
+def make_folders(job: Job, configured: Configured, gates: Gates, created: Created, run: RunId,
+                 key: bytes) -> Folders:
+    cfg = configured.config
+    if configured.source is not None:
+        return restored_folders(job, configured, gates, run, created)
+    fw = configured.setup.settings.framework
+    names = [file_names(fw, r, [f.name for f in rp.files]) for r,
+             rp in enumerate(configured.setup.plan.rank_plans)]
+    partial_dir = str(configured.setup.settings.results / f".{run.name}.partial")
     durable = open_durable(cfg, run.name)
     created.storage = durable
     if not durable.folders:
-        return prefix(job, c, run, key, durable, names, partial_dir)
+        return prefix(job, configured, run, key, durable, names, partial_dir)
     root = Path(durable.at())
     leader = gates.leader(job.rank)
     with job.step("checkpoint folder"):
         # Folders this run creates (the configured folder too, if missing) are removed at the
         # end when empty; pre-existing ones are never touched.
         missing = created.missing_above(root) if leader else []
-        job.note(run=str(root), keep=c.setup.settings.checkpoint.keep, dirs=[str(d) for d in missing],
+        job.note(run=str(root), keep=configured.setup.settings.checkpoint.keep,
+                 dirs=[str(d) for d in missing],
                  names=names, partial=partial_dir)  # before the first mkdir: the guardian can undo all of it
         if leader:
             take_lock(job, root, created)
             make_run_folder(root, created, key if keeps_key(cfg) else None)
     tell_shared(job, root, leader, "shared")
     fast_root = None
-    if c.pipe.fast is not None:
-        fast_root = Path(c.pipe.fast).absolute() / run.name
+    if configured.pipe.fast is not None:
+        fast_root = Path(configured.pipe.fast).absolute() / run.name
         with job.step("fast-tier folder"):
             missing = created.missing_above(fast_root) if leader else []
             job.note(fast_run=str(fast_root), fast_dirs=[str(d) for d in missing])
@@ -72,13 +75,13 @@ def make_folders(job: Job, c: Configured, gates: Gates, created: Created, run: R
     return Folders(run, key, durable, Files(fast_root) if fast_root is not None else None)
 
 
-def prefix(job: Job, c: Configured, run: RunId, key: bytes, durable: Storage, names: list[list[str]],
+def prefix(job: Job, configured: Configured, run: RunId, key: bytes, durable: Storage, names: list[list[str]],
            partial_dir: str) -> Folders:
     """The run's prefix in a store that needs no folders: nothing to create, only the guardian to
     tell what to sweep, and with which client settings, if the run fails."""
     with job.step("checkpoint prefix"):
-        job.note(run=durable.at(), keep=c.setup.settings.checkpoint.keep, dirs=[], names=names,
-                 partial=partial_dir, s3=s3_settings(c.config), shared=True)
+        job.note(run=durable.at(), keep=configured.setup.settings.checkpoint.keep, dirs=[], names=names,
+                 partial=partial_dir, s3=s3_settings(configured.config), shared=True)
     return Folders(run, key, durable)
 
 
@@ -102,26 +105,26 @@ def make_run_folder(root: Path, created: Created, key: bytes | None = None) -> N
     created.add_dir(root, root=True)
 
 
-def restored_folders(job: Job, c: Configured, gates: Gates, run: RunId, created: Created) -> Folders:
+def restored_folders(job: Job, configured: Configured, gates: Gates, run: RunId, created: Created) -> Folders:
     """A read-only invocation: the write invocation's run folder under this invocation's
     checkpoint folder (the same storage, possibly remapped), its content key, and every file this
     rank will read there at its size; before any I/O.  Without checkpoint.keep, the checkpoints are
     removed once restored, each rank removing those its writer rank wrote."""
-    assert c.source is not None
-    plan = c.setup.plan
-    root = Path(c.setup.settings.checkpoint.folder).absolute() / c.source.name
-    nw = c.source.num_writes
+    assert configured.source is not None
+    plan = configured.setup.plan
+    root = Path(configured.setup.settings.checkpoint.folder).absolute() / configured.source.name
+    nw = configured.source.num_writes
     key = None
     job.note(run=str(root), keep=True, dirs=[], names=[],
-             partial=str(c.setup.settings.results / f".{run.name}.partial"))
+             partial=str(configured.setup.settings.results / f".{run.name}.partial"))
     with job.step("the write invocation's checkpoints"):  # every rank fails if rank 0 does
         if gates.leader(job.rank):  # the folder is this invocation's while it restores (the
             take_lock(job, root, created)  # lock names the run folder it uses, its write invocation's)
         if job.rank == 0:
-            key = split.read_key(root, c.source)
+            key = split.read_key(root, configured.source)
     key = job.comm.bcast(key)
     with job.step("checking the checkpoints to restore"):
-        reads = plan.restore_reads(job.rank, c.setup.settings.checkpoint.restore, gates.shift)
+        reads = plan.restore_reads(job.rank, configured.setup.settings.checkpoint.restore, gates.shift)
         want = [(str(root / f"ckpt-{k:04d}" / rd.file.name), rd.file.bytes)
                 for k in range(1, nw + 1) for rd in reads]
         problem = split.missing(want)

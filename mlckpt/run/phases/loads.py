@@ -77,41 +77,41 @@ class LoadSetup:
         return out
 
 
-def lay_out(comm: Intracomm, s: LoadSetup) -> None:
+def lay_out(comm: Intracomm, setup: LoadSetup) -> None:
     """Untimed: the ranks of replica 0 write and fsync their shard's files on the storage."""
-    me = s.plan.ranks[comm.Get_rank()]
+    me = setup.plan.ranks[comm.Get_rank()]
     if me.replica == 0:
-        files = s.plan.shard_files[me.shard]
-        if s.storage.folders:
-            os.makedirs(s.storage.at(), exist_ok=True)
+        files = setup.plan.shard_files[me.shard]
+        if setup.storage.folders:
+            os.makedirs(setup.storage.at(), exist_ok=True)
         buf = engine.alloc(round_up(max(files)))
         for i, size in enumerate(files):
-            engine.fill(buf, size, s.key, s.pid(me.shard, i))
-            s.storage.put([Piece(file_name(me.shard, i), buf, size)], s.opts)
+            engine.fill(buf, size, setup.key, setup.pid(me.shard, i))
+            setup.storage.put([Piece(file_name(me.shard, i), buf, size)], setup.opts)
     comm.Barrier()
 
 
-def cold(comm: Intracomm, s: LoadSetup) -> int:
+def cold(comm: Intracomm, setup: LoadSetup) -> int:
     """Every storage file this rank reads leaves the page cache; the bytes still resident."""
-    mine = s.plan.ranks[comm.Get_rank()].storage
-    resident = s.storage.evict(sorted({file_name(q.shard, q.file) for q in mine}))
+    mine = setup.plan.ranks[comm.Get_rank()].storage
+    resident = setup.storage.evict(sorted({file_name(q.shard, q.file) for q in mine}))
     comm.Barrier()
     return resident
 
 
-def _spans(s: LoadSetup, parts: Sequence[Part], into: engine.Buffer) -> list[Span]:
+def _spans(setup: LoadSetup, parts: Sequence[Part], into: engine.Buffer) -> list[Span]:
     """Each part of a shard file, at its place in ``into`` (page-rounded, as O_DIRECT reads)."""
     out = []
     for q in parts:
-        at = s.file_offsets(q.shard)[q.file] + q.offset
-        out.append(Span(file_name(q.shard, q.file), s.plan.shard_files[q.shard][q.file], q.offset,
+        at = setup.file_offsets(q.shard)[q.file] + q.offset
+        out.append(Span(file_name(q.shard, q.file), setup.plan.shard_files[q.shard][q.file], q.offset,
                         into[at: at + round_up(q.length)], q.length))
     return out
 
 
-def _from_storage(s: LoadSetup, parts: Sequence[Part], into: engine.Buffer) -> int:
+def _from_storage(setup: LoadSetup, parts: Sequence[Part], into: engine.Buffer) -> int:
     """The parts read from the storage into their places in ``into``."""
-    return s.storage.get_spans(_spans(s, parts, into), s.opts)
+    return setup.storage.get_spans(_spans(setup, parts, into), setup.opts)
 
 
 # The timed region of one load on this rank: ``timed(action)`` leaves a barrier, runs ``action``
@@ -156,52 +156,54 @@ class Loaded:
     arena: engine.Buffer
 
 
-def load(comm: Intracomm, s: LoadSetup, groups: tuple[Comm, Comm], timed: Timed) -> Loaded:
+def load(comm: Intracomm, setup: LoadSetup, groups: tuple[Comm, Comm], timed: Timed) -> Loaded:
     """One load on this rank, unverified (:func:`verify` after it, untimed).  ``groups``: the
     communicators of its shard's holders and of its host's ranks (made untimed, before;
     ``shard_groups``); ``timed``: the timed region (see :data:`Timed`).  A rank whose reads fail
     still takes its part in every collective of the load, and raises only at the action's end:
     the others are never left waiting in one."""
-    me: RankLoad = s.plan.ranks[comm.Get_rank()]
+    me: RankLoad = setup.plan.ranks[comm.Get_rank()]
     holders, host = groups
-    size = s.plan.shard_bytes(me.shard)
-    arena = engine.alloc(max(engine.PAGE, s.file_offsets(me.shard)[-1]))
-    staging = _staging(s, me)
-    resident = cold(comm, s)
+    size = setup.plan.shard_bytes(me.shard)
+    arena = engine.alloc(max(engine.PAGE, setup.file_offsets(me.shard)[-1]))
+    staging = _staging(setup, me)
+    resident = cold(comm, setup)
     moved = {"storage": 0, "tier": 0, "tier_resident": 0}
 
     def action() -> None:
         failed: list[BaseException] = []
-        if s.plan.strategy == "nodecache":
-            moved["storage"], moved["tier"], moved["tier_resident"] = _node_cache(host, s, me, arena, staging,
+        if setup.plan.strategy == "nodecache":
+            moved["storage"], moved["tier"], moved["tier_resident"] = _node_cache(host, setup, me, arena,
+                                                                                  staging,
                                                                                   failed)
         else:
-            moved["storage"] = _attempt(failed, lambda: _from_storage(s, me.storage, arena))
-            if s.plan.strategy == "fanout":
-                _exchange(holders, s, me, arena)
+            moved["storage"] = _attempt(failed, lambda: _from_storage(setup, me.storage, arena))
+            if setup.plan.strategy == "fanout":
+                _exchange(holders, setup, me, arena)
         if failed:  # a rank that could not read sent the others garbage: its failure is the one named
             raise failed[0]
 
     timing = timed(action)
     storage = moved["storage"]
-    tier = {"node_tier_resident_bytes": moved["tier_resident"]} if s.load_evidence else {}
-    evidence = {k: timing[k] for k in TIMER_FIELDS if k in timing} if s.load_evidence else {
+    tier = {"node_tier_resident_bytes": moved["tier_resident"]} if setup.load_evidence else {}
+    evidence = {k: timing[k] for k in TIMER_FIELDS if k in timing} if setup.load_evidence else {
         k: timing[k] for k in ("t0_ns", "t1_ns", "wall_start")}
     # the timer's fields are a load record's own (TIMER_FIELDS), checked where records are read
     return Loaded(cast(LoadRecord, {
         "rank": me.rank, "replica": me.replica, "shard": me.shard, "host": me.host,
-        "strategy": s.plan.strategy,
+        "strategy": setup.plan.strategy,
         **evidence, "bytes": size, "storage_bytes": storage, "node_tier_bytes": moved["tier"],
-        "received_bytes": size - storage if s.plan.strategy == "fanout" else 0, "resident_bytes": resident,
+        "received_bytes": size - storage if setup.plan.strategy == "fanout" else 0,
+        "resident_bytes": resident,
         **tier}), arena)
 
 
-def _staging(s: LoadSetup, me: RankLoad) -> engine.Buffer | None:
+def _staging(setup: LoadSetup, me: RankLoad) -> engine.Buffer | None:
     """Where a host's first rank holds each shard it brings into the node tier: allocated (and
     touched) before the load's barrier, the largest of those shards; None for the other ranks."""
-    if s.plan.strategy != "nodecache" or not me.storage:
+    if setup.plan.strategy != "nodecache" or not me.storage:
         return None
-    return engine.alloc(max(engine.PAGE, *(s.file_offsets(q.shard)[-1] for q in me.storage)))
+    return engine.alloc(max(engine.PAGE, *(setup.file_offsets(q.shard)[-1] for q in me.storage)))
 
 
 def _attempt(failed: list[BaseException], fn: Callable[[], int]) -> int:
@@ -220,29 +222,30 @@ def shard_groups(comm: Intracomm, plan: LoadPlan) -> tuple[Comm, Comm]:
     return comm.Split(me.shard, me.replica), comm.Split(hosts.index(me.host), me.rank)
 
 
-def _exchange(holders: Comm, s: LoadSetup, me: RankLoad, arena: engine.Buffer) -> None:
+def _exchange(holders: Comm, setup: LoadSetup, me: RankLoad, arena: engine.Buffer) -> None:
     """Each holder's part to every other holder, in place: parts are whole pages in a shard laid
     out in whole-page files, so a part's place in memory is its place in the shard."""
     from mpi4py import MPI
 
-    if any(size % engine.PAGE for size in s.plan.shard_files[me.shard]):
+    if any(size % engine.PAGE for size in setup.plan.shard_files[me.shard]):
         raise InternalError("fan-out exchanges parts in place: the shard's files must be whole pages "
                             "(a scale below 1 makes them so)")
-    group = [s.plan.ranks[r] for r in s.plan.fanout_group(me.shard)]
+    group = [setup.plan.ranks[r] for r in setup.plan.fanout_group(me.shard)]
     counts = [sum(q.length for q in r.storage) for r in group]
-    displs = [s.file_offsets(me.shard)[r.storage[0].file] + r.storage[0].offset if r.storage else 0
+    displs = [setup.file_offsets(me.shard)[r.storage[0].file] + r.storage[0].offset if r.storage else 0
               for r in group]
     holders.Allgatherv(MPI.IN_PLACE, [arena, counts, displs, MPI.BYTE])
 
 
-def _node_cache(host: Comm, s: LoadSetup, me: RankLoad, arena: engine.Buffer,
+def _node_cache(host: Comm, setup: LoadSetup, me: RankLoad, arena: engine.Buffer,
                 staging: engine.Buffer | None, failed: list[BaseException]) -> tuple[int, int, int]:
     """The host's first rank fills the tier from the storage, durably, and evicts what it wrote;
     then every rank reads its shard from it.  The bytes read from the storage, from the tier, and
     of the rank's tier files still in the page cache before it read them."""
-    assert s.tier is not None
-    tier: Files = s.tier
-    opts = engine.IOOptions(direct=s.tier_direct, threads=s.opts.threads, block_size=s.opts.block_size,
+    assert setup.tier is not None
+    tier: Files = setup.tier
+    opts = engine.IOOptions(direct=setup.tier_direct, threads=setup.opts.threads,
+                            block_size=setup.opts.block_size,
                             fsync=True)
 
     def fill() -> int:
@@ -251,8 +254,8 @@ def _node_cache(host: Comm, s: LoadSetup, me: RankLoad, arena: engine.Buffer,
         os.makedirs(tier.root, exist_ok=True)
         for shard in sorted({q.shard for q in me.storage}):
             mine = [q for q in me.storage if q.shard == shard]  # whole files
-            storage += _from_storage(s, mine, staging)
-            at = s.file_offsets(shard)
+            storage += _from_storage(setup, mine, staging)
+            at = setup.file_offsets(shard)
             tier.put([Piece(file_name(shard, q.file), staging[at[q.file]: at[q.file] + round_up(q.length)],
                             q.length) for q in mine], opts)
             tier.evict([file_name(shard, q.file) for q in mine])
@@ -262,28 +265,28 @@ def _node_cache(host: Comm, s: LoadSetup, me: RankLoad, arena: engine.Buffer,
     idle_barrier(host)  # the host's other ranks wait asleep while its first fills the tier
     names = sorted({file_name(q.shard, q.file) for q in me.node_tier})
     resident = _attempt(failed, lambda: tier.resident(names))
-    read = _attempt(failed, lambda: tier.get_spans(_spans(s, me.node_tier, arena), opts))
+    read = _attempt(failed, lambda: tier.get_spans(_spans(setup, me.node_tier, arena), opts))
     return storage, read, resident
 
 
-def verify(s: LoadSetup, rank: int, arena: engine.Buffer) -> int:
+def verify(setup: LoadSetup, rank: int, arena: engine.Buffer) -> int:
     """Every file of ``rank``'s shard in ``arena`` against the content it was stamped with; the
     bytes verified (VerificationError on this rank at the first mismatch)."""
-    me = s.plan.ranks[rank]
+    me = setup.plan.ranks[rank]
     scratch = engine.alloc(engine.VERIFY_SCRATCH_BYTES)
-    offs = s.file_offsets(me.shard)
-    for i, size in enumerate(s.plan.shard_files[me.shard]):
+    offs = setup.file_offsets(me.shard)
+    for i, size in enumerate(setup.plan.shard_files[me.shard]):
         held = arena[offs[i]: offs[i] + round_up(size)]
-        bad = engine.verify(held, size, s.key, s.pid(me.shard, i), scratch)
+        bad = engine.verify(held, size, setup.key, setup.pid(me.shard, i), scratch)
         if bad is not None:
             raise VerificationError(f"load: shard {me.shard} file {i} on rank {me.rank}: {bad.describe()}",
-                                    rank=me.rank, file=s.path(me.shard, i), offset=bad.offset)
-    return s.plan.shard_bytes(me.shard)
+                                    rank=me.rank, file=setup.path(me.shard, i), offset=bad.offset)
+    return setup.plan.shard_bytes(me.shard)
 
 
-def clear_tier(host: Comm, s: LoadSetup) -> None:
+def clear_tier(host: Comm, setup: LoadSetup) -> None:
     """The node tier emptied (the next load fills it again)."""
     host.Barrier()
-    if s.tier is not None and host.Get_rank() == 0:
-        shutil.rmtree(s.tier.root, ignore_errors=True)
+    if setup.tier is not None and host.Get_rank() == 0:
+        shutil.rmtree(setup.tier.root, ignore_errors=True)
     host.Barrier()

@@ -60,26 +60,27 @@ class Assessed:
     findings: tuple[Any, ...]  # the result-stage findings, to show
 
 
-def assess(job: Job, c: Configured, gates: Gates, measured: Measured, started: str,
+def assess(job: Job, configured: Configured, gates: Gates, measured: Measured, started: str,
            witness: Witnessing | None = None) -> Assessed:
     """Rank 0: the manifest, the summary and the result-stage rules' verdict."""
-    s, cfg = c.setup, c.config
+    s, cfg = configured.setup, configured.config
     serving = s.settings.serving
     system: dict[str, Any] = {"hosts": list(gates.facts)}
-    if c.description is not None:
-        system["description"] = c.description
+    if configured.description is not None:
+        system["description"] = configured.description
     manifest = manifest_of(
         s,
         gates,
         measured.run,
         ranks=job.size,
-        overrides=c.overrides,
+        overrides=configured.overrides,
         started=started,
         ended=now(),
-        description=c.description,
-        restored_from=c.source.manifest_entry(measured.content_key) if c.source else None,
+        description=configured.description,
+        restored_from=configured.source.manifest_entry(measured.content_key) if configured.source else None,
         # a serving run writes nothing: no write carries a witness's nonce
-        witness=witness.block(0 if serving else c.setup.settings.checkpoint.num_writes) if witness else None,
+        witness=(witness.block(0 if serving else configured.setup.settings.checkpoint.num_writes)
+                 if witness else None),
         storage=open_durable(cfg, "").describe(),
         state=measured.state,
         calibration=measured.calibration,
@@ -93,10 +94,10 @@ def assess(job: Job, c: Configured, gates: Gates, measured: Measured, started: s
     return Assessed(measured, manifest, summary, system, tuple(found))
 
 
-def publish(job: Job, c: Configured, a: Assessed, signing_key: Any,
+def publish(job: Job, configured: Configured, a: Assessed, signing_key: Any,
             witness: Witnessing | None = None) -> Path:
     """Rank 0: what the judgement found, then the signed bundle."""
-    s, cfg = c.setup, c.config
+    s, cfg = configured.setup, configured.config
     manifest, summary = a.manifest, a.summary
     bound = s.rules.data["cold_read"]["max_resident_fraction"]
     if summary.get("num_reads") and not summary["read_cold"]:
@@ -115,7 +116,7 @@ def publish(job: Job, c: Configured, a: Assessed, signing_key: Any,
         log.insert(0, verdict_line(manifest))
     files = BundleFiles(manifest, cfg, a.measured.records, summary, a.system, log,
                         witness.transcript_bytes() if witness else None)
-    root = c.setup.settings.results
+    root = configured.setup.settings.results
     try:
         final = write_bundle(root, a.measured.run.name, files, signing_key)
     except OSError as exc:  # the results folder changed under the run (removed, replaced, full)
@@ -129,7 +130,7 @@ def publish(job: Job, c: Configured, a: Assessed, signing_key: Any,
     return final
 
 
-def assessed(job: Job, c: Configured, gates: Gates, measured: Measured, started: str,
+def assessed(job: Job, configured: Configured, gates: Gates, measured: Measured, started: str,
               witness: Witnessing | None) -> tuple[Assessed | None, BaseException | None]:
     """Rank 0's judgement (the witness told the run ended first), or why it failed; (None, None)
     on the other ranks."""
@@ -138,6 +139,6 @@ def assessed(job: Job, c: Configured, gates: Gates, measured: Measured, started:
     try:
         if witness is not None:
             witness.close()
-        return assess(job, c, gates, measured, started, witness), None
+        return assess(job, configured, gates, measured, started, witness), None
     except BaseException as exc:  # the other ranks wait for the verdict: tell them, then fail
         return None, exc

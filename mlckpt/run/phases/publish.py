@@ -115,13 +115,13 @@ def manifest_of(
     }
 
 
-def framework_block(fw: Framework) -> dict[str, Any] | None:
+def framework_block(framework: Framework) -> dict[str, Any] | None:
     """run.json's ``framework`` (rules 1.11): the library writer as it ran, or null for the engine."""
-    if not fw.library:
+    if not framework.library:
         return None
-    return {"writer": fw.writer, "library": WRITERS[fw.writer].library,
-            "library_version": frameworks.library_version(fw.writer), "settings": fw.settings(),
-            "reference": fw.reference, "synced_by": fw.synced_by()}
+    return {"writer": framework.writer, "library": WRITERS[framework.writer].library,
+            "library_version": frameworks.library_version(framework.writer), "settings": framework.settings(),
+            "reference": framework.reference, "synced_by": framework.synced_by()}
 
 
 def pipeline_block(pipe: Pipeline, gates: Gates) -> dict[str, Any]:

@@ -31,16 +31,17 @@ from mlckpt.run.storage.cleanup import Created
 from mlckpt.written import Written
 
 
-def serving_phases(job: Job, c: Configured, gates: Gates, created: Created, ident: tuple[RunId, bytes],
+def serving_phases(job: Job, configured: Configured, gates: Gates, created: Created, ident: tuple[RunId,
+                                                                                                  bytes],
                    opts: engine.IOOptions, make_timer: Callable[[Folders, LoadFiles], OpTimer],
                    witness: Witnessing | None = None) -> outcome.Measured:
     """The folders, the weights laid out, the loads; rank 0's Measured holds every rank's records.
     ``make_timer``: the run's op timer for these folders and weights (every load is timed, watched
     and evidenced by it, as a checkpoint op is); ``witness``: each load reported to it (rules 1.16)."""
-    cfg = c.config
-    run = c.setup.settings.serving
+    cfg = configured.config
+    run = configured.setup.settings.serving
     assert run is not None
-    folders = make_folders(job, c, gates, created, *ident)
+    folders = make_folders(job, configured, gates, created, *ident)
     plan = run.plan(cfg, list(gates.rank_hosts))
     weights = folders.durable.below("ckpt-0001")
     files = [[loads.file_name(r.shard, i) for i in range(len(plan.shard_files[r.shard]))] for r in plan.ranks]
@@ -60,7 +61,7 @@ def serving_phases(job: Job, c: Configured, gates: Gates, created: Created, iden
         tier_direct = bool(opts.direct) and engine.probe_direct(str(tier_files))
     s = loads.LoadSetup(plan, weights, Files(tier_files) if tier_files is not None else None, folders.key,
                         folders.run.number, opts, tier_direct=tier_direct,
-                        load_evidence=Written.of(c.setup.rules.version).has("load_evidence"))
+                        load_evidence=Written.of(configured.setup.rules.version).has("load_evidence"))
     with job.step("laying out the weights"):
         loads.lay_out(job.comm, s)
     groups = loads.shard_groups(job.comm, plan)

@@ -283,14 +283,14 @@ class WritePhase:
                 bg.close()
         return self.gathered(mine, nw, bg is not None)
 
-    def settle(self, bg: Background | None, mine: list[WriteRecord], info: Stall) -> None:
+    def settle(self, background: Background | None, mine: list[WriteRecord], info: Stall) -> None:
         """Wait for the previous checkpoint's background work: its records complete."""
-        if bg is None or not bg.pending:
+        if background is None or not background.pending:
             info.wait_ns = 0
             return
         t = time.perf_counter_ns()
-        done = bg.done()  # already finished: no wait at all
-        stages = bg.wait()
+        done = background.done()  # already finished: no wait at all
+        stages = background.wait()
         end = time.perf_counter_ns()
         durable = stages[-1]["t1_ns"]
         # The stall counts the whole wait (thread wake-up included); the persist's exposed part
@@ -304,11 +304,11 @@ class WritePhase:
             prev.update(self.w.lib.fields(int(prev["checkpoint"])))
 
     def blocking(
-        self, k: int, bg: Background | None, mine: list[WriteRecord], info: Stall
+        self, k: int, background: Background | None, mine: list[WriteRecord], info: Stall
     ) -> None:
         """The stall: back-pressure, then the blocking stage, then the hand-over (timed)."""
         pipe, w = self.pipe, self.w
-        self.settle(bg, mine, info)
+        self.settle(background, mine, info)
         fast = pipe.blocking == FAST
         opts = self.fast(w.opts) if fast else w.opts
         if self.library(k):
@@ -330,11 +330,12 @@ class WritePhase:
         info.stage = {"tier": pipe.blocking, "t0_ns": t0, "t1_ns": t1, "bytes": w.nbytes}
         if pipe.blocking != MEMORY:
             info.stage["direct"] = opts.direct
-        if bg is not None:
-            bg.submit(partial(self.persist, k), after=partial(self.evict_fast, k) if pipe.tiered else None)
+        if background is not None:
+            background.submit(partial(self.persist, k), after=partial(self.evict_fast,
+                                                                      k) if pipe.tiered else None)
 
     def checkpoint(
-        self, k: int, nw: int, bg: Background | None, mine: list[WriteRecord]
+        self, k: int, nw: int, background: Background | None, mine: list[WriteRecord]
     ) -> WriteRecord:
         """Checkpoint k: the timed stall, its line, then training until the interval is over."""
         info = Stall()
@@ -342,13 +343,13 @@ class WritePhase:
             "write",
             k,
             k,
-            partial(self.blocking, k, bg, mine, info),
+            partial(self.blocking, k, background, mine, info),
             self.w.nbytes,
             len(self.w.mine),
             library.buffered(self.w.opts) if self.library(k) else self.w.opts,
             seal=partial(self.seal, k),
         )
-        if bg is None:  # sync, one tier: the stage is the whole op, barrier to durable
+        if background is None:  # sync, one tier: the stage is the whole op, barrier to durable
             info.stage["t0_ns"], info.stage["t1_ns"] = op["t0_ns"], op["t1_ns"]
         else:  # the timed stall is a copy or a fast-tier write: not the durable tier's requests
             op.pop("requests", None)
@@ -367,7 +368,7 @@ class WritePhase:
         if self.job.rank == 0:
             self.job.say(
                 op_line(recs, "write", k, nw, {})
-                if bg is None
+                if background is None
                 else stall_line(recs, k, nw, self.pipe.blocking)
             )
         # Training: the next checkpoint's content is made, then the rest of the interval.
