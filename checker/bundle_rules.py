@@ -108,7 +108,7 @@ def stage_facts(state: State) -> None:
     state.passed("layout", "system_description")
 
 
-def _first_difference(a: Any, b: Any, path: str = "") -> str:
+def _first_difference(a: object, b: object, path: str = "") -> str:
     if isinstance(a, dict) and isinstance(b, dict):
         for k in sorted(set(a) | set(b)):
             if k not in a or k not in b or a[k] != b[k]:

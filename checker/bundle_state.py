@@ -52,7 +52,7 @@ class State:
     def leaf(self) -> Leaf:
         return self.task.leaf
 
-    def problem(self, kind: str, where: str, expected: Any, actual: Any, *, tree_path: str | None = None
+    def problem(self, kind: str, where: str, expected: object, actual: object, *, tree_path: str | None = None
                 ) -> None:
         items = self.facts[kind]
         if items is None:

@@ -192,7 +192,7 @@ def _serving_rows() -> tuple[Row, ...]:
 SERVING_ROWS = _serving_rows()
 
 
-def _finite(v: Any) -> bool:
+def _finite(v: object) -> bool:
     return isinstance(v, int | float) and not isinstance(v, bool) and math.isfinite(v)
 
 
@@ -238,7 +238,7 @@ def _is_foreign(path: Path, which: str) -> bool:
     return False
 
 
-def _load(path: Path, which: str, trusted: Any, witnesses: Any = None) -> BundleDocs:
+def _load(path: Path, which: str, trusted: object, witnesses: object = None) -> BundleDocs:
     try:
         return read_bundle(path, trusted, witnesses, witness=True)
     except BundleIntegrityError as err:

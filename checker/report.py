@@ -92,7 +92,7 @@ def _line(f: dict[str, Any]) -> str:
     return f"  {f['rule']} [{f['severity']}] {f['message']}"
 
 
-def _num(v: Any) -> bool:
+def _num(v: object) -> bool:
     return isinstance(v, int | float) and not isinstance(v, bool)
 
 

@@ -89,7 +89,7 @@ def _escape(c: str) -> str:
     return c.encode("unicode_escape").decode("ascii")
 
 
-def jsonable(value: Any, depth: int = 0) -> Any:
+def jsonable(value: object, depth: int = 0) -> Any:
     """``value`` as plain, finite, bounded JSON data."""
     if value is None or isinstance(value, bool) or isinstance(value, int):
         return value

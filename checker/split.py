@@ -11,6 +11,7 @@ from checker.results import BundleResult, confined
 from checker.rulesets import as_finding, fallback_rules, finding_dict, submission_findings
 from mlckpt.rules import (
     Problem,
+    RuleSet,
     SubmissionFacts,
     clock_problems,
     host_clocks,
@@ -22,7 +23,7 @@ from mlckpt.rules import (
 
 
 def split_doc(run: Mapping[str, Any], config: Mapping[str, Any], records: Sequence[Mapping[str, Any]],
-             system: Any) -> dict[str, Any]:
+             system: object) -> dict[str, Any]:
     """What joining a split result needs of a schema-valid bundle (kept on its result, never reported)."""
     keep = ("run_id", "name", "verdict", "restored_from", "started", "ended", "content_commitment")
     # only the invocations of a split result need their clocks
@@ -31,7 +32,7 @@ def split_doc(run: Mapping[str, Any], config: Mapping[str, Any], records: Sequen
             "clocks": host_clocks(records, system) if of_split else {}}
 
 
-def _when(stamp: Any) -> datetime.datetime | None:
+def _when(stamp: object) -> datetime.datetime | None:
     """A run.json time; None when it is not one, or has no zone (no gap can be told from it)."""
     try:
         when = datetime.datetime.fromisoformat(str(stamp).replace("Z", "+00:00"))
@@ -62,7 +63,7 @@ def is_write_invocation(config: Mapping[str, Any]) -> bool:
     return int(ck.get("num_reads") or 0) == 0 and bool(ck.get("keep")) and not ck.get("restore_from")
 
 
-def _evidence(result: BundleResult, w: BundleResult, ruleset: Any) -> list[Problem]:
+def _evidence(result: BundleResult, w: BundleResult, ruleset: RuleSet) -> list[Problem]:
     """SPLIT-EVIDENCE's problems of a read invocation beside its (intact, same-statement) write invocation."""
     assert result.invocation is not None and w.invocation is not None
     if not any(rule.check == "split_evidence" for rule in ruleset.rules):
@@ -82,7 +83,7 @@ def _evidence(result: BundleResult, w: BundleResult, ruleset: Any) -> list[Probl
 
 
 def _problems(result: BundleResult, writes: Writes,
-              ruleset: Any) -> tuple[list[Problem], list[Problem], float | None]:
+              ruleset: RuleSet) -> tuple[list[Problem], list[Problem], float | None]:
     """SPLIT-PAIR's problems, SPLIT-EVIDENCE's, and the gap between the invocations."""
     assert result.invocation is not None
     source = result.invocation["run"]["restored_from"]

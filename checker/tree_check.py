@@ -19,7 +19,7 @@ from checker.split import add_splits
 from checker.tree import SystemFile, TreeScan, walk
 from mlckpt.bundle import SIGNATURE_FILE, WITNESSES, TrustedKeys
 from mlckpt.errors import UsageError
-from mlckpt.rules import Problem, SubmissionFacts
+from mlckpt.rules import Problem, RuleSet, SubmissionFacts
 
 RELEASED_RUNNERS_FILE = "released-runners.yaml"  # RUNNER-RELEASED; not checked without it
 
@@ -98,7 +98,7 @@ def _systems(root: Path, scan: TreeScan, version: str) -> dict[tuple[str, str, s
     return out
 
 
-def _tree_findings(scan: TreeScan, systems: dict[tuple[str, str, str], SystemInfo], ruleset: Any,
+def _tree_findings(scan: TreeScan, systems: dict[tuple[str, str, str], SystemInfo], ruleset: RuleSet,
                    used: set[tuple[str, str, str]]) -> list[dict[str, Any]]:
     """Findings about the tree itself: misplaced entries, and system descriptions no bundle uses
     (a bundle that uses one reports its problems itself)."""

@@ -263,7 +263,7 @@ def foreign_summary(records: Iterable[Rec], counted: Callable[[Rec], bool],
             "between_ops_bytes": sum(w.foreign_bytes for _, _, w in gaps)}
 
 
-def foreign_note(foreign: Any, at_least: float = 0.005) -> str:
+def foreign_note(foreign: object, at_least: float = 0.005) -> str:
     """``other processes moved 12% of the device's bytes during the writes, 3% during the
     restores`` (summary format 5's ``foreign``), or nothing when they moved (almost) nothing."""
     if not isinstance(foreign, dict):

@@ -39,7 +39,7 @@ def b64encode(data: bytes) -> str:
     return base64.b64encode(data).decode("ascii")
 
 
-def b64decode(text: Any, what: str) -> bytes:
+def b64decode(text: object, what: str) -> bytes:
     """Strict standard base64 (padding required, no whitespace); ValueError naming ``what``."""
     if not isinstance(text, str):
         raise ValueError(f"{what} is not a string")
@@ -49,7 +49,7 @@ def b64decode(text: Any, what: str) -> bytes:
         raise ValueError(f"{what} is not valid base64") from None
 
 
-def canonical_json(obj: Any) -> bytes:
+def canonical_json(obj: object) -> bytes:
     """Deterministic serialisation: sorted keys, compact, UTF-8, no NaN/Infinity."""
     return json.dumps(obj, sort_keys=True, separators=(",", ":"), ensure_ascii=False,
                       allow_nan=False).encode("utf-8")

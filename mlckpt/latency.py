@@ -26,13 +26,15 @@ from __future__ import annotations
 
 import binascii
 import ctypes
+import functools
 import statistics
 import struct
 import sys
 import zlib
 from collections.abc import Iterable, Mapping, Sequence
-from typing import Any, TypedDict
+from typing import Any, NamedTuple, TypedDict
 
+import numpy as np
 from hdrh.histogram import HdrHistogram
 from pyhdrh import add_array as _hdr_add
 from pyhdrh import decode as _hdr_decode
@@ -122,22 +124,43 @@ def decode(block: Mapping[str, Any]) -> HdrHistogram:
     return h
 
 
-# What a decode of each block found, kept by the block's id while its records are alive: the
-# longest request (its value and the lowest value of its bucket).  The histograms themselves are
-# not kept (a run of 20,000 records would hold gigabytes of counts), only what REQUESTS-EVIDENCE
-# asks of each, so a checker decodes every block once, for the summary's percentiles.
-Longest = dict[int, tuple[int, int]]
+class Block(NamedTuple):
+    """What the rules ask of one block's histogram: its longest request (ns) and the lowest value
+    of that request's bucket, and ``floor_ns``, the least its requests' latencies can add up to
+    (each request counted at the lowest value of its bucket)."""
+
+    top: int
+    top_low: int
+    floor_ns: int
 
 
-def longest(histogram: HdrHistogram) -> tuple[int, int]:
-    """The histogram's longest request (ns) and the lowest value of its bucket."""
+# What a decode of each block found, kept by the block's id while its records are alive.  The
+# histograms themselves are not kept (a run of 20,000 records would hold gigabytes of counts), only
+# what the request rules ask of each, so a checker decodes every block once, for the summary's
+# percentiles.
+Seen = dict[int, Block]
+
+
+def block_facts(histogram: HdrHistogram) -> Block:
+    """A histogram's :class:`Block`."""
     top = histogram.get_max_value()
-    return top, histogram.get_lowest_equivalent_value(top)
+    low = histogram.get_lowest_equivalent_value
+    floor = sum(item.count_at_value_iterated_to * low(item.value_iterated_to)
+                for item in histogram.get_recorded_iterator())
+    return Block(top, histogram.get_lowest_equivalent_value(top), floor)
 
 
-def merged(blocks: Iterable[Mapping[str, Any]], seen: Longest | None = None) -> HdrHistogram:
+@functools.cache
+def _bucket_lows() -> np.ndarray:
+    """The lowest value of every bucket of this module's histograms, by bucket index."""
+    h = histogram()
+    return np.array([h.get_lowest_equivalent_value(h.get_value_from_index(i)) for i in range(h.counts_len)],
+                    dtype=np.float64)
+
+
+def merged(blocks: Iterable[Mapping[str, Any]], seen: Seen | None = None) -> HdrHistogram:
     """The blocks' histograms added up (ValueError at the first that is no histogram); ``seen``
-    gets each block's :func:`longest`.  Exactly what :func:`decode` and ``HdrHistogram.add`` give
+    gets each block's :func:`block_facts`.  Exactly what :func:`decode` and ``HdrHistogram.add`` give
     (tests/unit/metrics/test_latency.py), with each block's counts decoded by the library's own
     varint decoder into one scratch array and added from there: no histogram object and no second
     inflate per block (half the cost of a large run's records)."""
@@ -148,6 +171,7 @@ def merged(blocks: Iterable[Mapping[str, Any]], seen: Longest | None = None) -> 
     bucket: dict[int, tuple[int, int]] = {}  # index -> its lowest and highest value (few distinct)
     lows, zero, top_all, count_all = sys.maxsize, False, out.max_value, 0
     head, memset = _PAYLOAD_HEAD.size, ctypes.memset
+    counts, bucket_lows = np.ctypeslib.as_array(scratch), _bucket_lows()
     for b in blocks:
         payload = _payload(b)
         try:
@@ -158,12 +182,15 @@ def merged(blocks: Iterable[Mapping[str, Any]], seen: Longest | None = None) -> 
         if total != b.get("count"):
             _counted(b, total)
         top, top_low = (bucket.get(top_index) or _bucket(out, bucket, top_index))[::-1] if total else (0, 0)
-        if seen is not None:
-            seen[id(b)] = (top, top_low)
+        floor = 0
         if top_index >= 0:  # only the block's lowest to top buckets are set in the scratch array
             low = low_index if low_index > 0 else 0
+            if seen is not None:  # exact: every product and sum stays below 2**53
+                floor = int(counts[low:top_index + 1] @ bucket_lows[low:top_index + 1])
             _hdr_add(dst + low * size, src + low * size, top_index + 1 - low, word)
             memset(src + low * size, 0, (top_index + 1 - low) * size)
+        if seen is not None:
+            seen[id(b)] = Block(top, top_low, floor)
         count_all += total
         if top > top_all:
             top_all = top
@@ -211,7 +238,7 @@ def _op_duration_ns(recs: Sequence[Mapping[str, Any]]) -> int:
     return max(int(r["t1_ns"]) - int(r["t0_ns"]) for r in recs)
 
 
-def summary(ops: Sequence[tuple[str, Sequence[Mapping[str, Any]]]], seen: Longest | None = None
+def summary(ops: Sequence[tuple[str, Sequence[Mapping[str, Any]]]], seen: Seen | None = None
             ) -> dict[str, Any]:
     """Summary format 6's latency, IOPS and phases, from ``(op kind, records of one op)`` pairs of
     durable-tier ops (see the module docstring); ``seen`` as :func:`merged`'s."""

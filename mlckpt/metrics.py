@@ -196,7 +196,7 @@ def _io_block(out: dict[str, Any], name: str, group: list[OpStats]) -> None:
 
 def summarize(records: Iterable[Mapping[str, Any]], *, max_resident_fraction: float,
               records_format: int = RECORDS_FORMAT, summary_format: int = SUMMARY_FORMAT,
-              seen: latency.Longest | None = None,
+              seen: latency.Seen | None = None,
               grouped: Mapping[tuple[str, int], list[Mapping[str, Any]]] | None = None) -> dict[str, Any]:
     """The summary block of ``summary.json`` (all but run identity) from raw records of ``records_format``
     (a checker recomputing an older bundle passes its own, and the summary format its rules pin);
@@ -233,7 +233,7 @@ def _framework_block(writer: str, mine: Mapping[str, Any], ref: Mapping[str, Any
 
 
 def _summarize(grouped: Mapping[tuple[str, int], list[Mapping[str, Any]]], max_resident_fraction: float,
-               records_format: int, summary_format: int, seen: latency.Longest | None) -> dict[str, Any]:
+               records_format: int, summary_format: int, seen: latency.Seen | None) -> dict[str, Any]:
     ops = [op_stats(recs) for recs in grouped.values()]
     writes = [o for o in ops if o.op == "write"]
     reads = [o for o in ops if o.op == "read"]

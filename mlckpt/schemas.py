@@ -116,7 +116,7 @@ def fast_check(name: str, rules_version: str) -> Callable[..., bool] | None:
         return None
     plain = _compiled(name, rules_version, exact=False)
 
-    def check(doc: Any, integral: bool | None = None) -> bool:
+    def check(doc: object, integral: bool | None = None) -> bool:
         """``integral``: whether ``doc`` holds an integral float, where the caller knows (the
         strict decoder counts them: :func:`mlckpt.strict.integral_floats`); None walks it."""
         run = _compiled(name, rules_version, exact=True) if (
@@ -132,10 +132,10 @@ def fast_check(name: str, rules_version: str) -> Callable[..., bool] | None:
 class _Integer:
     """The keyword ``mlckptInteger``: an integer is an int, never an integral float."""
 
-    def __init__(self, parent: Any, value: Any, path: Any) -> None:
+    def __init__(self, parent: object, value: object, path: object) -> None:
         pass
 
-    def validate(self, instance: Any) -> None:
+    def validate(self, instance: object) -> None:
         if isinstance(instance, float):
             raise ValueError(f"{instance!r} is not of type 'integer'")
 
@@ -165,7 +165,7 @@ def _rs_registry(rules_version: str, exact: bool) -> tuple[dict[str, Any], Any]:
 _VALUES = frozenset({"const", "enum", "default", "examples"})  # data, not schemas
 
 
-def _exact_integers(node: Any) -> Any:
+def _exact_integers(node: object) -> Any:
     """A copy of a schema whose every integer type (not also a number) carries ``mlckptInteger``."""
     if isinstance(node, list):
         return [_exact_integers(v) for v in node]
@@ -179,7 +179,7 @@ def _exact_integers(node: Any) -> Any:
     return out
 
 
-def _formats(node: Any) -> Iterator[str]:
+def _formats(node: object) -> Iterator[str]:
     """Every ``format`` a schema asks for."""
     if isinstance(node, dict):
         if isinstance(node.get("format"), str):
@@ -191,7 +191,7 @@ def _formats(node: Any) -> Iterator[str]:
             yield from _formats(v)
 
 
-def has_integral_float(node: Any) -> bool:
+def has_integral_float(node: object) -> bool:
     if isinstance(node, float):
         return node.is_integer()
     if isinstance(node, dict):
@@ -215,7 +215,7 @@ def describe(err: ValidationError) -> str:
     return f"{dotted(err)}: {err.message}"
 
 
-def errors(doc: Any, name: str, rules_version: str = "1.0") -> Iterator[ValidationError]:
+def errors(doc: object, name: str, rules_version: str = "1.0") -> Iterator[ValidationError]:
     """Why ``doc`` does not match schema ``name`` (nothing where the fast path says it does)."""
     fast = fast_check(name, rules_version)
     if fast is not None and fast(doc):
@@ -223,7 +223,7 @@ def errors(doc: Any, name: str, rules_version: str = "1.0") -> Iterator[Validati
     yield from validator(name, rules_version).iter_errors(doc)
 
 
-def first_error(doc: Any, name: str, rules_version: str = "1.0") -> str | None:
+def first_error(doc: object, name: str, rules_version: str = "1.0") -> str | None:
     found = list(errors(doc, name, rules_version))
     if not found:
         return None
@@ -251,6 +251,6 @@ def drop_unknown_nulls(doc: dict[str, Any], name: str, rules_version: str) -> No
                 del err.instance[key]
 
 
-def _all_null(value: Any) -> bool:
+def _all_null(value: object) -> bool:
     """null, or a block (of blocks) of nulls: ``storage: {s3: {part_size: null, ...}}``."""
     return value is None or (isinstance(value, dict) and all(_all_null(v) for v in value.values()))

@@ -102,7 +102,7 @@ def decode_utf8(data: bytes) -> str:
 # Shape of parsed data
 
 
-def check_shape(doc: Any, *, max_nodes: int = MAX_NODES) -> None:
+def check_shape(doc: object, *, max_nodes: int = MAX_NODES) -> None:
     """Walk ``doc`` without recursion; ParseError on anything that is not plain, bounded JSON."""
     stack: list[tuple[Any, int]] = [(doc, 1)]
     nodes = 0
@@ -155,7 +155,7 @@ def mapping_at(doc: Mapping[str, Any], key: str) -> Mapping[str, Any]:
     return value if isinstance(value, Mapping) else {}
 
 
-def printable(value: Any) -> Any:
+def printable(value: object) -> Any:
     """``value`` with every string in it (keys too) printable: NUL removed, every other control
     character (a terminal's escape codes, a newline) a space; nothing else changes.  For what a
     host reports about itself (Open MPI's library version ends in NUL), so that a bundle the
@@ -169,7 +169,7 @@ def printable(value: Any) -> Any:
     return value
 
 
-def _short(v: Any) -> str:
+def _short(v: object) -> str:
     text = repr(v)
     return text if len(text) <= 60 else text[:57] + "..."
 
@@ -299,7 +299,7 @@ class _StrictLoader(_BaseLoader):
     Anchors, aliases and excessive nesting are refused from the event stream before composing
     (see :func:`loads_yaml`), so composing is bounded."""
 
-    def construct_mapping(self, node: Any, deep: bool = False) -> dict[Any, Any]:
+    def construct_mapping(self, node: object, deep: bool = False) -> dict[Any, Any]:
         if isinstance(node, yaml.MappingNode):
             seen: set[Any] = set()
             for key_node, _ in node.value:

@@ -9,7 +9,6 @@ from __future__ import annotations
 import math
 import re
 from collections.abc import Mapping
-from typing import Any
 
 KiB, MiB, GiB, TiB = 1 << 10, 1 << 20, 1 << 30, 1 << 40
 KB, MB, GB, TB = 10**3, 10**6, 10**9, 10**12
@@ -42,7 +41,7 @@ def fmt_share(value: float, bound: float | None = None, digits: int = 0) -> str:
     return text
 
 
-def fmt_io(io: Any) -> str:
+def fmt_io(io: object) -> str:
     """The I/O settings that change the numbers, in one phrase: 'O_DIRECT, 4 MiB requests, 4 in
     flight per rank' (a configuration's ``io`` block; '?' for what it lacks)."""
     io = io if isinstance(io, dict) else {}

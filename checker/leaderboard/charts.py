@@ -22,7 +22,7 @@ PALETTE = ("#0f766e", "#7c3aed", "#db2777", "#65a30d", "#0891b2", "#b45309", "#4
 FONT = "system-ui, -apple-system, 'Segoe UI', Roboto, 'Helvetica Neue', Arial, sans-serif"
 
 
-def _r(value: Any, digits: int = 3) -> float | None:
+def _r(value: object, digits: int = 3) -> float | None:
     if value is None or not isinstance(value, int | float) or not math.isfinite(value):
         return None
     return round(float(value), digits)

@@ -297,18 +297,18 @@ def latency_numbers(summary: Mapping[str, Any]) -> dict[str, float]:
     return out
 
 
-def _count(value: Any) -> int | None:
+def _count(value: object) -> int | None:
     return value if isinstance(value, int) and not isinstance(value, bool) and value > 0 else None
 
 
-def _number(value: Any) -> float:
+def _number(value: object) -> float:
     if isinstance(value, bool) or not isinstance(value, int | float):
         return math.nan
     v = float(value)
     return v if math.isfinite(v) else math.nan
 
 
-def _text(value: Any) -> str | None:
+def _text(value: object) -> str | None:
     if value is None:
         return None
     text = " ".join(str(value).split())

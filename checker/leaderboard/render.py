@@ -195,11 +195,11 @@ def render_json(board: Leaderboard) -> str:
 # HTML
 
 
-def _e(text: Any) -> str:
+def _e(text: object) -> str:
     return html.escape(str(text), quote=True)
 
 
-def _script_json(obj: Any) -> str:
+def _script_json(obj: object) -> str:
     """JSON safe inside <script>: no '<', '>' or '&' left to end the element."""
     text = json.dumps(obj, ensure_ascii=True, allow_nan=False, separators=(",", ":"))
     return text.replace("<", "\\u003c").replace(">", "\\u003e").replace("&", "\\u0026")

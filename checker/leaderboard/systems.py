@@ -7,7 +7,7 @@ from collections.abc import Mapping
 from typing import Any
 
 
-def dig(doc: Any, *keys: str) -> Any:
+def dig(doc: object, *keys: str) -> Any:
     """``doc[k1][k2]...``, or None where a level is missing or not a mapping (untrusted YAML)."""
     for k in keys:
         if not isinstance(doc, Mapping):
@@ -37,7 +37,7 @@ SUT_FIELDS: tuple[tuple[str, str, tuple[str, ...]], ...] = (
 )
 
 
-def sut_facts(description: Any) -> tuple[tuple[str, str], ...]:
+def sut_facts(description: object) -> tuple[tuple[str, str], ...]:
     out = []
     for key, _, where in SUT_FIELDS:
         value = dig(description, *where)

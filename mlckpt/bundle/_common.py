@@ -10,7 +10,7 @@ import threading
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from pathlib import Path
-from typing import Any, BinaryIO, NoReturn
+from typing import BinaryIO, NoReturn
 
 from mlckpt import formats
 from mlckpt.errors import BundleIntegrityError, IntegrityKind, IntegrityProblem
@@ -153,7 +153,7 @@ def default_key_path() -> Path:
 
 
 
-def relpath_problem(name: Any) -> str | None:
+def relpath_problem(name: object) -> str | None:
     """Why ``name`` is not an acceptable bundle-relative path, or None when it is."""
     if not isinstance(name, str):
         return "name is not a string"

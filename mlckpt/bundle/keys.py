@@ -52,7 +52,7 @@ def keyid_of_key(key: Ed25519PublicKey | Ed25519PrivateKey) -> str:
     return keyid_of(raw_public(key))
 
 
-def parse_public_key_text(text: Any) -> bytes:
+def parse_public_key_text(text: object) -> bytes:
     """Raw key bytes of ``ed25519:<base64>``; ValueError saying what is wrong."""
     if not isinstance(text, str) or not text.startswith("ed25519:"):
         raise ValueError("expected 'ed25519:<base64 raw key>'")
@@ -216,7 +216,7 @@ class TrustedKeys:
                 infos.append(KeyInfo(keyid=kid, public_key=public_key_text(raw)))
 
     @classmethod
-    def from_mapping(cls, data: Any, *, source: str = "<mapping>", kind: TrustKind = KEYS) -> TrustedKeys:
+    def from_mapping(cls, data: object, *, source: str = "<mapping>", kind: TrustKind = KEYS) -> TrustedKeys:
         """Validate a parsed trust document against its schema, the one definition of the format
         (``rules/<kind.rules>/schemas/<kind.schema>.schema.json``); the code adds only what a
         schema cannot say (a key decodes to 32 bytes, and belongs to one name)."""

@@ -45,7 +45,7 @@ class Predicate:
         return out
 
 
-def _parse_utc(value: Any) -> datetime | None:
+def _parse_utc(value: object) -> datetime | None:
     if not isinstance(value, str):
         return None
     text = value[:-1] + "+00:00" if value.endswith(("Z", "z")) else value
@@ -58,7 +58,7 @@ def _parse_utc(value: Any) -> datetime | None:
     return when
 
 
-def predicate_problems(pred: Any) -> list[str]:
+def predicate_problems(pred: object) -> list[str]:
     """Format-level checks of a predicate (both when signing and when verifying)."""
     if not isinstance(pred, Mapping):
         return ["predicate is not an object"]

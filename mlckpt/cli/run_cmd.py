@@ -217,7 +217,7 @@ def _handle(argv: Sequence[str], outcomes: Outcomes | None) -> int:
         existed = s.settings.results.exists()  # an interrupt removes it if not
         outcome: list[int] = []
 
-        def one(cfg: Any) -> int:
+        def one(cfg: object) -> int:
             combo, out = hydra_app.job_context()
             outcome.append(launch(exe, _in_folder(combo, out, s), src, s, results_existed=existed,
                                   outcomes=outcomes))
@@ -255,7 +255,7 @@ def _multirun(exe: Launcher, flags: list[str], task: list[str], passed: list[str
     naming = hydra_app.sweep_naming(keys, [override_key(o) for o in combos[0]])
     done: list[sweep.Done] = []
 
-    def one(cfg: Any) -> int:
+    def one(cfg: object) -> int:
         if done and done[-1].status == ExitStatus.INTERRUPTED:  # Ctrl-C stops the sweep, not one combination
             return ExitStatus.INTERRUPTED
         combo, out = hydra_app.job_context()

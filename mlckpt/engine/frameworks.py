@@ -83,7 +83,7 @@ def leave_process_group() -> None:
         dist.destroy_process_group()
 
 
-def _tensor(buf: Any) -> Any:
+def _tensor(buf: object) -> Any:
     import torch
 
     return torch.from_numpy(buf)

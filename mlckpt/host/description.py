@@ -55,7 +55,7 @@ STORAGE_TYPES = {  # filesystem type -> the description's storage.type
 }
 
 
-def _q(value: Any) -> str:
+def _q(value: object) -> str:
     """A YAML double-quoted scalar (JSON's string syntax is one), whatever the text holds."""
     return json.dumps(str(value)[:200])
 

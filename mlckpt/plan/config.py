@@ -142,7 +142,7 @@ def compose(overrides: Sequence[str], source: ConfigSource = SHIPPED) -> dict[st
     return resolved
 
 
-def rules_version_text(version: Any) -> Any:
+def rules_version_text(version: object) -> Any:
     """A rules version as text: a config file's unquoted 1.9 arrives as a number (the command line
     quotes it, mlckpt.plan.aliases); one that a later version's name shadows (1.10 reads as 1.1)
     is refused."""
@@ -178,7 +178,7 @@ def as_typed(config: dict[str, Any]) -> None:
     _booleans(config, schema("config", str(config.get("rules_version", "1.0"))))
 
 
-def _booleans(node: Any, schema: Mapping[str, Any]) -> None:
+def _booleans(node: object, schema: Mapping[str, Any]) -> None:
     props = schema.get("properties", {}) if isinstance(schema, Mapping) else {}
     if not isinstance(node, dict):
         return
@@ -218,7 +218,7 @@ def did_you_mean(given: str, known: Sequence[str]) -> str:
 
 def known_keys(source: ConfigSource = SHIPPED) -> list[str]:
     """Every dotted key of the default configuration (for did-you-mean)."""
-    def walk(node: Any, prefix: str) -> list[str]:
+    def walk(node: object, prefix: str) -> list[str]:
         if not isinstance(node, dict):
             return [prefix]
         return [k for key, v in node.items() for k in walk(v, f"{prefix}.{key}" if prefix else key)]

@@ -35,7 +35,7 @@ td:first-child,th:first-child{text-align:left}.verdict{font-weight:600}.note{col
 """
 
 
-def _e(text: Any) -> str:
+def _e(text: object) -> str:
     return html.escape(str(text), quote=True)
 
 
@@ -100,7 +100,7 @@ def _validate(figs: dict[str, dict[str, Any]]) -> None:
         go.Figure(data=fig["data"], layout=fig["layout"])
 
 
-def _cell(v: Any) -> str:
+def _cell(v: object) -> str:
     if v is None:
         return ""
     if isinstance(v, float):

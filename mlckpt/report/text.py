@@ -15,7 +15,7 @@ SHOWN = ("op", "index", "tier", "duration_s", "bandwidth_gib_s", "slowest_rank",
          "p50_ms", "p99_ms", "max_ms", "open_s", "transfer_s", "fsync_s", "dir_fsync_s")
 
 
-def _num(v: Any) -> Any:
+def _num(v: object) -> Any:
     return fmt_figure(v) if isinstance(v, float) else ("" if v is None else v)
 
 

@@ -14,7 +14,7 @@ from dataclasses import dataclass, field
 from functools import cached_property
 from typing import Any
 
-from mlckpt import formats
+from mlckpt import formats, latency
 from mlckpt.metrics import group_ops, summarize
 from mlckpt.rules.engine import Context, RuleSet
 from mlckpt.workload.pipeline import Pipeline
@@ -38,10 +38,11 @@ class RunData:
     # summarize() of the records, computed once for every rule (and report) that needs it
     _summaries: dict[tuple[float, int, int], dict[str, Any]] = field(default_factory=dict, compare=False,
                                                                 repr=False)
-    # each request histogram's longest request, found while summarizing (mlckpt.latency.merged):
-    # RECORDS-REQUESTS reads it rather than decode a block again; never summarized for it, since
-    # records the summary cannot be recomputed from (the checker skips those rules) must not fault
-    longest: dict[int, tuple[int, int]] = field(default_factory=dict, compare=False, repr=False)
+    # what each request histogram holds that the request rules ask (its longest request, the least
+    # its requests add up to), found while summarizing (mlckpt.latency.merged): the rules read it
+    # rather than decode a block again; never summarized for it, since records the summary cannot
+    # be recomputed from (the checker skips those rules) must not fault
+    blocks: latency.Seen = field(default_factory=dict, compare=False, repr=False)
     _grouped: dict[tuple[str, int], list[Mapping[str, Any]]] = field(default_factory=dict, compare=False,
                                                                       repr=False)
     _hosts: dict[int, tuple[Sequence[Mapping[str, Any]], dict[str, list[Mapping[str, Any]]]]] = field(
@@ -57,10 +58,10 @@ class RunData:
         if key not in self._summaries:
             self._summaries[key] = summarize(self.records, max_resident_fraction=key[0],
                                              records_format=key[1], summary_format=key[2],
-                                             seen=self.longest, grouped=self.grouped())
+                                             seen=self.blocks, grouped=self.grouped())
         return self._summaries[key]
 
-    def once(self, key: Any, make: Callable[[], Any]) -> Any:
+    def once(self, key: object, make: Callable[[], Any]) -> Any:
         """``make()``, made the first time ``key`` is asked for; shared, not to be changed."""
         if key not in self._made:
             self._made[key] = make()

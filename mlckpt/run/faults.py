@@ -27,7 +27,7 @@ class Faults:
         returned callable runs inside the timed region, after t0."""
         return action
 
-    def after_writes(self, rank: int, durable: Place, fast_root: Path | None, plan: Any, nw: int) -> None:
+    def after_writes(self, rank: int, durable: Place, fast_root: Path | None, plan: object, nw: int) -> None:
         """Between the write phase and the restores, after the post-write cache eviction;
         ``durable``: the run's place on the durable tier."""
 

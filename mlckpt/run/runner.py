@@ -252,24 +252,24 @@ def _io_phases(job: Job, configured: Configured, gates: Gates, created: Created,
     else:  # a read-only invocation restores the write invocation's checkpoints (each restore evicts first)
         nw, tags = configured.source.num_writes, dict(configured.source.tags)
     records += ReadPhase(
-        job,
-        configured.pipe,
-        int.from_bytes(folders.key[:8], "little"),  # whose content the pages carry
-        folders.key,
-        folders.durable,
-        folders.fast,
-        reads,
-        rd_offsets,
-        arena,
-        opts,
-        stream,
-        timer,
-        fast_direct,
-        gates.fast_fs,
-        frozenset(gates.rank_hosts[rd.writer] for rd in reads),
-        tags,
-        dev,
-        fw,
+        job=job,
+        pipe=configured.pipe,
+        run_id=int.from_bytes(folders.key[:8], "little"),  # whose content the pages carry
+        key=folders.key,
+        durable=folders.durable,
+        fast=folders.fast,
+        reads=reads,
+        offsets=rd_offsets,
+        arena=arena,
+        opts=opts,
+        stream=stream,
+        timer=timer,
+        fast_direct=fast_direct,
+        fast_fs=gates.fast_fs,
+        writer_hosts=frozenset(gates.rank_hosts[rd.writer] for rd in reads),
+        tags=tags,
+        dev=dev,
+        fw=fw,
     ).run(nw, nr)
     return folders.run, records
 

@@ -71,7 +71,7 @@ def compile_requests() -> None:
         _validator(kind)
 
 
-def request_problem(kind: str, body: Any) -> str | None:
+def request_problem(kind: str, body: object) -> str | None:
     """Why ``body`` is not a valid ``kind`` request (one line), or None."""
     errors = sorted(_validator(kind).iter_errors(body), key=lambda e: list(e.absolute_path))
     if not errors:

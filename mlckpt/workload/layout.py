@@ -29,6 +29,14 @@ from mlckpt.errors import ConfigError
 from mlckpt.workload.model import Workload
 
 PAGE = 4096
+
+
+def file_requests(nbytes: int, block_size: int, direct: bool) -> int:
+    """The requests the engine issues for one file of ``nbytes``: one per ``io.block_size`` piece of
+    its length on the storage, which O_DIRECT pads to a whole page (mlckpt/engine/files.py's
+    ``RequestPlan``; a short transfer's continuation is the same request)."""
+    length = -(-nbytes // PAGE) * PAGE if direct else nbytes
+    return -(-length // block_size)
 RestorePattern = Literal["own", "repopulate"]
 RESTORE_PATTERNS: tuple[RestorePattern, ...] = ("own", "repopulate")
 

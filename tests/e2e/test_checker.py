@@ -32,7 +32,7 @@ from support.trees import assert_report_valid, check, honest_tree, write_system
 
 import checker.bundle_check
 from checker.cli import run
-from mlckpt import bundle
+from mlckpt import bundle, latency
 from mlckpt.rules import DEFAULT_RULES_VERSION, load_rules
 
 ORG = "example-org"
@@ -193,6 +193,20 @@ def first(op: str, fn: Callable[[dict[str, Any]], None]) -> Callable[[Path], Non
             fn(next(r for r in recs if r["op"] == op))
         edit_records(folder, apply)
     return edit
+
+
+def more_faster_requests(r: dict[str, Any]) -> None:
+    """The rank's histogram re-encoded with four times the requests at a quarter of the latency:
+    four times the IOPS, a quarter of every percentile, the longest request still in the op."""
+    h = latency.decode(r["requests"])
+    faster = [item.value_iterated_to // 4 for item in h.get_recorded_iterator()
+              for _ in range(4 * item.count_at_value_iterated_to)]
+    r["requests"] = latency.encode(faster)
+
+
+def cut_to_longest(r: dict[str, Any]) -> None:
+    """The rank's op cut to its longest request, its real histogram kept."""
+    r["t1_ns"] = r["t0_ns"] + latency.block_facts(latency.decode(r["requests"])).top
 
 
 def both(*fns: Callable[[Path], None]) -> Callable[[Path], None]:
@@ -383,6 +397,15 @@ NEGATIVE_CASES: dict[str, list[Case]] = {
             hist="QUJD" * 8))),
         C("a request of", mutate=first("write", lambda r: r.update(t1_ns=r["t0_ns"] + 1000))),
     ],
+    # rules 1.17: the request data held to what the engine must do
+    "REQUESTS-PLANNED": [C("expected 4 requests (one per io.block_size=4194304 piece of the op's 2 files), "
+                           "got 16", mutate=records(lambda rs: more_faster_requests(
+                               next(r for r in rs if r["op"] == "write"))))],
+    # the op cut to its longest request (RECORDS-REQUESTS holds it no shorter), with one request in
+    # flight claimed: the rank's requests no longer fit in it
+    "REQUESTS-BUSY": [C("requests adding up to at most io.threads=1", mutate=both(
+        lambda f: edit_yaml(f, "config.yaml", setitem("io.threads", 1)),
+        records(lambda rs: cut_to_longest(next(r for r in rs if r["op"] == "read")))))],
     "FSYNC-EVERY-WRITE": [C("4 of 4 write records without fsync", closed=True, mutate=both(
         lambda f: edit_yaml(f, "config.yaml", setitem("checkpoint.fsync", False)),
         records(lambda rs: [r.update(fsync=False) for r in rs if r["op"] == "write"])))],
@@ -504,7 +527,7 @@ NEGATIVE_CASES: dict[str, list[Case]] = {
             "anchor: &a [1, 2]\n" + (f / "config.yaml").read_text() + "again: *a\n")),
     ],
     "RULES-VERSION": [C("expected one of 1.0, 1.1, 1.2, 1.3, 1.4, 1.5, 1.6, 1.7, 1.8, 1.9, 1.10, 1.11, 1.12, "
-                        "1.13, 1.14, 1.15, 1.16, mlps-v3.0, mlps-v3.0r2, mlps-v3.0r3, mlps-v3.0r4, "
+                        "1.13, 1.14, 1.15, 1.16, 1.17, mlps-v3.0, mlps-v3.0r2, mlps-v3.0r3, mlps-v3.0r4, "
                         "mlps-v3.0r5, got '9.9'",
                         predicate={"rules_version": "9.9"})],
     "BUNDLE-PREDICATE": [C("expected workload='llama3_70b' as signed in the statement, "
@@ -949,9 +972,9 @@ def test_missing_trusted_keys_is_a_usage_error(honest_bundles: dict[str, Path], 
 def test_forced_rules_version_and_jobs_agree(honest_bundles: dict[str, Path], tmp_path: Path) -> None:
     root = honest_tree(tmp_path / "t", honest_bundles)
     a = check(root, honest_bundles, jobs=1)
-    b = check(root, honest_bundles, jobs=2, forced_rules="1.16")
+    b = check(root, honest_bundles, jobs=2, forced_rules="1.17")
     assert a["bundles"] == b["bundles"] and a["exit_status"] == b["exit_status"] == 0
-    assert a["rules_versions"] == b["rules_versions"] == ["1.16"]
+    assert a["rules_versions"] == b["rules_versions"] == ["1.17"]
     # 1.10 knows neither records format 8 nor 1.11's configuration keys: refused by its schemas
     older = check(root, honest_bundles, jobs=2, forced_rules="1.10")
     assert older["exit_status"] == 1 and older["rules_versions"] == ["1.10"]

@@ -17,6 +17,7 @@ from mlckpt.metrics import hugepage_share_min
 from mlckpt.rules.engine import Context, NotChecked, Outcome, Rule, RuleSet, checks_table, rank_shift
 from mlckpt.rules.rundata import DATA_SCHEME, RunData, run_data, written
 from mlckpt.units import fmt_share
+from mlckpt.workload.layout import FileSpec, Plan, restore_pattern
 from mlckpt.workload.pipeline import FAST, MEMORY_FILESYSTEMS, Pipeline
 
 REL_TOL = 1e-9
@@ -89,6 +90,14 @@ def result_times(ctx: Context, ruleset: RuleSet, rule: Rule) -> Iterator[Outcome
     yield Outcome(started <= ended, "started <= ended", f"started {started}, ended {ended}")
 
 
+def op_files(plan: Plan, write: bool, rank: int, restore: str, shift: int) -> tuple[FileSpec, ...]:
+    """The files a rank's write (its own) or restore (``checkpoint.restore`` under the run's rank
+    shift) moves, by the plan."""
+    if write:
+        return plan.rank_plans[rank].files
+    return tuple(rd.file for rd in plan.restore_reads(rank, restore_pattern(restore), shift))
+
+
 def bytes_match_plan(ctx: Context, ruleset: RuleSet, rule: Rule) -> Iterator[Outcome | NotChecked]:
     d, plan = run_data(ctx), ctx.plan
     if plan is None:
@@ -99,10 +108,7 @@ def bytes_match_plan(ctx: Context, ruleset: RuleSet, rule: Rule) -> Iterator[Out
     wants: dict[tuple[bool, int], tuple[int, int]] = {}  # a rank's writes are alike, and its restores
 
     def want(write: bool, rank: int) -> tuple[int, int]:
-        if write:
-            files = plan.rank_plans[rank].files
-        else:
-            files = tuple(rd.file for rd in plan.restore_reads(rank, restore, shift))  # type: ignore[arg-type]
+        files = op_files(plan, write, rank, restore, shift)
         return sum(f.bytes for f in files), len(files)
 
     for r in d.records:
@@ -118,7 +124,7 @@ def bytes_match_plan(ctx: Context, ruleset: RuleSet, rule: Rule) -> Iterator[Out
                           where=f"{r['op']} {r['index']} rank {rank}")
 
 
-def _num_equal(a: Any, b: Any) -> bool:
+def _num_equal(a: object, b: object) -> bool:
     if isinstance(a, bool) or isinstance(b, bool):
         return a is b
     if isinstance(a, int | float) and isinstance(b, int | float):
@@ -128,7 +134,7 @@ def _num_equal(a: Any, b: Any) -> bool:
     return a == b
 
 
-def compare_values(path: str, want: Any, have: Any) -> Iterator[tuple[str, Any, Any]]:
+def compare_values(path: str, want: object, have: object) -> Iterator[tuple[str, Any, Any]]:
     if isinstance(want, Mapping):
         if not isinstance(have, Mapping):
             yield path, "an object", have
@@ -249,7 +255,7 @@ def state_hugepages(ctx: Context, ruleset: RuleSet, rule: Rule) -> Outcome | Not
 COMPLETE = "COMPLETE"  # marks a drafted description's value that only the vendor can give
 
 
-def placeholders(doc: Any, at: str = "") -> list[tuple[str, str]]:
+def placeholders(doc: object, at: str = "") -> list[tuple[str, str]]:
     """The values a drafted system description still holds as placeholders (``COMPLETE: …``),
     each with its dotted key, in document order."""
     if isinstance(doc, dict):

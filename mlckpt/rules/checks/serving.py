@@ -191,7 +191,7 @@ def serving_summary_exact(ctx: Context, ruleset: RuleSet, rule: Rule) -> Iterato
     yield Outcome(not diff, "every key as recomputed", "; ".join(shown))
 
 
-def _short(v: Any) -> str:
+def _short(v: object) -> str:
     text = repr(v)
     return text if len(text) <= 80 else text[:77] + "..."
 

@@ -37,7 +37,7 @@ def content_commitment(key: bytes) -> str:
     return hashlib.sha256(bytes.fromhex(content_proof(key))).hexdigest()
 
 
-def proof_matches(proof: Any, commitment: Any) -> bool:
+def proof_matches(proof: object, commitment: object) -> bool:
     """Whether ``proof`` (a read invocation's) opens ``commitment`` (its write invocation's)."""
     try:
         opened = hashlib.sha256(bytes.fromhex(str(proof))).hexdigest()

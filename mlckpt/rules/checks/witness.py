@@ -372,7 +372,7 @@ def too_short(facts: WitnessFacts, ruleset: RuleSet) -> list[dict[str, Any]]:
                                                             Account) and a.bound_s > frac * a.span.duration_s]
 
 
-def _epoch(stamp: Any) -> float | None:
+def _epoch(stamp: object) -> float | None:
     try:
         return datetime.fromisoformat(str(stamp).replace("Z", "+00:00")).timestamp()
     except ValueError:

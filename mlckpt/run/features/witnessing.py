@@ -49,7 +49,7 @@ class Witnessing:
 
     @classmethod
     def open(cls, job: Job, run: Settings, plan_digest: str, run_id: int, name: str,
-             key: Any = None) -> Witnessing | None:
+             key: object = None) -> Witnessing | None:
         """Open the witnessed run before any I/O (collective), the open signed with rank 0's
         signing ``key``; None when no witness is asked for.  A witness that cannot be reached now,
         or that refuses the key, or whose key is not ``witness.public_key``, refuses the run (one

@@ -224,21 +224,22 @@ def host_specs(names: Sequence[str], measured: Sequence[Mapping[str, Any]]) -> t
     zero = by_host[names[0]].get("wall_s") if names else None
     return tuple(
         HostSpec(
-            h,
-            tuple(r for r, n in enumerate(names) if n == h),
-            by_host[h]["mem_available_bytes"],
-            by_host[h]["disk_free_bytes"],
-            by_host[h]["folder_problem"],
-            by_host[h]["fast_free_bytes"],
-            by_host[h]["fast_problem"],
-            by_host[h]["fast_fs"],
-            by_host[h]["direct_ok"],
-            by_host[h]["dontcache_ok"],
-            by_host[h].get("results_same_fs"),
-            None if zero is None or by_host[h].get("wall_s") is None else by_host[h]["wall_s"] - zero,
-            by_host[h].get("store_problem"),
-            by_host[h].get("gpu_problem"),
-            ((by_host[h].get("facts") or {}).get("filesystem") or {}).get("fs_type"),
+            name=h,
+            ranks=tuple(r for r, n in enumerate(names) if n == h),
+            mem_available_bytes=by_host[h]["mem_available_bytes"],
+            disk_free_bytes=by_host[h]["disk_free_bytes"],
+            folder_problem=by_host[h]["folder_problem"],
+            fast_free_bytes=by_host[h]["fast_free_bytes"],
+            fast_problem=by_host[h]["fast_problem"],
+            fast_fs=by_host[h]["fast_fs"],
+            direct_ok=by_host[h]["direct_ok"],
+            dontcache_ok=by_host[h]["dontcache_ok"],
+            results_same_fs=by_host[h].get("results_same_fs"),
+            clock_offset_s=(None if zero is None or by_host[h].get("wall_s") is None
+                            else by_host[h]["wall_s"] - zero),
+            store_problem=by_host[h].get("store_problem"),
+            gpu_problem=by_host[h].get("gpu_problem"),
+            folder_fs=((by_host[h].get("facts") or {}).get("filesystem") or {}).get("fs_type"),
         )
         for h in dict.fromkeys(names)
     )

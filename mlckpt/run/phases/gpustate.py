@@ -8,10 +8,14 @@ themselves are made by the write and read phases (see :mod:`mlckpt.engine.gpu`).
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from mlckpt.run.collective import Job
 from mlckpt.run.phases.gates import Gates, gpu_device
+
+if TYPE_CHECKING:
+    from mlckpt.engine import gpu
+    from mlckpt.engine.content import Buffer
 
 
 def open_gpu(job: Job, cfg: Mapping[str, Any], gates: Gates, arena: Any) -> tuple[Any, dict[str, Any]]:
@@ -30,7 +34,7 @@ def open_gpu(job: Job, cfg: Mapping[str, Any], gates: Gates, arena: Any) -> tupl
                  "copy_path": d["copy_path"], "entry": entry}
 
 
-def probe_alone(job: Job, gates: Gates, dev: Any, arena: Any) -> dict[str, float]:
+def probe_alone(job: Job, gates: Gates, dev: gpu.DeviceState, arena: Buffer) -> dict[str, float]:
     """This rank's copy rates, measured one rank at a time per host: ranks sharing a GPU (or its
     PCIe link) would halve each other's figure."""
     local = next(h for h in gates.hosts if job.rank in h.ranks).ranks.index(job.rank)
@@ -42,7 +46,8 @@ def probe_alone(job: Job, gates: Gates, dev: Any, arena: Any) -> dict[str, float
     return rates
 
 
-def probed_again(job: Job, gates: Gates, dev: Any, arena: Any, entry: Mapping[str, Any]) -> dict[str, Any]:
+def probed_again(job: Job, gates: Gates, dev: gpu.DeviceState, arena: Buffer,
+                 entry: Mapping[str, Any]) -> dict[str, Any]:
     """``entry`` with each copy rate the higher of its probe before the first checkpoint and one
     after the last restore (untimed)."""
     again = probe_alone(job, gates, dev, arena)

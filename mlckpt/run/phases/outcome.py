@@ -94,7 +94,7 @@ def assess(job: Job, configured: Configured, gates: Gates, measured: Measured, s
     return Assessed(measured, manifest, summary, system, tuple(found))
 
 
-def publish(job: Job, configured: Configured, a: Assessed, signing_key: Any,
+def publish(job: Job, configured: Configured, a: Assessed, signing_key: object,
             witness: Witnessing | None = None) -> Path:
     """Rank 0: what the judgement found, then the signed bundle."""
     s, cfg = configured.setup, configured.config

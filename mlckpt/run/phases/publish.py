@@ -165,7 +165,7 @@ def judged(
     return result
 
 
-def write_json(path: Path, doc: Any) -> None:
+def write_json(path: Path, doc: object) -> None:
     path.write_text(json.dumps(doc, indent=1, sort_keys=True, allow_nan=False) + "\n")
 
 

@@ -53,13 +53,13 @@ def test_histograms_merge_exactly(parts: list[list[int]]) -> None:
     assert latency.cdf_ms(merged) == latency.cdf_ms(whole)
 
 
-def _library_merge(blocks: list[dict[str, Any]]) -> tuple[Any, latency.Longest]:
+def _library_merge(blocks: list[dict[str, Any]]) -> tuple[Any, latency.Seen]:
     """What merged() stands for: each block decoded by the library into a histogram of its own and
     added with HdrHistogram.add."""
     out, seen = latency.histogram(), {}
     for b in blocks:
         h = latency.decode(b)
-        seen[id(b)] = latency.longest(h)
+        seen[id(b)] = latency.block_facts(h)
         out.add(h)
     return out, seen
 
@@ -78,7 +78,7 @@ def _raw_block(values: list[int]) -> dict[str, Any]:
 def test_merged_is_exactly_the_librarys_decode_and_add(parts: list[list[int]]) -> None:
     blocks = [_raw_block(p) for p in parts]
     ref, ref_seen = _library_merge(blocks)
-    seen: latency.Longest = {}
+    seen: latency.Seen = {}
     got = latency.merged(blocks, seen)
     assert list(got.counts) == list(ref.counts)
     assert (got.total_count, got.max_value, got.min_value) == (ref.total_count, ref.max_value, ref.min_value)
