@@ -310,28 +310,28 @@ def validate(overrides: list[str], source: ConfigSource | None = None) -> Setup:
 
 
 def launch(mpiexec: Launcher, overrides: list[str], source: ConfigSource | None = None,
-           s: Setup | None = None, rank_command: Sequence[str] | None = None, *, results_existed: bool = True,
-           outcomes: Outcomes | None = None) -> int:
-    """Validate here (fail fast, nothing spawned) unless ``s`` is the validated setup, then run
+           setup: Setup | None = None, rank_command: Sequence[str] | None = None, *,
+           results_existed: bool = True, outcomes: Outcomes | None = None) -> int:
+    """Validate here (fail fast, nothing spawned) unless ``setup`` is the validated one, then run
     ``rank_command`` (default: this ``mlckpt run``) on every rank under mpiexec; with ``outcomes``
     (``--json``) the ranks' output goes to stderr and the launch's outcome line to ``outcomes``."""
     from mlckpt.plan.config import SHIPPED
 
     source = source or SHIPPED
-    s = s or validate(overrides, source)
+    setup = setup or validate(overrides, source)
     ranks = list(rank_command or (sys.executable, "-m", "mlckpt", "run", *source.args(), "preset=none"))
     extra = launcher_args(mpiexec.flavour, os.geteuid() == 0)
-    cmd = [mpiexec.path, *extra, "-n", str(s.plan.ranks), *ranks, *overrides]
+    cmd = [mpiexec.path, *extra, "-n", str(setup.plan.ranks), *ranks, *overrides]
     env = dict(os.environ)
     if sys.stdout.isatty():  # rank 0's output reaches this terminal through mpiexec's pipes
         size = shutil.get_terminal_size()
         env[TERMINAL_ENV] = f"{size.columns}x{size.lines}"
     if outcomes is None:
-        return _tries(mpiexec, cmd, env, s, results_existed, None)
+        return _tries(mpiexec, cmd, env, setup, results_existed, None)
     from mlckpt.cli import run_outcome
 
     with run_outcome.noted() as (note_env, note):
-        status = _tries(mpiexec, cmd, env | note_env, s, results_existed, sys.stderr)
+        status = _tries(mpiexec, cmd, env | note_env, setup, results_existed, sys.stderr)
         outcomes.add(run_outcome.outcome(status, overrides, run_outcome.last_note(note)))
     return status
 

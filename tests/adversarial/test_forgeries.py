@@ -513,9 +513,11 @@ def facts_edit(**values: Any) -> Edit:
 
 SUMMARY = "summary.json"
 COUNTERS = frozenset({"DEVICE-COUNTERS", "COUNTERS-LATE"})  # an edited op can reach the late counters too
-# An op made shorter in its records keeps the requests' honest latencies (rules 1.10): some
-# request is then longer than the op.
-SHORTENED = frozenset({"RECORDS-REQUESTS"})
+# An op made shorter in its records keeps the requests' honest latencies: some request is then
+# longer than the op (rules 1.10), or its requests no longer fit in it (rules 1.17).
+SHORTENED = frozenset({"RECORDS-REQUESTS", "REQUESTS-BUSY"})
+# A run relabelled as another plan keeps its requests: their count is the old plan's (rules 1.17).
+REPLANNED = frozenset({"REQUESTS-PLANNED"})
 FORGERIES: dict[str, list[Forgery]] = {
     "SUMMARY-EXACT": [
         Forgery(
@@ -743,10 +745,11 @@ FORGERIES: dict[str, list[Forgery]] = {
             "sync",
             drop_slowest_rank(adjust=True),
             "files",
-            also=COUNTERS | {"SUMMARY-EXACT", "BUNDLE-PREDICATE"},
+            also=COUNTERS | {"SUMMARY-EXACT", "BUNDLE-PREDICATE"} | REPLANNED,
         ),
         Forgery(
-            "another-workload-label", "sync", relabel("llama_7b"), "files", also=frozenset({"SUMMARY-EXACT"})
+            "another-workload-label", "sync", relabel("llama_7b"), "files",
+            also=frozenset({"SUMMARY-EXACT"}) | REPLANNED
         ),
     ],
     "HOST-PHYSICS": [
@@ -755,7 +758,7 @@ FORGERIES: dict[str, list[Forgery]] = {
             "sync",
             full_scale(),
             "measured memory copy rate",
-            also=COUNTERS | {"BANDWIDTH-PLAUSIBLE", "HOST-MEMORY"},
+            also=COUNTERS | {"BANDWIDTH-PLAUSIBLE", "HOST-MEMORY"} | REPLANNED,
         ),
         Forgery(
             "10TB-s-restores-storage-max-removed",
