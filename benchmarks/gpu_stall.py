@@ -85,7 +85,7 @@ def mlckpt_round(args: argparse.Namespace, work: Path) -> dict[str, list[float]]
            f"checkpoint.num_writes={args.writes}", "checkpoint.num_reads=0", "state.source=gpu",
            "signing.key=none", f"output.root={work / 'results'}", f"checkpoint.folder={work / 'ckpt'}",
            *args.set]
-    bundle = bench.run_mlckpt(ovs, timeout_s=3600)
+    bundle = bench.run_mlckpt(ovs, timeout_s=3600, any_status=True)  # a disturbed run's figures too
     run = bundle.run
     writes = {index: rs for (_, index), rs in bundle.ops("write").items()}
     out: dict[str, list[float]] = {"stall": [], "copy": [], "backpressure": []}

@@ -93,14 +93,15 @@ def bundle_printed(stdout: str) -> Path | None:
 
 def run_mlckpt(overrides: Sequence[str], *, launcher: Sequence[str] | None = None,
                env: Mapping[str, str] | None = None, cwd: Path | None = None,
-               timeout_s: float = 7200) -> Bundle:
+               timeout_s: float = 7200, any_status: bool = False) -> Bundle:
     """``mlckpt run --json`` with ``overrides`` (or ``launcher`` + overrides), its bundle; a run
-    that published none raises RuntimeError with its last lines."""
+    that published none, or (unless ``any_status``) exited non-zero, raises RuntimeError with its
+    last lines."""
     cmd = [*(launcher or [str(BIN / "mlckpt"), "run", "--json"]), *overrides]
     proc = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout_s, cwd=cwd,
                           env=None if env is None else dict(env), check=False)
     folder = bundle_printed(proc.stdout)
-    if proc.returncode != 0 or folder is None:
+    if folder is None or (proc.returncode != 0 and not any_status):
         lines = dict.fromkeys(ln.strip() for ln in (proc.stderr or proc.stdout).splitlines() if ln.strip())
         raise RuntimeError(f"mlckpt run failed ({proc.returncode}): " + " | ".join(list(lines)[-3:])[-600:])
     return Bundle(folder)
