@@ -263,19 +263,34 @@ def shorten_writes_into_the_host(by: Callable[[dict[str, Any]], int]
         # capped there; a rank already shorter (a busy host spreads them) keeps its own times
         longest = {k: max(r["t1_ns"] - r["t0_ns"] for r in recs if r["op"] == "write" and r["index"] == k)
                    for k in cut}
-        for r in recs:
-            if r["op"] == "write":
-                old_end, old = r["t1_ns"], r["t1_ns"] - r["t0_ns"]
-                # capped ranks end a few µs apart, as no two real ranks end together (RECORDS-COPIES)
-                new = min(old, longest[r["index"]] - cut[r["index"]] - 1_013 * (r["rank"] + 1))
-                assert new > 0, "the witness's room is longer than the op: nothing to shorten"
-                set_duration(r, new)
-                if "host_counters" in r:
-                    r["host_counters"]["after"]["t_ns"] -= old_end - r["t1_ns"]
-                scale_requests(r, new / old)  # RECORDS-REQUESTS: recomputed too
-                if r["rank"] == 0:  # its end moved earlier by as much: claimed as its own time after it
-                    r["witness_host_ns"][1] += old_end - r["t1_ns"]
+        writes = [r for r in recs if r["op"] == "write"]
+        old_last = _host_ends(writes)
+        for r in writes:
+            old_end, old = r["t1_ns"], r["t1_ns"] - r["t0_ns"]
+            # capped ranks end a few µs apart, as no two real ranks end together (RECORDS-COPIES)
+            new = min(old, longest[r["index"]] - cut[r["index"]] - 1_013 * (r["rank"] + 1))
+            assert new > 0, "the witness's room is longer than the op: nothing to shorten"
+            set_duration(r, new)
+            scale_requests(r, new / old)  # RECORDS-REQUESTS: recomputed too
+            if r["rank"] == 0:  # its end moved earlier by as much: claimed as its own time after it
+                r["witness_host_ns"][1] += old_end - r["t1_ns"]
+        # each host's last counters move as much earlier as its last end (DEVICE-COUNTERS): on a busy
+        # host an uncapped rank, started late, can be the host's last to end
+        new_last = _host_ends(writes)
+        for r in writes:
+            if "host_counters" in r:
+                key = (r["index"], r["host"])
+                r["host_counters"]["after"]["t_ns"] -= old_last[key] - new_last[key]
     return edit
+
+
+def _host_ends(recs: list[dict[str, Any]]) -> dict[tuple[int, str], int]:
+    """Each (op index, host)'s last end."""
+    ends: dict[tuple[int, str], int] = {}
+    for r in recs:
+        key = (r["index"], r["host"])
+        ends[key] = max(ends.get(key, 0), r["t1_ns"])
+    return ends
 
 
 def shrunk_past_the_host_bound(work: Path, runs: dict[str, Any], tmp: Path) -> None:
@@ -401,9 +416,14 @@ def test_the_witness_bounds_each_op_to_what_the_report_says(runs: dict[str, Any]
     bound, not a guess, and within the unbounded_s the report states)."""
     [honest] = checked(tree(runs, tmp_path / "h", runs["a"]))
     loose = {(o["op"], o["index"]): o["unbounded_s"] for o in honest["witness"]["unbounded"]}
-    # The tests' ops last ~0.2 s: every one is short beside the witness's ~60 ms it cannot time.
+    # The tests' ops last ~0.2 s: every one is short beside the witness's ~60 ms it cannot time
+    # (more on a busy host: its allowance grows with the host's measured lag, so no upper bound here).
     assert {("write", 1), ("write", 2), ("read", 1), ("read", 2)} <= set(loose), honest["witness"]
-    assert all(0.05 < u < 0.2 for u in loose.values()), loose
+    assert all(u > 0.05 for u in loose.values()), loose
+    recs = read_records(runs["a"])
+    for o in honest["witness"]["unbounded"]:  # the report's op is its slowest rank's, as recorded
+        slowest = max(r["t1_ns"] - r["t0_ns"] for r in recs if r["op"] == o["op"] and r["index"] == o["index"])
+        assert abs(o["duration_s"] - slowest / 1e9) < 2e-6, (o, slowest)
     for name, extra_ms, valid in (("past", 5, False), ("within", -5, True)):
         work = tmp_path / name / runs["a"].name
         shutil.copytree(runs["a"], work)
