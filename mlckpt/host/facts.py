@@ -18,7 +18,10 @@ from mlckpt import __version__
 from mlckpt.records import CounterSample
 from mlckpt.strict import printable
 
-PACKAGES = ("mlckpt", "numpy", "mpi4py", "mpich", "hydra-core", "cryptography", "jsonschema")
+# torch and safetensors: a library run's run.json names the version its writer used, which
+# LIBRARY-VERSION holds to the hosts' own (rules 1.18)
+PACKAGES = ("mlckpt", "numpy", "mpi4py", "mpich", "hydra-core", "cryptography", "jsonschema", "torch",
+            "safetensors")
 
 
 def meminfo() -> dict[str, int]:

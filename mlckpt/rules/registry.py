@@ -15,6 +15,7 @@ from mlckpt.rules.checks import (
     host,
     mlperf,
     objects,
+    own_io,
     physics,
     pipeline,
     requests,
@@ -28,7 +29,7 @@ from mlckpt.rules.engine import DEFAULT_RULES_VERSION, CheckFn, RuleSet, load_ru
 
 CHECKS: dict[str, CheckFn] = {}
 _MODULES = (config, host, result, pipeline, evidence, physics, counters, foreign_io, submission, mlperf,
-            split, witness, objects, gpu, requests, frameworks, serving)
+            split, witness, objects, gpu, requests, frameworks, serving, own_io)
 for _module in _MODULES:
     _clash = CHECKS.keys() & _module.CHECKS.keys()
     if _clash:  # a defect of the code, caught at import

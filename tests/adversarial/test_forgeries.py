@@ -518,6 +518,9 @@ COUNTERS = frozenset({"DEVICE-COUNTERS", "COUNTERS-LATE"})  # an edited op can r
 SHORTENED = frozenset({"RECORDS-REQUESTS", "REQUESTS-BUSY"})
 # A run relabelled as another plan keeps its requests: their count is the old plan's (rules 1.17).
 REPLANNED = frozenset({"REQUESTS-PLANNED"})
+# A rank dropped, a scale or a host invented leaves what the kernel charged to each host's ranks as
+# the run made it: more (or less) than the edited records move (rules 1.18).
+OWN = frozenset({"OWN-BYTES"})
 FORGERIES: dict[str, list[Forgery]] = {
     "SUMMARY-EXACT": [
         Forgery(
@@ -737,7 +740,8 @@ FORGERIES: dict[str, list[Forgery]] = {
         ),
     ],
     "RESULT-COUNTS": [
-        Forgery("slowest-rank-dropped", "sync", drop_slowest_rank(adjust=False), "one record per rank"),
+        Forgery("slowest-rank-dropped", "sync", drop_slowest_rank(adjust=False), "one record per rank",
+                also=OWN),
     ],
     "BYTES-PLAN": [
         Forgery(
@@ -745,7 +749,7 @@ FORGERIES: dict[str, list[Forgery]] = {
             "sync",
             drop_slowest_rank(adjust=True),
             "files",
-            also=COUNTERS | {"SUMMARY-EXACT", "BUNDLE-PREDICATE"} | REPLANNED,
+            also=COUNTERS | {"SUMMARY-EXACT", "BUNDLE-PREDICATE"} | REPLANNED | OWN,
         ),
         Forgery(
             "another-workload-label", "sync", relabel("llama_7b"), "files",
@@ -758,7 +762,7 @@ FORGERIES: dict[str, list[Forgery]] = {
             "sync",
             full_scale(),
             "measured memory copy rate",
-            also=COUNTERS | {"BANDWIDTH-PLAUSIBLE", "HOST-MEMORY"} | REPLANNED,
+            also=COUNTERS | {"BANDWIDTH-PLAUSIBLE", "HOST-MEMORY"} | REPLANNED | OWN,
         ),
         Forgery(
             "10TB-s-restores-storage-max-removed",
@@ -771,9 +775,10 @@ FORGERIES: dict[str, list[Forgery]] = {
         Forgery("snapshot-faster-than-memory", "async", snapshot_faster, "(memory stage)", also=COUNTERS),
     ],
     "HOST-CLOCKS": [
-        Forgery("one-host-as-two", "sync", two_hosts(boot=False), "share boot id", also=COUNTERS),
+        Forgery("one-host-as-two", "sync", two_hosts(boot=False), "share boot id", also=COUNTERS | OWN),
         Forgery(
-            "one-host-as-two-new-boot-id", "sync", two_hosts(boot=True), "run on one clock", also=COUNTERS
+            "one-host-as-two-new-boot-id", "sync", two_hosts(boot=True), "run on one clock",
+            also=COUNTERS | OWN,
         ),
         Forgery(
             "wall-clock-narrowed",

@@ -187,6 +187,17 @@ def add_host(folder: Path) -> None:
     resummarize(folder)  # two hosts in DLIO's top-level keys too
 
 
+def charge_to_ranks(field: str, extra: int) -> Callable[[dict[str, Any]], None]:
+    """A host's closing counters with ``extra`` bytes more of ``field`` moved by the device and
+    charged to the host's ranks (on the record that carries them; others are left alone)."""
+    def apply(r: dict[str, Any]) -> None:
+        if "host_counters" in r:
+            after = r["host_counters"]["after"]
+            after[field] += extra
+            after[f"own_{field}"] += extra
+    return apply
+
+
 def first(op: str, fn: Callable[[dict[str, Any]], None]) -> Callable[[Path], None]:
     def edit(folder: Path) -> None:
         def apply(recs: list[dict[str, Any]]) -> None:
@@ -406,6 +417,10 @@ NEGATIVE_CASES: dict[str, list[Case]] = {
     "REQUESTS-BUSY": [C("requests adding up to at most io.threads=1", mutate=both(
         lambda f: edit_yaml(f, "config.yaml", setitem("io.threads", 1)),
         records(lambda rs: cut_to_longest(next(r for r in rs if r["op"] == "read")))))],
+    # rules 1.18: another tenant's 200 MB read charged to the ranks during a write (the device
+    # read them: DEVICE-COUNTERS' "own at most the device's" holds)
+    "OWN-BYTES": [C("the host's ranks read at most", mutate=records(each("write", 1, charge_to_ranks(
+        "read_bytes", 200 << 20))))],
     "FSYNC-EVERY-WRITE": [C("4 of 4 write records without fsync", closed=True, mutate=both(
         lambda f: edit_yaml(f, "config.yaml", setitem("checkpoint.fsync", False)),
         records(lambda rs: [r.update(fsync=False) for r in rs if r["op"] == "write"])))],
@@ -527,8 +542,8 @@ NEGATIVE_CASES: dict[str, list[Case]] = {
             "anchor: &a [1, 2]\n" + (f / "config.yaml").read_text() + "again: *a\n")),
     ],
     "RULES-VERSION": [C("expected one of 1.0, 1.1, 1.2, 1.3, 1.4, 1.5, 1.6, 1.7, 1.8, 1.9, 1.10, 1.11, 1.12, "
-                        "1.13, 1.14, 1.15, 1.16, 1.17, mlps-v3.0, mlps-v3.0r2, mlps-v3.0r3, mlps-v3.0r4, "
-                        "mlps-v3.0r5, got '9.9'",
+                        "1.13, 1.14, 1.15, 1.16, 1.17, 1.18, mlps-v3.0, mlps-v3.0r2, mlps-v3.0r3, "
+                        "mlps-v3.0r4, mlps-v3.0r5, got '9.9'",
                         predicate={"rules_version": "9.9"})],
     "BUNDLE-PREDICATE": [C("expected workload='llama3_70b' as signed in the statement, "
                            "got workload='llama3_8b'", predicate={"workload": "llama3_70b"})],
@@ -972,9 +987,9 @@ def test_missing_trusted_keys_is_a_usage_error(honest_bundles: dict[str, Path], 
 def test_forced_rules_version_and_jobs_agree(honest_bundles: dict[str, Path], tmp_path: Path) -> None:
     root = honest_tree(tmp_path / "t", honest_bundles)
     a = check(root, honest_bundles, jobs=1)
-    b = check(root, honest_bundles, jobs=2, forced_rules="1.17")
+    b = check(root, honest_bundles, jobs=2, forced_rules="1.18")
     assert a["bundles"] == b["bundles"] and a["exit_status"] == b["exit_status"] == 0
-    assert a["rules_versions"] == b["rules_versions"] == ["1.17"]
+    assert a["rules_versions"] == b["rules_versions"] == ["1.18"]
     # 1.10 knows neither records format 8 nor 1.11's configuration keys: refused by its schemas
     older = check(root, honest_bundles, jobs=2, forced_rules="1.10")
     assert older["exit_status"] == 1 and older["rules_versions"] == ["1.10"]

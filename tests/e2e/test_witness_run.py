@@ -422,7 +422,8 @@ def test_the_witness_bounds_each_op_to_what_the_report_says(runs: dict[str, Any]
     assert all(u > 0.05 for u in loose.values()), loose
     recs = read_records(runs["a"])
     for o in honest["witness"]["unbounded"]:  # the report's op is its slowest rank's, as recorded
-        slowest = max(r["t1_ns"] - r["t0_ns"] for r in recs if r["op"] == o["op"] and r["index"] == o["index"])
+        slowest = max(r["t1_ns"] - r["t0_ns"] for r in recs
+                      if r["op"] == o["op"] and r["index"] == o["index"])
         assert abs(o["duration_s"] - slowest / 1e9) < 2e-6, (o, slowest)
     for name, extra_ms, valid in (("past", 5, False), ("within", -5, True)):
         work = tmp_path / name / runs["a"].name

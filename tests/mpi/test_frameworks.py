@@ -19,7 +19,7 @@ from support.forge import edit_json, edit_records, read_json, read_records, resi
 from support.runs import assert_ran, hard_rules, judged_alone, printed_bundle, signed_run
 from support.trees import tree_of
 
-from mlckpt import bundle
+from mlckpt import bundle, formats
 from mlckpt.workload.frameworks import Framework, file_names
 from mlckpt.workload.layout import make_plan
 from mlckpt.workload.model import workload_from_config
@@ -28,7 +28,7 @@ pytest.importorskip("torch")
 pytest.importorskip("safetensors")
 
 BIN = Path(sys.executable).parent
-BASE = ("rules_version=1.12", "workload=llama3_8b", "division=open", "scale=0.0005", "ranks=2",
+BASE = ("rules_version=1.18", "workload=llama3_8b", "division=open", "scale=0.0005", "ranks=2",
         "checkpoint.num_writes=2", "checkpoint.num_reads=2", "checkpoint.folder=ck", "output.root=results")
 RUNS = {
     "torch_save": ("framework.writer=torch_save",),
@@ -39,7 +39,7 @@ RUNS = {
 }
 # Rules whose failing cases are here, on bundles of real framework runs (tests/unit/rules/
 # test_rules_coverage.py counts them)
-FORGERIES = ("FRAMEWORK-RECORDED",)
+FORGERIES = ("FRAMEWORK-RECORDED", "LIBRARY-VERSION")
 
 
 def run(h: dict[str, Path], cwd: Path, *overrides: str) -> subprocess.CompletedProcess[str]:
@@ -77,7 +77,8 @@ def test_the_library_and_the_engine_alternate_and_every_byte_is_verified(made: d
     fw = run_doc["framework"]
     assert (fw["writer"], fw["library"], fw["reference"]) == (writer, "safetensors" if writer == "safetensors"
                                                               else "torch", True)
-    assert fw["library_version"] and run_doc["run_format"] == 11 and run_doc["records_format"] == 8
+    assert fw["library_version"] and run_doc["run_format"] == formats.RUN.version
+    assert run_doc["records_format"] == formats.RECORDS.version
     by_ckpt = {(r["op"], r["checkpoint"]): r["writer"] for r in records}
     assert by_ckpt == {("write", 1): writer, ("write", 2): "mlckpt", ("read", 1): writer,
                        ("read", 2): "mlckpt"}
@@ -175,6 +176,25 @@ def test_engine_traces_in_a_library_op_are_caught(made: dict[str, Any], tmp_path
     found = [f["message"] for f in b["findings"] if f["rule"] == "FRAMEWORK-RECORDED"]
     assert "requests" in engine_write  # the engine's op carried its histogram
     assert found and "the engine's traces" in found[0], b["findings"]
+
+
+def test_another_library_version_claimed_is_caught(made: dict[str, Any], tmp_path: Path) -> None:
+    """run.json names the version of the library its writer used, and system.json lists the host's
+    own (rules 1.18): a run.json edited alone to claim another PyTorch fails LIBRARY-VERSION."""
+    h, m = made["h"], made["torch_dcp"]
+    import torch
+
+    run_doc = read_json(m["bundle"], "run.json")
+    [host] = read_json(m["bundle"], "system.json")["hosts"]
+    assert run_doc["framework"]["library_version"] == host["packages"]["torch"] == torch.__version__
+
+    def newer(work: Path) -> None:
+        edit_json(work, "run.json", lambda d: d["framework"].update(library_version="9.9.0"))
+
+    b = judged_alone(h, tree_of(h, tmp_path / "t", _forged(m, h, tmp_path, newer)))
+    assert b["verdict"] == "invalid"
+    found = [f["message"] for f in b["findings"] if f["rule"] == "LIBRARY-VERSION"]
+    assert found and f"got torch {torch.__version__} (system.json)" in found[0], b["findings"]
 
 
 def test_a_forged_ratio_is_caught(made: dict[str, Any], tmp_path: Path) -> None:

@@ -10,6 +10,8 @@ none of a library's fields.  What it cannot see: an engine op relabelled as a li
 every trace of the engine coherently removed and the file sizes invented (the device counters
 still bound the bytes, DEVICE-COUNTERS); a witness does not help, since witnessed runs use the
 engine only.
+LIBRARY-VERSION (result, rules 1.18): run.json's library version is the one each host's
+system.json lists.
 """
 
 from __future__ import annotations
@@ -81,4 +83,22 @@ def _record(framework: Framework, r: Mapping[str, Any]) -> Iterator[Outcome]:
                       f"synced_by {r.get('synced_by')}, fsync {r.get('fsync')}", where=at(r))
 
 
-CHECKS = checks_table(framework_scope, framework_recorded)
+def library_version(ctx: Context, ruleset: RuleSet, rule: Rule) -> Iterator[Outcome | NotChecked]:
+    """LIBRARY-VERSION (rules 1.18): the library version run.json's framework block names is the
+    one every host's system.json lists for that distribution (a run.json edited alone to claim
+    another PyTorch no longer passes; both files edited together still do: RUNNER-RELEASED and an
+    auditor are what is left)."""
+    d = run_data(ctx)
+    block = d.run.get("framework")
+    if not block or not block.get("library"):
+        yield NotChecked("not a library run")
+        return
+    library, claimed = str(block["library"]), block.get("library_version")
+    for h in d.system.get("hosts") or ():
+        have = (h.get("packages") or {}).get(library)
+        if have != claimed:
+            yield Outcome(False, f"{library} {claimed} (run.json) on host {h.get('hostname')}",
+                          f"{library} {have} (system.json)" if have else f"no {library} in system.json")
+
+
+CHECKS = checks_table(framework_scope, framework_recorded, library_version)
