@@ -20,8 +20,8 @@ from mlckpt.errors import ExitStatus
 
 # Subcommand modules, in the order `mlckpt --help` lists them; imported when needed (a refusal
 # under srun must come before Hydra and numpy load).
-COMMAND_MODULES = ("plan_cmd", "size_cmd", "config_cmd", "run_cmd", "report_cmd", "bundle_cmd", "place_cmd",
-                   "describe_cmd", "witness_cmd")
+COMMAND_MODULES = ("plan_cmd", "size_cmd", "goodput_cmd", "config_cmd", "run_cmd", "report_cmd", "bundle_cmd",
+                   "place_cmd", "describe_cmd", "witness_cmd")
 
 
 def build_parser() -> argparse.ArgumentParser:

@@ -26,7 +26,7 @@ def handle(args: argparse.Namespace) -> int:
 
     folder: Path = args.bundle
     try:
-        rep = model.with_signature(files.read(folder), _signature(folder))
+        rep = model.with_signature(files.read(folder), signature_status(folder))
     except ValueError as exc:
         raise UsageError(f"{folder}: {exc}", key="bundle") from None
     print(text.render(rep), end="")
@@ -40,7 +40,7 @@ def handle(args: argparse.Namespace) -> int:
     return ExitStatus.OK
 
 
-def _signature(folder: Path) -> str:
+def signature_status(folder: Path) -> str:
     """Whether the bundle's signature holds (against the key it names: whether that key is trusted
     is a checker's question)."""
     from mlckpt import bundle
