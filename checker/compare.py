@@ -149,6 +149,8 @@ def _pipeline_rows() -> list[Row]:
         for stat in ("mean", "median", "min", "max"):
             rows.append(_opt(f"write_{what}_{stat}_s", f"{label} {stat}", "s", 3))
     rows += [
+        Row("goodput_pct", "goodput at the rules version's reference job (mlckpt goodput)", "%", 1,
+            lambda e, d: 100 * e.m("goodput"), optional=True),
         _opt("write_overlap_efficiency", "write overlap efficiency", "", 3),
         _opt("write_backpressure_ops", "writes that waited for the previous one (back-pressure)", "", 0),
         _opt("write_backpressure_total_s", "write back-pressure total", "s", 3),
@@ -255,7 +257,7 @@ def compare(a: tuple[str, BundleDocs], b: tuple[str, BundleDocs]) -> dict[str, A
     sides = []
     for path, docs in (a, b):
         entry = entry_from_docs(path, docs.org or "", str(docs.run.get("system_name") or ""), docs.run,
-                                docs.config, docs.summary, docs.system)
+                                docs.config, docs.summary, docs.system, goodput=docs.goodput)
         sides.append((path, docs, entry))
     metrics = []
     for row in SERVING_ROWS if any(e.serving is not None for _, _, e in sides) else ROWS:

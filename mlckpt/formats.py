@@ -204,7 +204,7 @@ REPORT = Format("check report", "mlckpt-check --json: report_format", 6, (1, 2, 
         "min and max, the bytes served and placed, effective_gb_s, storage_gb_s)"),
 ))
 
-LEADERBOARD = Format("leaderboard", "mlckpt-check leaderboard --format json: leaderboard_format", 6, (6,), (
+LEADERBOARD = Format("leaderboard", "mlckpt-check leaderboard --format json: leaderboard_format", 7, (7,), (
     (1, "first version: classes by division, workload and scale"),
     (2, "classes split by checkpoint mode; Stall and Time to durable columns"),
     (3, "scaled classes split by scale factor (class scale_factor; ids end -x<factor> with _ for the "
@@ -218,6 +218,8 @@ LEADERBOARD = Format("leaderboard", "mlckpt-check leaderboard --format json: lea
         "loading strategy in one table, ranked by the time to ready; each class names its sort, and its rows "
         "carry its own columns (a serving class: strategy, replicas, tp, ready_s, effective_gb_s, "
         "storage_gb, storage_gb_s); columns lists every column a table shows"),
+    (7, "rules 1.18: a checkpoint row's goodput_pct, its goodput at its rules version's reference job "
+        "(null where none is declared, for a split result and for a published one)"),
 ))
 
 COMPARE = Format("compare", "mlckpt-check compare --json: compare_format", 6, (6,), (

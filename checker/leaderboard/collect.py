@@ -28,6 +28,7 @@ class BundleDocs:
     keyid: str
     org: str | None
     witness: dict[str, Any] | None = None  # checker.witness_check.compare_side (compare shows it)
+    goodput: float = math.nan  # at the rules version's reference job (rules 1.18 on), from the records
 
 
 def is_archive(path: Path) -> bool:
@@ -70,7 +71,22 @@ def read_bundle(path: Path, trusted: Any = None, witnesses: Any = None, *, witne
         seen = compare_side(folder, vb, docs["run.json"], records, witnesses) if witness else None
     summary = _recomputed(path, docs, records, str(version))
     return BundleDocs(docs["run.json"], docs["config.yaml"], summary, docs["system.json"],
-                      vb.statement_sha256, vb.keyid, vb.org, seen)
+                      vb.statement_sha256, vb.keyid, vb.org, seen, _goodput(docs, records, str(version)))
+
+
+def _goodput(docs: dict[str, Any], records: list[dict[str, Any]], version: str) -> float:
+    """A checkpoint result's goodput at its rules version's reference job (nan: none declared, a
+    serving run, or no durable-tier restore to count)."""
+    from mlckpt.plan.goodput import at_reference
+    from mlckpt.rules import load_rules
+    from mlckpt.workload.serving_run import ServingRun
+
+    config = docs["config.yaml"]
+    if ServingRun.of(config) is not None:
+        return math.nan
+    g = at_reference(records, config, docs["run.json"].get("framework"),
+                     load_rules(version).data.get("goodput"))
+    return g.goodput if g is not None else math.nan
 
 
 def _records(folder: Path, vb: Any, version: str, path: Path) -> list[dict[str, Any]]:
@@ -145,7 +161,7 @@ def collect(root: Path, trusted: Any, *, jobs: int = 1, witnesses: Any = None,
             if docs.statement_sha256 != b.get("statement_sha256"):
                 raise UsageError("the bundle changed after the checker passed it")
             entry = entry_from_docs(b["path"], b["org"], b["system"], docs.run, docs.config,
-                                    docs.summary, docs.system, division=b["division"])
+                                    docs.summary, docs.system, division=b["division"], goodput=docs.goodput)
         except (MlckptError, KeyError, TypeError, ValueError) as exc:
             excluded.append(Excluded(b["path"], "unreadable", (), str(exc).splitlines()[0][:200]))
             continue

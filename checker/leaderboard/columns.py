@@ -69,6 +69,10 @@ COLUMNS: tuple[Column, ...] = (
                 "DLIO / mlpstorage result listed with --published, its figures quoted"),
     Column("foreign_pct", "Foreign I/O", "num", 0, "%", help="the checkpoint device's bytes that other "
            "processes moved during the timed writes or restores, the larger share (rules 1.8 on)"),
+    Column("goodput_pct", "Goodput", "num", 1, "%", help="the share of a reference job's time spent "
+           "training, checkpointing at the interval that maximises it (mlckpt goodput's model), with this "
+           "result's stall, time to durable and durable-tier restore projected to the full checkpoint; the "
+           "job is its rules version's (rules 1.18: 16,384 GPUs, a failure every 3.05 h)"),
     Column("mode", "Mode", "text",
            help="checkpoint mode (sync / async; +tiers: written to a fast tier first, drained to the "
                 "durable one in the background; +gpu: the state in GPU memory), for async or tiered runs the "
@@ -95,7 +99,7 @@ SERVING_COLUMNS: tuple[Column, ...] = (
                 "once; node cache: once per host)"),
     Column("storage_gb_s", "Storage rate", "num", 2, "GB/s",
            help="serving: the storage's bytes per second of the median load"),
-    COLUMNS[-3], COLUMNS[-1],
+    *(c for c in COLUMNS if c.key in ("verification", "mode")),
 )
 COLUMN = {c.key: c for c in (*COLUMNS, *SERVING_COLUMNS)}
 SERVING_SORT_NOTE = ("sorted by time to ready, fastest first (ties: effective rate, then result ID); "

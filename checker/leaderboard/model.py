@@ -238,7 +238,8 @@ class Entry:
             "write_slowest_rank_gib_s": self.m("write_slowest_rank_bandwidth_mean_gib_s"),
             "read_slowest_rank_gib_s": self.m("read_slowest_rank_bandwidth_mean_gib_s"),
             "straggler_ratio": self.straggler_ratio, "verification": self.verification,
-            "foreign_pct": 100 * self.m("foreign_share"), "mode": self.mode,
+            "foreign_pct": 100 * self.m("foreign_share"), "goodput_pct": 100 * self.m("goodput"),
+            "mode": self.mode,
         }
 
 
@@ -327,10 +328,10 @@ def model_size(model: Any) -> float:
 
 def entry_from_docs(path: str, org: str, system: str, run: Mapping[str, Any], config: Mapping[str, Any],
                     summary: Mapping[str, Any], system_doc: Mapping[str, Any],
-                    division: str | None = None) -> Entry:
+                    division: str | None = None, goodput: float = math.nan) -> Entry:
     """An :class:`Entry` from a bundle's parsed, schema-valid documents.  ``division``: the one it
     is published in (its folder in the tree; a closed-eligible run may be submitted under open/),
-    by default the run's own."""
+    by default the run's own; ``goodput``: at its rules version's reference job (the records')."""
     io_cfg = config.get("io") or {}
     io_mode = "direct" if io_cfg.get("direct") else "dontcache" if io_cfg.get("dontcache") else "buffered"
     accelerator = _text(config.get("accelerator")) or _text(
@@ -367,7 +368,7 @@ def entry_from_docs(path: str, org: str, system: str, run: Mapping[str, Any], co
         restore_bytes=int(summary.get("restore_bytes", 0)),
         read_cold=flag("read_cold"), read_verified=flag("read_verified"),
         metrics={**{k: _number(summary.get(k)) for k in SUMMARY_NUMBERS}, **latency_numbers(summary),
-                 "foreign_share": foreign_share(summary), **framework_ratios(summary)},
+                 "foreign_share": foreign_share(summary), **framework_ratios(summary), "goodput": goodput},
         # a GPU stall, a framework's library: each a class of its own
         pipeline=SERVING if serving is not None else pipe.label + ("+gpu" if gpu_source(config) else "")
         + (f"+{fw.writer}" if fw.library else ""),

@@ -199,3 +199,17 @@ def measured(records: Sequence[Mapping[str, Any]], config: Mapping[str, Any],
     as_run = Costs(stall, max(durable, stall), restore)
     return Measured(Costs(stall * w_scale, max(durable, stall) * w_scale, restore * r_scale), as_run,
                     len(writes), len(reads), w_scale, r_scale)
+
+
+def at_reference(records: Sequence[Mapping[str, Any]], config: Mapping[str, Any],
+                 framework: Mapping[str, Any] | None, reference: Mapping[str, Any] | None) -> Goodput | None:
+    """A checkpoint result's goodput at a rules version's reference job (``goodput:``: ``gpus``
+    of ``gpu_mtbf_s`` each), from its records at full size; None without a reference, or for
+    records that hold no durable-tier restore (a write invocation alone)."""
+    if not reference:
+        return None
+    try:
+        costs = measured(records, config, framework).costs
+    except ValueError:
+        return None
+    return best(costs, float(reference["gpu_mtbf_s"]) / int(reference["gpus"]))

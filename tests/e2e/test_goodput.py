@@ -5,6 +5,7 @@ refuses in one line."""
 from __future__ import annotations
 
 import json
+import math
 import statistics
 import subprocess
 from pathlib import Path
@@ -110,3 +111,35 @@ def test_a_serving_run_or_a_missing_folder_is_not_a_checkpoint_result(honest_bun
     proc = _goodput(str(tmp_path), "--mtbf", "3h")
     assert proc.returncode == 2 and "not a readable result folder" in proc.stderr
     assert proc.stderr.count("\n") == 1
+
+
+def test_the_leaderboard_and_compare_show_the_goodput_the_records_give(honest_bundles: dict[str, Path],
+                                                                       tmp_path: Path) -> None:
+    """At the rules version's reference job (rules 1.18: 16,384 GPUs of 50,000 h), worked out by the
+    checker from the bundle's records: what `mlckpt goodput` prints for that job."""
+    from support.trees import tree_of
+
+    from checker import leaderboard
+    from checker.compare import compare
+    from checker.leaderboard.collect import read_bundle
+    from mlckpt import bundle
+    from mlckpt.rules import load_rules
+
+    h = honest_bundles
+    folder = h["llama3_8b"]
+    ref = load_rules(json.loads((folder / "run.json").read_text())["rules_version"]).data["goodput"]
+    assert ref == {"gpus": 16384, "gpu_mtbf_s": 180000000}
+    proc = _goodput(str(folder), "--gpus", str(ref["gpus"]), "--gpu-mtbf", str(ref["gpu_mtbf_s"]), "--json")
+    assert proc.returncode == 0, proc.stderr
+    want = json.loads(proc.stdout)["goodput"]
+    assert 0.5 < want < 1
+    root = tree_of(h, tmp_path / "t", folder)
+    trusted = bundle.TrustedKeys.load(h["dir"] / "trusted-keys.yaml")
+    board = leaderboard.collect(root, trusted)
+    [entry] = [e for t in board.tables for e in t.entries]
+    assert entry.row()["goodput_pct"] == pytest.approx(100 * want)
+    docs = read_bundle(folder, trusted)
+    side = {m["key"]: m for m in compare((str(folder), docs), (str(folder), docs))["metrics"]}
+    assert side["goodput_pct"]["a"] == pytest.approx(100 * want)
+    # a serving run has no checkpoint: no goodput, and the row says so rather than inventing one
+    assert math.isnan(read_bundle(h["serving"], trusted).goodput)

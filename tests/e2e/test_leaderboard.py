@@ -871,7 +871,7 @@ def test_published_results_are_listed_unverified_below_the_checked_ones(
     (pub / "notes").mkdir()
     (pub / "notes" / "summary.json").write_text("{}")  # not a result: counted as not read
     doc = json.loads(lb_cli(golden_tree, "json", tmp_path / "lb.json", "--published", str(pub)))
-    assert doc["leaderboard_format"] == 6
+    assert doc["leaderboard_format"] == 7
     [c8] = [c for c in doc["classes"]
             if (c["division"], c["workload"], c["scale"]) == ("closed", "llama3_8b", "full")]
     rows = c8["rows"]
