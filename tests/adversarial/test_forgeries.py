@@ -39,6 +39,7 @@ from support.forge import (
 from checker.tree_check import check_tree
 from mlckpt import bundle
 from mlckpt.bundle.released import entry
+from mlckpt.rules import load_rules
 from mlckpt.workload.layout import make_plan
 from mlckpt.workload.model import workload_from_config
 
@@ -432,7 +433,7 @@ def snapshot_faster(folder: Path, _: dict[str, Path]) -> None:
     shrinks by as much).  Set from the host's own measured copy rate, not as a multiple of the
     honest snapshot's: beside a busy core an honest snapshot can run 20× below that rate."""
     copy = {h["hostname"]: h["memory_copy_gib_s"] for h in read_json(folder, "system.json")["hosts"]}
-    limit = 3 * 2**30  # rules' physics.memory_copy_multiple, × GiB/s
+    limit = load_rules().data["evidence"]["physics"]["memory_copy_multiple"] * 2**30  # × GiB/s
 
     def fn(recs: list[Rec]) -> None:
         for r in recs:
