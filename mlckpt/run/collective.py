@@ -28,7 +28,7 @@ from mlckpt.run.watch import MPIDone, OpWatch
 from mlckpt.written import Written
 
 if TYPE_CHECKING:
-    from mpi4py.MPI import Comm, Intracomm
+    from mpi4py.MPI import Comm, Intracomm, Request
 
     from mlckpt.host.facts import DeviceSampler
 
@@ -68,6 +68,15 @@ def idle_barrier(comm: Comm, poll_s: float = 0.002) -> None:
     req = comm.Ibarrier()
     while not req.Test():
         time.sleep(poll_s)
+
+
+def idle_wait(req: Request) -> None:
+    """Wait for a non-blocking collective that moves data, giving the CPU away between polls: a
+    blocking one spins, and with more ranks than free cores the spinning ranks starve the ones
+    with data to send.  MPI moves a shared-memory transfer's data only inside its own calls, so
+    each poll is followed by a yield of the CPU (other runnable ranks go first), not a sleep."""
+    while not req.Test():
+        os.sched_yield()
 
 
 T = TypeVar("T")

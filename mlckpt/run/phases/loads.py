@@ -35,7 +35,7 @@ from mlckpt import engine
 from mlckpt.engine.content import round_up
 from mlckpt.errors import InternalError, VerificationError
 from mlckpt.records import LoadRecord
-from mlckpt.run.collective import idle_barrier
+from mlckpt.run.collective import idle_barrier, idle_wait
 from mlckpt.run.storage.backends import Files, Piece, Span, Storage
 from mlckpt.workload.serving_load import LoadPlan, RankLoad
 from mlckpt.workload.serving_load import Piece as Part
@@ -234,7 +234,7 @@ def _exchange(holders: Comm, setup: LoadSetup, me: RankLoad, arena: engine.Buffe
     counts = [sum(q.length for q in r.storage) for r in group]
     displs = [setup.file_offsets(me.shard)[r.storage[0].file] + r.storage[0].offset if r.storage else 0
               for r in group]
-    holders.Allgatherv(MPI.IN_PLACE, [arena, counts, displs, MPI.BYTE])
+    idle_wait(holders.Iallgatherv(MPI.IN_PLACE, [arena, counts, displs, MPI.BYTE]))
 
 
 def _node_cache(host: Comm, setup: LoadSetup, me: RankLoad, arena: engine.Buffer,
