@@ -249,6 +249,11 @@ def _records(state: State, version: str, config_valid: bool) -> bool:
         return True
     bound, basis = records_read.records_bound(state.docs.get("config.yaml"))
     lines = data.count(b"\n") + (not data.endswith(b"\n") and bool(data))
+    if lines > state.task.max_records:  # the checker's own bound, whatever the configuration says
+        state.problem("schema", name, f"at most {state.task.max_records:,} records (mlckpt-check "
+                      "--max-records: the records of one bundle this checker holds in memory)",
+                      f"{lines:,} lines")
+        return True
     if lines > bound:  # refused before a line is parsed
         state.problem("schema", name, f"at most {bound:,} records ({basis}, plus 1,024: a bound on the "
                    "checker's work, not the count the rules hold the records to)", f"{lines:,} lines")

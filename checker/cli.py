@@ -24,7 +24,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from checker import BUNDLE_BUDGET_S, TRUSTED_KEYS_FILE, TRUSTED_WITNESSES_FILE
+from checker import BUNDLE_BUDGET_S, MAX_RECORDS, TRUSTED_KEYS_FILE, TRUSTED_WITNESSES_FILE
 from mlckpt import __version__
 from mlckpt.command_line import OneLineParser, lazy_handler, run_guarded
 from mlckpt.errors import UsageError
@@ -53,6 +53,10 @@ def _tree_flags(p: Any, witnessed: str) -> None:
     p.add_argument("--bundle-budget", type=float, default=BUNDLE_BUDGET_S, metavar="SECONDS",
                    help="the most one bundle's check may take; a bundle past it gets a BUNDLE-SCHEMA "
                    f"finding and the others are still judged (default: {BUNDLE_BUDGET_S:g})")
+    p.add_argument("--max-records", type=int, default=MAX_RECORDS, metavar="N",
+                   help="the most records of one bundle the checker reads (it holds them all: about "
+                   "5.6 KiB each); a bundle with more gets a BUNDLE-SCHEMA finding before any is parsed "
+                   f"(default: {MAX_RECORDS:,}, one bundle's check under 1 GiB)")
 
 
 @dataclass(frozen=True)
@@ -144,7 +148,7 @@ def run(argv: Sequence[str] | None = None) -> int:
 def cmd_check(args: argparse.Namespace) -> int:
     from checker import report as rep
     from checker.rulesets import known_rules_versions
-    from checker.tree_check import budget_of, check_tree, load_trusted, load_witnesses
+    from checker.tree_check import budget_of, check_tree, load_trusted, load_witnesses, max_records_of
 
     root: Path = args.root
     if not root.is_dir():
@@ -159,7 +163,7 @@ def cmd_check(args: argparse.Namespace) -> int:
     jobs = args.jobs if args.jobs is not None else (os.cpu_count() or 1)
     if jobs < 1:
         raise UsageError(f"--jobs: must be at least 1, got {jobs}")
-    check_budget = budget_of(args)
+    check_budget, max_records = budget_of(args), max_records_of(args)
     if args.json is not None and str(args.json) != "-":
         parent = args.json.parent if str(args.json.parent) else Path(".")
         if not parent.is_dir() or args.json.is_dir():
@@ -167,7 +171,7 @@ def cmd_check(args: argparse.Namespace) -> int:
     trusted = load_trusted(root, args.trusted_keys)
     witnesses = load_witnesses(root, args.trusted_witnesses)
     report = check_tree(root, trusted, forced_rules=args.rules, jobs=jobs, witnesses=witnesses,
-                        budget_s=check_budget)
+                        budget_s=check_budget, max_records=max_records)
     text = rep.render_text(report, quiet=args.quiet)
     if args.json is not None:
         body = json.dumps(report, indent=1, ensure_ascii=False, allow_nan=False) + "\n"

@@ -13,6 +13,7 @@ from contextlib import contextmanager
 from dataclasses import dataclass, field
 from typing import Any
 
+from checker import MAX_RECORDS
 from checker.tree import Leaf
 from mlckpt import bundle
 
@@ -38,6 +39,7 @@ class Task:
     released: frozenset[str] | None = None  # runner code digests the tree's released-runners.yaml lists
     witnesses: bundle.TrustedKeys | None = None  # --trusted-witnesses (None: witnesses not judged)
     budget_s: float = 60.0  # --bundle-budget: the most one bundle's check may take
+    max_records: int = MAX_RECORDS  # --max-records: the most records of one bundle it holds
     rule_workers: int = 1  # processes its rules may use (the jobs a smaller tree leaves to each bundle)
 
 

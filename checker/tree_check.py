@@ -9,7 +9,7 @@ from concurrent.futures import ProcessPoolExecutor
 from pathlib import Path
 from typing import Any
 
-from checker import BUNDLE_BUDGET_S, TRUSTED_KEYS_FILE, TRUSTED_WITNESSES_FILE
+from checker import BUNDLE_BUDGET_S, MAX_RECORDS, TRUSTED_KEYS_FILE, TRUSTED_WITNESSES_FILE
 from checker import report as rep
 from checker.bundle_check import check_bundle, internal_result
 from checker.duplicates import add_duplicates
@@ -66,11 +66,18 @@ def budget_of(args: Any) -> float:
     return budget
 
 
+def max_records_of(args: Any) -> int:
+    """``--max-records``, refused unless a positive whole number."""
+    if args.max_records < 1:
+        raise UsageError(f"--max-records: at least 1, got {args.max_records}", key="--max-records")
+    return int(args.max_records)
+
+
 def check_tree(root: Path, trusted: TrustedKeys, *, forced_rules: str | None = None,
                jobs: int = 1, witnesses: TrustedKeys | None = None,
-               budget_s: float = BUNDLE_BUDGET_S) -> dict[str, Any]:
-    """Check every bundle under ``root``, each within ``budget_s``; the report as a dict (see
-    :mod:`checker.report`)."""
+               budget_s: float = BUNDLE_BUDGET_S, max_records: int = MAX_RECORDS) -> dict[str, Any]:
+    """Check every bundle under ``root``, each within ``budget_s`` and ``max_records``; the report
+    as a dict (see :mod:`checker.report`)."""
     root = Path(root)
     scan = walk(root)
     fallback = fallback_rules(forced_rules)
@@ -78,7 +85,8 @@ def check_tree(root: Path, trusted: TrustedKeys, *, forced_rules: str | None = N
     released = load_released(root)
     workers = max(1, jobs // max(1, len(scan.leaves)))  # the jobs no other bundle takes: its rules'
     tasks = [Task(str(root), leaf, trusted, forced_rules,
-                  systems[(leaf.division, leaf.org, leaf.system)], released, witnesses, budget_s, workers)
+                  systems[(leaf.division, leaf.org, leaf.system)], released, witnesses, budget_s,
+                  max_records, workers)
              for leaf in scan.leaves]
     results = _run_tasks(tasks, jobs)
     add_duplicates(results, forced_rules)

@@ -10,6 +10,7 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
+from checker import MAX_RECORDS
 from checker.leaderboard.model import DIVISIONS, Entry, Excluded, entry_from_docs
 from checker.leaderboard.split import join_splits
 from checker.leaderboard.tables import Leaderboard, build
@@ -137,14 +138,15 @@ def _recomputed(path: Path, docs: dict[str, Any], records: list[dict[str, Any]],
 
 
 def collect(root: Path, trusted: Any, *, jobs: int = 1, witnesses: Any = None,
-            witnessed_only: bool = False, published: Sequence[Entry] = (), budget_s: float = 60.0
-            ) -> Leaderboard:
+            witnessed_only: bool = False, published: Sequence[Entry] = (), budget_s: float = 60.0,
+            max_records: int = MAX_RECORDS) -> Leaderboard:
     """Check the tree in-process and build the leaderboard from the bundles that pass (only those
     a trusted witness witnessed, with ``witnessed_only``), with ``published`` results (unverified
     entries, :func:`checker.imported.published_entries`) beside them."""
     from checker.tree_check import check_tree
 
-    report = check_tree(root, trusted, jobs=jobs, witnesses=witnesses, budget_s=budget_s)
+    report = check_tree(root, trusted, jobs=jobs, witnesses=witnesses, budget_s=budget_s,
+                        max_records=max_records)
     entries: list[Entry] = []
     excluded: list[Excluded] = []
     versions: set[str] = set()

@@ -12,7 +12,7 @@ from checker import TRUSTED_WITNESSES_FILE
 from checker.leaderboard import render
 from checker.leaderboard.collect import collect, is_archive
 from checker.leaderboard.tables import Leaderboard
-from checker.tree_check import budget_of, load_trusted, load_witnesses
+from checker.tree_check import budget_of, load_trusted, load_witnesses, max_records_of
 from mlckpt.errors import ExitStatus, UsageError
 
 
@@ -26,7 +26,7 @@ def cmd_leaderboard(args: argparse.Namespace) -> int:
     if args.out is not None and args.out.is_dir():
         raise UsageError(f"--out {args.out}: a folder; give the file to write "
                          f"(e.g. {args.out / 'index.html'})")
-    check_budget = budget_of(args)
+    check_budget, max_records = budget_of(args), max_records_of(args)
     published, unread = published_results(args.published, args.witnessed_only)
     trusted = load_trusted(root, args.trusted_keys)
     witnesses = load_witnesses(root, args.trusted_witnesses)
@@ -34,7 +34,7 @@ def cmd_leaderboard(args: argparse.Namespace) -> int:
         raise UsageError("--witnessed-only: no trusted witnesses (give --trusted-witnesses FILE or put "
                          f"{TRUSTED_WITNESSES_FILE} in {root})")
     board = collect(root, trusted, jobs=jobs, witnesses=witnesses, witnessed_only=args.witnessed_only,
-                    published=published, budget_s=check_budget)
+                    published=published, budget_s=check_budget, max_records=max_records)
     base = Path(os.path.abspath(args.out)).parent if args.out is not None else Path(os.path.abspath("."))
     links = {e.path: _link(Path(os.path.abspath(root)) / e.path, base, is_archive(Path(e.path)))
              for t in board.tables for e in t.entries}

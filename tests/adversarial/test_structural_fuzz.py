@@ -17,6 +17,7 @@ import pytest
 import yaml
 from lab import structural
 from support.cli import CHECKER_ORG, CHECKER_SYSTEM
+from support.trees import tree_of
 
 from checker import forked
 from checker.tree_check import check_tree
@@ -171,6 +172,36 @@ def test_a_bundle_past_the_budget_is_stopped_and_the_others_are_judged(honest_bu
                               timeout=60, check=False)
         assert proc.returncode == 2 and proc.stderr.strip().endswith(
             f"--bundle-budget: a positive number of seconds, got {float(bad)}"), proc.stderr
+
+
+def test_the_checker_holds_no_more_records_than_its_bound(honest_bundles: dict[str, Path],
+                                                          tmp_path: Path) -> None:
+    """--max-records is the checker's own bound on the records of one bundle it holds in memory,
+    whatever the configuration's counts allow: a bundle over it is refused before a line is parsed,
+    one at it is judged, and the flag refuses what is not a positive count."""
+    root = tree_of(honest_bundles, tmp_path / "t", honest_bundles["llama3_8b"])
+    [leaf] = list(root.rglob("records.jsonl"))
+    lines = len(leaf.read_bytes().splitlines())
+    assert lines == 8  # 4 ranks, 1 write and 1 restore
+    keys = honest_bundles["dir"] / "trusted-keys.yaml"
+    for bound, refused in ((lines - 1, True), (lines, False)):
+        proc = subprocess.run([str(CHECK), str(root), "--max-records", str(bound), "--json",
+                               str(tmp_path / "r.json"), "--trusted-keys", str(keys)],
+                              capture_output=True, text=True, timeout=120, check=False)
+        [b] = json.loads((tmp_path / "r.json").read_text())["bundles"]
+        found = [f["message"] for f in b["findings"] if f["rule"] == "BUNDLE-SCHEMA"]
+        if refused:
+            [message] = found
+            assert proc.returncode == 1 and message.startswith("records.jsonl: ") and message.endswith(
+                f"expected at most {bound:,} records (mlckpt-check --max-records: the records of one bundle "
+                f"this checker holds in memory), got {lines:,} lines"), b["findings"]
+        else:
+            assert found == [] and b["verdict"] in ("open", "disturbed"), b["findings"]
+    for bad in ("0", "-3"):
+        proc = subprocess.run([str(CHECK), str(root), "--max-records", bad, "--trusted-keys", str(keys)],
+                              capture_output=True, text=True, timeout=60, check=False)
+        assert proc.returncode == 2 and proc.stderr.strip().endswith(
+            f"--max-records: at least 1, got {bad}"), proc.stderr
 
 
 def _swapped_with_records(honest_bundles: dict[str, Path], tmp_path: Path, copies: int) -> bundle.TrustedKeys:
