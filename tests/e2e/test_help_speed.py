@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-MLCKPT = ["plan", "size", "config", "keygen", "sign", "verify", "pack", "digest", "describe-system",
+MLCKPT = ["plan", "size", "goodput", "config", "keygen", "sign", "verify", "pack", "digest", "describe-system",
           "witness"]
 CHECK = ["check", "leaderboard", "compare", "import"]
 HEAVY = ("hydra", "omegaconf", "jsonschema", "cryptography", "pandas", "numpy", "mpi4py", "boto3")
