@@ -208,17 +208,26 @@ def scale_up(layout: ServingLayout, from_replicas: int, to_replicas: int, links:
              strategy: Strategy) -> ScaleUp:
     """How long until ``to_replicas - from_replicas`` new replicas, on hosts of their own, all hold
     their weights; the running replicas are not sources.  Each term is a rate bound, the slowest
-    the bottleneck; a node cache's GPUs read from its tier after the fill.  Within a host the GPUs
-    share what the host read (not a bound here)."""
+    the bottleneck; fan-out's exchange comes after its reads and a node cache's GPUs read from its
+    tier after the fill, as the loading code does them.  Within a host the GPUs share what the host
+    read (not a bound here)."""
     if not 0 <= from_replicas < to_replicas:
         raise ValueError(f"replicas: expected FROM:TO with 0 <= FROM < TO, "
                          f"got {from_replicas}:{to_replicas}")
     k = to_replicas - from_replicas
     hosts = layout.hosts(k)
     storage, terms = _FILL[strategy](layout, k, hosts, links)
-    name, seconds, _ = max(terms, key=lambda t: t[1])
     steps = [f"{k} new replicas of {layout.tp} GPUs ({fmt_gb(layout.replica_bytes)} each) "
              f"on {hosts} hosts", *(t[2] for t in terms)]
+    reads = [t for t in terms if t[0] != "network"]
+    name, seconds, _ = max(reads or terms, key=lambda t: t[1])
+    exchange = [t for t in terms if t[0] == "network"]
+    if strategy == "fanout" and reads and exchange:
+        # as mlckpt/run/phases/loads.py does: each host reads its parts, then the holders exchange
+        read_s, (_, exchange_s, _) = seconds, exchange[0]
+        seconds = read_s + exchange_s
+        name = "network" if exchange_s > read_s else name
+        steps.append(f"the reads, then the exchange: {fmt_duration(read_s)} + {fmt_duration(exchange_s)}")
     if strategy == "nodecache":
         after = _rate("node tier", layout.host_bytes, links.node_tier, "then the host's GPUs read from it")
         if after:

@@ -13,8 +13,8 @@ from pathlib import Path
 
 import pytest
 
-MLCKPT = ["plan", "size", "goodput", "config", "keygen", "sign", "verify", "pack", "digest", "describe-system",
-          "witness"]
+MLCKPT = ["plan", "size", "goodput", "config", "keygen", "sign", "verify", "pack", "digest",
+          "describe-system", "witness"]
 CHECK = ["check", "leaderboard", "compare", "import"]
 HEAVY = ("hydra", "omegaconf", "jsonschema", "cryptography", "pandas", "numpy", "mpi4py", "boto3")
 BUDGET_S = 0.2
