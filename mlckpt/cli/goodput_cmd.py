@@ -8,9 +8,12 @@ import argparse
 import json
 import sys
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from mlckpt.errors import ExitStatus, UsageError
+
+if TYPE_CHECKING:  # the model loads numpy and the rules: only when the command runs (fast --help)
+    from mlckpt.plan.goodput import Goodput, Measured
 
 
 def register(sub: argparse._SubParsersAction) -> None:
@@ -91,8 +94,8 @@ def handle(args: argparse.Namespace) -> int:
     return ExitStatus.OK
 
 
-def text(name: str, config: dict[str, Any], m: Any, g: Any, how: str, signature: str, projected: bool,
-         at: tuple[float, float, float] | None) -> str:
+def text(name: str, config: dict[str, Any], m: Measured, g: Goodput, how: str, signature: str,
+         projected: bool, at: tuple[float, float, float] | None) -> str:
     from mlckpt.units import fmt_duration as d
 
     c = g.costs

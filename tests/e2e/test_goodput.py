@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import math
+import shutil
 import statistics
 import subprocess
 from pathlib import Path
@@ -111,6 +112,20 @@ def test_a_serving_run_or_a_missing_folder_is_not_a_checkpoint_result(honest_bun
     proc = _goodput(str(tmp_path), "--mtbf", "3h")
     assert proc.returncode == 2 and "not a readable result folder" in proc.stderr
     assert proc.stderr.count("\n") == 1
+
+
+def test_a_write_invocation_alone_has_no_restore_to_count(honest_bundles: dict[str, Path],
+                                                          tmp_path: Path) -> None:
+    """Records with no restore from the durable tier (a split result's write invocation) give no
+    goodput: refused in one line, never a figure made without R."""
+    folder = tmp_path / "w"
+    shutil.copytree(honest_bundles["llama3_8b"], folder)
+    lines = (folder / "records.jsonl").read_text().splitlines()
+    (folder / "records.jsonl").write_text("".join(f"{line}\n" for line in lines
+                                                  if json.loads(line)["op"] == "write"))
+    proc = _goodput(str(folder), "--mtbf", "3h")
+    assert proc.returncode == 2 and proc.stdout == "" and proc.stderr.count("\n") == 1
+    assert "1 checkpoint(s) and 0 restore(s) from the durable tier: goodput needs both" in proc.stderr
 
 
 def test_the_leaderboard_and_compare_show_the_goodput_the_records_give(honest_bundles: dict[str, Path],
