@@ -28,7 +28,6 @@ import shutil
 import tempfile
 from collections.abc import Callable, Sequence
 from pathlib import Path
-from typing import Any
 
 from checker import records_read
 from checker.bundle_rules import finish, stage_facts, stage_rules
@@ -272,7 +271,7 @@ def _records(state: State, version: str, config_valid: bool) -> bool:
     return bool(messages)
 
 
-def other_kind(records: list[dict[str, Any]], config: object) -> list[str]:
+def other_kind(records: list[dict[str, object]], config: object) -> list[str]:
     """Records of another kind of run than config.yaml's (rules 1.13: a load in a checkpoint run,
     an op in a serving run): the record schema takes either, and each kind's rules read only their
     own; one line for the first such record, as a schema problem."""

@@ -123,7 +123,7 @@ def plan_files_estimate(workload: Workload, ranks: int) -> int:
     return ranks * per_rank + workload.model.num_layers
 
 
-def _transcript(state: State, run: dict[str, Any]) -> dict[str, Any] | None:
+def _transcript(state: State, run: dict[str, object]) -> dict[str, object] | None:
     """A witnessed run's transcript, for the result rules that read it (WITNESS-HOST): None when
     the run claims no witness or the transcript does not open (the WITNESS-* rules say why)."""
     claim = run.get("witness")
@@ -230,7 +230,7 @@ def _not_recomputed(state: State, why: str) -> list[str]:
     return ids
 
 
-def _unrecomputable(state: State, config: dict[str, Any]) -> list[str]:
+def _unrecomputable(state: State, config: dict[str, object]) -> list[str]:
     """Rules whose recomputation is impossible on these records (another rule reports why)."""
     if any(r["t1_ns"] <= r["t0_ns"] for r in state.records) or any(
             s["t1_ns"] <= s["t0_ns"] for r in state.records for s in r.get("stages", ())):

@@ -36,7 +36,7 @@ class State:
     rules: RuleSet | None = None
     docs: dict[str, Any] = field(default_factory=dict)
     records: list[dict[str, Any]] = field(default_factory=list)
-    recomputed: dict[str, Any] | None = None  # summary.json as the records and plan give it
+    recomputed: dict[str, object] | None = None  # summary.json as the records and plan give it
     rule_findings: tuple[Finding, ...] = ()
     not_checked: list[tuple[str, str]] = field(default_factory=list)
     verdicts: Verdicts | None = None

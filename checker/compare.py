@@ -34,7 +34,7 @@ import sys
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from tabulate import tabulate
 
@@ -45,6 +45,9 @@ from mlckpt import formats
 from mlckpt.errors import BundleIntegrityError, ExitStatus, IntegrityError, UsageError
 from mlckpt.units import GiB, MiB
 
+if TYPE_CHECKING:
+    from mlckpt.bundle import TrustedKeys
+
 COMPARE_FORMAT = formats.COMPARE.version
 
 
@@ -54,7 +57,7 @@ class Row:
     label: str
     unit: str
     decimals: int | None  # None: text
-    get: Callable[[Entry, BundleDocs], Any]
+    get: Callable[[Entry, BundleDocs], object]
     optional: bool = False  # shown only when either side has a value
 
 
@@ -62,7 +65,7 @@ def _opt(key: str, label: str, unit: str, decimals: int | None) -> Row:
     return Row(key, label, unit, decimals, _m(key), optional=True)
 
 
-def _m(key: str) -> Callable[[Entry, BundleDocs], Any]:
+def _m(key: str) -> Callable[[Entry, BundleDocs], object]:
     return lambda e, d: e.m(key)
 
 
@@ -171,7 +174,7 @@ ROWS = _rows()
 
 def _serving_rows() -> tuple[Row, ...]:
     """Two serving results (rules 1.13): the run, then the loads' figures."""
-    def serving(i: int) -> Callable[[Entry, BundleDocs], Any]:
+    def serving(i: int) -> Callable[[Entry, BundleDocs], object]:
         return lambda e, d: e.serving[i] if e.serving else None
 
     keep = ("workload", "division", "class", "system", "verdict", "mode", "verification", "ranks", "hosts",
@@ -240,7 +243,8 @@ def _is_foreign(path: Path, which: str) -> bool:
     return False
 
 
-def _load(path: Path, which: str, trusted: object, witnesses: object = None) -> BundleDocs:
+def _load(path: Path, which: str, trusted: TrustedKeys | None,
+          witnesses: TrustedKeys | None = None) -> BundleDocs:
     try:
         return read_bundle(path, trusted, witnesses, witness=True)
     except BundleIntegrityError as err:
@@ -251,7 +255,7 @@ def _load(path: Path, which: str, trusted: object, witnesses: object = None) -> 
         raise UsageError(f"{which} {err}") from None
 
 
-def compare(a: tuple[str, BundleDocs], b: tuple[str, BundleDocs]) -> dict[str, Any]:
+def compare(a: tuple[str, BundleDocs], b: tuple[str, BundleDocs]) -> dict[str, object]:
     """The comparison as a JSON-ready dict (pure).  A side without a key id is a DLIO or
     mlpstorage result folder (checker.imported): unverified, and labelled so."""
     sides = []
@@ -295,7 +299,7 @@ def differences(a: Entry, b: Entry) -> list[dict[str, str]]:
     return [{"what": what, "a": get(a), "b": get(b)} for what, get in UNLIKE if get(a) != get(b)]
 
 
-def _value(row: Row, entry: Entry, docs: BundleDocs) -> Any:
+def _value(row: Row, entry: Entry, docs: BundleDocs) -> object:
     if docs.keyid:
         return row.get(entry, docs)
     if row.key == "verification":  # a DLIO / mlpstorage folder: what it states, nothing guessed
@@ -303,7 +307,7 @@ def _value(row: Row, entry: Entry, docs: BundleDocs) -> Any:
     return row.get(entry, docs) if row.key in docs.run.get("stated", ()) else None
 
 
-def _side(side: tuple[str, BundleDocs, Entry]) -> dict[str, Any]:
+def _side(side: tuple[str, BundleDocs, Entry]) -> dict[str, object]:
     path, docs, entry = side
     return {"path": path, "run_id": entry.run_id, "name": docs.run.get("name"), "keyid": docs.keyid or None,
             "org": docs.org, "class": entry.class_key.id if docs.keyid else None,
@@ -358,7 +362,7 @@ def render_text(result: dict[str, Any]) -> str:
     return "\n".join(out) + "\n"
 
 
-def _witness_text(w: dict[str, Any]) -> str:
+def _witness_text(w: dict[str, object]) -> str:
     if w["status"] != "witnessed":
         return f"asked {w['endpoint']} to witness it; the witness was lost, it is not witnessed"
     if w["transcript"] != "signature holds":

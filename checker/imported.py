@@ -76,12 +76,12 @@ def _json(path: Path, what: str, cap: int = _MAX_BYTES) -> Any:
         raise UsageError(f"{what} {path}: {exc}") from None
 
 
-def _number(doc: Mapping[str, Any], key: str) -> float | None:
+def _number(doc: Mapping[str, object], key: str) -> float | None:
     v = doc.get(key)
     return float(v) if isinstance(v, int | float) and not isinstance(v, bool) else None
 
 
-def _metadata(folder: Path, which: str) -> Mapping[str, Any]:
+def _metadata(folder: Path, which: str) -> Mapping[str, object]:
     found = sorted(folder.glob("*_metadata.json"))
     doc = _json(found[0], which, _MAX_METADATA_BYTES) if found else {}
     return doc if isinstance(doc, Mapping) else {}
@@ -122,7 +122,7 @@ def _one(folder: Path, which: str) -> BundleDocs:
     model = str(args.get("model") or meta.get("model") or "unknown")
     ranks = int(_number(summary, "num_accelerators") or _number(meta, "num_processes") or 0)
     hosts = int(_number(summary, "num_hosts") or 0)
-    out: dict[str, Any] = {"checkpoint_bytes": int(float(metric["checkpoint_size_GB"]) * GiB),
+    out: dict[str, object] = {"checkpoint_bytes": int(float(metric["checkpoint_size_GB"]) * GiB),
                            "restore_bytes": 0, "read_verified": False, "num_writes": 0, "num_reads": 0}
     stated = set(STATED)
     for ours, theirs in (("write", "save"), ("read", "load")):
@@ -153,7 +153,7 @@ def _one(folder: Path, which: str) -> BundleDocs:
 # mlckpt-check import PATH: every published result under a path, read or not
 
 
-def import_rows(path: Path) -> tuple[list[dict[str, Any]], list[tuple[str, str]]]:
+def import_rows(path: Path) -> tuple[list[dict[str, object]], list[tuple[str, str]]]:
     """(one row per result read, (folder, why) per folder that could not be): every timestamp
     folder under ``path``; the two invocations of a split result, side by side, as one result."""
     results, problems = read_results(path)
@@ -212,7 +212,7 @@ def published_entries(path: Path) -> tuple[list[Any], list[tuple[str, str]]]:
     return out, problems
 
 
-def _row(target: Path, docs: BundleDocs, invocations: int) -> dict[str, Any]:
+def _row(target: Path, docs: BundleDocs, invocations: int) -> dict[str, object]:
     s = docs.summary
     return {"result": str(target), "workload": docs.run["workload"], "division": docs.run["division"],
             "ranks": docs.run["ranks"], "hosts": len(docs.run["hosts"]),

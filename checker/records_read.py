@@ -62,7 +62,7 @@ class Read:
     """What reading some lines gave: the valid records, the lines that fail the schema, a parse
     error that ended the reading, and whether the budget ended it."""
 
-    records: list[dict[str, Any]]
+    records: list[dict[str, object]]
     bad: list[Bad]
     parse_error: str | None = None
     over_budget: bool = False
@@ -111,7 +111,7 @@ def _joined(head: Read, tail: Read) -> Read:
 
 def _read(data: bytes, version: str, over_budget: Callable[[], bool], first_line: int) -> Read:
     fast = fast_check("record", version)  # a large run has tens of thousands of records
-    records: list[dict[str, Any]] = []
+    records: list[dict[str, object]] = []
     bad: list[Bad] = []
     seen = loading.integral_floats()
     try:

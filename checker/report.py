@@ -45,7 +45,7 @@ VERDICT_OF_EXIT = {ExitStatus.OK: "valid", ExitStatus.FAILED: "invalid",
                    ExitStatus.DISTURBED: "disturbed"}
 
 
-def exit_status(bundles: Sequence[BundleResult], tree_findings: Sequence[dict[str, Any]]) -> ExitStatus:
+def exit_status(bundles: Sequence[BundleResult], tree_findings: Sequence[dict[str, object]]) -> ExitStatus:
     findings = [f for b in bundles for f in b.findings]
     if any(f["rule"] == INTERNAL for f in findings) or any(b.verdict == "internal-error" for b in bundles):
         return ExitStatus.INTERNAL
@@ -60,7 +60,7 @@ def exit_status(bundles: Sequence[BundleResult], tree_findings: Sequence[dict[st
 
 
 def build(root: str, bundles: Sequence[BundleResult],
-          tree_findings: Sequence[dict[str, Any]]) -> dict[str, Any]:
+          tree_findings: Sequence[dict[str, object]]) -> dict[str, object]:
     status = exit_status(bundles, tree_findings)
     everything = [*tree_findings, *(f for b in bundles for f in b.findings)]
     by_verdict = Counter(b.verdict for b in bundles)
@@ -88,7 +88,7 @@ def build(root: str, bundles: Sequence[BundleResult],
     }
 
 
-def _line(f: dict[str, Any]) -> str:
+def _line(f: dict[str, object]) -> str:
     return f"  {f['rule']} [{f['severity']}] {f['message']}"
 
 

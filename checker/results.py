@@ -25,7 +25,7 @@ class SystemInfo:
     """``systems/<system>.yaml`` as the parent process found it."""
 
     path: str  # relative to the tree root
-    doc: Mapping[str, Any] | None  # parsed and schema-valid, else None
+    doc: Mapping[str, object] | None  # parsed and schema-valid, else None
     problem: str | None  # why it is unusable ("missing", a parse or schema error)
 
 
@@ -54,21 +54,21 @@ class BundleResult:
     rules_version: str | None = None
     verdict: str = "invalid"
     integrity: str = "not checked"  # ok | failed | not checked
-    findings: list[dict[str, Any]] = field(default_factory=list)
+    findings: list[dict[str, object]] = field(default_factory=list)
     not_checked: list[dict[str, str]] = field(default_factory=list)
-    metrics: dict[str, Any] | None = None
+    metrics: dict[str, object] | None = None
     keyid: str | None = None
     statement_sha256: str | None = None
     declared_division: str | None = None
     fingerprints: tuple[str, ...] = ()  # of the measurements (DUPLICATE-CONTENT); not reported
     invocation: dict[str, Any] | None = None  # what SPLIT-PAIR needs (checker.split.split_doc); not reported
-    witness: dict[str, Any] | None = None  # a run that says it was witnessed (checker.witness_check)
+    witness: dict[str, object] | None = None  # a run that says it was witnessed (checker.witness_check)
 
     @property
     def valid(self) -> bool:
         return self.verdict in ("closed", "open")
 
-    def to_dict(self) -> dict[str, Any]:
+    def to_dict(self) -> dict[str, object]:
         d = dataclasses.asdict(self)
         d.pop("declared_division")
         d.pop("fingerprints")

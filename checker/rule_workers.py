@@ -19,7 +19,7 @@ import multiprocessing
 from collections.abc import Iterable, Iterator, Sequence
 
 from checker import forked
-from mlckpt.rules import Context, Evaluation, RuleSet
+from mlckpt.rules import Context, Evaluation, RuleSet, RunData
 
 # The checks that read what the summary's recomputation leaves in RunData: run where it is made.
 SUMMARY_CHECKS = frozenset({"metrics_recompute", "summary_exact", "request_evidence"})
@@ -72,7 +72,7 @@ def evaluate(ruleset: RuleSet, ctx: Context, stages: Sequence[str], workers: int
 def warm(ctx: Context) -> None:
     """What every rule shares, made before the fork so that no worker makes it again."""
     d = ctx.run
-    if d is None:
+    if not isinstance(d, RunData):
         return
     for recs in d.grouped().values():
         d.hosts(recs)

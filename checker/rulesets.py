@@ -102,7 +102,7 @@ def as_finding(d: Mapping[str, Any]) -> Finding:
     return Finding(d["rule"], d["severity"], d["message"])
 
 
-def finding_dict(f: Finding, bundle_path: str, where_paths: Mapping[str, str]) -> dict[str, Any]:
+def finding_dict(f: Finding, bundle_path: str, where_paths: Mapping[str, str]) -> dict[str, object]:
     """A finding as the report lists it, under the path of the place it concerns (``where_paths``:
     a place's path in the tree) or else the bundle's."""
     path = where_paths.get(f.where, bundle_path) if f.where else bundle_path

@@ -22,8 +22,8 @@ from mlckpt.rules import (
 )
 
 
-def split_doc(run: Mapping[str, Any], config: Mapping[str, Any], records: Sequence[Mapping[str, Any]],
-             system: object) -> dict[str, Any]:
+def split_doc(run: Mapping[str, object], config: Mapping[str, object],
+              records: Sequence[Mapping[str, object]], system: object) -> dict[str, object]:
     """What joining a split result needs of a schema-valid bundle (kept on its result, never reported)."""
     keep = ("run_id", "name", "verdict", "restored_from", "started", "ended", "content_commitment")
     # only the invocations of a split result need their clocks
@@ -41,7 +41,7 @@ def _when(stamp: object) -> datetime.datetime | None:
     return when if when.tzinfo is not None else None
 
 
-def gap_s(write: Mapping[str, Any], read: Mapping[str, Any]) -> float | None:
+def gap_s(write: Mapping[str, object], read: Mapping[str, object]) -> float | None:
     """Seconds from the write invocation's end to the read invocation's start (run.json times)."""
     end, start = _when(write.get("ended")), _when(read.get("started"))
     return None if end is None or start is None else (start - end).total_seconds()

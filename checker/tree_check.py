@@ -110,7 +110,7 @@ def _tree_findings(scan: TreeScan, systems: dict[tuple[str, str, str], SystemInf
                    used: set[tuple[str, str, str]]) -> list[dict[str, Any]]:
     """Findings about the tree itself: misplaced entries, and system descriptions no bundle uses
     (a bundle that uses one reports its problems itself)."""
-    out: list[dict[str, Any]] = []
+    out: list[dict[str, object]] = []
     by_division: dict[str, dict[str, list[Any]]] = {}
     for div, problem in scan.problems:
         by_division.setdefault(div, {"layout": [], "system_description": []})["layout"].append(problem)

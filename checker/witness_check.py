@@ -7,7 +7,6 @@ from __future__ import annotations
 import itertools
 from dataclasses import replace
 from pathlib import Path
-from typing import Any
 
 from checker.bundle_state import State
 from checker.rulesets import schema_message
@@ -36,7 +35,7 @@ def stage_witness(state: State) -> None:
 
 
 def open_transcript(folder: Path, vb: bundle.VerifiedBundle, version: str
-                    ) -> tuple[dict[str, Any] | None, str | None, str | None]:
+                    ) -> tuple[dict[str, object] | None, str | None, str | None]:
     """The bundle's transcript: (document, signer's key id, None) when the witness's signature
     over it holds and it matches its schema; otherwise (None, signer or None, why not)."""
     try:
@@ -50,7 +49,7 @@ def open_transcript(folder: Path, vb: bundle.VerifiedBundle, version: str
     return dict(doc), signer, None
 
 
-def transcript_of(state: State) -> tuple[dict[str, Any] | None, str | None, str | None]:
+def transcript_of(state: State) -> tuple[dict[str, object] | None, str | None, str | None]:
     """The bundle's transcript opened once (the result rules and the witness stage both read it)."""
     assert state.verified is not None and state.rules is not None and state.folder is not None
     if state.transcript is None:
@@ -66,14 +65,15 @@ def _opened(state: State, facts: WitnessFacts) -> WitnessFacts:
     return replace(facts, signer=signer, transcript=doc, trusted_as=trusted)
 
 
-def compare_side(folder: Path, vb: bundle.VerifiedBundle, run: dict[str, Any], records: list[dict[str, Any]],
-                 witnesses: bundle.TrustedKeys | None) -> dict[str, Any] | None:
+def compare_side(folder: Path, vb: bundle.VerifiedBundle, run: dict[str, object],
+                 records: list[dict[str, object]],
+                 witnesses: bundle.TrustedKeys | None) -> dict[str, object] | None:
     """What ``compare`` shows of a bundle's witness (integrity only, as compare is): the claim,
     whether the transcript's signature holds, who signed it, the witness-conservative figures."""
     claim = run.get("witness")
     if not isinstance(claim, dict):
         return None
-    out: dict[str, Any] = {"status": claim.get("status"), "endpoint": claim.get("endpoint"),
+    out: dict[str, object] = {"status": claim.get("status"), "endpoint": claim.get("endpoint"),
                            "keyid": claim.get("keyid"), "transcript": None, "by": None}
     if claim.get("status") == "witnessed" and TRANSCRIPT in vb.files:
         doc, signer, problem = open_transcript(folder, vb, str(run.get("rules_version")))
@@ -85,7 +85,7 @@ def compare_side(folder: Path, vb: bundle.VerifiedBundle, run: dict[str, Any], r
     return out
 
 
-def witness_doc(facts: WitnessFacts, held: bool = True, rules: RuleSet | None = None) -> dict[str, Any]:
+def witness_doc(facts: WitnessFacts, held: bool = True, rules: RuleSet | None = None) -> dict[str, object]:
     """The report's ``witness`` of a bundle whose run asked for one (witnessed, or lost mid-run).
     Counted as witnessed only when the records held against the transcript (``held``: no WITNESS-*
     rule failed).  Rules 1.10: ``unbounded`` names the ops the witness bounds only loosely."""

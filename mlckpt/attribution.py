@@ -124,7 +124,7 @@ def cpu_window_s(a: Mapping[str, Any]) -> float:
     return float(a.get("min_cpu_window_s", a["min_window_s"]))
 
 
-def _phase(shares: list[OpShare], min_cpu_window_ns: float) -> dict[str, Any] | None:
+def _phase(shares: list[OpShare], min_cpu_window_ns: float) -> dict[str, object] | None:
     if not shares:
         return None
     device = sum(s.window.device_bytes for s in shares)
@@ -246,7 +246,7 @@ def backgrounds(run: Rec) -> list[Background]:
 
 
 def foreign_summary(records: Iterable[Rec], counted: Callable[[Rec], bool],
-                    min_cpu_window_ns: float) -> dict[str, Any] | None:
+                    min_cpu_window_ns: float) -> dict[str, object] | None:
     """summary.json's ``foreign`` block (summary format 5), or None when no host attributes."""
     records = list(records)
     by_phase = phases(records, counted)

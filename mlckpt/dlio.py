@@ -45,8 +45,8 @@ def dlio_time(iso_utc: str) -> str:
         return iso_utc
 
 
-def completed(summary: Mapping[str, Any], checkpoint_bytes: int, restore_bytes: int,
-              facts: DlioFacts | None = None) -> dict[str, Any]:
+def completed(summary: Mapping[str, object], checkpoint_bytes: int, restore_bytes: int,
+              facts: DlioFacts | None = None) -> dict[str, object]:
     """summary.json's whole content from ``summarize``'s block: the plan's bytes (given: they come
     from the plan of the run's own workload and scale), the read validity and DLIO's shape: with
     ``facts``, summary format 3 (DLIO's metric block and top-level keys); without, format 2 (the
@@ -76,10 +76,10 @@ def completed(summary: Mapping[str, Any], checkpoint_bytes: int, restore_bytes: 
     return out
 
 
-def dlio_compat(summary: Mapping[str, Any], checkpoint_bytes: int) -> dict[str, Any]:
+def dlio_compat(summary: Mapping[str, object], checkpoint_bytes: int) -> dict[str, object]:
     """DLIO/MLPerf summary.json metric names, for tools that read them.  DLIO labels these 'GB'
     but computes GiB (2**30); the values here are GiB/s likewise, so they compare like for like."""
-    out: dict[str, Any] = {"checkpoint_size_GB": checkpoint_bytes / GiB}
+    out: dict[str, object] = {"checkpoint_size_GB": checkpoint_bytes / GiB}
     for ours, theirs in (("write", "save"), ("read", "load")):
         if f"{ours}_bandwidth_mean_gib_s" in summary:
             out[f"{theirs}_checkpoint_io_mean_GB_per_second"] = summary[f"{ours}_bandwidth_mean_gib_s"]

@@ -84,7 +84,7 @@ def key_label(raw_public_key: bytes) -> str:
     return f"{public_key_text(raw_public_key)} (fingerprint {fingerprint(raw_public_key)})"
 
 
-def seal(payload: bytes, key: Ed25519PrivateKey, payload_type: str) -> dict[str, Any]:
+def seal(payload: bytes, key: Ed25519PrivateKey, payload_type: str) -> dict[str, object]:
     """``payload`` signed by ``key`` into an envelope of ``payload_type``."""
     if not isinstance(key, Ed25519PrivateKey):
         raise TypeError(f"expected an Ed25519PrivateKey, got {type(key).__name__}")
@@ -119,7 +119,7 @@ class Envelope:
             raise EnvelopeError(f"bad signature by key {key_label(self.public_key)}: {what} or the "
                                 "signature was altered", EnvelopeError.SIGNATURE) from None
 
-    def document(self) -> Any:
+    def document(self) -> object:
         """The payload, strictly parsed as JSON; EnvelopeError(PAYLOAD) when it is not."""
         try:
             return strict.parse_json(self.payload)

@@ -78,7 +78,7 @@ def encode(latencies_ns: Iterable[int]) -> Requests | None:
     return {"count": n, "hist": h.encode().decode("ascii")}
 
 
-def _payload(block: Mapping[str, Any]) -> bytes:
+def _payload(block: Mapping[str, object]) -> bytes:
     """A record's histogram, decompressed, once its size and settings are checked (so that a
     hostile one cannot make the decoder allocate more than a genuine one needs); ValueError saying
     what is wrong with it."""
@@ -108,12 +108,12 @@ def _payload(block: Mapping[str, Any]) -> bytes:
     return payload
 
 
-def _counted(block: Mapping[str, Any], total: int) -> None:
+def _counted(block: Mapping[str, object], total: int) -> None:
     if total != block.get("count"):
         raise ValueError(f"requests.count {block.get('count')} but the histogram holds {total} requests")
 
 
-def decode(block: Mapping[str, Any]) -> HdrHistogram:
+def decode(block: Mapping[str, object]) -> HdrHistogram:
     """A record's histogram; ValueError saying what is wrong with it."""
     _payload(block)
     try:
@@ -158,7 +158,7 @@ def _bucket_lows() -> np.ndarray:
                     dtype=np.float64)
 
 
-def merged(blocks: Iterable[Mapping[str, Any]], seen: Seen | None = None) -> HdrHistogram:
+def merged(blocks: Iterable[Mapping[str, object]], seen: Seen | None = None) -> HdrHistogram:
     """The blocks' histograms added up (ValueError at the first that is no histogram); ``seen``
     gets each block's :func:`block_facts`.  Exactly what :func:`decode` and ``HdrHistogram.add`` give
     (tests/unit/metrics/test_latency.py), with each block's counts decoded by the library's own
@@ -239,10 +239,10 @@ def _op_duration_ns(recs: Sequence[Mapping[str, Any]]) -> int:
 
 
 def summary(ops: Sequence[tuple[str, Sequence[Mapping[str, Any]]]], seen: Seen | None = None
-            ) -> dict[str, Any]:
+            ) -> dict[str, object]:
     """Summary format 6's latency, IOPS and phases, from ``(op kind, records of one op)`` pairs of
     durable-tier ops (see the module docstring); ``seen`` as :func:`merged`'s."""
-    out: dict[str, Any] = {}
+    out: dict[str, object] = {}
     for kind, phases in (("write", WRITE_PHASES), ("read", READ_PHASES)):
         mine = [recs for op, recs in ops if op == kind]
         if not mine or any("requests" not in r for recs in mine for r in recs):

@@ -25,7 +25,7 @@ KEY = "checkpoint.folder"
 
 # storage.s3.* when left at null (workloads/config.yaml): the object engine's settings.  16 MiB
 # parts: S3's minimum is 5 MiB, and larger parts cost fewer requests per GiB.
-S3_DEFAULTS: dict[str, Any] = {
+S3_DEFAULTS: dict[str, object] = {
     "endpoint": None,  # the AWS SDK's own chain: AWS_ENDPOINT_URL, the profile's endpoint_url
     "region": None,  # AWS_REGION, the profile's region
     "part_size": 16 << 20,
@@ -89,7 +89,7 @@ def parse_object_url(url: str, key: str = KEY) -> ObjectPath:
     return ObjectPath(bucket, "/".join(segments))
 
 
-def s3_settings(config: Mapping[str, Any]) -> dict[str, Any]:
+def s3_settings(config: Mapping[str, Any]) -> dict[str, object]:
     """``storage.s3`` with every null replaced by its default: what an object run uses and records."""
     given = (config.get("storage") or {}).get("s3") or {}
     return {k: (given.get(k) if given.get(k) is not None else v) for k, v in S3_DEFAULTS.items()}

@@ -52,7 +52,7 @@ class SummaryHead(TypedDict, total=False):
     records_format: int
     num_writes: int
     num_reads: int
-    ops: list[dict[str, Any]]
+    ops: list[dict[str, object]]
     mode: str
     tiers: list[str]
     checkpoint_bytes: int
@@ -60,8 +60,8 @@ class SummaryHead(TypedDict, total=False):
     read_valid: bool
     read_cold: bool
     read_verified: bool
-    dlio_compat: dict[str, Any]  # summary format 2; format 3: metric and DLIO's top-level keys
-    metric: dict[str, Any]
+    dlio_compat: dict[str, object]  # summary format 2; format 3: metric and DLIO's top-level keys
+    metric: dict[str, object]
 
 
 @dataclass(frozen=True)
@@ -92,7 +92,7 @@ class OpStats:
     compute_s: float | None = None
     stages: dict[str, StageStats] | None = None  # writes: per stage (memory, fast, durable)
 
-    def to_dict(self) -> dict[str, Any]:
+    def to_dict(self) -> dict[str, object]:
         out = dict(self.__dict__)
         if self.stages is not None:
             out["stages"] = {k: dict(v.__dict__) for k, v in self.stages.items()}
@@ -194,10 +194,11 @@ def _io_block(out: dict[str, Any], name: str, group: list[OpStats]) -> None:
     out[f"{name}_bytes_per_op"] = group[0].bytes
 
 
-def summarize(records: Iterable[Mapping[str, Any]], *, max_resident_fraction: float,
+def summarize(records: Iterable[Mapping[str, object]], *, max_resident_fraction: float,
               records_format: int = RECORDS_FORMAT, summary_format: int = SUMMARY_FORMAT,
               seen: latency.Seen | None = None,
-              grouped: Mapping[tuple[str, int], list[Mapping[str, Any]]] | None = None) -> dict[str, Any]:
+              grouped: Mapping[tuple[str, int], list[Mapping[str, object]]] | None = None,
+              ) -> dict[str, object]:
     """The summary block of ``summary.json`` (all but run identity) from raw records of ``records_format``
     (a checker recomputing an older bundle passes its own, and the summary format its rules pin);
     ``seen`` gets each request histogram's longest request; ``grouped``: :func:`group_ops` of the
@@ -233,12 +234,12 @@ def _framework_block(writer: str, mine: Mapping[str, Any], ref: Mapping[str, Any
 
 
 def _summarize(grouped: Mapping[tuple[str, int], list[Mapping[str, Any]]], max_resident_fraction: float,
-               records_format: int, summary_format: int, seen: latency.Seen | None) -> dict[str, Any]:
+               records_format: int, summary_format: int, seen: latency.Seen | None) -> dict[str, object]:
     ops = [op_stats(recs) for recs in grouped.values()]
     writes = [o for o in ops if o.op == "write"]
     reads = [o for o in ops if o.op == "read"]
     first_write = next((recs[0] for (op, _), recs in grouped.items() if op == "write"), None)
-    out: dict[str, Any] = {"summary_format": summary_format, "records_format": records_format,
+    out: dict[str, object] = {"summary_format": summary_format, "records_format": records_format,
                            "num_writes": len(writes), "num_reads": len(reads)}
     if first_write is not None:
         out["mode"] = str(first_write["mode"])
@@ -282,10 +283,10 @@ def _summarize(grouped: Mapping[tuple[str, int], list[Mapping[str, Any]]], max_r
 
 
 def _what_changes_the_figure(grouped: Mapping[tuple[str, int], list[Mapping[str, Any]]],
-                             writes: list[OpStats]) -> dict[str, Any]:
+                             writes: list[OpStats]) -> dict[str, object]:
     """Summary format 4: the first write apart, CPU per GiB, the huge-page share (see the module
     docstring)."""
-    out: dict[str, Any] = {}
+    out: dict[str, object] = {}
     if writes:
         first = min(writes, key=lambda o: o.index)
         out["write_first_duration_s"] = first.duration_s

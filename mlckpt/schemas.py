@@ -86,7 +86,7 @@ def _strict() -> Any:
 
 
 @cache
-def _registry(rules_version: str) -> Any:
+def _registry(rules_version: str) -> object:
     """Every schema of the version in one registry, so that relative ``$ref``s resolve locally
     (never over the network)."""
     from referencing import Registry, Resource
@@ -141,7 +141,7 @@ class _Integer:
 
 
 @cache
-def _compiled(name: str, rules_version: str, *, exact: bool) -> Callable[[Any], bool]:
+def _compiled(name: str, rules_version: str, *, exact: bool) -> Callable[[object], bool]:
     import jsonschema_rs
 
     schemas, registry = _rs_registry(rules_version, exact)
@@ -165,7 +165,7 @@ def _rs_registry(rules_version: str, exact: bool) -> tuple[dict[str, Any], Any]:
 _VALUES = frozenset({"const", "enum", "default", "examples"})  # data, not schemas
 
 
-def _exact_integers(node: object) -> Any:
+def _exact_integers(node: object) -> object:
     """A copy of a schema whose every integer type (not also a number) carries ``mlckptInteger``."""
     if isinstance(node, list):
         return [_exact_integers(v) for v in node]
@@ -238,7 +238,7 @@ def pinned(name: str, key: str, rules_version: str) -> Any:
     return schema(name, rules_version)["properties"][key]["const"]
 
 
-def drop_unknown_nulls(doc: dict[str, Any], name: str, rules_version: str) -> None:
+def drop_unknown_nulls(doc: dict[str, object], name: str, rules_version: str) -> None:
     """Remove, in place, the keys ``doc`` holds at null (or as a block of nulls) that schema
     ``name`` of ``rules_version`` does not know: a setting added by a later rules version, left
     off, means nothing to an older one (``checkpoint.restore_from`` under rules 1.2, ``witness``

@@ -62,7 +62,7 @@ def by_load(records: Sequence[Record]) -> dict[int, list[Record]]:
 
 
 def summary(run: ServingRun, records: Sequence[Record], *, ranks: int, hosts: int,
-            max_resident_fraction: float, formats: tuple[int, int]) -> dict[str, Any]:
+            max_resident_fraction: float, formats: tuple[int, int]) -> dict[str, object]:
     """A serving run's summary.json (``formats``: its summary and records formats, 8 and 9 under
     rules 1.13, 9 and 10 under 1.14), every figure from the records: each load's, and the median,
     fastest and slowest time to ready over the loads (the rates at the median time)."""
@@ -103,10 +103,10 @@ def _tier_cold(loads: Sequence[Mapping[str, Any]], bound: float) -> bool | None:
     return all(f["node_tier_resident_bytes"] <= bound * f["node_tier_bytes"] for f in tiered)
 
 
-def by_strategy(loads: Sequence[Sequence[Record]]) -> dict[str, dict[str, Any]]:
+def by_strategy(loads: Sequence[Sequence[Record]]) -> dict[str, dict[str, object]]:
     """Each strategy's loads: the median, fastest and slowest time to ready, the median bytes
     served, the rates at the median time, and how many loads."""
-    out: dict[str, dict[str, Any]] = {}
+    out: dict[str, dict[str, object]] = {}
     each: dict[str, list[dict[str, Any]]] = {}
     for recs in loads:
         f = figures(recs)

@@ -104,7 +104,7 @@ def decode_utf8(data: bytes) -> str:
 
 def check_shape(doc: object, *, max_nodes: int = MAX_NODES) -> None:
     """Walk ``doc`` without recursion; ParseError on anything that is not plain, bounded JSON."""
-    stack: list[tuple[Any, int]] = [(doc, 1)]
+    stack: list[tuple[object, int]] = [(doc, 1)]
     nodes = 0
     while stack:
         value, depth = stack.pop()
@@ -178,7 +178,7 @@ def _short(v: object) -> str:
 # JSON
 
 
-def _pairs(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
+def _pairs(pairs: list[tuple[str, object]]) -> dict[str, object]:
     out = dict(pairs)  # in C; a key given twice leaves fewer keys than pairs
     if len(out) != len(pairs):
         seen: set[str] = set()
@@ -189,7 +189,7 @@ def _pairs(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
     return out
 
 
-def _constant(name: str) -> Any:
+def _constant(name: str) -> object:
     raise ParseError(f"non-standard JSON constant {name}")
 
 
@@ -227,7 +227,7 @@ _decoder = json.JSONDecoder(object_pairs_hook=_pairs, parse_constant=_constant, 
 _short_ints = json.JSONDecoder(object_pairs_hook=_pairs, parse_constant=_constant, parse_float=_float)
 
 
-def loads_json(text: str, *, max_nodes: int = MAX_NODES, short_ints: bool = False) -> Any:
+def loads_json(text: str, *, max_nodes: int = MAX_NODES, short_ints: bool = False) -> object:
     """Strict JSON text → data (see the module docstring).  ``short_ints``: the caller has seen
     that the text has no 19 digits in a row."""
     decoder = _short_ints if short_ints else _decoder
@@ -299,9 +299,9 @@ class _StrictLoader(_BaseLoader):
     Anchors, aliases and excessive nesting are refused from the event stream before composing
     (see :func:`loads_yaml`), so composing is bounded."""
 
-    def construct_mapping(self, node: object, deep: bool = False) -> dict[Any, Any]:
+    def construct_mapping(self, node: object, deep: bool = False) -> dict[object, object]:
         if isinstance(node, yaml.MappingNode):
-            seen: set[Any] = set()
+            seen: set[object] = set()
             for key_node, _ in node.value:
                 key = self.construct_object(key_node, deep=True)
                 try:
@@ -359,7 +359,7 @@ _CORE_TAGS = frozenset(f"tag:yaml.org,2002:{t}" for t in ("str", "int", "float",
 
 def loads_yaml(text: str, *, max_nodes: int = MAX_NODES) -> Any:
     """Strict YAML text (one document) → data (see the module docstring)."""
-    def load() -> list[Any]:
+    def load() -> list[object]:
         _scan_events(text, max_nodes)
         return list(yaml.load_all(text, Loader=_StrictLoader))  # a SafeLoader subclass
 

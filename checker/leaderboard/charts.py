@@ -42,7 +42,7 @@ def _base_layout(title: str, ytitle: str) -> dict[str, Any]:
     }
 
 
-def bar_figure(table: ClassTable) -> dict[str, Any]:
+def bar_figure(table: ClassTable) -> dict[str, object]:
     recs = table.frame.to_dict("records")
     ids = [r["result_id"] for r in recs]
     traces = []
@@ -76,7 +76,7 @@ def bar_figure(table: ClassTable) -> dict[str, Any]:
     return {"data": traces, "layout": layout}
 
 
-def scaling_figure(table: ClassTable) -> dict[str, Any] | None:
+def scaling_figure(table: ClassTable) -> dict[str, object] | None:
     series = scaling_series(table)
     if not series:
         return None
@@ -112,9 +112,9 @@ PLOT_CONFIG = {"displaylogo": False, "responsive": True,
                "toImageButtonOptions": IMAGE_OPTIONS}
 
 
-def figures(board: Leaderboard) -> dict[str, dict[str, Any]]:
+def figures(board: Leaderboard) -> dict[str, dict[str, object]]:
     """Chart element id -> {data, layout, config}, in page order."""
-    out: dict[str, dict[str, Any]] = {}
+    out: dict[str, dict[str, object]] = {}
     for t in board.tables:
         if t.key.pipeline == SERVING:  # its table ranks the time to ready; no bandwidth bars
             continue
@@ -127,7 +127,7 @@ def figures(board: Leaderboard) -> dict[str, dict[str, Any]]:
     return out
 
 
-def validate_figures(figs: Mapping[str, Mapping[str, Any]]) -> None:
+def validate_figures(figs: Mapping[str, Mapping[str, object]]) -> None:
     """Raise ValueError if a spec uses a property plotly does not know (plotly.py's schema)."""
     import plotly.graph_objects as go
 

@@ -8,13 +8,16 @@ import os
 from collections.abc import Sequence
 from dataclasses import dataclass, replace
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from checker import MAX_RECORDS
 from checker.leaderboard.model import DIVISIONS, Entry, Excluded, entry_from_docs
 from checker.leaderboard.split import join_splits
 from checker.leaderboard.tables import Leaderboard, build
 from mlckpt.errors import MlckptError, UsageError
+
+if TYPE_CHECKING:
+    from mlckpt import bundle
 
 READ_FILES = ("run.json", "config.yaml", "summary.json", "system.json")
 
@@ -28,7 +31,7 @@ class BundleDocs:
     statement_sha256: str
     keyid: str
     org: str | None
-    witness: dict[str, Any] | None = None  # checker.witness_check.compare_side (compare shows it)
+    witness: dict[str, object] | None = None  # checker.witness_check.compare_side (compare shows it)
     goodput: float = math.nan  # at the rules version's reference job (rules 1.18 on), from the records
 
 
@@ -36,8 +39,8 @@ def is_archive(path: Path) -> bool:
     return path.name.endswith(".tar.gz")
 
 
-def read_bundle(path: Path, trusted: Any = None, witnesses: Any = None, *, witness: bool = False
-                ) -> BundleDocs:
+def read_bundle(path: Path, trusted: bundle.TrustedKeys | None = None,
+                witnesses: bundle.TrustedKeys | None = None, *, witness: bool = False) -> BundleDocs:
     """Verify the bundle at ``path`` (folder or .tar.gz) and parse the files the tables use, each
     checked against its signed digest, strictly (:mod:`mlckpt.strict`) and against its JSON
     Schema.  Raises BundleIntegrityError (exit 3) or UsageError (not a bundle, malformed)."""
@@ -90,7 +93,7 @@ def _goodput(docs: dict[str, Any], records: list[dict[str, Any]], version: str) 
     return g.goodput if g is not None else math.nan
 
 
-def _records(folder: Path, vb: Any, version: str, path: Path) -> list[dict[str, Any]]:
+def _records(folder: Path, vb: bundle.VerifiedBundle, version: str, path: Path) -> list[dict[str, Any]]:
     """records.jsonl, strictly, every line against the record schema."""
     from mlckpt import bundle
     from mlckpt import strict as loading
@@ -109,7 +112,7 @@ def _records(folder: Path, vb: Any, version: str, path: Path) -> list[dict[str, 
 
 
 def _recomputed(path: Path, docs: dict[str, Any], records: list[dict[str, Any]],
-                version: str) -> dict[str, Any]:
+                version: str) -> dict[str, object]:
     """The summary the records and the plan of the bundle's own workload and scale give: what the
     tables and ``compare`` show, never what summary.json claims."""
     from checker.bundle_rules import MAX_PLAN_FILES, plan_files_estimate
@@ -137,7 +140,8 @@ def _recomputed(path: Path, docs: dict[str, Any], records: list[dict[str, Any]],
         raise UsageError(f"{path}: cannot recompute the summary from records.jsonl: {exc}") from None
 
 
-def collect(root: Path, trusted: Any, *, jobs: int = 1, witnesses: Any = None,
+def collect(root: Path, trusted: bundle.TrustedKeys, *, jobs: int = 1,
+            witnesses: bundle.TrustedKeys | None = None,
             witnessed_only: bool = False, published: Sequence[Entry] = (), budget_s: float = 60.0,
             max_records: int = MAX_RECORDS) -> Leaderboard:
     """Check the tree in-process and build the leaderboard from the bundles that pass (only those

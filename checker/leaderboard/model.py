@@ -213,7 +213,7 @@ class Entry:
         parts.append(f"scaled ×{self.scale:g}" if self.scaled else "full scale")
         return ", ".join(parts)
 
-    def row(self) -> dict[str, Any]:
+    def row(self) -> dict[str, object]:
         """The table row: one value per column of its class's columns (:data:`COLUMNS`, or
         :data:`SERVING_COLUMNS`; numbers unrounded)."""
         if self.serving is not None:
@@ -243,14 +243,14 @@ class Entry:
         }
 
 
-def framework_ratios(summary: Mapping[str, Any]) -> dict[str, float]:
+def framework_ratios(summary: Mapping[str, object]) -> dict[str, float]:
     """Summary format 7: the library's write and read bandwidth over the engine's of the same run."""
     fw = mapping_at(summary, "framework")
     ref = mapping_at(fw, "reference")
     return {f"framework_{op}_ratio": _number(ref.get(f"{op}_ratio")) for op in ("write", "read")}
 
 
-def foreign_share(summary: Mapping[str, Any]) -> float:
+def foreign_share(summary: Mapping[str, object]) -> float:
     """The larger of summary format 5's write and read foreign shares (nan: not measured)."""
     f = mapping_at(summary, "foreign")
     v = [_number(f[op].get("foreign_share")) for op in ("write", "read") if isinstance(f.get(op), dict)]
@@ -286,7 +286,7 @@ SUMMARY_NUMBERS = (
 LATENCY_POINTS = ("p50", "p90", "p99", "p99_9", "max")
 
 
-def latency_numbers(summary: Mapping[str, Any]) -> dict[str, float]:
+def latency_numbers(summary: Mapping[str, object]) -> dict[str, float]:
     """summary.json's request latency percentiles (``write_latency_ms``: {p50, …}) as flat metrics,
     ``write_latency_p50_ms`` and so on."""
     out = {}

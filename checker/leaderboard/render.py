@@ -166,7 +166,7 @@ def render_csv(board: Leaderboard) -> str:
 # JSON
 
 
-def board_dict(board: Leaderboard) -> dict[str, Any]:
+def board_dict(board: Leaderboard) -> dict[str, object]:
     return {
         "leaderboard_format": LEADERBOARD_FORMAT,
         "rules_versions": list(board.rules_versions),
@@ -280,7 +280,7 @@ def _table_html(table: ClassTable, links: Mapping[str, str], reports: Mapping[st
             f'<thead><tr>{head}</tr></thead>\n<tbody>\n{body}\n</tbody></table></div>')
 
 
-def _class_html(table: ClassTable, links: Mapping[str, str], figs: Mapping[str, Any],
+def _class_html(table: ClassTable, links: Mapping[str, str], figs: Mapping[str, object],
                 reports: Mapping[str, str]) -> str:
     n = len(table.entries)
     badge = table.key.scale_label

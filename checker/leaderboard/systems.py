@@ -65,7 +65,7 @@ MLPERF_COLUMNS = (
 MLPERF_MODELS = {"llama3_8b": "8B", "llama3_70b": "70B", "llama3_405b": "405B", "llama3_1t": "1T"}
 
 
-def mlperf_row(entry: Any, rec: Mapping[str, Any], fmt_num: Any) -> dict[str, str]:
+def mlperf_row(entry: Any, rec: Mapping[str, object], fmt_num: Any) -> dict[str, str]:
     """One leaderboard row under MLPerf's columns; ``rec`` is the table row (unrounded numbers),
     ``fmt_num(value, key)`` prints a number as the table's column of that key does."""
     return {

@@ -6,7 +6,6 @@ from __future__ import annotations
 import math
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
-from typing import Any
 
 import pandas as pd
 
@@ -107,7 +106,7 @@ def build(entries: Iterable[Entry], excluded: Iterable[Excluded] = (),
     for e in entries:
         groups.setdefault(e.class_key, []).append(e)
 
-    def class_order(k: ClassKey) -> tuple[Any, ...]:
+    def class_order(k: ClassKey) -> tuple[object, ...]:
         div = DIVISIONS.index(k.division) if k.division in DIVISIONS else len(DIVISIONS)
         pipe = PIPELINES.index(k.pipeline) if k.pipeline in PIPELINES else len(PIPELINES)
         return (div, k.division, order[k.workload], SCALES.index(k.scale), -k.factor, pipe, k.pipeline)

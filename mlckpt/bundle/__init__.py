@@ -84,7 +84,7 @@ rather than followed.  Archives are extracted only by :func:`safe_unpack`, which
 """
 
 import importlib
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 from mlckpt.bundle._common import (
     BUNDLE_FORMAT,
@@ -147,7 +147,7 @@ if TYPE_CHECKING:
     from mlckpt.dsse import key_label, keyid_of, public_key_text
 
 
-def __getattr__(name: str) -> Any:
+def __getattr__(name: str) -> object:
     module = _LAZY.get(name)
     if module is None:
         raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

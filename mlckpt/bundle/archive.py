@@ -130,7 +130,7 @@ class _GuardedTarInfo(tarfile.TarInfo):
 
     where = "archive"  # set per archive by safe_unpack (a subclass per call)
 
-    def _proc_member(self, tarfile_: tarfile.TarFile) -> Any:
+    def _proc_member(self, tarfile_: tarfile.TarFile) -> object:
         meta = (
             tarfile.XHDTYPE,
             tarfile.XGLTYPE,

@@ -6,7 +6,6 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field, fields
 from datetime import datetime, timedelta
 from pathlib import Path
-from typing import Any
 
 from mlckpt.bundle._common import (
     BUNDLE_FORMAT,
@@ -34,9 +33,9 @@ class Predicate:
     ended: str
     bundle_format: str = BUNDLE_FORMAT
     runner_code_hash_alg: str = CODE_DIGEST_ALG
-    extra: Mapping[str, Any] = field(default_factory=dict)
+    extra: Mapping[str, object] = field(default_factory=dict)
 
-    def to_dict(self) -> dict[str, Any]:
+    def to_dict(self) -> dict[str, object]:
         out = {f.name: getattr(self, f.name) for f in fields(self) if f.name != "extra"}
         clash = sorted(set(out) & set(self.extra))
         if clash:
@@ -90,7 +89,7 @@ def predicate_problems(pred: object) -> list[str]:
     return out
 
 
-def predicate_dict(predicate: Predicate | Mapping[str, Any]) -> dict[str, Any]:
+def predicate_dict(predicate: Predicate | Mapping[str, object]) -> dict[str, object]:
     if isinstance(predicate, Predicate):
         pred = predicate.to_dict()
     elif isinstance(predicate, Mapping):
@@ -116,8 +115,8 @@ class VerifiedBundle:
     """A bundle whose signature, paths and digests all hold."""
 
     folder: Path
-    statement: dict[str, Any]
-    predicate: dict[str, Any]
+    statement: dict[str, object]
+    predicate: dict[str, object]
     keyid: str
     public_key: str  # ed25519:<base64>
     org: str | None  # from the trusted-keys file; None when verified without one

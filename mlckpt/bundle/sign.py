@@ -6,7 +6,6 @@ import json
 import os
 from collections.abc import Mapping
 from pathlib import Path
-from typing import Any
 
 from cryptography.hazmat.primitives.asymmetric.ed25519 import (
     Ed25519PrivateKey,
@@ -28,7 +27,7 @@ from mlckpt.dsse import canonical_json, seal
 from mlckpt.errors import IntegrityKind
 
 
-def make_statement(files: Mapping[str, str], predicate: Mapping[str, Any]) -> dict[str, Any]:
+def make_statement(files: Mapping[str, str], predicate: Mapping[str, object]) -> dict[str, object]:
     """The in-toto statement for ``files`` (name -> sha256 hex), subjects sorted by name."""
     return {
         "_type": STATEMENT_TYPE,
@@ -38,14 +37,14 @@ def make_statement(files: Mapping[str, str], predicate: Mapping[str, Any]) -> di
     }
 
 
-def make_envelope(statement: Mapping[str, Any], key: Ed25519PrivateKey,
-                  payload_type: str = PAYLOAD_TYPE) -> dict[str, Any]:
+def make_envelope(statement: Mapping[str, object], key: Ed25519PrivateKey,
+                  payload_type: str = PAYLOAD_TYPE) -> dict[str, object]:
     """Serialise ``statement`` deterministically and sign it into a DSSE envelope (``payload_type``:
     a bundle's in-toto statement by default; the witness signs its receipts under its own)."""
     return seal(canonical_json(statement), key, payload_type)
 
 
-def sign_bundle(folder: Path, key: Ed25519PrivateKey, predicate: Predicate | Mapping[str, Any]) -> Path:
+def sign_bundle(folder: Path, key: Ed25519PrivateKey, predicate: Predicate | Mapping[str, object]) -> Path:
     """Hash every file of ``folder`` and write (or replace) its signed envelope; return its path.
 
     Raises UsageError for a bad predicate or folder, BundleIntegrityError when the folder holds

@@ -177,7 +177,7 @@ def _check_signature(where: str, env: dsse.Envelope, key_raw: bytes) -> None:
         fail(where, SIGNATURE_FILE, str(exc))
 
 
-def _statement(where: str, payload: bytes) -> tuple[dict[str, Any], dict[str, Any]]:
+def _statement(where: str, payload: bytes) -> tuple[dict[str, object], dict[str, object]]:
     """The signed statement and its predicate, strictly parsed (the payload is authenticated)."""
     try:
         stmt = strict.parse_json(payload)
@@ -237,7 +237,7 @@ def _digest_problems(subjects: dict[str, str], digests: dict[str, str | OSError]
     return out
 
 
-def read_envelope_predicate(folder: Path) -> dict[str, Any]:
+def read_envelope_predicate(folder: Path) -> dict[str, object]:
     """The predicate of ``folder``'s existing envelope, parsed strictly but NOT verified.
 
     For re-signing a bundle whose files changed: the new signer takes responsibility for it.

@@ -130,7 +130,7 @@ def cmd_keygen(args: argparse.Namespace) -> int:
     return ExitStatus.OK
 
 
-def _load_predicate(path: Path) -> dict[str, Any]:
+def _load_predicate(path: Path) -> dict[str, object]:
     try:
         data = path.read_bytes()
     except OSError as exc:

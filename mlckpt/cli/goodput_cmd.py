@@ -83,7 +83,7 @@ def handle(args: argparse.Namespace) -> int:
           goodput.lost_per_failure(interval, costs, mtbf)) if interval else None
     signature = signature_status(args.bundle)
     if args.json:
-        doc: dict[str, Any] = {"bundle": str(args.bundle), "signature": signature, "measured": m.to_dict(),
+        doc: dict[str, object] = {"bundle": str(args.bundle), "signature": signature, "measured": m.to_dict(),
                                "projected": not args.as_run, "mtbf_how": how, **g.to_dict()}
         if at is not None:
             doc["at_interval"] = {"interval_s": at[0], "goodput": at[1], "lost_per_failure_s": at[2]}

@@ -17,7 +17,7 @@ import os
 import sys
 from collections.abc import Callable, Sequence
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, NoReturn
+from typing import TYPE_CHECKING, NoReturn
 
 from mlckpt.command_line import override_key
 from mlckpt.errors import UsageError
@@ -130,7 +130,7 @@ def split(overrides: Sequence[str], multirun: bool) -> tuple[list[str], list[str
     return task, passed
 
 
-def call(argv: Sequence[str], job: Callable[[Any], int], *, info: bool = False) -> None:
+def call(argv: Sequence[str], job: Callable[[object], int], *, info: bool = False) -> None:
     """Run Hydra's own main on ``argv`` (flags and overrides) with ``job`` as its task function.
     Hydra parses ``sys.argv``; it is restored afterwards.  ``info``: Hydra's --info report (written
     through its logger) is shown; otherwise only its warnings are."""

@@ -64,7 +64,7 @@ class Planned:
     source: Path
     verified: VerifiedBundle
     org: str
-    description: dict[str, Any]
+    description: dict[str, object]
     place: Path
     system: Path
 
@@ -108,7 +108,7 @@ def _document(folder: Path, name: str, verified: Any) -> Any:
     return bundle.parse_document(name, bundle.read_document(folder, name, verified))
 
 
-def _system_file(path: Path, description: dict[str, Any], write: bool) -> None:
+def _system_file(path: Path, description: dict[str, object], write: bool) -> None:
     """The tree's copy of the description: written where absent; where present it must be the
     same description (the checker requires the bundle's embedded copy and the tree's equal)."""
     import yaml

@@ -5,11 +5,16 @@ from __future__ import annotations
 import argparse
 import json
 import sys
-from typing import Any
+from typing import TYPE_CHECKING
 
 from mlckpt.cli import hydra_app, serving_flags
 from mlckpt.errors import ExitStatus
 from mlckpt.workload.model import Workload
+
+if TYPE_CHECKING:
+    from collections.abc import Mapping
+
+    from mlckpt.rules.engine import Evaluation
 
 
 def register(sub: argparse._SubParsersAction) -> None:
@@ -65,7 +70,7 @@ def _serving(args: argparse.Namespace, workload: Workload) -> int:
     return ExitStatus.OK
 
 
-def _serving_run(args: argparse.Namespace, config: Any, ev: Any) -> int:
+def _serving_run(args: argparse.Namespace, config: Mapping[str, object], ev: Evaluation) -> int:
     """A serving run's plan (``serving.strategy`` set): its layout, who reads what, and the config
     rules' verdict on it."""
     from mlckpt.plan.serving import layout_document, layout_text

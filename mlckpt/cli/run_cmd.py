@@ -18,7 +18,7 @@ import sys
 import time
 from collections.abc import Mapping, Sequence
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, TextIO
+from typing import TYPE_CHECKING, TextIO
 
 from mlckpt.cli import hydra_app
 from mlckpt.command_line import override_key
@@ -165,7 +165,7 @@ class Outcomes:
     def __init__(self, out: TextIO) -> None:
         self.out, self.printed = out, 0
 
-    def add(self, doc: Mapping[str, Any]) -> None:
+    def add(self, doc: Mapping[str, object]) -> None:
         from mlckpt.cli import run_outcome
 
         print(run_outcome.line(doc), file=self.out, flush=True)

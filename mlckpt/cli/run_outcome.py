@@ -40,16 +40,16 @@ def noted() -> Iterator[tuple[dict[str, str], Path]]:
         Path(name).unlink(missing_ok=True)
 
 
-def last_note(path: Path) -> Mapping[str, Any] | None:
+def last_note(path: Path) -> Mapping[str, object] | None:
     """The last run's note (the last try of a retried one), or None where no rank wrote one."""
     lines = [ln for ln in path.read_text().splitlines() if ln.strip()] if path.exists() else []
     return json.loads(lines[-1]) if lines else None
 
 
-def outcome(status: int, overrides: Sequence[str], note: Mapping[str, Any] | None) -> dict[str, Any]:
+def outcome(status: int, overrides: Sequence[str], note: Mapping[str, Any] | None) -> dict[str, object]:
     """One launch's outcome line."""
     bundle = Path(note["bundle"]) if note else None
-    out: dict[str, Any] = {"outcome_format": RUN_OUTCOME.version, "status": status,
+    out: dict[str, object] = {"outcome_format": RUN_OUTCOME.version, "status": status,
                            "status_word": (status_word(status) or "unknown"), "overrides": list(overrides),
                            "bundle": str(bundle) if bundle else None,
                            "verdict": note["verdict"] if note else None, "io": None, "figures": None}
@@ -60,16 +60,16 @@ def outcome(status: int, overrides: Sequence[str], note: Mapping[str, Any] | Non
     return out
 
 
-def refused(status: int, error: str) -> dict[str, Any]:
+def refused(status: int, error: str) -> dict[str, object]:
     """The outcome of a command refused before any launch."""
     return {"outcome_format": RUN_OUTCOME.version, "status": status,
             "status_word": (status_word(status) or "unknown"), "error": error}
 
 
-def figures(summary: Mapping[str, Any]) -> dict[str, Any]:
+def figures(summary: Mapping[str, object]) -> dict[str, object]:
     """summary.json's figures: its numbers and its latency percentiles (``*_latency_ms``), without
     the format fields; what each means is on the measurements page."""
-    out: dict[str, Any] = {}
+    out: dict[str, object] = {}
     for key, value in summary.items():
         if key.endswith("_format"):
             continue
@@ -80,5 +80,5 @@ def figures(summary: Mapping[str, Any]) -> dict[str, Any]:
     return out
 
 
-def line(doc: Mapping[str, Any]) -> str:
+def line(doc: Mapping[str, object]) -> str:
     return json.dumps(doc, sort_keys=False, allow_nan=False)

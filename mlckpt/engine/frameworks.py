@@ -145,10 +145,10 @@ class Library:
     def read_one(self, item: Item, path: str) -> Any:
         raise NotImplementedError
 
-    def start_async(self, framework: Framework, cdir: Path, items: Sequence[Item]) -> Future[Any]:
+    def start_async(self, framework: Framework, cdir: Path, items: Sequence[Item]) -> Future[object]:
         raise ValueError(f"{self.name} has no async save")  # FRAMEWORK-SCOPE refuses it before I/O
 
-    def finish_async(self, framework: Framework, cdir: Path, future: Future[Any], rank: int) -> Saved:
+    def finish_async(self, framework: Framework, cdir: Path, future: Future[object], rank: int) -> Saved:
         raise ValueError(f"{self.name} has no async save")
 
 
@@ -163,7 +163,7 @@ class TorchSave(Library):
         with open(path, "wb") as fh:
             torch.save({item.key: _tensor(item.buf)}, fh)
 
-    def read_one(self, item: Item, path: str) -> Any:
+    def read_one(self, item: Item, path: str) -> object:
         import torch
 
         return torch.load(path, weights_only=True)[item.key]
@@ -179,7 +179,7 @@ class Safetensors(Library):
 
         save_file({item.key: _tensor(item.buf)}, path)
 
-    def read_one(self, item: Item, path: str) -> Any:
+    def read_one(self, item: Item, path: str) -> object:
         from safetensors.torch import load_file
 
         return load_file(path)[item.key]
@@ -218,7 +218,7 @@ class DistributedCheckpoint(Library):
                              storage_writer=_dcp_writer(framework, cdir))
         return out if isinstance(out, Future) else out.upload_completion
 
-    def finish_async(self, framework: Framework, cdir: Path, future: Future[Any], rank: int) -> Saved:
+    def finish_async(self, framework: Framework, cdir: Path, future: Future[object], rank: int) -> Saved:
         future.result()
         return _durable(framework, cdir, self.own(cdir, rank))
 
@@ -247,13 +247,13 @@ def save(framework: Framework, cdir: Path, items: Sequence[Item], rank: int) -> 
     return library(framework.writer).save(framework, cdir, items, rank)
 
 
-def start_async_save(framework: Framework, cdir: Path, items: Sequence[Item]) -> Future[Any]:
+def start_async_save(framework: Framework, cdir: Path, items: Sequence[Item]) -> Future[object]:
     """DCP's ``async_save``: returns once DCP staged the state (what training waits for); the
     future is done once the library wrote every file.  Collective."""
     return library(framework.writer).start_async(framework, cdir, items)
 
 
-def finish_async_save(framework: Framework, cdir: Path, future: Future[Any], rank: int) -> Saved:
+def finish_async_save(framework: Framework, cdir: Path, future: Future[object], rank: int) -> Saved:
     """Wait for an async save's files, then make them and the folder durable."""
     return library(framework.writer).finish_async(framework, cdir, future, rank)
 

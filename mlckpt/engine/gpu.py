@@ -50,7 +50,7 @@ def library() -> Any:
     return torch
 
 
-def probe_host(device: str | None) -> tuple[dict[str, Any] | None, str | None]:
+def probe_host(device: str | None) -> tuple[dict[str, object] | None, str | None]:
     """What a host's leader reports for the gates: its GPUs (name, count, library) or why the
     state cannot live there (a missing library, no CUDA device)."""
     try:
@@ -171,7 +171,7 @@ class DeviceState:
                 best[key] = max(best[key], n / dt * 1e9 / 2**30)
         return {k: round(v, 3) for k, v in best.items()}
 
-    def describe(self) -> dict[str, Any]:
+    def describe(self) -> dict[str, object]:
         return {
             "library": "torch",
             "library_version": str(self.torch.__version__),

@@ -139,7 +139,7 @@ class Store:
     def credentials_present(self) -> bool:
         return self.session.get_credentials() is not None
 
-    def describe(self) -> dict[str, Any]:
+    def describe(self) -> dict[str, object]:
         return {
             "client": client_version(),
             "endpoint_host": self.endpoint_host,
@@ -241,7 +241,7 @@ def put_objects(store: Store, objs: Sequence[ObjectIO]) -> list[FileResult]:
     return [FileResult(str(o.where), o.nbytes, True, opts.parts(o.nbytes), o.nbytes) for o in objs]
 
 
-def _content_total(where: ObjectPath, resp: dict[str, Any], offset: int) -> int:
+def _content_total(where: ObjectPath, resp: dict[str, object], offset: int) -> int:
     text = str(resp.get("ContentRange") or "")
     total = text.rpartition("/")[2]
     if not total.isdigit():

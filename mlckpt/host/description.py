@@ -15,7 +15,7 @@ from mlckpt.schemas import first_error
 MAX_DESCRIPTION_BYTES = strict.CAPS["system-description"]
 
 
-def load_system_description(path: str | Path, rules_version: str = "1.0") -> dict[str, Any]:
+def load_system_description(path: str | Path, rules_version: str = "1.0") -> dict[str, object]:
     p = Path(path)
     where = f"system: {p}"
     try:

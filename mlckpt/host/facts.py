@@ -294,7 +294,7 @@ def memory_copy_gib_s(threads: int | None = None, per_thread_bytes: int = 16 << 
     return best
 
 
-def host_facts(target: Path, mpi_library: str = "") -> dict[str, Any]:
+def host_facts(target: Path, mpi_library: str = "") -> dict[str, object]:
     """What the host says about itself, every string printable (strict.printable): Open MPI's
     library version ends in a NUL byte."""
     info = meminfo()

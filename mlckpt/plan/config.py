@@ -33,7 +33,7 @@ class Setup:
     """A validated configuration: resolved config, the overrides that produced it, the rules it
     is judged by, its workload and its plan."""
 
-    config: Mapping[str, Any]
+    config: Mapping[str, object]
     overrides: tuple[str, ...]
     rules: RuleSet
     workload: Workload
@@ -142,7 +142,7 @@ def compose(overrides: Sequence[str], source: ConfigSource = SHIPPED) -> dict[st
     return resolved
 
 
-def rules_version_text(version: object) -> Any:
+def rules_version_text(version: object) -> object:
     """A rules version as text: a config file's unquoted 1.9 arrives as a number (the command line
     quotes it, mlckpt.plan.aliases); one that a later version's name shadows (1.10 reads as 1.1)
     is refused."""
@@ -161,12 +161,12 @@ BOOLEAN_WORDS = {"yes": True, "on": True, "true": True, "y": True, "no": False, 
                  "false": False, "n": False}
 
 
-def as_typed(config: dict[str, Any]) -> None:
+def as_typed(config: dict[str, object]) -> None:
     """Turn sizes with units into bytes and yes/no words into booleans, in place (pure); a value
     that is neither is left for the schema to refuse, naming the key."""
     for dotted in BYTE_KEYS:
         *parents, last = dotted.split(".")
-        node: Any = config
+        node: object = config
         for part in parents:
             node = node.get(part) if isinstance(node, dict) else None
         if isinstance(node, dict) and isinstance(node.get(last), str):

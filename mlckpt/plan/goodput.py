@@ -177,7 +177,7 @@ class Measured:
 
 
 def measured(records: Sequence[Mapping[str, Any]], config: Mapping[str, Any],
-             framework: Mapping[str, Any] | None = None) -> Measured:
+             framework: Mapping[str, object] | None = None) -> Measured:
     """The mean stall, time to durable and durable-tier restore of a checkpoint run's records, and
     the same at the full size of its workload (ValueError when the records hold no write or no
     restore from the durable tier).  A library run's costs are its library's checkpoints only."""
@@ -201,7 +201,7 @@ def measured(records: Sequence[Mapping[str, Any]], config: Mapping[str, Any],
                     len(writes), len(reads), w_scale, r_scale)
 
 
-def at_reference(records: Sequence[Mapping[str, Any]], config: Mapping[str, Any],
+def at_reference(records: Sequence[Mapping[str, object]], config: Mapping[str, object],
                  framework: Mapping[str, Any] | None, reference: Mapping[str, Any] | None) -> Goodput | None:
     """A checkpoint result's goodput at a rules version's reference job (``goodput:``: ``gpus``
     of ``gpu_mtbf_s`` each), from its records at full size; None without a reference, or for

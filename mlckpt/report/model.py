@@ -46,7 +46,7 @@ class Report:
     facts: tuple[tuple[str, str], ...]  # what the run was, in order (label, value)
     verdict: str
     findings: tuple[str, ...]
-    ops: tuple[dict[str, Any], ...]  # OP_COLUMNS each
+    ops: tuple[dict[str, object], ...]  # OP_COLUMNS each
     ranks: tuple[dict[str, Any], ...]  # op label, rank, host, duration_s
     cdfs: dict[str, tuple[list[float], list[float]]] = field(default_factory=dict)  # op kind -> CDF
     latency: dict[str, dict[str, float]] = field(default_factory=dict)  # op kind -> percentiles
@@ -62,7 +62,7 @@ def _duration(r: Rec) -> int:
     return int(r["t1_ns"]) - int(r["t0_ns"])
 
 
-def op_row(op: str, index: int, recs: Sequence[Rec]) -> dict[str, Any]:
+def op_row(op: str, index: int, recs: Sequence[Rec]) -> dict[str, object]:
     slow = max(recs, key=_duration)
     dur = _duration(slow) / 1e9
     median = statistics.median(_duration(r) for r in recs) / 1e9
@@ -121,7 +121,7 @@ def sampled(records: Sequence[Rec]) -> dict[str, list[tuple[float, float]]]:
 
 
 def build(run: Mapping[str, Any], summary: Mapping[str, Any], system: Mapping[str, Any],
-          records: Sequence[Rec], config: Mapping[str, Any] | None = None) -> Report:
+          records: Sequence[Rec], config: Mapping[str, object] | None = None) -> Report:
     grouped = group_ops(records)
     ops = tuple(op_row(op, index, recs) for (op, index), recs in grouped.items())
     ranks = tuple({"op": _label(op, index), "rank": int(r["rank"]), "host": str(r["host"]),
@@ -164,7 +164,7 @@ def with_signature(rep: Report, status: str) -> Report:
     return replace(rep, facts=(*rep.facts, ("signature", status)))
 
 
-def _framework(summary: Mapping[str, Any]) -> tuple[tuple[str, str], ...]:
+def _framework(summary: Mapping[str, object]) -> tuple[tuple[str, str], ...]:
     """Summary format 7: the library writer and its ratios to the engine's checkpoints of the run."""
     fw = summary.get("framework")
     if not isinstance(fw, Mapping):

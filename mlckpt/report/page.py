@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import html
 import json
-from typing import Any
 
 from mlckpt.report.model import OP_COLUMNS, Report
 from mlckpt.units import fmt_figure
@@ -39,9 +38,9 @@ def _e(text: object) -> str:
     return html.escape(str(text), quote=True)
 
 
-def figures(rep: Report) -> dict[str, dict[str, Any]]:
-    figs: dict[str, dict[str, Any]] = {}
-    data: list[dict[str, Any]] = []
+def figures(rep: Report) -> dict[str, dict[str, object]]:
+    figs: dict[str, dict[str, object]] = {}
+    data: list[dict[str, object]] = []
     hosts = sorted({s.host for s in rep.segments})
     for n, host in enumerate(hosts):
         xs: list[float | None] = []
@@ -93,7 +92,7 @@ def figures(rep: Report) -> dict[str, dict[str, Any]]:
     return figs
 
 
-def _validate(figs: dict[str, dict[str, Any]]) -> None:
+def _validate(figs: dict[str, dict[str, object]]) -> None:
     import plotly.graph_objects as go
 
     for fig in figs.values():

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import csv
 import io
-from typing import Any
 
 from tabulate import tabulate
 
@@ -15,7 +14,7 @@ SHOWN = ("op", "index", "tier", "duration_s", "bandwidth_gib_s", "slowest_rank",
          "p50_ms", "p99_ms", "max_ms", "open_s", "transfer_s", "fsync_s", "dir_fsync_s")
 
 
-def _num(v: object) -> Any:
+def _num(v: object) -> object:
     return fmt_figure(v) if isinstance(v, float) else ("" if v is None else v)
 
 

@@ -65,11 +65,11 @@ class Finding:
     rule: str
     severity: str
     message: str
-    expected: Any = None
-    actual: Any = None
+    expected: object = None
+    actual: object = None
     where: str | None = None  # the place (a host, a file) its message begins with, as Outcome.where
 
-    def to_dict(self) -> dict[str, Any]:
+    def to_dict(self) -> dict[str, object]:
         return {"rule": self.rule, "severity": self.severity, "message": self.message,
                 "expected": self.expected, "actual": self.actual}
 
@@ -80,8 +80,8 @@ class Outcome:
     (a host, a file) prefixes the message when a rule fails in one place of several."""
 
     ok: bool
-    expected: Any = None
-    actual: Any = None
+    expected: object = None
+    actual: object = None
     where: str | None = None
 
 
@@ -130,8 +130,10 @@ class Context:
     hosts: tuple[HostSpec, ...] | None = None
     complete: bool = False
     measured: bool = False  # hosts carry the runner's own measurements (its gates, on each host)
-    run: Any = None  # checks.result.RunData for the result stage
-    submission: Any = None  # checks.submission.SubmissionFacts for the submission stage
+    # the result stage's RunData, the submission stage's SubmissionFacts: each stage's checks
+    # narrow it (mlckpt/rules/rundata.py, checks/submission.py), which import this module
+    run: object = None
+    submission: object = None
 
     @property
     def division(self) -> str:
@@ -147,7 +149,7 @@ class Context:
         return run_kind(self.config)
 
     def get(self, dotted: str) -> Any:
-        node: Any = self.config
+        node: object = self.config
         for part in dotted.split("."):
             if not isinstance(node, Mapping) or part not in node:
                 return None
@@ -248,7 +250,7 @@ class RuleSet:
                         raise RuleError(rule.id, make_finding(rule, item).message)
 
 
-def run_kind(config: Mapping[str, Any]) -> str:
+def run_kind(config: Mapping[str, object]) -> str:
     serving = config.get("serving")
     return "serving" if isinstance(serving, Mapping) and serving.get("strategy") else "checkpoint"
 

@@ -34,23 +34,23 @@ class RunData:
     system: Mapping[str, Any] = field(default_factory=dict)
     # The witness's transcript (its document, its signature held), for a witnessed run's
     # WITNESS-HOST (rules 1.10): None without a witness or one that could not be opened.
-    witness: Mapping[str, Any] | None = None
+    witness: Mapping[str, object] | None = None
     # summarize() of the records, computed once for every rule (and report) that needs it
-    _summaries: dict[tuple[float, int, int], dict[str, Any]] = field(default_factory=dict, compare=False,
+    _summaries: dict[tuple[float, int, int], dict[str, object]] = field(default_factory=dict, compare=False,
                                                                 repr=False)
     # what each request histogram holds that the request rules ask (its longest request, the least
     # its requests add up to), found while summarizing (mlckpt.latency.merged): the rules read it
     # rather than decode a block again; never summarized for it, since records the summary cannot
     # be recomputed from (the checker skips those rules) must not fault
     blocks: latency.Seen = field(default_factory=dict, compare=False, repr=False)
-    _grouped: dict[tuple[str, int], list[Mapping[str, Any]]] = field(default_factory=dict, compare=False,
+    _grouped: dict[tuple[str, int], list[Mapping[str, object]]] = field(default_factory=dict, compare=False,
                                                                       repr=False)
-    _hosts: dict[int, tuple[Sequence[Mapping[str, Any]], dict[str, list[Mapping[str, Any]]]]] = field(
+    _hosts: dict[int, tuple[Sequence[Mapping[str, object]], dict[str, list[Mapping[str, object]]]]] = field(
         default_factory=dict, compare=False, repr=False)
     # what else is made once for every rule that asks (the recomputed summary.json), by key
-    _made: dict[Any, Any] = field(default_factory=dict, compare=False, repr=False)
+    _made: dict[object, object] = field(default_factory=dict, compare=False, repr=False)
 
-    def summarized(self, ruleset: RuleSet) -> dict[str, Any]:
+    def summarized(self, ruleset: RuleSet) -> dict[str, object]:
         """The statistics of the records (``mlckpt.metrics.summarize``), under ``ruleset``'s cold-read
         bound and the records' own format; shared, not to be changed."""
         key = (float(ruleset.data["cold_read"]["max_resident_fraction"]),
@@ -92,7 +92,7 @@ class RunData:
         return {idx: recs for (kind, idx), recs in self.grouped().items() if kind == op}
 
 
-def at(r: Mapping[str, Any]) -> str:
+def at(r: Mapping[str, object]) -> str:
     """Where a finding about one record is: its op, index and rank (made only for a finding: the
     per-record checks pass over tens of thousands of records)."""
     return f"{r['op']} {r['index']} rank {r['rank']}"
@@ -100,7 +100,7 @@ def at(r: Mapping[str, Any]) -> str:
 
 def by_host(recs: Sequence[Mapping[str, Any]]) -> dict[str, list[Mapping[str, Any]]]:
     """The records by host, in their order."""
-    out: dict[str, list[Mapping[str, Any]]] = {}
+    out: dict[str, list[Mapping[str, object]]] = {}
     for r in recs:
         out.setdefault(str(r["host"]), []).append(r)
     return out

@@ -80,7 +80,7 @@ class Console:
     _lock: threading.Lock = field(default_factory=threading.Lock, repr=False)
     _beat: threading.Thread | None = field(default=None, repr=False)
     _live: Any = field(default=None, repr=False)  # rich.progress.Progress on a terminal
-    _task: Any = field(default=None, repr=False)
+    _task: object = field(default=None, repr=False)
     _terminal: str = field(default="", repr=False)
     _closed: bool = field(default=False, repr=False)
 

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Sequence
 from pathlib import Path
-from typing import Any, Protocol
+from typing import Protocol
 
 
 class Place(Protocol):
@@ -22,7 +22,8 @@ class Place(Protocol):
 class Faults:
     """Hooks called by the runner.  Each default does nothing (or returns its input)."""
 
-    def timed_action(self, rank: int, op: str, index: int, action: Callable[[], Any]) -> Callable[[], Any]:
+    def timed_action(self, rank: int, op: str, index: int,
+                     action: Callable[[], object]) -> Callable[[], object]:
         """Called before each timed op (``write``, ``read``, ``drain``, a serving run's ``load``); the
         returned callable runs inside the timed region, after t0."""
         return action

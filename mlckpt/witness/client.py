@@ -13,6 +13,8 @@ import urllib.error
 import urllib.request
 from typing import Any
 
+from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
+
 from mlckpt import bundle, dsse
 from mlckpt.errors import EnvelopeError
 from mlckpt.witness import protocol
@@ -29,8 +31,9 @@ class WitnessError(Exception):
 
 
 class Client:
-    def __init__(self, url: str, timeout_s: float = DEFAULT_TIMEOUT_S, *, key: Any = None,
-                 expect: str | None = None, ca_file: str | None = None) -> None:
+    def __init__(self, url: str, timeout_s: float = DEFAULT_TIMEOUT_S, *,
+                 key: Ed25519PrivateKey | None = None, expect: str | None = None,
+                 ca_file: str | None = None) -> None:
         """``key``: the private key that signs the open (a key of the witness's trusted keys);
         ``expect``: the witness's public key text (ed25519:…) to insist on; ``ca_file``: PEM
         certificates to trust for https (default: the system's)."""
@@ -75,7 +78,7 @@ class Client:
                     continue
                 raise WitnessError(f"witness {self.url} unreachable: {why}") from None
 
-    def info(self) -> dict[str, Any]:
+    def info(self) -> dict[str, object]:
         """The witness's identity, its key checked against the one expected (if any)."""
         out = dict(self.call("GET", "/v1/witness"))
         try:
@@ -91,7 +94,7 @@ class Client:
         self.keyid = keyid
         return out
 
-    def open(self, plan_digest: str, config: dict[str, Any], client: str = "mlckpt") -> dict[str, Any]:
+    def open(self, plan_digest: str, config: dict[str, object], client: str = "mlckpt") -> dict[str, object]:
         """Open a run: the witness's challenge, signed with ``key`` into the open request."""
         if self.key is None:
             raise WitnessError("opening a witnessed run needs a signing key the witness trusts")
@@ -114,13 +117,13 @@ class Client:
                 raise WitnessError(f"witness {self.url}: a receipt that does not hold: {exc}") from None
         return out
 
-    def event(self, kind: str, op: str, index: int, nbytes: int | None = None) -> dict[str, Any]:
-        body: dict[str, Any] = {"kind": kind, "op": op, "index": index}
+    def event(self, kind: str, op: str, index: int, nbytes: int | None = None) -> dict[str, object]:
+        body: dict[str, object] = {"kind": kind, "op": op, "index": index}
         if nbytes is not None:
             body["bytes"] = nbytes
         return self.signed(self.call("POST", f"/v1/runs/{self.run}/events", body))
 
-    def round_trip(self) -> dict[str, Any]:
+    def round_trip(self) -> dict[str, object]:
         """One round trip the witness measures on its own clock (ping, then pong at once)."""
         token = self.call("POST", f"/v1/runs/{self.run}/pings", {})["token"]
         return self.signed(self.call("POST", f"/v1/runs/{self.run}/pongs", {"token": token}))
@@ -135,7 +138,7 @@ class Client:
         return out
 
 
-def opened(envelope: Any, payload_type: str, keyid: str | None = None) -> dict[str, Any]:
+def opened(envelope: object, payload_type: str, keyid: str | None = None) -> dict[str, object]:
     """A receipt's or transcript's document, its signature checked (and its signer, if given)."""
     doc, signer, _ = dsse.open_signed(json.dumps(envelope).encode(), payload_type)
     if keyid is not None and signer != keyid:
@@ -144,9 +147,9 @@ def opened(envelope: Any, payload_type: str, keyid: str | None = None) -> dict[s
     return dict(doc)
 
 
-def receipt_of(answer: dict[str, Any], keyid: str | None = None) -> dict[str, Any]:
+def receipt_of(answer: dict[str, object], keyid: str | None = None) -> dict[str, object]:
     return opened(answer["receipt"], protocol.RECEIPT_TYPE, keyid)
 
 
-def transcript_of(answer: dict[str, Any], keyid: str | None = None) -> dict[str, Any]:
+def transcript_of(answer: dict[str, object], keyid: str | None = None) -> dict[str, object]:
     return opened(answer["transcript"] if "transcript" in answer else answer, protocol.TRANSCRIPT_TYPE, keyid)

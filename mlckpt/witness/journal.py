@@ -20,7 +20,6 @@ import os
 import re
 import time
 from pathlib import Path
-from typing import Any
 
 from mlckpt.errors import UsageError
 
@@ -34,11 +33,11 @@ class JournalFull(OSError):
     journal is as it was before the attempt."""
 
 
-def line_of(entry: dict[str, Any]) -> bytes:
+def line_of(entry: dict[str, object]) -> bytes:
     return json.dumps(entry, sort_keys=True, separators=(",", ":"), ensure_ascii=True).encode() + b"\n"
 
 
-def chained(lines: list[bytes], where: str) -> tuple[list[dict[str, Any]], str]:
+def chained(lines: list[bytes], where: str) -> tuple[list[dict[str, object]], str]:
     """The entries of complete journal ``lines`` (without their newlines), the hash chain checked,
     and the digest of the last line; UsageError naming the damaged line."""
     prev, entries = GENESIS, []
@@ -77,7 +76,7 @@ class Journal:
     def archive_path(self, run: str) -> Path:
         return self.closed / f"{self.path(run).name}.gz"
 
-    def append(self, run: str, entry: dict[str, Any]) -> tuple[dict[str, Any], int]:
+    def append(self, run: str, entry: dict[str, object]) -> tuple[dict[str, object], int]:
         """``entry`` with its chain link, durable on return, and its size in bytes.
         JournalFull when it could not be made durable (the file cut back to what it was)."""
         prev = self.heads.get(run, GENESIS)
@@ -123,7 +122,7 @@ class Journal:
         _fsync_dir(self.folder)
         self.heads.pop(run, None)
 
-    def archived(self, run: str) -> list[dict[str, Any]] | None:
+    def archived(self, run: str) -> list[dict[str, object]] | None:
         """A closed run's entries, the chain checked; None if it is not (or no longer) kept."""
         try:
             data = gzip.decompress(self.archive_path(run).read_bytes())
@@ -154,10 +153,10 @@ class Journal:
         st = os.statvfs(self.folder)
         return st.f_bavail * st.f_frsize
 
-    def load(self) -> dict[str, list[dict[str, Any]]]:
+    def load(self) -> dict[str, list[dict[str, object]]]:
         """Every open run's entries, the chain checked; a torn last line (a crash mid-write)
         removed; a run found ended but not yet archived (a crash between the two) archived."""
-        runs: dict[str, list[dict[str, Any]]] = {}
+        runs: dict[str, list[dict[str, object]]] = {}
         for tmp in self.closed.glob("*.tmp"):
             tmp.unlink()  # an archive cut off by a crash: its source is still in place
         for path in sorted(self.folder.glob("*.jsonl")):

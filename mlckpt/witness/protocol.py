@@ -32,7 +32,7 @@ MAX_REQUEST_BYTES = 64 << 10  # a configuration fits many times over; anything l
 MAX_EVENTS = 100_000  # per run: ten thousand checkpoints and restores, with pings
 
 _HEX = {"type": "string", "pattern": "^[0-9a-f]{64}$"}
-REQUESTS: dict[str, dict[str, Any]] = {
+REQUESTS: dict[str, dict[str, object]] = {
     "open": {  # the signed document inside the open's envelope
         "type": "object", "required": ["_type", "witness_keyid", "challenge", "plan_digest", "config"],
         "properties": {"_type": {"const": "mlckpt-witness-open"}, "witness_keyid": _HEX,
@@ -116,14 +116,14 @@ def order_problem(entries: Sequence[Mapping[str, Any]], event: Mapping[str, Any]
     return None
 
 
-def open_document(witness_keyid: str, challenge: str, plan_digest: str, config: Mapping[str, Any],
-                  client: str) -> dict[str, Any]:
+def open_document(witness_keyid: str, challenge: str, plan_digest: str, config: Mapping[str, object],
+                  client: str) -> dict[str, object]:
     """What a client signs to open a run at the witness ``witness_keyid``."""
     return {"_type": "mlckpt-witness-open", "witness_keyid": witness_keyid, "challenge": challenge,
             "plan_digest": plan_digest, "config": dict(config), "client": client}
 
 
-def ended_problem(entries: Sequence[Mapping[str, Any]]) -> str:
+def ended_problem(entries: Sequence[Mapping[str, object]]) -> str:
     """What a request to a run that took its last event hears."""
     last = entries[-1]
     if last["kind"] == "expire":
@@ -137,18 +137,18 @@ def tag_run_id(run_id: int, nonce: str) -> int:
     return run_id ^ int.from_bytes(bytes.fromhex(nonce)[:8], "little")
 
 
-def transcript_format(entries: Sequence[Mapping[str, Any]]) -> int:
+def transcript_format(entries: Sequence[Mapping[str, object]]) -> int:
     """The witness format a run's journal is written in: 3 once it holds a load, else 2."""
     return WITNESS_FORMAT if any(e.get("op") == "load" for e in entries) else formats.WITNESS_WITHOUT_LOADS
 
 
-def receipt(run: str, entry: Mapping[str, Any]) -> dict[str, Any]:
+def receipt(run: str, entry: Mapping[str, object]) -> dict[str, object]:
     """What the witness signs for one journal entry."""
     return {"_type": "mlckpt-witness-receipt", "witness_format": WITNESS_FORMAT, "run": run,
             **{k: v for k, v in entry.items() if k != "body"}}
 
 
-def transcript(run: str, entries: Sequence[Mapping[str, Any]], witness_keyid: str) -> dict[str, Any]:
+def transcript(run: str, entries: Sequence[Mapping[str, object]], witness_keyid: str) -> dict[str, object]:
     """The whole run as the witness saw it: every journal entry with the witness's own times."""
     return {"_type": "mlckpt-witness-transcript", "witness_format": transcript_format(entries), "run": run,
             "witness_keyid": witness_keyid, "entries": [dict(e) for e in entries]}

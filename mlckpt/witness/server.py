@@ -26,6 +26,7 @@ from pathlib import Path
 from typing import Any
 
 from aiohttp import web
+from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 
 from mlckpt import bundle, dsse
 from mlckpt import strict as loading
@@ -77,7 +78,7 @@ async def errors(request: web.Request, handler: Handler) -> web.StreamResponse:
 
 
 class Witness:
-    def __init__(self, journal: Journal, key: Any, trusted: bundle.TrustedKeys,
+    def __init__(self, journal: Journal, key: Ed25519PrivateKey, trusted: bundle.TrustedKeys,
                  limits: Limits | None = None) -> None:
         self.journal = journal
         self.key = key
@@ -98,7 +99,7 @@ class Witness:
         self.refused = 0  # requests refused before anything was stored (shown at the end)
         self.lag = LagMeter()  # ticks while the app runs (witness format 2: each event's lag_ns)
 
-    def sign(self, doc: dict[str, Any], payload_type: str) -> dict[str, Any]:
+    def sign(self, doc: dict[str, object], payload_type: str) -> dict[str, object]:
         return bundle.make_envelope(doc, self.key, payload_type)
 
     async def body(self, request: web.Request, kind: str) -> dict[str, Any]:
@@ -121,7 +122,7 @@ class Witness:
                 from None
 
     async def record(self, run: str, fields: dict[str, Any], t_wall: int, t_mono: int, *,
-                     bounded: bool = True) -> dict[str, Any]:
+                     bounded: bool = True) -> dict[str, object]:
         """Journal one event (stamped with the witness's clocks) and sign its receipt; within its
         opener's byte bound unless ``bounded`` is False (the witness's own expire entry)."""
         entries = self.runs[run]
@@ -148,7 +149,7 @@ class Witness:
             raise web.HTTPConflict(reason=protocol.ended_problem(ended))
         raise web.HTTPNotFound(reason=f"no witnessed run {run}")
 
-    def ended_entries(self, run: str) -> list[dict[str, Any]] | None:
+    def ended_entries(self, run: str) -> list[dict[str, object]] | None:
         try:
             return self.journal.archived(run)
         except ValueError:  # not a run id at all
@@ -225,7 +226,7 @@ class Witness:
             problem = protocol.order_problem(self.runs[run], body)
             if problem:
                 raise web.HTTPConflict(reason=problem)
-            fields: dict[str, Any] = {**body}
+            fields: dict[str, object] = {**body}
             if body["kind"] == "start" and body["op"] == "write":
                 fields["nonce"] = secrets.token_hex(16)  # bound into this checkpoint's content
             op = (run, body["op"], body["index"])
@@ -292,7 +293,7 @@ class Witness:
             raise web.HTTPConflict(reason=protocol.ended_problem(entries))
         return web.json_response(self.transcript(run, entries))
 
-    def transcript(self, run: str, entries: list[dict[str, Any]]) -> dict[str, Any]:
+    def transcript(self, run: str, entries: list[dict[str, object]]) -> dict[str, object]:
         return self.sign(protocol.transcript(run, entries, self.keyid), protocol.TRANSCRIPT_TYPE)
 
     async def expire(self) -> int:

@@ -53,13 +53,13 @@ class Writer:
     syncs: str | None  # the setting under which the library fsyncs its own files (None: never)
     asynchronous: bool  # has an async save path (checkpoint.mode=async)
     suffix: str = ""  # a library file's suffix in place of the planned one's ("": the planned name)
-    own_settings: tuple[tuple[str, Any], ...] = ()  # what run.json records of its settings, fixed
+    own_settings: tuple[tuple[str, object], ...] = ()  # what run.json records of its settings, fixed
     # the library names its own files (known once it made them) and saves and loads collectively,
     # over torch.distributed's process group (DCP)
     collective: bool = False
     needs: tuple[str, ...] = ()  # every top-level package its module imports (checked before any rank)
 
-    def settings(self, framework: Framework) -> dict[str, Any]:
+    def settings(self, framework: Framework) -> dict[str, object]:
         """What run.json records of the library's settings (those that change what it does)."""
         return dict(self.own_settings)
 
@@ -77,7 +77,7 @@ class Writer:
 class DistributedCheckpoint(Writer):
     """PyTorch DCP: one file per rank and FileSystemWriter thread, and the coordinator's metadata."""
 
-    def settings(self, framework: Framework) -> dict[str, Any]:
+    def settings(self, framework: Framework) -> dict[str, object]:
         return {"thread_count": framework.threads, "sync_files": framework.sync_files,
                 "single_file_per_rank": True}
 
@@ -142,7 +142,7 @@ class Framework:
         """Who fsyncs this library's files inside a write."""
         return "library" if self.spec.syncs and self.sync_files else "mlckpt"
 
-    def settings(self) -> dict[str, Any]:
+    def settings(self) -> dict[str, object]:
         """What run.json records of the library's settings (those that change what it does)."""
         return self.spec.settings(self)
 

@@ -80,7 +80,7 @@ class Workload:
     closed_ranks: int
     canonical: bool = False
 
-    def to_dict(self) -> dict[str, Any]:
+    def to_dict(self) -> dict[str, object]:
         return asdict(self)
 
 
@@ -88,7 +88,7 @@ _INT_MODEL_KEYS = ("hidden_size", "num_layers", "ffn_hidden_size", "vocab_size",
                    "num_attention_heads", "num_kv_heads")
 
 
-def _positive_int(node: Mapping[str, Any], key: str, where: str) -> int:
+def _positive_int(node: Mapping[str, object], key: str, where: str) -> int:
     value = node.get(key)
     if isinstance(value, bool) or not isinstance(value, int):
         raise ConfigError(f"{where}.{key}: expected an integer, got {value!r}", key=f"{where}.{key}")

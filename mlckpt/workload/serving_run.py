@@ -55,7 +55,7 @@ class ServingRun:
         w = workload_from_config(config["workload"])
         return ServingLayout(w.name, w.model, self.tp, self.replicas, max(self.tp, 8), self.shard_file_bytes)
 
-    def plan(self, config: Mapping[str, Any], hosts: Sequence[str]) -> LoadPlan:
+    def plan(self, config: Mapping[str, object], hosts: Sequence[str]) -> LoadPlan:
         """Every rank's part of each load, ``hosts[r]`` rank r's host (ConfigError naming the key
         where they do not fit)."""
         return load_plan(self.layout(config), self.strategy, hosts, self.scale)
@@ -66,7 +66,7 @@ class ServingRun:
             return None
         return Path(self.node_tier or DEFAULT_NODE_TIER).absolute() / f"mlckpt-tier-{run_name}"
 
-    def block(self, node_tier: str | None = None) -> dict[str, Any]:
+    def block(self, node_tier: str | None = None) -> dict[str, object]:
         """run.json's ``serving`` (``node_tier``: the tier as the run resolved it)."""
         return {"strategy": self.strategy, "tp": self.tp, "replicas": self.replicas, "loads": self.loads,
                 "shard_file_bytes": self.shard_file_bytes,

@@ -6,7 +6,6 @@ from __future__ import annotations
 import posixpath
 from collections.abc import Iterable, Iterator, Mapping
 from pathlib import PurePosixPath
-from typing import Any
 
 from mlckpt.command_line import override_key
 from mlckpt.rules.engine import Context, NotChecked, Outcome, Rule, RuleSet, checks_table
@@ -18,7 +17,7 @@ def ranks_multiple_of_mp(ctx: Context, ruleset: RuleSet, rule: Rule) -> Outcome:
     mp = ctx.workload.parallelism.model_parallel
     ranks = ctx.ranks
     ok = isinstance(ranks, int) and ranks > 0 and ranks % mp == 0
-    actual: Any = ranks
+    actual: object = ranks
     if not ok and isinstance(ranks, int):
         lower, upper = (ranks // mp) * mp, (ranks // mp + 1) * mp
         nearest = [n for n in (lower, upper) if n > 0]
@@ -169,8 +168,8 @@ def tiers_distinct(ctx: Context, ruleset: RuleSet, rule: Rule) -> Outcome | NotC
                    f"checkpoint.tiers.fast={pipe.fast}")
 
 
-def _flatten(d: Mapping[str, Any], prefix: str = "") -> dict[str, Any]:
-    out: dict[str, Any] = {}
+def _flatten(d: Mapping[str, object], prefix: str = "") -> dict[str, object]:
+    out: dict[str, object] = {}
     for k, v in d.items():
         key = f"{prefix}{k}"
         if isinstance(v, Mapping):

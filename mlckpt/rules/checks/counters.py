@@ -86,11 +86,11 @@ def _memory_restores(counted: Sequence[Rec], facts: Mapping[str, Any], where: st
 def _device(
     data: RunData,
     b: Mapping[str, Any],
-    attr: Mapping[str, Any] | None,
+    attr: Mapping[str, object] | None,
     key: tuple[str, int],
     hr: Sequence[Rec],
     leader: Rec,
-    facts: Mapping[str, Any],
+    facts: Mapping[str, object],
 ) -> Iterator[Outcome]:
     """The device and the page cache during the window against the op's bytes and mode."""
     hc = leader["host_counters"]

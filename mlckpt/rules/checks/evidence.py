@@ -57,7 +57,7 @@ def counted_op(data: RunData, r: Rec) -> bool:
 
 
 # ------------------------------------------------------------------------------ what is shown
-def recomputed_summary(ruleset: RuleSet, data: RunData, plan: Any) -> dict[str, Any]:
+def recomputed_summary(ruleset: RuleSet, data: RunData, plan: Any) -> dict[str, object]:
     """summary.json as the records and the plan of the run's own workload and scale give it (and,
     from summary format 3, run.json's times and system.json's hosts; from 5, what other processes
     moved on the checkpoint device): what the runner writes, and what the checker, ``compare``
@@ -68,7 +68,7 @@ def recomputed_summary(ruleset: RuleSet, data: RunData, plan: Any) -> dict[str, 
                   lambda: _recomputed_summary(ruleset, data, plan))
 
 
-def _recomputed_summary(ruleset: RuleSet, data: RunData, plan: Any) -> dict[str, Any]:
+def _recomputed_summary(ruleset: RuleSet, data: RunData, plan: Any) -> dict[str, object]:
     facts = DlioFacts.of(data.run, data.system) if summary_format(ruleset) >= 3 else None
     out = completed(data.summarized(ruleset), plan.total_bytes,
                     plan.restore_bytes(str(data.config["checkpoint"]["restore"])), facts)
@@ -189,7 +189,7 @@ def timing_copies(ctx: Context, ruleset: RuleSet, rule: Rule) -> Iterator[Outcom
     ops equal another rank's), was copied."""
     d = run_data(ctx)
     ops = d.grouped()
-    seen: dict[tuple[Any, ...], Rec] = {}
+    seen: dict[tuple[object, ...], Rec] = {}
     for (op, idx), recs in sorted(ops.items()):
         starts = {h: min(int(r["t0_ns"]) for r in hr) for h, hr in d.hosts(recs).items()}
         for r, sig in zip(recs, map(_signature, recs), strict=True):
@@ -202,7 +202,7 @@ def timing_copies(ctx: Context, ruleset: RuleSet, rule: Rule) -> Iterator[Outcom
                     where=f"{op} {idx} rank {r['rank']}",
                 )
                 return
-    vectors: dict[tuple[Any, ...], str] = {}
+    vectors: dict[tuple[object, ...], str] = {}
     by_rank: dict[tuple[str, int], list[int]] = {}
     for (op, idx), recs in sorted(ops.items()):  # each op's records in rank order
         durs = tuple([int(r["t1_ns"]) - int(r["t0_ns"]) for r in recs])

@@ -13,7 +13,7 @@ from mlckpt.rules.engine import Context, NotChecked, Outcome, Rule, RuleSet, che
 from mlckpt.rules.rundata import at, run_data
 
 
-def gpu_source(config: Mapping[str, Any]) -> bool:
+def gpu_source(config: Mapping[str, object]) -> bool:
     """Whether a configuration keeps the state in GPU memory (rules 1.7's ``state.source``)."""
     state = config.get("state") or {}
     return isinstance(state, Mapping) and state.get("source") == "gpu"

@@ -18,7 +18,6 @@ edited coherently within both bounds (only a witness bounds time).
 from __future__ import annotations
 
 from collections.abc import Iterator, Mapping
-from typing import Any
 
 from mlckpt import latency
 from mlckpt.rules.checks.result import op_files
@@ -105,7 +104,7 @@ def requests_busy(ctx: Context, ruleset: RuleSet, rule: Rule) -> Iterator[Outcom
                           where=_at(str(r["op"]), int(r["index"]), r))
 
 
-def _at(op: str, idx: int, r: Mapping[str, Any]) -> str:
+def _at(op: str, idx: int, r: Mapping[str, object]) -> str:
     """Where a finding about one rank's requests is (made only for a finding)."""
     return f"{op} {idx}, rank {r['rank']}"
 

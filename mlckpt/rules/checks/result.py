@@ -134,7 +134,7 @@ def _num_equal(a: object, b: object) -> bool:
     return a == b
 
 
-def compare_values(path: str, want: object, have: object) -> Iterator[tuple[str, Any, Any]]:
+def compare_values(path: str, want: object, have: object) -> Iterator[tuple[str, object, object]]:
     if isinstance(want, Mapping):
         if not isinstance(have, Mapping):
             yield path, "an object", have

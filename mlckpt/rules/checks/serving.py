@@ -161,7 +161,7 @@ def _counted(hc: Mapping[str, Any], hr: Sequence[Mapping[str, Any]], slack: floa
                           f"{got} B", where=where)
 
 
-def summarized(ruleset: RuleSet, data: RunData, run: ServingRun) -> dict[str, Any]:
+def summarized(ruleset: RuleSet, data: RunData, run: ServingRun) -> dict[str, object]:
     """A serving run's summary.json from its records (the runner writes it, SERVING-SUMMARY
     recomputes it)."""
     written = Written.of(ruleset.version)
@@ -171,7 +171,7 @@ def summarized(ruleset: RuleSet, data: RunData, run: ServingRun) -> dict[str, An
                    formats=(written.summary, written.records))
 
 
-def recomputed(ruleset: RuleSet, data: RunData, run: ServingRun) -> dict[str, Any] | None:
+def recomputed(ruleset: RuleSet, data: RunData, run: ServingRun) -> dict[str, object] | None:
     """:func:`summarized`, which the checker reports, never the claim; None where a record's
     duration is not positive (SERVING-PLAN says so)."""
     if any(int(r["t1_ns"]) <= int(r["t0_ns"]) for r in data.records if r.get("op") == "load"):

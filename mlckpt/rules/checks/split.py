@@ -46,15 +46,15 @@ def proof_matches(proof: object, commitment: object) -> bool:
     return isinstance(commitment, str) and hmac.compare_digest(opened, commitment)
 
 
-def _get(config: Mapping[str, Any], dotted: str) -> Any:
-    node: Any = config
+def _get(config: Mapping[str, object], dotted: str) -> object:
+    node: object = config
     for part in dotted.split("."):
         node = node.get(part) if isinstance(node, Mapping) else None
     return node
 
 
 def split_problems(write_run: Mapping[str, Any], write_config: Mapping[str, Any],
-                  read_config: Mapping[str, Any]) -> list[str]:
+                  read_config: Mapping[str, object]) -> list[str]:
     """Why the write invocation (its run.json and config) cannot be restored by a read-only
     invocation of ``read_config``; empty when it can."""
     out = []
@@ -88,7 +88,7 @@ def split_evidence(ctx: Context, ruleset: RuleSet, rule: Rule) -> Iterator[Outco
     yield from report_problems(ctx, "split_evidence")
 
 
-def host_clocks(records: Any, system: Any) -> dict[str, dict[str, Any]]:
+def host_clocks(records: Any, system: Any) -> dict[str, dict[str, object]]:
     """Per host of an invocation's records: its boot id (system.json), the median of its records'
     wall-clock start minus monotonic t0, its first op's wall-clock start and its last op's end."""
     boots = {str(h.get("hostname")): h.get("boot_id") for h in (system or {}).get("hosts", ())
@@ -96,7 +96,7 @@ def host_clocks(records: Any, system: Any) -> dict[str, dict[str, Any]]:
     by_host: dict[str, list[Mapping[str, Any]]] = {}
     for r in records:
         by_host.setdefault(str(r["host"]), []).append(r)
-    out: dict[str, dict[str, Any]] = {}
+    out: dict[str, dict[str, object]] = {}
     for host, mine in sorted(by_host.items()):
         offsets = sorted(float(r["wall_start"]) - int(r["t0_ns"]) / 1e9 for r in mine)
         out[host] = {"boot_id": boots.get(host), "offset_s": offsets[len(offsets) // 2],

@@ -15,9 +15,12 @@ from __future__ import annotations
 
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING
 
 from mlckpt.rules.engine import CheckFn, Context, NotChecked, Outcome, Rule, RuleSet, checks_table
+
+if TYPE_CHECKING:
+    from mlckpt.rules.checks.witness import WitnessFacts
 
 
 @dataclass(frozen=True)
@@ -26,8 +29,8 @@ class Problem:
     relative to the tree root otherwise); it prefixes the rule's message."""
 
     where: str
-    expected: Any
-    actual: Any
+    expected: object
+    actual: object
 
 
 Problems = tuple[Problem, ...]
@@ -64,7 +67,7 @@ class SubmissionFacts:
     split: Problems | None = None  # SPLIT-PAIR (read-only invocations; () passes any other run)
     split_gap_s: float | None = None  # a read-only invocation: from its write invocation's end to its start
     split_evidence: Problems | None = None  # SPLIT-EVIDENCE (rules 1.10): the content proof, the clocks
-    witness: Any = None  # checks.witness.WitnessFacts (rules 1.4); None: not reached
+    witness: WitnessFacts | None = None  # rules 1.4; None: not reached
 
 
 def _facts(ctx: Context) -> SubmissionFacts:

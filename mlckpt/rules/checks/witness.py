@@ -17,6 +17,7 @@ from typing import Any
 
 from mlckpt.rules.checks.timing import start_allowance_s
 from mlckpt.rules.engine import CheckFn, Context, NotChecked, Outcome, Rule, RuleSet, checks_table
+from mlckpt.rules.rundata import RunData
 from mlckpt.units import GiB
 
 TRANSCRIPT = "witness.dsse.json"
@@ -30,11 +31,11 @@ class WitnessFacts:
     present: bool  # the bundle holds witness.dsse.json
     problem: str | None = None  # why the transcript cannot be read or its signature fails
     signer: str | None = None  # the key id whose signature over the transcript holds
-    transcript: Mapping[str, Any] | None = None  # signature valid and schema-valid
+    transcript: Mapping[str, object] | None = None  # signature valid and schema-valid
     trusted_as: str | None = None  # the witness's name in the trusted-witnesses file
     trust_list: bool = False  # a trusted-witnesses file was given
-    run: Mapping[str, Any] | None = None  # run.json
-    records: Sequence[Mapping[str, Any]] = ()
+    run: Mapping[str, object] | None = None  # run.json
+    records: Sequence[Mapping[str, object]] = ()
     plan_digest: str | None = None  # recomputed from the bundle's config (None: no plan)
     bundle_signer: str | None = None  # the key id whose signature over the bundle holds
 
@@ -73,7 +74,7 @@ def entries(doc: Mapping[str, Any]) -> list[Mapping[str, Any]]:
     return list(doc.get("entries", ()))
 
 
-def max_rtt_s(doc: Mapping[str, Any]) -> float:
+def max_rtt_s(doc: Mapping[str, object]) -> float:
     rtts = [e["rtt_ns"] for e in entries(doc) if e.get("kind") == "rtt"]
     return max(rtts, default=0) / 1e9
 
@@ -100,11 +101,11 @@ def spans(doc: Mapping[str, Any], records: Sequence[Mapping[str, Any]]) -> list[
     return out
 
 
-def figures(facts: WitnessFacts) -> dict[str, Any]:
+def figures(facts: WitnessFacts) -> dict[str, object]:
     """The witness-conservative bandwidths (bytes over the witness's own interval), GiB/s."""
     if facts.transcript is None:
         return {}
-    out: dict[str, Any] = {}
+    out: dict[str, object] = {}
     for op in WITNESSED_OPS:
         bws = [s.bytes / s.answered_s / GiB for s in spans(facts.transcript, facts.records)
                if s.op == op and s.answered_s > 0]
@@ -338,7 +339,7 @@ def witness_host(ctx: Context, ruleset: RuleSet, rule: Rule) -> Outcome | NotChe
     many ranks per core, rank 0 woken late) breaks it; so does a run that recorded its op shorter
     than it was.  Either way the op was not measured to the witness's satisfaction: no result,
     never ranked, and the finding says where rank 0 says the time went."""
-    d = ctx.run
+    d = ctx.run if isinstance(ctx.run, RunData) else None
     claim = (d.run.get("witness") or {}) if d is not None else {}
     if d is None or claim.get("status") != "witnessed":
         return Outcome(True)
@@ -360,7 +361,7 @@ def witness_host(ctx: Context, ruleset: RuleSet, rule: Rule) -> Outcome | NotChe
     return out or Outcome(True)
 
 
-def too_short(facts: WitnessFacts, ruleset: RuleSet) -> list[dict[str, Any]]:
+def too_short(facts: WitnessFacts, ruleset: RuleSet) -> list[dict[str, object]]:
     """The witnessed ops the witness bounds to no better than ``witness.bound_fraction`` of their
     duration (rules 1.10; none before): what the report says of ops too short to bound."""
     if facts.transcript is None or "bound_fraction" not in ruleset.data.get("witness", {}):

@@ -43,7 +43,7 @@ class Source:
     tags: tuple[tuple[int, int], ...] = ()
     commitment: str | None = None  # run.json content_commitment (run format 10): the key's
 
-    def manifest_entry(self, key: bytes) -> dict[str, Any]:
+    def manifest_entry(self, key: bytes) -> dict[str, object]:
         """run.json's ``restored_from``, with the proof that this invocation held the write
         invocation's content key (``key``: read from its marker)."""
         return {"run_id": f"{self.run_id:016x}", "name": self.name, "num_writes": self.num_writes,
@@ -76,7 +76,7 @@ def locate(value: str, output_root: Path) -> Path:
                       f"{output_root})", key=KEY)
 
 
-def load_source(value: str, output_root: Path, read_config: Mapping[str, Any]) -> Source:
+def load_source(value: str, output_root: Path, read_config: Mapping[str, object]) -> Source:
     """The write invocation's verified bundle, or one line naming why it cannot be restored."""
     folder = locate(value, output_root)
     try:

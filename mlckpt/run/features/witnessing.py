@@ -13,8 +13,9 @@ from __future__ import annotations
 
 import json
 from dataclasses import dataclass, field
-from typing import Any
 from urllib.parse import urlsplit
+
+from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 
 from mlckpt import __version__
 from mlckpt.errors import ConfigError
@@ -41,7 +42,7 @@ class Witnessing:
     run: str = ""
     lost: str | None = None
     nonces: dict[int, str] = field(default_factory=dict)  # write index -> nonce
-    transcript: dict[str, Any] | None = None  # the signed envelope, once closed
+    transcript: dict[str, object] | None = None  # the signed envelope, once closed
     # Rank 0's perf counter when the op's start was answered and when its end was sent: the host's
     # own share of the witness's interval (records' witness_host_ns).
     answered_ns: int | None = None
@@ -49,7 +50,7 @@ class Witnessing:
 
     @classmethod
     def open(cls, job: Job, run: Settings, plan_digest: str, run_id: int, name: str,
-             key: object = None) -> Witnessing | None:
+             key: Ed25519PrivateKey | None = None) -> Witnessing | None:
         """Open the witnessed run before any I/O (collective), the open signed with rank 0's
         signing ``key``; None when no witness is asked for.  A witness that cannot be reached now,
         or that refuses the key, or whose key is not ``witness.public_key``, refuses the run (one
@@ -134,7 +135,7 @@ class Witnessing:
         """The witness answered to the end: its transcript goes into the bundle."""
         return self.transcript is not None and self.lost is None
 
-    def block(self, num_writes: int) -> dict[str, Any]:
+    def block(self, num_writes: int) -> dict[str, object]:
         """run.json's ``witness``: who witnessed, and whether the transcript is in the bundle."""
         return {
             "endpoint": endpoint(self.url),
@@ -146,7 +147,7 @@ class Witnessing:
             "transcript": TRANSCRIPT_FILE if self.witnessed else None,
         }
 
-    def document(self) -> dict[str, Any] | None:
+    def document(self) -> dict[str, object] | None:
         """The transcript's document (its signature was checked as it arrived), for the rules
         that read it; None when not witnessed."""
         return transcript_of(self.transcript) if self.witnessed and self.transcript is not None else None
@@ -157,7 +158,7 @@ class Witnessing:
         return json.dumps(self.transcript, indent=1).encode() + b"\n"
 
 
-def _opening(run: Settings, run_id: int, name: str) -> dict[str, Any]:
+def _opening(run: Settings, run_id: int, name: str) -> dict[str, object]:
     """What the witness is told about the run at its opening (bound into the transcript)."""
     return {"run_id": f"{run_id:016x}", "name": name, "workload": run.workload, "ranks": run.ranks,
             "division": run.division, "scale": run.scale, "num_writes": run.checkpoint.num_writes,

@@ -57,7 +57,7 @@ class Guardian:
             listener.close()
         return cls(ours, port, pid)
 
-    def send(self, **msg: Any) -> None:
+    def send(self, **msg: object) -> None:
         if self.sock is None:
             return
         try:

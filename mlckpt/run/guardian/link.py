@@ -55,7 +55,7 @@ class Contact:
         return max(0.0, min(times) - now) if times else 3600.0
 
 
-def encode(msg: dict[str, Any]) -> bytes:
+def encode(msg: dict[str, object]) -> bytes:
     return (json.dumps(msg, separators=(",", ":")) + "\n").encode()
 
 
@@ -83,7 +83,7 @@ class Link:
     def fileno(self) -> int:
         return self.sock.fileno()
 
-    def send(self, msg: dict[str, Any]) -> bool:
+    def send(self, msg: dict[str, object]) -> bool:
         """Best effort: a message that does not fit in the socket's buffer now is dropped (only
         heartbeats and short notices travel here, and a link that cannot take them is dying)."""
         try:
@@ -92,7 +92,7 @@ class Link:
         except OSError:
             return False
 
-    def receive(self) -> list[dict[str, Any]] | None:
+    def receive(self) -> list[dict[str, object]] | None:
         """The messages that arrived; None when the peer closed the connection or it broke."""
         try:
             data = self.sock.recv(1 << 16)

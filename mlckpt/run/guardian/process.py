@@ -40,7 +40,7 @@ class Watcher:
             self.state.pids[0] = parent
         self.bye: set[str] = set()  # peers that said goodbye before closing
         self.token = ""  # the job's secret: a hello without it is not one of this job's guardians
-        self.early: list[tuple[Link, dict[str, Any]]] = []
+        self.early: list[tuple[Link, dict[str, object]]] = []
         self.orphan_at = 0.0  # when this host's ranks, still running after the job failed, are stopped
         self.poller = select.poll()
         self.poller.register(ctl.fileno(), select.POLLIN)
@@ -165,7 +165,7 @@ class Watcher:
                 self.expect = ({str(h) for h in msg["expect"]}, time.monotonic() + CONNECT_S + 2)
                 self.check_expect()
 
-    def answer(self, **msg: Any) -> None:
+    def answer(self, **msg: object) -> None:
         try:
             self.ctl.sendall(guardlink.encode(msg))
         except OSError:
@@ -206,7 +206,7 @@ class Watcher:
     def peers(self) -> list[Link]:
         return [link for link in self.links.values() if link.peer]
 
-    def broadcast(self, msg: dict[str, Any]) -> None:
+    def broadcast(self, msg: dict[str, object]) -> None:
         for link in self.peers():
             link.send(msg)
 

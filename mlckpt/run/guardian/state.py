@@ -101,7 +101,7 @@ class GuardianState:
         """Ends from now on are expected: the run is finishing, or rank 0 ended the job itself."""
         return bool(self.info.get("final") or self.info.get("end") or self.job_end or self.elsewhere)
 
-    def hello_from(self, msg: dict[str, Any], token: str, linked: set[str]) -> str | None:
+    def hello_from(self, msg: dict[str, object], token: str, linked: set[str]) -> str | None:
         """The host a spoke's hello names, if the hub takes it: the job's secret, one of the job's
         other hosts, not linked yet.  Anything else on the port (a scanner, another job) is not a
         peer: were it taken, its silence would end a healthy job."""
@@ -118,18 +118,18 @@ class GuardianState:
             return True
         return False
 
-    def report_msg(self) -> dict[str, Any]:
+    def report_msg(self) -> dict[str, object]:
         """This host's first death, for the hub."""
         return {"dead": self.first, "host": self.host, "line": self.what()}
 
-    def verdict(self, msg: dict[str, Any]) -> None:
+    def verdict(self, msg: dict[str, object]) -> None:
         """The hub's word on which death came first (spokes)."""
         if msg.get("host") == self.host and msg.get("dead") == self.first:
             self.confirmed = True
         elif not self.confirmed:
             self.elsewhere = str(msg.get("line", "another host"))
 
-    def arbitrate(self, msg: dict[str, Any]) -> bool:
+    def arbitrate(self, msg: dict[str, object]) -> bool:
         """A spoke's report reached the hub: the first report (or this host's own first death,
         if earlier) wins.  True when ``msg`` wins (the hub then tells every spoke)."""
         if self.first or self.elsewhere or self.lost or self.quiet:

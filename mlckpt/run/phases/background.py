@@ -8,7 +8,7 @@ import threading
 from collections.abc import Callable
 from typing import Any
 
-_Job = tuple[Callable[[], Any], Callable[[], Any] | None]  # (persist, housekeeping after it)
+_Job = tuple[Callable[[], object], Callable[[], object] | None]  # (persist, housekeeping after it)
 
 
 class Background:
@@ -21,7 +21,7 @@ class Background:
         self.jobs: queue.SimpleQueue[_Job | None] = queue.SimpleQueue()
         self.finished = threading.Event()
         self.pending = False
-        self.result: Any = None
+        self.result: object = None
         self.error: BaseException | None = None
         self.late_error: BaseException | None = None  # from an ``after`` step
         self.thread = threading.Thread(target=self._loop, name="mlckpt-persist", daemon=True)
@@ -41,7 +41,7 @@ class Background:
                 except BaseException as exc:  # raised by the next wait
                     self.late_error = exc
 
-    def submit(self, job: Callable[[], Any], after: Callable[[], Any] | None = None) -> None:
+    def submit(self, job: Callable[[], object], after: Callable[[], object] | None = None) -> None:
         """Run ``job``; once it is done (``wait`` returns its result), run ``after`` before the
         next job."""
         self.finished.clear()

@@ -41,7 +41,7 @@ def _round(timer: OpTimer) -> Round:
     return t0, before, after
 
 
-def _background(timer: OpTimer, seconds: float) -> dict[str, Any] | None:
+def _background(timer: OpTimer, seconds: float) -> dict[str, object] | None:
     """Every rank asleep for ``seconds`` between two of its host leader's counter samples; the
     leader of a host with a block device returns them (``calibration.hosts[].background``)."""
     job = timer.job
@@ -54,7 +54,7 @@ def _background(timer: OpTimer, seconds: float) -> dict[str, Any] | None:
     return {"device": timer.device, "before": before, "after": after} if leader else None
 
 
-Row = tuple[str, int, list[Round], dict[str, Any] | None]
+Row = tuple[str, int, list[Round], dict[str, object] | None]
 
 
 def host_samples(rows: list[Row]) -> list[dict[str, Any]]:
@@ -62,7 +62,7 @@ def host_samples(rows: list[Row]) -> list[dict[str, Any]]:
     round, the spread of its ranks' t0 (``skew_ns``), the leader's t0 after its first counters
     (``head_ns``) and its second counters after the host's last t0 (``tail_ns``); the leader's
     ``background`` where it took one.  Hosts in first-rank order."""
-    by_host: dict[str, list[tuple[int, list[Round], dict[str, Any] | None]]] = {}
+    by_host: dict[str, list[tuple[int, list[Round], dict[str, object] | None]]] = {}
     for host, rank, rounds, background in sorted(rows, key=lambda r: r[1]):
         by_host.setdefault(host, []).append((rank, rounds, background))
     out = []
@@ -81,7 +81,7 @@ def host_samples(rows: list[Row]) -> list[dict[str, Any]]:
     return out
 
 
-def calibrate(timer: OpTimer, rounds: int = ROUNDS, background_s: float = 0.0) -> dict[str, Any] | None:
+def calibrate(timer: OpTimer, rounds: int = ROUNDS, background_s: float = 0.0) -> dict[str, object] | None:
     """Every rank: ``rounds`` empty ops, then (``background_s`` > 0) the device's background.
     Rank 0 returns run.json's ``calibration`` block (the others None) and says in one line what
     the worst host measured."""

@@ -4,10 +4,12 @@ costs a whole run."""
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
+
+from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 
 from mlckpt import bundle
 from mlckpt.errors import UsageError
@@ -25,8 +27,8 @@ class Configured:
     setup: Setup
     pipe: Pipeline
     overrides: tuple[str, ...]
-    description: Mapping[str, Any] | None  # the vendor's system description (rank 0)
-    signing_key: Any  # an explicit key path, loaded (rank 0); None: auto or none
+    description: Mapping[str, object] | None  # the vendor's system description (rank 0)
+    signing_key: Ed25519PrivateKey | None  # an explicit key path, loaded (rank 0); None: auto or none
     source: Source | None = None  # a read-only invocation: the write invocation it restores
 
     @property
@@ -34,7 +36,7 @@ class Configured:
         return self.setup.config
 
 
-def resolve_signing_key(setting: str, say: Any) -> Any:
+def resolve_signing_key(setting: str, say: Callable[[str], object]) -> Ed25519PrivateKey | None:
     """``auto``: the user's key (``mlckpt keygen``'s default path), created once; ``none``: no
     signature; anything else: a PEM key path (passphrase from $MLCKPT_KEY_PASSPHRASE)."""
     if setting == "none":

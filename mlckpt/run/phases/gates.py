@@ -108,7 +108,7 @@ def fast_tier_facts(fast: str | None, durable: Path) -> dict[str, Any]:
     """What the gates need to know of this host's fast tier (nothing when there is none): free
     space, whether the folder is usable (a folder of its own: not inside the durable tier's, nor
     holding it, once links are resolved), its filesystem type, and whether it takes O_DIRECT."""
-    out: dict[str, Any] = {
+    out: dict[str, object] = {
         "fast_free_bytes": None,
         "fast_problem": None,
         "fast_fs": None,
@@ -174,8 +174,8 @@ def local_host(folder: Path, ranks: Sequence[int], fast: str | None = None,
 
 def measure_host(
     host: str, folder: Path, io: Mapping[str, Any], fast: str | None, mpi_library: str,
-    results: Path | None = None, config: Mapping[str, Any] | None = None,
-) -> dict[str, Any]:
+    results: Path | None = None, config: Mapping[str, object] | None = None,
+) -> dict[str, object]:
     """Everything one host's leader measures for the gates (a plain dict: it crosses MPI)."""
     local: dict[str, Any] = {
         "host": host,
@@ -201,7 +201,7 @@ def measure_host(
     return local
 
 
-def measure_object_host(host: str, config: Mapping[str, Any], mpi_library: str,
+def measure_object_host(host: str, config: Mapping[str, object], mpi_library: str,
                         results: Path | None = None) -> dict[str, Any]:
     """measure_host for a run on object storage: no folder, free space or I/O-mode probes; the
     store's probe instead (OBJECT-STORE-USABLE)."""
@@ -245,7 +245,7 @@ def host_specs(names: Sequence[str], measured: Sequence[Mapping[str, Any]]) -> t
     )
 
 
-def io_engine_refusal(measured: Sequence[Mapping[str, Any]], folder: str) -> UsageError | None:
+def io_engine_refusal(measured: Sequence[Mapping[str, object]], folder: str) -> UsageError | None:
     """The runner's own refusal of an I/O mode a host cannot do, for rule sets without the
     IO-ENGINE rule (1.0); from 1.1 on the rule says it, with the same data."""
     for m in measured:
@@ -270,7 +270,7 @@ class Gates:
 
     hosts: tuple[HostSpec, ...]
     rank_hosts: tuple[str, ...]  # host of each rank
-    facts: tuple[Mapping[str, Any], ...]  # each host's measured facts (system.json)
+    facts: tuple[Mapping[str, object], ...]  # each host's measured facts (system.json)
     findings: tuple[Finding, ...]
     verdict: str
     shift: int  # the effective restore rank shift

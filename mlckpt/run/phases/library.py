@@ -16,7 +16,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field, replace
 from functools import partial
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Protocol
 
 from mlckpt import engine
 from mlckpt.engine import frameworks
@@ -27,8 +27,9 @@ from mlckpt.workload.pipeline import DURABLE
 if TYPE_CHECKING:
     from concurrent.futures import Future
 
+    from mlckpt.run.collective import Job, OpTimer
     from mlckpt.run.storage.cleanup import Created
-    from mlckpt.workload.layout import FileSpec
+    from mlckpt.workload.layout import FileSpec, RestoreRead
 
 
 def buffered(opts: engine.IOOptions) -> engine.IOOptions:
@@ -99,7 +100,22 @@ class LibraryWrites:
         return {"writer": self.fw.writer}
 
 
-def restore(phase: Any, k: int, c: int, cdir: Path, scratch: engine.Buffer) -> ReadRecord:
+class Restoring(Protocol):
+    """What a library's restore asks of the read phase (``mlckpt.run.phases.reads.ReadPhase``)."""
+
+    job: Job
+    fw: Framework
+    reads: Sequence[RestoreRead]
+    offsets: list[int]
+    arena: engine.Buffer
+    opts: engine.IOOptions
+    timer: OpTimer
+
+    def verify(self, k: int, c: int, files: Sequence[tuple[str, engine.Buffer, int]],
+               scratch: engine.Buffer) -> int: ...
+
+
+def restore(phase: Restoring, k: int, c: int, cdir: Path, scratch: engine.Buffer) -> ReadRecord:
     """Restore k of checkpoint c through the library: evict its files and measure their residency,
     load (timed), verify every page in the state.  ``phase``: the ReadPhase (which imports this
     module: not named here)."""

@@ -11,6 +11,8 @@ from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any
 
+from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
+
 from mlckpt.attribution import foreign_note
 from mlckpt.errors import RunFailure
 from mlckpt.records import LoadRecord, OpRecord
@@ -44,8 +46,8 @@ class Measured:
 
     run: RunId
     records: list[OpRecord] | list[LoadRecord]
-    state: dict[str, Any] | None
-    calibration: dict[str, Any] | None
+    state: dict[str, object] | None
+    calibration: dict[str, object] | None
     content_key: bytes  # whose content the checkpoints carry: this run's, or its write invocation's
 
 
@@ -54,9 +56,9 @@ class Assessed:
     """Rank 0's judgement of the measured run: what the bundle will say."""
 
     measured: Measured
-    manifest: dict[str, Any]
-    summary: dict[str, Any]
-    system: dict[str, Any]
+    manifest: dict[str, object]
+    summary: dict[str, object]
+    system: dict[str, object]
     findings: tuple[Any, ...]  # the result-stage findings, to show
 
 
@@ -65,7 +67,7 @@ def assess(job: Job, configured: Configured, gates: Gates, measured: Measured, s
     """Rank 0: the manifest, the summary and the result-stage rules' verdict."""
     s, cfg = configured.setup, configured.config
     serving = s.settings.serving
-    system: dict[str, Any] = {"hosts": list(gates.facts)}
+    system: dict[str, object] = {"hosts": list(gates.facts)}
     if configured.description is not None:
         system["description"] = configured.description
     manifest = manifest_of(
@@ -94,7 +96,7 @@ def assess(job: Job, configured: Configured, gates: Gates, measured: Measured, s
     return Assessed(measured, manifest, summary, system, tuple(found))
 
 
-def publish(job: Job, configured: Configured, a: Assessed, signing_key: object,
+def publish(job: Job, configured: Configured, a: Assessed, signing_key: Ed25519PrivateKey | None,
             witness: Witnessing | None = None) -> Path:
     """Rank 0: what the judgement found, then the signed bundle."""
     s, cfg = configured.setup, configured.config

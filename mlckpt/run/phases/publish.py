@@ -12,6 +12,7 @@ from pathlib import Path
 from typing import Any
 
 import yaml
+from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 
 from mlckpt import __version__, bundle, strict
 from mlckpt.engine import frameworks
@@ -38,8 +39,8 @@ class RunId:
         return f"{self.number:016x}"
 
 
-def summary_of(setup: Setup, records: Sequence[Mapping[str, Any]], manifest: Mapping[str, Any],
-               system: Mapping[str, Any]) -> dict[str, Any]:
+def summary_of(setup: Setup, records: Sequence[Mapping[str, object]], manifest: Mapping[str, object],
+               system: Mapping[str, object]) -> dict[str, object]:
     """The summary: every number from the records (mlckpt.metrics), plus the plan's bytes and
     what run.json and system.json say of the invocation and its hosts (DLIO's shape)."""
     # The checker's own recomputation, so what is written is what will be recomputed.
@@ -47,8 +48,8 @@ def summary_of(setup: Setup, records: Sequence[Mapping[str, Any]], manifest: Map
                               setup.plan)
 
 
-def serving_summary_of(setup: Setup, run: ServingRun, records: Sequence[Mapping[str, Any]],
-                       manifest: Mapping[str, Any]) -> dict[str, Any]:
+def serving_summary_of(setup: Setup, run: ServingRun, records: Sequence[Mapping[str, object]],
+                       manifest: Mapping[str, object]) -> dict[str, object]:
     """A serving run's summary (format 8): the checker's own recomputation, as summary_of's."""
     return serving_summarized(setup.rules, RunData(manifest, setup.config, {}, list(records)), run)
 
@@ -62,15 +63,15 @@ def manifest_of(
     overrides: Sequence[str],
     started: str,
     ended: str,
-    description: Mapping[str, Any] | None,
-    restored_from: Mapping[str, Any] | None = None,
-    witness: Mapping[str, Any] | None = None,
-    storage: Mapping[str, Any] | None = None,
-    state: Mapping[str, Any] | None = None,
-    calibration: Mapping[str, Any] | None = None,
+    description: Mapping[str, object] | None,
+    restored_from: Mapping[str, object] | None = None,
+    witness: Mapping[str, object] | None = None,
+    storage: Mapping[str, object] | None = None,
+    state: Mapping[str, object] | None = None,
+    calibration: Mapping[str, object] | None = None,
     content_commitment: str | None = None,
-    serving: Mapping[str, Any] | None = None,
-) -> dict[str, Any]:
+    serving: Mapping[str, object] | None = None,
+) -> dict[str, object]:
     """run.json before the result-stage rules add their findings (pure), with the keys the rule
     set's run format has (mlckpt.written: rules 1.2 bundles stay run format 3)."""
     cfg, run_settings = setup.config, setup.settings
@@ -115,7 +116,7 @@ def manifest_of(
     }
 
 
-def framework_block(framework: Framework) -> dict[str, Any] | None:
+def framework_block(framework: Framework) -> dict[str, object] | None:
     """run.json's ``framework`` (rules 1.11): the library writer as it ran, or null for the engine."""
     if not framework.library:
         return None
@@ -124,7 +125,7 @@ def framework_block(framework: Framework) -> dict[str, Any] | None:
             "reference": framework.reference, "synced_by": framework.synced_by()}
 
 
-def pipeline_block(pipe: Pipeline, gates: Gates) -> dict[str, Any]:
+def pipeline_block(pipe: Pipeline, gates: Gates) -> dict[str, object]:
     """run.json's ``pipeline``: the checkpoint mode, and the fast tier's filesystem on each host."""
     return {
         "mode": pipe.mode,
@@ -148,11 +149,11 @@ def verdict_line(manifest: Mapping[str, Any]) -> str:
 def judged(
     setup: Setup,
     gates: Gates,
-    manifest: dict[str, Any],
-    summary: Mapping[str, Any],
-    records: Sequence[Mapping[str, Any]],
-    system: Mapping[str, Any],
-    witness: Mapping[str, Any] | None = None,
+    manifest: dict[str, object],
+    summary: Mapping[str, object],
+    records: Sequence[Mapping[str, object]],
+    system: Mapping[str, object],
+    witness: Mapping[str, object] | None = None,
 ) -> tuple[Finding, ...]:
     """Judge the run with the checker's result-stage rules (``witness``: the witness's transcript
     document, for the rules that read it); the manifest gets every finding and the verdict.
@@ -174,10 +175,10 @@ class BundleFiles:
     """Everything a bundle holds, as values."""
 
     manifest: Mapping[str, Any]
-    config: Mapping[str, Any]
-    records: Sequence[Mapping[str, Any]]
-    summary: Mapping[str, Any]
-    system: Mapping[str, Any]
+    config: Mapping[str, object]
+    records: Sequence[Mapping[str, object]]
+    summary: Mapping[str, object]
+    system: Mapping[str, object]
     log_lines: Sequence[str]
     transcript: bytes | None = None  # a witnessed run: the witness's signed transcript
 
@@ -200,7 +201,8 @@ def self_check(folder: Path, rules_version: str) -> str:
     return ""
 
 
-def write_bundle(out_root: Path, name: str, files: BundleFiles, signing_key: Any) -> Path:
+def write_bundle(out_root: Path, name: str, files: BundleFiles,
+                 signing_key: Ed25519PrivateKey | None) -> Path:
     """Write the bundle to ``out_root/.NAME.partial``, sign it, rename it to ``out_root/NAME``."""
     final, tmp = out_root / name, out_root / f".{name}.partial"
     tmp.mkdir(parents=True)

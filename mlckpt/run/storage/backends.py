@@ -22,7 +22,7 @@ import os
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, ClassVar, Protocol
+from typing import ClassVar, Protocol
 
 import numpy as np
 
@@ -89,7 +89,7 @@ class Storage(Protocol):
         """Delete these locations (from :meth:`at`); the failures, one line each."""
         ...
 
-    def describe(self) -> dict[str, Any]:
+    def describe(self) -> dict[str, object]:
         """run.json's ``storage`` block (run format 6)."""
         ...
 
@@ -140,7 +140,7 @@ class Files:
                 failed.append(f"{path}: {exc}")
         return failed
 
-    def describe(self) -> dict[str, Any]:
+    def describe(self) -> dict[str, object]:
         return {"kind": self.kind}
 
 

@@ -11,7 +11,6 @@ import sys
 import time
 from collections.abc import Callable, Iterable, Sequence
 from pathlib import Path
-from typing import Any
 
 from mlckpt.run.storage.backends import Files, Storage
 from mlckpt.run.storage.folderlock import release
@@ -40,7 +39,7 @@ class Created:
     def __enter__(self) -> Created:
         return self
 
-    def __exit__(self, *exc: Any) -> None:
+    def __exit__(self, *exc: object) -> None:
         if not self.keep:
             unique = len(set(self.files))
             what = "file" if self.storage.folders else "object"

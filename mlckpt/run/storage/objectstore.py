@@ -43,7 +43,8 @@ def open_store(config: Mapping[str, Any]) -> tuple[objects.Store, ObjectPath]:
     return objects.Store(loc.bucket, options(s3_settings(config))), loc
 
 
-def measure(config: Mapping[str, Any], host: str, mpi_library: str, results: Path | None) -> dict[str, Any]:
+def measure(config: Mapping[str, Any], host: str, mpi_library: str,
+            results: Path | None) -> dict[str, object]:
     """What one host's leader measures of the store for the gates: whether it can use it (the
     probe), and its facts with the store as the checkpoint 'filesystem'."""
     problem: str | None
@@ -69,7 +70,7 @@ def planned(root: ObjectPath, names: Sequence[str], upto: int) -> list[ObjectPat
     return [root / f"ckpt-{k:04d}" / n for k in range(1, upto + 1) for n in names]
 
 
-def sweep(url: str, names: Sequence[str], upto: int, settings: Mapping[str, Any], *, keep: bool) -> str:
+def sweep(url: str, names: Sequence[str], upto: int, settings: Mapping[str, object], *, keep: bool) -> str:
     """Remove what a run that cannot finish left under ``url`` (its run prefix): the planned
     objects of checkpoints 1..upto and every unfinished multipart upload under the prefix.
     Returns a short account for the user; never raises."""
@@ -109,7 +110,7 @@ class Objects:
     folders: ClassVar[bool] = False
 
     @classmethod
-    def open(cls, config: Mapping[str, Any]) -> Objects:
+    def open(cls, config: Mapping[str, object]) -> Objects:
         store, loc = open_store(config)
         return cls(loc, store)
 
@@ -150,7 +151,7 @@ class Objects:
     def remove(self, locations: Sequence[str]) -> list[str]:
         return remove(self.store, locations)
 
-    def describe(self) -> dict[str, Any]:
+    def describe(self) -> dict[str, object]:
         d = self.store.describe()
         return {
             "kind": self.kind,
