@@ -28,12 +28,19 @@ from pathlib import Path
 from typing import Any
 
 MLCKPT = Path(sys.executable).parent / "mlckpt"
+# Each writer is handed the model's named tensors (framework.tensors=model, rules 1.19: 781 per rank
+# for llama3_8b at ZeRO 3) and, in the "flat" cases, one uint8 tensor per planned file (its best case).
 CASES = {
     "torch_save": ["framework.writer=torch_save"],
+    "torch_save flat": ["framework.writer=torch_save", "framework.tensors=flat"],
     "safetensors": ["framework.writer=safetensors"],
+    "safetensors flat": ["framework.writer=safetensors", "framework.tensors=flat"],
     "torch_dcp": ["framework.writer=torch_dcp"],
+    "torch_dcp flat": ["framework.writer=torch_dcp", "framework.tensors=flat"],
     "torch_dcp (4 threads)": ["framework.writer=torch_dcp", "framework.threads=4"],
     "torch_dcp async_save": ["framework.writer=torch_dcp", "checkpoint.mode=async"],
+    "torch_dcp async_save flat": ["framework.writer=torch_dcp", "checkpoint.mode=async",
+                                  "framework.tensors=flat"],
 }
 FIGURES = ("write_bandwidth_mean_gib_s", "read_bandwidth_mean_gib_s", "write_cpu_s_per_gib",
            "read_cpu_s_per_gib", "write_stall_mean_s")
@@ -55,7 +62,9 @@ def one(case: str, a: argparse.Namespace, work: Path) -> dict[str, Any]:
     run = json.loads((Path(bundle[-1]) / "run.json").read_text())
     summary = json.loads((Path(bundle[-1]) / "summary.json").read_text())
     fw = summary["framework"]
-    return {"case": case, "verdict": run["verdict"], "seconds": time.monotonic() - t0,
+    records = [json.loads(line) for line in (Path(bundle[-1]) / "records.jsonl").read_text().splitlines()]
+    tensors = max(r.get("tensors", 0) for r in records if r.get("writer") not in (None, "mlckpt"))
+    return {"case": case, "tensors": tensors, "verdict": run["verdict"], "seconds": time.monotonic() - t0,
             "library_version": run["framework"]["library_version"], "bundle": bundle[-1],
             "library": {k: fw.get(k) for k in FIGURES},
             "engine": {k: (fw["reference"] or {}).get(k) for k in (*FIGURES, "write_ratio", "read_ratio")}}
@@ -72,8 +81,8 @@ def cell(values: list[float | None], fmt: str) -> str:
 
 
 def table(rows: list[dict[str, Any]]) -> str:
-    head = ("| writer | write GiB/s | engine's | write ratio | read GiB/s | engine's | read ratio | "
-            "CPU s/GiB write (engine) | CPU s/GiB read (engine) | stall s (engine) |")
+    head = ("| writer | tensors/rank | write GiB/s | engine's | write ratio | read GiB/s | engine's | "
+            "read ratio | CPU s/GiB write (engine) | CPU s/GiB read (engine) | stall s (engine) |")
     out = [head, "|" + "---|" * (head.count("|") - 1)]
     for case in CASES:
         mine = [r for r in rows if r["case"] == case]
@@ -84,7 +93,8 @@ def table(rows: list[dict[str, Any]]) -> str:
         stall = (f"{cell(lib['write_stall_mean_s'], '.3f')} ({cell(eng['write_stall_mean_s'], '.3f')})"
                  if "async" in case else "—")
         out.append(
-            f"| {case} | {cell(lib['write_bandwidth_mean_gib_s'], '.2f')} | "
+            f"| {case} | {max(r['tensors'] for r in mine)} | "
+            f"{cell(lib['write_bandwidth_mean_gib_s'], '.2f')} | "
             f"{cell(eng['write_bandwidth_mean_gib_s'], '.2f')} | {cell(eng['write_ratio'], '.2f')} | "
             f"{cell(lib['read_bandwidth_mean_gib_s'], '.2f')} | "
             f"{cell(eng['read_bandwidth_mean_gib_s'], '.2f')} | "

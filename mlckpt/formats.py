@@ -68,8 +68,8 @@ RUN = Format("run", "run.json: run_format", 12, (2, 3, 4, 5, 6, 7, 8, 9, 10, 11,
          "strategy, tp, replicas, loads, shard_file_bytes, node_tier; mlckpt/workload/serving_run.py)"),
 ))
 
-RECORDS = Format("records", "records.jsonl (run.json and summary.json: records_format)", 11,
-                 (2, 3, 4, 5, 6, 7, 8, 9, 10, 11), (
+RECORDS = Format("records", "records.jsonl (run.json and summary.json: records_format)", 12,
+                 (2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12), (
     (1, "first version: op, index, checkpoint, rank, host, t0_ns/t1_ns (the host's monotonic clock), bytes, "
         "files, fsync, resident_bytes/cached_check_bytes (reads), verified_bytes/mismatches (reads); the "
         "field meanings are written out in mlckpt/metrics.py"),
@@ -109,6 +109,9 @@ RECORDS = Format("records", "records.jsonl (run.json and summary.json: records_f
          "checkpoint run's are format 8's"),
     (11, "rules 1.16: a witnessed load's rank 0 record carries witness_host_ns (as a witnessed checkpoint "
          "op's does); every other record is format 10's"),
+    (12, "rules 1.19: a library writer's write and read records add tensors (how many tensors the op saved "
+         "or loaded: framework.tensors=model, the rank's shard as the model's named tensors; flat, one per "
+         "planned file; mlckpt/workload/tensors.py)"),
 ))
 
 SUMMARY = Format("summary", "summary.json: summary_format", 9, (2, 3, 4, 5, 6, 7, 8, 9), (

@@ -83,6 +83,7 @@ class LibraryFields(TypedDict, total=False):
     writer: str  # mlckpt | torch_save | torch_dcp | safetensors
     file_bytes: int  # a library write's files on disk
     synced_by: str  # library | mlckpt
+    tensors: int  # records format 12: the tensors the library's op saved or loaded
 
 
 class RequestFields(TypedDict, total=False):

@@ -36,6 +36,8 @@ FEATURES: dict[str, tuple[Document, int, str]] = {
                       "before its ranks read them"),
     "witnessed_loads": ("records", 11, "a serving run's loads reported to a witness, and rank 0's own "
                         "time around each witnessed load"),
+    "tensors": ("records", 12, "a library writer is handed the model's named tensors (or flat ones, "
+                "as framework.tensors says), and its records count them"),
     "what_changes": ("summary", 4, "what changes the figure: the slowest rank's share, stalls"),
     "latency": ("summary", 6, "per-request latency percentiles, IOPS and where time went"),
     "framework_summary": ("summary", 7, "a library writer's figures beside the engine's, and each ratio"),

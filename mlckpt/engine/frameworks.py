@@ -3,9 +3,10 @@ does: mlckpt/workload/frameworks.py).  Effects on files and on torch.distributed
 the runner times the calls.  Imported on demand: PyTorch and safetensors load only in a run that
 names a library.
 
-Each planned file is one tensor of its bytes (uint8), a zero-copy view of the rank's state, so the
-library writes exactly the content mlckpt's engine would, in its own file format, and a restore
-lands in the state where the same verification reads it.
+Each planned file is handed to the library as its tensors (``mlckpt/workload/tensors.py``: the
+shard's named tensors, or one uint8 tensor of the file), zero-copy views of the rank's state that
+tile the file's bytes, so the library writes exactly the content mlckpt's engine would, in its own
+file format, and a restore lands in the state where the same verification reads it.
 """
 
 from __future__ import annotations
@@ -14,7 +15,7 @@ import glob
 import importlib.metadata
 import os
 import socket
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from concurrent.futures import Future
 from dataclasses import dataclass
 from pathlib import Path
@@ -22,16 +23,34 @@ from typing import Any
 
 from mlckpt.errors import VerificationError
 from mlckpt.workload.frameworks import DCP_METADATA, WRITERS, Framework, library_name
+from mlckpt.workload.tensors import TensorSpec
+
+# a tensor's element type (mlckpt.workload.model.DTYPE_BYTES) as torch names it
+TORCH_DTYPES = {"int8": "int8", "uint8": "uint8", "fp16": "float16", "bf16": "bfloat16", "fp32": "float32",
+                "fp64": "float64"}
 
 
 @dataclass(frozen=True)
 class Item:
     """One planned file as a library sees it: its key in the state dict, its file (one file per
-    planned file) and the state's bytes for it."""
+    planned file), the state's bytes for it and the tensors that tile them."""
 
     key: str
     name: str
     buf: Any  # numpy uint8 view of the state
+    tensors: tuple[TensorSpec, ...]
+
+    def state(self) -> dict[str, Any]:
+        """The file's tensors by key, each a view of the state with its own storage object
+        (safetensors refuses tensors that share one); a flat file's one tensor keeps its key."""
+        import torch
+
+        out = {}
+        for t in self.tensors:
+            raw = torch.from_numpy(self.buf[t.offset : t.offset + t.nbytes])
+            key = self.key if t.name == self.name else f"{self.key}/{t.name}"
+            out[key] = raw.view(getattr(torch, TORCH_DTYPES[t.dtype])).view(t.shape)
+        return out
 
 
 @dataclass(frozen=True)
@@ -83,10 +102,14 @@ def leave_process_group() -> None:
         dist.destroy_process_group()
 
 
-def _tensor(buf: object) -> Any:
-    import torch
+def _state(items: Sequence[Item]) -> dict[str, Any]:
+    """A rank's state dict: every item's tensors (their keys are unique across ranks)."""
+    return {k: v for it in items for k, v in it.state().items()}
 
-    return torch.from_numpy(buf)
+
+def tensor_count(items: Sequence[Item]) -> int:
+    """How many tensors the library handles for ``items`` (records format 12)."""
+    return sum(len(it.tensors) for it in items)
 
 
 def _fsync(paths: Sequence[str]) -> None:
@@ -133,16 +156,20 @@ class Library:
 
     def load(self, cdir: Path, items: Sequence[Item], rank: int) -> None:
         for it, path in zip(items, self.paths(cdir, [it.name for it in items]), strict=True):
-            loaded = self.read_one(it, path)
-            if loaded.numel() != it.buf.size:
-                raise VerificationError(f"{path}: the library loaded {loaded.numel()} B of {it.key}, where "
-                                        f"{it.buf.size} B were written", rank=rank, file=path, offset=0)
-            _tensor(it.buf).copy_(loaded)  # into the state, as load_state_dict copies into parameters
+            loaded = self.read_one(path)
+            for key, dst in it.state().items():
+                src = loaded.get(key)
+                if src is None or src.numel() != dst.numel() or src.dtype != dst.dtype:
+                    got = "nothing" if src is None else f"{src.numel()} {src.dtype}"
+                    raise VerificationError(f"{path}: the library loaded {got} for {key}, where "
+                                            f"{dst.numel()} {dst.dtype} were written", rank=rank, file=path,
+                                            offset=0)
+                dst.copy_(src)  # into the state, as load_state_dict copies into parameters
 
     def write_one(self, item: Item, path: str) -> None:
         raise NotImplementedError
 
-    def read_one(self, item: Item, path: str) -> Any:
+    def read_one(self, path: str) -> Mapping[str, Any]:
         raise NotImplementedError
 
     def start_async(self, framework: Framework, cdir: Path, items: Sequence[Item]) -> Future[object]:
@@ -161,12 +188,13 @@ class TorchSave(Library):
         import torch
 
         with open(path, "wb") as fh:
-            torch.save({item.key: _tensor(item.buf)}, fh)
+            torch.save(item.state(), fh)
 
-    def read_one(self, item: Item, path: str) -> object:
+    def read_one(self, path: str) -> Mapping[str, Any]:
         import torch
 
-        return torch.load(path, weights_only=True)[item.key]
+        loaded: Mapping[str, Any] = torch.load(path, weights_only=True)
+        return loaded
 
 
 class Safetensors(Library):
@@ -177,12 +205,13 @@ class Safetensors(Library):
     def write_one(self, item: Item, path: str) -> None:
         from safetensors.torch import save_file
 
-        save_file({item.key: _tensor(item.buf)}, path)
+        save_file(item.state(), path)
 
-    def read_one(self, item: Item, path: str) -> object:
+    def read_one(self, path: str) -> Mapping[str, Any]:
         from safetensors.torch import load_file
 
-        return load_file(path)[item.key]
+        loaded: Mapping[str, Any] = load_file(path)
+        return loaded
 
 
 class DistributedCheckpoint(Library):
@@ -203,18 +232,18 @@ class DistributedCheckpoint(Library):
     def save(self, framework: Framework, cdir: Path, items: Sequence[Item], rank: int) -> Saved:
         import torch.distributed.checkpoint as dcp
 
-        dcp.save({it.key: _tensor(it.buf) for it in items}, storage_writer=_dcp_writer(framework, cdir))
+        dcp.save(_state(items), storage_writer=_dcp_writer(framework, cdir))
         return _durable(framework, cdir, self.own(cdir, rank))
 
     def load(self, cdir: Path, items: Sequence[Item], rank: int) -> None:
         import torch.distributed.checkpoint as dcp
 
-        dcp.load({it.key: _tensor(it.buf) for it in items}, storage_reader=dcp.FileSystemReader(str(cdir)))
+        dcp.load(_state(items), storage_reader=dcp.FileSystemReader(str(cdir)))
 
     def start_async(self, framework: Framework, cdir: Path, items: Sequence[Item]) -> Future[Any]:
         import torch.distributed.checkpoint as dcp
 
-        out = dcp.async_save({it.key: _tensor(it.buf) for it in items},
+        out = dcp.async_save(_state(items),
                              storage_writer=_dcp_writer(framework, cdir))
         return out if isinstance(out, Future) else out.upload_completion
 

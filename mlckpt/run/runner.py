@@ -57,6 +57,7 @@ from mlckpt.run.storage.kinds import takes_page_cache
 from mlckpt.run.watch import MPIDone
 from mlckpt.units import fmt_bytes
 from mlckpt.workload.layout import PAGE, pages
+from mlckpt.workload.tensors import tensors_of
 from mlckpt.written import Written
 
 if TYPE_CHECKING:
@@ -241,8 +242,12 @@ def _io_phases(job: Job, configured: Configured, gates: Gates, created: Created,
     leader, fast_direct = gates.leader(job.rank), gates.fast_direct.get(job.host, False)
     records: list[OpRecord] = []
     fw = configured.setup.settings.framework
+    # what the library is handed: before rules 1.19 (records format 12), one tensor per file
+    structure = fw.tensors if timer.written.has("tensors") else "flat"
     if configured.source is None:
-        lib = LibraryWrites(fw, job.rank, mine, own, created) if fw.library else None
+        lib = (LibraryWrites(fw, job.rank, mine, own, created, tensors_of(configured.setup.plan, job.rank,
+                                                                           structure),
+                             timer.written.has("tensors")) if fw.library else None)
         w = WriteState(folders.durable, folders.fast, mine, own, arena, folders.key, opts, stream, leader,
                        dev=dev, lib=lib)
         writes = WritePhase(job, configured.pipe, w, folders.run.number, timer, created, fast_direct)
@@ -270,6 +275,8 @@ def _io_phases(job: Job, configured: Configured, gates: Gates, created: Created,
         tags=tags,
         dev=dev,
         fw=fw,
+        tensors=([tensors_of(configured.setup.plan, rd.writer, structure)[rd.index] for rd in reads]
+                 if fw.library else ()),
     ).run(nw, nr)
     return folders.run, records
 

@@ -15,7 +15,7 @@ from typing import Any
 import pytest
 import yaml
 from support.cli import cli_env
-from support.forge import edit_json, edit_records, read_json, read_records, resign, resummarize
+from support.forge import edit_json, edit_records, edit_yaml, read_json, read_records, resign, resummarize
 from support.runs import assert_ran, hard_rules, judged_alone, printed_bundle, signed_run
 from support.trees import tree_of
 
@@ -23,15 +23,17 @@ from mlckpt import bundle, formats
 from mlckpt.workload.frameworks import Framework, file_names
 from mlckpt.workload.layout import make_plan
 from mlckpt.workload.model import workload_from_config
+from mlckpt.workload.tensors import tensors_of
 
 pytest.importorskip("torch")
 pytest.importorskip("safetensors")
 
 BIN = Path(sys.executable).parent
-BASE = ("rules_version=1.18", "workload=llama3_8b", "division=open", "scale=0.0005", "ranks=2",
+BASE = ("rules_version=1.19", "workload=llama3_8b", "division=open", "scale=0.0005", "ranks=2",
         "checkpoint.num_writes=2", "checkpoint.num_reads=2", "checkpoint.folder=ck", "output.root=results")
 RUNS = {
     "torch_save": ("framework.writer=torch_save",),
+    "torch_save_flat": ("framework.writer=torch_save", "framework.tensors=flat"),
     "safetensors": ("framework.writer=safetensors",),
     "torch_dcp": ("framework.writer=torch_dcp", "framework.threads=2", "checkpoint.keep=true"),
     "torch_dcp_async": ("framework.writer=torch_dcp", "framework.sync_files=false", "checkpoint.mode=async",
@@ -39,7 +41,7 @@ RUNS = {
 }
 # Rules whose failing cases are here, on bundles of real framework runs (tests/unit/rules/
 # test_rules_coverage.py counts them)
-FORGERIES = ("FRAMEWORK-RECORDED", "LIBRARY-VERSION")
+FORGERIES = ("FRAMEWORK-RECORDED", "LIBRARY-VERSION", "FRAMEWORK-TENSORS")
 
 
 def run(h: dict[str, Path], cwd: Path, *overrides: str) -> subprocess.CompletedProcess[str]:
@@ -119,6 +121,59 @@ def test_dcp_async_save_is_measured_as_the_engine_async_mode_is(made: dict[str, 
         assert r["staged_ns"] < r["t1_ns"] and r["synced_by"] == "mlckpt" and r["file_bytes"] >= r["bytes"]
         assert [st["tier"] for st in r["stages"]] == ["memory", "durable"]
     assert summary["framework"]["write_stall_mean_s"] < summary["write_time_to_durable_mean_s"]
+
+
+@pytest.mark.parametrize("name", list(RUNS))
+def test_each_library_op_counts_the_tensors_it_was_handed(made: dict[str, Any], name: str) -> None:
+    """Rules 1.19: the library is handed the rank's shard as the model's named tensors (782 per
+    rank for llama3_8b's 2 ranks at ZeRO 3 × 0.0005: 195 model shards, 585 optimizer tensors, and
+    in each file one uint8 tensor of what whole rows leave over), or one per planned file with
+    framework.tensors=flat; the records count what each op handled."""
+    config = yaml.safe_load((made[name]["bundle"] / "config.yaml").read_text())
+    plan, fw = make_plan(workload_from_config(config["workload"]), 2, 0.0005), Framework.of(config)
+    assert fw.tensors == ("flat" if name.endswith("_flat") else "model")
+    for r in read_records(made[name]["bundle"]):
+        if r["writer"] == "mlckpt":
+            assert "tensors" not in r
+            continue
+        assert r["tensors"] == sum(len(ts) for ts in tensors_of(plan, r["rank"], fw.tensors))
+        assert r["tensors"] == (2 if fw.tensors == "flat" else 782)
+
+
+def test_dcp_planned_and_wrote_every_named_tensor(made: dict[str, Any]) -> None:
+    """What DCP itself recorded of the kept checkpoint: every rank's named tensors, with the
+    shapes and types the plan gives (the metadata's planning is paid per tensor)."""
+    import torch
+    from torch.distributed.checkpoint import FileSystemReader
+
+    m = made["torch_dcp"]
+    [first] = [p.parent for p in (m["cwd"] / "ck").rglob(".metadata") if p.parent.name == "ckpt-0001"]
+    meta = FileSystemReader(str(first)).read_metadata().state_dict_metadata
+    config = yaml.safe_load((m["bundle"] / "config.yaml").read_text())
+    plan = make_plan(workload_from_config(config["workload"]), 2, 0.0005)
+    want = {}
+    for rank in range(2):
+        for f, ts in zip(plan.rank_plans[rank].files, tensors_of(plan, rank, "model"), strict=True):
+            want.update({f"rank{rank}/{f.name}/{t.name}": (t.shape, t.dtype) for t in ts})
+    assert len(meta) == len(want) == 2 * 782
+    dtypes = {"fp16": torch.float16, "fp32": torch.float32, "uint8": torch.uint8}
+    for key, (shape, dtype) in want.items():
+        assert tuple(meta[key].size) == shape and meta[key].properties.dtype == dtypes[dtype], key
+    assert "rank1/zero_pp_rank_1_mp_rank_0_model_states.pt/model.layers.31.mlp.down_proj.weight" in meta
+
+
+def test_a_flat_run_claimed_as_the_model_structure_is_caught(made: dict[str, Any], tmp_path: Path) -> None:
+    """The forger's aim: the flat (faster) structure's figure shown as the model's. config.yaml
+    edited to framework.tensors=model: FRAMEWORK-TENSORS holds each op's count to the model's."""
+    h, m = made["h"], made["torch_save_flat"]
+
+    def as_model(work: Path) -> None:
+        edit_yaml(work, "config.yaml", lambda c: c["framework"].update(tensors="model"))
+
+    b = judged_alone(h, tree_of(h, tmp_path / "t", _forged(m, h, tmp_path, as_model)))
+    assert b["verdict"] == "invalid"
+    found = [f["message"] for f in b["findings"] if f["rule"] == "FRAMEWORK-TENSORS"]
+    assert found and "expected 782 tensors (framework.tensors=model), got 2" in found[0], b["findings"]
 
 
 def _forged(m: dict[str, Any], h: dict[str, Path], dest: Path, edit: Any) -> Path:

@@ -12,6 +12,10 @@ still bound the bytes, DEVICE-COUNTERS); a witness does not help, since witnesse
 engine only.
 LIBRARY-VERSION (result, rules 1.18): run.json's library version is the one each host's
 system.json lists.
+FRAMEWORK-TENSORS (result, rules 1.19): a library op's tensor count is the plan's under
+``framework.tensors`` (mlckpt/workload/tensors.py); an engine op counts none.  What it cannot see:
+a run made flat whose config.yaml and counts were both edited to say model (nothing the library
+leaves in the bundle shows how many tensors it wrote; its files are not in the bundle).
 """
 
 from __future__ import annotations
@@ -19,9 +23,11 @@ from __future__ import annotations
 from collections.abc import Iterator, Mapping
 from typing import Any
 
-from mlckpt.rules.engine import Context, NotChecked, Outcome, Rule, RuleSet, checks_table
+from mlckpt.rules.engine import Context, NotChecked, Outcome, Rule, RuleSet, checks_table, rank_shift
 from mlckpt.rules.rundata import at, run_data
 from mlckpt.workload.frameworks import ENGINE, WRITERS, Framework, scope_problems
+from mlckpt.workload.layout import Plan, restore_pattern
+from mlckpt.workload.tensors import TensorSpec, tensors_of
 
 
 def framework_scope(ctx: Context, ruleset: RuleSet, rule: Rule) -> Outcome:
@@ -101,4 +107,53 @@ def library_version(ctx: Context, ruleset: RuleSet, rule: Rule) -> Iterator[Outc
                           f"{library} {have} (system.json)" if have else f"no {library} in system.json")
 
 
-CHECKS = checks_table(framework_scope, framework_recorded, library_version)
+def framework_tensors(ctx: Context, ruleset: RuleSet, rule: Rule) -> Iterator[Outcome | NotChecked]:
+    """FRAMEWORK-TENSORS (rules 1.19): every library op handled the tensors the plan gives its
+    rank under the configured structure (a write: its own files'; a restore: the files it read,
+    as their writers handed them), and no engine op claims any."""
+    d, plan = run_data(ctx), ctx.plan
+    fw = Framework.of(d.config)
+    if plan is None or not fw.library:
+        yield NotChecked("not a library run" if plan is not None else "no plan")
+        return
+    count = _TensorCount(plan, fw.tensors, str(d.config["checkpoint"]["restore"]),
+                         int(d.run.get("rank_shift", rank_shift(ctx))))
+    for r in d.records:
+        rank, claimed = int(r["rank"]), r.get("tensors")
+        if r.get("writer", ENGINE) == ENGINE:
+            if claimed is not None:
+                yield Outcome(False, "no tensors counted on the engine's op", f"tensors {claimed}",
+                              where=at(r))
+        elif 0 <= rank < plan.ranks:  # another rank is BYTES-PLAN's to name
+            want = count(r["op"] == "write", rank)
+            if claimed != want:
+                yield Outcome(False, f"{want} tensors (framework.tensors={fw.tensors})", f"{claimed}",
+                              where=at(r))
+
+
+class _TensorCount:
+    """The tensors a rank's library write or restore handles, by the plan (made once per rank)."""
+
+    def __init__(self, plan: Plan, structure: str, restore: str, shift: int) -> None:
+        self.plan, self.structure, self.shift = plan, structure, shift
+        self.pattern = restore_pattern(restore)
+        self.files: dict[int, tuple[tuple[TensorSpec, ...], ...]] = {}
+        self.counts: dict[tuple[bool, int], int] = {}
+
+    def _of(self, rank: int) -> tuple[tuple[TensorSpec, ...], ...]:
+        if rank not in self.files:
+            self.files[rank] = tensors_of(self.plan, rank, self.structure)
+        return self.files[rank]
+
+    def __call__(self, write: bool, rank: int) -> int:
+        if (write, rank) not in self.counts:
+            if write:
+                n = sum(len(ts) for ts in self._of(rank))
+            else:
+                reads = self.plan.restore_reads(rank, self.pattern, self.shift)
+                n = sum(len(self._of(rd.writer)[rd.index]) for rd in reads)
+            self.counts[(write, rank)] = n
+        return self.counts[(write, rank)]
+
+
+CHECKS = checks_table(framework_scope, framework_recorded, library_version, framework_tensors)

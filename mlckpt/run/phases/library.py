@@ -30,6 +30,7 @@ if TYPE_CHECKING:
     from mlckpt.run.collective import Job, OpTimer
     from mlckpt.run.storage.cleanup import Created
     from mlckpt.workload.layout import FileSpec, RestoreRead
+    from mlckpt.workload.tensors import TensorSpec
 
 
 def buffered(opts: engine.IOOptions) -> engine.IOOptions:
@@ -38,11 +39,12 @@ def buffered(opts: engine.IOOptions) -> engine.IOOptions:
 
 
 def items(names: Sequence[str], writers: Sequence[int], sizes: Sequence[int], offsets: Sequence[int],
-          buf: engine.Buffer) -> list[frameworks.Item]:
+          buf: engine.Buffer, tensors: Sequence[tuple[TensorSpec, ...]]) -> list[frameworks.Item]:
     """Each planned file as the library sees it: its key (by the rank that wrote it), its name,
-    its bytes in ``buf`` at its offset (``offsets``: the arena's, one past the last)."""
-    return [frameworks.Item(frameworks.key_of(w, n), n, buf[o : o + b])
-            for n, w, b, o in zip(names, writers, sizes, offsets[: len(names)], strict=True)]
+    its bytes in ``buf`` at its offset (``offsets``: the arena's, one past the last), the tensors
+    that tile them."""
+    return [frameworks.Item(frameworks.key_of(w, n), n, buf[o : o + b], ts)
+            for n, w, b, o, ts in zip(names, writers, sizes, offsets[: len(names)], tensors, strict=True)]
 
 
 @dataclass
@@ -55,6 +57,8 @@ class LibraryWrites:
     mine: Sequence[FileSpec]  # this rank's planned files
     offsets: Sequence[int]
     created: Created  # the run's: the library's files, to evict and remove
+    tensors: Sequence[tuple[TensorSpec, ...]]  # each planned file's (mlckpt/workload/tensors.py)
+    counted: bool  # records format 12: the records count the tensors
     saved: dict[int, frameworks.Saved] = field(default_factory=dict)
     futures: dict[int, Future[object]] = field(default_factory=dict)
 
@@ -63,7 +67,7 @@ class LibraryWrites:
 
     def _items(self, buf: engine.Buffer) -> list[frameworks.Item]:
         return items([f.name for f in self.mine], [self.rank] * len(self.mine), [f.bytes for f in self.mine],
-                     self.offsets, buf)
+                     self.offsets, buf, self.tensors)
 
     def planned_paths(self, cdir: Path) -> list[str]:
         """The files known before the save (DCP names its own: listed once it made them)."""
@@ -94,10 +98,12 @@ class LibraryWrites:
         """What checkpoint k's write record adds (records format 8)."""
         if not self.writes(k):
             return {"writer": ENGINE}
+        out: LibraryFields = {"writer": self.fw.writer}
         if k in self.saved:
-            return {"writer": self.fw.writer, "file_bytes": self.saved[k].file_bytes,
-                    "synced_by": self.saved[k].synced_by}
-        return {"writer": self.fw.writer}
+            out["file_bytes"], out["synced_by"] = self.saved[k].file_bytes, self.saved[k].synced_by
+        if self.counted:
+            out["tensors"] = sum(len(ts) for ts in self.tensors)
+        return out
 
 
 class Restoring(Protocol):
@@ -110,6 +116,7 @@ class Restoring(Protocol):
     arena: engine.Buffer
     opts: engine.IOOptions
     timer: OpTimer
+    tensors: Sequence[tuple[TensorSpec, ...]]  # each read's file's, as its writer handed them
 
     def verify(self, k: int, c: int, files: Sequence[tuple[str, engine.Buffer, int]],
                scratch: engine.Buffer) -> int: ...
@@ -131,7 +138,7 @@ def restore(phase: Restoring, k: int, c: int, cdir: Path, scratch: engine.Buffer
         # bound of what of them is resident
         resident = min(nbytes, sum(engine.resident_bytes(path)[0] for path in paths))
     its = items(names, [rd.writer for rd in reads], [rd.file.bytes for rd in reads], phase.offsets,
-                phase.arena)
+                phase.arena, phase.tensors)
     ropts = buffered(phase.opts)
     load = partial(frameworks.load, writer, cdir, its, phase.job.rank)
     op: OpRecord = phase.timer("read", k, c, load, nbytes, len(reads), replace(ropts, fsync=phase.opts.fsync))
@@ -140,5 +147,8 @@ def restore(phase: Restoring, k: int, c: int, cdir: Path, scratch: engine.Buffer
     files = [(str(cdir / it.name), it.buf, int(it.buf.size)) for it in its]
     with phase.job.step(f"verify restore {k}"):
         verified = phase.verify(k, c, files, scratch)
-    return {**op, "resident_bytes": resident, "cached_check_bytes": nbytes, "tier": DURABLE, "writer": writer,
-            "verified_bytes": verified, "mismatches": 0}
+    rec: ReadRecord = {**op, "resident_bytes": resident, "cached_check_bytes": nbytes, "tier": DURABLE,
+                       "writer": writer, "verified_bytes": verified, "mismatches": 0}
+    if phase.timer.written.has("tensors"):
+        rec["tensors"] = frameworks.tensor_count(its)
+    return rec

@@ -26,6 +26,7 @@ from mlckpt.workload.pipeline import FAST, Pipeline
 if TYPE_CHECKING:
     from mlckpt.engine.gpu import DeviceState
     from mlckpt.workload.layout import RestoreRead
+    from mlckpt.workload.tensors import TensorSpec
 
 
 @dataclass
@@ -48,6 +49,8 @@ class ReadPhase:
     tags: Mapping[int, int]  # checkpoint -> the run id its page tags carry, when witnessed
     dev: DeviceState | None = None  # GPU-resident state (rules 1.7): each restore ends in device memory
     fw: Framework = field(default_factory=Framework)  # who wrote each checkpoint (rules 1.11)
+    # a library's checkpoints: each read's file's tensors, as its writer handed them (rules 1.19)
+    tensors: Sequence[tuple[TensorSpec, ...]] = ()
 
     def pid(self, rd: RestoreRead, c: int) -> engine.PageId:
         """What the pages of ``rd`` in checkpoint ``c`` must carry (its writer stamped it)."""
