@@ -11,6 +11,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from hypothesis import settings
 from support.cli import (
     ASYNC_COMPUTE_S,
     ASYNC_FAST_TIER,
@@ -27,6 +28,11 @@ from support.cli import (
 # a run another process disturbed is run again, as the product tells its users to (README: On a
 # busy machine); tests that study disturbed runs unset it (tests/mpi/test_environment.py).
 os.environ.setdefault("MLCKPT_RETRY_DISTURBED", "2")
+
+# The suite runs beside other tenants (CI's, the tests' own): a per-example deadline fails honest
+# code on a busy machine, so property tests are bounded by their examples, not by the clock.
+settings.register_profile("busy-machine", deadline=None)
+settings.load_profile("busy-machine")
 
 
 @pytest.fixture

@@ -385,7 +385,8 @@ NEGATIVE_CASES: dict[str, list[Case]] = {
     # rules 1.11: a library writer with a fast tier (FRAMEWORK-RECORDED's cases: tests/mpi/test_frameworks.py)
     "FRAMEWORK-SCOPE": [C("got checkpoint.tiers.fast (one tier)", mutate=lambda f: edit_yaml(
         f, "config.yaml", lambda c: c.update(
-            framework={"writer": "torch_save", "reference": None, "threads": None, "sync_files": None},
+            framework={"writer": "torch_save", "reference": None, "threads": None, "sync_files": None,
+                       "tensors": None},
             checkpoint={**c["checkpoint"], "tiers": {"fast": "/nvme/fast", "fast_keep": 1}})))],
     "WORKLOAD-NAME": [C("expected workload.model.num_layers=32 for llama3_8b, got "
                         "workload.model.num_layers=16", mutate=lambda f: edit_yaml(
