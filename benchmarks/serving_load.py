@@ -28,6 +28,7 @@ import json
 import os
 import secrets
 import shutil
+import statistics
 import subprocess
 import sys
 import tempfile
@@ -47,6 +48,8 @@ def args_parser() -> argparse.ArgumentParser:
     ap.add_argument("--hosts", type=int, default=2, help="groups of ranks standing for hosts")
     ap.add_argument("--scale", type=float, default=0.01, help="of the shards' bytes (default 0.01)")
     ap.add_argument("--repeat", type=int, default=3)
+    ap.add_argument("--chunk-mib", type=int, default=None,
+                    help="fan-out's round: what a holder reads and sends at once (default: the runner's 16)")
     ap.add_argument("--folder", type=Path, default=None, help="for the shard files (default: a "
                     "temporary folder under the current one, on its disk)")
     ap.add_argument("--direct", action=argparse.BooleanOptionalAction, default=True,
@@ -69,7 +72,7 @@ def worker(args: argparse.Namespace) -> int:
     from mlckpt.run.storage.backends import Files, Storage
     from mlckpt.run.storage.objectstore import Objects
     from mlckpt.workload.model import workload_from_config
-    from mlckpt.workload.serving import STRATEGIES, ServingLayout
+    from mlckpt.workload.serving import FANOUT_CHUNK_BYTES, STRATEGIES, ServingLayout
     from mlckpt.workload.serving_load import load_plan
 
     comm = MPI.COMM_WORLD
@@ -90,7 +93,9 @@ def worker(args: argparse.Namespace) -> int:
         root = parse_object_url(args.objects) / f"serving-{run_id:016x}"
         storage = Objects(root, engine.Store(root.bucket, engine.S3Options(part_size=8 << 20, inflight=4)))
     tier = Files(tier_base / hosts[comm.Get_rank()])
-    setups = {s: loads.LoadSetup(p, storage, tier, key, run_id, opts) for s, p in plans.items()}
+    chunk = (args.chunk_mib << 20) if args.chunk_mib else FANOUT_CHUNK_BYTES
+    setups = {s: loads.LoadSetup(p, storage, tier, key, run_id, opts, exchange_evidence=True,
+                                 chunk_bytes=chunk) for s, p in plans.items()}
     loads.lay_out(comm, setups["direct"])
     groups = loads.shard_groups(comm, plans["direct"])
     out = []
@@ -144,6 +149,14 @@ def report(doc: dict, args: argparse.Namespace) -> None:
               f"{f['effective_gb_s']:10.2f} GB/s   {ref / f['ready_s']:6.2f}x")
     resident = max(f["resident_bytes_max"] for f in figures.values())
     print(f"\n  resident in the page cache when a load began: at most {resident:,} B")
+    fan = [recs for recs in doc["runs"] if recs[0]["strategy"] == "fanout"]
+    if fan:  # per load: the ranks' exchange CPU over the bytes they received, the slowest rank's tail
+        cpu = [sum(r["exchange_cpu_ns"] for r in recs) / 1e9 / (sum(r["received_bytes"] for r in recs) / 1e9)
+               for recs in fan]
+        tail = [max(r["exchange_tail_ns"] for r in recs) / 1e6 for recs in fan]
+        print(f"  fan-out's exchange: {statistics.median(cpu):.3f} CPU s per GB received (median of "
+              f"{len(fan)} loads, {min(cpu):.3f}-{max(cpu):.3f}); wall time after the last read "
+              f"{statistics.median(tail):.1f} ms (slowest rank, median; {min(tail):.1f}-{max(tail):.1f})")
     print("  every load's records held to its plan: each rank's bytes from the storage, the tier and the "
           "network as planned, its shard verified")
 

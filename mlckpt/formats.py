@@ -111,7 +111,10 @@ RECORDS = Format("records", "records.jsonl (run.json and summary.json: records_f
          "op's does); every other record is format 10's"),
     (12, "rules 1.19: a library writer's write and read records add tensors (how many tensors the op saved "
          "or loaded: framework.tensors=model, the rank's shard as the model's named tensors; flat, one per "
-         "planned file; mlckpt/workload/tensors.py)"),
+         "planned file; mlckpt/workload/tensors.py); a fan-out load's records add exchange_cpu_ns (the "
+         "CPU time of the rank's thread that drives the exchange, its polls and copies) and "
+         "exchange_tail_ns (the exchange's wall time after the rank's last read: what the pipelined "
+         "reads did not hide)"),
 ))
 
 SUMMARY = Format("summary", "summary.json: summary_format", 9, (2, 3, 4, 5, 6, 7, 8, 9), (

@@ -160,4 +160,6 @@ class LoadRecord(_Evidence, total=False):
     received_bytes: int
     resident_bytes: int
     node_tier_resident_bytes: int
+    exchange_cpu_ns: int  # records format 12, fan-out: the load's exchange, its CPU time on this rank
+    exchange_tail_ns: int  # ... and its wall time after the rank's last read (what reading did not hide)
     verified_bytes: int

@@ -40,6 +40,18 @@ def fmt_gb(n: float) -> str:
     return f"{n / GB:,.2f} GB"
 
 
+# Fan-out reads a holder's part in chunks of at most this, each sent to the other holders while
+# the next is read (mlckpt/workload/serving_load.py: LoadPlan.fanout_rounds); the sizer's model too.
+FANOUT_CHUNK_BYTES = 16 * 2**20
+
+
+def fanout_round_count(shard_bytes: int, holders: int, chunk_bytes: int = FANOUT_CHUNK_BYTES) -> int:
+    """How many rounds fan-out's pipeline takes for a shard split over ``holders``: its largest
+    part in chunks of at most ``chunk_bytes`` (as ``LoadPlan.fanout_rounds`` cuts them)."""
+    largest = -(-shard_bytes // max(1, holders))
+    return max(1, -(-largest // chunk_bytes))
+
+
 def part(n: int, ways: int, index: int) -> int:
     """The ``index``-th of ``ways`` near-equal parts of ``n`` (the first ``n % ways`` one larger)."""
     return n // ways + (index < n % ways)
@@ -208,9 +220,9 @@ def scale_up(layout: ServingLayout, from_replicas: int, to_replicas: int, links:
              strategy: Strategy) -> ScaleUp:
     """How long until ``to_replicas - from_replicas`` new replicas, on hosts of their own, all hold
     their weights; the running replicas are not sources.  Each term is a rate bound, the slowest
-    the bottleneck; fan-out's exchange comes after its reads and a node cache's GPUs read from its
-    tier after the fill, as the loading code does them.  Within a host the GPUs share what the host
-    read (not a bound here)."""
+    the bottleneck; fan-out's exchange overlaps its reads round by round and a node cache's GPUs
+    read from its tier after the fill, as the loading code does them.  Within a host the GPUs share
+    what the host read (not a bound here)."""
     if not 0 <= from_replicas < to_replicas:
         raise ValueError(f"replicas: expected FROM:TO with 0 <= FROM < TO, "
                          f"got {from_replicas}:{to_replicas}")
@@ -223,11 +235,15 @@ def scale_up(layout: ServingLayout, from_replicas: int, to_replicas: int, links:
     name, seconds, _ = max(reads or terms, key=lambda t: t[1])
     exchange = [t for t in terms if t[0] == "network"]
     if strategy == "fanout" and reads and exchange:
-        # as mlckpt/run/phases/loads.py does: each host reads its parts, then the holders exchange
+        # as mlckpt/run/phases/loads.py does: each holder reads its part in rounds and sends each
+        # round's chunk while it reads the next, so one round of the faster is not hidden
         read_s, (_, exchange_s, _) = seconds, exchange[0]
-        seconds = read_s + exchange_s
+        rounds = fanout_round_count(layout.replica_bytes // layout.tp, k)
+        seconds = max(read_s, exchange_s) + min(read_s, exchange_s) / rounds
         name = "network" if exchange_s > read_s else name
-        steps.append(f"the reads, then the exchange: {fmt_duration(read_s)} + {fmt_duration(exchange_s)}")
+        steps.append(f"the reads and the exchange overlapped in {rounds} rounds of at most "
+                     f"{FANOUT_CHUNK_BYTES >> 20} MiB a holder: max({fmt_duration(read_s)}, "
+                     f"{fmt_duration(exchange_s)}) + 1/{rounds} of the other = {fmt_duration(seconds)}")
     if strategy == "nodecache":
         after = _rate("node tier", layout.host_bytes, links.node_tier, "then the host's GPUs read from it")
         if after:

@@ -24,7 +24,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 from mlckpt.errors import ConfigError
-from mlckpt.workload.serving import STRATEGIES, ServingLayout, Strategy, part
+from mlckpt.workload.serving import FANOUT_CHUNK_BYTES, STRATEGIES, ServingLayout, Strategy, part
 
 
 @dataclass(frozen=True)
@@ -92,8 +92,33 @@ class LoadPlan:
         """The ranks that hold ``shard`` (one in each replica), in rank order."""
         return tuple(r.rank for r in self.ranks if r.shard == shard)
 
+    def pieces(self, shard: int, start: int, length: int) -> tuple[Piece, ...]:
+        """The byte range [start, start + length) of the shard, per file."""
+        return _pieces(shard, self.shard_files[shard], start, length)
+
+    def fanout_rounds(self, shard: int,
+                      chunk_bytes: int = FANOUT_CHUNK_BYTES) -> tuple[tuple[Span, ...], ...]:
+        """Fan-out's exchange, pipelined: in round j every holder of ``shard`` (in
+        :meth:`fanout_group`'s order) sends the j-th chunk of its part, ``(start, length)`` in the
+        shard, while it reads the next.  Every holder's part in the same number of rounds, its
+        chunks whole pages of at most ``chunk_bytes`` (the largest part's), covering it once."""
+        parts = [fanout_part(self.shard_bytes(shard), len(self.fanout_group(shard)), i)
+                 for i in range(len(self.fanout_group(shard)))]
+        rounds = max(1, -(-max(n for _, n in parts) // chunk_bytes))
+        out = []
+        for j in range(rounds):
+            row = []
+            for start, n in parts:
+                share = -(-n // rounds)
+                size = -(-share // PAGE) * PAGE  # a round's share, whole pages
+                lo = min(n, j * size)
+                row.append((start + lo, min(n, lo + size) - lo))
+            out.append(tuple(row))
+        return tuple(out)
+
 
 PAGE = 4096  # a scaled file stays a whole number of pages (O_DIRECT reads it in whole pages)
+Span = tuple[int, int]  # (start, length) in a shard
 
 
 def scaled_files(layout: ServingLayout, shard: int, scale: float) -> tuple[int, ...]:

@@ -66,6 +66,38 @@ def _on_tmpfs(path: Path) -> bool:
                           check=False).stdout.strip() == "tmpfs"
 
 
+def test_fan_out_sends_each_chunk_while_it_reads_the_next(tmp_path: Path) -> None:
+    """Fan-out pipelined: each holder reads its part in 64 KiB rounds (about 20 here), each sent to
+    the other holders while the next is read; every replica still ends with its verified shard, the
+    storage serving each byte once, and each record says what the exchange cost: the CPU time of
+    the thread that drove it and its wall time after the last read, each within the load."""
+    proc = load(tmp_path, 6, "--strategies", "fanout", "direct", "--chunk-bytes", "65536")
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    got = json.loads(proc.stdout)
+    doc = got["fanout"]
+    assert doc["problems"] == []
+    shard = [sum(f) for f in doc["shard_files"]]
+    assert min(shard) // 3 > 16 * 65536  # many rounds per part
+    recs = doc["records"]
+    assert sum(r["storage_bytes"] for r in recs) == sum(shard)
+    for r in recs:
+        assert r["verified_bytes"] == r["bytes"] > 0
+        assert 0 < r["exchange_cpu_ns"] <= r["t1_ns"] - r["t0_ns"] + 1_000_000
+        assert 0 <= r["exchange_tail_ns"] <= r["t1_ns"] - r["t0_ns"]
+    assert all("exchange_cpu_ns" not in r and "exchange_tail_ns" not in r for r in got["direct"]["records"])
+
+
+@pytest.mark.parametrize("chunk", [None, 65536])
+def test_a_flipped_byte_in_any_round_is_caught_in_every_holder(tmp_path: Path, chunk: int | None) -> None:
+    """A byte flipped in the fifth 64 KiB round of rank 1's part: rank 3 received it, in that round."""
+    extra = ("--chunk-bytes", str(chunk)) if chunk else ()
+    proc = load(tmp_path, 4, "--strategies", "fanout", "--corrupt", "1:0:300000", *extra)
+    assert proc.returncode != 0 and not proc.stdout
+    said = proc.stderr + "".join(p.read_text() for p in (tmp_path / "storage").glob("failed-rank*.txt"))
+    named = set(re.findall(r"load: shard (\d+) file (\d+) on rank (\d+): ", said))
+    assert named and named <= {("1", "0", "1"), ("1", "0", "3")}, said[-2000:]
+
+
 @pytest.mark.parametrize("strategy", ["direct", "fanout", "nodecache"])
 def test_a_flipped_byte_on_the_storage_is_caught_in_the_replica_that_holds_it(tmp_path: Path,
                                                                                  strategy: str) -> None:

@@ -23,7 +23,7 @@ from mlckpt.run.storage.backends import Files, Storage
 from mlckpt.run.storage.objectstore import Objects
 from mlckpt.serving_metrics import held_to_plan
 from mlckpt.workload.model import ModelShape
-from mlckpt.workload.serving import ServingLayout
+from mlckpt.workload.serving import FANOUT_CHUNK_BYTES, ServingLayout
 from mlckpt.workload.serving_load import load_plan
 
 L8B = ModelShape(4096, 32, 14336, 128256, 32, 8)
@@ -39,6 +39,7 @@ def main() -> int:
     ap.add_argument("--hosts", type=int, default=2)
     ap.add_argument("--scale", type=float, default=0.0005)
     ap.add_argument("--strategies", nargs="+", default=["direct", "fanout", "nodecache"])
+    ap.add_argument("--chunk-bytes", type=int, default=None, help="fan-out's round (default: the runner's)")
     ap.add_argument("--corrupt", default=None)
     ap.add_argument("--remove", default=None, metavar="SHARD:FILE", help="a shard file removed after "
                     "it was laid out (the rank that reads it fails)")
@@ -62,7 +63,8 @@ def main() -> int:
     for i, strategy in enumerate(args.strategies):
         plan = load_plan(layout, strategy, hosts, args.scale)
         tier = Files(args.tier / hosts[comm.Get_rank()])
-        s = loads.LoadSetup(plan, storage.below(strategy), tier, key, 7 + i, opts)
+        s = loads.LoadSetup(plan, storage.below(strategy), tier, key, 7 + i, opts, exchange_evidence=True,
+                            chunk_bytes=args.chunk_bytes or FANOUT_CHUNK_BYTES)
         loads.lay_out(comm, s)
         if args.corrupt and comm.Get_rank() == 0 and storage.folders:
             shard, file, offset = map(int, args.corrupt.split(":"))

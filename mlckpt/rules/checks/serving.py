@@ -104,6 +104,28 @@ def serving_plan(ctx: Context, ruleset: RuleSet, rule: Rule) -> Iterator[Outcome
     for index, recs in loads.items():
         for problem in held_to_plan(plan, recs):
             yield Outcome(False, "as planned", problem, where=f"load {index}")
+        for r in recs:
+            yield from _exchange(run.strategy, r, f"load {index}")
+
+
+EXCHANGE_SLACK_NS = 1_000_000  # the thread CPU clock's granularity, with margin
+
+
+def _exchange(strategy: str, r: Mapping[str, Any], where: str) -> Iterator[Outcome]:
+    """Records format 12: a fan-out load's exchange happened inside the load: its exposed tail and
+    the CPU time of the one thread that drove it each at most the load's own time; no other
+    strategy exchanges."""
+    if "exchange_tail_ns" not in r and "exchange_cpu_ns" not in r:
+        return
+    if strategy != "fanout":
+        yield Outcome(False, f"no exchange in a {strategy} load", f"rank {r['rank']} records one",
+                      where=where)
+        return
+    took = int(r["t1_ns"]) - int(r["t0_ns"])
+    for key in ("exchange_tail_ns", "exchange_cpu_ns"):
+        if int(r.get(key, 0)) > took + EXCHANGE_SLACK_NS:
+            yield Outcome(False, f"{key} within the load ({took / 1e6:.3f} ms)",
+                          f"{int(r[key]) / 1e6:.3f} ms on rank {r['rank']}", where=where)
 
 
 def serving_cold(ctx: Context, ruleset: RuleSet, rule: Rule) -> Iterator[Outcome]:

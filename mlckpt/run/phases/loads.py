@@ -28,6 +28,7 @@ import os
 import shutil
 import time
 from collections.abc import Callable, Mapping, Sequence
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, cast
 
@@ -37,11 +38,12 @@ from mlckpt.errors import InternalError, VerificationError
 from mlckpt.records import LoadRecord
 from mlckpt.run.collective import idle_barrier, idle_wait
 from mlckpt.run.storage.backends import Files, Piece, Span, Storage
+from mlckpt.workload.serving import FANOUT_CHUNK_BYTES
 from mlckpt.workload.serving_load import LoadPlan, RankLoad
 from mlckpt.workload.serving_load import Piece as Part
 
 if TYPE_CHECKING:
-    from mpi4py.MPI import Comm, Intracomm
+    from mpi4py.MPI import Comm, Intracomm, Request
 
 CHECKPOINT = 0  # the page tags' checkpoint field: weights are one "checkpoint"
 
@@ -61,6 +63,9 @@ class LoadSetup:
     tier_direct: bool = False  # the node tier takes O_DIRECT and the run reads so (probed untimed)
     # records format 10: a load's record carries the op timer's evidence and its tier's residency
     load_evidence: bool = False
+    # records format 12: a fan-out load's record carries its exchange's CPU time and exposed tail
+    exchange_evidence: bool = False
+    chunk_bytes: int = FANOUT_CHUNK_BYTES  # fan-out: what a holder reads and sends in one round
 
     def path(self, shard: int, file: int) -> str:
         """A file of the shard on the storage (one folder: what a failed run's guardian sweeps)."""
@@ -168,7 +173,7 @@ def load(comm: Intracomm, setup: LoadSetup, groups: tuple[Comm, Comm], timed: Ti
     arena = engine.alloc(max(engine.PAGE, setup.file_offsets(me.shard)[-1]))
     staging = _staging(setup, me)
     resident = cold(comm, setup)
-    moved = {"storage": 0, "tier": 0, "tier_resident": 0}
+    moved = {"storage": 0, "tier": 0, "tier_resident": 0, "exchange_cpu": 0, "exchange_tail": 0}
 
     def action() -> None:
         failed: list[BaseException] = []
@@ -176,16 +181,19 @@ def load(comm: Intracomm, setup: LoadSetup, groups: tuple[Comm, Comm], timed: Ti
             moved["storage"], moved["tier"], moved["tier_resident"] = _node_cache(host, setup, me, arena,
                                                                                   staging,
                                                                                   failed)
+        elif setup.plan.strategy == "fanout":
+            moved["storage"], moved["exchange_cpu"], moved["exchange_tail"] = _fan_out(holders, setup, me,
+                                                                                      arena, failed)
         else:
             moved["storage"] = _attempt(failed, lambda: _from_storage(setup, me.storage, arena))
-            if setup.plan.strategy == "fanout":
-                _exchange(holders, setup, me, arena)
         if failed:  # a rank that could not read sent the others garbage: its failure is the one named
             raise failed[0]
 
     timing = timed(action)
     storage = moved["storage"]
     tier = {"node_tier_resident_bytes": moved["tier_resident"]} if setup.load_evidence else {}
+    if setup.exchange_evidence and setup.plan.strategy == "fanout":
+        tier.update(exchange_cpu_ns=moved["exchange_cpu"], exchange_tail_ns=moved["exchange_tail"])
     evidence = {k: timing[k] for k in TIMER_FIELDS if k in timing} if setup.load_evidence else {
         k: timing[k] for k in ("t0_ns", "t1_ns", "wall_start")}
     # the timer's fields are a load record's own (TIMER_FIELDS), checked where records are read
@@ -222,19 +230,43 @@ def shard_groups(comm: Intracomm, plan: LoadPlan) -> tuple[Comm, Comm]:
     return comm.Split(me.shard, me.replica), comm.Split(hosts.index(me.host), me.rank)
 
 
-def _exchange(holders: Comm, setup: LoadSetup, me: RankLoad, arena: engine.Buffer) -> None:
-    """Each holder's part to every other holder, in place: parts are whole pages in a shard laid
-    out in whole-page files, so a part's place in memory is its place in the shard."""
+def _fan_out(holders: Comm, setup: LoadSetup, me: RankLoad, arena: engine.Buffer,
+             failed: list[BaseException]) -> tuple[int, int, int]:
+    """Fan-out, pipelined: this holder's part read round by round in a thread, each round's chunk
+    sent to the other holders (one all-gather, in place: parts are whole pages of a shard laid out
+    in whole-page files, so a part's place in memory is its place in the shard) while the next is
+    read, the CPU given away between polls.  Returns the bytes read, this thread's CPU time (the
+    exchange's: its polls and its share of the copies) and the exchange's wall time after the last
+    read (what reading did not hide)."""
     from mpi4py import MPI
 
     if any(size % engine.PAGE for size in setup.plan.shard_files[me.shard]):
         raise InternalError("fan-out exchanges parts in place: the shard's files must be whole pages "
                             "(a scale below 1 makes them so)")
-    group = [setup.plan.ranks[r] for r in setup.plan.fanout_group(me.shard)]
-    counts = [sum(q.length for q in r.storage) for r in group]
-    displs = [setup.file_offsets(me.shard)[r.storage[0].file] + r.storage[0].offset if r.storage else 0
-              for r in group]
-    idle_wait(holders.Iallgatherv(MPI.IN_PLACE, [arena, counts, displs, MPI.BYTE]))
+    rounds = setup.plan.fanout_rounds(me.shard, setup.chunk_bytes)
+    mine = setup.plan.fanout_group(me.shard).index(me.rank)
+
+    def read(j: int) -> int:
+        start, n = rounds[j][mine]
+        return _attempt(failed, lambda: _from_storage(setup, setup.plan.pieces(me.shard, start, n), arena))
+
+    cpu0, nread = time.thread_time_ns(), 0
+    sent: list[Request] = []
+    with ThreadPoolExecutor(1, thread_name_prefix="fan-out read") as pool:
+        reading = pool.submit(read, 0)
+        for j, row in enumerate(rounds):
+            while sent and not reading.done():  # the sent chunks move only inside MPI's calls
+                MPI.Request.Testall(sent)
+                os.sched_yield()
+            nread += reading.result()
+            if j + 1 < len(rounds):
+                reading = pool.submit(read, j + 1)
+            counts, displs = [n for _, n in row], [start for start, _ in row]
+            sent.append(holders.Iallgatherv(MPI.IN_PLACE, [arena, counts, displs, MPI.BYTE]))
+    last_read = time.monotonic_ns()
+    for req in sent:
+        idle_wait(req)
+    return nread, time.thread_time_ns() - cpu0, time.monotonic_ns() - last_read
 
 
 def _node_cache(host: Comm, setup: LoadSetup, me: RankLoad, arena: engine.Buffer,

@@ -59,9 +59,10 @@ def serving_phases(job: Job, configured: Configured, gates: Gates, created: Crea
     if tier_files is not None:  # untimed: may the tier be read as the storage is (O_DIRECT)?
         tier_files.mkdir(parents=True, exist_ok=True)
         tier_direct = bool(opts.direct) and engine.probe_direct(str(tier_files))
+    written = Written.of(configured.setup.rules.version)
     s = loads.LoadSetup(plan, weights, Files(tier_files) if tier_files is not None else None, folders.key,
                         folders.run.number, opts, tier_direct=tier_direct,
-                        load_evidence=Written.of(configured.setup.rules.version).has("load_evidence"))
+                        load_evidence=written.has("load_evidence"), exchange_evidence=written.has("exchange"))
     with job.step("laying out the weights"):
         loads.lay_out(job.comm, s)
     groups = loads.shard_groups(job.comm, plan)

@@ -5,6 +5,7 @@ scales hypothesis draws."""
 from __future__ import annotations
 
 from collections import Counter
+from itertools import pairwise
 
 import pytest
 from hypothesis import given, settings
@@ -127,3 +128,30 @@ def test_what_does_not_fit_is_refused_naming_its_key(kwargs: dict[str, object], 
     with pytest.raises(ConfigError) as err:
         load_plan(layout, **args)  # type: ignore[arg-type]
     assert err.value.key == key
+
+
+@settings(max_examples=60, deadline=None)
+@given(replicas=st.integers(1, 6), scale=st.sampled_from([0.0005, 0.002, 0.01]),
+       chunk=st.sampled_from([PAGE, 65536, 1 << 20, 16 << 20, 1 << 40]))
+def test_fanout_rounds_cover_each_part_once_in_whole_pages(replicas: int, scale: float, chunk: int) -> None:
+    """Pipelined fan-out: every holder's part in the same number of rounds, each round's chunk whole
+    pages (the shard's last byte aside) of at most ``chunk`` (the largest part's), in order, the
+    chunks of a part end to end."""
+    layout = ServingLayout("llama3_8b", L8B, 2, replicas, 8, shard_file_bytes=6 << 30)
+    plan = load_plan(layout, "fanout", ["h"] * (2 * replicas), scale)
+    for shard in range(2):
+        rounds = plan.fanout_rounds(shard, chunk)
+        holders = plan.fanout_group(shard)
+        biggest = max(plan.ranks[r].storage_bytes for r in holders)
+        assert len(rounds) == max(1, -(-biggest // chunk)) and {len(row) for row in rounds} == {len(holders)}
+        for i, r in enumerate(holders):
+            mine = [row[i] for row in rounds]
+            assert sum(n for _, n in mine) == plan.ranks[r].storage_bytes
+            at = mine[0][0]
+            for s, n in mine:
+                assert s == at and (n % PAGE == 0 or s + n == plan.shard_bytes(shard))
+                assert n <= max(chunk, PAGE) or len(rounds) == 1
+                at += n
+        spans = sorted((s, n) for row in rounds for s, n in row if n)  # together: the shard, once
+        assert spans[0][0] == 0 and all(a + m == b for (a, m), (b, _) in pairwise(spans))
+        assert spans[-1][0] + spans[-1][1] == plan.shard_bytes(shard)
