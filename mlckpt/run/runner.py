@@ -57,7 +57,7 @@ from mlckpt.run.storage.kinds import takes_page_cache
 from mlckpt.run.watch import MPIDone
 from mlckpt.units import fmt_bytes
 from mlckpt.workload.layout import PAGE, pages
-from mlckpt.workload.tensors import tensors_of
+from mlckpt.workload.tensors import read_tensors, tensors_of
 from mlckpt.written import Written
 
 if TYPE_CHECKING:
@@ -275,8 +275,7 @@ def _io_phases(job: Job, configured: Configured, gates: Gates, created: Created,
         tags=tags,
         dev=dev,
         fw=fw,
-        tensors=([tensors_of(configured.setup.plan, rd.writer, structure)[rd.index] for rd in reads]
-                 if fw.library else ()),
+        tensors=read_tensors(configured.setup.plan, reads, structure) if fw.library else (),
     ).run(nw, nr)
     return folders.run, records
 

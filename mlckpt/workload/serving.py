@@ -47,8 +47,10 @@ FANOUT_CHUNK_BYTES = 16 * 2**20
 
 def fanout_round_count(shard_bytes: int, holders: int, chunk_bytes: int = FANOUT_CHUNK_BYTES) -> int:
     """How many rounds fan-out's pipeline takes for a shard split over ``holders``: its largest
-    part in chunks of at most ``chunk_bytes`` (as ``LoadPlan.fanout_rounds`` cuts them)."""
-    largest = -(-shard_bytes // max(1, holders))
+    part (the first: whole pages, ``serving_load.fanout_part``) in chunks of at most ``chunk_bytes``;
+    what ``LoadPlan.fanout_rounds`` runs and the sizer models."""
+    pages = -(-shard_bytes // 4096)
+    largest = min(shard_bytes, 4096 * -(-pages // max(1, holders)))
     return max(1, -(-largest // chunk_bytes))
 
 

@@ -24,7 +24,14 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 from mlckpt.errors import ConfigError
-from mlckpt.workload.serving import FANOUT_CHUNK_BYTES, STRATEGIES, ServingLayout, Strategy, part
+from mlckpt.workload.serving import (
+    FANOUT_CHUNK_BYTES,
+    STRATEGIES,
+    ServingLayout,
+    Strategy,
+    fanout_round_count,
+    part,
+)
 
 
 @dataclass(frozen=True)
@@ -102,9 +109,9 @@ class LoadPlan:
         :meth:`fanout_group`'s order) sends the j-th chunk of its part, ``(start, length)`` in the
         shard, while it reads the next.  Every holder's part in the same number of rounds, its
         chunks whole pages of at most ``chunk_bytes`` (the largest part's), covering it once."""
-        parts = [fanout_part(self.shard_bytes(shard), len(self.fanout_group(shard)), i)
-                 for i in range(len(self.fanout_group(shard)))]
-        rounds = max(1, -(-max(n for _, n in parts) // chunk_bytes))
+        total, holders = self.shard_bytes(shard), len(self.fanout_group(shard))
+        parts = [fanout_part(total, holders, i) for i in range(holders)]
+        rounds = fanout_round_count(total, holders, chunk_bytes)
         out = []
         for j in range(rounds):
             row = []

@@ -27,10 +27,10 @@ one ``uint8`` tensor, as in ``framework.tensors=flat``.
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 
-from mlckpt.workload.layout import FileSpec, Plan, stage_layers
+from mlckpt.workload.layout import FileSpec, Plan, RestoreRead, stage_layers
 from mlckpt.workload.model import DTYPE_BYTES, Workload
 
 STRUCTURES = ("model", "flat")  # framework.tensors
@@ -145,3 +145,9 @@ def tensors_of(plan: Plan, rank: int, structure: str) -> tuple[tuple[TensorSpec,
     if structure == "flat":
         return tuple(flat_tensors(f) for f in plan.rank_plans[rank].files)
     return rank_tensors(plan, rank)
+
+
+def read_tensors(plan: Plan, reads: Sequence[RestoreRead], structure: str) -> list[tuple[TensorSpec, ...]]:
+    """Each restore read's file's tensors, as its writer handed them (each writer's made once)."""
+    by_writer = {w: tensors_of(plan, w, structure) for w in {rd.writer for rd in reads}}
+    return [by_writer[rd.writer][rd.index] for rd in reads]
