@@ -117,7 +117,7 @@ RECORDS = Format("records", "records.jsonl (run.json and summary.json: records_f
          "reads did not hide)"),
 ))
 
-SUMMARY = Format("summary", "summary.json: summary_format", 9, (2, 3, 4, 5, 6, 7, 8, 9), (
+SUMMARY = Format("summary", "summary.json: summary_format", 10, (2, 3, 4, 5, 6, 7, 8, 9, 10), (
     (1, "first version: per-op statistics and headlines recomputed from records.jsonl (mlckpt.metrics)"),
     (2, "stall, time to durable, overlap efficiency, back-pressure, per-stage bandwidth, read_fast_*"),
     (3, "DLIO's summary.json shape (rules 1.3): dlio_compat becomes metric, under DLIO's key names and "
@@ -143,6 +143,9 @@ SUMMARY = Format("summary", "summary.json: summary_format", 9, (2, 3, 4, 5, 6, 7
     (9, "rules 1.14 (records format 10): a serving run's loads add node_tier_resident_bytes, and "
         "node_tier_cold says whether every load read its node tier cold (null: no tier; false: a warm "
         "tier, in memory or the page cache); a checkpoint run's is format 7's"),
+    (10, "rules 1.20: the same keys; every rank of an op (and of a load) is timed from its host's first rank "
+         "to leave the op's barrier, so each op's duration, bandwidth, stall, time to durable, IOPS and "
+         "time to ready runs from the barrier (mlckpt.metrics.from_barrier)"),
 ))
 
 PLAN = Format("plan", "mlckpt plan --json: plan_format", 2, (2,), (

@@ -5,7 +5,10 @@ The records these formulas read, and their fields by format version, are describ
 :mod:`mlckpt.records`.
 
 Per op k: ``duration = max_r(t1 - t0)``, ``bandwidth = Σ_r bytes / duration``, and the slowest
-rank's own bandwidth ``min_r(bytes_r / (t1_r - t0_r))``.  For writes, t0/t1 are those of the
+rank's own bandwidth ``min_r(bytes_r / (t1_r - t0_r))``.  From summary format 10 (rules 1.20) each
+rank's t0 is its host's first rank's for the op (:func:`from_barrier`): the op begins when its
+barrier lets the host's ranks go, as IOR times from the barrier, so a rank that left it late
+(descheduled, or claiming so to shorten its own time) is timed from there.  For writes, t0/t1 are those of the
 durable stage (the storage's own time; for sync one-tier runs exactly the record's t0/t1), and
 the other stages are measured the same way.  Training's view: ``stall = max_r(staged - t0)``,
 ``time_to_durable = max_r(t1 - t0)``, and overlap efficiency ``Σ_r (background_r - exposed_r) /
@@ -176,13 +179,40 @@ def _dist(values: list[float], unit: str, name: str) -> dict[str, float]:
     }
 
 
-def group_ops(records: Iterable[Mapping[str, Any]]) -> dict[tuple[str, int], list[Mapping[str, Any]]]:
+def group_ops(records: Iterable[Mapping[str, Any]], *, barrier: bool = False
+              ) -> dict[tuple[str, int], list[Mapping[str, Any]]]:
+    """The records by op, write ops first, each op's in rank order; ``barrier``: each op's records
+    :func:`from_barrier` (summary format 10)."""
     ops: dict[tuple[str, int], list[Mapping[str, Any]]] = defaultdict(list)
     for r in records:
         ops[(str(r["op"]), int(r["index"]))].append(r)
-    for recs in ops.values():
+    for key, recs in ops.items():
         recs.sort(key=lambda r: int(r["rank"]))
+        if barrier:
+            ops[key] = from_barrier(recs)
     return dict(sorted(ops.items(), key=lambda kv: (kv[0][0] != "write", kv[0][1])))
+
+
+def from_barrier(recs: Iterable[Mapping[str, Any]]) -> list[Mapping[str, Any]]:
+    """One op's records, each rank's start (and that of the stage it began with) moved to the
+    start of its host's first rank to leave the op's barrier (one clock per host): what the op
+    took is from the barrier to each rank's end, whenever a rank says it began."""
+    recs = list(recs)
+    first: dict[str, int] = {}
+    for r in recs:
+        host, t0 = str(r.get("host")), int(r["t0_ns"])
+        first[host] = min(first.get(host, t0), t0)
+    out: list[Mapping[str, Any]] = []
+    for r in recs:
+        t0, start = int(r["t0_ns"]), first[str(r.get("host"))]
+        if t0 == start:
+            out.append(r)
+            continue
+        moved = {**r, "t0_ns": start}
+        if "stages" in r:
+            moved["stages"] = [{**st, "t0_ns": start} if int(st["t0_ns"]) == t0 else st for st in r["stages"]]
+        out.append(moved)
+    return out
 
 
 def _io_block(out: dict[str, Any], name: str, group: list[OpStats]) -> None:
@@ -208,10 +238,14 @@ def summarize(records: Iterable[Mapping[str, object]], *, max_resident_fraction:
     writers = [str(r.get("writer", "mlckpt")) for r in records]  # none: the engine's (before format 8)
     split = summary_format >= 7 and records_format >= 8 and any(w != "mlckpt" for w in writers)
     args = (max_resident_fraction, records_format, summary_format, seen)
+    barrier = summary_format >= 10
     if not split:
-        return _summarize(grouped if grouped is not None else group_ops(records), *args)
-    ref = group_ops(r for r, w in zip(records, writers, strict=True) if w == "mlckpt")
-    out = _summarize(group_ops(r for r, w in zip(records, writers, strict=True) if w != "mlckpt"), *args)
+        if grouped is not None and barrier:
+            grouped = {key: from_barrier(recs) for key, recs in grouped.items()}
+        return _summarize(grouped if grouped is not None else group_ops(records, barrier=barrier), *args)
+    ref = group_ops((r for r, w in zip(records, writers, strict=True) if w == "mlckpt"), barrier=barrier)
+    out = _summarize(group_ops((r for r, w in zip(records, writers, strict=True) if w != "mlckpt"),
+                               barrier=barrier), *args)
     writer = "+".join(sorted(set(writers) - {"mlckpt"}))
     out["framework"] = _framework_block(writer, out, _summarize(ref, *args) if ref else None)
     return out

@@ -25,6 +25,7 @@ import statistics
 from collections.abc import Mapping, Sequence
 from typing import Any
 
+from mlckpt.metrics import from_barrier
 from mlckpt.workload.serving_load import LoadPlan
 from mlckpt.workload.serving_run import ServingRun
 
@@ -34,6 +35,7 @@ Record = Mapping[str, Any]
 TIMING_BASIS = ("each load: every rank from leaving one barrier (its own host's monotonic clock) until "
                 "its shard is in its memory; the load's time is the slowest rank's; every byte verified "
                 "after, untimed")
+# summary format 10: every rank from its host's first rank to leave the barrier (mlckpt.metrics)
 
 
 def figures(recs: Sequence[Record]) -> dict[str, Any]:
@@ -72,7 +74,7 @@ def summary(run: ServingRun, records: Sequence[Record], *, ranks: int, hosts: in
             "storage_gb_s")
     loads = []
     for index, recs in by_load(records).items():
-        f = figures(recs)
+        f = figures(from_barrier(recs) if formats[0] >= 10 else recs)
         loads.append({"index": index, **{k: f[k] for k in keys}})
     ready = [f["ready_s"] for f in loads]
     median = statistics.median(ready) if ready else 0.0

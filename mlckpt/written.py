@@ -43,6 +43,8 @@ FEATURES: dict[str, tuple[Document, int, str]] = {
     "what_changes": ("summary", 4, "what changes the figure: the slowest rank's share, stalls"),
     "latency": ("summary", 6, "per-request latency percentiles, IOPS and where time went"),
     "framework_summary": ("summary", 7, "a library writer's figures beside the engine's, and each ratio"),
+    "barrier_start": ("summary", 10, "every rank of an op or a load timed from its host's first rank to "
+                      "leave the barrier"),
 }
 
 

@@ -30,7 +30,7 @@ STAGES = ("config", "host", "result", "submission")
 # and restores) or a serving run (replicas loading a model's weights).  A rule that names none
 # judges checkpoint runs, as every rule before 1.13 did.
 KINDS = ("checkpoint", "serving")
-DEFAULT_RULES_VERSION = "1.19"
+DEFAULT_RULES_VERSION = "1.20"
 # A rule's exit class (rules.yaml ``exit``): a failed ``integrity`` rule means the bytes cannot
 # be trusted at all (mlckpt-check exits 3); a failed ``rules`` rule makes a result invalid or open.
 EXIT_CLASSES = ("rules", "integrity")

@@ -93,6 +93,13 @@ RUNS: dict[str, tuple[str, ...]] = {
         "io.direct=false",
         "checkpoint.tiers.fast=fast",
     ),
+    "memtiers": (
+        "scale=0.002",
+        "checkpoint.num_writes=2",
+        "checkpoint.num_reads=2",
+        "io.direct=false",
+        "checkpoint.tiers.fast=/dev/shm/mlckpt-forgeries-fast",
+    ),
     "tmpfs": (
         "scale=0.002",
         "checkpoint.num_writes=1",
@@ -118,7 +125,7 @@ def runs(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
     env.pop("MLCKPT_DEBUG", None)
     out = {"dir": d}
     for name, extra in RUNS.items():
-        if name == "tmpfs" and not Path("/dev/shm").is_dir():
+        if name in ("tmpfs", "memtiers") and not Path("/dev/shm").is_dir():
             continue
         folder = () if any(a.startswith("checkpoint.folder=") for a in extra) else ("checkpoint.folder=ck",)
         proc = subprocess.run(
@@ -228,6 +235,34 @@ def slow_ranks_start_late(recs: list[Rec]) -> None:
         for r in group:
             if dur(r) >= med:
                 set_duration(r, int(0.6 * med), from_start=True)
+
+
+def slow_ranks_start_a_little_late(recs: list[Rec]) -> None:
+    """Ranks slower than the median claim they left the barrier late, by less than RECORDS-SKEW's
+    bound: each shortened to the median, but by at most 10 % of its time (the host's first rank to
+    leave stays: moving it moves the whole host's start, COUNTERS-LATE's to judge)."""
+    for kind in ("write", "read"):
+        for group in ops(recs, kind).values():
+            med = sorted(dur(r) for r in group)[len(group) // 2 - 1]
+            first = min(r["t0_ns"] for r in group)
+            for r in group:
+                if dur(r) > med and r["t0_ns"] != first:  # (a few µs apart: no two ranks' times alike)
+                    set_duration(r, max(med + 7919 * (r["rank"] + 1), int(0.9 * dur(r))), from_start=True)
+
+
+def per_rank_summary(folder: Path) -> None:
+    """summary.json as rules 1.19 timed an op (each rank from its own start), labelled 1.20's."""
+    from mlckpt.metrics import summarize
+
+    resummarize(folder)
+    mine = summarize(read_records(folder), max_resident_fraction=1.0, summary_format=9)
+
+    def fn(summary: dict[str, Any]) -> None:
+        for key in ("write_bandwidth_mean_gib_s", "read_bandwidth_mean_gib_s", "write_duration_mean_s",
+                    "read_duration_mean_s"):
+            summary[key] = mine[key]
+
+    edit_json(folder, "summary.json", fn)
 
 
 def slowest_copies_fastest(recs: list[Rec]) -> None:
@@ -473,6 +508,90 @@ def interval_recorded_shorter(recs: list[Rec]) -> None:
             shift(r, 950_000_000)
 
 
+def sync_as_async(folder: Path, _: dict[str, Path]) -> None:
+    """A synchronous O_DIRECT run presented as asynchronous: each write split into a snapshot at
+    half the host's measured copy rate and a background persist ending where the write ended, the
+    rest of the interval counted as training; the counters read as soon after the stall as they
+    were after the write, and the configuration, run.json and summary made to match."""
+    copy = {h["hostname"]: h["memory_copy_gib_s"] for h in read_json(folder, "system.json")["hosts"]}
+
+    def fn(recs: list[Rec]) -> None:
+        for group in ops(recs, "write").values():
+            for host in {r["host"] for r in group}:
+                hr = [r for r in group if r["host"] == host]
+                snap = int(sum(r["bytes"] for r in hr) / (0.5 * copy[host] * 2**30) * 1e9)
+                end = max(r["t1_ns"] for r in hr)
+                for r in hr:
+                    staged = r["t0_ns"] + snap
+                    memory = {"bytes": r["bytes"], "t0_ns": r["t0_ns"], "t1_ns": staged, "tier": "memory"}
+                    r["stages"] = [memory, {**r["stages"][0], "t0_ns": staged}]
+                    r.update(mode="async", staged_ns=staged, backpressure_ns=0, exposed_ns=0,
+                             compute_ns=r["compute_ns"] + r["t1_ns"] - staged)
+                    r.pop("requests", None)
+                    r.pop("phases_ns", None)
+                for r in hr:
+                    if "host_counters" in r:
+                        after = r["host_counters"]["after"]
+                        after["t_ns"] = max(x["staged_ns"] for x in hr) + after["t_ns"] - end
+        interval = min(r["compute_ns"] for r in recs if r["op"] == "write") / 1e9
+        claim = {"mode": "async", "compute_interval_s": interval}
+        edit_yaml(folder, "config.yaml", lambda c: c["checkpoint"].update(claim))
+        edit_json(folder, "run.json", lambda r: r["pipeline"].update(claim))
+
+    recs_edit(fn)(folder, _)
+
+
+def fast_restores_durable(folder: Path, _: dict[str, Path]) -> None:
+    """A tiered run's restores served by its fast tier in memory presented as read from the
+    durable tier, cold, the fast tier said to keep no checkpoint once durable (fast_keep=0)."""
+    def fn(recs: list[Rec]) -> None:
+        for r in recs:
+            if r["op"] == "read" and r["tier"] == "fast":
+                r.update(tier="durable", resident_bytes=0)
+
+    edit_yaml(folder, "config.yaml", lambda c: c["checkpoint"]["tiers"].update(fast_keep=0))
+    edit_json(folder, "run.json", lambda r: r["pipeline"].update(fast_keep=0))
+    recs_edit(fn)(folder, _)
+
+
+def files_as_objects(folder: Path, _: dict[str, Path]) -> None:
+    """A run on files presented as one on an S3 store: the configuration, run.json's storage
+    block, every host's filesystem facts and the records' counters (no block device) as an
+    object run writes them."""
+    endpoint, bucket, prefix = "10.0.0.5:9000", "ckpt", "vendor"
+
+    def config(c: dict[str, Any]) -> None:
+        c["checkpoint"]["folder"] = f"s3://{bucket}/{prefix}"
+        c["storage"]["s3"].update(part_size=5242880, inflight=4)
+
+    def facts(s: dict[str, Any]) -> None:
+        for h in s["hosts"]:
+            h.update(block_device=None, filesystem={"fs_type": "s3", "mount_point": f"s3://{bucket}/{prefix}",
+                                                   "source": endpoint})
+
+    def fn(recs: list[Rec]) -> None:
+        for r in recs:
+            r.update(direct=False)
+            r.pop("requests", None)
+            r.pop("phases_ns", None)
+            for st in r.get("stages", ()):
+                st["direct"] = False
+            hc = r.get("host_counters")
+            if hc:
+                hc["device"] = None
+                for sample in (hc["before"], hc["after"]):
+                    for key in ("busy_ms", "read_bytes", "written_bytes"):
+                        sample.pop(key, None)
+
+    edit_yaml(folder, "config.yaml", config)
+    edit_json(folder, "run.json", lambda r: r.update(storage={
+        "addressing_style": "path", "bucket": bucket, "client": "botocore 1.44.18", "endpoint_host": endpoint,
+        "inflight": 4, "kind": "s3", "part_size": 5242880, "prefix": prefix, "region": "us-east-1",
+        "verify_tls": True}))
+    edit_json(folder, "system.json", facts)
+    recs_edit(fn)(folder, _)
+
+
 def copy_of(source: str, *, new_id: bool = True, shift_ns: int = 0) -> Edit:
     """The source run's bundle content as another submission (new run id, clocks shifted)."""
 
@@ -596,6 +715,14 @@ FORGERIES: dict[str, list[Forgery]] = {
         ),
     ],
     "METRICS-RECOMPUTE": [
+        Forgery(
+            "slow-ranks-left-a-little-late-timed-from-their-own-start",
+            "sync",
+            chain(recs_edit(slow_ranks_start_a_little_late, summary=False), lambda f, _: per_rank_summary(f)),
+            "summary.write_bandwidth_mean_gib_s",
+            # the phases a rank recorded outlast an op moved later by more than their slack
+            also=COUNTERS | SHORTENED | {"RECORDS-SKEW"},
+        ),
         Forgery(
             "headline-2x",
             "sync",
@@ -869,6 +996,18 @@ FORGERIES: dict[str, list[Forgery]] = {
     "RUNNER-RELEASED": [
         Forgery("invented-runner-digest", "sync", lambda f, r: None, "not a released runner"),
     ],
+    "STALL-WRITES": [
+        Forgery("sync-presented-as-async", "sync", sync_as_async, "had time for in the"),
+    ],
+    "OWN-BYTES": [
+        # the durable device read none of it either (DEVICE-COUNTERS); OWN-BYTES holds even where
+        # another tenant's reads of that device make up the bytes
+        Forgery("fast-tier-restores-durable-fast-keep-0", "memtiers", fast_restores_durable,
+                "ranks read at least", also=COUNTERS),
+    ],
+    "OBJECT-BYTES": [
+        Forgery("files-presented-as-objects", "sync", files_as_objects, "through the block layer"),
+    ],
 }
 PREDICATES = {"invented-runner-digest": {"runner_code_sha256": "ab" * 32}}
 CASES = [(rule, f) for rule, fs in FORGERIES.items() for f in fs]
@@ -979,6 +1118,24 @@ def test_honest_runs_pass_every_rule(runs: dict[str, Path], tmp_path: Path) -> N
     assert report["summary"]["bundles"] == len([n for n in RUNS if n in runs and n != "tmpfs"])
     not_checked = {n["rule"] for b in report["bundles"] for n in b["not_checked"]}
     assert not {"DEVICE-COUNTERS", "HOST-PHYSICS", "RUNNER-RELEASED", "DUPLICATE-CONTENT"} & not_checked
+
+
+def test_a_start_moved_later_changes_no_figure(runs: dict[str, Path], tmp_path: Path) -> None:
+    """Rules 1.20 time every rank from its host's first rank to leave the barrier: slow ranks that
+    claim they left it late (each within RECORDS-SKEW's bound), summarised by the project's own
+    code, show every figure the honest run shows, to the last digit."""
+    forged = tmp_path / "forged"
+    shutil.copytree(runs["sync"], forged)
+    before = read_records(forged)
+    recs_edit(slow_ranks_start_a_little_late)(forged, runs)
+    after = read_records(forged)
+    moved = [a for a, b in zip(after, before, strict=True) if a["t0_ns"] != b["t0_ns"]]
+    assert len(moved) >= 6  # of the slower half of 4 ranks in each of 6 ops, those not the first to leave
+    honest, claimed = read_json(runs["sync"], "summary.json"), read_json(forged, "summary.json")
+    assert claimed["summary_format"] == 10
+    for key in ("write_bandwidth_mean_gib_s", "read_bandwidth_mean_gib_s", "write_duration_max_s",
+                "read_slowest_rank_bandwidth_min_gib_s", "read_iops_mean"):
+        assert claimed[key] == honest[key], key
 
 
 def test_forgery_suite_size() -> None:

@@ -543,8 +543,8 @@ NEGATIVE_CASES: dict[str, list[Case]] = {
             "anchor: &a [1, 2]\n" + (f / "config.yaml").read_text() + "again: *a\n")),
     ],
     "RULES-VERSION": [C("expected one of 1.0, 1.1, 1.2, 1.3, 1.4, 1.5, 1.6, 1.7, 1.8, 1.9, 1.10, 1.11, 1.12, "
-                        "1.13, 1.14, 1.15, 1.16, 1.17, 1.18, 1.19, mlps-v3.0, mlps-v3.0r2, mlps-v3.0r3, "
-                        "mlps-v3.0r4, mlps-v3.0r5, got '9.9'",
+                        "1.13, 1.14, 1.15, 1.16, 1.17, 1.18, 1.19, 1.20, mlps-v3.0, mlps-v3.0r2, "
+                        "mlps-v3.0r3, mlps-v3.0r4, mlps-v3.0r5, got '9.9'",
                         predicate={"rules_version": "9.9"})],
     "BUNDLE-PREDICATE": [C("expected workload='llama3_70b' as signed in the statement, "
                            "got workload='llama3_8b'", predicate={"workload": "llama3_70b"})],
@@ -988,9 +988,9 @@ def test_missing_trusted_keys_is_a_usage_error(honest_bundles: dict[str, Path], 
 def test_forced_rules_version_and_jobs_agree(honest_bundles: dict[str, Path], tmp_path: Path) -> None:
     root = honest_tree(tmp_path / "t", honest_bundles)
     a = check(root, honest_bundles, jobs=1)
-    b = check(root, honest_bundles, jobs=2, forced_rules="1.19")
+    b = check(root, honest_bundles, jobs=2, forced_rules="1.20")
     assert a["bundles"] == b["bundles"] and a["exit_status"] == b["exit_status"] == 0
-    assert a["rules_versions"] == b["rules_versions"] == ["1.19"]
+    assert a["rules_versions"] == b["rules_versions"] == ["1.20"]
     # 1.10 knows neither records format 8 nor 1.11's configuration keys: refused by its schemas
     older = check(root, honest_bundles, jobs=2, forced_rules="1.10")
     assert older["exit_status"] == 1 and older["rules_versions"] == ["1.10"]

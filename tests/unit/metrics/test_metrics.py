@@ -232,7 +232,8 @@ def test_dlio_compat_uses_dlio_names_with_gib_values() -> None:
 
 @st.composite
 def runs(draw: st.DrawFn) -> list[dict[str, Any]]:
-    """Records of a run: R ranks, W writes, N reads; per rank start times on unrelated clocks,
+    """Records of a run: R ranks, W writes, N reads; per rank start times on unrelated clocks (each
+    rank a host of its own: one host's ranks share a clock and leave each barrier together),
     durations from 1 ns to 100 s, bytes from 0 to 1 TiB (at least one rank moves bytes)."""
     ranks = draw(st.integers(1, 10))
     nops = [("write", k) for k in range(1, draw(st.integers(1, 4)) + 1)]
@@ -245,7 +246,7 @@ def runs(draw: st.DrawFn) -> list[dict[str, Any]]:
             t0 = draw(st.integers(0, 1 << 62))
             d = draw(st.integers(1, 100 * S))
             checked = sizes[r]
-            x = {"op": op, "index": k, "checkpoint": k, "rank": r, "host": f"h{r % 3}",
+            x = {"op": op, "index": k, "checkpoint": k, "rank": r, "host": f"h{r}",
                  "t0_ns": t0, "t1_ns": t0 + d, "bytes": sizes[r], "files": 1, "fsync": True,
                  "direct": True, "dontcache": False}
             if op == "read":
@@ -355,7 +356,7 @@ def async_write(index: int, rank: int, off_s: float, t0: float, bp: float, snap:
     def ns(x: float) -> int:
         return round((off_s + x) * S)
     staged = t0 + bp + snap
-    return {"op": "write", "index": index, "checkpoint": index, "rank": rank, "host": "h0",
+    return {"op": "write", "index": index, "checkpoint": index, "rank": rank, "host": f"h{rank}",
             "t0_ns": ns(t0), "t1_ns": ns(staged + persist), "bytes": nbytes, "files": 1, "fsync": True,
             "direct": True, "dontcache": False, "mode": "async", "staged_ns": ns(staged),
             "backpressure_ns": round(bp * S), "exposed_ns": round(exposed * S),
@@ -474,3 +475,62 @@ def test_async_invariants(records: list[dict[str, Any]]) -> None:
     assert math.isclose(s["write_overlap_efficiency"], 1 - exposed / background, abs_tol=1e-9)
     assert s["write_backpressure_ops"] == sum(1 for o in s["ops"] if o["backpressure_s"] > 0)
     assert s["write_stall_max_s"] == max(o["stall_s"] for o in s["ops"])
+
+
+# ---------------------------------------------------------------------------------------------
+# summary format 10: every rank timed from its host's first rank to leave the barrier
+
+
+@st.composite
+def shared_clock_op(draw: st.DrawFn) -> list[dict[str, Any]]:
+    """One write and one read on H hosts (clocks unrelated across hosts), each host's ranks on one
+    clock, leaving the barrier up to 50 ms apart, each taking 1 ns to 100 s."""
+    out = []
+    hosts, per_host = draw(st.integers(1, 3)), draw(st.integers(1, 4))
+    for op in ("write", "read"):
+        for h in range(hosts):
+            barrier = draw(st.integers(0, 1 << 50))
+            for i in range(per_host):
+                t0 = barrier + draw(st.integers(0, 50_000_000))
+                x = {"op": op, "index": 1, "checkpoint": 1, "rank": h * per_host + i, "host": f"h{h}",
+                     "t0_ns": t0, "t1_ns": t0 + draw(st.integers(1, 100 * S)),
+                     "bytes": draw(st.integers(1, 1 << 40)), "files": 1, "fsync": True, "direct": True,
+                     "dontcache": False}
+                if op == "read":
+                    x.update(resident_bytes=0, cached_check_bytes=x["bytes"], verified_bytes=x["bytes"],
+                             mismatches=0, tier="durable")
+                else:
+                    x.update(sync_fields(x))
+                out.append(x)
+    return out
+
+
+@settings(max_examples=100, deadline=None)
+@given(shared_clock_op(), st.data())
+def test_a_start_moved_later_changes_no_figure(records: list[dict[str, Any]], data: st.DataObject) -> None:
+    s = summarize(records, max_resident_fraction=COLD)
+    assert s["summary_format"] == 10
+    for o in s["ops"]:
+        mine = [r for r in records if r["op"] == o["op"]]
+        hosts = {h: [r for r in mine if r["host"] == h] for h in {r["host"] for r in mine}}
+        spans = [max(r["t1_ns"] for r in hr) - min(r["t0_ns"] for r in hr) for hr in hosts.values()]
+        assert o["duration_s"] == max(spans) / 1e9  # from the host's barrier to its last rank's end
+    per_rank = summarize(records, max_resident_fraction=COLD, summary_format=9)
+    for new, old in zip(s["ops"], per_rank["ops"], strict=True):
+        assert new["duration_s"] >= old["duration_s"]
+    # any rank but its host's first says it left later, anywhere before its end: nothing changes
+    first: dict[tuple[str, str], int] = {}
+    for r in records:
+        key = (r["op"], r["host"])
+        first[key] = min(first.get(key, r["t0_ns"]), r["t0_ns"])
+    edited = []
+    for r in records:
+        r = {**r, "stages": [dict(st_) for st_ in r.get("stages", ())]} if "stages" in r else dict(r)
+        if r["t0_ns"] != first[(r["op"], r["host"])]:
+            later = data.draw(st.integers(r["t0_ns"], r["t1_ns"] - 1))
+            for st_ in r.get("stages", ()):
+                if st_["t0_ns"] == r["t0_ns"]:
+                    st_["t0_ns"] = later
+            r["t0_ns"] = later
+        edited.append(r)
+    assert summarize(edited, max_resident_fraction=COLD) == s

@@ -537,7 +537,7 @@ def test_closed_overrides_leave_workload_and_own_rules_to_other_rules() -> None:
 def test_a_witness_is_allowed_in_a_closed_run_from_rules_1_15() -> None:
     witnessed = ("witness.url=http://witness.example:8470", "witness.timeout_s=10")
     ctx = ctx_of(*witnessed)
-    assert ctx.division == "closed" and RS.version == "1.19"
+    assert ctx.division == "closed" and RS.version == "1.20"
     assert not findings_of(evaluate(ctx), "CLOSED-OVERRIDES")
     old = load_rules("1.14").evaluate(ctx_of(*witnessed, "rules_version=1.14"), ("config", "host"))
     refused = [f.actual for f in findings_of(old, "CLOSED-OVERRIDES")]
@@ -732,7 +732,7 @@ def test_rule_data_is_well_formed() -> None:
         assert set(r.divisions) <= {"closed", "open"} and r.divisions
         assert r.check in CHECKS
         assert "{actual}" in r.message
-    assert RS.version == "1.19"
+    assert RS.version == "1.20"
     assert RS.closed["num_writes"] == RS.closed["num_reads"] == 10
     assert RS.closed["min_ranks_per_host"] == 4
     assert {k: RS.accelerators[k] for k in ("h100", "h200", "b200", "mi300x", "mi355x")} == {
@@ -750,7 +750,8 @@ def test_load_rules_unknown_version() -> None:
         load_rules("9.9")
     assert str(exc.value) == ("rules_version: unknown rules version '9.9'; known: 1.0, 1.1, 1.2, 1.3, 1.4, "
                               "1.5, 1.6, 1.7, 1.8, 1.9, 1.10, 1.11, 1.12, 1.13, 1.14, 1.15, 1.16, 1.17, "
-                              "1.18, 1.19, mlps-v3.0, mlps-v3.0r2, mlps-v3.0r3, mlps-v3.0r4, mlps-v3.0r5")
+                              "1.18, 1.19, 1.20, mlps-v3.0, mlps-v3.0r2, mlps-v3.0r3, mlps-v3.0r4, "
+                              "mlps-v3.0r5")
     assert exc.value.key == "rules_version"
     assert exc.value.exit_status == 2
 
