@@ -592,6 +592,34 @@ def files_as_objects(folder: Path, _: dict[str, Path]) -> None:
     recs_edit(fn)(folder, _)
 
 
+def interval_claimed_shorter(folder: Path, runs: dict[str, Path]) -> None:
+    """The async run claims 10 ms of training between checkpoints where it trained 50 ms, so that
+    it is listed under the shorter interval: each checkpoint's recorded training 40 ms shorter and
+    everything after it 40 ms earlier (counters, wall clock and run.json's end too), so that the
+    clocks agree with the claim; the persists keep their own times."""
+    cut = 40_000_000
+
+    def fn(recs: list[Rec]) -> None:
+        for k in sorted(ops(recs, "write")):
+            group = [r for r in recs if r["op"] == "write" and r["index"] == k]
+            taken = max(end_of(r) for r in group)
+            for r in group:
+                r["compute_ns"] -= cut
+            for r in recs:
+                if r["t0_ns"] > taken:
+                    shift(r, -cut)
+
+    nw = len(ops(read_records(folder), "write"))
+    recs_edit(fn)(folder, runs)
+    edit_yaml(folder, "config.yaml", lambda c: c["checkpoint"].update(compute_interval_s=0.01))
+    def run(r: dict[str, Any]) -> None:
+        r["pipeline"].update(compute_interval_s=0.01)
+        r.update(ended=later_iso(r["ended"], -0.04 * nw))
+
+    edit_json(folder, "run.json", run)
+    resummarize(folder)
+
+
 def copy_of(source: str, *, new_id: bool = True, shift_ns: int = 0) -> Edit:
     """The source run's bundle content as another submission (new run id, clocks shifted)."""
 
@@ -951,6 +979,16 @@ FORGERIES: dict[str, list[Forgery]] = {
         ),
     ],
     "ASYNC-TIMELINE": [
+        Forgery(
+            "interval-claimed-shorter-later-ops-moved-earlier",
+            "async",
+            interval_claimed_shorter,
+            "(one staging slot)",
+            # the next checkpoint's recorded wait no longer covers the persist it waited for, its
+            # counters' window may overlap that persist's end, and the first restore now begins
+            # before the last checkpoint was durable
+            also=frozenset({"ASYNC-EVIDENCE", "STALL-WRITES", "RESULT-TIMES"}),
+        ),
         Forgery(
             "back-pressure-removed",
             "async",
