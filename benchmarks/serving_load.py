@@ -57,6 +57,8 @@ def args_parser() -> argparse.ArgumentParser:
     ap.add_argument("--objects", default=None, metavar="URL",
                     help="the storage is objects under s3://bucket/prefix (AWS_* from the environment; "
                          "benchmarks/lab/s3local.py starts a local Swift store); --folder then unused")
+    ap.add_argument("--strategies", default=",".join(("direct", "fanout", "nodecache")),
+                    help="which to run, comma-separated (default: all three)")
     ap.add_argument("--json", type=Path, default=None, metavar="FILE",
                     help="the ranks' raw load records, every figure recomputable from them")
     ap.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
@@ -87,7 +89,8 @@ def worker(args: argparse.Namespace) -> int:
     opts = engine.IOOptions(direct=args.direct, threads=4, block_size=4 << 20, fsync=True)
     tier_base = Path(comm.bcast(tempfile.mkdtemp(prefix="mlckpt-tier-", dir="/dev/shm")
                                 if comm.Get_rank() == 0 else None))
-    plans = {s: load_plan(layout, s, hosts, args.scale) for s in STRATEGIES}
+    chosen = [s for s in STRATEGIES if s in args.strategies.split(",")]
+    plans = {s: load_plan(layout, s, hosts, args.scale) for s in {*chosen, "direct"}}
     storage: Storage = Files(args.folder)
     if args.objects:
         root = parse_object_url(args.objects) / f"serving-{run_id:016x}"
@@ -100,7 +103,7 @@ def worker(args: argparse.Namespace) -> int:
     groups = loads.shard_groups(comm, plans["direct"])
     out = []
     for _ in range(args.repeat):
-        for s in STRATEGIES:
+        for s in chosen:
             loaded = loads.load(comm, setups[s], groups, loads.barrier_timed(comm))
             rec = {**loaded.record, "verified_bytes": loads.verify(setups[s], comm.Get_rank(), loaded.arena)}
             loads.clear_tier(groups[1], setups[s])

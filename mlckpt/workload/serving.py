@@ -167,6 +167,7 @@ class ScaleUp:
     seconds: float
     bottleneck: str
     steps: tuple[str, ...]
+    network_bytes: int = 0  # what each new host receives from the others (fan-out)
 
     @property
     def placed_bytes_s(self) -> float:
@@ -190,25 +191,33 @@ def _rate(what: str, nbytes: float, rate: float | None, how: str) -> list[Term]:
     return [(what, t, f"{what}: {how} {fmt_gb(nbytes)}, at {fmt_gb(rate)}/s: {fmt_duration(t)}")]
 
 
-def _direct(layout: ServingLayout, k: int, hosts: int, links: Links) -> tuple[int, list[Term]]:
-    storage = k * layout.replica_bytes
+def _direct(layout: ServingLayout, k: int, hosts: int, links: Links,
+            scale: float) -> tuple[float, list[Term]]:
+    storage = k * layout.replica_bytes * scale
     return storage, (_rate("storage", storage, links.storage,
-                           f"every replica reads its weights, {k} × {fmt_gb(layout.replica_bytes)} =")
-                     + _rate("host link", layout.host_bytes, links.host_link, "a host reads"))
+                           f"every replica reads its weights, {k} × {fmt_gb(layout.replica_bytes * scale)} =")
+                     + _rate("host link", layout.host_bytes * scale, links.host_link, "a host reads"))
 
 
-def _fanout(layout: ServingLayout, k: int, hosts: int, links: Links) -> tuple[int, list[Term]]:
-    storage = layout.replica_bytes  # the hosts that need a shard split its reads: each byte once
+def _fanout(layout: ServingLayout, k: int, hosts: int, links: Links,
+            scale: float) -> tuple[float, list[Term]]:
+    storage = layout.replica_bytes * scale  # the hosts that need a shard split its reads: each byte once
     own = storage / hosts
     return storage, (_rate("storage", storage, links.storage,
                            f"each shard read once, split over {hosts} hosts:")
                      + _rate("host link", own, links.host_link, "a host reads its part,")
-                     + _rate("network", max(0.0, layout.host_distinct_bytes - own), links.network,
+                     + _rate("network", _received(layout, k, hosts, scale), links.network,
                              "a host receives the rest of what it needs,"))
 
 
-def _nodecache(layout: ServingLayout, k: int, hosts: int, links: Links) -> tuple[int, list[Term]]:
-    need = layout.host_distinct_bytes
+def _received(layout: ServingLayout, k: int, hosts: int, scale: float) -> float:
+    """What each of fan-out's hosts receives from the others: what it needs, less what it read."""
+    return max(0.0, (layout.host_distinct_bytes - layout.replica_bytes / hosts) * scale)
+
+
+def _nodecache(layout: ServingLayout, k: int, hosts: int, links: Links,
+               scale: float) -> tuple[float, list[Term]]:
+    need = layout.host_distinct_bytes * scale
     storage = hosts * need
     return storage, (_rate("storage", storage, links.storage,
                            f"one reader a host reads what its replicas need, {hosts} × {fmt_gb(need)} =")
@@ -219,19 +228,21 @@ _FILL = {"direct": _direct, "fanout": _fanout, "nodecache": _nodecache}
 
 
 def scale_up(layout: ServingLayout, from_replicas: int, to_replicas: int, links: Links,
-             strategy: Strategy) -> ScaleUp:
+             strategy: Strategy, scale: float = 1.0) -> ScaleUp:
     """How long until ``to_replicas - from_replicas`` new replicas, on hosts of their own, all hold
     their weights; the running replicas are not sources.  Each term is a rate bound, the slowest
     the bottleneck; fan-out's exchange overlaps its reads round by round and a node cache's GPUs
     read from its tier after the fill, as the loading code does them.  Within a host the GPUs share
-    what the host read (not a bound here)."""
+    what the host read (not a bound here).  ``scale``: of the weights' bytes, as a run's ``scale``
+    (the rounds of fan-out's pipeline are the scaled shard's)."""
     if not 0 <= from_replicas < to_replicas:
         raise ValueError(f"replicas: expected FROM:TO with 0 <= FROM < TO, "
                          f"got {from_replicas}:{to_replicas}")
     k = to_replicas - from_replicas
     hosts = layout.hosts(k)
-    storage, terms = _FILL[strategy](layout, k, hosts, links)
-    steps = [f"{k} new replicas of {layout.tp} GPUs ({fmt_gb(layout.replica_bytes)} each) "
+    storage, terms = _FILL[strategy](layout, k, hosts, links, scale)
+    replica = int(layout.replica_bytes * scale)
+    steps = [f"{k} new replicas of {layout.tp} GPUs ({fmt_gb(replica)} each) "
              f"on {hosts} hosts", *(t[2] for t in terms)]
     reads = [t for t in terms if t[0] != "network"]
     name, seconds, _ = max(reads or terms, key=lambda t: t[1])
@@ -240,18 +251,20 @@ def scale_up(layout: ServingLayout, from_replicas: int, to_replicas: int, links:
         # as mlckpt/run/phases/loads.py does: each holder reads its part in rounds and sends each
         # round's chunk while it reads the next, so one round of the faster is not hidden
         read_s, (_, exchange_s, _) = seconds, exchange[0]
-        rounds = fanout_round_count(layout.replica_bytes // layout.tp, k)
+        rounds = fanout_round_count(int(layout.replica_bytes * scale) // layout.tp, k)
         seconds = max(read_s, exchange_s) + min(read_s, exchange_s) / rounds
         name = "network" if exchange_s > read_s else name
         steps.append(f"the reads and the exchange overlapped in {rounds} rounds of at most "
                      f"{FANOUT_CHUNK_BYTES >> 20} MiB a holder: max({fmt_duration(read_s)}, "
                      f"{fmt_duration(exchange_s)}) + 1/{rounds} of the other = {fmt_duration(seconds)}")
     if strategy == "nodecache":
-        after = _rate("node tier", layout.host_bytes, links.node_tier, "then the host's GPUs read from it")
+        after = _rate("node tier", layout.host_bytes * scale, links.node_tier,
+                      "then the host's GPUs read from it")
         if after:
             steps.append(after[0][2] + " (after the fill)")
             name = after[0][0] if after[0][1] > seconds else name
             seconds += after[0][1]
     steps.append(f"time until every new replica holds its weights: {fmt_duration(seconds)} "
                  f"(bottleneck: {name})")
-    return ScaleUp(strategy, k, hosts, layout.replica_bytes, int(storage), seconds, name, tuple(steps))
+    received = _received(layout, k, hosts, scale) if strategy == "fanout" else 0.0
+    return ScaleUp(strategy, k, hosts, replica, int(storage), seconds, name, tuple(steps), int(received))

@@ -118,6 +118,7 @@ def test_size_replicas_prints_each_strategy_and_its_bottleneck() -> None:
     assert got["direct"]["seconds"] == pytest.approx(60 * w / 100e9)
     assert got["fanout"]["storage_bytes"] == w and got["fanout"]["bottleneck"] == "network"
     assert got["nodecache"]["storage_bytes"] == 8 * w  # 60 replicas, 8 a host
+    assert got["fanout"]["network_bytes"] == pytest.approx(w * 7 / 8, abs=1)  # what each of 8 hosts lacks
     text = mlckpt("size", "workload=llama3_8b", "--replicas", "4:64", "--bandwidth", "100GB/s",
                   "--network", "25GB/s")
     assert "fastest: fanout" in text.stdout and "A model, not a measurement" in text.stdout
