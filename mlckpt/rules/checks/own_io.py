@@ -29,7 +29,8 @@ nothing there.  And two checks of the same accounting judge what a mode claims:
   what their stages to files (this write's and the ones before it still running) had time to
   write in it, within ``margin`` either way: each stage's bytes pro rata of its time inside the
   window (at most every stage to files, a fast tier on a block device being charged too; at least
-  the durable stages', a fast tier in memory being charged nothing).  A synchronous write
+  the durable stages', a fast tier in memory being charged nothing), plus the requests each rank
+  can have in flight at the window's edges.  A synchronous write
   presented as asynchronous wrote all its bytes before its counters were read, while its invented
   persist had barely begun.  Pro rata holds for O_DIRECT stages, charged request by request; a
   buffered stage is charged as it dirties the page cache, at memory speed, so of it only "not
@@ -124,6 +125,9 @@ def stall_writes(ctx: Context, ruleset: RuleSet, rule: Rule) -> Iterator[Outcome
                                int(rule.params["slack_bytes"]))
     writes: dict[tuple[int, int], Mapping[str, Any]] = {
         (int(r["rank"]), int(r["index"])): r for r in d.records if r["op"] == "write"}
+    # an O_DIRECT request is charged as it is sent: at each edge of the window a rank can have
+    # io.threads requests of io.block_size sent and not yet done
+    in_flight = 2 * int(d.config["io"]["threads"]) * int(d.config["io"]["block_size"])
     for (op, idx), recs in d.grouped().items():
         if op != "write" or all(counted_op(d, r) for r in recs):
             continue  # a synchronous write's bytes are all inside its window: OWN-BYTES'
@@ -143,7 +147,7 @@ def stall_writes(ctx: Context, ruleset: RuleSet, rule: Rule) -> Iterator[Outcome
             durable = sum(_inside(st, lo, hi) for st in stages
                           if st.get("tier") == DURABLE and st.get("direct"))
             got = int(after["own_written_bytes"]) - int(before["own_written_bytes"])
-            allowance = fraction * sum(int(r["bytes"]) for r in hr) + slack
+            allowance = fraction * sum(int(r["bytes"]) for r in hr) + slack + len(hr) * in_flight
             where = f"write {idx} on {host}"
             if got > margin * had_time + allowance:
                 yield Outcome(False, f"the host's ranks wrote at most {margin:g} × the {had_time:.0f} B "
