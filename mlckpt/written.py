@@ -67,3 +67,9 @@ class Written:
     def has(self, feature: str) -> bool:
         document, since, _ = FEATURES[feature]
         return int(getattr(self, document)) >= since
+
+
+def named_has(rules_version: object, feature: str) -> bool:
+    """Whether what a bundle's config or run.json says it was judged by (None: a bundle too old to
+    name its rules) carries ``feature``."""
+    return rules_version is not None and Written.of(str(rules_version)).has(feature)

@@ -44,7 +44,7 @@ from mlckpt.metrics import group_ops, op_stats
 from mlckpt.workload.layout import make_plan, restore_pattern
 from mlckpt.workload.model import workload_from_config
 from mlckpt.workload.pipeline import DURABLE
-from mlckpt.written import Written
+from mlckpt.written import named_has
 
 
 @dataclass(frozen=True)
@@ -183,8 +183,7 @@ def measured(records: Sequence[Mapping[str, Any]], config: Mapping[str, Any],
     the same at the full size of its workload (ValueError when the records hold no write or no
     restore from the durable tier).  A library run's costs are its library's checkpoints only."""
     writer = (framework or {}).get("writer")
-    version = config.get("rules_version")
-    barrier = version is not None and Written.of(str(version)).has("barrier_start")
+    barrier = named_has(config.get("rules_version"), "barrier_start")
     mine = (r for r in records if writer is None or r.get("writer") in (None, writer))
     ops = [op_stats(recs) for recs in group_ops(mine, barrier=barrier).values()]
     writes = [o for o in ops if o.op == "write"]

@@ -22,7 +22,7 @@ from typing import Any
 from mlckpt import latency
 from mlckpt.metrics import group_ops
 from mlckpt.units import GiB, fmt_io
-from mlckpt.written import Written
+from mlckpt.written import named_has
 
 Rec = Mapping[str, Any]
 OP_COLUMNS = ("op", "index", "checkpoint", "tier", "duration_s", "bandwidth_gib_s", "slowest_rank",
@@ -124,9 +124,7 @@ def sampled(records: Sequence[Rec]) -> dict[str, list[tuple[float, float]]]:
 def build(run: Mapping[str, Any], summary: Mapping[str, Any], system: Mapping[str, Any],
           records: Sequence[Rec], config: Mapping[str, object] | None = None) -> Report:
     # each rank timed as the summary times it: from its host's barrier from rules 1.20
-    version = run.get("rules_version")
-    barrier = version is not None and Written.of(str(version)).has("barrier_start")
-    grouped = group_ops(records, barrier=barrier)
+    grouped = group_ops(records, barrier=named_has(run.get("rules_version"), "barrier_start"))
     ops = tuple(op_row(op, index, recs) for (op, index), recs in grouped.items())
     ranks = tuple({"op": _label(op, index), "rank": int(r["rank"]), "host": str(r["host"]),
                    "duration_s": _duration(r) / 1e9}

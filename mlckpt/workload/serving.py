@@ -206,11 +206,11 @@ def _fanout(layout: ServingLayout, k: int, hosts: int, links: Links,
     return storage, (_rate("storage", storage, links.storage,
                            f"each shard read once, split over {hosts} hosts:")
                      + _rate("host link", own, links.host_link, "a host reads its part,")
-                     + _rate("network", _received(layout, k, hosts, scale), links.network,
+                     + _rate("network", _received(layout, hosts, scale), links.network,
                              "a host receives the rest of what it needs,"))
 
 
-def _received(layout: ServingLayout, k: int, hosts: int, scale: float) -> float:
+def _received(layout: ServingLayout, hosts: int, scale: float) -> float:
     """What each of fan-out's hosts receives from the others: what it needs, less what it read."""
     return max(0.0, (layout.host_distinct_bytes - layout.replica_bytes / hosts) * scale)
 
@@ -266,5 +266,5 @@ def scale_up(layout: ServingLayout, from_replicas: int, to_replicas: int, links:
             seconds += after[0][1]
     steps.append(f"time until every new replica holds its weights: {fmt_duration(seconds)} "
                  f"(bottleneck: {name})")
-    received = _received(layout, k, hosts, scale) if strategy == "fanout" else 0.0
+    received = _received(layout, hosts, scale) if strategy == "fanout" else 0.0
     return ScaleUp(strategy, k, hosts, replica, int(storage), seconds, name, tuple(steps), int(received))
