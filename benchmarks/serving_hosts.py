@@ -238,7 +238,9 @@ def main() -> int:
         return 2
     replicas = args.replicas or args.hosts
     if replicas * args.tp % args.hosts:
-        sys.exit("serving_hosts: the ranks (replicas × tp) must split evenly over --hosts")
+        print(f"serving_hosts: --replicas × --tp ({replicas * args.tp}) must split evenly over --hosts "
+              f"({args.hosts})", file=sys.stderr)
+        return 2
     folder = args.folder or Path(tempfile.mkdtemp(prefix="mlckpt-serving-hosts-", dir="/var/tmp"))
     folder.mkdir(parents=True, exist_ok=True)
     try:
