@@ -183,6 +183,12 @@ RELEASED_RUNNERS = Format("released runners", "released-runners.yaml: mlckpt_rel
             "rules/1.2/schemas/released-runners.schema.json"),
 ))
 
+RESUME_INDEX = Format("resume index", "a resumable checkpoint's index.json: resume_index_format", 1, (1,), (
+    (1, "first version: the writing layout (workload, ranks, tp, pp, zero), its files [writer, index, name, "
+        "bytes] and its global tensors [name, dtype, cols, numel, tp_split, copies of pieces [start, numel, "
+        "writer, index, offset]] (mlckpt/workload/resume.py)"),
+))
+
 PAGE_TAG = Format("page tag", "the 32-byte tag at the start of every 4 KiB page", 1, (1,), (
     (1, "magic MLCK, format u16, reserved u16, run_id u64, rank u32, checkpoint u16, file_index u16, "
         "page_index u64 (little-endian; see mlckpt/engine/content.py)"),
@@ -277,5 +283,5 @@ WITNESS_WITHOUT_LOADS = 2
 
 ALL: tuple[Format, ...] = (RUN, RECORDS, SUMMARY, PLAN, BUNDLE, CODE_DIGEST, TRUSTED_KEYS, TRUSTED_WITNESSES,
                            RELEASED_RUNNERS,
-                           PAGE_TAG, WITNESS,
+                           PAGE_TAG, WITNESS, RESUME_INDEX,
                            DATA_SCHEME, SYSTEM_DESCRIPTION, REPORT, LEADERBOARD, COMPARE)

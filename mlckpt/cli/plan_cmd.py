@@ -5,10 +5,11 @@ from __future__ import annotations
 import argparse
 import json
 import sys
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from mlckpt.cli import hydra_app, serving_flags
 from mlckpt.errors import ExitStatus
+from mlckpt.workload.layout import Plan
 from mlckpt.workload.model import Workload
 
 if TYPE_CHECKING:
@@ -29,7 +30,37 @@ def register(sub: argparse._SubParsersAction) -> None:
     hydra_app.add_source_flags(p)
     serving_flags.add_flags(p, "plan serving the workload's weights with N replicas instead of training "
                             "it: bytes per GPU, per replica, per host")
+    add_resume_flags(p, "plan resuming this workload's checkpoint, written at its ranks, at M new ranks: "
+                     "each new rank's state and the byte ranges of old files it reads")
     p.set_defaults(func=handle)
+
+
+def add_resume_flags(p: argparse.ArgumentParser, help_text: str) -> None:
+    """The resume flags `plan` and `size` share."""
+    g = p.add_argument_group("resume at another scale (the checkpoint written at the workload's layout)")
+    g.add_argument("--resume-at", type=int, default=None, metavar="M", help=help_text)
+    g.add_argument("--resume-tp", type=int, default=None, metavar="T",
+                   help="the new tensor parallelism (default: the written layout's)")
+    g.add_argument("--resume-pp", type=int, default=None, metavar="P",
+                   help="the new pipeline parallelism (default: the written layout's)")
+
+
+def resume_document(args: argparse.Namespace, plan: Plan) -> dict[str, Any]:
+    """The resume ``--resume-at`` asks for, as a document (UsageError naming the flag where the new
+    layout cannot be)."""
+    from mlckpt.errors import ConfigError, UsageError
+    from mlckpt.plan.resume import plan_resume
+    from mlckpt.plan.resume import resume_document as document
+
+    for flag in ("resume_at", "resume_tp", "resume_pp"):
+        value = getattr(args, flag)
+        if value is not None and value < 1:
+            raise UsageError(f"--{flag.replace('_', '-')}: expected a positive number, got {value}")
+    try:
+        return document(plan, plan_resume(plan, args.resume_at, args.resume_tp, args.resume_pp))
+    except ConfigError as exc:
+        flag = {"scale": "scale"}.get(exc.key or "", "--resume-at")
+        raise UsageError(f"{flag}: {exc.message.removeprefix('resume: ')}") from None
 
 
 def handle(args: argparse.Namespace) -> int:
@@ -39,6 +70,8 @@ def handle(args: argparse.Namespace) -> int:
     s = setup(hydra_app.aliased(args.overrides), hydra_app.source(args))
     if args.replicas is not None:
         return _serving(args, s.plan.workload)
+    if args.resume_at is not None:
+        return _resume(args, s.plan)
     ctx = s.context()
     ev = s.rules.evaluate(ctx, ["config"])
     if ctx.kind == "serving":
@@ -51,6 +84,18 @@ def handle(args: argparse.Namespace) -> int:
         print(plan_text(doc, s.plan, files=args.files))
     # A plan that can never be valid is a rule failure (exit 1); closed and open are answers.
     return ExitStatus.FAILED if doc["verdict"] == "invalid" else ExitStatus.OK
+
+
+def _resume(args: argparse.Namespace, plan: Plan) -> int:
+    from mlckpt.plan.resume import resume_text
+
+    doc = resume_document(args, plan)
+    if args.json:
+        json.dump(doc, sys.stdout, separators=(",", ":"))
+        sys.stdout.write("\n")
+    else:
+        print(resume_text(doc))
+    return ExitStatus.OK
 
 
 def _serving(args: argparse.Namespace, workload: Workload) -> int:

@@ -7,6 +7,7 @@ import json
 import sys
 
 from mlckpt.cli import hydra_app, serving_flags
+from mlckpt.cli.plan_cmd import add_resume_flags, resume_document
 from mlckpt.errors import ExitStatus, UsageError
 from mlckpt.units import parse_bandwidth, parse_duration, parse_fraction
 
@@ -32,6 +33,8 @@ def register(sub: argparse._SubParsersAction) -> None:
     serving_flags.add_flags(p, "how long to bring serving replicas of the workload's weights from FROM "
                             "(default 0) to TO with --bandwidth of storage, by each loading strategy",
                             metavar="[FROM:]TO")
+    add_resume_flags(p, "how long the storage takes, at --bandwidth, to bring M new ranks their state "
+                     "from the checkpoint written at the workload's layout")
     g = p.add_argument_group("serving links (each host's; default: not a limit)")
     g.add_argument("--host-link", default=None, metavar="RATE", help="a host's link to the storage")
     g.add_argument("--network", default=None, metavar="RATE", help="a host's network to the other hosts")
@@ -45,6 +48,8 @@ def handle(args: argparse.Namespace) -> int:
 
     if args.replicas is not None:
         return _serving(args)
+    if args.resume_at is not None:
+        return _resume(args)
     if args.interval is None:
         raise UsageError("--interval: give the time between checkpoints (or --replicas to size serving)")
     try:
@@ -73,6 +78,34 @@ def handle(args: argparse.Namespace) -> int:
     print(f"{s.plan.workload.name} on {s.plan.ranks} ranks, checkpoint every {args.interval}:")
     for step in (*r.steps, *(f.steps if f is not None else ())):
         print(f"  {step}")
+    return ExitStatus.OK
+
+
+def _resume(args: argparse.Namespace) -> int:
+    from mlckpt.plan.config import setup
+    from mlckpt.plan.resume import resume_text, resume_time_s
+    from mlckpt.units import fmt_bytes, fmt_duration
+
+    for flag in ("interval", "overhead", "mtbf", "stall"):
+        if getattr(args, flag) is not None:
+            raise UsageError(f"--{flag}: a checkpoint sizing flag; a resume (--resume-at) takes --bandwidth")
+    try:
+        bw = parse_bandwidth(args.bandwidth)
+    except ValueError as exc:
+        raise UsageError(f"--bandwidth: {exc}") from None
+    s = setup(hydra_app.aliased(args.overrides), hydra_app.source(args))
+    doc = resume_document(args, s.plan)
+    seconds = resume_time_s(doc, bw)
+    if args.json:
+        json.dump({**doc, "bandwidth_bytes_s": bw, "storage_time_s": seconds}, sys.stdout)
+        sys.stdout.write("\n")
+        return ExitStatus.OK
+    print(resume_text(doc))
+    ranks, index = doc["resumed"]["ranks"], doc["index_bytes"]
+    total = doc["read_bytes"] + ranks * index
+    print(f"  the storage's part: ({fmt_bytes(doc['read_bytes'])} + {ranks} x {fmt_bytes(index)} of index) / "
+          f"{args.bandwidth} = {fmt_bytes(total)} / {args.bandwidth} = {fmt_duration(seconds)} (at least: "
+          "planning and placing add CPU time)")
     return ExitStatus.OK
 
 

@@ -267,3 +267,42 @@ def test_size_text(run_cli) -> None:  # type: ignore[no-untyped-def]
 ])
 def test_size_bad_input(run_cli, args: list[str], expected: str) -> None:  # type: ignore[no-untyped-def]
     assert one_line(run_cli("size", *args)) == f"mlckpt: error: {expected}"
+
+
+# ---------------------------------------------------------------------------------------------
+# Resuming at another scale, answered without I/O.
+
+def test_plan_resume_at_other_scales(run_cli) -> None:  # type: ignore[no-untyped-def]
+    r = run_cli("plan", "scale=0.01", "--resume-at", "16", "--json")
+    assert r.returncode == 0, r.stderr
+    doc = json.loads(r.stdout)
+    written = {k: v for k, v in doc["written"].items() if k != "bytes"}
+    assert written == {"ranks": 8, "tp": 1, "pp": 1, "dp": 8, "zero": 3, "files": 16}
+    assert doc["resumed"] == {"ranks": 16, "tp": 1, "pp": 1, "dp": 16}
+    assert doc["tensors"] == 780 and doc["state_bytes"] == 1_124_230_896  # the stored tensors, once
+    assert sum(len(g["ranks"]) for g in doc["ranks"]) == 16
+    assert doc["read_bytes"] > doc["state_bytes"]  # each new shard starts mid-page of its old one
+    text = run_cli("plan", "scale=0.01", "--resume-at", "4", "--resume-tp", "2")
+    assert text.returncode == 0
+    assert "resume at 4 ranks (TP 2, PP 1, DP 2) of the checkpoint written at 8" in text.stdout
+    assert "ranks 0, 3 (2):" in text.stdout  # TP 0 of each replica reads what TP 1's do not
+
+
+def test_size_resume_gives_the_storage_part(run_cli) -> None:  # type: ignore[no-untyped-def]
+    r = run_cli("size", "--resume-at", "4", "--bandwidth", "10GB/s", "--json")
+    assert r.returncode == 0, r.stderr
+    doc = json.loads(r.stdout)
+    assert doc["storage_time_s"] == pytest.approx((doc["read_bytes"] + 4 * doc["index_bytes"]) / 10e9)
+    assert 11.2 < doc["storage_time_s"] < 11.3  # 104.7 GiB of llama3_8b at 10 GB/s
+
+
+@pytest.mark.parametrize(("args", "says"), [
+    (("plan", "--resume-at", "6", "--resume-tp", "4"), "--resume-at: ranks=6 (a multiple of the new TP x PP"),
+    (("plan", "--resume-at", "8", "--resume-pp", "2"), "--resume-at: pipeline=2 (ZeRO 3 runs one pipeline"),
+    (("plan", "--resume-at", "0"), "--resume-at: expected a positive number, got 0"),
+    (("size", "--resume-at", "8", "--overhead", "5%"), "--overhead: a checkpoint sizing flag; a resume"),
+    (("size", "--resume-at", "8", "--bandwidth", "1GB/s", "--interval", "1h"), "--interval: a checkpoint"),
+    (("plan", "scale=0.00001", "--resume-at", "4"), "scale: scale=1e-05: file"),
+])
+def test_a_resume_that_cannot_be_is_one_line(run_cli, args: tuple[str, ...], says: str) -> None:  # type: ignore[no-untyped-def]
+    assert says in one_line(run_cli(*args))
