@@ -17,6 +17,12 @@ once (untimed, fsynced) in --folder.  Then, for each round, two reads of the sam
 * **whole files**: every old file evicted, a barrier, the new ranks reading the old files whole, in
   turn, as a restore at the writing layout reads them: the storage's own read rate in this run.
 
+With --dcp, a third read, alternated with the two: the same checkpoint saved once (untimed) through
+PyTorch's Distributed Checkpoint by a job of --from-ranks ranks, each handing DCP its pieces of the
+global tensors, then loaded by the new ranks through DCP's own resharding planner (buffered reads,
+as DCP reads; its files evicted first), every byte verified the same way
+(mlckpt/engine/dcp_reshard.py).
+
 Printed: the time to resume (median of --repeat and the range) and each part's (slowest rank), the
 bytes placed and read (the page rounding's amplification), and the resume's rate beside the whole
 files' rate, a ratio to the machine's own limit measured in the same run.  Every resume's records are
@@ -57,6 +63,9 @@ def args_parser() -> argparse.ArgumentParser:
                     "folder under the current one, on its disk)")
     ap.add_argument("--direct", action=argparse.BooleanOptionalAction, default=True,
                     help="O_DIRECT reads (default; --no-direct: buffered, evicted first)")
+    ap.add_argument("--dcp", action="store_true", help="also resume through DCP's resharding load")
+    ap.add_argument("--dcp-save", action="store_true", help=argparse.SUPPRESS)
+    ap.add_argument("--key", default=None, help=argparse.SUPPRESS)
     ap.add_argument("--json", type=Path, default=None, metavar="FILE", help="the records, as measured")
     ap.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
     return ap
@@ -86,13 +95,22 @@ def worker(args: argparse.Namespace) -> int:
     comm = MPI.COMM_WORLD
     me, size = comm.Get_rank(), comm.Get_size()
     w = old_workload(args)
-    fresh = (secrets.token_bytes(engine.KEY_BYTES), secrets.randbits(63))
-    key, run_id = comm.bcast(fresh if me == 0 else None)
+    key, run_id = bytes.fromhex(args.key[:32]), int(args.key[32:], 16)
     opts = engine.IOOptions(direct=args.direct, threads=4, block_size=4 << 20, fsync=True)
-    storage = Files(args.folder)
+    storage = Files(args.folder / "files")
     setup = resumes.ResumeSetup(make_plan(w, args.from_ranks, args.scale), w, size,
                                 args.tp or w.parallelism.tensor, args.pp or w.parallelism.pipeline,
                                 storage, key, run_id, opts)
+    dcp_dir = args.folder / "dcp"
+    if args.dcp or args.dcp_save:
+        from mlckpt.engine.frameworks import join_process_group, load_library
+
+        load_library("torch_dcp")
+        join_process_group(comm, single_host=True)
+    if args.dcp_save:
+        resumes.dcp_save(comm, setup, dcp_dir)
+        return 0
+    through_dcp = resumes.prepare(setup, me, spread=False) if args.dcp else None
     index_bytes = resumes.lay_out(comm, setup)
     prepared = resumes.prepare(setup, me)
     whole = resumes.whole_files(setup, me, size)
@@ -109,8 +127,13 @@ def worker(args: argparse.Namespace) -> int:
             storage.get([Piece(name, whole_buf, n)], opts)
         t1 = time.monotonic_ns()
         timed = comm.gather({"rank": me, "t0_ns": t0, "t1_ns": t1, "bytes": sum(n for _, n in whole)}, root=0)
+        dcp = None
+        if through_dcp is not None:
+            rec = resumes.dcp_resume(comm, setup, through_dcp, dcp_dir, loads.barrier_timed(comm))
+            rec["verified_bytes"] = resumes.verify(setup, through_dcp, me)
+            dcp = comm.gather(rec, root=0)
         if me == 0:
-            out.append({"resume": resumed, "whole": timed})
+            out.append({"resume": resumed, "whole": timed, "dcp": dcp})
     resumes.remove(comm, setup)
     if me == 0:
         json.dump({"runs": out}, sys.stdout)
@@ -153,7 +176,26 @@ def report(doc: dict, args: argparse.Namespace) -> None:
     print(f"  resume rate       {rate:10.2f} GB/s of state over the time to resume")
     print(f"  whole files       {med(whole) / 1e9:10.2f} GB/s (the same files read whole by the same ranks)")
     print(f"  ratio             {rate / (med(whole) / 1e9):10.2f}")
+    if doc["runs"][0]["dcp"]:
+        dcp = [figures_dcp(run["dcp"]) for run in doc["runs"]]
+        ready_dcp = [f["ready_s"] for f in dcp]
+        spread = f"{min(ready_dcp):.3f}-{max(ready_dcp):.3f}"
+        print(f"  through DCP       {med(ready_dcp):10.3f} s (median; {spread}), "
+              f"{med(ready) / med(ready_dcp):.2f} of the engine's rate (DCP reads buffered, cold)")
+        for p in ("metadata", "planning", "read"):
+            vals = [f[f"{p}_s"] for f in dcp]
+            label = "read and place" if p == "read" else p
+            print(f"    {label:<15} {med(vals) * 1e3:10.1f} ms (slowest rank, median)")
     print("  every resume's records held to both plans; every byte of every new state verified")
+
+
+def figures_dcp(records: list[dict]) -> dict[str, float]:
+    """A DCP resume's time from the barrier until its last rank held its shard, and each part's
+    slowest rank (DCP reads and places in one call)."""
+    t0 = min(r["t0_ns"] for r in records)
+    out = {"ready_s": (max(r["t1_ns"] for r in records) - t0) / 1e9}
+    out.update({f"{p}_s": max(r[f"{p}_ns"] for r in records) / 1e9 for p in ("metadata", "planning", "read")})
+    return out
 
 
 def main() -> int:
@@ -163,10 +205,17 @@ def main() -> int:
     folder = args.folder or Path(tempfile.mkdtemp(prefix="mlckpt-resume-", dir="."))
     folder.mkdir(parents=True, exist_ok=True)
     try:
-        cmd = [str(BIN / "mpiexec"), "-n", str(args.ranks), sys.executable, "-m", "mpi4py",
-               __file__, "--worker", *sys.argv[1:], "--folder", str(folder.resolve())]
+        key = secrets.token_hex(16) + f"{secrets.randbits(63):x}"  # the content's key and run id, both jobs'
+        common = [sys.executable, "-m", "mpi4py", __file__, "--worker", *sys.argv[1:],
+                  "--folder", str(folder.resolve()), "--key", key]
         env = {**os.environ, "PYTHONPATH": str(ROOT)}
-        proc = subprocess.run(cmd, capture_output=True, text=True, env=env, check=False)
+        if args.dcp:
+            save = subprocess.run([str(BIN / "mpiexec"), "-n", str(args.from_ranks), *common, "--dcp-save"],
+                                  capture_output=True, text=True, env=env, check=False)
+            if save.returncode != 0:
+                sys.exit(f"resume: the DCP save failed:\n{save.stderr[-3000:]}")
+        proc = subprocess.run([str(BIN / "mpiexec"), "-n", str(args.ranks), *common],
+                              capture_output=True, text=True, env=env, check=False)
         if proc.returncode != 0:
             sys.exit(f"resume: the ranks failed:\n{proc.stderr[-3000:]}")
         doc = json.loads(proc.stdout)

@@ -197,6 +197,7 @@ class RankResume:
     pp: int
     dp: int
     tensors: tuple[TensorSpec, ...]  # its new state, end to end
+    starts: tuple[int, ...]  # the global element each of its tensors starts at
     needs: tuple[Need, ...]
 
     @property
@@ -270,10 +271,13 @@ def resume_plan(index: Index, workload: Workload, ranks: int, tp: int, pp: int) 
                                                   for r in range(ranks)))
 
 
-def rank_resume(index: Index, workload: Workload, ranks: int, tp: int, pp: int, rank: int) -> RankResume:
-    """New rank ``rank``'s state and needs (what :func:`resume_plan` gives it; the layout in scope)."""
+def rank_resume(index: Index, workload: Workload, ranks: int, tp: int, pp: int, rank: int,
+                spread: bool = True) -> RankResume:
+    """New rank ``rank``'s state and needs (what :func:`resume_plan` gives it; the layout in scope).
+    ``spread=False``: a tensor TP replicates is read from the first copy, as a library that saved it
+    once (DCP) stores it."""
     new = replace(workload, parallelism=replace(workload.parallelism, tensor=tp, pipeline=pp))
-    return _rank_resume(index, new, rank, ranks // (tp * pp))
+    return _rank_resume(index, new, rank, ranks // (tp * pp), spread)
 
 
 def _stage_names(workload: Workload, stage: int) -> list[str]:
@@ -283,10 +287,11 @@ def _stage_names(workload: Workload, stage: int) -> list[str]:
                      for kind in (f"state.{p}.exp_avg", f"state.{p}.exp_avg_sq", f"master.{p}")]
 
 
-def _rank_resume(index: Index, workload: Workload, rank: int, dp_size: int) -> RankResume:
+def _rank_resume(index: Index, workload: Workload, rank: int, dp_size: int, spread: bool) -> RankResume:
     tp_size, pp_size = workload.parallelism.tensor, workload.parallelism.pipeline
     tp, pp, dp, _ = rank_coords(rank, tp_size, pp_size)
     tensors: list[TensorSpec] = []
+    starts: list[int] = []
     needs: list[Need] = []
     at = 0
     for name in _stage_names(workload, pp):
@@ -306,9 +311,10 @@ def _rank_resume(index: Index, workload: Workload, rank: int, dp_size: int) -> R
         size = DTYPE_BYTES[g.dtype]
         shape = (b - a,) if sharded or g.cols == 1 else ((b - a) // g.cols, g.cols)
         tensors.append(TensorSpec(name, g.dtype, shape, at, (b - a) * size))
-        needs += _overlaps(g.copies[tp % len(g.copies)], a, b, size, at)
+        starts.append(a)
+        needs += _overlaps(g.copies[tp % len(g.copies) if spread else 0], a, b, size, at)
         at += (b - a) * size
-    return RankResume(rank, tp, pp, dp, tuple(tensors), tuple(needs))
+    return RankResume(rank, tp, pp, dp, tuple(tensors), tuple(starts), tuple(needs))
 
 
 def _overlaps(copy: Sequence[Stored], a: int, b: int, size: int, dest: int) -> Iterator[Need]:

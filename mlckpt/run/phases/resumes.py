@@ -25,6 +25,7 @@ from __future__ import annotations
 import time
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
+from pathlib import Path
 from typing import TYPE_CHECKING
 
 import numpy as np
@@ -32,7 +33,7 @@ import numpy as np
 from mlckpt import engine
 from mlckpt.engine.content import FileContent, round_up
 from mlckpt.errors import InternalError, VerificationError
-from mlckpt.run.storage.backends import Piece, Span, Storage
+from mlckpt.run.storage.backends import Files, Piece, Span, Storage
 from mlckpt.workload.layout import PAGE, Plan
 from mlckpt.workload.model import Workload
 from mlckpt.workload.resume import Index, RankResume, Read, checkpoint_index, rank_resume
@@ -101,8 +102,10 @@ class Prepared:
     state: engine.Buffer
 
 
-def prepare(setup: ResumeSetup, rank: int) -> Prepared:
-    plan = rank_resume(checkpoint_index(setup.old), setup.workload, setup.ranks, setup.tp, setup.pp, rank)
+def prepare(setup: ResumeSetup, rank: int, spread: bool = True) -> Prepared:
+    """``spread=False``: as DCP stores a replicated tensor, once (mlckpt/engine/dcp_reshard.py)."""
+    plan = rank_resume(checkpoint_index(setup.old), setup.workload, setup.ranks, setup.tp, setup.pp, rank,
+                       spread)
     reads = plan.reads(_file_bytes(setup.old))
     at, total = [], 0
     for rd in reads:
@@ -213,3 +216,34 @@ def whole_files(setup: ResumeSetup, rank: int, size: int) -> Sequence[tuple[str,
     in turn): (name, bytes)."""
     files = [(f.name, f.bytes) for rp in setup.old.rank_plans for f in rp.files]
     return files[rank::size]
+
+
+def dcp_save(comm: Intracomm, setup: ResumeSetup, cdir: Path) -> None:
+    """Untimed, at the old layout (``comm`` has its N ranks): each rank's planned files' content
+    handed to DCP as its pieces of the global tensors, saved in ``cdir``."""
+    from mlckpt.engine import dcp_reshard
+
+    me = comm.Get_rank()
+    rp = setup.old.rank_plans[me]
+    files = {}
+    for i, f in enumerate(rp.files):
+        files[i] = engine.alloc(max(PAGE, round_up(f.bytes)))
+        engine.fill(files[i], f.bytes, setup.key, setup.pid(me, i))
+    dcp_reshard.save(checkpoint_index(setup.old), me, files, cdir)
+    comm.Barrier()
+
+
+def dcp_resume(comm: Intracomm, setup: ResumeSetup, prepared: Prepared, cdir: Path, timed: Timed,
+               ) -> dict[str, object]:
+    """One resume through DCP's own resharding load on this rank (``prepare(spread=False)``), cold
+    (DCP's files evicted first), unverified; its record's fields."""
+    from mlckpt.engine import dcp_reshard
+
+    me = comm.Get_rank()
+    index = checkpoint_index(setup.old)
+    parts: dict[str, int] = {}
+    resident = Files(cdir).evict([Path(n).name for n in dcp_reshard.files_of(cdir)])
+    comm.Barrier()
+    timing = timed(lambda: parts.update(dcp_reshard.load(index, prepared.plan, prepared.state, cdir)))
+    return {"rank": me, **{k: timing[k] for k in ("t0_ns", "t1_ns", "wall_start")}, **parts,
+            "bytes": prepared.plan.bytes, "tensors": len(prepared.plan.tensors), "resident_bytes": resident}
