@@ -273,15 +273,18 @@ def _records(state: State, version: str, config_valid: bool) -> bool:
 
 def other_kind(records: list[dict[str, object]], config: object) -> list[str]:
     """Records of another kind of run than config.yaml's (rules 1.13: a load in a checkpoint run,
-    an op in a serving run): the record schema takes either, and each kind's rules read only their
-    own; one line for the first such record, as a schema problem."""
+    an op in a serving run; rules 1.21: a resume in another kind): the record schema takes each, and
+    each kind's rules read only their own; one line for the first such record, as a schema problem."""
     if not isinstance(config, dict):
         return []  # the configuration's own schema problem says why
     kind = run_kind(config)
+    own = {"serving": "load", "resume": "resume"}  # a checkpoint run's ops: write, read
+    why = {"serving": "a serving strategy", "resume": "resume.from_ranks"}.get(kind, "no serving strategy "
+                                                                                     "and no resume")
     for n, r in enumerate(records, 1):
-        if (r["op"] == "load") != (kind == "serving"):
-            why = "a serving strategy" if kind == "serving" else "no serving strategy"
-            return [f"record {n}: op {r['op']!r} in a {kind} run (config.yaml gives {why})"]
+        op = str(r["op"])
+        if not (op == own[kind] if kind in own else op not in own.values()):
+            return [f"record {n}: op {op!r} in a {kind} run (config.yaml gives {why})"]
     return []
 
 

@@ -31,6 +31,7 @@ from mlckpt.rules import (
     Verdicts,
     fingerprints,
     recomputed_summary,
+    resume_recomputed,
     serving_recomputed,
     verdict,
 )
@@ -38,6 +39,7 @@ from mlckpt.strict import mapping_at
 from mlckpt.workload.layout import Plan, make_plan
 from mlckpt.workload.model import Workload, workload_from_config
 from mlckpt.workload.pipeline import Pipeline
+from mlckpt.workload.resume_run import ResumeRun
 from mlckpt.workload.serving_run import ServingRun
 
 MAX_PLAN_FILES = 1_000_000  # files the plan of one bundle may describe (1T closed: ~3,000)
@@ -49,6 +51,10 @@ METRIC_KEYS = ("write_bandwidth_mean_gib_s", "write_bandwidth_median_gib_s", "wr
 SERVING_METRIC_KEYS = ("strategy", "replicas", "tp", "num_loads", "ready_s_median", "ready_s_min",
                        "ready_s_max", "storage_bytes", "placed_bytes", "effective_gb_s", "storage_gb_s",
                        "read_cold")
+RESUME_METRIC_KEYS = ("tp", "pp", "dp", "from_ranks", "from_tp", "from_pp", "num_resumes", "ready_s_median",
+                      "ready_s_min", "ready_s_max", "metadata_s_median", "planning_s_median",
+                      "read_s_median", "placing_s_median", "state_bytes", "read_bytes", "amplification",
+                      "rate_gb_s", "read_cold")
 PREDICATE_KEYS = ("run_id", "workload", "division", "rules_version", "started", "ended", "mlckpt_version",
                   "ranks", "scaled", "verdict")
 
@@ -156,9 +162,11 @@ def stage_rules(state: State) -> None:
     skip = _unrecomputable(state, config)
     ev = rule_workers.evaluate(without(ruleset, skip), ctx, ["config", "host", "result"],
                                state.task.rule_workers, len(state.records))
-    serving = ServingRun.of(config)
+    serving, resume = ServingRun.of(config), ResumeRun.of(config)
     if serving is not None:  # what the report shows: recomputed, never the claim
         state.recomputed = serving_recomputed(ruleset, data, serving)
+    elif resume is not None:
+        state.recomputed = resume_recomputed(ruleset, data, resume)
     elif plan is not None and not skip:
         state.recomputed = recomputed_summary(ruleset, data, plan)  # the rules' own summarize, reused
     state.rule_findings = ev.findings
@@ -294,6 +302,8 @@ def finish(state: State) -> BundleResult:
         metrics = {k: shown[k] for k in METRIC_KEYS if k in shown}
         if shown.get("kind") == "serving":
             metrics["serving"] = {k.removesuffix("_median"): shown[k] for k in SERVING_METRIC_KEYS}
+        if shown.get("kind") == "resume":
+            metrics["resume"] = {k.removesuffix("_median"): shown[k] for k in RESUME_METRIC_KEYS}
         metrics.update({k: run[k] for k in ("ranks", "scale", "scaled") if k in run})
         result.metrics = jsonable(metrics)
     if state.witness is not None and state.witness.claim:

@@ -197,6 +197,26 @@ def _serving_rows() -> tuple[Row, ...]:
 SERVING_ROWS = _serving_rows()
 
 
+def _resume_rows() -> tuple[Row, ...]:
+    """Two resume results (rules 1.21): the run, then the resumes' figures."""
+    keep = ("workload", "division", "class", "system", "verdict", "mode", "verification", "ranks", "hosts",
+            *(r.key for r in IO_ROWS))
+    return (*(r for r in ROWS if r.key in keep),
+            Row("layouts", "layouts (written → resumed)", "", None, lambda e, d: e.layouts or None),
+            Row("resume_s_median", "time to resume, median", "s", 3, _m("ready_s_median")),
+            Row("resume_s_min", "time to resume, fastest", "s", 3, _m("ready_s_min")),
+            Row("resume_s_max", "time to resume, slowest", "s", 3, _m("ready_s_max")),
+            *(Row(f"{p}_s_median", f"{p}, slowest rank, median", "s", 4, _m(f"{p}_s_median"))
+              for p in ("metadata", "planning", "read", "placing")),
+            Row("rate_gb_s", "resume rate (state placed per second)", "GB/s", 2, _m("rate_gb_s")),
+            Row("state_gb", "state placed per resume", "GB", 3, lambda e, d: e.m("state_bytes") / 1e9),
+            Row("read_gb", "bytes read per resume", "GB", 3, lambda e, d: e.m("read_bytes") / 1e9),
+            Row("amplification", "bytes read ÷ state placed", "×", 3, _m("amplification")))
+
+
+RESUME_ROWS = _resume_rows()
+
+
 def _finite(v: object) -> bool:
     return isinstance(v, int | float) and not isinstance(v, bool) and math.isfinite(v)
 
@@ -264,7 +284,9 @@ def compare(a: tuple[str, BundleDocs], b: tuple[str, BundleDocs]) -> dict[str, o
                                 docs.config, docs.summary, docs.system, goodput=docs.goodput)
         sides.append((path, docs, entry))
     metrics = []
-    for row in SERVING_ROWS if any(e.serving is not None for _, _, e in sides) else ROWS:
+    rows = (SERVING_ROWS if any(e.serving is not None for _, _, e in sides) else
+            RESUME_ROWS if any(e.resume is not None for _, _, e in sides) else ROWS)
+    for row in rows:
         va, vb = (_value(row, e, d) for _, d, e in sides)
         if row.decimals is not None:
             va = va if _finite(va) else None
@@ -325,7 +347,7 @@ def render_text(result: dict[str, Any]) -> str:
         return f"{name}: {side['path']} (run {side['run_id']}{', org ' + side['org'] if side['org'] else ''})"
 
     out = [head("A", a), head("B", b), ""]
-    by_key = {r.key: r for r in (*ROWS, *SERVING_ROWS)}
+    by_key = {r.key: r for r in (*ROWS, *SERVING_ROWS, *RESUME_ROWS)}
     text_rows, num_rows = [], []
     for m in result["metrics"]:
         row = by_key[m["key"]]

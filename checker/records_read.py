@@ -18,6 +18,7 @@ from checker.rulesets import error_key, schema_message
 from mlckpt import strict as loading
 from mlckpt.schemas import fast_check, validator
 from mlckpt.strict import ParseError
+from mlckpt.workload.resume_run import DEFAULT_RESUMES
 from mlckpt.workload.serving_run import DEFAULT_LOADS
 
 MAX_MESSAGES = 10  # schema problems reported per file (the reading stops past them)
@@ -35,9 +36,13 @@ def records_bound(config: Any) -> tuple[int, str]:
     reports them), twice a closed llama3_1t run's."""
     try:
         ranks, ck, serving = config["ranks"], config["checkpoint"], config.get("serving") or {}
+        resume = config.get("resume") or {}
         if serving.get("strategy"):  # a serving run (rules 1.13): one record per rank and load
             counts = (ranks, DEFAULT_LOADS if serving.get("loads") is None else serving["loads"], 0)
             what = "serving.loads"
+        elif resume.get("from_ranks"):  # a resume run (rules 1.21): one record per rank and resume
+            counts = (ranks, DEFAULT_RESUMES if resume.get("resumes") is None else resume["resumes"], 0)
+            what = "resume.resumes"
         else:
             counts, what = (ranks, ck["num_writes"], ck["num_reads"]), "(num_writes + num_reads)"
     except (KeyError, TypeError, AttributeError):

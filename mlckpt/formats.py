@@ -31,7 +31,7 @@ class Format(Generic[V]):
             raise ValueError(f"{self.name}: must read its own version {self.version!r}")
 
 
-RUN = Format("run", "run.json: run_format", 12, (2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12), (
+RUN = Format("run", "run.json: run_format", 13, (2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13), (
     (1, "first version: run identity, status, workload, division, scaled, verdict, findings, overrides, "
         "host mapping, timings, file list"),
     (2, "pipeline: checkpoint mode, compute interval, fast tier (folder, fast_keep, filesystem type per "
@@ -66,10 +66,12 @@ RUN = Format("run", "run.json: run_format", 12, (2, 3, 4, 5, 6, 7, 8, 9, 10, 11,
          "mlckpt/workload/frameworks.py)"),
     (12, "rules 1.13: records format 9; serving (null: a checkpoint run; or a serving run as it ran: "
          "strategy, tp, replicas, loads, shard_file_bytes, node_tier; mlckpt/workload/serving_run.py)"),
+    (13, "rules 1.21: records format 13; resume (null: another kind of run; or a resume run as it ran: "
+         "from_ranks, from_tensor, from_pipeline, resumes; mlckpt/workload/resume_run.py)"),
 ))
 
-RECORDS = Format("records", "records.jsonl (run.json and summary.json: records_format)", 12,
-                 (2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12), (
+RECORDS = Format("records", "records.jsonl (run.json and summary.json: records_format)", 13,
+                 (2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13), (
     (1, "first version: op, index, checkpoint, rank, host, t0_ns/t1_ns (the host's monotonic clock), bytes, "
         "files, fsync, resident_bytes/cached_check_bytes (reads), verified_bytes/mismatches (reads); the "
         "field meanings are written out in mlckpt/metrics.py"),
@@ -115,9 +117,13 @@ RECORDS = Format("records", "records.jsonl (run.json and summary.json: records_f
          "CPU time of the rank's thread that drives the exchange, its polls and copies) and "
          "exchange_tail_ns (the exchange's wall time after the rank's last read: what the pipelined "
          "reads did not hide)"),
+    (13, "rules 1.21: a resume run's records, op resume: each new rank's resume (index, rank, host, "
+         "t0_ns/t1_ns, wall_start, the parts metadata_ns, planning_ns, read_ns, placing_ns; bytes of its "
+         "state, read_bytes, index_bytes, needs, reads, tensors, files, resident_bytes, verified_bytes) "
+         "and the op timer's evidence, as a load's (mlckpt/run/phases/resumes.py)"),
 ))
 
-SUMMARY = Format("summary", "summary.json: summary_format", 10, (2, 3, 4, 5, 6, 7, 8, 9, 10), (
+SUMMARY = Format("summary", "summary.json: summary_format", 11, (2, 3, 4, 5, 6, 7, 8, 9, 10, 11), (
     (1, "first version: per-op statistics and headlines recomputed from records.jsonl (mlckpt.metrics)"),
     (2, "stall, time to durable, overlap efficiency, back-pressure, per-stage bandwidth, read_fast_*"),
     (3, "DLIO's summary.json shape (rules 1.3): dlio_compat becomes metric, under DLIO's key names and "
@@ -146,6 +152,9 @@ SUMMARY = Format("summary", "summary.json: summary_format", 10, (2, 3, 4, 5, 6, 
     (10, "rules 1.20: the same keys; every rank of an op (and of a load) is timed from its host's first rank "
          "to leave the op's barrier, so each op's duration, bandwidth, stall, time to durable, IOPS and "
          "time to ready runs from the barrier (mlckpt.metrics.from_barrier)"),
+    (11, "rules 1.21: the same keys; a resume run's summary, kind resume: the layouts, each resume's time "
+         "to resume and its parts' slowest rank, the state and the bytes read, the medians "
+         "(mlckpt/resume_metrics.py)"),
 ))
 
 PLAN = Format("plan", "mlckpt plan --json: plan_format", 2, (2,), (

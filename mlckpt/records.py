@@ -163,3 +163,31 @@ class LoadRecord(_Evidence, total=False):
     exchange_cpu_ns: int  # records format 12, fan-out: the load's exchange, its CPU time on this rank
     exchange_tail_ns: int  # ... and its wall time after the rank's last read (what reading did not hide)
     verified_bytes: int
+
+
+class ResumeRecord(_Evidence, total=False):
+    """A resume run's resume on one new rank (records format 13, with the op timer's evidence):
+    mlckpt/resume_metrics.py recomputes a resume's figures from them, RESUME-PLAN holds them to
+    both plans."""
+
+    op: str  # resume
+    index: int
+    rank: int
+    host: str
+    t0_ns: int
+    t1_ns: int
+    wall_start: float
+    direct: bool
+    metadata_ns: int  # reading and parsing the checkpoint's index
+    planning_ns: int  # the rank's byte ranges worked out from it
+    read_ns: int  # reading them
+    placing_ns: int  # copying them to their places in the new state
+    bytes: int  # the rank's new state
+    read_bytes: int
+    index_bytes: int
+    needs: int
+    reads: int
+    tensors: int
+    files: int
+    resident_bytes: int
+    verified_bytes: int

@@ -25,6 +25,8 @@ FEATURES: dict[str, tuple[Document, int, str]] = {
                            "invocation's proof (restored_from.content_proof)"),
     "framework": ("run", 11, "the library writer (torch_save, torch_dcp, safetensors) as it ran, or null"),
     "serving": ("run", 12, "a serving run (replicas loading a model's weights) as it ran, or null"),
+    "resume": ("run", 13, "a resume run (resuming from a checkpoint written at another layout) as it "
+               "ran, or null"),
     "op_cpu": ("records", 4, "each rank's CPU time over an op, and the huge-page share of its state "
                "at the first write and the first restore"),
     "own_io": ("records", 6, "what the kernel charged to the host's ranks beside the device's total, "

@@ -11,7 +11,7 @@ from collections.abc import Mapping
 from typing import Any
 
 from checker.leaderboard.columns import COLUMN, rounded
-from checker.leaderboard.model import SERVING
+from checker.leaderboard.model import RESUME, SERVING
 from checker.leaderboard.tables import ClassTable, Leaderboard, scaling_series
 
 WRITE_COLOR = "#2563eb"
@@ -116,7 +116,7 @@ def figures(board: Leaderboard) -> dict[str, dict[str, object]]:
     """Chart element id -> {data, layout, config}, in page order."""
     out: dict[str, dict[str, object]] = {}
     for t in board.tables:
-        if t.key.pipeline == SERVING:  # its table ranks the time to ready; no bandwidth bars
+        if t.key.pipeline in (SERVING, RESUME):  # its table ranks a time; no bandwidth bars
             continue
         for kind, fig in (("bars", bar_figure(t)), ("scaling", scaling_figure(t))):
             if fig is None:

@@ -83,10 +83,11 @@ def _goodput(docs: dict[str, Any], records: list[dict[str, Any]], version: str) 
     serving run, or no durable-tier restore to count)."""
     from mlckpt.plan.goodput import at_reference
     from mlckpt.rules import load_rules
+    from mlckpt.workload.resume_run import ResumeRun
     from mlckpt.workload.serving_run import ServingRun
 
     config = docs["config.yaml"]
-    if ServingRun.of(config) is not None:
+    if ServingRun.of(config) is not None or ResumeRun.of(config) is not None:
         return math.nan
     g = at_reference(records, config, docs["run.json"].get("framework"),
                      load_rules(version).data.get("goodput"))
@@ -116,17 +117,19 @@ def _recomputed(path: Path, docs: dict[str, Any], records: list[dict[str, Any]],
     """The summary the records and the plan of the bundle's own workload and scale give: what the
     tables and ``compare`` show, never what summary.json claims."""
     from checker.bundle_rules import MAX_PLAN_FILES, plan_files_estimate
-    from mlckpt.rules import RunData, load_rules, recomputed_summary, serving_recomputed
+    from mlckpt.rules import RunData, load_rules, recomputed_summary, resume_recomputed, serving_recomputed
     from mlckpt.workload.layout import make_plan
     from mlckpt.workload.model import workload_from_config
+    from mlckpt.workload.resume_run import ResumeRun
     from mlckpt.workload.serving_run import ServingRun
 
     config = docs["config.yaml"]
     try:
-        serving = ServingRun.of(config)
-        if serving is not None:
+        serving, resume = ServingRun.of(config), ResumeRun.of(config)
+        if serving is not None or resume is not None:
             data = RunData(docs["run.json"], config, {}, records, docs["system.json"])
-            doc = serving_recomputed(load_rules(version), data, serving)
+            doc = (serving_recomputed(load_rules(version), data, serving) if serving is not None else
+                   resume_recomputed(load_rules(version), data, resume) if resume is not None else None)
             if doc is None:
                 raise ValueError("records with non-positive durations")
             return doc

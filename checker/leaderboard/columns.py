@@ -101,7 +101,26 @@ SERVING_COLUMNS: tuple[Column, ...] = (
            help="serving: the storage's bytes per second of the median load"),
     *(c for c in COLUMNS if c.key in ("verification", "mode")),
 )
-COLUMN = {c.key: c for c in (*COLUMNS, *SERVING_COLUMNS)}
+# A resume class's columns (rules 1.21): a job resuming at another layout, ranked by the time to resume.
+RESUME_COLUMNS: tuple[Column, ...] = (
+    *COLUMNS[:7],
+    Column("layouts", "Layouts", "text",
+           help="resume: the layout the checkpoint was written at (ranks, TP, PP) → the one it resumed at"),
+    Column("resume_s", "Time to resume", "num", 3, "s",
+           help="resume: from the resume's start barrier until the last new rank held its verified shard "
+                "(reading the index, planning, reading, placing; the slowest rank's time), median over the "
+                "resumes, each cold"),
+    Column("resume_gb_s", "Resume rate", "num", 2, "GB/s",
+           help="resume: bytes of state placed per second of the median resume (decimal GB)"),
+    Column("resume_read_gb", "Read", "num", 2, "GB",
+           help="resume: bytes the new ranks read, each byte range rounded out to whole pages"),
+    Column("amplification", "Read ÷ state", "num", 3, "×",
+           help="resume: bytes read over bytes placed (1 = every byte read was needed)"),
+    *(c for c in COLUMNS if c.key in ("verification", "mode")),
+)
+COLUMN = {c.key: c for c in (*COLUMNS, *SERVING_COLUMNS, *RESUME_COLUMNS)}
+RESUME_SORT_NOTE = ("sorted by time to resume, fastest first (ties: resume rate, then result ID); "
+                    "click a header to sort by another column")
 SERVING_SORT_NOTE = ("sorted by time to ready, fastest first (ties: effective rate, then result ID); "
                      "click a header to sort by another column")
 SORT_NOTE = ("sorted by write bandwidth, highest first (ties: read bandwidth, then result ID); "

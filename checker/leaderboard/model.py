@@ -19,14 +19,16 @@ from mlckpt.units import fmt_bytes
 from mlckpt.workload.frameworks import Framework
 from mlckpt.workload.model import ModelShape
 from mlckpt.workload.pipeline import DURABLE, Pipeline
+from mlckpt.workload.resume_run import ResumeRun
 from mlckpt.workload.serving_run import ServingRun
 
 LEADERBOARD_FORMAT = formats.LEADERBOARD.version  # history: mlckpt/formats.py
 DIVISIONS = ("closed", "open")
 SCALES = ("full", "scaled")
 # class order
-PIPELINES = ("sync", "sync+tiers", "async", "async+tiers", "sync+gpu", "async+gpu", "serving")
+PIPELINES = ("sync", "sync+tiers", "async", "async+tiers", "sync+gpu", "async+gpu", "serving", "resume")
 SERVING = "serving"  # a serving run's class (rules 1.13): replicas loading the model, every strategy
+RESUME = "resume"  # a resume run's class (rules 1.21): a job resuming at another layout, every pair
 ID_DOMAIN = "mlckpt-result-id-v1"
 
 
@@ -69,7 +71,8 @@ class ClassKey:
         return title if self.pipeline == "sync" else f"{title} · {self.pipeline}"
 
     def describe(self) -> str:
-        what = "replicas loading its weights" if self.pipeline == SERVING else f"{self.pipeline} checkpoints"
+        what = {SERVING: "replicas loading its weights", RESUME: "resuming at another layout"}.get(
+            self.pipeline, f"{self.pipeline} checkpoints")
         return f"{self.division} division, {self.workload}, {self.scale_label}, {what}"
 
 
@@ -124,6 +127,8 @@ class Entry:
     framework: str | None = None  # rules 1.11: the library writer (its own class), None: the engine
     # rules 1.13: a serving run's strategy, replicas and GPUs per replica (pipeline "serving")
     serving: tuple[str, int, int] | None = None
+    # rules 1.21: a resume run's written layout (ranks, TP, PP) and its own (TP, PP) (pipeline "resume")
+    resume: tuple[int, int, int, int, int] | None = None
     # the request shape that changes the numbers: io.block_size and io.threads (None: not stated)
     io_block_size: int | None = None
     io_threads: int | None = None
@@ -160,6 +165,9 @@ class Entry:
         return self._reads_verified() + self._witness_note()
 
     def _reads_verified(self) -> str:
+        if self.resume is not None:
+            return ("every new rank verified, " + ("cold" if self.read_cold else "not cold")
+                    if self.read_verified else "not verified")
         if self.serving is not None:
             return ("every replica verified, " + ("cold" if self.read_cold else "not cold")
                     if self.read_verified else "not verified")
@@ -191,7 +199,20 @@ class Entry:
         return f"{self.io_mode}, {size} × {self.io_threads} per rank"
 
     @property
+    def layouts(self) -> str:
+        """A resume run's layouts: '8 (TP 1, PP 1) → 4 (TP 2, PP 1)'."""
+        if self.resume is None:
+            return ""
+        n, tp0, pp0, tp, pp = self.resume
+        return f"{n} (TP {tp0}, PP {pp0}) → {self.ranks} (TP {tp}, PP {pp})"
+
+    @property
     def mode(self) -> str:
+        if self.resume is not None:
+            io = ("O_DIRECT reads" if self.io_mode == "direct" else f"{self.io_mode} reads") + (
+                self.io_text.removeprefix(self.io_mode))
+            return ", ".join([f"resumed at {self.layouts}", io,
+                              f"scaled ×{self.scale:g}" if self.scaled else "full scale"])
         if self.serving is not None:
             io = ("O_DIRECT reads" if self.io_mode == "direct" else f"{self.io_mode} reads") + (
                 self.io_text.removeprefix(self.io_mode))
@@ -216,6 +237,13 @@ class Entry:
     def row(self) -> dict[str, object]:
         """The table row: one value per column of its class's columns (:data:`COLUMNS`, or
         :data:`SERVING_COLUMNS`; numbers unrounded)."""
+        if self.resume is not None:
+            return {"result_id": self.result_id, "organisation": self.org, "system": self.system,
+                    "division": self.division, "hosts": self.hosts, "ranks": self.ranks,
+                    "accelerator": self.accelerator, "layouts": self.layouts,
+                    "resume_s": self.m("ready_s_median"), "resume_gb_s": self.m("rate_gb_s"),
+                    "resume_read_gb": self.m("read_bytes") / 1e9, "amplification": self.m("amplification"),
+                    "verification": self.verification, "mode": self.mode}
         if self.serving is not None:
             return {"result_id": self.result_id, "organisation": self.org, "system": self.system,
                     "division": self.division, "hosts": self.hosts, "ranks": self.ranks,
@@ -280,6 +308,9 @@ SUMMARY_NUMBERS = (
     # summary format 8: a serving run's
     "ready_s_median", "ready_s_min", "ready_s_max", "effective_gb_s", "storage_gb_s", "storage_bytes",
     "placed_bytes",
+    # summary format 11: a resume run's
+    "rate_gb_s", "read_bytes", "state_bytes", "amplification", "metadata_s_median", "planning_s_median",
+    "read_s_median", "placing_s_median",
 )
 
 
@@ -353,7 +384,7 @@ def entry_from_docs(path: str, org: str, system: str, run: Mapping[str, Any], co
     mp = int(parallel.get("tensor") or 1) * int(parallel.get("pipeline") or 1)
     ck = config.get("checkpoint") or {}
     fw = Framework.of(config)
-    serving = ServingRun.of(config)
+    serving, resume = ServingRun.of(config), ResumeRun.of(config)
     return Entry(
         path=path, org=org, system=system, division=division or str(run["division"]),
         workload=str(run["workload"]), run_id=str(run["run_id"]),
@@ -370,9 +401,11 @@ def entry_from_docs(path: str, org: str, system: str, run: Mapping[str, Any], co
         metrics={**{k: _number(summary.get(k)) for k in SUMMARY_NUMBERS}, **latency_numbers(summary),
                  "foreign_share": foreign_share(summary), **framework_ratios(summary), "goodput": goodput},
         # a GPU stall, a framework's library: each a class of its own
-        pipeline=SERVING if serving is not None else pipe.label + ("+gpu" if gpu_source(config) else "")
-        + (f"+{fw.writer}" if fw.library else ""),
+        pipeline=SERVING if serving is not None else RESUME if resume is not None else
+        pipe.label + ("+gpu" if gpu_source(config) else "") + (f"+{fw.writer}" if fw.library else ""),
         serving=(serving.strategy, serving.replicas, serving.tp) if serving is not None else None,
+        resume=((resume.from_ranks, resume.from_tensor, resume.from_pipeline, resume.tp, resume.pp)
+                if resume is not None else None),
         io_block_size=_count(io_cfg.get("block_size")), io_threads=_count(io_cfg.get("threads")),
         framework=fw.writer if fw.library else None,
         tiers=tuple(str(t) for t in tiers) if isinstance(tiers, list) else tuple(pipe.stages),

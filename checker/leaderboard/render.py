@@ -32,8 +32,17 @@ import pandas as pd
 from tabulate import tabulate
 
 from checker.leaderboard.charts import figures, plotly_bundle, validate_figures
-from checker.leaderboard.columns import COLUMN, COLUMNS, SERVING_COLUMNS, SORT_NOTE, Column, fmt, rounded
-from checker.leaderboard.model import LEADERBOARD_FORMAT, SERVING
+from checker.leaderboard.columns import (
+    COLUMN,
+    COLUMNS,
+    RESUME_COLUMNS,
+    SERVING_COLUMNS,
+    SORT_NOTE,
+    Column,
+    fmt,
+    rounded,
+)
+from checker.leaderboard.model import LEADERBOARD_FORMAT, RESUME, SERVING
 from checker.leaderboard.systems import MLPERF_COLUMNS, SUT_FIELDS, mlperf_row
 from checker.leaderboard.tables import ClassTable, Leaderboard
 
@@ -42,7 +51,9 @@ DIVISION_TITLE = {"closed": "Closed division", "open": "Open division"}
 CLASSES_NOTE = ("A class is division × workload × scale (full, or scaled down by one factor in the open "
                 "division) × "
                 "checkpoint mode (sync; or, in the open division, async and/or tiered; or serving: replicas "
-                "loading the model's weights, every loading strategy in one table). Results are "
+                "loading the model's weights, every loading strategy in one table; or resume: a job "
+                "resuming from a checkpoint written at another layout, every pair of layouts in one "
+                "table). Results are "
                 "ranked only within their class: a closed full-scale result never shares a table with "
                 "a scaled or an open one, nor an asynchronous or tiered result with a synchronous one.")
 ID_NOTE = ("Result IDs are derived from organisation, system, workload and run id (a hash, in "
@@ -140,7 +151,7 @@ def render_csv(board: Leaderboard) -> str:
     records = []
     for t in board.tables:
         for entry, rec in zip(t.entries, t.frame.to_dict("records"), strict=True):
-            if entry.serving is not None:  # no MLPerf column holds a serving run's figures
+            if entry.serving is not None or entry.resume is not None:  # no MLPerf column holds their figures
                 records.append({"Class": t.key.id, "Workload": t.key.workload,
                                 "Scale": "full" if t.key.scale == "full" else f"{t.key.factor:g}",
                                 **{c.label: fmt(rec[c.key], c, missing="") for c in t.columns},
@@ -152,10 +163,13 @@ def render_csv(board: Leaderboard) -> str:
             row.update({c.label: fmt(rec[c.key], c, missing="") for c in OWN_CSV_COLUMNS})
             row["Bundle"] = rec["bundle"]
             records.append(row)
-    serving = [c.label for c in SERVING_COLUMNS if c.label not in MLPERF_COLUMNS
-               and c not in OWN_CSV_COLUMNS] if any(t.key.pipeline == SERVING for t in board.tables) else []
+    # a serving or resume class's own columns, after the others
+    present = {t.key.pipeline for t in board.tables}
+    own = ((SERVING_COLUMNS, SERVING), (RESUME_COLUMNS, RESUME))
+    kinds = list(dict.fromkeys(c.label for cols, kind in own if kind in present
+                               for c in cols if c.label not in MLPERF_COLUMNS and c not in OWN_CSV_COLUMNS))
     frame = pd.DataFrame(records, columns=[*MLPERF_COLUMNS, *CSV_LEAD, *(c.label for c in OWN_CSV_COLUMNS),
-                                           *serving, "Bundle"],
+                                           *kinds, "Bundle"],
                          dtype=object)
     buf = io.StringIO()
     frame.to_csv(buf, index=False, lineterminator="\n")
@@ -264,8 +278,8 @@ def _table_html(table: ClassTable, links: Mapping[str, str], reports: Mapping[st
     columns = [c for c in table.columns if c.key not in PAGE_OMITS]
     maxima = {k: float(table.frame[k].max()) for k in BAR_COLUMNS
               if k in table.frame and table.frame[k].notna().any()}
-    serving = table.key.pipeline == SERVING
-    ranked, direction = ("ready_s", "ascending") if serving else ("write_gib_s", "descending")
+    ranked, direction = {SERVING: ("ready_s", "ascending"), RESUME: ("resume_s", "ascending")}.get(
+        table.key.pipeline, ("write_gib_s", "descending"))
     head = "".join(_th(c, direction if c.key == ranked else "none") for c in columns)
     rows = []
     for i, (entry, rec) in enumerate(zip(table.entries, recs, strict=True)):

@@ -9,8 +9,16 @@ from dataclasses import dataclass
 
 import pandas as pd
 
-from checker.leaderboard.columns import COLUMNS, SERVING_COLUMNS, SERVING_SORT_NOTE, SORT_NOTE, Column
-from checker.leaderboard.model import DIVISIONS, PIPELINES, SCALES, SERVING, ClassKey, Entry, Excluded
+from checker.leaderboard.columns import (
+    COLUMNS,
+    RESUME_COLUMNS,
+    RESUME_SORT_NOTE,
+    SERVING_COLUMNS,
+    SERVING_SORT_NOTE,
+    SORT_NOTE,
+    Column,
+)
+from checker.leaderboard.model import DIVISIONS, PIPELINES, RESUME, SCALES, SERVING, ClassKey, Entry, Excluded
 from mlckpt.errors import InternalError
 from mlckpt.rules import version_order
 
@@ -27,12 +35,13 @@ class ClassTable:
 
     @property
     def sort_note(self) -> str:
-        return SERVING_SORT_NOTE if self.key.pipeline == SERVING else SORT_NOTE
+        return {SERVING: SERVING_SORT_NOTE, RESUME: RESUME_SORT_NOTE}.get(self.key.pipeline, SORT_NOTE)
 
 
 def columns_of(key: ClassKey) -> tuple[Column, ...]:
-    """A class's columns: a serving class's are its own (time to ready, not write bandwidth)."""
-    return SERVING_COLUMNS if key.pipeline == SERVING else COLUMNS
+    """A class's columns: a serving or resume class's are its own (a time to ready or to resume, not
+    write bandwidth)."""
+    return {SERVING: SERVING_COLUMNS, RESUME: RESUME_COLUMNS}.get(key.pipeline, COLUMNS)
 
 
 @dataclass(frozen=True)
@@ -115,9 +124,11 @@ def build(entries: Iterable[Entry], excluded: Iterable[Excluded] = (),
     for key in sorted(groups, key=class_order):
         frame = _frame(groups[key], columns_of(key))
         # checked results first; published ones (--published) below them, ranked the same way
-        order_by = (["verified", "ready_s", "effective_gb_s", "result_id"] if key.pipeline == SERVING else
-                    ["verified", "write_gib_s", "read_gib_s", "result_id"])
-        frame = frame.sort_values(order_by, ascending=[False, key.pipeline == SERVING, False, True],
+        order_by = {SERVING: ["verified", "ready_s", "effective_gb_s", "result_id"],
+                    RESUME: ["verified", "resume_s", "resume_gb_s", "result_id"]}.get(
+            key.pipeline, ["verified", "write_gib_s", "read_gib_s", "result_id"])
+        fastest = key.pipeline in (SERVING, RESUME)  # a time, ranked shortest first
+        frame = frame.sort_values(order_by, ascending=[False, fastest, False, True],
                                   na_position="last", kind="mergesort").reset_index(drop=True)
         by_id = {e.result_id: e for e in groups[key]}
         tables.append(ClassTable(key, frame, tuple(by_id[i] for i in frame["result_id"])))

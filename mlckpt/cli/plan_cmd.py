@@ -76,6 +76,8 @@ def handle(args: argparse.Namespace) -> int:
     ev = s.rules.evaluate(ctx, ["config"])
     if ctx.kind == "serving":
         return _serving_run(args, s.config, ev)
+    if ctx.kind == "resume":
+        return _resume_run(args, s.config, ev)
     doc = plan_document(s.plan, dict(s.config), ev, ctx)
     if args.json:
         json.dump(doc, sys.stdout, separators=(",", ":"))
@@ -96,6 +98,32 @@ def _resume(args: argparse.Namespace, plan: Plan) -> int:
     else:
         print(resume_text(doc))
     return ExitStatus.OK
+
+
+def _resume_run(args: argparse.Namespace, config: Mapping[str, object], ev: Evaluation) -> int:
+    """A resume run's plan (``resume.from_ranks`` set): both layouts, who reads what, and the config
+    rules' verdict on it (a run the rules refuse has no plan: the findings say why)."""
+    from mlckpt.plan.resume import resume_document as document
+    from mlckpt.plan.resume import resume_text
+    from mlckpt.rules import verdict
+    from mlckpt.workload.resume_run import ResumeRun
+
+    run = ResumeRun.of(config)
+    assert run is not None
+    found = verdict(ev.findings, str(config["division"]))
+    doc = {"resume": run.block(), "verdict": found, "findings": [f.to_dict() for f in ev.findings]}
+    if found != "invalid":
+        doc.update(document(run.written, run.plan))
+    if args.json:
+        json.dump(doc, sys.stdout, separators=(",", ":"))
+        sys.stdout.write("\n")
+    else:
+        if found != "invalid":
+            print(resume_text(doc))
+        for f in ev.findings:
+            print(f"  [{f.rule}] {f.message}")
+        print(f"\nVerdict: {found}")
+    return ExitStatus.FAILED if found == "invalid" else ExitStatus.OK
 
 
 def _serving(args: argparse.Namespace, workload: Workload) -> int:

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass
+from time import perf_counter_ns
 
 import numpy as np
 
@@ -20,6 +21,7 @@ from mlckpt.engine.files import (
     pread_all,
     run_pool,
 )
+from mlckpt.engine.requests import phase, recorder
 from mlckpt.errors import InternalError
 
 
@@ -52,20 +54,25 @@ def read_ranges(ranges: Sequence[RangeIO], opts: IOOptions) -> int:
     queue = RequestPlan(lengths, opts.block_size)
     flags = RWF_DONTCACHE if opts.dontcache else 0
     views = [memoryview(r.buf) for r in ranges]
+    req, took = recorder(opts.pool)  # each request's latency and the phases, as every timed read's
     fds: list[int] = []
     try:
         sizes = {r.path: r.file_bytes for r in ranges}
-        for p in paths:
-            fds.append(open_sized(p, sizes[p], opts.direct))
+        with phase(req, "open"):
+            for p in paths:
+                fds.append(open_sized(p, sizes[p], opts.direct))
         fd_of = dict(zip(paths, fds, strict=True))
 
         def read_one(i: int) -> None:
+            t0 = perf_counter_ns()
             k, a, b = queue.request(i)
             r = ranges[k]
             pread_all(fd_of[r.path], r.path, views[k][a:b], r.offset + a, r.offset + min(b, r.nbytes),
                       r.file_bytes, flags)
+            took(perf_counter_ns() - t0)
 
-        run_pool(queue.total, read_one, opts.threads, opts.pool)
+        with phase(req, "transfer"):
+            run_pool(queue.total, read_one, opts.threads, opts.pool)
     finally:
         close_all(fds, paths, report=False)
     return sum(r.nbytes for r in ranges)

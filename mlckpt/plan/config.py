@@ -312,6 +312,11 @@ def validate(config: Mapping[str, Any]) -> None:
             schema("config", version)["properties"]):
         raise ConfigError(f"serving.strategy: serving runs need rules_version 1.13 or later (got {version})",
                           key="serving.strategy")
+    resume = config.get("resume")
+    if isinstance(resume, Mapping) and resume.get("from_ranks") is not None and "resume" not in (
+            schema("config", version)["properties"]):
+        raise ConfigError(f"resume.from_ranks: resume runs need rules_version 1.21 or later (got {version})",
+                          key="resume.from_ranks")
     problem = first_error(config, "config", version)
     if problem:
         raise ConfigError(problem)

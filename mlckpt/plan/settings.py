@@ -17,6 +17,7 @@ from typing import Any
 
 from mlckpt.workload.frameworks import Framework
 from mlckpt.workload.layout import RestorePattern, restore_pattern
+from mlckpt.workload.resume_run import ResumeRun
 from mlckpt.workload.serving_run import ServingRun
 
 
@@ -95,6 +96,7 @@ class Settings:
     witness: WitnessSettings
     framework: Framework  # who writes the checkpoints: the engine, or a library writer
     serving: ServingRun | None  # a serving run's loads; None: a checkpoint run
+    resume: ResumeRun | None  # a resume run's resumes; None: another kind
 
     @classmethod
     def of(cls, config: Mapping[str, Any]) -> Settings:
@@ -108,7 +110,7 @@ class Settings:
             drop_system_cache=bool(config["cache"]["drop_system"]),
             io=IOSettings.of(config["io"]), checkpoint=CheckpointSettings.of(config["checkpoint"]),
             witness=WitnessSettings.of(config.get("witness")), framework=Framework.of(config),
-            serving=ServingRun.of(config))
+            serving=ServingRun.of(config), resume=ResumeRun.of(config))
 
     @property
     def scaled(self) -> bool:

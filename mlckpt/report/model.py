@@ -69,10 +69,12 @@ def op_row(op: str, index: int, recs: Sequence[Rec]) -> dict[str, object]:
     median = statistics.median(_duration(r) for r in recs) / 1e9
     total = sum(int(r["bytes"]) for r in recs)
     row: dict[str, Any] = dict.fromkeys(OP_COLUMNS)
-    # a serving run's load (rules 1.13): no checkpoint; its strategy where a restore names its tier
-    load = op == "load"
+    # a serving run's load (rules 1.13): no checkpoint; its strategy where a restore names its tier; a
+    # resume run's resume (rules 1.21): no checkpoint either, "resume" as its tier
+    load = op in ("load", "resume")
+    tier = recs[0]["strategy"] if op == "load" else op if op == "resume" else recs[0].get("tier", "durable")
     row.update(op=op, index=index, checkpoint=None if load else int(recs[0]["checkpoint"]),
-               tier=str(recs[0]["strategy"] if load else recs[0].get("tier", "durable")), duration_s=dur,
+               tier=str(tier), duration_s=dur,
                bandwidth_gib_s=total / GiB / dur if dur > 0 else None, slowest_rank=int(slow["rank"]),
                slowest_rank_bandwidth_gib_s=int(slow["bytes"]) / GiB / dur if dur > 0 else None,
                straggler_ratio=dur / median if median > 0 else None)
@@ -150,6 +152,7 @@ def build(run: Mapping[str, Any], summary: Mapping[str, Any], system: Mapping[st
                          f"({first.get('target_path', '?')})"),
              *((("I/O", fmt_io(config.get("io"))),) if config is not None else ()),
              *(_serving(summary) if summary.get("kind") == "serving" else
+               _resume(summary) if summary.get("kind") == "resume" else
                (("write", _headline(summary, "write")), ("read", _headline(summary, "read")))),
              *_framework(summary), ("started", str(run.get("started"))))
     findings = tuple(f"[{f.get('rule')}] {f.get('message')}" for f in run.get("findings") or ()
@@ -187,6 +190,21 @@ def _serving(summary: Mapping[str, Any]) -> tuple[tuple[str, str], ...]:
                       + (f", {rate:.2f} GB/s effective" if rate is not None else "")
                       + f", {int(summary.get('storage_bytes', 0)) / 1e9:.3f} GB from the storage per load"),
             *_node_tier(summary))
+
+
+def _resume(summary: Mapping[str, Any]) -> tuple[tuple[str, str], ...]:
+    """Summary format 11: both layouts, the time until the last new rank held its shard, its parts."""
+    rate = summary.get("rate_gb_s")
+    parts = ", ".join(f"{p} {float(summary.get(f'{p}_s_median', 0)) * 1e3:.1f} ms"
+                      for p in ("metadata", "planning", "read", "placing"))
+    return (("resume", f"from {summary.get('from_ranks')} ranks (TP {summary.get('from_tp')}, PP "
+                       f"{summary.get('from_pp')}) at TP {summary.get('tp')}, PP {summary.get('pp')}, DP "
+                       f"{summary.get('dp')}"),
+            ("resumed", f"{summary.get('ready_s_median', 0):.3f} s median over {summary.get('num_resumes')} "
+                        "resumes" + (f", {rate:.2f} GB/s of state" if rate is not None else "")
+                        + f", {int(summary.get('read_bytes', 0)) / 1e9:.3f} GB read for "
+                        f"{int(summary.get('state_bytes', 0)) / 1e9:.3f} GB placed"),
+            ("parts", f"slowest rank's, median: {parts}"))
 
 
 def _node_tier(summary: Mapping[str, Any]) -> tuple[tuple[str, str], ...]:

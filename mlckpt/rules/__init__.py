@@ -12,6 +12,8 @@ from mlckpt.rules.checks.evidence import counted_op, fingerprints, recomputed_su
 from mlckpt.rules.checks.gpu import gpu_source
 from mlckpt.rules.checks.host import host_checkpoint_bytes, host_memory_need
 from mlckpt.rules.checks.result import COMPLETE, placeholders
+from mlckpt.rules.checks.resume import recomputed as resume_recomputed
+from mlckpt.rules.checks.resume import summarized as resume_summarized
 from mlckpt.rules.checks.serving import recomputed as serving_recomputed
 from mlckpt.rules.checks.serving import summarized as serving_summarized
 from mlckpt.rules.checks.split import (
@@ -91,6 +93,8 @@ __all__ = [
     "proof_matches",
     "rank_shift",
     "recomputed_summary",
+    "resume_recomputed",
+    "resume_summarized",
     "serving_recomputed",
     "serving_summarized",
     "split_problems",

@@ -27,10 +27,11 @@ from mlckpt.workload.model import Workload
 SEVERITIES = ("invalid", "disturbed", "open", "warning")
 STAGES = ("config", "host", "result", "submission")
 # The kinds of run a rule judges (rules.yaml ``kinds``, from rules 1.13): a checkpoint run (writes
-# and restores) or a serving run (replicas loading a model's weights).  A rule that names none
-# judges checkpoint runs, as every rule before 1.13 did.
-KINDS = ("checkpoint", "serving")
-DEFAULT_RULES_VERSION = "1.20"
+# and restores), a serving run (replicas loading a model's weights) or, from 1.21, a resume run (a job
+# resuming from a checkpoint written at another layout).  A rule that names none judges checkpoint
+# runs, as every rule before 1.13 did.
+KINDS = ("checkpoint", "serving", "resume")
+DEFAULT_RULES_VERSION = "1.21"
 # A rule's exit class (rules.yaml ``exit``): a failed ``integrity`` rule means the bytes cannot
 # be trusted at all (mlckpt-check exits 3); a failed ``rules`` rule makes a result invalid or open.
 EXIT_CLASSES = ("rules", "integrity")
@@ -145,7 +146,8 @@ class Context:
 
     @property
     def kind(self) -> str:
-        """What the run does: ``serving`` with a serving strategy (rules 1.13), else ``checkpoint``."""
+        """What the run does: ``serving`` with a serving strategy (rules 1.13), ``resume`` with
+        ``resume.from_ranks`` (rules 1.21), else ``checkpoint``."""
         return run_kind(self.config)
 
     def get(self, dotted: str) -> Any:
@@ -251,8 +253,10 @@ class RuleSet:
 
 
 def run_kind(config: Mapping[str, object]) -> str:
-    serving = config.get("serving")
-    return "serving" if isinstance(serving, Mapping) and serving.get("strategy") else "checkpoint"
+    serving, resume = config.get("serving"), config.get("resume")
+    if isinstance(serving, Mapping) and serving.get("strategy"):
+        return "serving"
+    return "resume" if isinstance(resume, Mapping) and resume.get("from_ranks") else "checkpoint"
 
 
 def _has(ctx: Context, need: str) -> bool:

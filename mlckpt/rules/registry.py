@@ -20,6 +20,7 @@ from mlckpt.rules.checks import (
     pipeline,
     requests,
     result,
+    resume,
     serving,
     split,
     submission,
@@ -29,7 +30,7 @@ from mlckpt.rules.engine import DEFAULT_RULES_VERSION, CheckFn, RuleSet, load_ru
 
 CHECKS: dict[str, CheckFn] = {}
 _MODULES = (config, host, result, pipeline, evidence, physics, counters, foreign_io, submission, mlperf,
-            split, witness, objects, gpu, requests, frameworks, serving, own_io)
+            split, witness, objects, gpu, requests, frameworks, serving, own_io, resume)
 for _module in _MODULES:
     _clash = CHECKS.keys() & _module.CHECKS.keys()
     if _clash:  # a defect of the code, caught at import

@@ -239,6 +239,8 @@ def durable_line(recs: Sequence[Mapping[str, Any]], k: int, n: int) -> str:
 def headline(s: Mapping[str, Any]) -> str:
     if s.get("kind") == "serving":
         return serving_headline(s)
+    if s.get("kind") == "resume":
+        return resume_headline(s)
     parts = [
         f"write {s['write_bandwidth_mean_gib_s']:.2f} GiB/s mean "
         f"({s['write_duration_mean_s']:.2f} s per checkpoint)"
@@ -282,4 +284,18 @@ def serving_headline(s: Mapping[str, Any]) -> str:
             f"of {s['num_loads']} loads ({s['ready_s_min']:.3f}-{s['ready_s_max']:.3f} s), "
             f"{s['placed_bytes'] / 1e9:.2f} GB placed, {s['storage_bytes'] / 1e9:.2f} GB from the storage"
             + (f", {rate:.2f} GB/s effective" if rate is not None else "")
+            + ("" if s["read_cold"] else " INVALID (not cold)"))
+
+
+def resume_headline(s: Mapping[str, Any]) -> str:
+    """Summary format 11: a resume run's time until its last new rank held its verified shard."""
+    rate = s["rate_gb_s"]
+    parts = ", ".join(f"{p} {s[f'{p}_s_median'] * 1e3:.0f} ms"
+                      for p in ("metadata", "planning", "read", "placing"))
+    return (f"result: resumed at {s['ranks']} ranks (TP {s['tp']}, PP {s['pp']}) from {s['from_ranks']} "
+            f"(TP {s['from_tp']}, PP {s['from_pp']}) in {s['ready_s_median']:.3f} s median of "
+            f"{s['num_resumes']} "
+            f"({s['ready_s_min']:.3f}-{s['ready_s_max']:.3f} s; slowest rank's {parts}), "
+            f"{s['state_bytes'] / 1e9:.2f} GB placed from {s['read_bytes'] / 1e9:.2f} GB read"
+            + (f", {rate:.2f} GB/s" if rate is not None else "")
             + ("" if s["read_cold"] else " INVALID (not cold)"))

@@ -38,7 +38,7 @@ from mlckpt.run.console import Console
 from mlckpt.run.faults import NO_FAULTS, Faults
 from mlckpt.run.features.witnessing import Witnessing
 from mlckpt.run.guardian import Guardian
-from mlckpt.run.phases import gpustate, outcome, serve
+from mlckpt.run.phases import gpustate, outcome, resuming, serve
 from mlckpt.run.phases.calibrate import calibrate
 from mlckpt.run.phases.configure import Configured, configure, mpi_library, resolve_signing_key
 from mlckpt.run.phases.folders import Folders, make_folders
@@ -287,11 +287,13 @@ def run(job: Job, overrides: Sequence[str], source: ConfigSource = SHIPPED) -> t
         c = configure(job, overrides, source)
     c = replace(c, source=job.comm.bcast(c.source))  # rank 0 verified the write invocation's bundle
     run = c.setup.settings
-    serving = run.serving
-    what = (f"{fmt_bytes(c.setup.plan.total_bytes)} per checkpoint, {run.checkpoint.num_writes} writes, "
-            f"{run.checkpoint.num_reads} reads" if serving is None else
-            f"serving: {serving.replicas} replicas of TP {serving.tp}, {serving.strategy}, "
-            f"{serving.loads} loads")
+    serving, resume = run.serving, run.resume
+    what = (f"serving: {serving.replicas} replicas of TP {serving.tp}, {serving.strategy}, "
+            f"{serving.loads} loads" if serving is not None else
+            f"resume: from {resume.from_ranks} ranks (TP {resume.from_tensor}, PP {resume.from_pipeline}) at "
+            f"TP {resume.tp}, PP {resume.pp}, {resume.resumes} resumes" if resume is not None else
+            f"{fmt_bytes(c.setup.plan.total_bytes)} per checkpoint, {run.checkpoint.num_writes} writes, "
+            f"{run.checkpoint.num_reads} reads")
     job.say(
         f"mlckpt {__version__}: {run.workload} on {job.size} ranks, division "
         f"{run.division}{', scaled × ' + str(run.scale) if run.scaled else ''}, {what}"
@@ -315,10 +317,15 @@ def run(job: Job, overrides: Sequence[str], source: ConfigSource = SHIPPED) -> t
     assessed: outcome.Assessed | None = None
     failure: BaseException | None = None
     with Created(run.checkpoint.keep, between=lambda: final_barrier(job), stage=stage) as created:
-        measured = (phases(job, c, gates, created, ident, witness) if serving is None else
-                    serve.serving_phases(job, c, gates, created, ident, timer_opts(run),
-                                         lambda f, loads: op_timer(job, c, gates, f, created, loads),
-                                         witness))
+        if serving is not None:
+            measured = serve.serving_phases(job, c, gates, created, ident, timer_opts(run),
+                                            lambda f, loads: op_timer(job, c, gates, f, created, loads),
+                                            witness)
+        elif resume is not None:
+            measured = resuming.resume_phases(job, c, gates, created, ident, timer_opts(run),
+                                              lambda f, loads: op_timer(job, c, gates, f, created, loads))
+        else:
+            measured = phases(job, c, gates, created, ident, witness)
         if early:
             assessed, failure = outcome.assessed(job, c, gates, measured, started, witness)
             kept = assessed is not None and assessed.manifest["verdict"] in ("disturbed", "invalid")

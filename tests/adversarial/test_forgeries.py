@@ -1172,7 +1172,7 @@ def test_a_start_moved_later_changes_no_figure(runs: dict[str, Path], tmp_path: 
     moved = [a for a, b in zip(after, before, strict=True) if a["t0_ns"] != b["t0_ns"]]
     assert len(moved) >= 6  # of the slower half of 4 ranks in each of 6 ops, those not the first to leave
     honest, claimed = read_json(runs["sync"], "summary.json"), read_json(forged, "summary.json")
-    assert claimed["summary_format"] == 10
+    assert claimed["summary_format"] >= 10  # every rank timed from the barrier since format 10
     for key in ("write_bandwidth_mean_gib_s", "read_bandwidth_mean_gib_s", "write_duration_max_s",
                 "read_slowest_rank_bandwidth_min_gib_s", "read_iops_mean"):
         assert claimed[key] == honest[key], key

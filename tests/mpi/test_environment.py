@@ -153,7 +153,7 @@ def test_honest_runs_beside_a_paced_copy_and_a_busy_core_are_valid(
             assert (status, run_doc["verdict"]) == (0, "open"), out[-3000:]
         else:
             assert (status, run_doc["verdict"]) in ((0, "open"), (6, "disturbed")), out[-3000:]
-        assert run_doc["rules_version"] == "1.20" and run_doc["calibration"]["rounds"] >= 16
+        assert run_doc["rules_version"] == "1.21" and run_doc["calibration"]["rounds"] >= 16
         # rules 1.9: the device's background, watched with the run asleep, recorded and said
         [host] = run_doc["calibration"]["hosts"]
         assert host["background"]["after"]["t_ns"] - host["background"]["before"]["t_ns"] >= 10**9

@@ -66,7 +66,7 @@ def test_the_write_invocation_keeps_its_checkpoints_and_its_content_key(split: d
     files = [str(p) for p in split["kept"]]
     assert f"ck/{w.name}/.mlckpt-run" in files
     assert sum(f.startswith(f"ck/{w.name}/ckpt-0002/") for f in files) == 8  # 4 ranks × 2 files
-    assert run_doc["restored_from"] is None and run_doc["run_format"] == 12
+    assert run_doc["restored_from"] is None and run_doc["run_format"] == 13
     # its commitment to the content key: the read invocation's proof opens it, nothing else does
     from mlckpt.rules.checks.split import proof_matches
 
@@ -233,8 +233,8 @@ def test_a_write_invocation_without_a_commitment_is_refused_under_1_10_before_an
     assert proc.returncode == 2
     assert proc.stderr.strip().splitlines()[-1] == (
         f"mlckpt: error: checkpoint.restore_from: {w.name} cannot be restored here: it has no content "
-        "commitment (rules 1.9), which rules 1.20 bind a restore to: restore it under rules_version=1.9, "
-        "or write it again under 1.20")
+        "commitment (rules 1.9), which rules 1.21 bind a restore to: restore it under rules_version=1.9, "
+        "or write it again under 1.21")
     assert len(list((tmp_path / "ck" / w.name).rglob("*.pt"))) == 8  # untouched: 4 ranks × 2 files
     proc = run(honest_bundles, tmp_path, "checkpoint.num_writes=0", "checkpoint.num_reads=1",
                f"checkpoint.restore_from={w}", "rules_version=1.9")

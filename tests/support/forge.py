@@ -16,12 +16,13 @@ from typing import Any
 import yaml
 
 from mlckpt import bundle
-from mlckpt.rules import load_rules
+from mlckpt.rules import load_rules, resume_summarized
 from mlckpt.rules.checks.evidence import recomputed_summary
 from mlckpt.rules.checks.serving import summarized
 from mlckpt.rules.rundata import RunData
 from mlckpt.workload.layout import make_plan
 from mlckpt.workload.model import workload_from_config
+from mlckpt.workload.resume_run import ResumeRun
 from mlckpt.workload.serving_run import ServingRun
 
 Rec = dict[str, Any]
@@ -61,6 +62,12 @@ def resummarize(folder: Path) -> None:
     """summary.json as the runner would write it for the (edited) records and configuration."""
     config = yaml.safe_load((folder / "config.yaml").read_text())
     run = read_json(folder, "run.json")
+    resume = ResumeRun.of(config)
+    if resume is not None:
+        data = RunData(run, config, {}, read_records(folder))
+        doc = resume_summarized(load_rules(run["rules_version"]), data, resume)
+        edit_json(folder, "summary.json", lambda _: doc)
+        return
     serving = ServingRun.of(config)
     if serving is not None:
         data = RunData(run, config, {}, read_records(folder))

@@ -165,16 +165,18 @@ def serving_counters(ctx: Context, ruleset: RuleSet, rule: Rule) -> Iterator[Out
                 yield Outcome(False, "the host's counters on one record of the load",
                               f"on {len(leaders)} records", where=where)
                 continue
-            yield from _counted(leaders[0]["host_counters"], hr, slack, where)
+            yield from counted(leaders[0]["host_counters"], hr, slack, where)
 
 
-def _counted(hc: Mapping[str, Any], hr: Sequence[Mapping[str, Any]], slack: float, where: str
-             ) -> Iterator[Outcome]:
+def counted(hc: Mapping[str, Any], hr: Sequence[Mapping[str, Any]], slack: float, where: str,
+            claim: str = "storage_bytes") -> Iterator[Outcome]:
+    """One host's records of one timed read (a load, a resume) inside its leader's counters, and the
+    bytes they claim to have read from the storage (``claim``) read from it in that window."""
     before, after = hc.get("before") or {}, hc.get("after") or {}
     start, end = min(int(r["t0_ns"]) for r in hr), max(int(r["t1_ns"]) for r in hr)
     yield Outcome(int(before.get("t_ns", start + 1)) <= start and int(after.get("t_ns", -1)) >= end,
                   "every rank of the host inside its counters' window", "a rank outside it", where=where)
-    claimed = sum(int(r["storage_bytes"]) for r in hr)
+    claimed = sum(int(r[claim]) for r in hr)
     need = int(claimed * (1 - slack))
     for key, who in (("own_read_bytes", "the host's ranks read"), ("read_bytes", "the device read")):
         if key in before and key in after:

@@ -15,7 +15,7 @@ from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 
 from mlckpt.attribution import foreign_note
 from mlckpt.errors import RunFailure
-from mlckpt.records import LoadRecord, OpRecord
+from mlckpt.records import LoadRecord, OpRecord, ResumeRecord
 from mlckpt.rules import content_commitment
 from mlckpt.run.collective import Job
 from mlckpt.run.console import headline
@@ -28,6 +28,7 @@ from mlckpt.run.phases.publish import (
     RunId,
     judged,
     manifest_of,
+    resume_summary_of,
     serving_summary_of,
     summary_of,
     verdict_line,
@@ -45,7 +46,7 @@ class Measured:
     """What the I/O phases leave for publishing (records, state and calibration: rank 0's)."""
 
     run: RunId
-    records: list[OpRecord] | list[LoadRecord]
+    records: list[OpRecord] | list[LoadRecord] | list[ResumeRecord]
     state: dict[str, object] | None
     calibration: dict[str, object] | None
     content_key: bytes  # whose content the checkpoints carry: this run's, or its write invocation's
@@ -66,7 +67,7 @@ def assess(job: Job, configured: Configured, gates: Gates, measured: Measured, s
            witness: Witnessing | None = None) -> Assessed:
     """Rank 0: the manifest, the summary and the result-stage rules' verdict."""
     s, cfg = configured.setup, configured.config
-    serving = s.settings.serving
+    serving, resume = s.settings.serving, s.settings.resume
     system: dict[str, object] = {"hosts": list(gates.facts)}
     if configured.description is not None:
         system["description"] = configured.description
@@ -81,16 +82,21 @@ def assess(job: Job, configured: Configured, gates: Gates, measured: Measured, s
         description=configured.description,
         restored_from=configured.source.manifest_entry(measured.content_key) if configured.source else None,
         # a serving run writes nothing: no write carries a witness's nonce
-        witness=(witness.block(0 if serving else configured.setup.settings.checkpoint.num_writes)
+        witness=(witness.block(0 if serving or resume else configured.setup.settings.checkpoint.num_writes)
                  if witness else None),
         storage=open_durable(cfg, "").describe(),
         state=measured.state,
         calibration=measured.calibration,
         content_commitment=content_commitment(measured.content_key) if keeps_key(cfg) else None,
         serving=serving.block(str(serving.tier_path(measured.run.name) or "") or None) if serving else None,
+        resume=resume.block() if resume else None,
     )
-    summary = (summary_of(s, measured.records, manifest, system) if serving is None else
-               serving_summary_of(s, serving, measured.records, manifest))
+    if serving is not None:
+        summary = serving_summary_of(s, serving, measured.records, manifest)
+    elif resume is not None:
+        summary = resume_summary_of(s, resume, measured.records, manifest)
+    else:
+        summary = summary_of(s, measured.records, manifest, system)
     found = judged(s, gates, manifest, summary, measured.records, system,
                    witness.document() if witness else None)
     return Assessed(measured, manifest, summary, system, tuple(found))

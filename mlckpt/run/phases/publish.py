@@ -18,11 +18,20 @@ from mlckpt import __version__, bundle, strict
 from mlckpt.engine import frameworks
 from mlckpt.errors import InternalError
 from mlckpt.plan.config import Setup
-from mlckpt.rules import DATA_SCHEME, Finding, RunData, recomputed_summary, serving_summarized, verdict
+from mlckpt.rules import (
+    DATA_SCHEME,
+    Finding,
+    RunData,
+    recomputed_summary,
+    resume_summarized,
+    serving_summarized,
+    verdict,
+)
 from mlckpt.run.phases.gates import Gates
 from mlckpt.schemas import describe, errors
 from mlckpt.workload.frameworks import WRITERS, Framework
 from mlckpt.workload.pipeline import Pipeline
+from mlckpt.workload.resume_run import ResumeRun
 from mlckpt.workload.serving_run import ServingRun
 from mlckpt.written import Written
 
@@ -54,6 +63,12 @@ def serving_summary_of(setup: Setup, run: ServingRun, records: Sequence[Mapping[
     return serving_summarized(setup.rules, RunData(manifest, setup.config, {}, list(records)), run)
 
 
+def resume_summary_of(setup: Setup, run: ResumeRun, records: Sequence[Mapping[str, object]],
+                      manifest: Mapping[str, object]) -> dict[str, object]:
+    """A resume run's summary (format 11): the checker's own recomputation, as summary_of's."""
+    return resume_summarized(setup.rules, RunData(manifest, setup.config, {}, list(records)), run)
+
+
 def manifest_of(
     setup: Setup,
     gates: Gates,
@@ -71,6 +86,7 @@ def manifest_of(
     calibration: Mapping[str, object] | None = None,
     content_commitment: str | None = None,
     serving: Mapping[str, object] | None = None,
+    resume: Mapping[str, object] | None = None,
 ) -> dict[str, object]:
     """run.json before the result-stage rules add their findings (pure), with the keys the rule
     set's run format has (mlckpt.written: rules 1.2 bundles stay run format 3)."""
@@ -88,6 +104,7 @@ def manifest_of(
         "content_commitment": content_commitment,
         "framework": framework_block(run_settings.framework),
         "serving": dict(serving) if serving else None,
+        "resume": dict(resume) if resume else None,
     }
     return {
         "run_format": written.run,

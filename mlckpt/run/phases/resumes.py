@@ -33,6 +33,7 @@ import numpy as np
 from mlckpt import engine
 from mlckpt.engine.content import FileContent, round_up
 from mlckpt.errors import InternalError, VerificationError
+from mlckpt.run.phases.loads import TIMER_FIELDS
 from mlckpt.run.storage.backends import Files, Piece, Span, Storage
 from mlckpt.workload.layout import PAGE, Plan
 from mlckpt.workload.model import Workload
@@ -160,7 +161,9 @@ def resume(comm: Intracomm, setup: ResumeSetup, prepared: Prepared, index_bytes:
 
     resident = cold(comm, setup, prepared)
     timing = timed(action)
-    return {"rank": me, **{k: timing[k] for k in ("t0_ns", "t1_ns", "wall_start")}, **parts,
+    # the op timer's evidence (a run's: its clock readings, the host's counters, CPU time, requests)
+    evidence = {k: timing[k] for k in TIMER_FIELDS if k in timing and k != "witness_host_ns"}
+    return {"rank": me, **evidence, **parts,
             "bytes": prepared.plan.bytes, "read_bytes": moved["read"], "index_bytes": index_bytes,
             "needs": len(prepared.plan.needs), "reads": len(prepared.reads),
             "tensors": len(prepared.plan.tensors),

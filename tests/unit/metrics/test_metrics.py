@@ -509,7 +509,7 @@ def shared_clock_op(draw: st.DrawFn) -> list[dict[str, Any]]:
 @given(shared_clock_op(), st.data())
 def test_a_start_moved_later_changes_no_figure(records: list[dict[str, Any]], data: st.DataObject) -> None:
     s = summarize(records, max_resident_fraction=COLD)
-    assert s["summary_format"] == 10
+    assert s["summary_format"] >= 10  # every rank timed from the barrier since format 10
     for o in s["ops"]:
         mine = [r for r in records if r["op"] == o["op"]]
         hosts = {h: [r for r in mine if r["host"] == h] for h in {r["host"] for r in mine}}

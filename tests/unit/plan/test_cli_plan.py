@@ -143,8 +143,8 @@ KNOWN = ("llama3_1t, llama3_405b, llama3_70b, llama3_8b, llama_1t, llama_405b, l
     (["hosts=2.0"], "hosts: 2.0 is not of type 'integer', 'null'"),
     (["ranks"], "override 'ranks': expected KEY=VALUE (e.g. ranks=64)"),
     (["rules_version='2.0'"], "rules_version: unknown rules version '2.0'; known: 1.0, 1.1, 1.2, 1.3, 1.4, "
-     "1.5, 1.6, 1.7, 1.8, 1.9, 1.10, 1.11, 1.12, 1.13, 1.14, 1.15, 1.16, 1.17, 1.18, 1.19, 1.20, mlps-v3.0, "
-     "mlps-v3.0r2, "
+     "1.5, 1.6, 1.7, 1.8, 1.9, 1.10, 1.11, 1.12, 1.13, 1.14, 1.15, 1.16, 1.17, 1.18, 1.19, 1.20, 1.21, "
+     "mlps-v3.0, mlps-v3.0r2, "
      "mlps-v3.0r3, mlps-v3.0r4, mlps-v3.0r5"),
     (["--bogus"], "mlckpt: unrecognized arguments: --bogus; settings are key=value overrides: did you mean "
                   "bogus=…?"),
@@ -186,7 +186,7 @@ def test_plan_text(run_cli) -> None:  # type: ignore[no-untyped-def]
     r = run_cli("plan", "workload=llama3_8b")
     assert r.returncode == 0, r.stderr
     out = r.stdout
-    assert out.startswith("llama3_8b on 8 ranks: TP 1 × PP 1 × DP 8, ZeRO 3, division closed, rules 1.20\n")
+    assert out.startswith("llama3_8b on 8 ranks: TP 1 × PP 1 × DP 8, ZeRO 3, division closed, rules 1.21\n")
     assert "  parameters          8,030,261,248\n" in out
     assert "  checkpoint          104.70 GiB / 112.43 GB  (112,425,623,552 B in 16 files)\n" in out
     assert "Layouts (1 distinct; names with {dp}/{mp} vary by rank):" in out
@@ -306,3 +306,15 @@ def test_size_resume_gives_the_storage_part(run_cli) -> None:  # type: ignore[no
 ])
 def test_a_resume_that_cannot_be_is_one_line(run_cli, args: tuple[str, ...], says: str) -> None:  # type: ignore[no-untyped-def]
     assert says in one_line(run_cli(*args))
+
+
+def test_plan_of_a_resume_run_gives_both_layouts_and_its_verdict(run_cli) -> None:  # type: ignore[no-untyped-def]
+    r = run_cli("plan", "resume.from_ranks=8", "ranks=4", "scale=0.01",
+                "workload.parallelism.tensor=2", "resume.from_tensor=1", "division=open", "--json")
+    assert r.returncode == 0, r.stderr
+    doc = json.loads(r.stdout)
+    assert doc["resume"] == {"from_ranks": 8, "from_tensor": 1, "from_pipeline": 1, "resumes": 3}
+    assert doc["verdict"] == "open" and doc["resumed"] == {"ranks": 4, "tp": 2, "pp": 1, "dp": 2}
+    assert doc["written"]["ranks"] == 8 and doc["written"]["tp"] == 1
+    refused = run_cli("plan", "resume.from_ranks=8", "resume.from_tensor=3")
+    assert "[RESUME-SCOPE]" in one_line(refused) and "resume.from_ranks=8 (a multiple of" in refused.stderr

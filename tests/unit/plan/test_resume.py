@@ -190,5 +190,5 @@ def test_any_resume_is_sound(h: int, layers: int, ffn: int, vocab: int, tp: int,
         return  # a file too small for one row of each tensor
     plan = resume_plan(index, w, new_tp * new_pp * new_dp, new_tp, new_pp)
     assert_sound(plan)
-    if zero == 3 and new_tp == tp:
+    if zero == 3 and new_tp == 1:  # sharded over DP, no tensor TP replicates held twice
         assert plan.state_bytes == index.tensor_bytes

@@ -1,0 +1,252 @@
+"""Resume runs end to end (rules 1.21): `mlckpt run resume.from_ranks=8` on real MPI ranks at 4 and at
+16 ranks (data parallelism changed) and at TP 2 (tensor parallelism changed), each signed bundle
+through mlckpt-check, and the forgeries a resume result invites (bytes, ranks or a written layout the
+plans do not give, a faster time to resume, parts that do not fit it, a warm cache, buffered reads, a
+resume block edited) caught by the rule named, after re-signing."""
+
+from __future__ import annotations
+
+import json
+import shutil
+import subprocess
+import sys
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import pytest
+from support.cli import cli_env
+from support.forge import edit_json, edit_records, edit_yaml, read_json, read_records, resign, resummarize
+from support.runs import hard_rules, judged_alone, printed_bundle, signed_run
+from support.trees import tree_of
+
+from mlckpt import bundle
+from mlckpt.rules import load_rules
+from mlckpt.workload.resume_run import ResumeRun
+
+BIN = Path(sys.executable).parent
+BASE = ("workload=llama3_8b", "division=open", "scale=0.002", "resume.from_ranks=8",
+        "resume.resumes=2", "checkpoint.folder=ck", "output.root=results")
+LAYOUTS = {"dp4": ("ranks=4",), "dp16": ("ranks=16",),
+           "tp2": ("ranks=4", "workload.parallelism.tensor=2", "resume.from_tensor=1")}
+
+
+def run(h: dict[str, Path], cwd: Path, *overrides: str) -> subprocess.CompletedProcess[str]:
+    return signed_run(h, cwd, *BASE, *overrides, timeout=300)
+
+
+@pytest.fixture(scope="module")
+def made(honest_bundles: dict[str, Path], tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
+    h = honest_bundles
+    out: dict[str, Any] = {"h": h}
+    for name, overrides in LAYOUTS.items():
+        cwd = tmp_path_factory.mktemp(name)
+        proc = run(h, cwd, *overrides)
+        assert proc.returncode == 0, (proc.stdout[-2000:], proc.stderr[-2000:])
+        out[name] = {"bundle": printed_bundle(proc), "out": proc.stdout, "cwd": cwd}
+    return out
+
+
+@pytest.mark.parametrize("name", LAYOUTS)
+def test_each_resume_passes_the_checker(made: dict[str, Any], name: str, tmp_path: Path) -> None:
+    m = made[name]
+    b = judged_alone(made["h"], tree_of(made["h"], tmp_path / "t", m["bundle"]))
+    assert b["verdict"] == "open" and not hard_rules(b), b["findings"]
+    summary = read_json(m["bundle"], "summary.json")
+    assert summary["kind"] == "resume" and summary["from_ranks"] == 8 and summary["num_resumes"] == 2
+    assert f"from 8 (TP 1, PP 1) in {summary['ready_s_median']:.3f} s median of 2" in m["out"]
+
+
+@pytest.mark.parametrize("name", LAYOUTS)
+def test_the_records_hold_what_both_plans_give(made: dict[str, Any], name: str) -> None:
+    m = made[name]
+    config = yaml_config(m["bundle"])
+    run_doc, records, summary = (read_json(m["bundle"], "run.json"), read_records(m["bundle"]),
+                                 read_json(m["bundle"], "summary.json"))
+    plan = ResumeRun.of(config).plan  # type: ignore[union-attr]
+    assert run_doc["resume"] == {"from_ranks": 8, "from_tensor": 1, "from_pipeline": 1, "resumes": 2}
+    assert run_doc["run_format"] == 13 and run_doc["records_format"] == 13 and summary["summary_format"] == 11
+    assert [(r["index"], r["rank"]) for r in records] == [(i, r) for i in range(2) for r in range(plan.ranks)]
+    assert all(r["verified_bytes"] == r["bytes"] > 0 and r["direct"] is True for r in records)
+    assert summary["state_bytes"] == plan.state_bytes and summary["read_bytes"] == plan.read_bytes
+    if name != "tp2":  # only DP changed: the new ranks hold the stored tensors once
+        assert plan.state_bytes == plan.index.tensor_bytes
+    for index in range(2):  # each resume inside its host's counters, which saw every byte read
+        recs = [r for r in records if r["index"] == index]
+        [leader] = [r for r in recs if "host_counters" in r]
+        hc = leader["host_counters"]
+        own = hc["after"]["own_read_bytes"] - hc["before"]["own_read_bytes"]
+        assert own >= sum(r["read_bytes"] for r in recs)
+    assert summary["read_cold"] and summary["read_verified"]
+    assert not [p for p in (m["cwd"] / "ck").rglob("*") if p.is_file()]  # the checkpoint removed
+
+
+def yaml_config(b: Path) -> dict[str, Any]:
+    import yaml
+
+    return yaml.safe_load((b / "config.yaml").read_text())
+
+
+def _more_bytes(b: Path) -> None:
+    """Rank 1 claims a larger shard, verified, and the summary follows."""
+    def more(recs: list[dict[str, Any]]) -> None:
+        for r in recs:
+            if r["rank"] == 1:
+                r.update(bytes=r["bytes"] + 4096, verified_bytes=r["verified_bytes"] + 4096)
+    edit_records(b, more)
+    resummarize(b)
+
+
+def _rank_dropped(b: Path) -> None:
+    edit_records(b, lambda recs: [r for r in recs if r["rank"] != 3])
+    resummarize(b)
+
+
+def _written_at_16(b: Path) -> None:
+    """A resume from 8 ranks claimed from 16 (a harder reshard), configuration and run.json alike."""
+    edit_yaml(b, "config.yaml", lambda c: c["resume"].update(from_ranks=16))
+    edit_json(b, "run.json", lambda r: r["resume"].update(from_ranks=16))
+    resummarize(b)
+
+
+def _faster(b: Path) -> None:
+    edit_json(b, "summary.json", lambda s: s.update(ready_s_median=s["ready_s_median"] / 2))
+
+
+def _cut(b: Path) -> None:
+    """Every resume's ends moved earlier, under what its own parts took."""
+    def cut(recs: list[dict[str, Any]]) -> None:
+        for r in recs:
+            r["t1_ns"] = r["t0_ns"] + r["read_ns"] // 2
+    edit_records(b, cut)
+    resummarize(b)
+
+
+def _warm(b: Path) -> None:
+    def warm(recs: list[dict[str, Any]]) -> None:
+        for r in recs:
+            if r["index"] == 1:
+                r["resident_bytes"] = r["read_bytes"]
+    edit_records(b, warm)
+    resummarize(b)
+
+
+def _buffered(b: Path) -> None:
+    edit_yaml(b, "config.yaml", lambda c: c["io"].update(direct=False))
+
+
+def _fewer_resumes(b: Path) -> None:
+    edit_json(b, "run.json", lambda r: r["resume"].update(resumes=1))
+
+
+def _unread(b: Path) -> None:
+    """Bytes claimed read that the kernel never saw the ranks read: each record's reads halved in
+    the records and both plans' figures forged to match is what RESUME-PLAN sees; here the counters
+    tell: the host's own reads set below what the records claim."""
+    def fewer(recs: list[dict[str, Any]]) -> None:
+        for r in recs:
+            hc = r.get("host_counters")
+            if hc:
+                hc["after"]["own_read_bytes"] = hc["before"]["own_read_bytes"] + 4096
+                hc["after"]["read_bytes"] = hc["before"]["read_bytes"] + 4096
+    edit_records(b, fewer)
+
+
+def _streamed(b: Path) -> None:
+    edit_yaml(b, "config.yaml", lambda c: c.update(residency="stream"))
+
+
+def _closed(b: Path) -> None:
+    edit_yaml(b, "config.yaml", lambda c: c.update(division="closed"))
+    edit_json(b, "run.json", lambda r: r.update(division="closed"))
+
+
+# Rules whose failing cases are here, on bundles of real resume runs (tests/unit/rules/
+# test_rules_coverage.py counts them): rule -> (source layout, forgery)
+FORGERIES = {
+    "RESUME-PLAN": [("dp4", _more_bytes), ("dp16", _rank_dropped), ("tp2", _written_at_16), ("dp4", _cut)],
+    "RESUME-SUMMARY": [("dp4", _faster)],
+    "RESUME-COLD": [("dp4", _warm)],
+    "RESUME-DIRECT": [("dp4", _buffered)],
+    "RESUME-RECORDED": [("dp4", _fewer_resumes)],
+    "RESUME-COUNTERS": [("dp4", _unread)],
+    "RESUME-SCOPE": [("dp4", _streamed)],
+    "RESUME-CLOSED": [("dp4", _closed)],
+}
+CASES = [(rule, source, forge) for rule, cases in FORGERIES.items() for source, forge in cases]
+
+
+@pytest.mark.parametrize(("rule", "source", "forge"), CASES,
+                         ids=[f"{r}-{s}-{f.__name__}" for r, s, f in CASES])
+def test_a_forged_resume_is_caught(made: dict[str, Any], rule: str, source: str,
+                                   forge: Callable[[Path], None], tmp_path: Path) -> None:
+    h = made["h"]
+    b = tmp_path / "b" / made[source]["bundle"].name
+    shutil.copytree(made[source]["bundle"], b)
+    forge(b)
+    run_doc = read_json(b, "run.json")
+    resign(b, bundle.load_private_key(h["dir"] / "keys" / "org.pem"), ranks=run_doc["ranks"],
+           division=run_doc["division"])
+    got = judged_alone(h, tree_of(h, tmp_path / "t", b))
+    assert got["verdict"] == load_rules("1.21").rule(rule).severity, got["findings"]  # invalid, or open
+    assert rule in {f["rule"] for f in got["findings"]}, got["findings"]
+
+
+def test_a_resume_that_cannot_be_run_is_refused_before_any_io(honest_bundles: dict[str, Path],
+                                                              tmp_path: Path) -> None:
+    h = honest_bundles
+    proc = run(h, tmp_path, "ranks=4", "framework.writer=torch_dcp")
+    assert proc.returncode == 2 and "[RESUME-SCOPE]" in proc.stderr
+    assert "benchmarks/resume.py --dcp" in proc.stderr
+    proc = run(h, tmp_path, "ranks=4", "rules_version='1.20'")
+    assert proc.returncode == 2 and "resume runs need rules_version 1.21" in proc.stderr
+    assert "Traceback" not in proc.stderr
+    assert not (tmp_path / "ck").exists() and not (tmp_path / "results").exists()
+
+
+def test_the_leaderboard_ranks_the_resumes_in_one_class_of_their_own(made: dict[str, Any],
+                                                                      tmp_path: Path) -> None:
+    h = made["h"]
+    root = tree_of(h, tmp_path / "t", *(made[n]["bundle"] for n in LAYOUTS), h["llama3_8b"])
+    shutil.copy(h["dir"] / "trusted-keys.yaml", root / "trusted-keys.yaml")
+    docs = {}
+    for fmt in ("json", "html"):
+        proc = subprocess.run([str(BIN / "mlckpt-check"), "leaderboard", str(root), "--format", fmt, "--out",
+                               str(tmp_path / f"lb.{fmt}")], env=cli_env(), text=True, capture_output=True,
+                              timeout=300, check=False)
+        assert proc.returncode == 0, proc.stderr
+        docs[fmt] = (tmp_path / f"lb.{fmt}").read_text()
+    board = json.loads(docs["json"])
+    [resume] = [c for c in board["classes"] if c["pipeline"] == "resume"]
+    assert resume["id"] == "open-llama3_8b-x0_002-resume"
+    assert resume["sort"].startswith("sorted by time to resume")
+    rows = resume["rows"]
+    assert sorted(r["layouts"] for r in rows) == [f"8 (TP 1, PP 1) → {to}" for to in (
+        "16 (TP 1, PP 1)", "4 (TP 1, PP 1)", "4 (TP 2, PP 1)")]
+    assert [r["resume_s"] for r in rows] == sorted(r["resume_s"] for r in rows)  # fastest first
+    for r in rows:
+        name = next(n for n in LAYOUTS if read_json(made[n]["bundle"], "run.json")["ranks"] == r["ranks"]
+                    and r["layouts"].endswith(f"(TP {2 if n == 'tp2' else 1}, PP 1)"))
+        summary = read_json(made[name]["bundle"], "summary.json")
+        assert r["resume_s"] == round(summary["ready_s_median"], 3) and "write_gib_s" not in r
+        assert r["verification"] == "every new rank verified, cold"
+    assert [c for c in board["classes"] if c["pipeline"] == "sync"]  # the checkpoint run beside it
+    assert 'aria-sort="ascending"' in docs["html"] and ">Time to resume<" in docs["html"]
+
+
+def test_compare_and_report_show_the_resumes(made: dict[str, Any], tmp_path: Path) -> None:
+    a, b = made["dp4"]["bundle"], made["dp16"]["bundle"]
+    proc = subprocess.run([str(BIN / "mlckpt-check"), "compare", str(a), str(b), "--json"], env=cli_env(),
+                          text=True, capture_output=True, timeout=120, check=False)
+    assert proc.returncode == 0, proc.stderr
+    rows = {m["key"]: m for m in json.loads(proc.stdout)["metrics"]}
+    assert rows["layouts"]["b"] == "8 (TP 1, PP 1) → 16 (TP 1, PP 1)"
+    assert "write_bandwidth_mean_gib_s" not in rows
+    assert rows["resume_s_median"]["b"] == read_json(b, "summary.json")["ready_s_median"]
+    assert rows["state_gb"]["ratio_b_over_a"] == pytest.approx(1.0)  # DP changed: the same state, re-split
+    assert rows["amplification"]["b"] > rows["amplification"]["a"]  # 16 ranks start mid-page more often
+    shown = subprocess.run([str(BIN / "mlckpt"), "report", str(b)], env=cli_env(), text=True,
+                           capture_output=True, timeout=120, check=False)
+    assert shown.returncode == 0, shown.stderr
+    assert "resume     from 8 ranks (TP 1, PP 1) at TP 1, PP 1, DP 16" in shown.stdout
+    assert "resume  1        resume" in shown.stdout
