@@ -40,7 +40,7 @@ from tabulate import tabulate
 
 from checker import imported
 from checker.leaderboard import BundleDocs, Entry, entry_from_docs, read_bundle
-from checker.leaderboard.model import LATENCY_POINTS
+from checker.leaderboard.numbers import LATENCY_POINTS
 from mlckpt import formats
 from mlckpt.errors import BundleIntegrityError, ExitStatus, IntegrityError, UsageError
 from mlckpt.units import GiB, MiB
@@ -172,14 +172,17 @@ def _pipeline_rows() -> list[Row]:
 ROWS = _rows()
 
 
+# What a serving or resume result shares with a checkpoint run's rows: the run, its I/O settings.
+RUN_KEYS = ("workload", "division", "class", "system", "verdict", "mode", "verification", "ranks", "hosts",
+            *(r.key for r in IO_ROWS))
+
+
 def _serving_rows() -> tuple[Row, ...]:
     """Two serving results (rules 1.13): the run, then the loads' figures."""
     def serving(i: int) -> Callable[[Entry, BundleDocs], object]:
         return lambda e, d: e.serving[i] if e.serving else None
 
-    keep = ("workload", "division", "class", "system", "verdict", "mode", "verification", "ranks", "hosts",
-            *(r.key for r in IO_ROWS))
-    return (*(r for r in ROWS if r.key in keep),
+    return (*(r for r in ROWS if r.key in RUN_KEYS),
             Row("strategy", "loading strategy", "", None, serving(0)),
             Row("replicas", "replicas", "", 0, serving(1)),
             Row("tp", "GPUs per replica", "", 0, serving(2)),
@@ -197,24 +200,18 @@ def _serving_rows() -> tuple[Row, ...]:
 SERVING_ROWS = _serving_rows()
 
 
-def _resume_rows() -> tuple[Row, ...]:
-    """Two resume results (rules 1.21): the run, then the resumes' figures."""
-    keep = ("workload", "division", "class", "system", "verdict", "mode", "verification", "ranks", "hosts",
-            *(r.key for r in IO_ROWS))
-    return (*(r for r in ROWS if r.key in keep),
-            Row("layouts", "layouts (written → resumed)", "", None, lambda e, d: e.layouts or None),
-            Row("resume_s_median", "time to resume, median", "s", 3, _m("ready_s_median")),
-            Row("resume_s_min", "time to resume, fastest", "s", 3, _m("ready_s_min")),
-            Row("resume_s_max", "time to resume, slowest", "s", 3, _m("ready_s_max")),
-            *(Row(f"{p}_s_median", f"{p}, slowest rank, median", "s", 4, _m(f"{p}_s_median"))
-              for p in ("metadata", "planning", "read", "placing")),
-            Row("rate_gb_s", "resume rate (state placed per second)", "GB/s", 2, _m("rate_gb_s")),
-            Row("state_gb", "state placed per resume", "GB", 3, lambda e, d: e.m("state_bytes") / 1e9),
-            Row("read_gb", "bytes read per resume", "GB", 3, lambda e, d: e.m("read_bytes") / 1e9),
-            Row("amplification", "bytes read ÷ state placed", "×", 3, _m("amplification")))
-
-
-RESUME_ROWS = _resume_rows()
+# Two resume results (rules 1.21): the run, then the resumes' figures.
+RESUME_ROWS: tuple[Row, ...] = (
+    *(r for r in ROWS if r.key in RUN_KEYS),
+    Row("layouts", "layouts (written → resumed)", "", None, lambda e, d: e.layouts or None),
+    *(Row(f"resume_s_{k}", f"time to resume, {what}", "s", 3, _m(f"ready_s_{k}"))
+      for k, what in (("median", "median"), ("min", "fastest"), ("max", "slowest"))),
+    *(Row(f"{p}_s_median", f"{p}, slowest rank, median", "s", 4, _m(f"{p}_s_median"))
+      for p in ("metadata", "planning", "read", "placing")),
+    Row("rate_gb_s", "resume rate (state placed per second)", "GB/s", 2, _m("rate_gb_s")),
+    Row("state_gb", "state placed per resume", "GB", 3, lambda e, d: e.m("state_bytes") / 1e9),
+    Row("read_gb", "bytes read per resume", "GB", 3, lambda e, d: e.m("read_bytes") / 1e9),
+    Row("amplification", "bytes read ÷ state placed", "×", 3, _m("amplification")))
 
 
 def _finite(v: object) -> bool:

@@ -10,11 +10,17 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
+from checker.leaderboard.numbers import (
+    SUMMARY_NUMBERS,
+    foreign_share,
+    framework_ratios,
+    latency_numbers,
+    number,
+)
 from checker.leaderboard.systems import dig as _get
 from checker.leaderboard.systems import sut_facts
 from mlckpt import formats
 from mlckpt.rules import gpu_source
-from mlckpt.strict import mapping_at
 from mlckpt.units import fmt_bytes
 from mlckpt.workload.frameworks import Framework
 from mlckpt.workload.model import ModelShape
@@ -271,73 +277,8 @@ class Entry:
         }
 
 
-def framework_ratios(summary: Mapping[str, object]) -> dict[str, float]:
-    """Summary format 7: the library's write and read bandwidth over the engine's of the same run."""
-    fw = mapping_at(summary, "framework")
-    ref = mapping_at(fw, "reference")
-    return {f"framework_{op}_ratio": _number(ref.get(f"{op}_ratio")) for op in ("write", "read")}
-
-
-def foreign_share(summary: Mapping[str, object]) -> float:
-    """The larger of summary format 5's write and read foreign shares (nan: not measured)."""
-    f = mapping_at(summary, "foreign")
-    v = [_number(f[op].get("foreign_share")) for op in ("write", "read") if isinstance(f.get(op), dict)]
-    return max(v) if v else math.nan
-
-
-# Summary numbers an Entry keeps (all optional: absent or null → nan).  ``read``: restores from
-# the durable tier; ``read_fast``/``read_mixed``: restores a fast tier served (all or some ranks);
-# ``write_memory``/``write_fast``: the stages before the durable one (mlckpt/metrics.py).
-STATS = ("mean", "median", "stdev", "min", "max")
-IO_GROUPS = ("write", "read", "read_fast", "read_mixed")
-SUMMARY_NUMBERS = (
-    *(f"{op}_{what}_{stat}_{unit}"
-      for op in IO_GROUPS
-      for what, unit in (("bandwidth", "gib_s"), ("duration", "s"), ("slowest_rank_bandwidth", "gib_s"))
-      for stat in STATS),
-    *(f"{op}_straggler_ratio_max" for op in IO_GROUPS),
-    *(f"{op}_bytes_per_op" for op in IO_GROUPS),
-    *(f"write_{stage}_{what}_{stat}_{unit}"
-      for stage in ("memory", "fast")
-      for what, unit in (("bandwidth", "gib_s"), ("duration", "s"))
-      for stat in STATS),
-    *(f"write_{what}_{stat}_s" for what in ("stall", "time_to_durable") for stat in STATS),
-    "write_overlap_efficiency", "write_backpressure_ops", "write_backpressure_total_s",
-    "write_compute_mean_s", "read_resident_fraction_max", "write_first_bandwidth_gib_s",
-    "write_iops_mean", "read_iops_mean",
-    # summary format 8: a serving run's
-    "ready_s_median", "ready_s_min", "ready_s_max", "effective_gb_s", "storage_gb_s", "storage_bytes",
-    "placed_bytes",
-    # summary format 11: a resume run's
-    "rate_gb_s", "read_bytes", "state_bytes", "amplification", "metadata_s_median", "planning_s_median",
-    "read_s_median", "placing_s_median",
-)
-
-
-LATENCY_POINTS = ("p50", "p90", "p99", "p99_9", "max")
-
-
-def latency_numbers(summary: Mapping[str, object]) -> dict[str, float]:
-    """summary.json's request latency percentiles (``write_latency_ms``: {p50, …}) as flat metrics,
-    ``write_latency_p50_ms`` and so on."""
-    out = {}
-    for op in ("write", "read"):
-        lat = summary.get(f"{op}_latency_ms")
-        lat = lat if isinstance(lat, Mapping) else {}
-        for point in LATENCY_POINTS:
-            out[f"{op}_latency_{point}_ms"] = _number(lat.get(point))
-    return out
-
-
 def _count(value: object) -> int | None:
     return value if isinstance(value, int) and not isinstance(value, bool) and value > 0 else None
-
-
-def _number(value: object) -> float:
-    if isinstance(value, bool) or not isinstance(value, int | float):
-        return math.nan
-    v = float(value)
-    return v if math.isfinite(v) else math.nan
 
 
 def _text(value: object) -> str | None:
@@ -379,7 +320,6 @@ def entry_from_docs(path: str, org: str, system: str, run: Mapping[str, Any], co
     ops = summary.get("ops") or ()
     fast_reads = sum(1 for o in ops if isinstance(o, Mapping) and o.get("op") == "read"
                      and o.get("tier", DURABLE) != DURABLE)
-
     parallel = workload.get("parallelism") or {}
     mp = int(parallel.get("tensor") or 1) * int(parallel.get("pipeline") or 1)
     ck = config.get("checkpoint") or {}
@@ -398,14 +338,13 @@ def entry_from_docs(path: str, org: str, system: str, run: Mapping[str, Any], co
         checkpoint_bytes=int(summary.get("checkpoint_bytes", 0)),
         restore_bytes=int(summary.get("restore_bytes", 0)),
         read_cold=flag("read_cold"), read_verified=flag("read_verified"),
-        metrics={**{k: _number(summary.get(k)) for k in SUMMARY_NUMBERS}, **latency_numbers(summary),
+        metrics={**{k: number(summary.get(k)) for k in SUMMARY_NUMBERS}, **latency_numbers(summary),
                  "foreign_share": foreign_share(summary), **framework_ratios(summary), "goodput": goodput},
         # a GPU stall, a framework's library: each a class of its own
         pipeline=SERVING if serving is not None else RESUME if resume is not None else
         pipe.label + ("+gpu" if gpu_source(config) else "") + (f"+{fw.writer}" if fw.library else ""),
         serving=(serving.strategy, serving.replicas, serving.tp) if serving is not None else None,
-        resume=((resume.from_ranks, resume.from_tensor, resume.from_pipeline, resume.tp, resume.pp)
-                if resume is not None else None),
+        resume=resume.layouts if resume is not None else None,
         io_block_size=_count(io_cfg.get("block_size")), io_threads=_count(io_cfg.get("threads")),
         framework=fw.writer if fw.library else None,
         tiers=tuple(str(t) for t in tiers) if isinstance(tiers, list) else tuple(pipe.stages),

@@ -13,6 +13,7 @@ from datetime import datetime, timezone
 from typing import Any, TextIO
 
 from mlckpt.metrics import from_barrier
+from mlckpt.plan.settings import Settings
 from mlckpt.units import GiB, fmt_bytes
 from mlckpt.workload.pipeline import DURABLE, FAST, MEMORY_FILESYSTEMS
 
@@ -299,3 +300,15 @@ def resume_headline(s: Mapping[str, Any]) -> str:
             f"{s['state_bytes'] / 1e9:.2f} GB placed from {s['read_bytes'] / 1e9:.2f} GB read"
             + (f", {rate:.2f} GB/s" if rate is not None else "")
             + ("" if s["read_cold"] else " INVALID (not cold)"))
+
+
+def what_runs(run: Settings, checkpoint_bytes: int) -> str:
+    """The run's opening line's last part: what it will do."""
+    serving, resume, ck = run.serving, run.resume, run.checkpoint
+    if serving is not None:
+        return (f"serving: {serving.replicas} replicas of TP {serving.tp}, {serving.strategy}, "
+                f"{serving.loads} loads")
+    if resume is not None:
+        return (f"resume: from {resume.from_ranks} ranks (TP {resume.from_tensor}, PP "
+                f"{resume.from_pipeline}) at TP {resume.tp}, PP {resume.pp}, {resume.resumes} resumes")
+    return f"{fmt_bytes(checkpoint_bytes)} per checkpoint, {ck.num_writes} writes, {ck.num_reads} reads"

@@ -34,7 +34,7 @@ from mlckpt.records import OpRecord
 from mlckpt.rules import gpu_source
 from mlckpt.run import outcome_note
 from mlckpt.run.collective import Job, OpTimer
-from mlckpt.run.console import Console
+from mlckpt.run.console import Console, what_runs
 from mlckpt.run.faults import NO_FAULTS, Faults
 from mlckpt.run.features.witnessing import Witnessing
 from mlckpt.run.guardian import Guardian
@@ -55,7 +55,6 @@ from mlckpt.run.site_mpi import first_line, foreign_launcher, library_abi, misma
 from mlckpt.run.storage.cleanup import Created
 from mlckpt.run.storage.kinds import takes_page_cache
 from mlckpt.run.watch import MPIDone
-from mlckpt.units import fmt_bytes
 from mlckpt.workload.layout import PAGE, pages
 from mlckpt.workload.tensors import read_tensors, tensors_of
 from mlckpt.written import Written
@@ -280,6 +279,17 @@ def _io_phases(job: Job, configured: Configured, gates: Gates, created: Created,
     return folders.run, records
 
 
+def measure(job: Job, c: Configured, gates: Gates, created: Created, ident: tuple[RunId, bytes],
+            witness: Witnessing | None) -> outcome.Measured:
+    """The run's I/O, by its kind: a serving run's loads, a resume run's resumes, or checkpoints."""
+    run, timer = c.setup.settings, (lambda f, loads: op_timer(job, c, gates, f, created, loads))
+    if run.serving is not None:
+        return serve.serving_phases(job, c, gates, created, ident, timer_opts(run), timer, witness)
+    if run.resume is not None:
+        return resuming.resume_phases(job, c, gates, created, ident, timer_opts(run), timer)
+    return phases(job, c, gates, created, ident, witness)
+
+
 def run(job: Job, overrides: Sequence[str], source: ConfigSource = SHIPPED) -> tuple[Path | None, str]:
     """The whole run on this rank; rank 0 returns the bundle's folder; every rank the verdict."""
     started = outcome.now()
@@ -287,16 +297,10 @@ def run(job: Job, overrides: Sequence[str], source: ConfigSource = SHIPPED) -> t
         c = configure(job, overrides, source)
     c = replace(c, source=job.comm.bcast(c.source))  # rank 0 verified the write invocation's bundle
     run = c.setup.settings
-    serving, resume = run.serving, run.resume
-    what = (f"serving: {serving.replicas} replicas of TP {serving.tp}, {serving.strategy}, "
-            f"{serving.loads} loads" if serving is not None else
-            f"resume: from {resume.from_ranks} ranks (TP {resume.from_tensor}, PP {resume.from_pipeline}) at "
-            f"TP {resume.tp}, PP {resume.pp}, {resume.resumes} resumes" if resume is not None else
-            f"{fmt_bytes(c.setup.plan.total_bytes)} per checkpoint, {run.checkpoint.num_writes} writes, "
-            f"{run.checkpoint.num_reads} reads")
     job.say(
         f"mlckpt {__version__}: {run.workload} on {job.size} ranks, division "
-        f"{run.division}{', scaled × ' + str(run.scale) if run.scaled else ''}, {what}"
+        f"{run.division}{', scaled × ' + str(run.scale) if run.scaled else ''}, "
+        f"{what_runs(run, c.setup.plan.total_bytes)}"
     )
     if c.source is not None:
         job.say(f"read-only invocation: restoring the {c.source.num_writes} checkpoints of {c.source.name} "
@@ -317,15 +321,7 @@ def run(job: Job, overrides: Sequence[str], source: ConfigSource = SHIPPED) -> t
     assessed: outcome.Assessed | None = None
     failure: BaseException | None = None
     with Created(run.checkpoint.keep, between=lambda: final_barrier(job), stage=stage) as created:
-        if serving is not None:
-            measured = serve.serving_phases(job, c, gates, created, ident, timer_opts(run),
-                                            lambda f, loads: op_timer(job, c, gates, f, created, loads),
-                                            witness)
-        elif resume is not None:
-            measured = resuming.resume_phases(job, c, gates, created, ident, timer_opts(run),
-                                              lambda f, loads: op_timer(job, c, gates, f, created, loads))
-        else:
-            measured = phases(job, c, gates, created, ident, witness)
+        measured = measure(job, c, gates, created, ident, witness)
         if early:
             assessed, failure = outcome.assessed(job, c, gates, measured, started, witness)
             kept = assessed is not None and assessed.manifest["verdict"] in ("disturbed", "invalid")

@@ -54,6 +54,11 @@ class ResumeRun:
     def pp(self) -> int:
         return self.workload.parallelism.pipeline
 
+    @property
+    def layouts(self) -> tuple[int, int, int, int, int]:
+        """The written layout (ranks, TP, PP) and the job's (TP, PP): what a leaderboard row shows."""
+        return self.from_ranks, self.from_tensor, self.from_pipeline, self.tp, self.pp
+
     @cached_property
     def written(self) -> Plan:
         """The layout the checkpoint was written at (its files, names and sizes)."""

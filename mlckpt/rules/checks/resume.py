@@ -18,14 +18,12 @@ RESUME-SUMMARY (result): summary.json is what the records recompute to.
 
 from __future__ import annotations
 
-from collections.abc import Iterator, Mapping
+from collections.abc import Iterator
 
 from mlckpt.errors import ConfigError
 from mlckpt.locations import is_object_url
 from mlckpt.resume_metrics import by_resume, summary
-from mlckpt.rules.checks.counters import BLOCK_FILESYSTEMS
-from mlckpt.rules.checks.evidence import host_facts
-from mlckpt.rules.checks.serving import counted
+from mlckpt.rules.checks.serving import each_read_counted, summary_exact
 from mlckpt.rules.engine import Context, NotChecked, Outcome, Rule, RuleSet, checks_table
 from mlckpt.rules.rundata import RunData, run_data
 from mlckpt.strict import mapping_at
@@ -105,23 +103,8 @@ def resume_cold(ctx: Context, ruleset: RuleSet, rule: Rule) -> Iterator[Outcome]
 
 def resume_counters(ctx: Context, ruleset: RuleSet, rule: Rule) -> Iterator[Outcome | NotChecked]:
     d = run_data(ctx)
-    if d.run.get("storage", {}).get("kind") == "s3":
-        return  # objects: no device of the host's serves them
-    slack = float(ruleset.data["serving"]["counters_slack_fraction"])
-    facts = host_facts(d)
-    for index, recs in by_resume(d.records).items():
-        for host, hr in d.hosts(recs).items():
-            where = f"resume {index} on {host}"
-            fs = str(((facts.get(host) or {}).get("filesystem") or {}).get("fs_type"))
-            if fs not in BLOCK_FILESYSTEMS:
-                yield NotChecked(f"{where}: the checkpoint on {fs}, not a block filesystem")
-                continue
-            leaders = [r for r in hr if isinstance(r.get("host_counters"), Mapping)]
-            if len(leaders) != 1:
-                yield Outcome(False, "the host's counters on one record of the resume",
-                              f"on {len(leaders)} records", where=where)
-                continue
-            yield from counted(leaders[0]["host_counters"], hr, slack, where, claim="read_bytes")
+    slack = float(ruleset.data["serving"]["counters_slack_fraction"])  # rules 1.14's bound, shared
+    yield from each_read_counted(d, by_resume(d.records), slack, "resume", "read_bytes")
 
 
 def summarized(ruleset: RuleSet, data: RunData, run: ResumeRun) -> dict[str, object]:
@@ -143,14 +126,7 @@ def recomputed(ruleset: RuleSet, data: RunData, run: ResumeRun) -> dict[str, obj
 
 def resume_summary_exact(ctx: Context, ruleset: RuleSet, rule: Rule) -> Iterator[Outcome | NotChecked]:
     d, run = run_data(ctx), _run(ctx)
-    want = recomputed(ruleset, d, run)
-    if want is None:
-        yield NotChecked("records with non-positive durations (see RESUME-PLAN)")
-        return
-    got = d.summary
-    diff = sorted(k for k in set(want) | set(got) if want.get(k) != got.get(k))
-    shown = [f"{k}: {str(got.get(k))[:60]} (recomputed {str(want.get(k))[:60]})" for k in diff[:4]]
-    yield Outcome(not diff, "every key as recomputed", "; ".join(shown))
+    yield from summary_exact(recomputed(ruleset, d, run), d.summary, "RESUME-PLAN")
 
 
 CHECKS = checks_table(resume_scope, resume_direct, resume_closed, resume_recorded, resume_plan_held,

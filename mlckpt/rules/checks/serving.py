@@ -149,29 +149,37 @@ def serving_counters(ctx: Context, ruleset: RuleSet, rule: Rule) -> Iterator[Out
     Judged on a block filesystem, where every byte an O_DIRECT read claims must come from the
     device; objects and other filesystems are not judged (said as not checked)."""
     d = run_data(ctx)
+    slack = float(ruleset.data["serving"]["counters_slack_fraction"])
+    yield from each_read_counted(d, by_load(d.records), slack, "load", "storage_bytes")
+
+
+def each_read_counted(d: RunData, reads: Mapping[int, Sequence[Mapping[str, Any]]], slack: float, what: str,
+                      claim: str) -> Iterator[Outcome | NotChecked]:
+    """Each timed read (a load, a resume: ``reads``, its records by index) on each host inside its
+    leader's kernel counters, and the bytes its ranks claim (``claim``) read from the storage in
+    that window; judged on a block filesystem only, never on objects."""
     if d.run.get("storage", {}).get("kind") == "s3":
         return  # objects: no device of the host's serves them
-    slack = float(ruleset.data["serving"]["counters_slack_fraction"])
     facts = host_facts(d)
-    for index, recs in by_load(d.records).items():
+    for index, recs in reads.items():
         for host, hr in d.hosts(recs).items():
-            where = f"load {index} on {host}"
+            where = f"{what} {index} on {host}"
             fs = str(((facts.get(host) or {}).get("filesystem") or {}).get("fs_type"))
             if fs not in BLOCK_FILESYSTEMS:
-                yield NotChecked(f"{where}: the weights on {fs}, not a block filesystem")
+                yield NotChecked(f"{where}: the files on {fs}, not a block filesystem")
                 continue
             leaders = [r for r in hr if isinstance(r.get("host_counters"), Mapping)]
             if len(leaders) != 1:
-                yield Outcome(False, "the host's counters on one record of the load",
+                yield Outcome(False, f"the host's counters on one record of the {what}",
                               f"on {len(leaders)} records", where=where)
                 continue
-            yield from counted(leaders[0]["host_counters"], hr, slack, where)
+            yield from counted(leaders[0]["host_counters"], hr, slack, where, claim)
 
 
 def counted(hc: Mapping[str, Any], hr: Sequence[Mapping[str, Any]], slack: float, where: str,
-            claim: str = "storage_bytes") -> Iterator[Outcome]:
-    """One host's records of one timed read (a load, a resume) inside its leader's counters, and the
-    bytes they claim to have read from the storage (``claim``) read from it in that window."""
+            claim: str) -> Iterator[Outcome]:
+    """One host's records of one timed read inside its leader's counters, and the bytes they claim
+    to have read from the storage (``claim``) read from it in that window."""
     before, after = hc.get("before") or {}, hc.get("after") or {}
     start, end = min(int(r["t0_ns"]) for r in hr), max(int(r["t1_ns"]) for r in hr)
     yield Outcome(int(before.get("t_ns", start + 1)) <= start and int(after.get("t_ns", -1)) >= end,
@@ -205,11 +213,16 @@ def recomputed(ruleset: RuleSet, data: RunData, run: ServingRun) -> dict[str, ob
 
 def serving_summary_exact(ctx: Context, ruleset: RuleSet, rule: Rule) -> Iterator[Outcome | NotChecked]:
     d, run = run_data(ctx), _run(ctx)
-    want = recomputed(ruleset, d, run)
+    yield from summary_exact(recomputed(ruleset, d, run), d.summary, "SERVING-PLAN")
+
+
+def summary_exact(want: Mapping[str, Any] | None, got: Mapping[str, Any], plan_rule: str
+                  ) -> Iterator[Outcome | NotChecked]:
+    """A summary against its recomputation (``want``; None where a record's duration is not
+    positive, which ``plan_rule`` says), key by key: the first four that differ."""
     if want is None:
-        yield NotChecked("records with non-positive durations (see SERVING-PLAN)")
+        yield NotChecked(f"records with non-positive durations (see {plan_rule})")
         return
-    got = d.summary
     diff = sorted(k for k in set(want) | set(got) if want.get(k) != got.get(k))
     shown = [f"{k}: {_short(got.get(k))} (recomputed {_short(want.get(k))})" for k in diff[:4]]
     yield Outcome(not diff, "every key as recomputed", "; ".join(shown))

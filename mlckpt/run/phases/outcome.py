@@ -89,7 +89,6 @@ def assess(job: Job, configured: Configured, gates: Gates, measured: Measured, s
         calibration=measured.calibration,
         content_commitment=content_commitment(measured.content_key) if keeps_key(cfg) else None,
         serving=serving.block(str(serving.tier_path(measured.run.name) or "") or None) if serving else None,
-        resume=resume.block() if resume else None,
     )
     if serving is not None:
         summary = serving_summary_of(s, serving, measured.records, manifest)

@@ -86,11 +86,10 @@ def manifest_of(
     calibration: Mapping[str, object] | None = None,
     content_commitment: str | None = None,
     serving: Mapping[str, object] | None = None,
-    resume: Mapping[str, object] | None = None,
 ) -> dict[str, object]:
     """run.json before the result-stage rules add their findings (pure), with the keys the rule
     set's run format has (mlckpt.written: rules 1.2 bundles stay run format 3)."""
-    cfg, run_settings = setup.config, setup.settings
+    cfg, run_settings, resume = setup.config, setup.settings, setup.settings.resume
     written = Written.of(setup.rules.version)
     source = dict(restored_from) if restored_from else None
     if source is not None and not written.has("content_commitment"):
@@ -103,8 +102,7 @@ def manifest_of(
         "calibration": dict(calibration) if calibration else None,
         "content_commitment": content_commitment,
         "framework": framework_block(run_settings.framework),
-        "serving": dict(serving) if serving else None,
-        "resume": dict(resume) if resume else None,
+        "serving": dict(serving) if serving else None, "resume": resume.block() if resume else None,
     }
     return {
         "run_format": written.run,
