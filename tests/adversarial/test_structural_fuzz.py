@@ -78,7 +78,8 @@ def test_records_beyond_what_the_configuration_makes_are_refused_before_parsing(
 
 
 @pytest.mark.parametrize(("source", "strategy", "said"), [
-    ("serving", None, "record 1: op 'load' in a checkpoint run (config.yaml gives no serving strategy)"),
+    ("serving", None,
+     "record 1: op 'load' in a checkpoint run (config.yaml gives no serving strategy and no resume)"),
     ("llama3_8b", "fanout", "record 1: op 'write' in a serving run (config.yaml gives a serving strategy)"),
 ])
 def test_records_of_another_kind_of_run_are_a_schema_finding(honest_bundles: dict[str, Path], tmp_path: Path,

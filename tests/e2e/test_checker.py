@@ -680,11 +680,12 @@ def test_every_rule_a_bundle_can_break_has_a_case() -> None:
     witness_forgeries = forgery_rules("test_witness_run.py")
     framework_forgeries = forgery_rules("test_frameworks.py")  # rules 1.11: real library runs
     serving_forgeries = forgery_rules("test_serving_run.py")  # rules 1.13: real serving runs
+    resume_forgeries = forgery_rules("test_resume_run.py")  # rules 1.21: real resume runs
     # and the warning STATE-HUGEPAGES its case in tests/e2e/test_what_changes_the_figure.py
     # (NEGATIVE_CASES count verdicts)
     assert {r.id for r in load_rules().rules} - no_bundle_data == (
         set(NEGATIVE_CASES) | forgery_rules("test_forgeries.py") | witness_forgeries | split_forgeries
-        | framework_forgeries | serving_forgeries | {"STATE-HUGEPAGES"})
+        | framework_forgeries | serving_forgeries | resume_forgeries | {"STATE-HUGEPAGES"})
 
 
 def test_mutated_tree_exit_status_and_counts(mutated: Any) -> None:
@@ -988,9 +989,9 @@ def test_missing_trusted_keys_is_a_usage_error(honest_bundles: dict[str, Path], 
 def test_forced_rules_version_and_jobs_agree(honest_bundles: dict[str, Path], tmp_path: Path) -> None:
     root = honest_tree(tmp_path / "t", honest_bundles)
     a = check(root, honest_bundles, jobs=1)
-    b = check(root, honest_bundles, jobs=2, forced_rules="1.20")
+    b = check(root, honest_bundles, jobs=2, forced_rules="1.21")
     assert a["bundles"] == b["bundles"] and a["exit_status"] == b["exit_status"] == 0
-    assert a["rules_versions"] == b["rules_versions"] == ["1.20"]
+    assert a["rules_versions"] == b["rules_versions"] == ["1.21"]
     # 1.10 knows neither records format 8 nor 1.11's configuration keys: refused by its schemas
     older = check(root, honest_bundles, jobs=2, forced_rules="1.10")
     assert older["exit_status"] == 1 and older["rules_versions"] == ["1.10"]
