@@ -22,6 +22,7 @@ from support.trees import tree_of
 
 from mlckpt import bundle
 from mlckpt.rules import load_rules
+from mlckpt.workload.resume import held_to_plan
 from mlckpt.workload.resume_run import ResumeRun
 
 BIN = Path(sys.executable).parent
@@ -250,3 +251,19 @@ def test_compare_and_report_show_the_resumes(made: dict[str, Any], tmp_path: Pat
     assert shown.returncode == 0, shown.stderr
     assert "resume     from 8 ranks (TP 1, PP 1) at TP 1, PP 1, DP 16" in shown.stdout
     assert "resume  1        resume" in shown.stdout
+
+
+def test_a_pipeline_change_resumes_too(honest_bundles: dict[str, Path], tmp_path: Path) -> None:
+    """llama_7b (ZeRO 1: model states on the dp == 0 ranks) written at PP 1, resumed at PP 2: each new
+    stage reads its layers' model states whole and its shard of their optimizer states."""
+    proc = signed_run(honest_bundles, tmp_path, "workload=llama_7b", "division=open", "scale=0.002",
+                      "ranks=4", "resume.from_ranks=4", "resume.from_pipeline=1",
+                      "workload.parallelism.pipeline=2", "resume.resumes=1", "checkpoint.folder=ck",
+                      "output.root=results", timeout=300)
+    assert proc.returncode == 0, (proc.stdout[-2000:], proc.stderr[-2000:])
+    b = printed_bundle(proc)
+    run_doc, records = read_json(b, "run.json"), read_records(b)
+    assert run_doc["verdict"] == "open" and run_doc["findings"] == []
+    plan = ResumeRun.of(yaml_config(b)).plan  # type: ignore[union-attr]
+    assert plan.pp == 2 and held_to_plan(plan, records) == []
+    assert "resumed at 4 ranks (TP 1, PP 2) from 4 (TP 1, PP 1)" in proc.stdout
