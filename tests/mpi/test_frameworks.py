@@ -19,11 +19,12 @@ from support.forge import edit_json, edit_records, edit_yaml, read_json, read_re
 from support.runs import assert_ran, hard_rules, judged_alone, printed_bundle, signed_run
 from support.trees import tree_of
 
-from mlckpt import bundle, formats
+from mlckpt import bundle
 from mlckpt.workload.frameworks import Framework, file_names
 from mlckpt.workload.layout import make_plan
 from mlckpt.workload.model import workload_from_config
 from mlckpt.workload.tensors import tensors_of
+from mlckpt.written import Written
 
 pytest.importorskip("torch")
 pytest.importorskip("safetensors")
@@ -79,8 +80,9 @@ def test_the_library_and_the_engine_alternate_and_every_byte_is_verified(made: d
     fw = run_doc["framework"]
     assert (fw["writer"], fw["library"], fw["reference"]) == (writer, "safetensors" if writer == "safetensors"
                                                               else "torch", True)
-    assert fw["library_version"] and run_doc["run_format"] == formats.RUN.version
-    assert run_doc["records_format"] == formats.RECORDS.version
+    # the formats rules 1.19 write (BASE pins them)
+    assert fw["library_version"] and run_doc["run_format"] == Written.of("1.19").run == 12
+    assert run_doc["records_format"] == Written.of("1.19").records == 12
     by_ckpt = {(r["op"], r["checkpoint"]): r["writer"] for r in records}
     assert by_ckpt == {("write", 1): writer, ("write", 2): "mlckpt", ("read", 1): writer,
                        ("read", 2): "mlckpt"}
