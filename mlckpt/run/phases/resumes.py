@@ -22,6 +22,7 @@ Old rank ``r``'s files are laid out by new rank ``r % M``, each stamped with the
 
 from __future__ import annotations
 
+import os
 import time
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
@@ -71,8 +72,6 @@ def lay_out(comm: Intracomm, setup: ResumeSetup) -> int:
     me, size = comm.Get_rank(), comm.Get_size()
     mine = [rp for rp in setup.old.rank_plans if rp.rank % size == me]
     if setup.storage.folders:
-        import os
-
         os.makedirs(setup.storage.at(), exist_ok=True)
     biggest = max((f.bytes for rp in mine for f in rp.files), default=0)
     buf = engine.alloc(max(PAGE, round_up(biggest)))
