@@ -43,7 +43,7 @@ from mlckpt import bundle
 from mlckpt.witness.protocol import TRANSCRIPT_TYPE
 
 ORG, SYSTEM = "example-org", "laptop-ext4"
-RUN = ("workload=llama3_8b", "division=open", "scale=0.002", "ranks=4", "checkpoint.num_writes=2",
+RUN = ("workload=llama3_8b", "division=open", "scale=0.004", "ranks=4", "checkpoint.num_writes=2",
        "checkpoint.num_reads=2", "io.direct=false", f"system={SYSTEM}.yaml", "output.root=results")
 
 
