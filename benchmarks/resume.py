@@ -113,7 +113,8 @@ def worker(args: argparse.Namespace) -> int:
     through_dcp = resumes.prepare(setup, me, spread=False) if args.dcp else None
     index_bytes = resumes.lay_out(comm, setup)
     prepared = resumes.prepare(setup, me)
-    whole = resumes.whole_files(setup, me, size)
+    files = [(f.name, f.bytes) for rp in setup.old.rank_plans for f in rp.files]
+    whole = files[me::size]  # the same files, read whole, split in turn: the storage's own rate
     whole_buf = engine.alloc(max(engine.PAGE, round_up(max((n for _, n in whole), default=0))))
     out = []
     for _ in range(args.repeat):

@@ -21,9 +21,8 @@ from __future__ import annotations
 from collections.abc import Iterator
 
 from mlckpt.errors import ConfigError
-from mlckpt.locations import is_object_url
 from mlckpt.resume_metrics import by_resume, summary
-from mlckpt.rules.checks.serving import each_read_counted, summary_exact
+from mlckpt.rules.checks.serving import direct_on_files, each_read_counted, summary_exact
 from mlckpt.rules.engine import Context, NotChecked, Outcome, Rule, RuleSet, checks_table
 from mlckpt.rules.rundata import RunData, run_data
 from mlckpt.strict import mapping_at
@@ -39,10 +38,7 @@ def resume_scope(ctx: Context, ruleset: RuleSet, rule: Rule) -> Outcome:
 
 
 def resume_direct(ctx: Context, ruleset: RuleSet, rule: Rule) -> Outcome:
-    folder = str(ctx.get("checkpoint.folder") or "")
-    direct = ctx.get("io.direct")
-    return Outcome(is_object_url(folder) or direct is True, "io.direct=true (a checkpoint on files)",
-                   f"io.direct={str(direct).lower()}")
+    return direct_on_files(ctx, "a checkpoint")
 
 
 def resume_closed(ctx: Context, ruleset: RuleSet, rule: Rule) -> Outcome:

@@ -43,9 +43,14 @@ def serving_scope(ctx: Context, ruleset: RuleSet, rule: Rule) -> Outcome:
 def serving_direct(ctx: Context, ruleset: RuleSet, rule: Rule) -> Outcome:
     """Rules 1.14: weights on files are read with O_DIRECT (objects have no page cache of the
     host's).  Buffered, the replicas on one host share the page cache."""
+    return direct_on_files(ctx, "weights")
+
+
+def direct_on_files(ctx: Context, what: str) -> Outcome:
+    """``what`` on files is read with O_DIRECT; on objects, any way (no page cache of the host's)."""
     folder = str(ctx.get("checkpoint.folder") or "")
     direct = ctx.get("io.direct")
-    return Outcome(is_object_url(folder) or direct is True, "io.direct=true (weights on files)",
+    return Outcome(is_object_url(folder) or direct is True, f"io.direct=true ({what} on files)",
                    f"io.direct={str(direct).lower()}")
 
 

@@ -24,7 +24,7 @@ from __future__ import annotations
 
 import os
 import time
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING
@@ -136,6 +136,7 @@ def resume(comm: Intracomm, setup: ResumeSetup, prepared: Prepared, index_bytes:
     me = comm.Get_rank()
     parts: dict[str, int] = {}
     moved = {"read": 0}
+    timed_plan: list[RankResume] = []  # what the timed planning gave, compared after the clock stops
     doc = engine.alloc(round_up(index_bytes))
 
     def action() -> None:
@@ -146,8 +147,7 @@ def resume(comm: Intracomm, setup: ResumeSetup, prepared: Prepared, index_bytes:
         plan = rank_resume(index, setup.workload, setup.ranks, setup.tp, setup.pp, me)
         reads = plan.reads(index.file_bytes)
         t2 = time.monotonic_ns()
-        if reads != prepared.reads or plan.needs != prepared.plan.needs:
-            raise InternalError("resume: the timed plan differs from the one the buffers were sized by")
+        timed_plan.append(plan)
         st = prepared.staging
         spans = [Span(setup.name(rd.writer, rd.index), index.file_bytes[(rd.writer, rd.index)], rd.offset,
                       st[a: a + round_up(rd.length)], rd.length)
@@ -160,6 +160,8 @@ def resume(comm: Intracomm, setup: ResumeSetup, prepared: Prepared, index_bytes:
 
     resident = cold(comm, setup, prepared)
     timing = timed(action)
+    if timed_plan[0] != prepared.plan:  # the reads went where the buffers were sized for
+        raise InternalError("resume: the timed plan differs from the one the buffers were sized by")
     # the op timer's evidence (a run's: its clock readings, the host's counters, CPU time, requests)
     evidence = {k: timing[k] for k in TIMER_FIELDS if k in timing and k != "witness_host_ns"}
     return {"rank": me, **evidence, **parts,
@@ -212,12 +214,6 @@ def remove(comm: Intracomm, setup: ResumeSetup) -> None:
     names = [f.name for rp in setup.old.rank_plans if rp.rank % size == me for f in rp.files]
     setup.storage.remove([setup.storage.at(n) for n in names + ([INDEX_NAME] if me == 0 else [])])
 
-
-def whole_files(setup: ResumeSetup, rank: int, size: int) -> Sequence[tuple[str, int]]:
-    """The old files ``rank`` of ``size`` reads whole for the run's own limit (the same files, split
-    in turn): (name, bytes)."""
-    files = [(f.name, f.bytes) for rp in setup.old.rank_plans for f in rp.files]
-    return files[rank::size]
 
 
 def dcp_save(comm: Intracomm, setup: ResumeSetup, cdir: Path) -> None:
