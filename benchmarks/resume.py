@@ -17,11 +17,12 @@ once (untimed, fsynced) in --folder.  Then, for each round, two reads of the sam
 * **whole files**: every old file evicted, a barrier, the new ranks reading the old files whole, in
   turn, as a restore at the writing layout reads them: the storage's own read rate in this run.
 
-With --dcp, a third read, alternated with the two: the same checkpoint saved once (untimed) through
-PyTorch's Distributed Checkpoint by a job of --from-ranks ranks, each handing DCP its pieces of the
-global tensors, then loaded by the new ranks through DCP's own resharding planner (buffered reads,
-as DCP reads; its files evicted first), every byte verified the same way
-(mlckpt/engine/dcp_reshard.py).
+With --dcp, a third read, alternated with the two: the same state saved once (untimed) through
+PyTorch's Distributed Checkpoint as the --from-ranks ranks would have saved it (each old rank's pieces
+of the global tensors in a file of its own, handed to DCP by the new rank ``r % M``), then loaded by
+the new ranks through DCP's own resharding planner (buffered reads, as DCP reads; its files evicted
+first), every byte verified the same way (mlckpt/engine/dcp_reshard.py).  What a run's bundle
+records of it: ``mlckpt run resume.from_ranks=N framework.writer=torch_dcp`` (rules 1.22).
 
 Printed: the time to resume (median of --repeat and the range) and each part's (slowest rank), the
 bytes placed and read (the page rounding's amplification), and the resume's rate beside the whole
@@ -64,7 +65,6 @@ def args_parser() -> argparse.ArgumentParser:
     ap.add_argument("--direct", action=argparse.BooleanOptionalAction, default=True,
                     help="O_DIRECT reads (default; --no-direct: buffered, evicted first)")
     ap.add_argument("--dcp", action="store_true", help="also resume through DCP's resharding load")
-    ap.add_argument("--dcp-save", action="store_true", help=argparse.SUPPRESS)
     ap.add_argument("--key", default=None, help=argparse.SUPPRESS)
     ap.add_argument("--json", type=Path, default=None, metavar="FILE", help="the records, as measured")
     ap.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
@@ -102,15 +102,14 @@ def worker(args: argparse.Namespace) -> int:
                                 args.tp or w.parallelism.tensor, args.pp or w.parallelism.pipeline,
                                 storage, key, run_id, opts)
     dcp_dir = args.folder / "dcp"
-    if args.dcp or args.dcp_save:
+    through_dcp = None
+    if args.dcp:
         from mlckpt.engine.frameworks import join_process_group, load_library
 
         load_library("torch_dcp")
         join_process_group(comm, single_host=True)
-    if args.dcp_save:
-        resumes.dcp_save(comm, setup, dcp_dir)
-        return 0
-    through_dcp = resumes.prepare(setup, me, spread=False) if args.dcp else None
+        resumes.dcp_lay_out(comm, setup, dcp_dir)
+        through_dcp = resumes.prepare(setup, me, spread=False)
     index_bytes = resumes.lay_out(comm, setup)
     prepared = resumes.prepare(setup, me)
     files = [(f.name, f.bytes) for rp in setup.old.rank_plans for f in rp.files]
@@ -143,14 +142,22 @@ def worker(args: argparse.Namespace) -> int:
 
 def report(doc: dict, args: argparse.Namespace) -> None:
     from mlckpt.workload.layout import make_plan
-    from mlckpt.workload.resume import PARTS, checkpoint_index, figures, held_to_plan, resume_plan
+    from mlckpt.workload.resume import (
+        PARTS,
+        checkpoint_index,
+        held_to_plan,
+        held_to_whole_pieces,
+        resume_plan,
+    )
 
     w = old_workload(args)
     old = make_plan(w, args.from_ranks, args.scale)
     plan = resume_plan(checkpoint_index(old), w, args.ranks, args.tp or w.parallelism.tensor,
                        args.pp or w.parallelism.pipeline)
+    whole_pieces = resume_plan(plan.index, w, plan.ranks, plan.tp, plan.pp, spread=False)
     for run in doc["runs"]:
-        problems = held_to_plan(plan, run["resume"])
+        problems = held_to_plan(plan, run["resume"]) + (
+            held_to_whole_pieces(whole_pieces, run["dcp"], DCP_PIECE_OVERHEAD) if run["dcp"] else [])
         if problems:
             sys.exit("resume: a resume's records differ from its plans:\n  " + "\n  ".join(problems))
     figs = [figures(run["resume"]) for run in doc["runs"]]
@@ -181,13 +188,37 @@ def report(doc: dict, args: argparse.Namespace) -> None:
         dcp = [figures_dcp(run["dcp"]) for run in doc["runs"]]
         ready_dcp = [f["ready_s"] for f in dcp]
         spread = f"{min(ready_dcp):.3f}-{max(ready_dcp):.3f}"
+        first_dcp = doc["runs"][0]["dcp"]
+        read_dcp = sum(r["read_bytes"] for r in first_dcp)
         print(f"  through DCP       {med(ready_dcp):10.3f} s (median; {spread}), "
               f"{med(ready) / med(ready_dcp):.2f} of the engine's rate (DCP reads buffered, cold)")
+        print(f"    read            {read_dcp / 1e6:10,.1f} MB in {sum(r['reads'] for r in first_dcp):,} "
+              f"stored pieces, each whole ({read_dcp / f0['state_bytes']:.3f}x the state)")
         for p in ("metadata", "planning", "read"):
             vals = [f[f"{p}_s"] for f in dcp]
             label = "read and place" if p == "read" else p
             print(f"    {label:<15} {med(vals) * 1e3:10.1f} ms (slowest rank, median)")
     print("  every resume's records held to both plans; every byte of every new state verified")
+
+
+DCP_PIECE_OVERHEAD = 8192  # rules 1.22's resume.stored_piece_overhead_bytes
+
+
+def figures(records: list[dict]) -> dict[str, float]:
+    """One resume's figures from its records: the time from the first rank to leave the barrier until
+    the last holds its shard, each part's slowest rank, the state's and the reads' bytes, and the
+    state's rate over the time to resume."""
+    from mlckpt.workload.resume import PARTS
+
+    t0 = min(r["t0_ns"] for r in records)
+    ready = (max(r["t1_ns"] for r in records) - t0) / 1e9
+    state = sum(r["bytes"] for r in records)
+    read = sum(r["read_bytes"] for r in records)
+    out = {"ready_s": ready, "state_bytes": state, "read_bytes": read, "amplification": read / max(1, state),
+           "rate_gb_s": state / ready / 1e9 if ready else 0.0,
+           "resident_bytes": max(r["resident_bytes"] for r in records)}
+    out.update({f"{p}_s": max(r[f"{p}_ns"] for r in records) / 1e9 for p in PARTS})
+    return out
 
 
 def figures_dcp(records: list[dict]) -> dict[str, float]:
@@ -206,15 +237,10 @@ def main() -> int:
     folder = args.folder or Path(tempfile.mkdtemp(prefix="mlckpt-resume-", dir="."))
     folder.mkdir(parents=True, exist_ok=True)
     try:
-        key = secrets.token_hex(16) + f"{secrets.randbits(63):x}"  # the content's key and run id, both jobs'
+        key = secrets.token_hex(16) + f"{secrets.randbits(63):x}"  # the content's key and run id
         common = [sys.executable, "-m", "mpi4py", __file__, "--worker", *sys.argv[1:],
                   "--folder", str(folder.resolve()), "--key", key]
         env = {**os.environ, "PYTHONPATH": str(ROOT)}
-        if args.dcp:
-            save = subprocess.run([str(BIN / "mpiexec"), "-n", str(args.from_ranks), *common, "--dcp-save"],
-                                  capture_output=True, text=True, env=env, check=False)
-            if save.returncode != 0:
-                sys.exit(f"resume: the DCP save failed:\n{save.stderr[-3000:]}")
         proc = subprocess.run([str(BIN / "mpiexec"), "-n", str(args.ranks), *common],
                               capture_output=True, text=True, env=env, check=False)
         if proc.returncode != 0:

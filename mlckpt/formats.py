@@ -70,8 +70,8 @@ RUN = Format("run", "run.json: run_format", 13, (2, 3, 4, 5, 6, 7, 8, 9, 10, 11,
          "from_ranks, from_tensor, from_pipeline, resumes; mlckpt/workload/resume_run.py)"),
 ))
 
-RECORDS = Format("records", "records.jsonl (run.json and summary.json: records_format)", 13,
-                 (2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13), (
+RECORDS = Format("records", "records.jsonl (run.json and summary.json: records_format)", 14,
+                 (2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14), (
     (1, "first version: op, index, checkpoint, rank, host, t0_ns/t1_ns (the host's monotonic clock), bytes, "
         "files, fsync, resident_bytes/cached_check_bytes (reads), verified_bytes/mismatches (reads); the "
         "field meanings are written out in mlckpt/metrics.py"),
@@ -121,9 +121,12 @@ RECORDS = Format("records", "records.jsonl (run.json and summary.json: records_f
          "t0_ns/t1_ns, wall_start, the parts metadata_ns, planning_ns, read_ns, placing_ns; bytes of its "
          "state, read_bytes, index_bytes, needs, reads, tensors, files, resident_bytes, verified_bytes) "
          "and the op timer's evidence, as a load's (mlckpt/run/phases/resumes.py)"),
+    (14, "rules 1.22: a resume record names its writer (mlckpt, or torch_dcp: DCP's resharding load, whose "
+         "record counts the stored pieces it read whole as reads, their bytes as stored as read_bytes, "
+         "DCP's .metadata as index_bytes, and carries no requests: none went through the engine)"),
 ))
 
-SUMMARY = Format("summary", "summary.json: summary_format", 11, (2, 3, 4, 5, 6, 7, 8, 9, 10, 11), (
+SUMMARY = Format("summary", "summary.json: summary_format", 12, (2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12), (
     (1, "first version: per-op statistics and headlines recomputed from records.jsonl (mlckpt.metrics)"),
     (2, "stall, time to durable, overlap efficiency, back-pressure, per-stage bandwidth, read_fast_*"),
     (3, "DLIO's summary.json shape (rules 1.3): dlio_compat becomes metric, under DLIO's key names and "
@@ -155,6 +158,9 @@ SUMMARY = Format("summary", "summary.json: summary_format", 11, (2, 3, 4, 5, 6, 
     (11, "rules 1.21: the same keys; a resume run's summary, kind resume: the layouts, each resume's time "
          "to resume and its parts' slowest rank, the state and the bytes read, the medians "
          "(mlckpt/resume_metrics.py)"),
+    (12, "rules 1.22: a resume run's summary adds writer (whose resumes its figures are), storage_bytes "
+         "(what the hosts read from the storage at least; each resume's too, and its writer) and framework "
+         "(null, or a library's resumes beside the engine's: their count, median and resume_ratio)"),
 ))
 
 PLAN = Format("plan", "mlckpt plan --json: plan_format", 2, (2,), (

@@ -42,6 +42,8 @@ FEATURES: dict[str, tuple[Document, int, str]] = {
                 "as framework.tensors says), and its records count them"),
     "exchange": ("records", 12, "a fan-out load's exchange: its CPU time and the wall time it "
                  "took after the last read"),
+    "resume_writer": ("records", 14, "a resume run may resume through DCP beside the engine: each resume "
+                      "names its writer, the summary gives both"),
     "what_changes": ("summary", 4, "what changes the figure: the slowest rank's share, stalls"),
     "latency": ("summary", 6, "per-request latency percentiles, IOPS and where time went"),
     "framework_summary": ("summary", 7, "a library writer's figures beside the engine's, and each ratio"),

@@ -217,6 +217,11 @@ class Entry:
         if self.resume is not None:
             io = ("O_DIRECT reads" if self.io_mode == "direct" else f"{self.io_mode} reads") + (
                 self.io_text.removeprefix(self.io_mode))
+            if self.framework is not None:  # its own buffered reads; the engine's beside it, as io says
+                ratio = self.m("framework_resume_ratio")
+                io = (f"through {self.framework}'s resharding load (buffered reads)"
+                      + (f", {ratio:.2f}× the engine's rate in the same run ({io})" if math.isfinite(ratio)
+                         else ""))
             return ", ".join([f"resumed at {self.layouts}", io,
                               f"scaled ×{self.scale:g}" if self.scaled else "full scale"])
         if self.serving is not None:

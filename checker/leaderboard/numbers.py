@@ -17,10 +17,11 @@ def number(value: object) -> float:
 
 
 def framework_ratios(summary: Mapping[str, object]) -> dict[str, float]:
-    """Summary format 7: the library's write and read bandwidth over the engine's of the same run."""
+    """Summary format 7: the library's write and read bandwidth over the engine's of the same run;
+    summary format 12: a resume run's library's rate over the engine's."""
     fw = mapping_at(summary, "framework")
     ref = mapping_at(fw, "reference")
-    return {f"framework_{op}_ratio": number(ref.get(f"{op}_ratio")) for op in ("write", "read")}
+    return {f"framework_{op}_ratio": number(ref.get(f"{op}_ratio")) for op in ("write", "read", "resume")}
 
 
 def foreign_share(summary: Mapping[str, object]) -> float:

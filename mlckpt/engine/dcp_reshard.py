@@ -8,12 +8,25 @@ A global tensor is handed to DCP flat (one dimension), as FSDP's flat parameters
 whole rows is a contiguous range of it, so every rank's piece, old or new, is one chunk.  DCP stores a
 tensor TP replicates once (the first TP rank's copy, as its own deduplication of replicated tensors
 keeps one), so the new ranks read that copy (``rank_resume(spread=False)``).
+
+The checkpoint is saved by the job that resumes it (M ranks), as the N ranks that wrote it would
+have saved it: new rank ``r`` hands DCP the pieces of every old rank ``w`` with ``w % M == r``
+(several pieces of one global tensor are one object of several chunks), and each old rank's pieces
+go to a file of their own, ``__{w}_0.distcp``, as an N-rank save with one writer thread names it.
+So the files, their pieces and DCP's ``.metadata`` are an N-rank save's.
+
+DCP reads every stored piece a new shard overlaps whole (``FileSystemReader.read_data``), then
+copies the overlap into place: what it read (:class:`Loaded`) is recorded beside the parts of its
+time.
 """
 
 from __future__ import annotations
 
+import queue
 import time
+from collections import defaultdict
 from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -23,92 +36,138 @@ from mlckpt.engine.frameworks import TORCH_DTYPES
 from mlckpt.workload.model import DTYPE_BYTES
 from mlckpt.workload.resume import Index, RankResume
 
+METADATA = ".metadata"
 
-def _chunk_type() -> Any:
+
+def file_name(writer: int) -> str:
+    """Old rank ``writer``'s DCP file (an N-rank save's, one writer thread)."""
+    return f"__{writer}_0.distcp"
+
+
+def _pieces_type() -> Any:
     import torch
     from torch.distributed.checkpoint.metadata import ChunkStorageMetadata, MetadataIndex, TensorProperties
     from torch.distributed.checkpoint.planner import TensorWriteData, WriteItem, WriteItemType
 
-    class Chunk(torch.Tensor):
-        """A rank's contiguous piece ``[offset, offset + len)`` of a flat global tensor of ``numel``
-        elements, through DCP's checkpointable protocol (as a DTensor is): its size is the global
-        tensor's, its write item and its chunk are its piece, and DCP reads into its local view."""
+    class Pieces(torch.Tensor):
+        """A rank's pieces ``[offset, offset + len)`` of a flat global tensor of ``numel`` elements,
+        through DCP's checkpointable protocol (as a DTensor is): its size is the global tensor's,
+        its write items and its chunks are its pieces, and DCP reads into their local views."""
 
-        g_offset: int
         g_numel: int
+        parts: tuple[tuple[int, Any], ...]  # (global offset, local tensor)
 
         def size(self, dim: int | None = None) -> Any:
             s = torch.Size((self.g_numel,))
             return s if dim is None else s[dim]
 
-        def _chunk(self) -> Any:
-            return ChunkStorageMetadata(offsets=torch.Size((self.g_offset,)),
-                                        sizes=torch.Size((super().size(0),)))
+        def _chunks(self) -> list[Any]:
+            return [ChunkStorageMetadata(offsets=torch.Size((o,)), sizes=torch.Size((t.numel(),)))
+                    for o, t in self.parts]
 
         def __create_write_items__(self, fqn: str, obj: Any) -> list[Any]:
-            c, local = self._chunk(), self.as_subclass(torch.Tensor)
-            data = TensorWriteData(chunk=c, properties=TensorProperties.create_from_tensor(local),
-                                   size=torch.Size((self.g_numel,)))
-            index = MetadataIndex(fqn, c.offsets)
-            return [WriteItem(index=index, type=WriteItemType.SHARD, tensor_data=data)]
+            return [WriteItem(index=MetadataIndex(fqn, c.offsets), type=WriteItemType.SHARD,
+                              tensor_data=TensorWriteData(chunk=c, size=torch.Size((self.g_numel,)),
+                                                          properties=TensorProperties.create_from_tensor(t)))
+                    for c, (_, t) in zip(self._chunks(), self.parts, strict=True)]
 
         def __create_chunk_list__(self) -> list[Any]:
-            return [self._chunk()]
+            return self._chunks()
 
         def __get_tensor_shard__(self, index: Any) -> Any:
-            return self.as_subclass(torch.Tensor)
+            return next(t for o, t in self.parts if o == index.offset[0])
 
-    return Chunk
-
-
-_CHUNK: Any = None
+    return Pieces
 
 
-def chunk(buf: np.ndarray, dtype: str, offset: int, numel: int) -> Any:
-    """``buf`` (bytes of the rank's state) as the piece from element ``offset`` of a flat global
-    tensor of ``numel`` elements of ``dtype``."""
+_PIECES: Any = None
+
+
+def pieces(parts: Sequence[tuple[int, np.ndarray]], dtype: str, numel: int) -> Any:
+    """``parts`` (each: a global element offset, and bytes of the rank's memory holding the elements
+    from there) as one object: pieces of a flat global tensor of ``numel`` elements of ``dtype``."""
     import torch
 
-    global _CHUNK
-    if _CHUNK is None:
-        _CHUNK = _chunk_type()
-    local = torch.from_numpy(buf).view(getattr(torch, TORCH_DTYPES[dtype]))
-    out = torch.Tensor._make_subclass(_CHUNK, local)
-    out.g_offset, out.g_numel = offset, numel
+    global _PIECES
+    if _PIECES is None:
+        _PIECES = _pieces_type()
+    kind = getattr(torch, TORCH_DTYPES[dtype])
+    local = [(o, torch.from_numpy(b).view(kind)) for o, b in parts]
+    out = torch.Tensor._make_subclass(_PIECES, local[0][1])
+    out.g_numel, out.parts = numel, tuple(local)
     return out
 
 
-def saved_state(index: Index, rank: int, files: Mapping[int, np.ndarray]) -> dict[str, Any]:
-    """Old rank ``rank``'s pieces of every global tensor (the first copy of a replicated one), each a
-    view of ``files[i]``, the bytes of its ``i``-th planned file."""
-    out = {}
+def saved_state(index: Index, writers: Sequence[int], files: Mapping[tuple[int, int], np.ndarray]
+                ) -> dict[str, Any]:
+    """Old ranks ``writers``' pieces of every global tensor (the first copy of a replicated one),
+    each a view of ``files[(w, i)]``, the bytes of old rank ``w``'s ``i``-th planned file."""
+    mine, out = set(writers), {}
     for g in index.tensors:
-        for s in g.copies[0]:
-            if s.writer == rank:
-                n = s.numel * DTYPE_BYTES[g.dtype]
-                out[g.name] = chunk(files[s.index][s.offset: s.offset + n], g.dtype, s.start, g.numel)
+        parts = [(s.start, files[(s.writer, s.index)][s.offset: s.offset + s.numel * DTYPE_BYTES[g.dtype]])
+                 for s in g.copies[0] if s.writer in mine]
+        if parts:
+            out[g.name] = pieces(parts, g.dtype, g.numel)
     return out
 
 
-def save(index: Index, rank: int, files: Mapping[int, np.ndarray], cdir: Path) -> None:
+def owners(index: Index) -> dict[tuple[str, int], int]:
+    """Each stored piece's old rank, by its tensor's name and its first element."""
+    return {(g.name, s.start): s.writer for g in index.tensors for s in g.copies[0]}
+
+
+def _writer(cdir: Path, owner: Mapping[tuple[str, int], int]) -> Any:
     import torch.distributed.checkpoint as dcp
 
-    dcp.save(saved_state(index, rank, files), storage_writer=dcp.FileSystemWriter(str(cdir)))
+    class ByOldRank(dcp.FileSystemWriter):
+        """DCP's file writer (one thread, its files fsynced), each old rank's pieces in a file of
+        their own, named as that rank's own save would name it."""
+
+        def write_data(self, plan: Any, planner: Any) -> Any:
+            groups: dict[int, list[Any]] = defaultdict(list)
+            for item in plan.items:
+                groups[owner[(item.index.fqn, int(item.index.offset[0]))]].append(item)
+            files: queue.Queue[Any] = queue.Queue()
+            for w, items in sorted(groups.items()):
+                files.put((self.fs.concat_path(self.path, file_name(w)), file_name(w), items))
+            return self._write_data(planner, files)
+
+    return ByOldRank(str(cdir), thread_count=1, sync_files=True)
+
+
+def save(index: Index, writers: Sequence[int], files: Mapping[tuple[int, int], np.ndarray], cdir: Path
+         ) -> None:
+    """Collective: every rank saves old ranks ``writers``' pieces (none: it calls in all the same)."""
+    import torch.distributed.checkpoint as dcp
+
+    dcp.save(saved_state(index, writers, files), storage_writer=_writer(cdir, owners(index)))
 
 
 def resumed_state(index: Index, rr: RankResume, state: np.ndarray) -> dict[str, Any]:
     """New rank ``rr``'s shard of every global tensor, each a view of its place in ``state``."""
-    return {t.name: chunk(state[t.offset: t.offset + t.nbytes], t.dtype, a, index.by_name[t.name].numel)
+    return {t.name: pieces([(a, state[t.offset: t.offset + t.nbytes])], t.dtype, index.by_name[t.name].numel)
             for t, a in zip(rr.tensors, rr.starts, strict=True)}
 
 
-def load(index: Index, rr: RankResume, state: np.ndarray, cdir: Path) -> dict[str, int]:
-    """``dcp.load`` of new rank ``rr``'s shard into ``state``; the parts of its time (ns): reading the
-    metadata, reading and placing the data (DCP does both in ``read_data``), and the rest (its
-    planning and the plan's exchange between ranks)."""
+@dataclass(frozen=True)
+class Loaded:
+    """One rank's ``dcp.load``: the parts of its time (ns), and what DCP read from its files."""
+
+    metadata_ns: int  # reading and unpickling .metadata
+    planning_ns: int  # the rest: its planner, and the plans' exchange between ranks
+    read_ns: int  # read_data: reading each stored piece and copying the overlap into place
+    reads: int  # the stored pieces read (each whole)
+    read_bytes: int  # their bytes as stored (each a torch.save of the piece)
+    files: int  # the files they are in
+    metadata_bytes: int
+
+
+def load(index: Index, rr: RankResume, state: np.ndarray, cdir: Path) -> Loaded:
+    """``dcp.load`` of new rank ``rr``'s shard into ``state``, collective."""
     import torch.distributed.checkpoint as dcp
 
-    parts = {"metadata": 0, "read": 0}
+    seen = {"metadata": 0, "read": 0, "reads": 0, "bytes": 0}
+    files: set[str] = set()
 
     class Timed(dcp.FileSystemReader):
         def read_metadata(self, *args: Any, **kwargs: Any) -> Any:
@@ -116,7 +175,7 @@ def load(index: Index, rr: RankResume, state: np.ndarray, cdir: Path) -> dict[st
             try:
                 return super().read_metadata(*args, **kwargs)
             finally:
-                parts["metadata"] += time.monotonic_ns() - t0
+                seen["metadata"] += time.monotonic_ns() - t0
 
         def read_data(self, plan: Any, planner: Any) -> Any:
             t0 = time.monotonic_ns()
@@ -125,13 +184,18 @@ def load(index: Index, rr: RankResume, state: np.ndarray, cdir: Path) -> dict[st
                 out.wait()
                 return out
             finally:
-                parts["read"] += time.monotonic_ns() - t0
+                seen["read"] += time.monotonic_ns() - t0
+                for item in plan.items:
+                    md = self.storage_data[item.storage_index]
+                    seen["reads"] += 1
+                    seen["bytes"] += int(md.length)
+                    files.add(str(md.relative_path))
 
     t0 = time.monotonic_ns()
     dcp.load(resumed_state(index, rr, state), storage_reader=Timed(str(cdir)))
     total = time.monotonic_ns() - t0
-    return {"metadata_ns": parts["metadata"], "planning_ns": total - parts["metadata"] - parts["read"],
-            "read_ns": parts["read"], "placing_ns": 0}
+    return Loaded(seen["metadata"], total - seen["metadata"] - seen["read"], seen["read"], seen["reads"],
+                  seen["bytes"], len(files), (cdir / METADATA).stat().st_size)
 
 
 def files_of(cdir: Path) -> Sequence[str]:

@@ -154,7 +154,8 @@ def build(run: Mapping[str, Any], summary: Mapping[str, Any], system: Mapping[st
              *(_serving(summary) if summary.get("kind") == "serving" else
                _resume(summary) if summary.get("kind") == "resume" else
                (("write", _headline(summary, "write")), ("read", _headline(summary, "read")))),
-             *_framework(summary), ("started", str(run.get("started"))))
+             *(_framework(summary) if summary.get("kind") != "resume" else ()),
+             ("started", str(run.get("started"))))
     findings = tuple(f"[{f.get('rule')}] {f.get('message')}" for f in run.get("findings") or ()
                      if f.get("severity") != "warning") + tuple(
         f"warning: [{f.get('rule')}] {f.get('message')}" for f in run.get("findings") or ()
@@ -204,7 +205,23 @@ def _resume(summary: Mapping[str, Any]) -> tuple[tuple[str, str], ...]:
                         "resumes" + (f", {rate:.2f} GB/s of state" if rate is not None else "")
                         + f", {int(summary.get('read_bytes', 0)) / 1e9:.3f} GB read for "
                         f"{int(summary.get('state_bytes', 0)) / 1e9:.3f} GB placed"),
-            ("parts", f"slowest rank's, median: {parts}"))
+            ("parts", f"slowest rank's, median: {parts}"), *_resume_library(summary))
+
+
+def _resume_library(summary: Mapping[str, Any]) -> tuple[tuple[str, str], ...]:
+    """Summary format 12: a library's resumes (DCP's) beside the engine's of the same run, and what
+    its hosts read from the storage."""
+    fw = summary.get("framework")
+    if not isinstance(fw, Mapping):
+        return ()
+    ref = fw.get("reference") or {}
+    ratio, engine = ref.get("resume_ratio"), ref.get("ready_s_median")
+    return (("through", f"{fw.get('writer')}'s resharding load (buffered reads); "
+                        f"{int(summary.get('storage_bytes', 0)) / 1e9:.3f} GB from the storage, the hosts' "
+                        "ranks sharing their page cache"),
+            ("engine", "no resume by the engine in this run" if engine is None else
+             f"{engine:.3f} s median over {ref.get('num_resumes')} resume(s) on the same checkpoint"
+             + (f": {fw.get('writer')} at {ratio:.2f}× the engine's rate" if ratio is not None else "")))
 
 
 def _node_tier(summary: Mapping[str, Any]) -> tuple[tuple[str, str], ...]:

@@ -31,7 +31,7 @@ STAGES = ("config", "host", "result", "submission")
 # resuming from a checkpoint written at another layout).  A rule that names none judges checkpoint
 # runs, as every rule before 1.13 did.
 KINDS = ("checkpoint", "serving", "resume")
-DEFAULT_RULES_VERSION = "1.21"
+DEFAULT_RULES_VERSION = "1.22"
 # A rule's exit class (rules.yaml ``exit``): a failed ``integrity`` rule means the bytes cannot
 # be trusted at all (mlckpt-check exits 3); a failed ``rules`` rule makes a result invalid or open.
 EXIT_CLASSES = ("rules", "integrity")

@@ -293,12 +293,17 @@ def resume_headline(s: Mapping[str, Any]) -> str:
     rate = s["rate_gb_s"]
     parts = ", ".join(f"{p} {s[f'{p}_s_median'] * 1e3:.0f} ms"
                       for p in ("metadata", "planning", "read", "placing"))
-    return (f"result: resumed at {s['ranks']} ranks (TP {s['tp']}, PP {s['pp']}) from {s['from_ranks']} "
-            f"(TP {s['from_tp']}, PP {s['from_pp']}) in {s['ready_s_median']:.3f} s median of "
-            f"{s['num_resumes']} "
+    fw = s.get("framework") or {}  # summary format 12: a library's resumes beside the engine's
+    ref = fw.get("reference") or {}
+    through = f" through {fw['writer']}" if fw else ""
+    beside = (f"; the engine {ref['ready_s_median']:.3f} s on the same checkpoint, {fw['writer']} at "
+              f"{ref['resume_ratio']:.2f}x its rate" if ref.get("resume_ratio") is not None else "")
+    return (f"result: resumed{through} at {s['ranks']} ranks (TP {s['tp']}, PP {s['pp']}) from "
+            f"{s['from_ranks']} (TP {s['from_tp']}, PP {s['from_pp']}) in {s['ready_s_median']:.3f} s "
+            f"median of {s['num_resumes']} "
             f"({s['ready_s_min']:.3f}-{s['ready_s_max']:.3f} s; slowest rank's {parts}), "
             f"{s['state_bytes'] / 1e9:.2f} GB placed from {s['read_bytes'] / 1e9:.2f} GB read"
-            + (f", {rate:.2f} GB/s" if rate is not None else "")
+            + (f", {rate:.2f} GB/s" if rate is not None else "") + beside
             + ("" if s["read_cold"] else " INVALID (not cold)"))
 
 

@@ -261,13 +261,15 @@ def resume_scope(index: Index, ranks: int, tp: int, pp: int, num_layers: int) ->
     return bad
 
 
-def resume_plan(index: Index, workload: Workload, ranks: int, tp: int, pp: int) -> ResumePlan:
+def resume_plan(index: Index, workload: Workload, ranks: int, tp: int, pp: int, spread: bool = True
+                ) -> ResumePlan:
     """Each of ``ranks`` new ranks' state and needs, at the new TP ``tp`` and PP ``pp`` (DP what is
-    left), from the checkpoint ``index`` lists; ``workload`` gives the model's layers and names."""
+    left), from the checkpoint ``index`` lists; ``workload`` gives the model's layers and names
+    (``spread``: :func:`rank_resume`'s)."""
     bad = resume_scope(index, ranks, tp, pp, workload.model.num_layers)
     if bad:
         raise ConfigError(f"resume: {bad[0]}", key="resume")
-    return ResumePlan(index, ranks, tp, pp, tuple(rank_resume(index, workload, ranks, tp, pp, r)
+    return ResumePlan(index, ranks, tp, pp, tuple(rank_resume(index, workload, ranks, tp, pp, r, spread)
                                                   for r in range(ranks)))
 
 
@@ -329,10 +331,7 @@ def _overlaps(copy: Sequence[Stored], a: int, b: int, size: int, dest: int) -> I
 def held_to_plan(plan: ResumePlan, records: Sequence[Mapping[str, object]]) -> list[str]:
     """What a resume's records (one per new rank) claim that the plans do not give: ranks, the bytes
     each holds and reads, its needs, reads, tensors and files, and the index's size; [] if none."""
-    out = []
-    ranks = sorted(int(r["rank"]) for r in records)  # type: ignore[call-overload]
-    if ranks != list(range(plan.ranks)):
-        out.append(f"ranks {ranks[:8]}{'...' if len(ranks) > 8 else ''}: the new layout has {plan.ranks}")
+    out = _ranks_held(plan, records)
     index_bytes = len(plan.index.to_json())
     for r in records:
         k = int(r["rank"])  # type: ignore[call-overload]
@@ -342,26 +341,68 @@ def held_to_plan(plan: ResumePlan, records: Sequence[Mapping[str, object]]) -> l
         want = {"bytes": rr.bytes, "read_bytes": sum(rd.length for rd in reads), "needs": len(rr.needs),
                 "reads": len(reads), "tensors": len(rr.tensors),
                 "files": len({(rd.writer, rd.index) for rd in reads}), "index_bytes": index_bytes}
-        out += [f"rank {k}: {key} {r.get(key)!r}, the plans give {v}"
-                for key, v in want.items() if r.get(key) != v]
-        if "verified_bytes" in r and r["verified_bytes"] != rr.bytes:
-            out.append(f"rank {k}: verified_bytes {r['verified_bytes']!r}, its state is {rr.bytes}")
+        out += _differ(k, r, want) + _verified(k, r, rr)
     return out
+
+
+def stored_pieces(index: Index, rr: RankResume) -> tuple[tuple[str, int, int, int], ...]:
+    """The stored pieces (the first copy's: a library that saves a replicated tensor once) that
+    new rank ``rr``'s shard overlaps, each (tensor, first element, old rank, bytes): what a reader
+    that reads every piece it needs whole (DCP) reads."""
+    out = []
+    for t, a in zip(rr.tensors, rr.starts, strict=True):
+        g = index.by_name[t.name]
+        size = DTYPE_BYTES[g.dtype]
+        b = a + t.nbytes // size
+        out += [(g.name, s.start, s.writer, s.numel * size) for s in g.copies[0]
+                if max(a, s.start) < min(b, s.start + s.numel)]
+    return tuple(out)
+
+
+def held_to_whole_pieces(plan: ResumePlan, records: Sequence[Mapping[str, object]], overhead: int
+                         ) -> list[str]:
+    """:func:`held_to_plan` for a reader of whole stored pieces (DCP; ``plan``: built with
+    ``spread=False``): each rank read the pieces its shard overlaps, from their old ranks' files,
+    their bytes as stored within ``overhead`` bytes a piece of their raw size (a library's
+    container); every rank read the same metadata."""
+    out = _ranks_held(plan, records)
+    for r in records:
+        k = int(r["rank"])  # type: ignore[call-overload]
+        if not 0 <= k < plan.ranks:
+            continue
+        rr = plan.rank_resumes[k]
+        pieces = stored_pieces(plan.index, rr)
+        raw = sum(p[3] for p in pieces)
+        want = {"bytes": rr.bytes, "needs": len(rr.needs), "reads": len(pieces), "tensors": len(rr.tensors),
+                "files": len({p[2] for p in pieces})}
+        out += _differ(k, r, want) + _verified(k, r, rr)
+        got = r.get("read_bytes")
+        if not isinstance(got, int) or not raw <= got <= raw + overhead * len(pieces):
+            out.append(f"rank {k}: read_bytes {got!r}, its {len(pieces)} pieces hold {raw} "
+                       f"(+ at most {overhead} a piece as stored)")
+    sizes = {r.get("index_bytes") for r in records}
+    if len(sizes) > 1:
+        out.append(f"index_bytes {sorted(map(str, sizes))}: every rank reads the same metadata")
+    return out
+
+
+def _ranks_held(plan: ResumePlan, records: Sequence[Mapping[str, object]]) -> list[str]:
+    ranks = sorted(int(r["rank"]) for r in records)  # type: ignore[call-overload]
+    if ranks != list(range(plan.ranks)):
+        return [f"ranks {ranks[:8]}{'...' if len(ranks) > 8 else ''}: the new layout has {plan.ranks}"]
+    return []
+
+
+def _differ(k: int, r: Mapping[str, object], want: Mapping[str, int]) -> list[str]:
+    return [f"rank {k}: {key} {r.get(key)!r}, the plans give {v}"
+            for key, v in want.items() if r.get(key) != v]
+
+
+def _verified(k: int, r: Mapping[str, object], rr: RankResume) -> list[str]:
+    if "verified_bytes" in r and r["verified_bytes"] != rr.bytes:
+        return [f"rank {k}: verified_bytes {r['verified_bytes']!r}, its state is {rr.bytes}"]
+    return []
 
 
 PARTS = ("metadata", "planning", "read", "placing")
 
-
-def figures(records: Sequence[Mapping[str, int]]) -> dict[str, float]:
-    """One resume's figures from its records: the time from the first rank to leave the barrier until
-    the last holds its shard, each part's slowest rank, the state's and the reads' bytes, and the
-    state's rate over the time to resume."""
-    t0 = min(r["t0_ns"] for r in records)
-    ready = (max(r["t1_ns"] for r in records) - t0) / 1e9
-    state = sum(r["bytes"] for r in records)
-    read = sum(r["read_bytes"] for r in records)
-    out = {"ready_s": ready, "state_bytes": state, "read_bytes": read, "amplification": read / max(1, state),
-           "rate_gb_s": state / ready / 1e9 if ready else 0.0,
-           "resident_bytes": max(r["resident_bytes"] for r in records)}
-    out.update({f"{p}_s": max(r[f"{p}_ns"] for r in records) / 1e9 for p in PARTS})
-    return out

@@ -3,6 +3,11 @@ workload's layout (``ranks``, the workload's TP and PP) and resumes, ``resume.re
 checkpoint written at another (``resume.from_ranks``, ``from_tensor``, ``from_pipeline``); what it
 cannot be run with; and both plans.  Pure.
 
+From rules 1.22 a resume run may resume through PyTorch DCP's own resharding load
+(``framework.writer=torch_dcp``): with ``framework.reference`` (the default) its resumes alternate
+with the engine's on the same checkpoint, as a library's checkpoints alternate with the engine's
+(mlckpt/workload/frameworks.py): resume 0, 2, ... through DCP, 1, 3, ... through the engine.
+
 The runner, ``mlckpt plan`` and the checker's rules all read a resume run through
 :meth:`ResumeRun.of`, so the layouts and the plan a bundle's records are held to are the ones its
 configuration gives, never the ones its summary claims.
@@ -10,17 +15,19 @@ configuration gives, never the ones its summary claims.
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, replace
 from functools import cached_property
 from typing import Any
 
 from mlckpt.errors import ConfigError
+from mlckpt.workload.frameworks import ENGINE, Framework
 from mlckpt.workload.layout import Plan, make_plan
 from mlckpt.workload.model import Workload, workload_from_config
 from mlckpt.workload.resume import Index, ResumePlan, checkpoint_index, resume_plan, resume_scope
 
 DEFAULT_RESUMES = 3
+ENGINE_ONLY = Framework()
 
 
 @dataclass(frozen=True)
@@ -32,6 +39,7 @@ class ResumeRun:
     from_tensor: int
     from_pipeline: int
     resumes: int
+    framework: Framework = ENGINE_ONLY  # who resumes (rules 1.22): the engine, or DCP beside it
 
     @staticmethod
     def of(config: Mapping[str, Any]) -> ResumeRun | None:
@@ -44,7 +52,7 @@ class ResumeRun:
         return ResumeRun(w, int(config["ranks"]), float(config["scale"]), int(block["from_ranks"]),
                          int(block.get("from_tensor") or w.parallelism.tensor),
                          int(block.get("from_pipeline") or w.parallelism.pipeline),
-                         int(block.get("resumes") or DEFAULT_RESUMES))
+                         int(block.get("resumes") or DEFAULT_RESUMES), Framework.of(config))
 
     @property
     def tp(self) -> int:
@@ -75,14 +83,34 @@ class ResumeRun:
         """Every new rank's state, needs and reads."""
         return resume_plan(self.index, self.workload, self.ranks, self.tp, self.pp)
 
+    @cached_property
+    def whole_pieces(self) -> ResumePlan:
+        """The plan of a library that saves a replicated tensor once and reads every stored piece
+        it needs whole (DCP: mlckpt/engine/dcp_reshard.py): the same states, read from the first
+        copy."""
+        return resume_plan(self.index, self.workload, self.ranks, self.tp, self.pp, spread=False)
+
+    def writer_of(self, index: int) -> str:
+        """Who makes resume ``index`` (0-based): the library's and the engine's alternate."""
+        return self.framework.writer_of(index + 1)
+
+    @property
+    def writers(self) -> tuple[str, ...]:
+        """Every writer whose resumes this run times (the library's first)."""
+        return tuple(dict.fromkeys(self.writer_of(i) for i in range(self.resumes)))
+
+    def plan_of(self, writer: str) -> ResumePlan:
+        return self.plan if writer == ENGINE else self.whole_pieces
+
     def block(self) -> dict[str, object]:
         """run.json's ``resume``."""
         return {"from_ranks": self.from_ranks, "from_tensor": self.from_tensor,
                 "from_pipeline": self.from_pipeline, "resumes": self.resumes}
 
 
-def scope_problems(config: Mapping[str, Any]) -> list[str]:
-    """What a resume run cannot be run with (RESUME-SCOPE), each as "key=value (why)".  Nothing where
+def scope_problems(config: Mapping[str, Any], writers: Sequence[str] = (ENGINE,)) -> list[str]:
+    """What a resume run cannot be run with (RESUME-SCOPE), each as "key=value (why)".  ``writers``:
+    who may resume (the rules' ``resume.writers``: rules 1.21 the engine alone).  Nothing where
     ranks or scale are not numbers: the schema and SCALE-RANGE say so."""
     if not all(isinstance(config.get(k), int | float) and not isinstance(config.get(k), bool)
                for k in ("ranks", "scale")):
@@ -98,9 +126,12 @@ def scope_problems(config: Mapping[str, Any]) -> list[str]:
         bad.append("checkpoint.tiers.fast (one tier of storage: the checkpoint resumed from)")
     if (config.get("state") or {}).get("source") is not None:
         bad.append("state.source (the state is resumed into host memory)")
-    if (config.get("framework") or {}).get("writer") is not None:
-        bad.append("framework.writer (the engine resumes; DCP's resharding load is measured by "
-                   "benchmarks/resume.py --dcp)")
+    writer = (config.get("framework") or {}).get("writer")
+    if writer is not None and writer not in writers:
+        bad.append(f"framework.writer={writer} (" + ("the engine resumes; DCP's resharding load is measured "
+                                                      "by benchmarks/resume.py --dcp, or under rules 1.22"
+                                                      if writers == (ENGINE,) else
+                                                      "a library that reshards: " + ", ".join(writers)) + ")")
     if str(config.get("residency", "full")) != "full":
         bad.append("residency=stream (every new rank holds its whole shard)")
     if (config.get("witness") or {}).get("url"):

@@ -543,7 +543,7 @@ NEGATIVE_CASES: dict[str, list[Case]] = {
             "anchor: &a [1, 2]\n" + (f / "config.yaml").read_text() + "again: *a\n")),
     ],
     "RULES-VERSION": [C("expected one of 1.0, 1.1, 1.2, 1.3, 1.4, 1.5, 1.6, 1.7, 1.8, 1.9, 1.10, 1.11, 1.12, "
-                        "1.13, 1.14, 1.15, 1.16, 1.17, 1.18, 1.19, 1.20, 1.21, mlps-v3.0, mlps-v3.0r2, "
+                        "1.13, 1.14, 1.15, 1.16, 1.17, 1.18, 1.19, 1.20, 1.21, 1.22, mlps-v3.0, mlps-v3.0r2, "
                         "mlps-v3.0r3, mlps-v3.0r4, mlps-v3.0r5, got '9.9'",
                         predicate={"rules_version": "9.9"})],
     "BUNDLE-PREDICATE": [C("expected workload='llama3_70b' as signed in the statement, "

@@ -16,7 +16,7 @@ from support.runs import MPIEXEC
 
 from mlckpt.workload.layout import make_plan
 from mlckpt.workload.model import ModelShape, Parallelism, Workload
-from mlckpt.workload.resume import checkpoint_index, resume_plan
+from mlckpt.workload.resume import checkpoint_index, held_to_whole_pieces, resume_plan
 
 pytestmark = pytest.mark.mpi
 
@@ -49,24 +49,20 @@ def test_a_flipped_byte_in_an_old_file_is_caught_where_it_lands(tmp_path: Path) 
     assert all(v is None for k, v in failed.items() if k != 2)
 
 
-def test_dcp_reshards_a_checkpoint_to_another_tp(tmp_path: Path) -> None:
-    """DCP saves a 4-rank layout's pieces of the global tensors; a load at TP 2 on 2 ranks reads what
-    each new shard overlaps, by DCP's own planner; every byte lands where the plans say.  (From 8
-    ranks to 4 and 16: benchmarks/resume.py --dcp; each PyTorch process takes seconds to start on 2
-    cores.)"""
-    ranks, tp, old = 2, 2, 4
+def test_dcp_reshards_a_checkpoint_to_more_ranks_and_another_tp(tmp_path: Path) -> None:
+    """Four new ranks save, through DCP, the checkpoint a 2-rank layout (TP 1)
+    would have saved (new ranks 2 and 3 hold no old rank's pieces and save nothing), then load it at
+    TP 2 through DCP's own planner: the files are the old layout's, one an old rank, each new rank
+    read every stored piece its shard overlaps, whole, and every byte lands where the plans say.
+    (Fewer new ranks than old, each saving several old ranks' pieces: tests/mpi/test_resume_run.py.)"""
     pytest.importorskip("torch.distributed.checkpoint")
-    key, run_id = "00112233445566778899aabbccddeeff", 12345
-    saved = tmp_path / "dcp"
-    common = ("--key", key, "--run-id", str(run_id), "--zero", "3", "--tp", str(tp))
-    common = (*common, "--from-ranks", str(old))
-    assert run_worker(tmp_path / "files", old, *common, "--dcp-save", str(saved)) == ""
-    recs = resume(tmp_path / "files", ranks, *common, "--dcp", str(saved))
+    ranks, tp, old = 4, 2, 2
+    recs = resume(tmp_path, ranks, "--zero", "3", "--tp", str(tp), "--from-ranks", str(old), "--dcp")
     w = Workload("llama3_8b", L8B, Parallelism(1, 1, 3), 8)
-    plan = resume_plan(checkpoint_index(make_plan(w, old, 0.001)), w, ranks, tp, 1)
+    index = checkpoint_index(make_plan(w, old, 0.001))
+    plan = resume_plan(index, w, ranks, tp, 1, spread=False)
     assert len(recs) == ranks
     assert all("failed" not in r and r["verified_bytes"] == r["bytes"] > 0 for r in recs)
-    held = [r["bytes"] for r in sorted(recs, key=lambda r: r["rank"])]
-    assert held == [rr.bytes for rr in plan.rank_resumes]
-    assert all(r["metadata_ns"] > 0 and r["read_ns"] > 0 for r in recs)
-    assert sum(1 for p in saved.iterdir() if p.suffix == ".distcp") == old  # one file an old rank
+    assert held_to_whole_pieces(plan, recs, 8192) == []
+    assert all(r["metadata_ns"] > 0 and r["read_ns"] > 0 and r["reads"] > 0 for r in recs)
+    assert recs[0]["saved"] == [".metadata", "__0_0.distcp", "__1_0.distcp"]  # an old rank's file each

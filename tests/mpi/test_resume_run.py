@@ -1,8 +1,10 @@
-"""Resume runs end to end (rules 1.21): `mlckpt run resume.from_ranks=8` on real MPI ranks at 4 and at
-16 ranks (data parallelism changed) and at TP 2 (tensor parallelism changed), each signed bundle
-through mlckpt-check, and the forgeries a resume result invites (bytes, ranks or a written layout the
-plans do not give, a faster time to resume, parts that do not fit it, a warm cache, buffered reads, a
-resume block edited) caught by the rule named, after re-signing."""
+"""Resume runs end to end (rules 1.21, 1.22): `mlckpt run resume.from_ranks=8` on real MPI ranks at 4
+and at 16 ranks (data parallelism changed), at TP 2 (tensor parallelism changed), and at TP 2 through
+DCP's own resharding load beside the engine, each signed bundle through mlckpt-check, and the
+forgeries a resume result invites (bytes, ranks or a written layout the plans do not give, a faster
+time to resume, parts that do not fit it, a warm cache, buffered reads, a resume block edited, a DCP
+resume relabelled as the engine's or claiming bytes its pieces do not hold) caught by the rule
+named, after re-signing."""
 
 from __future__ import annotations
 
@@ -22,7 +24,7 @@ from support.trees import tree_of
 
 from mlckpt import bundle
 from mlckpt.rules import load_rules
-from mlckpt.workload.resume import held_to_plan
+from mlckpt.workload.resume import held_to_plan, held_to_whole_pieces, stored_pieces
 from mlckpt.workload.resume_run import ResumeRun
 
 BIN = Path(sys.executable).parent
@@ -30,6 +32,8 @@ BASE = ("workload=llama3_8b", "division=open", "scale=0.002", "resume.from_ranks
         "resume.resumes=2", "checkpoint.folder=ck", "output.root=results")
 LAYOUTS = {"dp4": ("ranks=4",), "dp16": ("ranks=16",),
            "tp2": ("ranks=4", "workload.parallelism.tensor=2", "resume.from_tensor=1")}
+# through DCP (rules 1.22): resume 0 by DCP, resume 1 by the engine, on the same checkpoint
+DCP = ("ranks=4", "workload.parallelism.tensor=2", "resume.from_tensor=1", "framework.writer=torch_dcp")
 
 
 def run(h: dict[str, Path], cwd: Path, *overrides: str) -> subprocess.CompletedProcess[str]:
@@ -46,6 +50,16 @@ def made(honest_bundles: dict[str, Path], tmp_path_factory: pytest.TempPathFacto
         assert proc.returncode == 0, (proc.stdout[-2000:], proc.stderr[-2000:])
         out[name] = {"bundle": printed_bundle(proc), "out": proc.stdout, "cwd": cwd}
     return out
+
+
+@pytest.fixture(scope="module")
+def dcp(made: dict[str, Any], tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
+    pytest.importorskip("torch.distributed.checkpoint", reason="a resume through DCP needs PyTorch")
+    cwd = tmp_path_factory.mktemp("dcp")
+    proc = run(made["h"], cwd, *DCP)
+    assert proc.returncode == 0, (proc.stdout[-2000:], proc.stderr[-2000:])
+    made["dcp"] = {"bundle": printed_bundle(proc), "out": proc.stdout, "cwd": cwd}
+    return made["dcp"]
 
 
 @pytest.mark.parametrize("name", LAYOUTS)
@@ -66,9 +80,12 @@ def test_the_records_hold_what_both_plans_give(made: dict[str, Any], name: str) 
                                  read_json(m["bundle"], "summary.json"))
     plan = ResumeRun.of(config).plan  # type: ignore[union-attr]
     assert run_doc["resume"] == {"from_ranks": 8, "from_tensor": 1, "from_pipeline": 1, "resumes": 2}
-    assert run_doc["run_format"] == 13 and run_doc["records_format"] == 13 and summary["summary_format"] == 11
+    assert run_doc["run_format"] == 13 and run_doc["records_format"] == 14 and summary["summary_format"] == 12
+    assert summary["writer"] == "mlckpt" and summary["framework"] is None
+    assert summary["storage_bytes"] == summary["read_bytes"]  # O_DIRECT: each rank's reads its own
     assert [(r["index"], r["rank"]) for r in records] == [(i, r) for i in range(2) for r in range(plan.ranks)]
-    assert all(r["verified_bytes"] == r["bytes"] > 0 and r["direct"] is True for r in records)
+    assert all(r["verified_bytes"] == r["bytes"] > 0 and r["direct"] is True and r["writer"] == "mlckpt"
+               for r in records)
     assert summary["state_bytes"] == plan.state_bytes and summary["read_bytes"] == plan.read_bytes
     if name != "tp2":  # only DP changed: the new ranks hold the stored tensors once
         assert plan.state_bytes == plan.index.tensor_bytes
@@ -80,6 +97,46 @@ def test_the_records_hold_what_both_plans_give(made: dict[str, Any], name: str) 
         assert own >= sum(r["read_bytes"] for r in recs)
     assert summary["read_cold"] and summary["read_verified"]
     assert not [p for p in (m["cwd"] / "ck").rglob("*") if p.is_file()]  # the checkpoint removed
+
+
+def test_a_resume_through_dcp_passes_the_checker_beside_the_engine(made: dict[str, Any], dcp: dict[str, Any],
+                                                                    tmp_path: Path) -> None:
+    """Written at 8 ranks (TP 1), resumed at 4 (TP 2) through DCP's resharding load, then through the
+    engine, on the same checkpoint in the same run: the bundle is open with no finding, its records
+    are what DCP read (every stored piece a shard overlaps, whole), every byte verified."""
+    b = judged_alone(made["h"], tree_of(made["h"], tmp_path / "t", dcp["bundle"]))
+    assert b["verdict"] == "open" and not hard_rules(b), b["findings"]
+    config, records = yaml_config(dcp["bundle"]), read_records(dcp["bundle"])
+    summary, run_doc = read_json(dcp["bundle"], "summary.json"), read_json(dcp["bundle"], "run.json")
+    run_ = ResumeRun.of(config)
+    assert run_ is not None and run_doc["framework"]["writer"] == "torch_dcp"
+    assert [(r["index"], r["writer"]) for r in records] == [(0, "torch_dcp")] * 4 + [(1, "mlckpt")] * 4
+    assert held_to_whole_pieces(run_.whole_pieces, [r for r in records if r["index"] == 0], 8192) == []
+    assert held_to_plan(run_.plan, [r for r in records if r["index"] == 1]) == []
+    for r in records:
+        assert r["verified_bytes"] == r["bytes"] > 0
+        assert r["direct"] is (r["writer"] == "mlckpt")
+        assert ("requests" in r) is (r["writer"] == "mlckpt")  # DCP's reads never went through the engine
+    dcp_recs = [r for r in records if r["writer"] == "torch_dcp"]
+    pieces = [stored_pieces(run_.index, run_.whole_pieces.rank_resumes[r["rank"]]) for r in dcp_recs]
+    assert [r["reads"] for r in dcp_recs] == [len(p) for p in pieces]
+    raw = [sum(x[3] for x in p) for p in pieces]
+    assert all(w <= r["read_bytes"] <= w + 8192 * len(p)
+               for r, w, p in zip(dcp_recs, raw, pieces, strict=True))
+    # one host: the storage serves each stored piece once, however many ranks read it
+    distinct = sum(x[3] for x in set().union(*map(set, pieces)))
+    assert summary["writer"] == "torch_dcp" and summary["num_resumes"] == 1
+    assert summary["resumes"][0]["storage_bytes"] == summary["storage_bytes"] == distinct < sum(raw)
+    ref = summary["framework"]["reference"]
+    assert ref["num_resumes"] == 1 and ref["ready_s_median"] == summary["resumes"][1]["ready_s"]
+    assert ref["resume_ratio"] == pytest.approx(ref["ready_s_median"] / summary["ready_s_median"])
+    assert summary["read_cold"] and summary["read_verified"]
+    assert "resume 1/2 through torch_dcp: 4 ranks hold their shards" in dcp["out"]
+    assert (f"result: resumed through torch_dcp at 4 ranks (TP 2, PP 1) from 8 (TP 1, PP 1) in "
+            f"{summary['ready_s_median']:.3f} s median of 1") in dcp["out"]
+    assert (f"; the engine {ref['ready_s_median']:.3f} s on the same checkpoint, torch_dcp at "
+            f"{ref['resume_ratio']:.2f}x its rate") in dcp["out"]
+    assert not [p for p in (dcp["cwd"] / "ck").rglob("*") if p.is_file()]  # both checkpoints removed
 
 
 def yaml_config(b: Path) -> dict[str, Any]:
@@ -157,6 +214,41 @@ def _streamed(b: Path) -> None:
     edit_yaml(b, "config.yaml", lambda c: c.update(residency="stream"))
 
 
+def _dcp_read_less(b: Path) -> None:
+    """A DCP resume claiming to have read half of what the stored pieces its shard overlaps hold, in
+    half as many reads."""
+    def less(recs: list[dict[str, Any]]) -> None:
+        for r in recs:
+            if r["writer"] == "torch_dcp":
+                r.update(read_bytes=r["read_bytes"] // 2, reads=r["reads"] // 2)
+    edit_records(b, less)
+    resummarize(b)
+
+
+def _dcp_as_engine(b: Path) -> None:
+    """DCP's slower resume relabelled as the engine's, and the summary made again."""
+    def relabel(recs: list[dict[str, Any]]) -> None:
+        for r in recs:
+            r["writer"] = "mlckpt" if r["writer"] == "torch_dcp" else "torch_dcp"
+    edit_records(b, relabel)
+    resummarize(b)
+
+
+def _dcp_ratio(b: Path) -> None:
+    edit_json(b, "summary.json", lambda s: s["framework"]["reference"].update(resume_ratio=0.9))
+
+
+def _dcp_unread(b: Path) -> None:
+    """The host's counters below the distinct stored pieces its ranks read through DCP."""
+    def fewer(recs: list[dict[str, Any]]) -> None:
+        for r in recs:
+            hc = r.get("host_counters")
+            if hc and r["writer"] == "torch_dcp":
+                hc["after"]["own_read_bytes"] = hc["before"]["own_read_bytes"] + r["bytes"] // 2
+                hc["after"]["read_bytes"] = hc["before"]["read_bytes"] + r["bytes"] // 2
+    edit_records(b, fewer)
+
+
 def _closed(b: Path) -> None:
     edit_yaml(b, "config.yaml", lambda c: c.update(division="closed"))
     edit_json(b, "run.json", lambda r: r.update(division="closed"))
@@ -165,12 +257,13 @@ def _closed(b: Path) -> None:
 # Rules whose failing cases are here, on bundles of real resume runs (tests/unit/rules/
 # test_rules_coverage.py counts them): rule -> (source layout, forgery)
 FORGERIES = {
-    "RESUME-PLAN": [("dp4", _more_bytes), ("dp16", _rank_dropped), ("tp2", _written_at_16), ("dp4", _cut)],
-    "RESUME-SUMMARY": [("dp4", _faster)],
+    "RESUME-PLAN": [("dp4", _more_bytes), ("dp16", _rank_dropped), ("tp2", _written_at_16), ("dp4", _cut),
+                    ("dcp", _dcp_read_less)],
+    "RESUME-SUMMARY": [("dp4", _faster), ("dcp", _dcp_ratio)],
     "RESUME-COLD": [("dp4", _warm)],
     "RESUME-DIRECT": [("dp4", _buffered)],
-    "RESUME-RECORDED": [("dp4", _fewer_resumes)],
-    "RESUME-COUNTERS": [("dp4", _unread)],
+    "RESUME-RECORDED": [("dp4", _fewer_resumes), ("dcp", _dcp_as_engine)],
+    "RESUME-COUNTERS": [("dp4", _unread), ("dcp", _dcp_unread)],
     "RESUME-SCOPE": [("dp4", _streamed)],
     "RESUME-CLOSED": [("dp4", _closed)],
 }
@@ -180,8 +273,11 @@ CASES = [(rule, source, forge) for rule, cases in FORGERIES.items() for source, 
 @pytest.mark.parametrize(("rule", "source", "forge"), CASES,
                          ids=[f"{r}-{s}-{f.__name__}" for r, s, f in CASES])
 def test_a_forged_resume_is_caught(made: dict[str, Any], rule: str, source: str,
-                                   forge: Callable[[Path], None], tmp_path: Path) -> None:
+                                   forge: Callable[[Path], None], tmp_path: Path,
+                                   request: pytest.FixtureRequest) -> None:
     h = made["h"]
+    if source == "dcp":
+        request.getfixturevalue("dcp")
     b = tmp_path / "b" / made[source]["bundle"].name
     shutil.copytree(made[source]["bundle"], b)
     forge(b)
@@ -189,16 +285,19 @@ def test_a_forged_resume_is_caught(made: dict[str, Any], rule: str, source: str,
     resign(b, bundle.load_private_key(h["dir"] / "keys" / "org.pem"), ranks=run_doc["ranks"],
            division=run_doc["division"])
     got = judged_alone(h, tree_of(h, tmp_path / "t", b))
-    assert got["verdict"] == load_rules("1.21").rule(rule).severity, got["findings"]  # invalid, or open
+    assert got["verdict"] == load_rules("1.22").rule(rule).severity, got["findings"]  # invalid, or open
     assert rule in {f["rule"] for f in got["findings"]}, got["findings"]
 
 
 def test_a_resume_that_cannot_be_run_is_refused_before_any_io(honest_bundles: dict[str, Path],
                                                               tmp_path: Path) -> None:
     h = honest_bundles
-    proc = run(h, tmp_path, "ranks=4", "framework.writer=torch_dcp")
+    proc = run(h, tmp_path, "ranks=4", "framework.writer=torch_save")
     assert proc.returncode == 2 and "[RESUME-SCOPE]" in proc.stderr
-    assert "benchmarks/resume.py --dcp" in proc.stderr
+    assert "framework.writer=torch_save (a library that reshards: mlckpt, torch_dcp)" in proc.stderr
+    proc = run(h, tmp_path, "ranks=4", "framework.writer=torch_dcp", "rules_version='1.21'")
+    assert proc.returncode == 2 and "[RESUME-SCOPE]" in proc.stderr
+    assert "benchmarks/resume.py --dcp, or under rules 1.22" in proc.stderr
     proc = run(h, tmp_path, "ranks=4", "rules_version='1.20'")
     assert proc.returncode == 2 and "resume runs need rules_version 1.21" in proc.stderr
     assert "Traceback" not in proc.stderr
@@ -251,6 +350,37 @@ def test_compare_and_report_show_the_resumes(made: dict[str, Any], tmp_path: Pat
     assert shown.returncode == 0, shown.stderr
     assert "resume     from 8 ranks (TP 1, PP 1) at TP 1, PP 1, DP 16" in shown.stdout
     assert "resume  1        resume" in shown.stdout
+
+
+def test_the_leaderboard_compare_and_report_show_a_resume_through_dcp(
+        made: dict[str, Any], dcp: dict[str, Any], tmp_path: Path) -> None:
+    h, engine, lib = made["h"], made["tp2"]["bundle"], dcp["bundle"]
+    summary = read_json(lib, "summary.json")
+    ratio = summary["framework"]["reference"]["resume_ratio"]
+    root = tree_of(h, tmp_path / "t", engine, lib)
+    shutil.copy(h["dir"] / "trusted-keys.yaml", root / "trusted-keys.yaml")
+    board = tmp_path / "lb.json"
+    proc = subprocess.run([str(BIN / "mlckpt-check"), "leaderboard", str(root), "--format", "json", "--out",
+                           str(board)], env=cli_env(), text=True, capture_output=True, timeout=300,
+                          check=False)
+    assert proc.returncode == 0, proc.stderr
+    [resume] = [c for c in json.loads(board.read_text())["classes"] if c["pipeline"] == "resume"]
+    [row] = [r for r in resume["rows"] if "torch_dcp" in r["mode"]]
+    assert row["resume_s"] == round(summary["ready_s_median"], 3)
+    assert (f"through torch_dcp's resharding load (buffered reads), {ratio:.2f}× the engine's rate in the "
+            "same run (O_DIRECT reads") in row["mode"]
+    proc = subprocess.run([str(BIN / "mlckpt-check"), "compare", str(engine), str(lib), "--json"],
+                          env=cli_env(), text=True, capture_output=True, timeout=120, check=False)
+    assert proc.returncode == 0, proc.stderr
+    rows = {m["key"]: m for m in json.loads(proc.stdout)["metrics"]}
+    assert rows["framework"]["a"] is None and rows["framework"]["b"] == "torch_dcp"
+    assert rows["framework_resume_ratio"]["b"] == pytest.approx(ratio)
+    assert rows["storage_gb"]["b"] == pytest.approx(summary["storage_bytes"] / 1e9)
+    shown = subprocess.run([str(BIN / "mlckpt"), "report", str(lib)], env=cli_env(), text=True,
+                           capture_output=True, timeout=120, check=False)
+    assert shown.returncode == 0, shown.stderr
+    assert "through    torch_dcp's resharding load (buffered reads)" in shown.stdout
+    assert f"torch_dcp at {ratio:.2f}× the engine's rate" in shown.stdout and "framework " not in shown.stdout
 
 
 def test_a_pipeline_change_resumes_too(honest_bundles: dict[str, Path], tmp_path: Path) -> None:

@@ -2,9 +2,9 @@
 (mlckpt/run/phases/resumes.py), for tests/mpi/test_resume_mpi.py; run as ``python -m mpi4py
 resume_worker.py``, so that a rank's exception aborts the whole job.  Prints rank 0's gathered records
 as JSON; ``--corrupt WRITER:FILE:OFFSET`` flips one byte of an old file after it was laid out.
-``--dcp-save DIR`` (at the old layout's ranks) saves the checkpoint through DCP as its pieces of the
-global tensors; ``--dcp DIR`` resumes from it through DCP's own resharding load instead of the
-engine's.  Both take the content's ``--key`` and ``--run-id``, so the two jobs agree on it."""
+``--dcp`` saves the checkpoint through DCP, as the old layout's ranks would have saved it, in
+``FOLDER/dcp``, and resumes from it through DCP's own resharding load instead of the engine's;
+records what DCP read and the names of the files it saved."""
 
 from __future__ import annotations
 
@@ -37,23 +37,18 @@ def main() -> int:
     ap.add_argument("--scale", type=float, default=0.001)
     ap.add_argument("--corrupt", default=None)
     ap.add_argument("--buffered", action="store_true")
-    ap.add_argument("--key", default=None)
-    ap.add_argument("--run-id", type=int, default=None)
-    ap.add_argument("--dcp-save", type=Path, default=None)
-    ap.add_argument("--dcp", type=Path, default=None)
+    ap.add_argument("--dcp", action="store_true")
     a = ap.parse_args()
     comm = MPI.COMM_WORLD
     me = comm.Get_rank()
     w = Workload("llama3_8b", L8B, Parallelism(a.from_tp, 1, a.zero), 8)
     fresh = (secrets.token_bytes(engine.KEY_BYTES), secrets.randbits(63))
     key, run_id = comm.bcast(fresh if me == 0 else None)
-    if a.key:
-        key, run_id = bytes.fromhex(a.key), a.run_id
     opts = engine.IOOptions(direct=not a.buffered, threads=2, block_size=1 << 20, fsync=True)
     setup = resumes.ResumeSetup(make_plan(w, a.from_ranks, a.scale), dataclasses.replace(w), comm.Get_size(),
                                 a.tp, 1, Files(a.folder), key, run_id, opts)
-    if a.dcp_save or a.dcp:
-        return through_dcp(comm, setup, a)
+    if a.dcp:
+        return through_dcp(comm, setup, a.folder / "dcp")
     index_bytes = resumes.lay_out(comm, setup)
     if a.corrupt and me == 0:
         writer, index, offset = (int(x) for x in a.corrupt.split(":"))
@@ -76,16 +71,15 @@ def main() -> int:
     return 0
 
 
-def through_dcp(comm: MPI.Intracomm, setup: resumes.ResumeSetup, a: argparse.Namespace) -> int:
+def through_dcp(comm: MPI.Intracomm, setup: resumes.ResumeSetup, cdir: Path) -> int:
     from mlckpt.engine.frameworks import join_process_group, leave_process_group
 
     join_process_group(comm, single_host=True)
     try:
-        if a.dcp_save:
-            resumes.dcp_save(comm, setup, a.dcp_save)
-            return 0
+        resumes.dcp_lay_out(comm, setup, cdir)
         prepared = resumes.prepare(setup, comm.Get_rank(), spread=False)
-        rec = resumes.dcp_resume(comm, setup, prepared, a.dcp, loads.barrier_timed(comm))
+        rec = resumes.dcp_resume(comm, setup, prepared, cdir, loads.barrier_timed(comm))
+        rec["saved"] = sorted(p.name for p in cdir.iterdir())
         try:
             rec["verified_bytes"] = resumes.verify(setup, prepared, comm.Get_rank())
         except VerificationError as exc:

@@ -5,35 +5,44 @@ RESUME-SCOPE (config): what a resume run cannot be run with, refused before any 
 RESUME-DIRECT (config): a checkpoint on files is read with O_DIRECT, never through a page cache the
 new ranks of a host share.
 RESUME-CLOSED (config): no closed resume workload is defined: a resume run is an open result.
-RESUME-RECORDED (result): run.json's resume block is the configuration's.
+RESUME-RECORDED (result): run.json's resume block is the configuration's, and each resume's records
+name the writer the configuration gives it (rules 1.22: DCP's and the engine's alternate).
 RESUME-PLAN (result): each resume's records are what both plans give, rebuilt from the
 configuration (``resume.held_to_plan``): a rank missing or added, bytes, ranges, reads, files or
-tensors that the plans do not give are named by rank.  What it cannot see: records invented whole and
-coherently for ranks that never ran (the limit of every record without a witness).
+tensors that the plans do not give are named by rank.  A resume through DCP is held to the pieces
+its shard overlaps, each read whole as DCP reads it (``resume.held_to_whole_pieces``), their bytes
+as stored within the rules' ``resume.stored_piece_overhead_bytes`` a piece.  What it cannot see:
+records invented whole and coherently for ranks that never ran (the limit of every record without a
+witness).
 RESUME-COLD (result): each resume began with its old files out of the page cache.
 RESUME-COUNTERS (result): each resume inside its hosts' kernel counters, and the bytes its ranks
-claim to have read, read from the storage in that window (as SERVING-COUNTERS judges a load).
+claim to have read, read from the storage in that window (as SERVING-COUNTERS judges a load); a
+DCP resume's buffered reads, the distinct stored pieces of each host's ranks (the ranks of a host
+share its page cache).
 RESUME-SUMMARY (result): summary.json is what the records recompute to.
 """
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping, Sequence
+from typing import Any
 
 from mlckpt.errors import ConfigError
-from mlckpt.resume_metrics import by_resume, summary
+from mlckpt.resume_metrics import by_resume, storage_bytes, summary
 from mlckpt.rules.checks.serving import direct_on_files, each_read_counted, summary_exact
 from mlckpt.rules.engine import Context, NotChecked, Outcome, Rule, RuleSet, checks_table
 from mlckpt.rules.rundata import RunData, run_data
 from mlckpt.strict import mapping_at
 from mlckpt.units import fmt_share
-from mlckpt.workload.resume import held_to_plan
+from mlckpt.workload.frameworks import ENGINE
+from mlckpt.workload.resume import held_to_plan, held_to_whole_pieces
 from mlckpt.workload.resume_run import ResumeRun, scope_problems
 from mlckpt.written import Written
 
 
 def resume_scope(ctx: Context, ruleset: RuleSet, rule: Rule) -> Outcome:
-    bad = scope_problems(ctx.config)
+    writers = tuple(ruleset.data.get("resume", {}).get("writers") or (ENGINE,))
+    bad = scope_problems(ctx.config, writers)
     return Outcome(not bad, "a resume run without them", "; ".join(bad))
 
 
@@ -56,7 +65,13 @@ def resume_recorded(ctx: Context, ruleset: RuleSet, rule: Rule) -> Outcome:
     d, run = run_data(ctx), _run(ctx)
     want, got = run.block(), mapping_at(d.run, "resume")
     diff = [f"{k}={got.get(k)!r}" for k in want if got.get(k) != want[k]]
-    return Outcome(not diff, ", ".join(f"{k}={v!r}" for k, v in want.items()), ", ".join(diff))
+    for index, recs in by_resume(d.records).items():
+        # records format 13 names no writer: the engine made every resume
+        named = sorted({str(r.get("writer", ENGINE)) for r in recs})
+        if index < run.resumes and named != [run.writer_of(index)]:
+            diff.append(f"resume {index} by {', '.join(named)} (the configuration: {run.writer_of(index)})")
+    return Outcome(not diff, ", ".join(f"{k}={v!r}" for k, v in want.items()) + ", each resume by its writer",
+                   ", ".join(diff))
 
 
 def resume_plan_held(ctx: Context, ruleset: RuleSet, rule: Rule) -> Iterator[Outcome]:
@@ -73,8 +88,11 @@ def resume_plan_held(ctx: Context, ruleset: RuleSet, rule: Rule) -> Iterator[Out
     if sorted(resumes) != list(range(run.resumes)):
         yield Outcome(False, f"resumes 0..{run.resumes - 1} (resume.resumes={run.resumes})",
                       f"resumes {sorted(resumes)[:8]}")
+    overhead = int(ruleset.data.get("resume", {}).get("stored_piece_overhead_bytes", 0))
     for index, recs in resumes.items():
-        for problem in held_to_plan(plan, recs)[:10]:
+        whole = index < run.resumes and run.writer_of(index) != ENGINE
+        held = held_to_whole_pieces(run.whole_pieces, recs, overhead) if whole else held_to_plan(plan, recs)
+        for problem in held[:10]:
             yield Outcome(False, "as planned", problem, where=f"resume {index}")
         for r in recs:
             parts = sum(int(r[f"{p}_ns"]) for p in ("metadata", "planning", "read", "placing"))
@@ -100,7 +118,12 @@ def resume_cold(ctx: Context, ruleset: RuleSet, rule: Rule) -> Iterator[Outcome]
 def resume_counters(ctx: Context, ruleset: RuleSet, rule: Rule) -> Iterator[Outcome | NotChecked]:
     d = run_data(ctx)
     slack = float(ruleset.data["serving"]["counters_slack_fraction"])  # rules 1.14's bound, shared
-    yield from each_read_counted(d, by_resume(d.records), slack, "resume", "read_bytes")
+    run = _run(ctx)
+
+    def claimed(recs: Sequence[Mapping[str, Any]]) -> int:
+        return storage_bytes(run, recs)
+
+    yield from each_read_counted(d, by_resume(d.records), slack, "resume", claimed)
 
 
 def summarized(ruleset: RuleSet, data: RunData, run: ResumeRun) -> dict[str, object]:

@@ -216,32 +216,43 @@ def remove(comm: Intracomm, setup: ResumeSetup) -> None:
 
 
 
-def dcp_save(comm: Intracomm, setup: ResumeSetup, cdir: Path) -> None:
-    """Untimed, at the old layout (``comm`` has its N ranks): each rank's planned files' content
-    handed to DCP as its pieces of the global tensors, saved in ``cdir``."""
+def dcp_lay_out(comm: Intracomm, setup: ResumeSetup, cdir: Path) -> None:
+    """Untimed, collective: the old layout's state saved through DCP as its N ranks would save it
+    (mlckpt/engine/dcp_reshard.py), old rank ``r``'s pieces by new rank ``r % M``, each stamped with
+    the content of writer ``r``; its files durable (DCP fsyncs them) before the barrier."""
     from mlckpt.engine import dcp_reshard
 
-    me = comm.Get_rank()
-    rp = setup.old.rank_plans[me]
+    me, size = comm.Get_rank(), comm.Get_size()
+    mine = [rp for rp in setup.old.rank_plans if rp.rank % size == me]
     files = {}
-    for i, f in enumerate(rp.files):
-        files[i] = engine.alloc(max(PAGE, round_up(f.bytes)))
-        engine.fill(files[i], f.bytes, setup.key, setup.pid(me, i))
-    dcp_reshard.save(checkpoint_index(setup.old), me, files, cdir)
+    for rp in mine:
+        for i, f in enumerate(rp.files):
+            files[(rp.rank, i)] = engine.alloc(max(PAGE, round_up(f.bytes)))
+            engine.fill(files[(rp.rank, i)], f.bytes, setup.key, setup.pid(rp.rank, i))
+    dcp_reshard.save(checkpoint_index(setup.old), [rp.rank for rp in mine], files, cdir)
     comm.Barrier()
 
 
 def dcp_resume(comm: Intracomm, setup: ResumeSetup, prepared: Prepared, cdir: Path, timed: Timed,
                ) -> dict[str, object]:
     """One resume through DCP's own resharding load on this rank (``prepare(spread=False)``), cold
-    (DCP's files evicted first), unverified; its record's fields."""
+    (DCP's files this rank reads, and its metadata, evicted first), unverified; its record's fields
+    (the op timer's evidence, less the engine's requests: none went through it)."""
     from mlckpt.engine import dcp_reshard
 
     me = comm.Get_rank()
     index = checkpoint_index(setup.old)
-    parts: dict[str, int] = {}
-    resident = Files(cdir).evict([Path(n).name for n in dcp_reshard.files_of(cdir)])
+    writers = sorted({n.writer for n in prepared.plan.needs})
+    resident = Files(cdir).evict([dcp_reshard.file_name(w) for w in writers] + [dcp_reshard.METADATA])
     comm.Barrier()
-    timing = timed(lambda: parts.update(dcp_reshard.load(index, prepared.plan, prepared.state, cdir)))
-    return {"rank": me, **{k: timing[k] for k in ("t0_ns", "t1_ns", "wall_start")}, **parts,
-            "bytes": prepared.plan.bytes, "tensors": len(prepared.plan.tensors), "resident_bytes": resident}
+    loaded: list[dcp_reshard.Loaded] = []
+    timing = timed(lambda: loaded.append(dcp_reshard.load(index, prepared.plan, prepared.state, cdir)))
+    got = loaded[0]
+    # the engine's requests: none went through it
+    evidence = {k: timing[k] for k in TIMER_FIELDS
+                if k in timing and k not in ("witness_host_ns", "requests", "phases_ns")}
+    plan = prepared.plan
+    return {"rank": me, **evidence, "metadata_ns": got.metadata_ns, "planning_ns": got.planning_ns,
+            "read_ns": got.read_ns, "placing_ns": 0, "bytes": plan.bytes, "read_bytes": got.read_bytes,
+            "index_bytes": got.metadata_bytes, "needs": len(plan.needs), "reads": got.reads,
+            "tensors": len(plan.tensors), "files": got.files, "resident_bytes": resident}

@@ -3,6 +3,11 @@ checkpoint of the written layout laid out once on the storage (untimed), then ``
 resumes, each cold and each rank timed from leaving a barrier until its shard of the new layout is
 in its memory (mlckpt/run/phases/resumes.py), every byte verified after.  Rank 0 gathers the records.
 
+From rules 1.22, with ``framework.writer=torch_dcp``: the same checkpoint is also saved through DCP,
+as its N ranks would have saved it, and the resumes DCP makes (alternating with the engine's, as the
+configuration gives: mlckpt/workload/resume_run.py) are DCP's own resharding load of it, timed,
+evidenced and verified the same way.
+
 The checkpoint goes in the run folder's ``ckpt-0001/`` (on objects: under the run's prefix), so the
 guardian of a run that fails sweeps it as it sweeps a checkpoint.  Every resume is timed, watched
 and evidenced by the run's op timer (its barriers, the host's counters around it, the fault seam),
@@ -12,10 +17,12 @@ as a checkpoint op is.
 from __future__ import annotations
 
 from collections.abc import Callable
+from dataclasses import replace
 from pathlib import Path
 from typing import cast
 
 from mlckpt import engine
+from mlckpt.engine import frameworks
 from mlckpt.records import OpRecord, ResumeRecord
 from mlckpt.run.collective import Job, OpTimer
 from mlckpt.run.phases import outcome, resumes
@@ -25,6 +32,21 @@ from mlckpt.run.phases.gates import Gates
 from mlckpt.run.phases.publish import RunId
 from mlckpt.run.phases.stalls import LoadFiles
 from mlckpt.run.storage.cleanup import Created
+from mlckpt.workload.frameworks import DCP_METADATA, ENGINE
+from mlckpt.workload.resume_run import ResumeRun
+
+
+def _laid_out(run: ResumeRun, size: int) -> list[list[str]]:
+    """Each rank's names in the checkpoint folder: the old files it lays out for the engine (rank 0:
+    the index too), and the DCP files of the old ranks it saves for (rank 0: DCP's metadata)."""
+    from mlckpt.engine.dcp_reshard import file_name
+
+    engine_too, dcp = ENGINE in run.writers, run.framework.library
+    return [([f.name for rp in run.written.rank_plans if rp.rank % size == r for f in rp.files]
+             + ([resumes.INDEX_NAME] if r == 0 else []) if engine_too else [])
+            + ([file_name(w) for w in range(run.from_ranks) if w % size == r]
+               + (list(DCP_METADATA) if r == 0 else []) if dcp else [])
+            for r in range(size)]
 
 
 def resume_phases(job: Job, configured: Configured, gates: Gates, created: Created,
@@ -38,31 +60,64 @@ def resume_phases(job: Job, configured: Configured, gates: Gates, created: Creat
     store = folders.durable.below("ckpt-0001")
     setup = resumes.ResumeSetup(run.written, run.workload, run.ranks, run.tp, run.pp, store, folders.key,
                                 folders.run.number, opts)
-    laid = [[f.name for rp in run.written.rank_plans if rp.rank % job.size == r for f in rp.files]
-            + ([resumes.INDEX_NAME] if r == 0 else []) for r in range(job.size)]
+    laid = _laid_out(run, job.size)
     job.note(names=laid, made=1)  # what the guardian sweeps if the run fails
-    created.add_files([store.at(name) for name in laid[job.rank]])  # each rank removes what it laid out
+    created.add_files([store.at(name) for name in laid[job.rank] if name != DCP_METADATA[1]])
     if store.folders and gates.leader(job.rank):
         created.add_dir(Path(store.at()))
-    with job.step("laying out the checkpoint"):
-        index_bytes = resumes.lay_out(job.comm, setup)
-    with job.step("allocating the new state"):
-        prepared = resumes.prepare(setup, job.rank)
+    fw = run.framework
+    if fw.library:  # untimed: PyTorch takes seconds to import; DCP's process group from the MPI world
+        with job.step(f"framework library {fw.writer}"):
+            frameworks.load_library(fw.writer)
+            frameworks.join_process_group(job.comm, len(gates.hosts) == 1)
+    try:
+        return _resumes(job, run, setup, folders, gates, laid, make_timer)
+    finally:
+        if fw.library:
+            frameworks.leave_process_group()
+
+
+def _resumes(job: Job, run: ResumeRun, setup: resumes.ResumeSetup, folders: Folders, gates: Gates,
+             laid: list[list[str]], make_timer: Callable[[Folders, LoadFiles], OpTimer]) -> outcome.Measured:
+    store, cdir = setup.storage, Path(setup.storage.at())
+    prepared: dict[str, resumes.Prepared] = {}
+    index_bytes = 0
+    if ENGINE in run.writers:
+        with job.step("laying out the checkpoint"):
+            index_bytes = resumes.lay_out(job.comm, setup)
+        with job.step("allocating the new state"):
+            prepared[ENGINE] = resumes.prepare(setup, job.rank)
+    if run.framework.library:
+        with job.step(f"saving the checkpoint through {run.framework.writer}"):
+            resumes.dcp_lay_out(job.comm, setup, cdir)
+        with job.step(f"allocating the new state for {run.framework.writer}"):
+            prepared[run.framework.writer] = resumes.prepare(setup, job.rank, spread=False)
     reads = [sorted({store.at(setup.name(rd.writer, rd.index)) for rd in rr}) for rr in run.plan.reads]
     timer = make_timer(folders, LoadFiles(reads, sorted({n for names in laid for n in names})))
     mine: list[ResumeRecord] = []
     for index in range(run.resumes):
-        def timed(action: Callable[[], None], index: int = index) -> OpRecord:
-            return timer("resume", index, 1, action, prepared.plan.bytes, len(reads[job.rank]), opts)
+        writer = run.writer_of(index)
+        ready = prepared[writer]
 
-        rec = resumes.resume(job.comm, setup, prepared, index_bytes, timed)  # every rank raises alike
+        def timed(action: Callable[[], None], index: int = index, writer: str = writer,
+                  nbytes: int = ready.plan.bytes) -> OpRecord:
+            o = setup.opts if writer == ENGINE else replace(setup.opts, direct=False, dontcache=False)
+            return timer("resume", index, 1, action, nbytes, len(reads[job.rank]), o)
+
+        # every rank raises alike
+        rec = (resumes.resume(job.comm, setup, ready, index_bytes, timed) if writer == ENGINE
+               else resumes.dcp_resume(job.comm, setup, ready, cdir, timed))
         with job.step(f"verify resume {index}"):
-            verified = resumes.verify(setup, prepared, job.rank)
+            verified = resumes.verify(setup, ready, job.rank)
         # the record's fields are a resume record's own (resumes.resume), checked where records are read
-        mine.append(cast(ResumeRecord, {"op": "resume", "index": index, "host": gates.rank_hosts[job.rank],
-                                        **rec, "verified_bytes": verified}))
+        fields = {"op": "resume", "index": index, "host": gates.rank_hosts[job.rank], **rec,
+                  "verified_bytes": verified}
+        if timer.written.has("resume_writer"):
+            fields["writer"] = writer
+        mine.append(cast(ResumeRecord, fields))
         if job.rank == 0:
-            job.say(f"resume {index + 1}/{run.resumes}: {run.ranks} ranks hold their shards")
+            job.say(f"resume {index + 1}/{run.resumes}" + (f" through {writer}" if writer != ENGINE else "")
+                    + f": {run.ranks} ranks hold their shards")
     everyone = job.gather(mine)
     records = sorted((r for recs in everyone or () for r in recs), key=lambda r: (r["index"], r["rank"]))
     return outcome.Measured(folders.run, records, None, None, folders.key)

@@ -143,7 +143,7 @@ KNOWN = ("llama3_1t, llama3_405b, llama3_70b, llama3_8b, llama_1t, llama_405b, l
     (["hosts=2.0"], "hosts: 2.0 is not of type 'integer', 'null'"),
     (["ranks"], "override 'ranks': expected KEY=VALUE (e.g. ranks=64)"),
     (["rules_version='2.0'"], "rules_version: unknown rules version '2.0'; known: 1.0, 1.1, 1.2, 1.3, 1.4, "
-     "1.5, 1.6, 1.7, 1.8, 1.9, 1.10, 1.11, 1.12, 1.13, 1.14, 1.15, 1.16, 1.17, 1.18, 1.19, 1.20, 1.21, "
+     "1.5, 1.6, 1.7, 1.8, 1.9, 1.10, 1.11, 1.12, 1.13, 1.14, 1.15, 1.16, 1.17, 1.18, 1.19, 1.20, 1.21, 1.22, "
      "mlps-v3.0, mlps-v3.0r2, "
      "mlps-v3.0r3, mlps-v3.0r4, mlps-v3.0r5"),
     (["--bogus"], "mlckpt: unrecognized arguments: --bogus; settings are key=value overrides: did you mean "
@@ -186,7 +186,7 @@ def test_plan_text(run_cli) -> None:  # type: ignore[no-untyped-def]
     r = run_cli("plan", "workload=llama3_8b")
     assert r.returncode == 0, r.stderr
     out = r.stdout
-    assert out.startswith("llama3_8b on 8 ranks: TP 1 × PP 1 × DP 8, ZeRO 3, division closed, rules 1.21\n")
+    assert out.startswith("llama3_8b on 8 ranks: TP 1 × PP 1 × DP 8, ZeRO 3, division closed, rules 1.22\n")
     assert "  parameters          8,030,261,248\n" in out
     assert "  checkpoint          104.70 GiB / 112.43 GB  (112,425,623,552 B in 16 files)\n" in out
     assert "Layouts (1 distinct; names with {dp}/{mp} vary by rank):" in out

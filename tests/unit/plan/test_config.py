@@ -41,14 +41,14 @@ def test_setup_from_overrides() -> None:
     assert s.plan.ranks == 64 and s.plan.dp == 8
     assert s.plan.total_bytes == 978_406_572_032
     assert s.config["checkpoint"]["num_writes"] == 3
-    assert s.rules.version == "1.21"
+    assert s.rules.version == "1.22"
 
 
 def test_defaults() -> None:
     cfg = compose([])
     assert cfg["workload"]["name"] == "llama3_8b"
     assert cfg["ranks"] == 8
-    assert cfg["rules_version"] == "1.21"
+    assert cfg["rules_version"] == "1.22"
     assert cfg["checkpoint"]["restore"] == "own"
     assert cfg["residency"] == "full"
     assert (cfg["hosts"], cfg["ranks_per_host"], cfg["accelerator"], cfg["host_memory_gib"]) == (
@@ -157,8 +157,8 @@ def test_unknown_rules_version() -> None:
         setup(["rules_version='9.9'"])
     assert str(exc.value) == ("rules_version: unknown rules version '9.9'; known: 1.0, 1.1, 1.2, 1.3, 1.4, "
                               "1.5, 1.6, 1.7, 1.8, 1.9, 1.10, 1.11, 1.12, 1.13, 1.14, 1.15, 1.16, 1.17, "
-                              "1.18, 1.19, 1.20, 1.21, mlps-v3.0, mlps-v3.0r2, mlps-v3.0r3, mlps-v3.0r4, "
-                              "mlps-v3.0r5")
+                              "1.18, 1.19, 1.20, 1.21, 1.22, mlps-v3.0, mlps-v3.0r2, mlps-v3.0r3, "
+                              "mlps-v3.0r4, mlps-v3.0r5")
 
 
 @pytest.mark.parametrize(("overrides", "rule", "fragment"), [
@@ -215,7 +215,7 @@ def test_config_command_prints_resolved_yaml(run_cli) -> None:  # type: ignore[n
     assert doc["ranks"] == 64
     assert doc["checkpoint"]["num_writes"] == 3
     assert doc["checkpoint"]["num_reads"] == 10
-    assert doc["rules_version"] == "1.21"  # stays a string through the YAML round trip
+    assert doc["rules_version"] == "1.22"  # stays a string through the YAML round trip
     validate(doc)  # what it prints is itself a valid configuration
 
 

@@ -19,7 +19,14 @@ from mlckpt.errors import ConfigError
 from mlckpt.resources import workloads_dir
 from mlckpt.workload.layout import PAGE, make_plan
 from mlckpt.workload.model import DTYPE_BYTES, ModelShape, Parallelism, Workload, workload_from_config
-from mlckpt.workload.resume import Index, ResumePlan, checkpoint_index, resume_plan
+from mlckpt.workload.resume import (
+    Index,
+    ResumePlan,
+    checkpoint_index,
+    held_to_whole_pieces,
+    resume_plan,
+    stored_pieces,
+)
 from mlckpt.workload.tensors import rank_tensors
 
 
@@ -192,3 +199,48 @@ def test_any_resume_is_sound(h: int, layers: int, ffn: int, vocab: int, tp: int,
     assert_sound(plan)
     if zero == 3 and new_tp == 1:  # sharded over DP, no tensor TP replicates held twice
         assert plan.state_bytes == index.tensor_bytes
+
+
+def test_a_reader_of_whole_pieces_reads_each_piece_its_shard_overlaps_once() -> None:
+    """DCP's load (rules 1.22): one read item a stored piece a new shard overlaps, the piece read
+    whole; TP 1 -> 2 makes both new TP ranks read the whole old rows of every weight."""
+    w = dataclasses.replace(workload("llama3_8b"), parallelism=Parallelism(2, 1, 1))
+    old = dataclasses.replace(w, parallelism=Parallelism(1, 1, 1))
+    index = checkpoint_index(make_plan(old, 8, 0.01))
+    plan = resume_plan(index, w, 4, 2, 1, spread=False)
+    for rr in plan.rank_resumes:
+        pieces = stored_pieces(index, rr)
+        assert len(pieces) == len(rr.needs)  # one overlap a piece
+        assert len(set(pieces)) == len(pieces)
+        assert sum(p[3] for p in pieces) >= rr.bytes  # whole pieces: at least what the shard holds
+    q = "model.layers.0.self_attn.qkv_proj.weight"
+    by_rank = [{p for p in stored_pieces(index, rr) if p[0] == q} for rr in plan.rank_resumes]
+    assert by_rank[0] == by_rank[1] == {(q, 0, 0, index.by_name[q].numel * 2)}  # old rank 0's whole rows
+
+
+def test_records_of_whole_pieces_are_held_to_that_plan() -> None:
+    w = workload("llama3_8b")
+    index = checkpoint_index(make_plan(w, 8, 0.01))
+    plan = resume_plan(index, w, 4, 1, 1, spread=False)
+    overhead = 8192
+
+    def honest() -> list[dict[str, object]]:
+        out = []
+        for rr in plan.rank_resumes:
+            pieces = stored_pieces(index, rr)
+            out.append({"rank": rr.rank, "bytes": rr.bytes, "needs": len(rr.needs), "reads": len(pieces),
+                        "tensors": len(rr.tensors), "files": len({p[2] for p in pieces}),
+                        "read_bytes": sum(p[3] for p in pieces) + 1500 * len(pieces), "index_bytes": 4321,
+                        "verified_bytes": rr.bytes})
+        return out
+
+    assert held_to_whole_pieces(plan, honest(), overhead) == []
+    for key, value, says in [("read_bytes", 1, "rank 2: read_bytes 1, its "),
+                             ("read_bytes", 10**12, "rank 2: read_bytes 1000000000000"),
+                             ("files", 3, "rank 2: files 3, the plans give 2"),
+                             ("index_bytes", 1234, "index_bytes ['1234', '4321']"),
+                             ("verified_bytes", 7, "rank 2: verified_bytes 7")]:
+        recs = honest()
+        recs[2][key] = value
+        assert any(p.startswith(says) for p in held_to_whole_pieces(plan, recs, overhead)), (key, says)
+    assert held_to_whole_pieces(plan, honest()[1:], overhead)[0].startswith("ranks [1, 2, 3]")

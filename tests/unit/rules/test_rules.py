@@ -180,15 +180,17 @@ NEGATIVE: list[tuple[str, Callable[[], Context], list[str]]] = [
     ("RESUME-SCOPE", lambda: raw_ctx("division=open", "ranks=4", "resume.from_ranks=8",
                                      "resume.from_tensor=3", "scale=0.01"),
      ["a resume run reads one checkpoint of a valid written layout into the workload's layout, through the "
-      "engine, from one tier of storage, on its own: expected a resume run without them, got "
+      "engine or a library that reshards (DCP), from one tier of storage, on its own: expected a resume run "
+      "without them, got "
       "resume.from_ranks=8 (a multiple of from_tensor x from_pipeline = 3)"]),
     ("RESUME-SCOPE", lambda: raw_ctx("division=open", "ranks=4", "resume.from_ranks=8", "scale=0.01",
                                      "checkpoint.mode=async"),
      ["a resume run reads one checkpoint of a valid written layout into the workload's layout, through the "
-      "engine, from one tier of storage, on its own: expected a resume run without them, got "
+      "engine or a library that reshards (DCP), from one tier of storage, on its own: expected a resume run "
+      "without them, got "
       "checkpoint.mode=async (no checkpoints are written)"]),
     ("RESUME-CLOSED", lambda: ctx_of("ranks=4", "resume.from_ranks=8", "scale=0.01"),
-     ["rules 1.21 define no closed resume workload (no canonical pair of layouts): a resume run is an open "
+     ["rules 1.22 define no closed resume workload (no canonical pair of layouts): a resume run is an open "
       "result (run it with division=open): expected division=open, got division=closed"]),
     ("RESUME-DIRECT", lambda: raw_ctx("division=open", "ranks=4", "resume.from_ranks=8", "scale=0.01",
                                       "io.direct=false"),
@@ -380,6 +382,8 @@ POSITIVE: list[tuple[str, Callable[[], Context]]] = [
                                      "scale=0.01")),
     ("SERVING-CLOSED", lambda: ctx_of("ranks=8")),  # a checkpoint run
     ("RESUME-SCOPE", lambda: ctx_of("division=open", "ranks=16", "resume.from_ranks=8", "scale=0.01")),
+    ("RESUME-SCOPE", lambda: ctx_of("division=open", "ranks=4", "resume.from_ranks=8", "scale=0.01",
+                                    "framework.writer=torch_dcp", "workload.parallelism.tensor=2")),
     ("RESUME-CLOSED", lambda: ctx_of("ranks=8")),  # a checkpoint run
     ("RESUME-DIRECT", lambda: ctx_of("division=open", "ranks=4", "resume.from_ranks=8", "scale=0.01")),
     ("RESUME-DIRECT", lambda: ctx_of("division=open", "ranks=4", "resume.from_ranks=8", "scale=0.01",
@@ -559,7 +563,7 @@ def test_closed_overrides_leave_workload_and_own_rules_to_other_rules() -> None:
 def test_a_witness_is_allowed_in_a_closed_run_from_rules_1_15() -> None:
     witnessed = ("witness.url=http://witness.example:8470", "witness.timeout_s=10")
     ctx = ctx_of(*witnessed)
-    assert ctx.division == "closed" and RS.version == "1.21"
+    assert ctx.division == "closed" and RS.version == "1.22"
     assert not findings_of(evaluate(ctx), "CLOSED-OVERRIDES")
     old = load_rules("1.14").evaluate(ctx_of(*witnessed, "rules_version=1.14"), ("config", "host"))
     refused = [f.actual for f in findings_of(old, "CLOSED-OVERRIDES")]
@@ -754,7 +758,7 @@ def test_rule_data_is_well_formed() -> None:
         assert set(r.divisions) <= {"closed", "open"} and r.divisions
         assert r.check in CHECKS
         assert "{actual}" in r.message
-    assert RS.version == "1.21"
+    assert RS.version == "1.22"
     assert RS.closed["num_writes"] == RS.closed["num_reads"] == 10
     assert RS.closed["min_ranks_per_host"] == 4
     assert {k: RS.accelerators[k] for k in ("h100", "h200", "b200", "mi300x", "mi355x")} == {
@@ -772,8 +776,8 @@ def test_load_rules_unknown_version() -> None:
         load_rules("9.9")
     assert str(exc.value) == ("rules_version: unknown rules version '9.9'; known: 1.0, 1.1, 1.2, 1.3, 1.4, "
                               "1.5, 1.6, 1.7, 1.8, 1.9, 1.10, 1.11, 1.12, 1.13, 1.14, 1.15, 1.16, 1.17, "
-                              "1.18, 1.19, 1.20, 1.21, mlps-v3.0, mlps-v3.0r2, mlps-v3.0r3, mlps-v3.0r4, "
-                              "mlps-v3.0r5")
+                              "1.18, 1.19, 1.20, 1.21, 1.22, mlps-v3.0, mlps-v3.0r2, mlps-v3.0r3, "
+                              "mlps-v3.0r4, mlps-v3.0r5")
     assert exc.value.key == "rules_version"
     assert exc.value.exit_status == 2
 

@@ -37,7 +37,7 @@ def test_each_feature_arrived_with_a_version_in_its_formats_history() -> None:
 
 
 def test_older_rules_write_less() -> None:
-    old, new = Written.of("1.2"), Written.of("1.21")
+    old, new = Written.of("1.2"), Written.of("1.22")
     assert [f for f in FEATURES if old.has(f)] == []
     assert all(new.has(f) for f in FEATURES)
     assert Written.of("1.8").has("calibration") and not Written.of("1.8").has("content_commitment")
@@ -47,5 +47,6 @@ def test_older_rules_write_less() -> None:
     assert Written.of("1.15").has("load_evidence") and not Written.of("1.15").has("witnessed_loads")
     assert Written.of("1.18").has("witnessed_loads") and not Written.of("1.18").has("tensors")
     assert Written.of("1.19").has("tensors") and not Written.of("1.19").has("barrier_start")
+    assert Written.of("1.21").has("resume") and not Written.of("1.21").has("resume_writer")
     with pytest.raises(KeyError):
         new.has("no-such-feature")
