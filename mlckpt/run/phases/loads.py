@@ -24,6 +24,7 @@ its barrier, never timed.
 
 from __future__ import annotations
 
+import gc
 import os
 import shutil
 import time
@@ -135,9 +136,13 @@ TIMER_FIELDS = ("t0_ns", "t1_ns", "wall_start", "direct", "cpu_ns", "host_counte
 def barrier_timed(comm: Intracomm) -> Timed:
     """The plainest timed region, for a load outside a run (a benchmark, a harness): a barrier, the
     action, the clock; a rank whose action failed raises, the others wait for the job's end (the
-    runner's OpTimer agrees on a failure instead, and carries the op's evidence)."""
+    runner's OpTimer agrees on a failure instead, and carries the op's evidence).  Python's
+    automatic collection is held through the action, as the OpTimer holds it: a library's load
+    (DCP's) makes many objects, and four ranks on two cores collecting them doubled its time."""
     def timed(action: Callable[[], None]) -> Mapping[str, object]:
         comm.Barrier()
+        was = gc.isenabled()
+        gc.disable()
         t0, wall = time.monotonic_ns(), time.time()
         failed: BaseException | None = None
         try:
@@ -145,6 +150,8 @@ def barrier_timed(comm: Intracomm) -> Timed:
         except Exception as exc:
             failed = exc
         t1 = time.monotonic_ns()
+        if was:
+            gc.enable()
         if comm.allreduce(failed is not None):
             if failed is not None:
                 raise failed
