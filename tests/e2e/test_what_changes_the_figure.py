@@ -78,7 +78,7 @@ def test_a_real_run_records_them_and_the_checker_recomputes_them(honest_bundles:
     recs = [json.loads(line) for line in (folder / "records.jsonl").read_text().splitlines()]
     assert all(r["cpu_ns"] > 0 and 0 <= r["state_huge_bytes"] <= r["state_bytes"] > 0 for r in recs)
     summary = json.loads((folder / "summary.json").read_text())
-    assert summary["summary_format"] == 11 and summary["write_first_bandwidth_gib_s"] > 0
+    assert summary["summary_format"] == 12 and summary["write_first_bandwidth_gib_s"] > 0
     assert "write_steady_bandwidth_mean_gib_s" not in summary  # one write
     assert summary["write_cpu_s_per_gib"] > 0 and summary["read_cpu_s_per_gib"] > 0
     # a first write claimed faster than the records say fails the recomputation

@@ -720,7 +720,7 @@ def served(runs: dict[str, Any], tmp_path_factory: pytest.TempPathFactory) -> Pa
 def test_a_witnessed_serving_run_reports_each_load_and_passes(runs: dict[str, Any], served: Path,
                                                               tmp_path: Path) -> None:
     doc, recs = transcript_doc(served), read_records(served)
-    assert doc["witness_format"] == 3 and read_json(served, "run.json")["records_format"] == 13
+    assert doc["witness_format"] == 3 and read_json(served, "run.json")["records_format"] == 14
     assert [(e["kind"], e["op"], e["index"]) for e in doc["entries"] if e["kind"] in ("start", "end")] == [
         (k, "load", i) for i in (0, 1) for k in ("start", "end")]
     # rank 0 accounts for its own time around each witnessed load, as around a checkpoint op

@@ -153,7 +153,7 @@ def test_honest_runs_beside_a_paced_copy_and_a_busy_core_are_valid(
             assert (status, run_doc["verdict"]) == (0, "open"), out[-3000:]
         else:
             assert (status, run_doc["verdict"]) in ((0, "open"), (6, "disturbed")), out[-3000:]
-        assert run_doc["rules_version"] == "1.21" and run_doc["calibration"]["rounds"] >= 16
+        assert run_doc["rules_version"] == "1.22" and run_doc["calibration"]["rounds"] >= 16
         # rules 1.9: the device's background, watched with the run asleep, recorded and said
         [host] = run_doc["calibration"]["hosts"]
         assert host["background"]["after"]["t_ns"] - host["background"]["before"]["t_ns"] >= 10**9
@@ -228,6 +228,26 @@ def test_a_disturbed_read_invocation_keeps_what_it_restored_to_be_run_again(site
             break
         statuses.append(read_invocation()[0])
     assert statuses[-1] == 0, statuses
+
+
+@pytest.mark.slow
+def test_a_resume_beside_a_flat_out_copy_is_never_invalid(site: dict[str, Path], flat_out: Tenant) -> None:
+    """Rules 1.22: a resume run watches its device with the run asleep and judges its resumes by
+    FOREIGN-IO.  Beside a flat-out copy it is open or disturbed, never invalid, and the copy's bytes
+    are seen as another's during the resumes."""
+    from mlckpt.attribution import phases
+
+    status, out, folder = run(site, "division=open", "scale=0.01", "ranks=4", "resume.from_ranks=8",
+                              "resume.resumes=5", name="resume-flat")
+    run_doc, _ = docs(folder)
+    assert (status, run_doc["verdict"]) in ((0, "open"), (6, "disturbed")), out[-3000:]
+    assert re.search(r"before the first op, with the run asleep 1\.\d s, other processes moved "
+                     r"[\d.]+ [KMG]?i?B/s", out), out[-3000:]
+    if run_doc["verdict"] == "disturbed":
+        assert "finding: [FOREIGN-IO] (disturbed)" in out, out[-3000:]
+    records = [json.loads(line) for line in (folder / "records.jsonl").read_text().splitlines()]
+    [resumes] = [v for k, v in phases(records, lambda r: True).items() if k == "resume"]
+    assert len(resumes) == 5 and sum(s.window.foreign_bytes for s in resumes) > 0
 
 
 @pytest.mark.slow

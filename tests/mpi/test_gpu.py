@@ -172,7 +172,7 @@ def test_cpu_fallback_runs_the_whole_path_and_is_no_gpu_result(gpu_world: dict[s
     assert "GPU copy rates again" in proc.stdout  # probed again after the last restore
     folder = printed_bundle(proc)
     run = json.loads((folder / "run.json").read_text())
-    assert (run["run_format"], run["records_format"], run["verdict"]) == (13, 13, "invalid")
+    assert (run["run_format"], run["records_format"], run["verdict"]) == (13, 14, "invalid")
     state = run["state"]
     assert state["source"] == "gpu" and state["library"] == "torch"
     assert [(e["rank"], e["device_type"]) for e in state["ranks"]] == [(0, "cpu"), (1, "cpu")]

@@ -178,7 +178,7 @@ def test_run_on_object_storage_passes_the_checker(world: dict[str, Any], tmp_pat
     assert len(re.findall(r"^read \d/3: .* verified, 0\.0% cached before\)$", out, re.M)) == 3, out
     folder = printed_bundle(proc)
     run_json = json.loads((folder / "run.json").read_text())
-    assert run_json["run_format"] == 13 and run_json["rules_version"] == "1.21"
+    assert run_json["run_format"] == 13 and run_json["rules_version"] == "1.22"
     storage = run_json["storage"]
     assert storage["kind"] == "s3" and storage["bucket"] == S3_BUCKET and storage["prefix"] == world["prefix"]
     assert storage["client"].startswith("botocore ") and storage["endpoint_host"].startswith("127.0.0.1:")

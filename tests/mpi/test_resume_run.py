@@ -289,6 +289,42 @@ def test_a_forged_resume_is_caught(made: dict[str, Any], rule: str, source: str,
     assert rule in {f["rule"] for f in got["findings"]}, got["findings"]
 
 
+def test_a_resume_beside_another_tenant_of_its_device_is_disturbed(made: dict[str, Any],
+                                                                   tmp_path: Path) -> None:
+    """Rules 1.22: FOREIGN-IO judges resume runs.  A resume run watches its device with the run asleep
+    before the first resume (run.json's calibration); another tenant moving 2 GB/s there through
+    that window and the resumes, and nothing of the run's own, makes the result disturbed, neither
+    valid nor invalid; the bundle here still says open, which RESULT-VERDICT calls a false claim.  (A
+    real flat-out copy beside a real resume: tests/mpi/test_environment.py.)"""
+    h = made["h"]
+    b = tmp_path / "b" / made["dp4"]["bundle"].name
+    shutil.copytree(made["dp4"]["bundle"], b)
+    run_doc = read_json(b, "run.json")
+    [host] = run_doc["calibration"]["hosts"]
+    assert host["background"]["after"]["t_ns"] - host["background"]["before"]["t_ns"] >= 10**9
+    rate = 2e9  # bytes a second, none of them the run's own
+
+    def busy(doc: dict[str, Any]) -> None:
+        bg = doc["calibration"]["hosts"][0]["background"]
+        bg["after"]["read_bytes"] += int(rate * (bg["after"]["t_ns"] - bg["before"]["t_ns"]) / 1e9)
+
+    def during(recs: list[dict[str, Any]]) -> None:
+        for r in recs:
+            hc = r.get("host_counters")
+            if hc:
+                hc["after"]["read_bytes"] += int(rate * (hc["after"]["t_ns"] - hc["before"]["t_ns"]) / 1e9)
+    edit_json(b, "run.json", busy)
+    edit_records(b, during)
+    resign(b, bundle.load_private_key(h["dir"] / "keys" / "org.pem"), ranks=run_doc["ranks"],
+           division=run_doc["division"])
+    got = judged_alone(h, tree_of(h, tmp_path / "t", b))
+    found = {f["rule"]: f for f in got["findings"] if f["severity"] != "warning"}
+    assert set(found) == {"FOREIGN-IO", "RESULT-VERDICT"}, got["findings"]
+    assert found["FOREIGN-IO"]["severity"] == "disturbed"
+    assert "before and during the timed ops" in found["FOREIGN-IO"]["message"]
+    assert "expected disturbed (FOREIGN-IO), got open" in found["RESULT-VERDICT"]["message"]
+
+
 def test_a_resume_that_cannot_be_run_is_refused_before_any_io(honest_bundles: dict[str, Path],
                                                               tmp_path: Path) -> None:
     h = honest_bundles

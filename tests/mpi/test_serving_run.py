@@ -64,7 +64,7 @@ def test_the_records_hold_what_each_strategy_promises(made: dict[str, Any], stra
     run_doc, records, summary = (read_json(m["bundle"], "run.json"), read_records(m["bundle"]),
                                  read_json(m["bundle"], "summary.json"))
     assert run_doc["serving"]["strategy"] == strategy and run_doc["run_format"] == 13
-    assert run_doc["records_format"] == 13 and summary["summary_format"] == 11
+    assert run_doc["records_format"] == 14 and summary["summary_format"] == 12
     assert (run_doc["serving"]["node_tier"] is None) == (strategy != "nodecache")
     assert [(r["index"], r["rank"]) for r in records] == [(i, r) for i in range(2) for r in range(4)]
     shards = sum(r["bytes"] for r in records if r["index"] == 0 and r["replica"] == 0)

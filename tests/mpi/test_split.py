@@ -233,8 +233,8 @@ def test_a_write_invocation_without_a_commitment_is_refused_under_1_10_before_an
     assert proc.returncode == 2
     assert proc.stderr.strip().splitlines()[-1] == (
         f"mlckpt: error: checkpoint.restore_from: {w.name} cannot be restored here: it has no content "
-        "commitment (rules 1.9), which rules 1.21 bind a restore to: restore it under rules_version=1.9, "
-        "or write it again under 1.21")
+        "commitment (rules 1.9), which rules 1.22 bind a restore to: restore it under rules_version=1.9, "
+        "or write it again under 1.22")
     assert len(list((tmp_path / "ck" / w.name).rglob("*.pt"))) == 8  # untouched: 4 ranks × 2 files
     proc = run(honest_bundles, tmp_path, "checkpoint.num_writes=0", "checkpoint.num_reads=1",
                f"checkpoint.restore_from={w}", "rules_version=1.9")

@@ -50,7 +50,11 @@ def host_facts(data: RunData) -> dict[str, Mapping[str, Any]]:
 
 def counted_op(data: RunData, r: Rec) -> bool:
     """Whether the op's bytes cross the durable tier's device inside the record's own op window:
-    sync one-tier writes with fsync or O_DIRECT, restores from the durable tier."""
+    sync one-tier writes with fsync or O_DIRECT, restores from the durable tier, and a resume run's
+    resumes (each reads its checkpoint cold: O_DIRECT, or evicted before a library's buffered
+    load)."""
+    if r["op"] == "resume":
+        return True
     if r["op"] == "read":
         return r.get("tier") == DURABLE
     return data.pipeline.blocking == DURABLE and bool(r.get("fsync") or r.get("direct"))

@@ -8,6 +8,10 @@ as its N ranks would have saved it, and the resumes DCP makes (alternating with 
 configuration gives: mlckpt/workload/resume_run.py) are DCP's own resharding load of it, timed,
 evidenced and verified the same way.
 
+Under rules that judge a resume run by FOREIGN-IO (1.22), the run's timing is calibrated and the
+device watched with the run asleep before the first resume, as a checkpoint run's are, so a resume
+that another tenant of the device slowed is labelled disturbed.
+
 The checkpoint goes in the run folder's ``ckpt-0001/`` (on objects: under the run's prefix), so the
 guardian of a run that fails sweeps it as it sweeps a checkpoint.  Every resume is timed, watched
 and evidenced by the run's op timer (its barriers, the host's counters around it, the fault seam),
@@ -26,6 +30,7 @@ from mlckpt.engine import frameworks
 from mlckpt.records import OpRecord, ResumeRecord
 from mlckpt.run.collective import Job, OpTimer
 from mlckpt.run.phases import outcome, resumes
+from mlckpt.run.phases.calibrate import calibrate
 from mlckpt.run.phases.configure import Configured
 from mlckpt.run.phases.folders import Folders, make_folders
 from mlckpt.run.phases.gates import Gates
@@ -71,14 +76,16 @@ def resume_phases(job: Job, configured: Configured, gates: Gates, created: Creat
             frameworks.load_library(fw.writer)
             frameworks.join_process_group(job.comm, len(gates.hosts) == 1)
     try:
-        return _resumes(job, run, setup, folders, gates, laid, make_timer)
+        return _resumes(job, configured, setup, folders, gates, laid, make_timer)
     finally:
         if fw.library:
             frameworks.leave_process_group()
 
 
-def _resumes(job: Job, run: ResumeRun, setup: resumes.ResumeSetup, folders: Folders, gates: Gates,
+def _resumes(job: Job, configured: Configured, setup: resumes.ResumeSetup, folders: Folders, gates: Gates,
              laid: list[list[str]], make_timer: Callable[[Folders, LoadFiles], OpTimer]) -> outcome.Measured:
+    run, rules = configured.setup.settings.resume, configured.setup.rules
+    assert run is not None
     store, cdir = setup.storage, Path(setup.storage.at())
     prepared: dict[str, resumes.Prepared] = {}
     index_bytes = 0
@@ -94,6 +101,9 @@ def _resumes(job: Job, run: ResumeRun, setup: resumes.ResumeSetup, folders: Fold
             prepared[run.framework.writer] = resumes.prepare(setup, job.rank, spread=False)
     reads = [sorted({store.at(setup.name(rd.writer, rd.index)) for rd in rr}) for rr in run.plan.reads]
     timer = make_timer(folders, LoadFiles(reads, sorted({n for names in laid for n in names})))
+    calibration = None
+    if "resume" in rules.rule("FOREIGN-IO").kinds:  # rules 1.22: what the host moves with the run asleep
+        calibration = calibrate(timer, background_s=float(rules.data["attribution"]["background_s"]))
     mine: list[ResumeRecord] = []
     for index in range(run.resumes):
         writer = run.writer_of(index)
@@ -120,4 +130,4 @@ def _resumes(job: Job, run: ResumeRun, setup: resumes.ResumeSetup, folders: Fold
                     + f": {run.ranks} ranks hold their shards")
     everyone = job.gather(mine)
     records = sorted((r for recs in everyone or () for r in recs), key=lambda r: (r["index"], r["rank"]))
-    return outcome.Measured(folders.run, records, None, None, folders.key)
+    return outcome.Measured(folders.run, records, None, calibration, folders.key)
