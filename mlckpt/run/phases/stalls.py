@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import os
 import time
+from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -26,7 +27,7 @@ class LoadFiles:
     """A serving run's weights as a stall names and sweeps them: the files each rank reads from
     the storage in a load, every weights file's name (under ``ckpt-0001``) and the node tier."""
 
-    paths: list[list[str]]
+    paths: Sequence[Sequence[str]]  # by rank (indexed only when a stall line names a rank)
     names: list[str]
     tier: Path | None = None
 
@@ -46,7 +47,7 @@ class Stalled:
     def op_paths(self, rank: int, op: str, ckpt: int) -> list[str]:
         """The files ``rank`` writes (or reads) in op ``op`` of checkpoint ``ckpt``."""
         if self.loads is not None:
-            return self.loads.paths[rank]
+            return list(self.loads.paths[rank])
         at, plan = self.folders.durable.at, self.c.setup.plan
         if op in ("write", "drain"):
             return [at(f"ckpt-{ckpt:04d}/{f.name}") for f in plan.rank_plans[rank].files]

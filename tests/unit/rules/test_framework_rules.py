@@ -9,7 +9,7 @@ from typing import Any
 
 import pytest
 
-from mlckpt.errors import ConfigError
+from mlckpt.errors import ConfigError, RuleError
 from mlckpt.metrics import summarize
 from mlckpt.plan.config import setup
 from mlckpt.rules import Context, load_rules
@@ -48,6 +48,18 @@ def test_a_library_writer_is_refused_what_it_cannot_run_with(rule_id: str, make:
     found = [f for f in ev.findings if f.rule == rule_id]
     assert found and found[0].severity == "invalid"
     assert says in found[0].message, found[0].message
+
+
+def test_a_resume_through_dcp_is_judged_as_a_dcp_run_is_from_rules_1_22() -> None:
+    overrides = ["workload=llama3_8b", "division=open", "scale=0.01", "ranks=4", "resume.from_ranks=8",
+                 "framework.writer=torch_dcp", "checkpoint.folder=s3://bucket/p"]
+    ev = load_rules("1.22").evaluate(setup([*overrides, "rules_version=1.22"]).context(None), ("config",))
+    [found] = [f for f in ev.findings if f.rule == "FRAMEWORK-SCOPE"]
+    assert found.severity == "invalid" and "an s3:// folder (files only)" in found.message
+    assert not [f for f in ev.findings if f.rule == "RESUME-SCOPE"]  # DCP may resume
+    with pytest.raises(RuleError) as refused:  # rules 1.21: the writer refused, not by a framework rule
+        setup([*overrides, "rules_version=1.21"])
+    assert str(refused.value).startswith("[RESUME-SCOPE]") and "FRAMEWORK-SCOPE" not in str(refused.value)
 
 
 def test_what_a_library_writer_runs_with_passes() -> None:

@@ -624,3 +624,28 @@ def test_a_second_gpu_probe_keeps_the_higher_rate_of_each_direction() -> None:
     assert probed_again(job, gates, Dev(), None, entry) == {"rank": 1, "device": "cuda:1", "d2h_gib_s": 3.8,
                                                             "h2d_gib_s": 1.5}
     assert len(barriers) == 3  # one turn per local rank of the largest host, for every rank
+
+
+def test_a_resume_stall_names_the_rank_s_own_old_files_worked_out_when_named() -> None:
+    """A resume run's stall line names the stalled rank's old files (the engine's and DCP's), worked
+    out for that rank alone when the line is written, never every rank's plan at start-up."""
+    from mlckpt import engine
+    from mlckpt.plan.config import compose
+    from mlckpt.run.phases import resumes
+    from mlckpt.run.phases.resuming import _OldFiles
+    from mlckpt.workload.resume_run import ResumeRun
+
+    run = ResumeRun.of(compose(["ranks=4", "resume.from_ranks=8", "scale=0.01", "division=open",
+                                "framework.writer=torch_dcp"]))
+    assert run is not None
+    setup = resumes.ResumeSetup(run.written, run.workload, run.ranks, run.tp, run.pp, Files(Path("/x/ck")),
+                                b"k" * 16, 1, engine.IOOptions(direct=True, threads=1, block_size=1 << 20,
+                                                               fsync=True))
+    files = _OldFiles(run, setup)
+    assert "plan" not in vars(run)  # nothing worked out yet
+    assert len(files) == 4 and files[1] == [
+        "/x/ck/__2_0.distcp", "/x/ck/__3_0.distcp",
+        "/x/ck/zero_pp_rank_2_mp_rank_0_model_states.pt", "/x/ck/zero_pp_rank_2_mp_rank_0_optim_states.pt",
+        "/x/ck/zero_pp_rank_3_mp_rank_0_model_states.pt", "/x/ck/zero_pp_rank_3_mp_rank_0_optim_states.pt"]
+    assert "plan" not in vars(run)  # one rank's, not the run's
+    assert [len(f) for f in files[2:]] == [6, 6]
