@@ -8,7 +8,7 @@ from typing import Any
 
 from mlckpt.units import fmt_bytes
 from mlckpt.workload.layout import Plan
-from mlckpt.workload.resume import ResumePlan, checkpoint_index, resume_plan
+from mlckpt.workload.resume import ResumePlan, checkpoint_index, resume_plan, stored_pieces
 
 
 def plan_resume(plan: Plan, ranks: int, tp: int | None, pp: int | None) -> ResumePlan:
@@ -32,7 +32,19 @@ def resume_document(plan: Plan, new: ResumePlan) -> dict[str, Any]:
         "amplification": new.read_bytes / max(1, new.state_bytes),
         "ranks": [{"ranks": ranks, "bytes": k[0], "tensors": k[1], "ranges": k[2], "reads": k[3],
                    "old_files": k[4]} for k, ranks in groups.items()],
+        "whole_pieces": _whole_pieces(plan, new),
     }
+
+
+def _whole_pieces(plan: Plan, new: ResumePlan) -> dict[str, Any]:
+    """What a library that reads every stored piece a new shard overlaps whole (DCP) reads: by the
+    ranks, and distinct (what the storage serves where every rank shares one page cache)."""
+    whole = resume_plan(new.index, plan.workload, new.ranks, new.tp, new.pp, spread=False)
+    pieces = [stored_pieces(new.index, rr) for rr in whole.rank_resumes]
+    read = sum(p[3] for ps in pieces for p in ps)
+    return {"pieces": sum(len(ps) for ps in pieces), "read_bytes": read,
+            "amplification": read / max(1, whole.state_bytes),
+            "distinct_bytes": sum(p[3] for p in {p for ps in pieces for p in ps})}
 
 
 def _ranks(ranks: list[int]) -> str:
@@ -58,6 +70,11 @@ def resume_text(doc: dict[str, Any]) -> str:
         lines.append(f"  {_ranks(g['ranks'])}: {fmt_bytes(g['bytes'])}{each}, {g['tensors']:,} tensors from "
                      f"{g['ranges']:,} byte ranges of {g['old_files']} old files, read as "
                      f"{g['reads']:,} ranges")
+    w = doc["whole_pieces"]
+    lines.append(f"  through DCP (every stored piece a shard overlaps, read whole): {w['pieces']:,} pieces, "
+                 f"{fmt_bytes(w['read_bytes'])} read by the ranks ({w['amplification']:.3f}x), "
+                 f"{fmt_bytes(w['distinct_bytes'])} of them distinct (the storage's part where the ranks "
+                 "share one page cache)")
     return "\n".join(lines)
 
 

@@ -282,10 +282,16 @@ def test_plan_resume_at_other_scales(run_cli) -> None:  # type: ignore[no-untype
     assert doc["tensors"] == 780 and doc["state_bytes"] == 1_124_230_896  # the stored tensors, once
     assert sum(len(g["ranks"]) for g in doc["ranks"]) == 16
     assert doc["read_bytes"] > doc["state_bytes"]  # each new shard starts mid-page of its old one
+    # DCP reads each old piece whole for both new ranks that split it; the distinct ones, once
+    # (a run through DCP measured 2,736,074,094 B read by its ranks: these pieces as torch.save stores them)
+    whole = doc["whole_pieces"]
+    assert whole["distinct_bytes"] == doc["state_bytes"] and whole["pieces"] == 16_062
+    assert 2_700_000_000 < whole["read_bytes"] < 2_736_074_094 and 2.4 < whole["amplification"] < 2.42
     text = run_cli("plan", "scale=0.01", "--resume-at", "4", "--resume-tp", "2")
     assert text.returncode == 0
     assert "resume at 4 ranks (TP 2, PP 1, DP 2) of the checkpoint written at 8" in text.stdout
     assert "ranks 0, 3 (2):" in text.stdout  # TP 0 of each replica reads what TP 1's do not
+    assert "  through DCP (every stored piece a shard overlaps, read whole): 8,320 pieces" in text.stdout
 
 
 def test_size_resume_gives_the_storage_part(run_cli) -> None:  # type: ignore[no-untyped-def]
