@@ -67,8 +67,9 @@ class ResumeSetup:
 
 
 def lay_out(comm: Intracomm, setup: ResumeSetup) -> int:
-    """Untimed: the old layout's files written and made durable, old rank ``r``'s by new rank
-    ``r % M``; rank 0 writes the index.  Returns the index's size in bytes (every rank)."""
+    """Untimed, collective: the old layout's files written and made durable, old rank ``r``'s by new
+    rank ``r % M``; rank 0 writes the index.  Returns the index's size in bytes (every rank), once
+    every rank's files are written."""
     me, size = comm.Get_rank(), comm.Get_size()
     mine = [rp for rp in setup.old.rank_plans if rp.rank % size == me]
     if setup.storage.folders:
@@ -86,7 +87,9 @@ def lay_out(comm: Intracomm, setup: ResumeSetup) -> int:
         doc = engine.alloc(round_up(nbytes))
         doc[:nbytes] = np.frombuffer(raw, dtype=np.uint8)
         setup.storage.put([Piece(INDEX_NAME, doc, nbytes)], setup.opts)
-    out: int = comm.bcast(nbytes, root=0)
+    # every rank's files written before any rank leaves (a broadcast is no barrier: a rank that got
+    # rank 0's number went on to evict files another rank was still writing)
+    out: int = max(comm.allgather(nbytes))
     return out
 
 
