@@ -21,7 +21,7 @@ from typing import Any
 
 from mlckpt.metrics import from_barrier
 from mlckpt.workload.frameworks import ENGINE
-from mlckpt.workload.resume import PARTS, stored_pieces
+from mlckpt.workload.resume import PARTS, distinct_piece_bytes
 from mlckpt.workload.resume_run import ResumeRun
 
 Record = Mapping[str, Any]
@@ -60,12 +60,11 @@ def storage_bytes(run: ResumeRun, recs: Sequence[Record]) -> int:
     if str(recs[0].get("writer", ENGINE)) == ENGINE:
         return sum(int(r["read_bytes"]) for r in recs)
     plan = run.whole_pieces
-    seen: dict[str, set[tuple[str, int, int, int]]] = {}
+    hosts: dict[str, list[int]] = {}
     for r in recs:
-        k = int(r["rank"])
-        if 0 <= k < plan.ranks:
-            seen.setdefault(str(r["host"]), set()).update(stored_pieces(plan.index, plan.rank_resumes[k]))
-    return sum(p[3] for pieces in seen.values() for p in pieces)
+        if 0 <= int(r["rank"]) < plan.ranks:
+            hosts.setdefault(str(r["host"]), []).append(int(r["rank"]))
+    return sum(distinct_piece_bytes(plan, ranks) for ranks in hosts.values())
 
 
 def summary(run: ResumeRun, records: Sequence[Record], *, hosts: int, max_resident_fraction: float,

@@ -197,7 +197,3 @@ def load(index: Index, rr: RankResume, state: np.ndarray, cdir: Path) -> Loaded:
     return Loaded(seen["metadata"], total - seen["metadata"] - seen["read"], seen["read"], seen["reads"],
                   seen["bytes"], len(files), (cdir / METADATA).stat().st_size)
 
-
-def files_of(cdir: Path) -> Sequence[str]:
-    """The files DCP saved (its data files and ``.metadata``)."""
-    return sorted(str(p) for p in cdir.iterdir() if p.is_file())

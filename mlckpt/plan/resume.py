@@ -8,7 +8,13 @@ from typing import Any
 
 from mlckpt.units import fmt_bytes
 from mlckpt.workload.layout import Plan
-from mlckpt.workload.resume import ResumePlan, checkpoint_index, resume_plan, stored_pieces
+from mlckpt.workload.resume import (
+    ResumePlan,
+    checkpoint_index,
+    distinct_piece_bytes,
+    resume_plan,
+    stored_pieces,
+)
 
 
 def plan_resume(plan: Plan, ranks: int, tp: int | None, pp: int | None) -> ResumePlan:
@@ -44,7 +50,7 @@ def _whole_pieces(plan: Plan, new: ResumePlan) -> dict[str, Any]:
     read = sum(p[3] for ps in pieces for p in ps)
     return {"pieces": sum(len(ps) for ps in pieces), "read_bytes": read,
             "amplification": read / max(1, whole.state_bytes),
-            "distinct_bytes": sum(p[3] for p in {p for ps in pieces for p in ps})}
+            "distinct_bytes": distinct_piece_bytes(whole, range(whole.ranks))}
 
 
 def _ranks(ranks: list[int]) -> str:

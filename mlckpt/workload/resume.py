@@ -32,7 +32,7 @@ from __future__ import annotations
 
 import json
 from collections import defaultdict
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, replace
 from functools import cached_property
 
@@ -357,6 +357,12 @@ def stored_pieces(index: Index, rr: RankResume) -> tuple[tuple[str, int, int, in
         out += [(g.name, s.start, s.writer, s.numel * size) for s in g.copies[0]
                 if max(a, s.start) < min(b, s.start + s.numel)]
     return tuple(out)
+
+
+def distinct_piece_bytes(plan: ResumePlan, ranks: Iterable[int]) -> int:
+    """The bytes of the distinct stored pieces the new ``ranks`` of ``plan`` (built with
+    ``spread=False``) read whole: what the storage serves where those ranks share one page cache."""
+    return sum(p[3] for p in {p for k in ranks for p in stored_pieces(plan.index, plan.rank_resumes[k])})
 
 
 def held_to_whole_pieces(plan: ResumePlan, records: Sequence[Mapping[str, object]], overhead: int

@@ -24,8 +24,8 @@ RESUME-SUMMARY (result): summary.json is what the records recompute to.
 
 from __future__ import annotations
 
-from collections.abc import Iterator, Mapping, Sequence
-from typing import Any
+from collections.abc import Iterator
+from functools import partial
 
 from mlckpt.errors import ConfigError
 from mlckpt.resume_metrics import by_resume, storage_bytes, summary
@@ -118,12 +118,7 @@ def resume_cold(ctx: Context, ruleset: RuleSet, rule: Rule) -> Iterator[Outcome]
 def resume_counters(ctx: Context, ruleset: RuleSet, rule: Rule) -> Iterator[Outcome | NotChecked]:
     d = run_data(ctx)
     slack = float(ruleset.data["serving"]["counters_slack_fraction"])  # rules 1.14's bound, shared
-    run = _run(ctx)
-
-    def claimed(recs: Sequence[Mapping[str, Any]]) -> int:
-        return storage_bytes(run, recs)
-
-    yield from each_read_counted(d, by_resume(d.records), slack, "resume", claimed)
+    yield from each_read_counted(d, by_resume(d.records), slack, "resume", partial(storage_bytes, _run(ctx)))
 
 
 def summarized(ruleset: RuleSet, data: RunData, run: ResumeRun) -> dict[str, object]:

@@ -155,18 +155,19 @@ def serving_counters(ctx: Context, ruleset: RuleSet, rule: Rule) -> Iterator[Out
     device; objects and other filesystems are not judged (said as not checked)."""
     d = run_data(ctx)
     slack = float(ruleset.data["serving"]["counters_slack_fraction"])
-    yield from each_read_counted(d, by_load(d.records), slack, "load", "storage_bytes")
+    yield from each_read_counted(d, by_load(d.records), slack, "load",
+                                 lambda hr: sum(int(r["storage_bytes"]) for r in hr))
 
 
 Claim = Callable[[Sequence[Mapping[str, Any]]], int]
 
 
 def each_read_counted(d: RunData, reads: Mapping[int, Sequence[Mapping[str, Any]]], slack: float, what: str,
-                      claim: str | Claim) -> Iterator[Outcome | NotChecked]:
+                      claim: Claim) -> Iterator[Outcome | NotChecked]:
     """Each timed read (a load, a resume: ``reads``, its records by index) on each host inside its
-    leader's kernel counters, and the bytes its ranks claim (``claim``: a field summed over the
-    host's records, or what they read from the storage at least) read from the storage in that
-    window; judged on a block filesystem only, never on objects."""
+    leader's kernel counters, and the bytes its ranks claim (``claim``: what the host's records
+    say they read from the storage at least) read from the storage in that window; judged on a block
+    filesystem only, never on objects."""
     if d.run.get("storage", {}).get("kind") == "s3":
         return  # objects: no device of the host's serves them
     facts = host_facts(d)
@@ -186,14 +187,14 @@ def each_read_counted(d: RunData, reads: Mapping[int, Sequence[Mapping[str, Any]
 
 
 def counted(hc: Mapping[str, Any], hr: Sequence[Mapping[str, Any]], slack: float, where: str,
-            claim: str | Claim) -> Iterator[Outcome]:
+            claim: Claim) -> Iterator[Outcome]:
     """One host's records of one timed read inside its leader's counters, and the bytes they claim
     to have read from the storage (``claim``) read from it in that window."""
     before, after = hc.get("before") or {}, hc.get("after") or {}
     start, end = min(int(r["t0_ns"]) for r in hr), max(int(r["t1_ns"]) for r in hr)
     yield Outcome(int(before.get("t_ns", start + 1)) <= start and int(after.get("t_ns", -1)) >= end,
                   "every rank of the host inside its counters' window", "a rank outside it", where=where)
-    claimed = sum(int(r[claim]) for r in hr) if isinstance(claim, str) else claim(hr)
+    claimed = claim(hr)
     need = int(claimed * (1 - slack))
     for key, who in (("own_read_bytes", "the host's ranks read"), ("read_bytes", "the device read")):
         if key in before and key in after:

@@ -24,7 +24,6 @@ its barrier, never timed.
 
 from __future__ import annotations
 
-import gc
 import os
 import shutil
 import time
@@ -37,7 +36,7 @@ from mlckpt import engine
 from mlckpt.engine.content import round_up
 from mlckpt.errors import InternalError, VerificationError
 from mlckpt.records import LoadRecord
-from mlckpt.run.collective import idle_barrier, idle_wait
+from mlckpt.run.collective import OpTimer, idle_barrier, idle_wait
 from mlckpt.run.storage.backends import Files, Piece, Span, Storage
 from mlckpt.workload.serving import FANOUT_CHUNK_BYTES
 from mlckpt.workload.serving_load import LoadPlan, RankLoad
@@ -141,8 +140,7 @@ def barrier_timed(comm: Intracomm) -> Timed:
     (DCP's) makes many objects, and four ranks on two cores collecting them doubled its time."""
     def timed(action: Callable[[], None]) -> Mapping[str, object]:
         comm.Barrier()
-        was = gc.isenabled()
-        gc.disable()
+        collecting = OpTimer.hold_gc()
         t0, wall = time.monotonic_ns(), time.time()
         failed: BaseException | None = None
         try:
@@ -150,8 +148,7 @@ def barrier_timed(comm: Intracomm) -> Timed:
         except Exception as exc:
             failed = exc
         t1 = time.monotonic_ns()
-        if was:
-            gc.enable()
+        OpTimer.release_gc(collecting)
         if comm.allreduce(failed is not None):
             if failed is not None:
                 raise failed

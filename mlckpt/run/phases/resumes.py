@@ -26,6 +26,7 @@ import os
 import time
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
+from functools import cached_property
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -59,6 +60,11 @@ class ResumeSetup:
     run_id: int
     opts: engine.IOOptions
 
+    @cached_property
+    def index(self) -> Index:
+        """The old layout's checkpoint index (the plans' source, untimed; a resume times reading it)."""
+        return checkpoint_index(self.old)
+
     def pid(self, writer: int, index: int) -> engine.PageId:
         return engine.PageId(self.run_id, writer, CHECKPOINT, index)
 
@@ -82,7 +88,7 @@ def lay_out(comm: Intracomm, setup: ResumeSetup) -> int:
             setup.storage.put([Piece(f.name, buf, f.bytes)], setup.opts)
     nbytes = 0
     if me == 0:
-        raw = checkpoint_index(setup.old).to_json()
+        raw = setup.index.to_json()
         nbytes = len(raw)
         doc = engine.alloc(round_up(nbytes))
         doc[:nbytes] = np.frombuffer(raw, dtype=np.uint8)
@@ -107,7 +113,7 @@ class Prepared:
 
 def prepare(setup: ResumeSetup, rank: int, spread: bool = True) -> Prepared:
     """``spread=False``: as DCP stores a replicated tensor, once (mlckpt/engine/dcp_reshard.py)."""
-    plan = rank_resume(checkpoint_index(setup.old), setup.workload, setup.ranks, setup.tp, setup.pp, rank,
+    plan = rank_resume(setup.index, setup.workload, setup.ranks, setup.tp, setup.pp, rank,
                        spread)
     reads = plan.reads(_file_bytes(setup.old))
     at, total = [], 0
@@ -166,12 +172,19 @@ def resume(comm: Intracomm, setup: ResumeSetup, prepared: Prepared, index_bytes:
     if timed_plan[0] != prepared.plan:  # the reads went where the buffers were sized for
         raise InternalError("resume: the timed plan differs from the one the buffers were sized by")
     # the op timer's evidence (a run's: its clock readings, the host's counters, CPU time, requests)
-    evidence = {k: timing[k] for k in TIMER_FIELDS if k in timing and k != "witness_host_ns"}
+    evidence = _evidence(timing, engine_requests=True)
     return {"rank": me, **evidence, **parts,
             "bytes": prepared.plan.bytes, "read_bytes": moved["read"], "index_bytes": index_bytes,
             "needs": len(prepared.plan.needs), "reads": len(prepared.reads),
             "tensors": len(prepared.plan.tensors),
             "files": len({(rd.writer, rd.index) for rd in prepared.reads}), "resident_bytes": resident}
+
+
+def _evidence(timing: Mapping[str, object], engine_requests: bool) -> dict[str, object]:
+    """The op timer's evidence a resume record keeps: its clock readings, the host's counters, CPU
+    time, and (``engine_requests``) the engine's requests and their phases."""
+    dropped = ("witness_host_ns",) + (() if engine_requests else ("requests", "phases_ns"))
+    return {k: timing[k] for k in TIMER_FIELDS if k in timing and k not in dropped}
 
 
 def _place(prepared: Prepared) -> None:
@@ -232,7 +245,7 @@ def dcp_lay_out(comm: Intracomm, setup: ResumeSetup, cdir: Path) -> None:
         for i, f in enumerate(rp.files):
             files[(rp.rank, i)] = engine.alloc(max(PAGE, round_up(f.bytes)))
             engine.fill(files[(rp.rank, i)], f.bytes, setup.key, setup.pid(rp.rank, i))
-    dcp_reshard.save(checkpoint_index(setup.old), [rp.rank for rp in mine], files, cdir)
+    dcp_reshard.save(setup.index, [rp.rank for rp in mine], files, cdir)
     comm.Barrier()
 
 
@@ -244,16 +257,13 @@ def dcp_resume(comm: Intracomm, setup: ResumeSetup, prepared: Prepared, cdir: Pa
     from mlckpt.engine import dcp_reshard
 
     me = comm.Get_rank()
-    index = checkpoint_index(setup.old)
     writers = sorted({n.writer for n in prepared.plan.needs})
     resident = Files(cdir).evict([dcp_reshard.file_name(w) for w in writers] + [dcp_reshard.METADATA])
     comm.Barrier()
     loaded: list[dcp_reshard.Loaded] = []
-    timing = timed(lambda: loaded.append(dcp_reshard.load(index, prepared.plan, prepared.state, cdir)))
+    timing = timed(lambda: loaded.append(dcp_reshard.load(setup.index, prepared.plan, prepared.state, cdir)))
     got = loaded[0]
-    # the engine's requests: none went through it
-    evidence = {k: timing[k] for k in TIMER_FIELDS
-                if k in timing and k not in ("witness_host_ns", "requests", "phases_ns")}
+    evidence = _evidence(timing, engine_requests=False)  # none went through the engine
     plan = prepared.plan
     return {"rank": me, **evidence, "metadata_ns": got.metadata_ns, "planning_ns": got.planning_ns,
             "read_ns": got.read_ns, "placing_ns": 0, "bytes": plan.bytes, "read_bytes": got.read_bytes,

@@ -76,7 +76,7 @@ class _OldFiles(Sequence[list[str]]):
             return [self[r] for r in range(self.run.ranks)[rank]]
         from mlckpt.engine.dcp_reshard import file_name
 
-        s, index, run = self.setup, self.run.index, self.run
+        s, index, run = self.setup, self.setup.index, self.run
         rr = rank_resume(index, s.workload, s.ranks, s.tp, s.pp, rank)
         mine = ({s.name(rd.writer, rd.index) for rd in rr.reads(index.file_bytes)} if ENGINE in run.writers
                 else set())
