@@ -249,6 +249,11 @@ def _dcp_unread(b: Path) -> None:
     edit_records(b, fewer)
 
 
+def _dcp_other_torch(b: Path) -> None:
+    """run.json claiming another PyTorch than the one every host's system.json lists."""
+    edit_json(b, "run.json", lambda r: r["framework"].update(library_version="9.9.9"))
+
+
 def _closed(b: Path) -> None:
     edit_yaml(b, "config.yaml", lambda c: c.update(division="closed"))
     edit_json(b, "run.json", lambda r: r.update(division="closed"))
@@ -264,6 +269,7 @@ FORGERIES = {
     "RESUME-DIRECT": [("dp4", _buffered)],
     "RESUME-RECORDED": [("dp4", _fewer_resumes), ("dcp", _dcp_as_engine)],
     "RESUME-COUNTERS": [("dp4", _unread), ("dcp", _dcp_unread)],
+    "LIBRARY-VERSION": [("dcp", _dcp_other_torch)],  # rules 1.22: it judges a resume through DCP too
     "RESUME-SCOPE": [("dp4", _streamed)],
     "RESUME-CLOSED": [("dp4", _closed)],
 }
